@@ -1,0 +1,139 @@
+"""``tesserac``: the command-line compiler.
+
+Exit status: 0 success, 1 the program has errors (diagnostics on standard
+error), 2 usage error or a stage that does not exist yet, 3 internal
+compiler error. A user's mistake never produces a Python traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from .. import __version__
+from ..transpiler.frontend.diagnostics import CompileError
+from ..transpiler.options import SUFFIXES, TARGETS, Options, OptionsError, target_for_output
+from ..transpiler.pipeline import (
+    STAGES,
+    InternalCompilerError,
+    StageNotImplemented,
+    compile_file,
+)
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = f"""\
+The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
+unless --target says otherwise. Without -o the result goes to standard output.
+
+stages (--emit):
+  ast     the parsed program, printed back as canonical .tsr
+  graph   typed Graph IR with shapes, dtypes, policies, effects and fusion groups
+  sched   Schedule IR: tiles, warps, stages, grid, memory plan
+  tile    Tile IR: memory spaces, staged copies, mma, barriers
+  target  the generated source (the default)
+  meta    kernel metadata as JSON: parameters, launch spec, resources
+
+examples:
+  tesserac attention.tsr -o attention.cu
+  tesserac attention.tsr --target cpu -D S=1024 -o attention.cpp
+  tesserac attention.tsr --emit ast
+
+exit status: 0 success, 1 errors in the program, 2 usage error, 3 internal compiler error
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tesserac",
+        description="Compile a Tessera .tsr file to CUDA, HIP, C++ (OpenMP/SIMD) or OpenCL C.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", metavar="FILE.tsr", help="the Tessera source file")
+    parser.add_argument("-o", dest="output", metavar="OUT", help="write the result to OUT")
+    parser.add_argument(
+        "--target", choices=list(TARGETS), help="the backend (default: from the -o suffix)"
+    )
+    arches = "; ".join(f"{t}: {', '.join(a)}" for t, a in TARGETS.items())
+    parser.add_argument(
+        "--arch", metavar="ARCH", help=f"the architecture, first is default ({arches})"
+    )
+    parser.add_argument(
+        "--emit", choices=STAGES, default="target", metavar="STAGE",
+        help=f"print this stage instead of target code ({', '.join(STAGES)})",
+    )  # fmt: skip
+    parser.add_argument("--kernel", metavar="NAME", help="compile only the kernel NAME")
+    parser.add_argument(
+        "-D", dest="defines", action="append", default=[], metavar="SYM=VALUE",
+        help="fix a symbolic dim to a constant, e.g. -D S=1024 (repeatable)",
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    target = args.target or (target_for_output(args.output) if args.output else None)
+    try:
+        options = Options.create(target, args.arch, args.defines, args.kernel)
+    except OptionsError as exc:
+        parser.error(str(exc))
+    try:
+        program = compile_file(args.file, **_as_kwargs(options))
+        text = program.inspect_ir(args.emit)
+    except CompileError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except OptionsError as exc:
+        parser.error(str(exc))
+    except StageNotImplemented as exc:
+        print(f"tesserac: error: {exc}", file=sys.stderr)
+        return 2
+    except InternalCompilerError as exc:
+        return _internal_error(exc, exc.cause)
+    except Exception as exc:  # a bug in the driver itself
+        return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        _write_atomically(Path(args.output), text)
+    except OSError as exc:
+        print(f"tesserac: error: cannot write '{args.output}': {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _as_kwargs(options: Options) -> dict:
+    return {
+        "target": options.target,
+        "arch": options.arch,
+        "defines": dict(options.defines),
+        "kernel": options.kernel,
+    }
+
+
+def _internal_error(message: object, cause: BaseException) -> int:
+    print(f"tesserac: {message}", file=sys.stderr)
+    print("This is a bug in tesserac; please report it with the input file.", file=sys.stderr)
+    traceback.print_exception(cause, file=sys.stderr)
+    return 3
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file so an interrupted run never leaves half a file."""
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

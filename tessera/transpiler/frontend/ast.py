@@ -1,0 +1,323 @@
+"""The abstract syntax tree of a ``.tsr`` file.
+
+Nodes are frozen dataclasses; passes build new trees with
+``dataclasses.replace``. Every node carries its source span, which is left out
+of equality so that a tree parsed from the canonical printout of another tree
+compares equal to it (the round-trip property the tests rely on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .source import Span
+
+
+@dataclass(frozen=True)
+class Node:
+    span: Span = field(kw_only=True, compare=False, repr=False)
+
+
+# ------------------------------------------------------------------ expressions
+
+
+@dataclass(frozen=True)
+class Name(Node):
+    id: str
+
+
+@dataclass(frozen=True)
+class IntLit(Node):
+    value: int
+
+
+@dataclass(frozen=True)
+class FloatLit(Node):
+    value: float
+
+
+@dataclass(frozen=True)
+class StrLit(Node):
+    value: str
+
+
+@dataclass(frozen=True)
+class BoolLit(Node):
+    value: bool
+
+
+@dataclass(frozen=True)
+class NoneLit(Node):
+    pass
+
+
+@dataclass(frozen=True)
+class EllipsisLit(Node):
+    pass
+
+
+@dataclass(frozen=True)
+class TupleExpr(Node):
+    elts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class ListExpr(Node):
+    elts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class DictExpr(Node):
+    keys: tuple[Expr, ...]
+    values: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class UnaryOp(Node):
+    """``-x``, ``+x`` or ``not x``."""
+
+    op: str
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class BinOp(Node):
+    """Arithmetic: ``+ - * / // % @ **``."""
+
+    op: str
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class BoolOp(Node):
+    """``a and b and c`` or ``a or b``: one node per chain, as in Python."""
+
+    op: str
+    values: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Compare(Node):
+    """``a < b <= c``: a chain of comparisons, as in Python."""
+
+    left: Expr
+    ops: tuple[str, ...]
+    comparators: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class IfExp(Node):
+    test: Expr
+    body: Expr
+    orelse: Expr
+
+
+@dataclass(frozen=True)
+class Keyword(Node):
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Call(Node):
+    func: Expr
+    args: tuple[Expr, ...]
+    keywords: tuple[Keyword, ...]
+
+
+@dataclass(frozen=True)
+class Attribute(Node):
+    value: Expr
+    attr: str
+
+
+@dataclass(frozen=True)
+class Slice(Node):
+    lower: Expr | None
+    upper: Expr | None
+    step: Expr | None
+
+
+@dataclass(frozen=True)
+class Subscript(Node):
+    """``x[i, :, None]``: the index is always a tuple of items."""
+
+    value: Expr
+    index: tuple[Expr | Slice, ...]
+
+
+Expr = (
+    Name
+    | IntLit
+    | FloatLit
+    | StrLit
+    | BoolLit
+    | NoneLit
+    | EllipsisLit
+    | TupleExpr
+    | ListExpr
+    | DictExpr
+    | UnaryOp
+    | BinOp
+    | BoolOp
+    | Compare
+    | IfExp
+    | Call
+    | Attribute
+    | Subscript
+)
+
+# ------------------------------------------------------------------------ types
+
+
+@dataclass(frozen=True)
+class Policy(Node):
+    """A numerics or placement policy: ``@accum(f32)``, ``@saturate``."""
+
+    name: str
+    args: tuple[Expr, ...] = ()
+    keywords: tuple[Keyword, ...] = ()
+
+
+@dataclass(frozen=True)
+class TypeExpr(Node):
+    """``Tensor["B", "S", 64, bf16 @accum(f32)]``, ``Tile``, ``KVCache[...] @paged``.
+
+    ``args`` is None when the type has no brackets. Arguments are dims (string
+    or integer literals, or names) and nested types such as the dtype.
+    """
+
+    name: str
+    args: tuple[TypeExpr | StrLit | IntLit, ...] | None = None
+    policies: tuple[Policy, ...] = ()
+
+
+# ------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class ExprStmt(Node):
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Assign(Node):
+    target: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class AugAssign(Node):
+    target: Expr
+    op: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Return(Node):
+    value: Expr | None
+
+
+@dataclass(frozen=True)
+class Pass(Node):
+    pass
+
+
+@dataclass(frozen=True)
+class Alias(Node):
+    name: str
+    asname: str | None = None
+
+
+@dataclass(frozen=True)
+class Import(Node):
+    """``import tessera.stdlib as std``."""
+
+    module: str
+    asname: str | None = None
+
+
+@dataclass(frozen=True)
+class ImportFrom(Node):
+    """``from tessera.stdlib import (softmax, layernorm as ln)``."""
+
+    module: str
+    names: tuple[Alias, ...]
+
+
+@dataclass(frozen=True)
+class If(Node):
+    """``elif`` is an ``If`` alone in ``orelse``, as in Python's own AST."""
+
+    test: Expr
+    body: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class For(Node):
+    target: Expr
+    iter: Expr
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class WithItem(Node):
+    context: Expr
+    target: Expr | None = None
+
+
+@dataclass(frozen=True)
+class With(Node):
+    items: tuple[WithItem, ...]
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Param(Node):
+    name: str
+    annotation: TypeExpr | None
+    default: Expr | None
+    keyword_only: bool
+
+
+@dataclass(frozen=True)
+class Decorator(Node):
+    """``@kernel.autotune(space=...)``; ``args`` is None when there are no parentheses."""
+
+    name: str
+    args: tuple[Expr, ...] | None = None
+    keywords: tuple[Keyword, ...] = ()
+
+
+@dataclass(frozen=True)
+class FunctionDef(Node):
+    name: str
+    params: tuple[Param, ...]
+    returns: TypeExpr | None
+    decorators: tuple[Decorator, ...]
+    body: tuple[Stmt, ...]
+
+
+Stmt = (
+    ExprStmt
+    | Assign
+    | AugAssign
+    | Return
+    | Pass
+    | Import
+    | ImportFrom
+    | If
+    | For
+    | With
+    | FunctionDef
+)
+
+
+@dataclass(frozen=True)
+class Module(Node):
+    body: tuple[Stmt, ...]
+
+    def functions(self) -> tuple[FunctionDef, ...]:
+        return tuple(s for s in self.body if isinstance(s, FunctionDef))

@@ -1,0 +1,159 @@
+"""The compiler driver: an ordered list of named stages.
+
+Each stage turns the previous stage's IR into its own and has a printer, so
+``tesserac --emit STAGE``, ``Program.inspect_ir(STAGE)`` and the golden files
+all show the same text. The driver runs every implemented stage eagerly, so
+``compile()`` reports all errors at once; a stage that does not exist yet
+raises ``StageNotImplemented`` instead of pretending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .frontend import ast
+from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
+from .frontend.parser import parse
+from .frontend.printer import print_module
+from .frontend.source import SourceFile, SourceReadError, read_source
+from .options import Options, OptionsError
+
+__all__ = [
+    "STAGES",
+    "Program",
+    "StageNotImplemented",
+    "InternalCompilerError",
+    "compile",
+    "compile_file",
+]
+
+#: Every stage of the design, in order; ``PIPELINE`` holds those that exist.
+STAGES = ("ast", "graph", "sched", "tile", "target", "meta")
+
+
+class StageNotImplemented(NotImplementedError):
+    """The stage is part of the design but not built yet."""
+
+    def __init__(self, stage: str) -> None:
+        done = ", ".join(s.name for s in PIPELINE)
+        super().__init__(f"the '{stage}' stage is not implemented yet (available: {done})")
+        self.stage = stage
+
+
+class InternalCompilerError(Exception):
+    """A stage failed in a way that is the compiler's fault, not the program's."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(
+            f"internal compiler error in stage '{stage}': {type(cause).__name__}: {cause}"
+        )
+        self.stage = stage
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    #: (previous stage's IR, input file, options, diagnostics) -> this stage's IR
+    run: Callable[[Any, SourceFile, Options, Diagnostics], Any]
+    show: Callable[[Any], str]
+
+
+def _ast_stage(_: None, source: SourceFile, options: Options, diags: Diagnostics) -> ast.Module:
+    module = parse(source, diags)
+    diags.check()
+    assert module is not None
+    if options.kernel is not None:
+        names = [f.name for f in module.functions()]
+        if options.kernel not in names:
+            defined = ", ".join(names) if names else "no functions"
+            raise OptionsError(
+                f"no kernel named '{options.kernel}' in {source.name} (it defines: {defined})"
+            )
+    return module
+
+
+PIPELINE: tuple[Stage, ...] = (Stage("ast", _ast_stage, print_module),)
+
+
+class Program:
+    """A compiled ``.tsr`` file: every implemented stage's IR, ready to inspect."""
+
+    def __init__(self, source: SourceFile, options: Options) -> None:
+        self.input = source
+        self.options = options
+        self._ir: dict[str, Any] = {}
+        diags = Diagnostics()
+        previous = None
+        for stage in PIPELINE:
+            try:
+                previous = stage.run(previous, source, options, diags)
+            except (CompileError, OptionsError):
+                raise
+            except Exception as exc:
+                raise InternalCompilerError(stage.name, exc) from exc
+            self._ir[stage.name] = previous
+        self.diagnostics = diags.items
+
+    def ir(self, stage: str) -> Any:
+        """The IR object of a stage, for tools and tests that start from it."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage '{stage}'; stages are: {', '.join(STAGES)}")
+        if stage not in self._ir:
+            raise StageNotImplemented(stage)
+        return self._ir[stage]
+
+    def inspect_ir(self, stage: str) -> str:
+        """The printed form of a stage, exactly as ``tesserac --emit STAGE`` writes it."""
+        ir = self.ir(stage)
+        show = next(s.show for s in PIPELINE if s.name == stage)
+        try:
+            return show(ir)
+        except Exception as exc:
+            raise InternalCompilerError(stage, exc) from exc
+
+    @property
+    def source(self) -> str:
+        """The generated target source, exactly what ``tesserac -o`` writes."""
+        return self.inspect_ir("target")
+
+    def load(self) -> Any:
+        """Build and load the generated code for its target."""
+        raise StageNotImplemented("target")
+
+
+def compile(
+    src: str,
+    filename: str = "<string>",
+    *,
+    target: str | None = None,
+    arch: str | None = None,
+    defines: Mapping[str, int] | Iterable[str] | None = None,
+    kernel: str | None = None,
+) -> Program:
+    """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic."""
+    options = Options.create(target, arch, defines, kernel)
+    return Program(SourceFile(filename, src), options)
+
+
+def compile_file(
+    path: str | Path,
+    *,
+    target: str | None = None,
+    arch: str | None = None,
+    defines: Mapping[str, int] | Iterable[str] | None = None,
+    kernel: str | None = None,
+) -> Program:
+    """Compile a ``.tsr`` file. A missing or undecodable file is a ``CompileError``."""
+    options = Options.create(target, arch, defines, kernel)
+    return Program(_checked(lambda: read_source(path)), options)
+
+
+def _checked(read: Callable[[], SourceFile]) -> SourceFile:
+    try:
+        return read()
+    except SourceReadError as exc:
+        raise CompileError((Diagnostic(Severity.ERROR, exc.message, exc.span),)) from None

@@ -1,0 +1,44 @@
+"""Shared fixtures and options: --update-golden, --fuzz-long, hypothesis profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.tsr"))
+SEEDS = sorted((ROOT / "tests" / "seeds").glob("*.tsr"))
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile("long", parent=settings.get_profile("ci"))
+settings.load_profile("ci")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite golden files from the current output (review the diff before committing)",
+    )
+    parser.addoption(
+        "--fuzz-long",
+        action="store_true",
+        help="run the fuzz tier with ten times the examples",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def fuzz_scale(request: pytest.FixtureRequest) -> int:
+    return 10 if request.config.getoption("--fuzz-long") else 1

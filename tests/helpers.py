@@ -1,0 +1,41 @@
+"""Small helpers shared by the frontend tests."""
+
+from __future__ import annotations
+
+import re
+
+from tessera.transpiler.frontend import ast
+from tessera.transpiler.frontend.diagnostics import Diagnostics, Severity
+from tessera.transpiler.frontend.parser import parse
+from tessera.transpiler.frontend.printer import print_module
+from tessera.transpiler.frontend.source import SourceFile
+
+#: The location and message of a rendered diagnostic or note.
+HEADLINE = re.compile(r"^(?:\S+:\d+:\d+: |\S+: )?(?:error|warning|note): .*$", re.M)
+
+
+def parse_text(text: str, name: str = "test.tsr") -> tuple[ast.Module | None, Diagnostics]:
+    diags = Diagnostics()
+    return parse(SourceFile(name, text), diags), diags
+
+
+def parse_ok(text: str) -> ast.Module:
+    module, diags = parse_text(text)
+    errors = [d.render() for d in diags.items if d.severity is Severity.ERROR]
+    assert not errors, "\n".join(errors)
+    assert module is not None
+    return module
+
+
+def canonical(text: str) -> str:
+    return print_module(parse_ok(text))
+
+
+def assert_round_trip(text: str) -> str:
+    """Parse, print, parse again: equal ASTs, and printing is a fixed point."""
+    first = parse_ok(text)
+    printed = print_module(first)
+    second = parse_ok(printed)
+    assert second == first, f"round trip changed the AST; printed form:\n{printed}"
+    assert print_module(second) == printed
+    return printed
