@@ -11,13 +11,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.tsr"))
 SEEDS = sorted((ROOT / "tests" / "seeds").glob("*.tsr"))
 
+#: Examples per fuzz test; five fuzz tests give 3,000 cases, ten times that with --fuzz-long.
+FUZZ_EXAMPLES = 600
+
 settings.register_profile(
     "ci",
+    max_examples=FUZZ_EXAMPLES,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-settings.register_profile("long", parent=settings.get_profile("ci"))
+settings.register_profile(
+    "long", parent=settings.get_profile("ci"), max_examples=10 * FUZZ_EXAMPLES
+)
 settings.load_profile("ci")
 
 
@@ -34,11 +40,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fuzz-long"):
+        settings.load_profile("long")
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
-
-
-@pytest.fixture
-def fuzz_scale(request: pytest.FixtureRequest) -> int:
-    return 10 if request.config.getoption("--fuzz-long") else 1

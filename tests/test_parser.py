@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tessera.transpiler.frontend import ast
+from tessera.transpiler.frontend.builder import Builder
+from tessera.transpiler.frontend.parser import _parser
 
 from .conftest import EXAMPLES, SEEDS
 from .helpers import assert_round_trip, canonical, parse_ok, parse_text
@@ -201,3 +203,16 @@ def test_type_arguments_keep_their_kinds() -> None:
     assert kinds == ["StrLit", "IntLit", "TypeExpr", "TypeExpr"]
     dtype = annotation.args[3]
     assert dtype.name == "bf16" and dtype.policies[0].name == "accum"
+
+
+def test_every_grammar_rule_has_a_builder_method() -> None:
+    """Lark would otherwise hand a raw tree to the next stage."""
+    lark = _parser()[0]
+    # A '?rule' alternative of one symbol is inlined and never calls the builder.
+    names = {
+        r.alias or r.origin.name
+        for r in lark.rules
+        if r.alias or not (r.options.expand1 and len(r.expansion) == 1)
+    }
+    missing = {str(n) for n in names if not str(n).startswith("_")} - set(dir(Builder))
+    assert not missing

@@ -1,52 +1,69 @@
-"""Lark parse tree to AST, with the checks the grammar leaves to code.
+"""Parse to AST in one pass, with the checks the grammar leaves to code.
+
+The builder is Lark's internal transformer: each grammar rule's method runs
+as the LALR parser reduces it, so no parse tree is built and walked later.
+Lark keeps every token (``keep_all_tokens``) and the builder takes a node's
+span from its first and last child, which is what lets spans include
+keywords and brackets without Lark's slower position propagation.
 
 Like CPython, the grammar accepts an expression where Python decides by the
 left-hand side (assignment targets, keyword arguments); this builder checks
-those and parameter lists, so the messages can name the construct
-("cannot assign to a function call") instead of a token.
+those and parameter lists, so the messages can name the construct ("cannot
+assign to a function call") instead of a token.
 """
 
 from __future__ import annotations
 
 import ast as pyast
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-from lark import Token, Transformer, Tree, v_args
-from lark.tree import Meta
+from lark import Token, Tree
 
 from . import ast
 from .diagnostics import Diagnostics, Note
+from .indenter import LAYOUT_TYPES
 from .source import SourceFile, Span
 from .syntax_errors import UNSUPPORTED_KEYWORDS
 
-__all__ = ["build_module"]
+__all__ = ["Builder"]
 
-
-def build_module(tree: Tree, source: SourceFile, diags: Diagnostics) -> ast.Module:
-    return _Builder(source, diags).transform(tree)
+#: Rules whose methods need their operator tokens (``+``, ``not in``, ``:``).
+_KEEP_OPERATORS = frozenset({"aug_assign", "comparison", "expr", "term", "unary", "slice"})
 
 
 class _Suite(tuple):
     """A block of statements (a marker, so funcdef can tell its children apart)."""
 
+    span: Span
+
 
 class _Params(tuple):
-    pass
+    span: Span
 
 
 class _Decorators(tuple):
-    pass
+    span: Span
 
 
 class _Items(tuple):
     """The index of a subscript or the arguments of a type."""
 
+    span: Span
+
+
+class _Dotted(str):
+    """A dotted name such as ``kernel.autotune``."""
+
+    span: Span
+
 
 class _Args:
-    def __init__(self, args: tuple, keywords: tuple) -> None:
+    def __init__(self, args: tuple, keywords: tuple, span: Span) -> None:
         self.args = args
         self.keywords = keywords
+        self.span = span
 
 
 class _StarMarker:
@@ -61,6 +78,31 @@ class _Clause:
         self.test = test
         self.body = body
         self.span = span
+
+
+class _LarkCallbacks:
+    """Looked up by Lark once per grammar rule when the parser is built."""
+
+    def __init__(self, builder: Builder) -> None:
+        self._builder = builder
+
+    def __getattr__(self, name: str) -> Callable[[list], Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._builder.wrap(name)
+
+    def __default__(self, data: str, children: list, meta: object) -> Tree:
+        # Rules named '_...' (Lark's helpers for repetitions included) are
+        # spliced into their parent, which needs them as trees.
+        if data.startswith("_"):
+            return Tree(data, children)
+        raise AssertionError(f"the AST builder has no method for grammar rule '{data}'")
+
+
+def _marked(cls: type, items: Any, span: Span) -> Any:
+    marker = cls(items)
+    marker.span = span
+    return marker
 
 
 _TARGET_WORDS: dict[type, str] = {
@@ -80,19 +122,60 @@ _TARGET_WORDS: dict[type, str] = {
 }
 
 
-@v_args(meta=True)
-class _Builder(Transformer):
-    """One method per grammar rule, called with the rule's position and children."""
+def _start(item: Any) -> tuple[int, int]:
+    if isinstance(item, Token):
+        return item.line, item.column
+    if isinstance(item, list):
+        return _start(item[0])
+    return item.span.line, item.span.column
 
-    def __init__(self, source: SourceFile, diags: Diagnostics) -> None:
-        super().__init__(visit_tokens=False)
+
+def _end(item: Any) -> tuple[int, int]:
+    if isinstance(item, Token):
+        return item.end_line, item.end_column
+    if isinstance(item, list):
+        return _end(item[-1])
+    return item.span.end_line, item.span.end_column
+
+
+class Builder:
+    """One method per grammar rule, called with the rule's children and span.
+
+    ``begin()`` points the builder at the file being parsed and a fresh
+    diagnostics list; ``lark_callbacks()`` is what Lark calls on each
+    reduction. ``punctuation`` names the keyword and punctuation terminals,
+    which methods do not see unless they ask for operators.
+    """
+
+    def __init__(self) -> None:
+        self.punctuation: frozenset[str] = frozenset()
+        self.source = SourceFile("<none>", "")
+        self.diags = Diagnostics()
+
+    def begin(self, source: SourceFile, diags: Diagnostics) -> None:
         self.source = source
         self.diags = diags
 
-    def _span(self, meta: Meta) -> Span:
-        if getattr(meta, "empty", True):
-            return self.source.end_span()
-        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
+    def lark_callbacks(self) -> object:
+        return _LarkCallbacks(self)
+
+    def wrap(self, name: str) -> Callable[[list], Any]:
+        """The Lark callback for rule ``name``: filter the children, compute the span."""
+        method = getattr(self, name)
+        keep_operators = name in _KEEP_OPERATORS
+
+        def callback(children: list) -> Any:
+            real = [c for c in children if not (type(c) is Token and c.type in LAYOUT_TYPES)]
+            if real:
+                (line, column), (end_line, end_column) = _start(real[0]), _end(real[-1])
+                span = Span(self.source, line, column, end_line, end_column)
+            else:
+                span = self.source.end_span()
+            if not keep_operators:
+                real = [c for c in real if not (type(c) is Token and c.type in self.punctuation)]
+            return method(real, span)
+
+        return callback
 
     def _tok(self, token: Token) -> Span:
         return Span(self.source, token.line, token.column, token.end_line, token.end_column)
@@ -104,8 +187,7 @@ class _Builder(Transformer):
 
     # ---------------------------------------------------------------- module
 
-    def start(self, meta: Meta, children: list) -> ast.Module:
-        span = self._span(meta)
+    def start(self, children: list, span: Span) -> ast.Module:
         return ast.Module(self._flatten(children), span=span)
 
     @staticmethod
@@ -118,56 +200,47 @@ class _Builder(Transformer):
                 out.append(child)
         return tuple(out)
 
-    def simple_stmt(self, meta: Meta, children: list) -> list:
+    def simple_stmt(self, children: list, span: Span) -> list:
         return list(children)
 
-    def suite(self, meta: Meta, children: list) -> _Suite:
-        return _Suite(self._flatten(children))
+    def suite(self, children: list, span: Span) -> _Suite:
+        return _marked(_Suite, self._flatten(children), span)
 
     # ------------------------------------------------------------ statements
 
-    def expr_stmt(self, meta: Meta, children: list) -> ast.ExprStmt:
-        span = self._span(meta)
+    def expr_stmt(self, children: list, span: Span) -> ast.ExprStmt:
         return ast.ExprStmt(children[0], span=span)
 
-    def assign(self, meta: Meta, children: list) -> ast.Assign:
-        span = self._span(meta)
+    def assign(self, children: list, span: Span) -> ast.Assign:
         target, value = children
         self._check_target(target, "assign to")
         return ast.Assign(target, value, span=span)
 
-    def aug_assign(self, meta: Meta, children: list) -> ast.AugAssign:
-        span = self._span(meta)
+    def aug_assign(self, children: list, span: Span) -> ast.AugAssign:
         target, op, value = children
         if not isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)):
             self.diags.error(f"cannot use '{op}' on {self._what(target)}", target.span)
         return ast.AugAssign(target, str(op)[:-1], value, span=span)
 
-    def return_stmt(self, meta: Meta, children: list) -> ast.Return:
-        span = self._span(meta)
+    def return_stmt(self, children: list, span: Span) -> ast.Return:
         return ast.Return(children[0] if children else None, span=span)
 
-    def pass_stmt(self, meta: Meta, children: list) -> ast.Pass:
-        span = self._span(meta)
+    def pass_stmt(self, children: list, span: Span) -> ast.Pass:
         return ast.Pass(span=span)
 
-    def import_name(self, meta: Meta, children: list) -> ast.Import:
-        span = self._span(meta)
+    def import_name(self, children: list, span: Span) -> ast.Import:
         asname = str(children[1]) if len(children) > 1 else None
-        return ast.Import(children[0], asname, span=span)
+        return ast.Import(str(children[0]), asname, span=span)
 
-    def import_from(self, meta: Meta, children: list) -> ast.ImportFrom:
-        span = self._span(meta)
+    def import_from(self, children: list, span: Span) -> ast.ImportFrom:
         module, *names = children
-        return ast.ImportFrom(module, tuple(names), span=span)
+        return ast.ImportFrom(str(module), tuple(names), span=span)
 
-    def import_alias(self, meta: Meta, children: list) -> ast.Alias:
-        span = self._span(meta)
+    def import_alias(self, children: list, span: Span) -> ast.Alias:
         asname = str(children[1]) if len(children) > 1 else None
         return ast.Alias(str(children[0]), asname, span=span)
 
-    def if_stmt(self, meta: Meta, children: list) -> ast.If:
-        span = self._span(meta)
+    def if_stmt(self, children: list, span: Span) -> ast.If:
         test, body, *clauses = children
         orelse: tuple = ()
         for clause in reversed(clauses):
@@ -177,31 +250,25 @@ class _Builder(Transformer):
                 orelse = (ast.If(clause.test, tuple(clause.body), orelse, span=clause.span),)
         return ast.If(test, tuple(body), orelse, span=span)
 
-    def elif_clause(self, meta: Meta, children: list) -> _Clause:
-        span = self._span(meta)
+    def elif_clause(self, children: list, span: Span) -> _Clause:
         return _Clause(children[0], children[1], span)
 
-    def else_clause(self, meta: Meta, children: list) -> _Clause:
-        span = self._span(meta)
+    def else_clause(self, children: list, span: Span) -> _Clause:
         return _Clause(None, children[0], span)
 
-    def for_stmt(self, meta: Meta, children: list) -> ast.For:
-        span = self._span(meta)
+    def for_stmt(self, children: list, span: Span) -> ast.For:
         target, iterable, body = children
         self._check_target(target, "assign to")
         return ast.For(target, iterable, tuple(body), span=span)
 
-    def target_tuple(self, meta: Meta, children: list) -> ast.TupleExpr:
-        span = self._span(meta)
+    def target_tuple(self, children: list, span: Span) -> ast.TupleExpr:
         return ast.TupleExpr(tuple(children), span=span)
 
-    def with_stmt(self, meta: Meta, children: list) -> ast.With:
-        span = self._span(meta)
+    def with_stmt(self, children: list, span: Span) -> ast.With:
         *items, body = children
         return ast.With(tuple(items), tuple(body), span=span)
 
-    def with_item(self, meta: Meta, children: list) -> ast.WithItem:
-        span = self._span(meta)
+    def with_item(self, children: list, span: Span) -> ast.WithItem:
         target = children[1] if len(children) > 1 else None
         if target is not None:
             self._check_target(target, "bind")
@@ -222,8 +289,7 @@ class _Builder(Transformer):
 
     # ------------------------------------------------------------- functions
 
-    def funcdef(self, meta: Meta, children: list) -> ast.FunctionDef:
-        span = self._span(meta)
+    def funcdef(self, children: list, span: Span) -> ast.FunctionDef:
         decorators: tuple = ()
         params: tuple = ()
         returns = None
@@ -244,17 +310,16 @@ class _Builder(Transformer):
         name = self._identifier(name_token)
         return ast.FunctionDef(name, params, returns, decorators, body, span=span)
 
-    def decorators(self, meta: Meta, children: list) -> _Decorators:
-        return _Decorators(c for c in children if isinstance(c, ast.Decorator))
+    def decorators(self, children: list, span: Span) -> _Decorators:
+        return _marked(_Decorators, [c for c in children if isinstance(c, ast.Decorator)], span)
 
-    def decorator(self, meta: Meta, children: list) -> ast.Decorator:
-        span = self._span(meta)
+    def decorator(self, children: list, span: Span) -> ast.Decorator:
         if len(children) == 1:
-            return ast.Decorator(children[0], span=span)
+            return ast.Decorator(str(children[0]), span=span)
         call: _Args = children[1]
-        return ast.Decorator(children[0], call.args, call.keywords, span=span)
+        return ast.Decorator(str(children[0]), call.args, call.keywords, span=span)
 
-    def parameters(self, meta: Meta, children: list) -> _Params:
+    def parameters(self, children: list, span: Span) -> _Params:
         params: list[ast.Param] = []
         seen: dict[str, ast.Param] = {}
         star: _StarMarker | None = None
@@ -287,14 +352,12 @@ class _Builder(Transformer):
             )
         if star is not None and (not params or not params[-1].keyword_only):
             self.diags.error("a bare '*' must be followed by keyword-only parameters", star.span)
-        return _Params(params)
+        return _marked(_Params, params, span)
 
-    def star_marker(self, meta: Meta, children: list) -> _StarMarker:
-        span = self._span(meta)
+    def star_marker(self, children: list, span: Span) -> _StarMarker:
         return _StarMarker(span)
 
-    def param(self, meta: Meta, children: list) -> ast.Param:
-        span = self._span(meta)
+    def param(self, children: list, span: Span) -> ast.Param:
         name = self._identifier(children[0])
         annotation = None
         default = None
@@ -307,8 +370,7 @@ class _Builder(Transformer):
 
     # ----------------------------------------------------------------- types
 
-    def type_expr(self, meta: Meta, children: list) -> ast.TypeExpr:
-        span = self._span(meta)
+    def type_expr(self, children: list, span: Span) -> ast.TypeExpr:
         name, *rest = children
         args = None
         policies = []
@@ -317,54 +379,49 @@ class _Builder(Transformer):
                 args = tuple(child)
             else:
                 policies.append(child)
-        return ast.TypeExpr(name, args, tuple(policies), span=span)
+        return ast.TypeExpr(str(name), args, tuple(policies), span=span)
 
-    def type_args(self, meta: Meta, children: list) -> _Items:
-        return _Items(children)
+    def type_args(self, children: list, span: Span) -> _Items:
+        return _marked(_Items, children, span)
 
-    def dim_string(self, meta: Meta, children: list) -> ast.StrLit:
-        span = self._span(meta)
+    def dim_string(self, children: list, span: Span) -> ast.StrLit:
         return ast.StrLit(self._string_value(children[0]), span=span)
 
-    def dim_int(self, meta: Meta, children: list) -> ast.IntLit:
-        span = self._span(meta)
+    def dim_int(self, children: list, span: Span) -> ast.IntLit:
         return ast.IntLit(int(children[0].replace("_", "")), span=span)
 
-    def policy(self, meta: Meta, children: list) -> ast.Policy:
-        span = self._span(meta)
+    def policy(self, children: list, span: Span) -> ast.Policy:
         if len(children) == 1:
             return ast.Policy(str(children[0]), span=span)
         call: _Args = children[1]
         return ast.Policy(str(children[0]), call.args, call.keywords, span=span)
 
-    def dotted_name(self, meta: Meta, children: list) -> str:
-        return ".".join(str(c) for c in children)
+    def dotted_name(self, children: list, span: Span) -> _Dotted:
+        return _marked(_Dotted, ".".join(str(c) for c in children), span)
 
     # ----------------------------------------------------------- expressions
 
-    def tuple(self, meta: Meta, children: list) -> ast.TupleExpr:
-        span = self._span(meta)
+    def atom(self, children: list, span: Span) -> Any:
+        """A parenthesised expression: the parentheses only group."""
+        return children[0]
+
+    def tuple(self, children: list, span: Span) -> ast.TupleExpr:
         return ast.TupleExpr(tuple(children), span=span)
 
-    def ternary(self, meta: Meta, children: list) -> ast.IfExp:
-        span = self._span(meta)
+    def ternary(self, children: list, span: Span) -> ast.IfExp:
         body, test, orelse = children
         return ast.IfExp(test, body, orelse, span=span)
 
-    def or_test(self, meta: Meta, children: list) -> ast.BoolOp:
-        span = self._span(meta)
+    def or_test(self, children: list, span: Span) -> ast.BoolOp:
         return ast.BoolOp("or", tuple(children), span=span)
 
-    def and_test(self, meta: Meta, children: list) -> ast.BoolOp:
-        span = self._span(meta)
+    def and_test(self, children: list, span: Span) -> ast.BoolOp:
         return ast.BoolOp("and", tuple(children), span=span)
 
-    def not_(self, meta: Meta, children: list) -> ast.UnaryOp:
-        span = self._span(meta)
+    def not_(self, children: list, span: Span) -> ast.UnaryOp:
         return ast.UnaryOp("not", children[0], span=span)
 
-    def comparison(self, meta: Meta, children: list) -> ast.Compare:
-        span = self._span(meta)
+    def comparison(self, children: list, span: Span) -> ast.Compare:
         left = children[0]
         ops: list[str] = []
         comparators: list = []
@@ -378,7 +435,7 @@ class _Builder(Transformer):
                 comparators.append(child)
         return ast.Compare(left, tuple(ops), tuple(comparators), span=span)
 
-    def _fold(self, meta: Meta, children: list) -> Any:
+    def _fold(self, children: list, span: Span) -> Any:
         """Left-associative chain ``a + b - c``: each BinOp spans its own operands."""
         node = children[0]
         for i in range(1, len(children), 2):
@@ -389,23 +446,22 @@ class _Builder(Transformer):
     expr = _fold
     term = _fold
 
-    def unary(self, meta: Meta, children: list) -> ast.UnaryOp:
-        span = self._span(meta)
+    def unary(self, children: list, span: Span) -> ast.UnaryOp:
         return ast.UnaryOp(str(children[0]), children[1], span=span)
 
-    def power(self, meta: Meta, children: list) -> ast.BinOp:
-        span = self._span(meta)
+    def power(self, children: list, span: Span) -> ast.BinOp:
         return ast.BinOp("**", children[0], children[1], span=span)
 
-    def call(self, meta: Meta, children: list) -> ast.Call:
-        span = self._span(meta)
+    def call(self, children: list, span: Span) -> ast.Call:
         func, call = children
         return ast.Call(func, call.args, call.keywords, span=span)
 
-    def call_args(self, meta: Meta, children: list) -> _Args:
-        return children[0] if children else _Args((), ())
+    def call_args(self, children: list, span: Span) -> _Args:
+        if not children:
+            return _Args((), (), span)
+        return _Args(children[0].args, children[0].keywords, span)
 
-    def arguments(self, meta: Meta, children: list) -> _Args:
+    def arguments(self, children: list, span: Span) -> _Args:
         args: list = []
         keywords: dict[str, ast.Keyword] = {}
         for child in children:
@@ -421,10 +477,9 @@ class _Builder(Transformer):
                 self.diags.error("positional argument follows keyword argument", child.span)
             else:
                 args.append(child)
-        return _Args(tuple(args), tuple(keywords.values()))
+        return _Args(tuple(args), tuple(keywords.values()), span)
 
-    def keyword(self, meta: Meta, children: list) -> ast.Keyword:
-        span = self._span(meta)
+    def keyword(self, children: list, span: Span) -> ast.Keyword:
         name, value = children
         if not isinstance(name, ast.Name):
             self.diags.error(
@@ -435,15 +490,13 @@ class _Builder(Transformer):
             return ast.Keyword("_", value, span=span)
         return ast.Keyword(name.id, value, span=span)
 
-    def getitem(self, meta: Meta, children: list) -> ast.Subscript:
-        span = self._span(meta)
+    def getitem(self, children: list, span: Span) -> ast.Subscript:
         return ast.Subscript(children[0], tuple(children[1]), span=span)
 
-    def subscripts(self, meta: Meta, children: list) -> _Items:
-        return _Items(children)
+    def subscripts(self, children: list, span: Span) -> _Items:
+        return _marked(_Items, children, span)
 
-    def slice(self, meta: Meta, children: list) -> ast.Slice:
-        span = self._span(meta)
+    def slice(self, children: list, span: Span) -> ast.Slice:
         parts: list = [None]
         for child in children:
             if isinstance(child, Token) and child.type == "COLON":
@@ -453,24 +506,19 @@ class _Builder(Transformer):
         parts += [None] * (3 - len(parts))
         return ast.Slice(parts[0], parts[1], parts[2], span=span)
 
-    def getattr(self, meta: Meta, children: list) -> ast.Attribute:
-        span = self._span(meta)
+    def getattr(self, children: list, span: Span) -> ast.Attribute:
         return ast.Attribute(children[0], str(children[1]), span=span)
 
-    def name(self, meta: Meta, children: list) -> ast.Name:
-        span = self._span(meta)
+    def name(self, children: list, span: Span) -> ast.Name:
         return ast.Name(self._identifier(children[0]), span=span)
 
-    def int_lit(self, meta: Meta, children: list) -> ast.IntLit:
-        span = self._span(meta)
+    def int_lit(self, children: list, span: Span) -> ast.IntLit:
         return ast.IntLit(int(children[0].replace("_", "")), span=span)
 
-    def float_lit(self, meta: Meta, children: list) -> ast.FloatLit:
-        span = self._span(meta)
+    def float_lit(self, children: list, span: Span) -> ast.FloatLit:
         return ast.FloatLit(float(children[0].replace("_", "")), span=span)
 
-    def str_lit(self, meta: Meta, children: list) -> ast.StrLit:
-        span = self._span(meta)
+    def str_lit(self, children: list, span: Span) -> ast.StrLit:
         return ast.StrLit("".join(self._string_value(t) for t in children), span=span)
 
     def _string_value(self, token: Token) -> str:
@@ -484,35 +532,28 @@ class _Builder(Transformer):
                 self.diags.error(f"invalid string literal: {reason}", self._tok(token))
                 return ""
 
-    def ellipsis_lit(self, meta: Meta, children: list) -> ast.EllipsisLit:
-        span = self._span(meta)
+    def ellipsis_lit(self, children: list, span: Span) -> ast.EllipsisLit:
         return ast.EllipsisLit(span=span)
 
-    def none_lit(self, meta: Meta, children: list) -> ast.NoneLit:
-        span = self._span(meta)
+    def none_lit(self, children: list, span: Span) -> ast.NoneLit:
         return ast.NoneLit(span=span)
 
-    def true_lit(self, meta: Meta, children: list) -> ast.BoolLit:
-        span = self._span(meta)
+    def true_lit(self, children: list, span: Span) -> ast.BoolLit:
         return ast.BoolLit(True, span=span)
 
-    def false_lit(self, meta: Meta, children: list) -> ast.BoolLit:
-        span = self._span(meta)
+    def false_lit(self, children: list, span: Span) -> ast.BoolLit:
         return ast.BoolLit(False, span=span)
 
-    def empty_tuple(self, meta: Meta, children: list) -> ast.TupleExpr:
-        span = self._span(meta)
+    def empty_tuple(self, children: list, span: Span) -> ast.TupleExpr:
         return ast.TupleExpr((), span=span)
 
-    def list_lit(self, meta: Meta, children: list) -> ast.ListExpr:
-        span = self._span(meta)
+    def list_lit(self, children: list, span: Span) -> ast.ListExpr:
         return ast.ListExpr(tuple(children), span=span)
 
-    def dict_lit(self, meta: Meta, children: list) -> ast.DictExpr:
-        span = self._span(meta)
+    def dict_lit(self, children: list, span: Span) -> ast.DictExpr:
         keys = tuple(k for k, _ in children)
         values = tuple(v for _, v in children)
         return ast.DictExpr(keys, values, span=span)
 
-    def dict_item(self, meta: Meta, children: list) -> tuple:
+    def dict_item(self, children: list, span: Span) -> tuple:
         return (children[0], children[1])

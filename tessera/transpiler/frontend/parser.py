@@ -18,9 +18,9 @@ from lark.exceptions import UnexpectedInput
 from lark.lexer import PatternStr
 
 from . import ast
-from .builder import build_module
-from .diagnostics import Diagnostics
-from .indenter import LAYOUT_TYPES, Indenter, LayoutError
+from .builder import Builder
+from .diagnostics import ERROR_LIMIT, Diagnostic, Diagnostics
+from .indenter import Indenter, LayoutError
 from .source import SourceFile
 from .syntax_errors import describe_syntax_error
 
@@ -33,48 +33,65 @@ _LOCK = threading.Lock()
 
 
 @functools.cache
-def _parser() -> tuple[Lark, Indenter, dict[str, str]]:
+def _parser() -> tuple[Lark, Indenter, Builder, dict[str, str]]:
     grammar = resources.files("tessera.grammar").joinpath("tessera.lark").read_text("utf-8")
     indenter = Indenter()
+    builder = Builder()
     lark = Lark(
         grammar,
         parser="lalr",
         lexer="basic",
         strict=True,
-        # Layout tokens would stretch a statement's span onto the next line.
-        propagate_positions=lambda node: getattr(node, "type", None) not in LAYOUT_TYPES,
         maybe_placeholders=False,
+        keep_all_tokens=True,  # the builder filters, and takes spans from the edges
         postlex=indenter,
+        transformer=builder.lark_callbacks(),
     )
     literals = {
         t.name: t.pattern.value for t in lark.terminals if isinstance(t.pattern, PatternStr)
     }
-    return lark, indenter, literals
+    builder.punctuation = frozenset(literals)
+    return lark, indenter, builder, literals
 
 
 def parse(source: SourceFile, diags: Diagnostics) -> ast.Module | None:
-    """Parse a file; errors go to ``diags``. Returns None when nothing parsed."""
+    """Parse a file; errors go to ``diags``, in source order. None if nothing parsed."""
     if not source.text.strip():
         diags.error("empty file: there is nothing to compile", file=source.name)
         return None
-    lark, indenter, literals = _parser()
+    lark, indenter, builder, literals = _parser()
     lines = source.text.split("\n")
     starts = _statement_starts(lines)
+    syntax_errors: list[Diagnostic] = []
     while True:
+        # The builder runs during the parse; only the last, successful
+        # attempt's findings count, since earlier ones are repeated in it.
+        attempt = Diagnostics()
         with _LOCK:
+            builder.begin(source, attempt)
             try:
-                tree = lark.parse("\n".join(lines) + "\n")
+                module = lark.parse("\n".join(lines) + "\n")
                 break
             except (UnexpectedInput, LayoutError) as exc:
                 diagnostic = describe_syntax_error(exc, indenter.state, source, literals)
                 token_line = _line_of(exc)
+        syntax_errors.append(diagnostic)
+        if len(syntax_errors) >= ERROR_LIMIT or not _blank_statement(
+            lines, starts, diagnostic, token_line
+        ):
+            module = None
+            break
+    found = syntax_errors + list(attempt.items if module is not None else ())
+    for diagnostic in sorted(found, key=_position):
         diags.report(diagnostic)
-        if diags.at_limit or not _blank_statement(lines, starts, diagnostic, token_line):
-            return None
-    module = build_module(tree, source, diags)
-    if not module.body and not diags.error_count:
+    if module is not None and not module.body and not diags.error_count:
         diags.error("file has no code, only comments and blank lines", file=source.name)
     return module
+
+
+def _position(diagnostic: Diagnostic) -> tuple[int, int]:
+    span = diagnostic.span
+    return (span.line, span.column) if span is not None else (0, 0)
 
 
 def _line_of(exc: Exception) -> int:

@@ -1,0 +1,168 @@
+"""The ``tesserac`` contract: options, exit statuses, output files, determinism."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tessera
+from tessera.cli import main
+from tessera.transpiler import pipeline
+from tessera.transpiler.options import Options, OptionsError, target_for_output
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.unit
+ATTENTION = str(ROOT / "examples" / "attention.tsr")
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        status = main(args)
+    except SystemExit as exc:  # argparse exits on usage errors
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_emit_ast_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run([ATTENTION, "--emit", "ast"], capsys)
+    assert (status, err) == (0, "")
+    assert out == tessera.compile_file(ATTENTION).inspect_ir("ast")
+
+
+def test_output_file_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "attention.ast.tsr"
+    status, out, _ = run([ATTENTION, "--emit", "ast", "-o", str(target)], capsys)
+    assert (status, out) == (0, "")
+    assert target.read_text() == tessera.compile_file(ATTENTION).inspect_ir("ast")
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no temporary left
+
+
+def test_errors_leave_no_output_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "bad.tsr"
+    source.write_text("def f(x)\n    return x\n")
+    target = tmp_path / "out.tsr"
+    status, _, err = run([str(source), "--emit", "ast", "-o", str(target)], capsys)
+    assert status == 1
+    assert "bad.tsr:1:9: error: expected ':' after the function signature" in err
+    assert not target.exists()
+
+
+def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run([ATTENTION, "--emit", "ast", "-o", str(tmp_path / "no/dir/x")], capsys)
+    assert status == 1
+    assert "cannot write" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("stage", ["graph", "sched", "tile", "target", "meta"])
+def test_stages_not_built_yet_say_so(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run([ATTENTION, "--emit", stage, "--target", "cpu"], capsys)
+    assert status == 2 and out == ""
+    assert f"the '{stage}' stage is not implemented yet" in err
+
+
+def test_default_is_target_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run([ATTENTION, "-o", str(tmp_path / "attention.cu")], capsys)
+    assert status == 2
+    assert "'target' stage is not implemented yet" in err
+    assert not (tmp_path / "attention.cu").exists()
+
+
+def test_program_errors_come_before_missing_stages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "bad.tsr"
+    source.write_text("x = (\n")
+    status, _, err = run([str(source), "--emit", "graph"], capsys)
+    assert status == 1 and "'(' was never closed" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "metal"], "invalid choice: 'metal'"),
+        (["--emit", "ptx"], "invalid choice: 'ptx'"),
+        (["--target", "cuda", "--arch", "gfx90a"], "target cuda has no arch 'gfx90a'"),
+        (["--arch", "sm_80"], "--arch needs a target"),
+        (["-D", "S"], "expected SYM=VALUE"),
+        (["-D", "S=0"], "must be a positive integer"),
+        (["-D", "S=abc"], "must be a positive integer"),
+        (["-D", "1S=4"], "a symbol must be a name"),
+        (["-D", "S=4", "-D", "S=8"], "-D S given twice"),
+        (["--kernel", "nope", "--emit", "ast"], "no kernel named 'nope'"),
+    ],
+)
+def test_usage_errors_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run([ATTENTION, *args], capsys)
+    assert status == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["no/such/file.tsr", "--emit", "ast"], capsys)
+    assert status == 1
+    assert "error: no such file: 'no/such/file.tsr'" in err
+
+
+def test_directory_instead_of_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run([str(tmp_path), "--emit", "ast"], capsys)
+    assert status == 1 and "is a directory" in err
+
+
+def test_internal_error_exits_3_and_names_the_stage(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_: object) -> None:
+        raise KeyError("oops")
+
+    stage = pipeline.PIPELINE[0]
+    monkeypatch.setattr(pipeline, "PIPELINE", (pipeline.Stage(stage.name, broken, stage.show),))
+    status, _, err = run([ATTENTION, "--emit", "ast"], capsys)
+    assert status == 3
+    assert "internal compiler error in stage 'ast'" in err
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["--version"], capsys)
+    assert (status, out.strip()) == (0, f"tesserac {tessera.__version__}")
+    status, out, _ = run(["--help"], capsys)
+    assert status == 0
+    for needle in ("--emit", "--target", "-D SYM=VALUE", "exit status", ".cu cuda"):
+        assert needle in out
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [("k.cu", "cuda"), ("k.hip", "hip"), ("k.cpp", "cpu"), ("k.cl", "opencl"), ("k.txt", None)],
+)
+def test_target_follows_the_output_suffix(name: str, target: str | None) -> None:
+    assert target_for_output(name) == target
+
+
+def test_options_normalise_defines() -> None:
+    a = Options.create("cpu", defines=["S=1024", "D=64"])
+    b = Options.create("cpu", defines={"D": 64, "S": 1024})
+    assert a == b and a.defines == (("D", 64), ("S", 1024))
+    assert a.cache_key() == b.cache_key() != Options.create("cpu").cache_key()
+    assert Options.create("cuda").resolved_arch == "sm_80"
+    with pytest.raises(OptionsError):
+        Options.create("cpu", defines={"S": True})
+
+
+def test_installed_command_is_deterministic(tmp_path: Path) -> None:
+    """Two runs of the installed entry point give byte-identical output."""
+    tesserac = Path(sys.executable).with_name("tesserac")
+    command = [str(tesserac)] if tesserac.exists() else [sys.executable, "-m", "tessera"]
+    outputs = []
+    for i in range(2):
+        target = tmp_path / f"out{i}.tsr"
+        subprocess.run([*command, ATTENTION, "--emit", "ast", "-o", str(target)], check=True)
+        outputs.append(target.read_bytes())
+    assert outputs[0] == outputs[1] and outputs[0]

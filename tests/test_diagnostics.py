@@ -1,0 +1,97 @@
+"""The diagnostics engine: rendering, limits, and file-level problems."""
+
+from __future__ import annotations
+
+import pytest
+
+import tessera
+from tessera.transpiler.frontend.diagnostics import ERROR_LIMIT, Diagnostics, Note, render
+from tessera.transpiler.frontend.source import SourceFile, Span, decode_source
+
+from .helpers import HEADLINE, parse_text
+
+pytestmark = pytest.mark.unit
+
+
+def test_render_has_line_caret_and_tildes() -> None:
+    source = SourceFile("attn.tsr", "x = 1\n    S = tile.dot(Qb, Kb)\n")
+    diags = Diagnostics()
+    diags.error(
+        "matmul: inner dimensions differ",
+        Span(source, 2, 18, 2, 20),
+        (Note("K declared here", Span(source, 1, 1, 1, 2)),),
+    )
+    assert render(diags.items) == (
+        "attn.tsr:2:18: error: matmul: inner dimensions differ\n"
+        "    S = tile.dot(Qb, Kb)\n"
+        "                 ^~\n"
+        "attn.tsr:1:1: note: K declared here\n"
+        "x = 1\n"
+        "^\n"
+        "1 error generated."
+    )
+
+
+def test_caret_lines_up_under_tabs() -> None:
+    source = SourceFile("t.tsr", "\tx = $\n")
+    diags = Diagnostics()
+    diags.error("bad", Span(source, 1, 6, 1, 7))
+    assert render(diags.items).splitlines()[2] == "\t    ^"
+
+
+def test_error_limit_stops_and_says_so() -> None:
+    source = SourceFile("t.tsr", "x\n")
+    diags = Diagnostics()
+    for i in range(ERROR_LIMIT + 5):
+        diags.error(f"error {i}", Span(source, 1, 1, 1, 2))
+    assert diags.error_count == ERROR_LIMIT
+    assert "too many errors" in diags.items[-1].notes[-1].message
+
+
+def test_many_broken_definitions_are_each_reported() -> None:
+    text = "".join(f"def f{i}(x)\n    return x\n\n" for i in range(5))
+    _, diags = parse_text(text)
+    assert [d.span.line for d in diags.items] == [1, 4, 7, 10, 13]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n   \n", "\t\n"])
+def test_empty_file(text: str) -> None:
+    _, diags = parse_text(text, "empty.tsr")
+    assert [d.render() for d in diags.items] == [
+        "empty.tsr: error: empty file: there is nothing to compile"
+    ]
+
+
+def test_file_with_only_comments() -> None:
+    _, diags = parse_text("# nothing yet\n\n# still nothing\n", "c.tsr")
+    assert [d.render() for d in diags.items] == [
+        "c.tsr: error: file has no code, only comments and blank lines"
+    ]
+
+
+def test_missing_trailing_newline_is_fine() -> None:
+    module, diags = parse_text("def f(x):\n    return x")
+    assert module is not None and not diags.items
+
+
+def test_bom_is_dropped() -> None:
+    assert decode_source("b.tsr", b"\xef\xbb\xbfx = 1\n").text == "x = 1\n"
+
+
+def test_compile_error_carries_diagnostics() -> None:
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile("def f(x)\n    return x\n", filename="k.tsr")
+    assert len(info.value.diagnostics) == 1
+    assert HEADLINE.findall(str(info.value)) == [
+        "k.tsr:1:9: error: expected ':' after the function signature"
+    ]
+
+
+def test_inspect_ir_of_a_later_stage_is_not_implemented() -> None:
+    program = tessera.compile("x = 1\n")
+    with pytest.raises(NotImplementedError, match="'graph' stage is not implemented yet"):
+        program.inspect_ir("graph")
+    with pytest.raises(NotImplementedError):
+        program.load()
+    with pytest.raises(ValueError, match="unknown stage 'ptx'"):
+        program.inspect_ir("ptx")
