@@ -32,6 +32,15 @@ def test_render_has_line_caret_and_tildes() -> None:
     )
 
 
+def test_warnings_render_but_do_not_count_as_errors() -> None:
+    source = SourceFile("w.tsr", "x = 1\n")
+    diags = Diagnostics()
+    diags.warning("unused value", Span(source, 1, 1, 1, 2))
+    diags.check()  # no error: does not raise
+    assert diags.error_count == 0
+    assert render(diags.items) == "w.tsr:1:1: warning: unused value\nx = 1\n^"
+
+
 def test_caret_lines_up_under_tabs() -> None:
     source = SourceFile("t.tsr", "\tx = $\n")
     diags = Diagnostics()

@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return _internal_error(exc, exc.cause)
     except Exception as exc:  # a bug in the driver itself
         return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+    for warning in program.diagnostics:
+        print(warning.render(), file=sys.stderr)
     if args.output is None:
         sys.stdout.write(text)
         return 0

@@ -14,7 +14,7 @@ from functools import singledispatchmethod
 
 from . import ast
 
-__all__ = ["print_module", "print_expr", "print_type"]
+__all__ = ["print_module"]
 
 #: A function signature longer than this is split one parameter per line.
 LINE_LENGTH = 100
@@ -27,14 +27,6 @@ _BINARY = {"+": _ARITH, "-": _ARITH, "*": _TERM, "/": _TERM, "//": _TERM, "%": _
 
 def print_module(module: ast.Module) -> str:
     return _Printer().module(module)
-
-
-def print_expr(node: ast.Expr) -> str:
-    return _Printer().expr(node)
-
-
-def print_type(node: ast.TypeExpr) -> str:
-    return _Printer().type(node)
 
 
 def _string(value: str) -> str:

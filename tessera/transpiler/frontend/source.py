@@ -24,18 +24,11 @@ class SourceFile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_lines", tuple(self.text.splitlines()))
 
-    @property
-    def line_count(self) -> int:
-        return len(self._lines)
-
     def line_text(self, line: int) -> str:
         """The text of a 1-based line, without its line break ('' past the end)."""
         if 1 <= line <= len(self._lines):
             return self._lines[line - 1]
         return ""
-
-    def span(self, line: int, column: int, end_line: int, end_column: int) -> Span:
-        return Span(self, line, column, end_line, end_column)
 
     def end_span(self) -> Span:
         """A zero-width span just after the last character of the file."""
