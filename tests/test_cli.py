@@ -58,7 +58,7 @@ def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert "cannot write" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("stage", ["graph", "sched", "tile", "target", "meta"])
+@pytest.mark.parametrize("stage", ["sched", "tile", "target", "meta"])
 def test_stages_not_built_yet_say_so(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run([ATTENTION, "--emit", stage, "--target", "cpu"], capsys)
     assert status == 2 and out == ""
@@ -77,7 +77,7 @@ def test_program_errors_come_before_missing_stages(
 ) -> None:
     source = tmp_path / "bad.tsr"
     source.write_text("x = (\n")
-    status, _, err = run([str(source), "--emit", "graph"], capsys)
+    status, _, err = run([str(source), "--emit", "sched"], capsys)
     assert status == 1 and "'(' was never closed" in err
 
 

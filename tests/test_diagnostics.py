@@ -98,8 +98,8 @@ def test_compile_error_carries_diagnostics() -> None:
 
 def test_inspect_ir_of_a_later_stage_is_not_implemented() -> None:
     program = tessera.compile("x = 1\n")
-    with pytest.raises(NotImplementedError, match="'graph' stage is not implemented yet"):
-        program.inspect_ir("graph")
+    with pytest.raises(NotImplementedError, match="'sched' stage is not implemented yet"):
+        program.inspect_ir("sched")
     with pytest.raises(NotImplementedError):
         program.load()
     with pytest.raises(ValueError, match="unknown stage 'ptx'"):

@@ -1,7 +1,9 @@
 """Malformed programs: each file in tests/errors/ says what tesserac must print.
 
 A file's ``# expect:`` lines are the exact headlines (``line:col: error: ...``
-and notes) of its diagnostics, in order. Exit status 1, never a traceback.
+and notes) of its diagnostics, in order. Files named ``sema_*`` hold semantic
+mistakes, the others syntax errors. Exit status 1, never a traceback, and no
+output file.
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ pytestmark = pytest.mark.unit
 
 
 def test_there_are_enough_cases() -> None:
-    assert len(ERRORS) >= 15
+    semantic = [p for p in ERRORS if p.stem.startswith("sema_")]
+    assert len(ERRORS) - len(semantic) >= 15
+    assert len(semantic) >= 40
 
 
 @pytest.mark.parametrize("path", ERRORS, ids=[p.stem for p in ERRORS])
-def test_malformed_file(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_malformed_file(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expected = [m.decode() for m in EXPECT.findall(path.read_bytes())]
     assert expected, f"{path.name} has no '# expect:' line"
-    status = main([str(path), "--emit", "ast"])
+    output = tmp_path / "out.txt"
+    status = main([str(path), "--emit", "graph", "-o", str(output)])
+    assert not output.exists()
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     assert status == 1

@@ -18,7 +18,7 @@ from .conftest import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "golden"
 #: File name of each stage's golden output.
-FILES = {"ast": "ast.tsr"}
+FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
 
 pytestmark = pytest.mark.golden
 
@@ -26,8 +26,11 @@ CASES = [(path, stage.name) for path in EXAMPLES for stage in PIPELINE]
 
 
 @pytest.mark.parametrize(("example", "stage"), CASES, ids=[f"{p.stem}-{s}" for p, s in CASES])
-def test_matches_golden(example: Path, stage: str, update_golden: bool) -> None:
-    actual = tessera.compile_file(example).inspect_ir(stage)
+def test_matches_golden(
+    example: Path, stage: str, update_golden: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # outputs name the file as given: examples/x.tsr
+    actual = tessera.compile_file(example.relative_to(ROOT)).inspect_ir(stage)
     golden = GOLDEN / example.stem / FILES[stage]
     if update_golden:
         golden.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,10 @@ from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severit
 from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, read_source
+from .graph.ir import GraphModule
+from .graph.passes import run_graph_passes
+from .graph.printer import print_graph
+from .graph.sema import analyze
 from .options import Options, OptionsError
 
 __all__ = [
@@ -76,7 +80,18 @@ def _ast_stage(_: None, source: SourceFile, options: Options, diags: Diagnostics
     return module
 
 
-PIPELINE: tuple[Stage, ...] = (Stage("ast", _ast_stage, print_module),)
+def _graph_stage(
+    module: ast.Module, _: SourceFile, options: Options, diags: Diagnostics
+) -> GraphModule:
+    graph = analyze(module, options, diags)
+    diags.check()
+    return run_graph_passes(graph)
+
+
+PIPELINE: tuple[Stage, ...] = (
+    Stage("ast", _ast_stage, print_module),
+    Stage("graph", _graph_stage, print_graph),
+)
 
 
 class Program:

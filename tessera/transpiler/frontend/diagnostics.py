@@ -9,12 +9,22 @@ clang: ``file:line:col: error: message``, the source line, and a caret with
 
 from __future__ import annotations
 
+import difflib
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from .source import Span
 
-__all__ = ["Severity", "Note", "Diagnostic", "Diagnostics", "CompileError", "render"]
+__all__ = [
+    "Severity",
+    "Note",
+    "Diagnostic",
+    "Diagnostics",
+    "CompileError",
+    "render",
+    "did_you_mean",
+]
 
 #: After this many errors a stage stops reporting: later ones are usually echoes.
 ERROR_LIMIT = 20
@@ -136,3 +146,9 @@ class Diagnostics:
         """Raise ``CompileError`` if any error was reported."""
         if self.error_count:
             raise CompileError(self.items)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'gelu'?"`` for the closest candidate, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""

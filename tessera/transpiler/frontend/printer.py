@@ -14,7 +14,7 @@ from functools import singledispatchmethod
 
 from . import ast
 
-__all__ = ["print_module"]
+__all__ = ["print_module", "print_expr"]
 
 #: A function signature longer than this is split one parameter per line.
 LINE_LENGTH = 100
@@ -50,6 +50,11 @@ def _string(value: str) -> str:
         else:
             out.append(char)
     return '"' + "".join(out) + '"'
+
+
+def print_expr(node: ast.Expr) -> str:
+    """One expression in canonical form, as diagnostics quote the user's arguments."""
+    return _Printer().expr(node)
 
 
 class _Printer:

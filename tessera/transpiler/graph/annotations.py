@@ -1,0 +1,235 @@
+"""Parameter and return annotations to types.
+
+``Tensor["B", "S", 64, bf16 @accum(f32)]``: dims first (strings hold symbols
+or expressions, integers are fixed sizes, bare names are symbols), then the
+dtype with its policies. Each policy is checked against the dtype it is on.
+"""
+
+from __future__ import annotations
+
+from ..frontend import ast
+from ..frontend.diagnostics import Note, did_you_mean
+from ..frontend.printer import print_expr
+from ..frontend.source import Span
+from .dims import Dim, DimSyntaxError, parse_dim
+from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype
+from .opcall import SemanticError
+from .types import KVCacheType, ScalarType, TensorType, ValueType
+
+__all__ = ["resolve_type", "TENSOR_TYPES", "TYPE_NAMES"]
+
+#: Names that declare a tensor. KTile is the seeds' name for a tile kernel's tensor argument.
+TENSOR_TYPES = ("Tensor", "KTile")
+SCALAR_TYPES = ("int", "float", "bool")
+STATE_POLICIES = ("rolling_window", "device", "paged", "checkpointable", "fp32_master")
+NUMERIC_POLICIES = ("accum", "stochastic_round", "loss_scale", "saturate")
+TYPE_NAMES = (*TENSOR_TYPES, "KVCache", "Tile", *SCALAR_TYPES)
+
+
+def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
+    """The type an annotation declares; raises ``SemanticError`` at the bad part."""
+    if node.name in SCALAR_TYPES:
+        _no_args(node)
+        return ScalarType(node.name)
+    if node.name in TENSOR_TYPES:
+        if node.policies:
+            policy = node.policies[0]
+            args = ", ".join(print_expr(a) for a in policy.args)
+            text = f"@{policy.name}" + (f"({args})" if args else "")
+            raise SemanticError(
+                f"numerics policies belong on the dtype: write {node.name}[..., bf16 {text}]",
+                policy.span,
+            )
+        dims, dtype, policies = _tensor_args(node, defines)
+        return TensorType(dims, dtype, policies)
+    if node.name == "KVCache":
+        return _kvcache(node, defines)
+    if node.name == "Tile":
+        raise SemanticError(
+            "'Tile' parameters (tile helper functions) are not supported yet; "
+            "take a Tensor and call tile.load in a tile kernel",
+            node.span,
+        )
+    if lookup_dtype(node.name) is not None:
+        raise SemanticError(
+            f"'{node.name}' is a dtype, not a type: write Tensor[..., {node.name}]", node.span
+        )
+    raise SemanticError(
+        f"unknown type '{node.name}'{did_you_mean(node.name, TYPE_NAMES)}", node.span
+    )
+
+
+def _no_args(node: ast.TypeExpr) -> None:
+    if node.args is not None or node.policies:
+        raise SemanticError(f"'{node.name}' takes no arguments or policies", node.span)
+
+
+def _tensor_args(
+    node: ast.TypeExpr, defines: dict[str, int]
+) -> tuple[tuple[Dim, ...], DType, Policies]:
+    args = node.args or ()
+    last = args[-1] if args else None
+    if not isinstance(last, ast.TypeExpr) or lookup_dtype(last.name) is None:
+        where = last.span if last is not None else node.span
+        hint = ""
+        if isinstance(last, ast.TypeExpr) and last.args is None:
+            hint = did_you_mean(last.name, (*DTYPES, *ALIASES))
+            if hint:
+                raise SemanticError(f"unknown dtype '{last.name}'{hint}", where)
+        raise SemanticError(
+            f"{node.name}[...] needs a dtype as its last argument, "
+            f'as in {node.name}["N", f32]{hint}',
+            where,
+        )
+    if last.args is not None:
+        raise SemanticError(f"the dtype '{last.name}' takes no [...]", last.span)
+    dtype = lookup_dtype(last.name)
+    assert dtype is not None
+    dims = tuple(_dim(arg, defines) for arg in args[:-1])
+    return dims, dtype, _policies(last, dtype)
+
+
+def _dim(arg: ast.TypeExpr | ast.StrLit | ast.IntLit, defines: dict[str, int]) -> Dim:
+    if isinstance(arg, ast.IntLit):
+        if arg.value <= 0:
+            raise SemanticError(f"a dim must be positive, not {arg.value}", arg.span)
+        return Dim.const(arg.value)
+    if isinstance(arg, ast.StrLit):
+        try:
+            dim = parse_dim(arg.value)
+        except DimSyntaxError as exc:
+            raise SemanticError(
+                f'bad dim "{arg.value}": {exc.message}', _inside(arg, exc.offset)
+            ) from None
+        return dim.substitute(defines)
+    if lookup_dtype(arg.name) is not None:
+        raise SemanticError(f"the dtype '{arg.name}' must be the last argument", arg.span)
+    if arg.args is not None or arg.policies:
+        raise SemanticError(f"'{arg.name}[...]' is not a dim", arg.span)
+    return Dim.sym(arg.name).substitute(defines)
+
+
+def _inside(literal: ast.StrLit, offset: int) -> Span:
+    """The span of one character inside a string literal (after its opening quote)."""
+    span = literal.span
+    column = span.column + 1 + offset
+    if span.end_line != span.line or column >= span.end_column:
+        return span
+    return Span(span.source, span.line, column, span.line, column + 1)
+
+
+def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
+    seen: dict[str, ast.Policy] = {}
+    accum = None
+    stochastic = False
+    loss_scale = None
+    saturate = False
+    for policy in node.policies:
+        if policy.name in seen:
+            raise SemanticError(
+                f"@{policy.name} is given twice",
+                policy.span,
+                (Note("first given here", seen[policy.name].span),),
+            )
+        seen[policy.name] = policy
+        if policy.name == "accum":
+            accum = _accum(policy, dtype)
+        elif policy.name == "stochastic_round":
+            _flag(policy)
+            if not dtype.is_float or dtype.bits > 16:
+                raise SemanticError(
+                    f"@stochastic_round applies to bf16, f16 and fp8 values, not {dtype}: "
+                    f"{dtype} results are already rounded to nearest",
+                    policy.span,
+                )
+            stochastic = True
+        elif policy.name == "loss_scale":
+            loss_scale = _loss_scale(policy, dtype)
+        elif policy.name == "saturate":
+            _flag(policy)
+            if dtype.is_float and dtype.bits > 8:
+                raise SemanticError(
+                    f"@saturate applies to fp8 and integer dtypes, not {dtype}", policy.span
+                )
+            saturate = True
+        else:
+            raise SemanticError(
+                f"unknown numerics policy '@{policy.name}'"
+                f"{did_you_mean(policy.name, NUMERIC_POLICIES)}",
+                policy.span,
+                (Note("numerics policies: @accum(f32|bf16), @stochastic_round, "
+                      "@loss_scale(k), @saturate"),),
+            )  # fmt: skip
+    return Policies(accum, stochastic, loss_scale, saturate)
+
+
+def _flag(policy: ast.Policy) -> None:
+    if policy.args or policy.keywords:
+        raise SemanticError(f"@{policy.name} takes no arguments", policy.span)
+
+
+def _accum(policy: ast.Policy, dtype: DType) -> DType:
+    arg = policy.args[0] if len(policy.args) == 1 and not policy.keywords else None
+    target = lookup_dtype(arg.id) if isinstance(arg, ast.Name) else None
+    if target is None or target.name not in ("f32", "bf16"):
+        raise SemanticError("@accum takes one dtype, f32 or bf16: @accum(f32)", policy.span)
+    if not dtype.is_float:
+        raise SemanticError(
+            f"@accum applies to floating-point dtypes; {dtype} always accumulates in i32",
+            policy.span,
+        )
+    if target.mantissa < dtype.mantissa:
+        raise SemanticError(
+            f"@accum({target}) on {dtype} would accumulate in less precision than the "
+            f"inputs have; use @accum(f32)",
+            policy.span,
+        )
+    return target
+
+
+def _loss_scale(policy: ast.Policy, dtype: DType) -> float:
+    arg = policy.args[0] if len(policy.args) == 1 and not policy.keywords else None
+    value: float | None = None
+    if isinstance(arg, (ast.IntLit, ast.FloatLit)):
+        value = float(arg.value)
+    if value is None or not value > 0:
+        raise SemanticError("@loss_scale takes one positive number: @loss_scale(1024)", policy.span)
+    if not dtype.is_float:
+        raise SemanticError(
+            f"@loss_scale applies to floating-point dtypes, not {dtype}", policy.span
+        )
+    return value
+
+
+def _kvcache(node: ast.TypeExpr, defines: dict[str, int]) -> KVCacheType:
+    policies = []
+    for policy in node.policies:
+        if policy.name not in STATE_POLICIES:
+            raise SemanticError(
+                f"unknown state policy '@{policy.name}'{did_you_mean(policy.name, STATE_POLICIES)}",
+                policy.span,
+            )
+        text = "@" + policy.name
+        if policy.args:
+            text += "(" + ", ".join(_arg_text(a) for a in policy.args) + ")"
+        policies.append(text)
+    if node.args is None:
+        return KVCacheType(None, None, tuple(policies))
+    dims, dtype, _ = _tensor_args(node, defines)
+    if len(dims) != 4:
+        raise SemanticError(
+            f'KVCache takes four dims and a dtype, KVCache["B", "H", "S_max", "D_h", bf16]; '
+            f"got {len(dims)} dims",
+            node.span,
+        )
+    return KVCacheType(dims, dtype, tuple(policies))
+
+
+def _arg_text(arg: ast.Expr) -> str:
+    if isinstance(arg, ast.Name):
+        return arg.id
+    if isinstance(arg, (ast.IntLit, ast.FloatLit)):
+        return str(arg.value)
+    if isinstance(arg, ast.StrLit):
+        return f'"{arg.value}"'
+    raise SemanticError("policy arguments are names or numbers", arg.span)

@@ -1,0 +1,249 @@
+"""Symbolic dimensions: ``"S"``, ``64``, ``"B*H"``, ``"S/2"``, ``"E/heads"``.
+
+A dim is a sum of terms, each a rational coefficient times a product of
+symbols raised to integer powers (a Laurent polynomial). That canonical form
+makes ``"B*H"`` equal ``"H*B"`` and ``"(B*H)/H"`` equal ``"B"`` by plain
+comparison, and prints back the way a person writes it. Dim strings are
+parsed here, by a small grammar of names, integers, ``+ - * /`` and
+parentheses; nothing else is a dim, and a dim's text never reaches C++.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+__all__ = ["Dim", "DimSyntaxError", "parse_dim"]
+
+#: A product of symbols with integer powers, sorted by symbol name.
+Monomial = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Dim:
+    terms: tuple[tuple[Monomial, Fraction], ...]
+
+    # -- construction ----------------------------------------------------------
+
+    @staticmethod
+    def const(value: int | Fraction) -> Dim:
+        return Dim._make({(): Fraction(value)})
+
+    @staticmethod
+    def sym(name: str) -> Dim:
+        return Dim._make({((name, 1),): Fraction(1)})
+
+    @staticmethod
+    def _make(terms: dict[Monomial, Fraction]) -> Dim:
+        kept = sorted((m, c) for m, c in terms.items() if c != 0)
+        return Dim(tuple(kept))
+
+    # -- arithmetic ------------------------------------------------------------
+
+    def __add__(self, other: Dim | int) -> Dim:
+        other = _as_dim(other)
+        terms = dict(self.terms)
+        for monomial, coeff in other.terms:
+            terms[monomial] = terms.get(monomial, Fraction(0)) + coeff
+        return Dim._make(terms)
+
+    def __neg__(self) -> Dim:
+        return Dim._make({m: -c for m, c in self.terms})
+
+    def __sub__(self, other: Dim | int) -> Dim:
+        return self + -_as_dim(other)
+
+    def __mul__(self, other: Dim | int) -> Dim:
+        other = _as_dim(other)
+        terms: dict[Monomial, Fraction] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in other.terms:
+                monomial = _multiply(m1, m2)
+                terms[monomial] = terms.get(monomial, Fraction(0)) + c1 * c2
+        return Dim._make(terms)
+
+    def __truediv__(self, other: Dim | int) -> Dim:
+        """Exact division; only by a single term (``S/2``, ``E/heads``)."""
+        other = _as_dim(other)
+        if not other.terms:
+            raise ZeroDivisionError("division by zero in a dim")
+        if len(other.terms) != 1:
+            raise ValueError(f"cannot divide by a sum ({other})")
+        monomial, coeff = other.terms[0]
+        inverse = Dim(((tuple((s, -p) for s, p in monomial), 1 / coeff),))
+        return self * inverse
+
+    # -- queries ---------------------------------------------------------------
+
+    @property
+    def constant(self) -> int | None:
+        """The value if this dim is an integer constant."""
+        if not self.terms:
+            return 0
+        if len(self.terms) == 1 and self.terms[0][0] == () and self.terms[0][1].denominator == 1:
+            return int(self.terms[0][1])
+        return None
+
+    @property
+    def is_integral(self) -> bool:
+        """True when the dim is integer-valued for every value of its symbols."""
+        return all(c.denominator == 1 and all(p > 0 for _, p in m) for m, c in self.terms)
+
+    def symbols(self) -> frozenset[str]:
+        return frozenset(s for m, _ in self.terms for s, _ in m)
+
+    def substitute(self, values: dict[str, int]) -> Dim:
+        result = Dim.const(0)
+        for monomial, coeff in self.terms:
+            term = Dim.const(coeff)
+            for symbol, power in monomial:
+                base = Dim.const(values[symbol]) if symbol in values else Dim.sym(symbol)
+                for _ in range(abs(power)):
+                    term = term * base if power > 0 else term / base
+            result = result + term
+        return result
+
+    # -- printing --------------------------------------------------------------
+
+    def __str__(self) -> str:
+        if not self.terms:
+            return "0"
+        ordered = sorted(self.terms, key=lambda t: (-sum(abs(p) for _, p in t[0]), t[0]))
+        text = ""
+        for i, (monomial, coeff) in enumerate(ordered):
+            body = _term(monomial, abs(coeff))
+            if i == 0:
+                text = ("-" if coeff < 0 else "") + body
+            else:
+                text += (" - " if coeff < 0 else " + ") + body
+        return text
+
+    def __repr__(self) -> str:
+        return f"Dim({str(self)!r})"
+
+
+def _as_dim(value: Dim | int) -> Dim:
+    return value if isinstance(value, Dim) else Dim.const(value)
+
+
+def _multiply(a: Monomial, b: Monomial) -> Monomial:
+    powers = dict(a)
+    for symbol, power in b:
+        powers[symbol] = powers.get(symbol, 0) + power
+    return tuple(sorted((s, p) for s, p in powers.items() if p != 0))
+
+
+def _term(monomial: Monomial, coeff: Fraction) -> str:
+    top = [str(coeff.numerator)] if coeff.numerator != 1 or not monomial else []
+    bottom = [str(coeff.denominator)] if coeff.denominator != 1 else []
+    for symbol, power in monomial:
+        (top if power > 0 else bottom).extend([symbol] * abs(power))
+    text = "*".join(top) or "1"
+    if bottom:
+        below = "*".join(bottom)
+        text += "/" + (f"({below})" if len(bottom) > 1 else below)
+    return text
+
+
+class DimSyntaxError(ValueError):
+    """A malformed dim string; ``offset`` is the 0-based index of the problem."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.offset = offset
+
+
+_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/()]))")
+
+
+def parse_dim(text: str) -> Dim:
+    """Parse a dim expression such as ``"B*H"`` or ``"S/2"``."""
+    return _DimParser(text).parse()
+
+
+class _DimParser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[tuple[str, str, int]] = []
+        pos = 0
+        while pos < len(text):
+            match = _TOKEN.match(text, pos)
+            if match is None or match.end() == pos:
+                if text[pos:].strip() == "":
+                    break
+                stray = pos + len(text[pos:]) - len(text[pos:].lstrip())
+                raise DimSyntaxError(
+                    f"unexpected '{text[stray]}' in a dim: dims are names, integers, "
+                    "+, -, *, / and parentheses",
+                    stray,
+                )
+            kind = match.lastgroup or ""
+            self.tokens.append((kind, match.group(kind), match.start(kind)))
+            pos = match.end()
+        self.index = 0
+
+    def parse(self) -> Dim:
+        if not self.tokens:
+            raise DimSyntaxError("empty dim: expected a name or an integer", 0)
+        dim = self._sum()
+        if self.index < len(self.tokens):
+            _, value, offset = self.tokens[self.index]
+            raise DimSyntaxError(f"unexpected '{value}' in a dim", offset)
+        return dim
+
+    def _peek(self) -> tuple[str, str, int] | None:
+        return self.tokens[self.index] if self.index < len(self.tokens) else None
+
+    def _sum(self) -> Dim:
+        dim = self._product()
+        while (token := self._peek()) is not None and token[1] in "+-":
+            self.index += 1
+            right = self._product()
+            dim = dim + right if token[1] == "+" else dim - right
+        return dim
+
+    def _product(self) -> Dim:
+        dim = self._unary()
+        while (token := self._peek()) is not None and token[1] in "*/":
+            self.index += 1
+            right = self._unary()
+            if token[1] == "*":
+                dim = dim * right
+            elif right.constant == 0:
+                raise DimSyntaxError("division by zero in a dim", token[2])
+            else:
+                try:
+                    dim = dim / right
+                except ValueError as exc:
+                    raise DimSyntaxError(str(exc), token[2]) from None
+        return dim
+
+    def _unary(self) -> Dim:
+        token = self._peek()
+        if token is not None and token[1] == "-":
+            self.index += 1
+            return -self._unary()
+        return self._atom()
+
+    def _atom(self) -> Dim:
+        token = self._peek()
+        if token is None:
+            raise DimSyntaxError(
+                "dim ends too early: expected a name or an integer", len(self.text)
+            )
+        kind, value, offset = token
+        self.index += 1
+        if kind == "int":
+            return Dim.const(int(value))
+        if kind == "name":
+            return Dim.sym(value)
+        if value == "(":
+            dim = self._sum()
+            closing = self._peek()
+            if closing is None or closing[1] != ")":
+                raise DimSyntaxError("'(' in a dim is never closed", offset)
+            self.index += 1
+            return dim
+        raise DimSyntaxError(f"unexpected '{value}' in a dim", offset)

@@ -1,0 +1,583 @@
+"""Expressions to values, during semantic analysis.
+
+The ``Evaluator`` computes what compile-time expressions mean (constants,
+sizes, dtypes, schedules) and turns run-time ones into Graph IR through the
+function analyser that owns it: arithmetic on tensors becomes elementwise
+ops, calls are bound and checked by their operation's rule.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from ..frontend import ast
+from ..frontend.diagnostics import Note, did_you_mean
+from ..frontend.printer import print_expr
+from ..frontend.source import Span
+from .dims import Dim
+from .dtypes import ALIASES, DTYPES, lookup_dtype
+from .graph_ops import GRAPH_OPS
+from .ir import Value
+from .opcall import OpCall, OpSpec, SemanticError, bind
+from .tile_ops import TILE_DIMS
+from .types import KVCacheType, ScalarType, TensorType, TileType
+from .values import (
+    POISON,
+    Const,
+    DimValue,
+    DTypeRef,
+    Ev,
+    Namespace,
+    OpRef,
+    Poison,
+    ScheduleValue,
+    ShapeValue,
+    describe,
+)
+
+__all__ = ["Evaluator", "TileContext", "is_number", "is_int", "STDLIB", "SCHEDULE_ARGS"]
+
+SCHEDULE_ARGS = ("block", "k", "warps", "stages", "vector", "swizzle")
+SCHEDULE_METHODS = {
+    **{f"with_{a}": a for a in SCHEDULE_ARGS},
+    **{a: a for a in SCHEDULE_ARGS},
+}
+#: The standard library's names in seed 004, and the graph op each one is.
+STDLIB = {
+    "flash_attention_2": "flash_attention",
+    "flash_attention": "flash_attention",
+    "efficient_layernorm": "layernorm",
+    "stable_softmax": "softmax_safe",
+    "rotary_embedding": "rotary_embedding",
+    "fused_adam": None,
+}
+CONSTANTS = {"INF": math.inf, "NAN": math.nan}
+NAMESPACES = ("tile", "ops", "tessera")
+BUILTINS = ("float", "int", "range", "dict", "Schedule", "device", "prefetch")
+_ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+_FOLD = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+}
+
+
+class Evaluator:
+    """Expressions to values. At the top level (``function`` None) nothing may
+    be emitted: top-level values are compile-time only."""
+
+    def __init__(self, owner: Any, function: Any) -> None:
+        self.owner = owner
+        self.function = function
+
+    # -- names -------------------------------------------------------------------
+
+    def lookup(self, name: str, span: Span) -> Any:
+        if self.function is not None and name in self.function.env:
+            return self.function.env[name]
+        if name in self.owner.globals:
+            return self.owner.globals[name]
+        if name in CONSTANTS:
+            return Const(CONSTANTS[name])
+        dtype = lookup_dtype(name)
+        if dtype is not None:
+            return DTypeRef(dtype)
+        if name in NAMESPACES:
+            return Namespace(name)
+        if name in GRAPH_OPS and GRAPH_OPS[name].level != "any":
+            return OpRef(name)
+        if name in BUILTINS:
+            return OpRef(name)
+        if name in ("kernel", "verify", "jit", "autodiff"):
+            raise SemanticError(f"'{name}' is a decorator, not a value", span)
+        known = set(self.owner.globals) | set(CONSTANTS) | set(DTYPES) | set(ALIASES)
+        known |= set(NAMESPACES) | {n for n, s in GRAPH_OPS.items() if s.level == "graph"}
+        known |= set(BUILTINS)
+        if self.function is not None:
+            known |= {n for n, v in self.function.env.items() if not isinstance(v, Poison)}
+        raise SemanticError(f"unknown name '{name}'{did_you_mean(name, known)}", span)
+
+    # -- expressions -------------------------------------------------------------
+
+    def eval(self, node: ast.Expr) -> Ev:
+        return Ev(self._eval(node), node.span, print_expr(node))
+
+    def _eval(self, node: ast.Expr) -> Any:
+        if isinstance(node, ast.Name):
+            return self.lookup(node.id, node.span)
+        if isinstance(node, (ast.IntLit, ast.FloatLit, ast.StrLit, ast.BoolLit)):
+            return Const(node.value)
+        if isinstance(node, ast.NoneLit):
+            return Const(None)
+        if isinstance(node, ast.EllipsisLit):
+            return Const(...)
+        if isinstance(node, (ast.TupleExpr, ast.ListExpr)):
+            return self._sequence(node)
+        if isinstance(node, ast.DictExpr):
+            return self._dict(node)
+        if isinstance(node, ast.UnaryOp):
+            return self._unary(node)
+        if isinstance(node, ast.BinOp):
+            return self._binary(node)
+        if isinstance(node, (ast.BoolOp, ast.Compare)):
+            return self._logic(node)
+        if isinstance(node, ast.IfExp):
+            test = self.eval(node.test)
+            if not isinstance(test.value, Const):
+                raise SemanticError(
+                    "a conditional expression needs a condition known at compile time",
+                    node.test.span,
+                )
+            return self._eval(node.body if test.value.value else node.orelse)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        if isinstance(node, ast.Subscript):
+            return self._subscript(node)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        raise SemanticError("this expression is not supported here", node.span)
+
+    def _sequence(self, node: ast.TupleExpr | ast.ListExpr) -> Any:
+        items = [self.eval(e) for e in node.elts]
+        if any(isinstance(i.value, Poison) for i in items):
+            return POISON
+        values = []
+        for item in items:
+            v = item.value
+            if isinstance(v, Const):
+                values.append(v.value)
+            elif isinstance(v, DimValue):
+                values.append(v.dim)
+            elif isinstance(v, Value) and isinstance(node, ast.TupleExpr):
+                return tuple(i.value for i in items)
+            else:
+                raise SemanticError(
+                    f"a list or tuple here holds constants and sizes, not {describe(v)}", item.span
+                )
+        return Const(tuple(values) if isinstance(node, ast.TupleExpr) else list(values))
+
+    def _dict(self, node: ast.DictExpr) -> Const:
+        out = {}
+        for key, value in zip(node.keys, node.values, strict=True):
+            k, v = self.eval(key), self.eval(value)
+            if not isinstance(k.value, Const) or not isinstance(k.value.value, str):
+                raise SemanticError("dict keys must be strings", key.span)
+            if not isinstance(v.value, Const):
+                raise SemanticError(
+                    f"dict values must be constants, not {describe(v.value)}", value.span
+                )
+            out[k.value.value] = v.value.value
+        return Const(out)
+
+    def _unary(self, node: ast.UnaryOp) -> Any:
+        operand = self.eval(node.operand)
+        v = operand.value
+        if isinstance(v, Poison):
+            return POISON
+        if node.op == "not":
+            if isinstance(v, Const):
+                return Const(not v.value)
+            raise SemanticError("'not' needs a value known at compile time", node.span)
+        if (
+            isinstance(v, Const)
+            and isinstance(v.value, (int, float))
+            and not isinstance(v.value, bool)
+        ):
+            return Const(-v.value if node.op == "-" else v.value)
+        if isinstance(v, DimValue):
+            return DimValue(-v.dim if node.op == "-" else v.dim)
+        if node.op == "+":
+            return v
+        if isinstance(v, Value):
+            return self.call_op(GRAPH_OPS["neg"], [operand], [], node.span, "-")
+        raise SemanticError(f"cannot negate {describe(v)}", node.span)
+
+    def _binary(self, node: ast.BinOp) -> Any:
+        left, right = self.eval(node.left), self.eval(node.right)
+        a, b = left.value, right.value
+        if isinstance(a, Poison) or isinstance(b, Poison):
+            return POISON
+        if is_number(a) and is_number(b):
+            try:
+                return Const(_FOLD[node.op](a.value, b.value)) if node.op != "@" else None
+            except ZeroDivisionError:
+                raise SemanticError("division by zero", node.span) from None
+        if (
+            isinstance(a, (DimValue, Const))
+            and isinstance(b, (DimValue, Const))
+            and (isinstance(a, DimValue) or isinstance(b, DimValue))
+        ):
+            return self._dim_arith(node, left, right)
+        if node.op == "@":
+            tile = isinstance(a, Value) and isinstance(a.type, TileType)
+            spec = GRAPH_OPS["tile.dot" if tile else "matmul"]
+            return self.call_op(spec, [left, right], [], node.span, "@")
+        if node.op not in _ARITH:
+            raise SemanticError(
+                f"'{node.op}' is not supported on {describe(a)} and {describe(b)}", node.span
+            )
+        if not any(
+            isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)) for v in (a, b)
+        ):
+            return self._scalar_arith(node, left, right)
+        return self.call_op(GRAPH_OPS[_ARITH[node.op]], [left, right], [], node.span, node.op)
+
+    def _dim_arith(self, node: ast.BinOp, left: Ev, right: Ev) -> DimValue:
+        dims = []
+        for ev in (left, right):
+            v = ev.value
+            if isinstance(v, DimValue):
+                dims.append(v.dim)
+            elif isinstance(v.value, int) and not isinstance(v.value, bool):
+                dims.append(Dim.const(v.value))
+            else:
+                raise SemanticError(f"sizes combine with integers, not {describe(v)}", ev.span)
+        op = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}.get(
+            node.op
+        )
+        if op is None:
+            raise SemanticError(f"'{node.op}' is not defined on sizes", node.span)
+        try:
+            return DimValue(op(dims[0], dims[1]))
+        except (ValueError, ZeroDivisionError) as exc:
+            raise SemanticError(str(exc), node.span) from None
+
+    def _scalar_arith(self, node: ast.BinOp, left: Ev, right: Ev) -> Value:
+        operands = []
+        kinds = []
+        attrs: tuple = ()
+        for name, ev in (("a", left), ("b", right)):
+            v = ev.value
+            if isinstance(v, Value) and isinstance(v.type, ScalarType) and v.type.kind != "bool":
+                operands.append(v)
+                kinds.append(v.type.kind)
+            elif is_number(v):
+                attrs += ((name, v.value),)
+                kinds.append("float" if isinstance(v.value, float) else "int")
+            else:
+                raise SemanticError(f"'{node.op}' is not defined on {describe(v)}", ev.span)
+        kind = "float" if "float" in kinds or node.op == "/" else "int"
+        return self.emit(
+            _ARITH[node.op], tuple(operands), (ScalarType(kind),), attrs, (), node.span
+        )[0]
+
+    def _logic(self, node: ast.BoolOp | ast.Compare) -> Const:
+        parts = node.values if isinstance(node, ast.BoolOp) else (node.left, *node.comparators)
+        values = [self.eval(p) for p in parts]
+        for ev in values:
+            if not isinstance(ev.value, Const):
+                raise SemanticError(
+                    f"'{node.op if isinstance(node, ast.BoolOp) else node.ops[0]}' needs values "
+                    f"known at compile time, not {describe(ev.value)}",
+                    ev.span,
+                )
+        raw = [ev.value.value for ev in values]
+        if isinstance(node, ast.BoolOp):
+            result = all(raw) if node.op == "and" else any(raw)
+            return Const(result)
+        compare = {"<": operator.lt, ">": operator.gt, "==": operator.eq, ">=": operator.ge,
+                   "<=": operator.le, "!=": operator.ne, "is": operator.is_,
+                   "is not": operator.is_not, "in": lambda a, b: a in b,
+                   "not in": lambda a, b: a not in b}  # fmt: skip
+        try:
+            return Const(
+                all(compare[op](a, b) for op, a, b in zip(node.ops, raw, raw[1:], strict=False))
+            )
+        except TypeError:
+            raise SemanticError("these values cannot be compared", node.span) from None
+
+    def _attribute(self, node: ast.Attribute) -> Any:
+        base = self.eval(node.value)
+        v = base.value
+        attr = node.attr
+        if isinstance(v, Poison):
+            return POISON
+        if isinstance(v, Namespace):
+            return self._namespace_attr(v, attr, node.span)
+        if isinstance(v, Value):
+            return self._value_attr(base, attr, node.span)
+        if isinstance(v, ScheduleValue):
+            if attr not in SCHEDULE_METHODS:
+                raise SemanticError(
+                    f"a Schedule has no method '{attr}'{did_you_mean(attr, SCHEDULE_METHODS)}",
+                    node.span,
+                )
+            return OpRef(f"schedule.{attr}", v)
+        if isinstance(v, TileContext):
+            if attr not in TILE_DIMS:
+                raise SemanticError(
+                    f"tile.context() has no '{attr}'{did_you_mean(attr, TILE_DIMS)}; "
+                    f"it has {', '.join(TILE_DIMS)}",
+                    node.span,
+                )
+            return DimValue(Dim.sym(f"T.{attr}"))
+        if isinstance(v, OpRef) and attr == "with_schedule" and v.receiver is None:
+            return OpRef("with_schedule", v)
+        if isinstance(v, DTypeRef) and attr in ("bits",):
+            return Const(v.dtype.bits)
+        raise SemanticError(f"{describe(v)} has no attribute '{attr}'", node.span)
+
+    def _namespace_attr(self, ns: Namespace, attr: str, span: Span) -> Any:
+        if ns.name == "tessera" and attr in ("ops", "tile", "stdlib"):
+            return Namespace(attr)
+        if ns.name == "tile":
+            name = f"tile.{attr}"
+            if name == "tile.context":
+                return OpRef(name)
+            if name in GRAPH_OPS:
+                return OpRef(name)
+            tile_ops = [n.split(".", 1)[1] for n in GRAPH_OPS if n.startswith("tile.")] + [
+                "context"
+            ]
+            raise SemanticError(
+                f"tile has no operation '{attr}'{did_you_mean(attr, tile_ops)}", span
+            )
+        if ns.name in ("ops", "tessera", "stdlib", "tessera.stdlib"):
+            if attr in GRAPH_OPS and GRAPH_OPS[attr].level != "tile":
+                return OpRef(attr)
+            if attr in STDLIB:
+                return OpRef(f"stdlib.{attr}")
+            graph = [n for n, s in GRAPH_OPS.items() if s.level != "tile"]
+            raise SemanticError(
+                f"{ns.name} has no operation '{attr}'{did_you_mean(attr, graph)}", span
+            )
+        raise SemanticError(f"'{ns.name}' has no attribute '{attr}'", span)
+
+    def _value_attr(self, base: Ev, attr: str, span: Span) -> Any:
+        v: Value = base.value
+        t = v.type
+        if isinstance(t, (TensorType, TileType)):
+            if attr == "shape":
+                return ShapeValue(t.dims)
+            if attr == "dtype":
+                return DTypeRef(t.dtype)
+            if attr == "T":
+                spec = GRAPH_OPS["tile.transpose" if isinstance(t, TileType) else "transpose"]
+                return self.call_op(spec, [base], [], span, f"{base.text}.T")
+            raise SemanticError(
+                f"a {'tile' if isinstance(t, TileType) else 'tensor'} has no attribute '{attr}'",
+                span,
+            )
+        if isinstance(t, KVCacheType):
+            if attr in ("K", "V"):
+                if t.dims is None or t.dtype is None:
+                    raise SemanticError(
+                        f"{base.text}.{attr} needs the cache's shape: declare it as "
+                        'KVCache["B", "H", "S_max", "D_h", bf16]',
+                        span,
+                        self.declaration_note(base),
+                    )
+                return self.emit(
+                    f"kvcache.{attr.lower()}", (v,), (TensorType(t.dims, t.dtype),), (), (), span
+                )[0]
+            if attr == "append":
+                return OpRef("kvcache.append", v)
+            raise SemanticError(
+                f"a KVCache has no attribute '{attr}'{did_you_mean(attr, ('K', 'V', 'append'))}",
+                span,
+            )
+        raise SemanticError(f"{describe(v)} has no attribute '{attr}'", span)
+
+    def _subscript(self, node: ast.Subscript) -> Any:
+        base = self.eval(node.value)
+        v = base.value
+        if isinstance(v, Poison):
+            return POISON
+        if isinstance(v, (ShapeValue, Const)) and len(node.index) == 1:
+            index = self.eval(node.index[0]) if not isinstance(node.index[0], ast.Slice) else None
+            items = v.dims if isinstance(v, ShapeValue) else v.value
+            if index is None or not is_int(index.value) or not isinstance(items, (tuple, list)):
+                raise SemanticError("index with one integer", node.span)
+            i = index.value.value
+            if not -len(items) <= i < len(items):
+                raise SemanticError(
+                    f"index {i} is out of range for {len(items)} items", node.index[0].span
+                )
+            item = items[i]
+            return DimValue(item) if isinstance(item, Dim) else Const(item)
+        if isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)):
+            axes = []
+            for position, item in enumerate(node.index):
+                if isinstance(item, ast.NoneLit):
+                    axes.append(position)
+                elif isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None:
+                    pass
+                else:
+                    raise SemanticError(
+                        "indexing a tensor or tile is not supported; only ':' and None "
+                        "(a new axis of size 1) are",
+                        item.span,
+                    )
+            kept = len(node.index) - len(axes)
+            if kept > v.type.rank:
+                raise SemanticError(f"too many ':' for a rank-{v.type.rank} value", node.span)
+            dims = list(v.type.dims)
+            for axis in axes:
+                dims.insert(axis, Dim.const(1))
+            result = v.type.with_(dims=tuple(dims))
+            if isinstance(result, TensorType):
+                result = TensorType(result.dims, result.dtype)
+            return self.emit(
+                "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
+            )[0]
+        raise SemanticError(f"{describe(v)} cannot be indexed", node.span)
+
+    # -- calls -------------------------------------------------------------------
+
+    def _call(self, node: ast.Call) -> Any:
+        callee = self.eval(node.func)
+        args = [self.eval(a) for a in node.args]
+        keywords = [(k.name, self.eval(k.value), k.span) for k in node.keywords]
+        if isinstance(callee.value, Poison) or any(
+            isinstance(e.value, Poison) for e in [*args, *(k[1] for k in keywords)]
+        ):
+            return POISON
+        ref = callee.value
+        if not isinstance(ref, OpRef):
+            raise SemanticError(f"{callee.text} is {describe(ref)}, not a function", node.func.span)
+        name = ref.name
+        if name == "with_schedule":
+            schedule = args[0].value if len(args) == 1 and not keywords else None
+            if not isinstance(schedule, ScheduleValue):
+                raise SemanticError(f"{callee.text} takes one Schedule", node.span)
+            return OpRef(ref.receiver.name, schedule)
+        if name.startswith("schedule.") or name == "Schedule":
+            return self._schedule(node, ref)
+        if name.startswith("stdlib."):
+            target = STDLIB[name.split(".", 1)[1]]
+            if target is None:
+                raise SemanticError(
+                    f"{callee.text} is in the standard library but not yet available as an "
+                    "operation in graph functions",
+                    node.span,
+                )
+            name = target
+        if name == "tile.context":
+            if args or keywords:
+                raise SemanticError("tile.context() takes no arguments", node.span)
+            if self.function is None or self.function.kind != "tile":
+                raise SemanticError("tile.context() can only be called in a tile kernel", node.span)
+            return TileContext()
+        if name in ("float", "int"):
+            return self._convert(name, node, args, keywords)
+        if name in ("dict",):
+            if args:
+                raise SemanticError("dict() takes keyword arguments only here", node.span)
+            bad = next((k for k in keywords if not isinstance(k[1].value, Const)), None)
+            if bad is not None:
+                raise SemanticError(
+                    f"dict values must be constants, not {describe(bad[1].value)}", bad[1].span
+                )
+            return Const({k: e.value.value for k, e, _ in keywords})
+        if name in ("range", "device", "prefetch"):
+            raise SemanticError(
+                f"{name}() can only be used in a "
+                f"'{'for' if name == 'range' else 'with'}' statement",
+                node.span,
+            )
+        if name == "kvcache.append":
+            return self._append(node, ref.receiver, args, keywords)
+        spec = GRAPH_OPS[name]
+        result = self.call_op(spec, args, keywords, node.span, callee.text)
+        if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
+            self.function.attach(result, ("schedule", ref.receiver.text))
+        return result
+
+    def call_op(self, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:
+        if self.function is None:
+            raise SemanticError(
+                f"{shown} computes a run-time value; top-level values must be known at "
+                "compile time",
+                span,
+            )
+        self.function.check_level(spec, span, shown)
+        bound = bind(spec, args, keywords, span, shown)
+        if any(isinstance(e.value, Poison) for e in bound.values()):
+            return POISON
+        return spec.rule(OpCall(spec, bound, span, self.function, shown))
+
+    def _convert(self, name: str, node: ast.Call, args: list[Ev], keywords: list) -> Any:
+        if len(args) != 1 or keywords:
+            raise SemanticError(f"{name}() takes one argument", node.span)
+        v = args[0].value
+        if is_number(v):
+            return Const(float(v.value) if name == "float" else int(v.value))
+        if isinstance(v, DimValue):
+            if name == "int":
+                return v
+            if v.dim.constant is not None:
+                return Const(float(v.dim.constant))
+            return self.emit(
+                "dim_to_float", (), (ScalarType("float"),), (("dim", v.dim),), (), node.span
+            )[0]
+        raise SemanticError(f"{name}() takes a number or a size, not {describe(v)}", args[0].span)
+
+    def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:
+        spec = OpSpec("append", (), lambda c: None, "graph")
+        self.function.check_level(spec, node.span, "KVCache.append")
+        if len(args) != 2 or keywords:
+            raise SemanticError("KVCache.append takes two tensors, k and v", node.span)
+        for ev in args:
+            if not isinstance(ev.value, Value) or not isinstance(ev.value.type, TensorType):
+                raise SemanticError(
+                    f"KVCache.append: {ev.text} must be a tensor, not {describe(ev.value)}", ev.span
+                )
+        operands = (cache, args[0].value, args[1].value)
+        return self.emit("kvcache.append", operands, (cache.type,), (), ("state",), node.span)[0]
+
+    def _schedule(self, node: ast.Call, ref: OpRef) -> ScheduleValue:
+        allowed = SCHEDULE_ARGS if ref.name == "Schedule" else ()
+        for keyword in node.keywords:
+            key, span = keyword.name, keyword.span
+            if ref.name == "Schedule" and key not in allowed:
+                raise SemanticError(
+                    f"Schedule has no parameter '{key}'{did_you_mean(key, SCHEDULE_ARGS)}", span
+                )
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            value = self.eval(arg).value
+            if not isinstance(value, (Const, DimValue)):
+                raise SemanticError(
+                    f"schedule arguments are constants, not {describe(value)}", arg.span
+                )
+        if ref.name == "Schedule":
+            return ScheduleValue(print_expr(node))
+        call = print_expr(node)
+        method = call[len(print_expr(node.func)) :]
+        return ScheduleValue(ref.receiver.text + "." + ref.name.split(".", 1)[1] + method)
+
+    # -- emission ----------------------------------------------------------------
+
+    def emit(
+        self,
+        kind: str,
+        operands: tuple,
+        result_types: tuple,
+        attrs: tuple,
+        effects: tuple,
+        span: Span,
+    ) -> tuple[Value, ...]:
+        if self.function is None:
+            raise SemanticError("top-level values must be known at compile time", span)
+        return self.function.emit(kind, operands, result_types, attrs, effects, span)
+
+    def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
+        return self.function.declaration_note(ev) if self.function is not None else ()
+
+
+class TileContext:
+    """The value of ``tile.context()``; its attributes are the tile sizes."""
+
+
+def is_number(v: Any) -> bool:
+    value = getattr(v, "value", None)
+    return isinstance(v, Const) and isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool)

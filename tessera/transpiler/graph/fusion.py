@@ -1,0 +1,111 @@
+"""Fusion: group a graph function's operations into kernels.
+
+Greedy, in program order, the way epilogue fusion works in CUTLASS and
+Triton-based compilers:
+
+- A matmul, an attention, a reduction (softmax, norms, sum/max/mean) or a
+  state update starts a kernel.
+- An elementwise op (arithmetic, activations, casts, dropout, views) joins
+  the kernel of the value it consumes when that value has no other user: a
+  matmul's bias, activation, residual add and final cast become its epilogue.
+- A reduction whose input comes from a chain of elementwise ops joins that
+  chain as its prologue (``softmax(x * scale)`` is one kernel).
+- Otherwise elementwise ops start a kernel of their own, and the following
+  elementwise ops chain onto it.
+
+An op joins a kernel only if all its other inputs come from earlier kernels,
+so the kernels stay in a data-flow order. Effects are never reordered: ops
+keep their program order inside and across kernels. A tile kernel is already
+one kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .ir import Function, GraphModule, Group, Op
+from .rewrite import map_functions
+from .types import ScalarType
+
+__all__ = ["fuse", "op_class"]
+
+_ANCHORS = {
+    "matmul": "gemm",
+    "flash_attention": "attention",
+    "kvcache.append": "state",
+    "transpose": "layout",
+    "split_qkv": "layout",
+}
+_REDUCTIONS = {
+    "softmax", "softmax_safe", "logsumexp_safe", "layernorm", "layernorm_safe",
+    "rmsnorm", "rmsnorm_safe", "sum", "max", "mean",
+}  # fmt: skip
+_ELEMENTWISE = {
+    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh",
+    "sigmoid", "gelu", "silu", "relu", "cast", "dropout", "expand_dims", "reshape",
+    "rotary_embedding", "kvcache.k", "kvcache.v",
+}  # fmt: skip
+#: Kernels that accept an elementwise epilogue.
+_TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
+
+
+def op_class(op: Op) -> str:
+    if all(isinstance(r.type, ScalarType) for r in op.results) and op.results:
+        return "host"
+    if op.kind in _REDUCTIONS:
+        return "reduction"
+    if op.kind in _ELEMENTWISE:
+        return "elementwise"
+    return _ANCHORS.get(op.kind, "other")
+
+
+@dataclass
+class _Kernel:
+    kind: str
+    ops: list[int] = field(default_factory=list)
+
+
+def _fuse_function(function: Function) -> Function:
+    ops = function.body.ops
+    if function.kind == "tile":
+        return replace(function, groups=(Group("k0", "tile", tuple(range(len(ops)))),))
+    if not ops:
+        return function
+    uses: dict[int, int] = {}
+    for op in ops:
+        for v in op.operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
+    for v in function.body.yields:
+        uses[v.id] = uses.get(v.id, 0) + 1
+    kernels: list[_Kernel] = []
+    kernel_of: dict[int, int] = {}  # value id -> kernel index
+
+    def can_join(k: int, op: Op, via: int) -> bool:
+        return all(kernel_of.get(v.id, -1) <= k for v in op.operands if v.id != via)
+
+    for index, op in enumerate(ops):
+        cls = op_class(op)
+        target = None
+        if cls in ("elementwise", "reduction"):
+            for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
+                k = kernel_of.get(v.id)
+                if k is None or uses.get(v.id) != 1 or not can_join(k, op, v.id):
+                    continue
+                if cls == "elementwise" and kernels[k].kind in _TAKES_EPILOGUE:
+                    target = k
+                elif cls == "reduction" and kernels[k].kind == "elementwise":
+                    target = k
+                    kernels[k].kind = "reduction"
+                break
+        if target is None:
+            kernels.append(_Kernel(cls if cls != "other" else op.kind))
+            target = len(kernels) - 1
+        kernels[target].ops.append(index)
+        for result in op.results:
+            kernel_of[result.id] = target
+    groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
+    return replace(function, groups=groups)
+
+
+def fuse(module: GraphModule) -> GraphModule:
+    return map_functions(module, _fuse_function)

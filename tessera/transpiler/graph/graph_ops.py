@@ -1,0 +1,591 @@
+"""The graph-level operations: shape and dtype rules, one function each.
+
+A rule's docstring is its documentation: ``docs/ops.md`` is generated from
+this registry (``python -m tessera.transpiler.graph.opdocs``) and a test keeps
+the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .dims import Dim, DimSyntaxError, parse_dim
+from .dtypes import F32, DType, accumulator, promote
+from .ir import Value
+from .opcall import OpCall, OpSpec, P
+from .types import ScalarType, TensorType, TileType, dims_text
+from .values import Const, DimValue
+
+__all__ = ["GRAPH_OPS", "register", "broadcast", "elementwise_type"]
+
+GRAPH_OPS: dict[str, OpSpec] = {}
+
+
+def register(
+    name: str, *params: P, level: str = "graph", in_place: bool = False
+) -> Callable[[Callable[[OpCall], object]], Callable[[OpCall], object]]:
+    def add(rule: Callable[[OpCall], object]) -> Callable[[OpCall], object]:
+        doc = " ".join((rule.__doc__ or "").split())
+        GRAPH_OPS[name] = OpSpec(name, params, rule, level, doc, in_place)
+        return rule
+
+    return add
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def broadcast(
+    call: OpCall, a: str, b: str, left: tuple[Dim, ...], right: tuple[Dim, ...]
+) -> tuple[Dim, ...]:
+    """NumPy broadcasting: align trailing dims; a 1 stretches to the other size."""
+    out: list[Dim] = []
+    one = Dim.const(1)
+    for i in range(1, max(len(left), len(right)) + 1):
+        x = left[-i] if i <= len(left) else one
+        y = right[-i] if i <= len(right) else one
+        if x == one:
+            out.append(y)
+        elif y == one:
+            out.append(x)
+        else:
+            call.same_dim(
+                x, y,
+                lambda: f"shapes do not broadcast: {call.shape_of(a)}, {call.shape_of(b)}",
+                f"broadcast {x} with {y}", (a, b),
+            )  # fmt: skip
+            out.append(x)
+    return tuple(reversed(out))
+
+
+def elementwise_type(value: Value) -> TensorType | TileType:
+    """A tensor or tile type without policies: an intermediate result."""
+    t = value.type
+    return TensorType(t.dims, t.dtype) if isinstance(t, TensorType) else t
+
+
+def _float_input(call: OpCall, name: str) -> Value:
+    x = call.tensor(name)
+    if not x.type.dtype.is_float:
+        raise call.error(
+            f"needs a floating-point input; {call.ev(name).text} is {x.type.dtype}", at=name
+        )
+    return x
+
+
+def _reduce_dims(dims: tuple[Dim, ...], axis: int, keepdims: bool) -> tuple[Dim, ...]:
+    if keepdims:
+        return (*dims[:axis], Dim.const(1), *dims[axis + 1 :])
+    return dims[:axis] + dims[axis + 1 :]
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def _binary(kind: str, symbol: str) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        operands = []
+        types = []
+        for name in ("a", "b"):
+            value = call.raw(name)
+            if isinstance(value, Value) and isinstance(value.type, (TensorType, TileType)):
+                types.append(value.type)
+                operands.append(value)
+        assert types, "sema folds operations without tensors"
+        dtype = types[0].dtype
+        for t in types[1:]:
+            dtype = promote(dtype, t.dtype)
+        dims = types[0].dims
+        if len(types) == 2:
+            dims = broadcast(call, "a", "b", types[0].dims, types[1].dims)
+        attrs: tuple = ()
+        for name in ("a", "b"):
+            value = call.raw(name)
+            if isinstance(value, Const):
+                attrs += ((f"{name}", value.value),)
+            elif isinstance(value, Value) and isinstance(value.type, ScalarType):
+                operands.append(value)
+                attrs += ((f"{name}", "scalar"),)
+        result = types[0].with_(dims=dims, dtype=dtype)
+        if isinstance(result, TensorType):
+            result = TensorType(dims, dtype)
+        return call.emit(kind, tuple(operands), result, attrs=attrs)
+
+    rule.__doc__ = (
+        f"Elementwise ``a {symbol} b`` with NumPy broadcasting. Either side may be a "
+        "number or a scalar parameter. The result dtype is the wider of the two (a float "
+        "beats an integer; bf16 and f16 together give f32)."
+    )
+    return rule
+
+
+for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("pow", "**")):
+    register(_kind, P("a"), P("b"), level="any")(_binary(_kind, _symbol))
+
+
+@register("neg", P("x"), level="any")
+def _neg(call: OpCall) -> object:
+    """``-x``, elementwise."""
+    x = call.raw("x")
+    if isinstance(x, Value) and isinstance(x.type, TileType):
+        return call.emit("neg", (x,), x.type)
+    x = call.tensor("x")
+    return call.emit("neg", (x,), elementwise_type(x))
+
+
+@register("matmul", P("a"), P("b"))
+def _matmul(call: OpCall) -> object:
+    """Matrix product, also written ``a @ b``: ``[..., M, K] @ [..., K, N] -> [..., M, N]``,
+    batch dims broadcast. Both operands have one dtype; the result has the accumulation
+    dtype: the operand's ``@accum`` policy, else f32 for floats and i32 for integers."""
+    a, b = call.tensor("a"), call.tensor("b")
+    for name, value in (("a", a), ("b", b)):
+        if value.type.rank < 2:
+            raise call.error(
+                f"needs matrices (2 or more dims); {call.shape_of(name)}", at=name,
+                notes=call.notes_for(name),
+            )  # fmt: skip
+    ta, tb = a.type, b.type
+    call.same_dim(
+        ta.dims[-1], tb.dims[-2],
+        lambda: f"inner dimensions differ: {call.shape_of('a')}, {call.shape_of('b')}",
+        f"inner dimension {ta.dims[-1]} == {tb.dims[-2]}", ("a", "b"),
+    )  # fmt: skip
+    if ta.dtype != tb.dtype:
+        raise call.error(
+            f"operands have different dtypes: {call.ev('a').text} is {ta.dtype}, "
+            f"{call.ev('b').text} is {tb.dtype}; cast one of them, e.g. "
+            f"cast({call.ev('b').text}, {ta.dtype})",
+            notes=call.notes_for("a", "b"),
+        )
+    batch = broadcast(call, "a", "b", ta.dims[:-2], tb.dims[:-2])
+    policies = ta.policies if ta.policies.accum is not None else tb.policies
+    dtype = accumulator(ta.dtype, policies)
+    return call.emit("matmul", (a, b), TensorType((*batch, ta.dims[-2], tb.dims[-1]), dtype))
+
+
+# ----------------------------------------------------------------- unary math
+
+_UNARY_DOCS = {
+    "exp": "e to the power ``x``",
+    "log": "natural logarithm",
+    "sqrt": "square root",
+    "rsqrt": "``1 / sqrt(x)``",
+    "tanh": "hyperbolic tangent",
+    "sigmoid": "``1 / (1 + exp(-x))``",
+    "gelu": "GELU, the tanh approximation used by GPT-2 and BERT",
+    "silu": "``x * sigmoid(x)`` (swish)",
+}
+
+
+def _unary(kind: str) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = _float_input(call, "x")
+        return call.emit(kind, (x,), elementwise_type(x))
+
+    rule.__doc__ = f"Elementwise {_UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype."
+    return rule
+
+
+for _kind in _UNARY_DOCS:
+    register(_kind, P("x"))(_unary(_kind))
+
+
+@register("relu", P("x"))
+def _relu(call: OpCall) -> object:
+    """Elementwise ``max(x, 0)``. Any numeric dtype; same shape and dtype."""
+    x = call.tensor("x")
+    return call.emit("relu", (x,), elementwise_type(x))
+
+
+# ----------------------------------------------------------------- reductions
+
+
+def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        axis = call.axis("axis", x.type.rank)
+        keepdims = call.const("keepdims", bool)
+        dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
+        dims = _reduce_dims(x.type.dims, axis, keepdims)
+        return call.emit(
+            kind, (x,), TensorType(dims, dtype), attrs=(("axis", axis), ("keepdims", keepdims))
+        )
+
+    what = {"sum": "Sum", "max": "Maximum", "mean": "Mean"}[kind]
+    dtype = (
+        "Keeps the input dtype."
+        if keeps_dtype
+        else "The result has the accumulation dtype (f32 for floats, i32 for integers)."
+    )
+    rule.__doc__ = (
+        f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``. {dtype}"
+    )
+    return rule
+
+
+for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
+    register(_kind, P("x"), P("axis", -1), P("keepdims", False))(_reduction(_kind, _keeps))
+
+
+def _softmax(kind: str) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = _float_input(call, "x")
+        axis = call.axis("axis", x.type.rank)
+        return call.emit(kind, (x,), elementwise_type(x), attrs=(("axis", axis),))
+
+    rule.__doc__ = (
+        "Softmax over ``axis`` (default: the last); same shape and dtype, computed in f32."
+        + (
+            " Subtracts the row maximum first, so large inputs cannot overflow."
+            if kind == "softmax_safe"
+            else ""
+        )
+    )
+    return rule
+
+
+register("softmax", P("x"), P("axis", -1))(_softmax("softmax"))
+register("softmax_safe", P("x"), P("axis", -1))(_softmax("softmax_safe"))
+
+
+@register("logsumexp_safe", P("x"), P("axis", -1), P("keepdims", False))
+def _logsumexp(call: OpCall) -> object:
+    """``log(sum(exp(x)))`` over ``axis``, computed with the maximum subtracted first so it
+    cannot overflow. Float inputs; the result is f32 with ``axis`` dropped."""
+    x = _float_input(call, "x")
+    axis = call.axis("axis", x.type.rank)
+    keepdims = call.const("keepdims", bool)
+    return call.emit(
+        "logsumexp_safe", (x,), TensorType(_reduce_dims(x.type.dims, axis, keepdims), F32),
+        attrs=(("axis", axis), ("keepdims", keepdims)),
+    )  # fmt: skip
+
+
+def _norm(kind: str, with_bias: bool) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = _float_input(call, "x")
+        operands = [x]
+        last = x.type.dims[-1]
+        present = []
+        for name in ("weight", "bias") if with_bias else ("weight",):
+            value = call.raw(name)
+            if isinstance(value, Const) and value.value is None:
+                continue
+            param = call.tensor(name)
+            if param.type.rank != 1:
+                raise call.error(
+                    f"'{name}' must have one dim, the normalised size {last}; "
+                    f"{call.shape_of(name)}", at=name, notes=call.notes_for(name),
+                )  # fmt: skip
+            call.same_dim(
+                param.type.dims[0], last,
+                lambda name=name: f"'{name}' does not match the normalised dim: "
+                f"{call.shape_of('x')}, {call.shape_of(name)}",
+                f"{name} size {param.type.dims[0]} == {last}", ("x", name),
+            )  # fmt: skip
+            operands.append(param)
+            present.append(name)
+        epsilon = call.const("eps", float, int)
+        if not epsilon > 0:
+            raise call.error(f"eps must be positive, not {epsilon}", at="eps")
+        attrs = (("eps", float(epsilon)), ("weight", "weight" in present))
+        if with_bias:
+            attrs += (("bias", "bias" in present),)
+        return call.emit(kind, tuple(operands), elementwise_type(x), attrs=attrs)
+
+    name = "Layer" if with_bias else "RMS"
+    scale = " times ``weight``, plus ``bias``" if with_bias else " times ``weight``"
+    safe = (
+        " The ``_safe`` form clamps the variance so a constant row cannot divide by zero."
+        if kind.endswith("_safe")
+        else ""
+    )
+    rule.__doc__ = (
+        f"{name} normalisation over the last dim{scale} (each optional, shape ``[D]``). "
+        f"Float inputs; same shape and dtype, computed in f32.{safe}"
+    )
+    return rule
+
+
+for _kind in ("layernorm", "layernorm_safe"):
+    register(_kind, P("x"), P("weight", None), P("bias", None), P("eps", 1e-5, keyword_only=True))(
+        _norm(_kind, True)
+    )
+for _kind in ("rmsnorm", "rmsnorm_safe"):
+    register(_kind, P("x"), P("weight", None), P("eps", 1e-6, keyword_only=True))(
+        _norm(_kind, False)
+    )
+
+
+# ------------------------------------------------------------------ attention
+
+
+@register(
+    "flash_attention", P("q"), P("k"), P("v"),
+    P("causal", False, keyword_only=True), P("dropout", 0.0, keyword_only=True),
+    P("scale", None, keyword_only=True),
+)  # fmt: skip
+def _flash_attention(call: OpCall) -> object:
+    """Scaled dot-product attention, ``softmax(q @ k^T * scale) @ v``, without materialising
+    the scores: ``q [..., Sq, D]``, ``k [..., Sk, D]``, ``v [..., Sk, Dv]`` give
+    ``[..., Sq, Dv]`` in q's dtype. ``causal`` masks keys after each query; ``dropout``
+    (a probability, or a float parameter) drops attention weights and is an rng effect;
+    ``scale`` defaults to ``1/sqrt(D)``. Also available as ``ops.flash_attention``."""
+    q, k, v = call.tensor("q"), call.tensor("k"), call.tensor("v")
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        if value.type.rank < 2:
+            raise call.error(f"'{name}' needs at least 2 dims; {call.shape_of(name)}", at=name)
+    tq, tk, tv = q.type, k.type, v.type
+    if tq.rank != tk.rank or tq.rank != tv.rank:
+        raise call.error(
+            f"q, k and v must have the same rank: {call.shape_of('q')}, {call.shape_of('k')}, "
+            f"{call.shape_of('v')}", notes=call.notes_for("q", "k", "v"),
+        )  # fmt: skip
+    for i in range(tq.rank - 2):
+        for name, t in (("k", tk), ("v", tv)):
+            call.same_dim(
+                tq.dims[i], t.dims[i],
+                lambda name=name: f"batch dims differ: {call.shape_of('q')}, {call.shape_of(name)}",
+                f"batch dim {i}", ("q", name),
+            )  # fmt: skip
+    call.same_dim(
+        tq.dims[-1], tk.dims[-1],
+        lambda: f"q and k head dims differ: {call.shape_of('q')}, {call.shape_of('k')}",
+        "head dim", ("q", "k"),
+    )  # fmt: skip
+    call.same_dim(
+        tk.dims[-2], tv.dims[-2],
+        lambda: f"k and v lengths differ: {call.shape_of('k')}, {call.shape_of('v')}",
+        "key length", ("k", "v"),
+    )  # fmt: skip
+    for name, t in (("k", tk), ("v", tv)):
+        if t.dtype != tq.dtype:
+            raise call.error(
+                f"q, k and v must have one dtype: q is {tq.dtype}, {name} is {t.dtype}",
+                at=name, notes=call.notes_for(name),
+            )  # fmt: skip
+    causal = call.const("causal", bool)
+    operands = [q, k, v]
+    attrs: tuple = (("causal", causal),)
+    dropout = call.scalar("dropout", "float")
+    effects: tuple[str, ...] = ()
+    if isinstance(dropout, Const):
+        if not 0.0 <= dropout.value < 1.0:
+            raise call.error(
+                f"dropout is a probability in [0, 1), not {dropout.value}", at="dropout"
+            )
+        if dropout.value:
+            attrs += (("dropout", dropout.value),)
+            effects = ("rng",)
+    else:
+        operands.append(dropout)
+        attrs += (("dropout", "scalar"),)
+        effects = ("rng",)
+    scale = call.raw("scale")
+    if not (isinstance(scale, Const) and scale.value is None):
+        value = call.const("scale", float, int)
+        if not value > 0:
+            raise call.error(f"scale must be positive, not {value}", at="scale")
+        attrs += (("scale", float(value)),)
+    out = TensorType((*tq.dims[:-1], tv.dims[-1]), tq.dtype)
+    return call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
+
+
+@register("rotary_embedding", P("x"), P("cos"), P("sin"))
+def _rotary(call: OpCall) -> object:
+    """Rotary position embedding: rotates each pair of channels of ``x [..., S, D]`` by the
+    angles whose cosines and sines are ``cos`` and ``sin``, each ``[S, D/2]``. ``D`` must be
+    even. Same shape and dtype as ``x``."""
+    x = _float_input(call, "x")
+    if x.type.rank < 2:
+        raise call.error(f"'x' needs at least 2 dims; {call.shape_of('x')}", at="x")
+    seq, width = x.type.dims[-2], x.type.dims[-1]
+    half = width / 2
+    if not half.is_integral:
+        if width.constant is not None:
+            raise call.error(f"the last dim of x must be even, not {width}", at="x")
+        call.emitter.guard(
+            "divisible", width, Dim.const(2), "rotary_embedding: even head dim", call.span
+        )
+    operands = [x]
+    for name in ("cos", "sin"):
+        table = _float_input(call, name)
+        want = (seq, half)
+        if table.type.rank != 2:
+            raise call.error(
+                f"'{name}' must be [S, D/2] = {dims_text(want)}; {call.shape_of(name)}", at=name
+            )
+        for got, expected in zip(table.type.dims, want, strict=True):
+            call.same_dim(
+                got, expected,
+                lambda name=name, want=want: f"'{name}' must be [S, D/2] = {dims_text(want)}; "
+                f"{call.shape_of(name)}",
+                f"{name} shape", ("x", name),
+            )  # fmt: skip
+        operands.append(table)
+    return call.emit("rotary_embedding", tuple(operands), elementwise_type(x))
+
+
+@register("split_qkv", P("qkv"), P("heads", keyword_only=True))
+def _split_qkv(call: OpCall) -> object:
+    """Split a fused projection ``[..., S, C]`` into ``q, k, v``, each
+    ``[..., heads, S, C/(3*heads)]``. ``heads`` is an integer or an ``int`` parameter;
+    ``C`` must be a multiple of ``3*heads`` (checked at run time when not known)."""
+    qkv = call.tensor("qkv")
+    if qkv.type.rank < 2:
+        raise call.error(f"'qkv' needs at least 2 dims; {call.shape_of('qkv')}", at="qkv")
+    heads_value = call.raw("heads")
+    if isinstance(heads_value, Value) and heads_value.type == ScalarType("int"):
+        heads = Dim.sym(heads_value.name or "heads")
+    else:
+        heads = (
+            call.dim("heads")
+            if isinstance(heads_value, DimValue)
+            else Dim.const(call.const("heads", int))
+        )
+        if heads.constant is not None and heads.constant <= 0:
+            raise call.error(f"heads must be positive, not {heads}", at="heads")
+    channels = qkv.type.dims[-1]
+    width = channels / (heads * 3)
+    if not width.is_integral:
+        if channels.constant is not None and heads.constant is not None:
+            raise call.error(
+                f"the last dim, {channels}, is not a multiple of 3*heads = {3 * heads.constant}",
+                at="qkv",
+            )
+        call.emitter.guard(
+            "divisible", channels, heads * 3, "split_qkv: channels divide into 3*heads", call.span
+        )
+    one = TensorType((*qkv.type.dims[:-2], heads, qkv.type.dims[-2], width), qkv.type.dtype)
+    return call.emit("split_qkv", (qkv,), one, one, one, attrs=(("heads", str(heads)),))
+
+
+@register("dropout", P("x"), P("p"))
+def _dropout(call: OpCall) -> object:
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``. ``p`` is a
+    number in [0, 1) or a float parameter. An rng effect: never reordered or merged."""
+    x = call.tensor("x")
+    p = call.scalar("p", "float")
+    if isinstance(p, Const):
+        if not 0.0 <= p.value < 1.0:
+            raise call.error(f"p is a probability in [0, 1), not {p.value}", at="p")
+        return call.emit(
+            "dropout", (x,), elementwise_type(x), attrs=(("p", p.value),), effects=("rng",)
+        )
+    return call.emit(
+        "dropout", (x, p), elementwise_type(x), attrs=(("p", "scalar"),), effects=("rng",)
+    )
+
+
+@register("residual", P("x"), P("y"), P("dropout", 0.0, keyword_only=True))
+def _residual(call: OpCall) -> object:
+    """The residual connection ``x + dropout(y)``; ``y`` must have ``x``'s shape. Without
+    ``dropout`` (or with 0) it is a plain add; the result dtype is the wider of the two."""
+    x, y = call.tensor("x"), call.tensor("y")
+    if x.type.rank != y.type.rank:
+        raise call.error(
+            f"x and y must have one shape: {call.shape_of('x')}, {call.shape_of('y')}",
+            notes=call.notes_for("x", "y"),
+        )
+    for a, b in zip(x.type.dims, y.type.dims, strict=True):
+        call.same_dim(
+            a, b,
+            lambda: f"x and y must have one shape: {call.shape_of('x')}, {call.shape_of('y')}",
+            "residual shapes", ("x", "y"),
+        )  # fmt: skip
+    p = call.scalar("dropout", "float")
+    if isinstance(p, Const) and not 0.0 <= p.value < 1.0:
+        raise call.error(f"dropout is a probability in [0, 1), not {p.value}", at="dropout")
+    if not (isinstance(p, Const) and p.value == 0.0):
+        operands = (y,) if isinstance(p, Const) else (y, p)
+        attrs = (("p", p.value if isinstance(p, Const) else "scalar"),)
+        y = call.emit("dropout", operands, elementwise_type(y), attrs=attrs, effects=("rng",))
+    dtype = promote(x.type.dtype, y.type.dtype)
+    return call.emit("add", (x, y), TensorType(x.type.dims, dtype))
+
+
+# ------------------------------------------------------------- shape and type
+
+
+@register("cast", P("x"), P("dtype"))
+def _cast(call: OpCall) -> object:
+    """Convert to ``dtype``, rounding to nearest even (saturating for fp8 under ``@saturate``)."""
+    x = call.tensor("x")
+    dtype = call.dtype("dtype")
+    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
+
+
+@register("cast_like", P("x"), P("like"))
+def _cast_like(call: OpCall) -> object:
+    """Convert ``x`` to the dtype of ``like`` (shapes may differ)."""
+    x, like = call.tensor("x"), call.tensor("like")
+    dtype: DType = like.type.dtype
+    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
+
+
+@register("transpose", P("x"), P("axes", None))
+def _transpose(call: OpCall) -> object:
+    """Permute dims: by default swap the last two; ``axes`` gives the full permutation."""
+    x = call.tensor("x")
+    rank = x.type.rank
+    axes_value = call.raw("axes")
+    if isinstance(axes_value, Const) and axes_value.value is None:
+        if rank < 2:
+            raise call.error(f"needs at least 2 dims; {call.shape_of('x')}", at="x")
+        perm = (*tuple(range(rank - 2)), rank - 1, rank - 2)
+    else:
+        axes = call.const("axes", tuple, list)
+        perm = tuple(a % rank if isinstance(a, int) and -rank <= a < rank else -1 for a in axes)
+        if sorted(perm) != list(range(rank)):
+            raise call.error(
+                f"axes must be a permutation of 0..{rank - 1}, not {list(axes)}", at="axes"
+            )
+    dims = tuple(x.type.dims[i] for i in perm)
+    return call.emit("transpose", (x,), TensorType(dims, x.type.dtype), attrs=(("perm", perm),))
+
+
+@register("reshape", P("x"), P("shape"))
+def _reshape(call: OpCall) -> object:
+    """View with another shape of the same number of elements. ``shape`` is a list of dims:
+    integers, strings (``"B*H"``) or sizes from parameters."""
+    x = call.tensor("x")
+    dims = _shape_arg(call, "shape")
+    before, after = Dim.const(1), Dim.const(1)
+    for d in x.type.dims:
+        before = before * d
+    for d in dims:
+        after = after * d
+    call.same_dim(
+        before, after,
+        lambda: f"changes the number of elements: {call.shape_of('x')} has {before}, "
+        f"{dims_text(dims)} has {after}",
+        "element count", ("x",),
+    )  # fmt: skip
+    return call.emit("reshape", (x,), TensorType(dims, x.type.dtype), attrs=(("shape", dims),))
+
+
+def _shape_arg(call: OpCall, name: str) -> tuple[Dim, ...]:
+    """A list of dims: ints, dim strings or sizes (``T.m``, ``x.shape[0]``)."""
+    value = call.raw(name)
+    items = (
+        value.value if isinstance(value, Const) and isinstance(value.value, (list, tuple)) else None
+    )
+    if items is None:
+        raise call.error(f"'{name}' must be a list of dims, not the value given", at=name)
+    dims = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str, Dim)):
+            raise call.error(f"'{name}' holds {item!r}, which is not a dim", at=name)
+        if isinstance(item, int):
+            if item <= 0:
+                raise call.error(f"dims are positive, not {item}", at=name)
+            dims.append(Dim.const(item))
+        elif isinstance(item, str):
+            try:
+                dims.append(parse_dim(item))
+            except DimSyntaxError as exc:
+                raise call.error(f'bad dim "{item}": {exc.message}', at=name) from None
+        else:
+            dims.append(item)
+    return tuple(dims)

@@ -1,0 +1,143 @@
+"""The Graph IR: typed SSA operations on tensors, grouped into kernels.
+
+Values are defined once; an operation consumes values and defines new ones,
+in program order. Tile kernels use two structured operations with regions,
+``tile.for`` (a loop with loop-carried values) and ``if``, in the manner of
+MLIR's ``scf`` dialect. Everything is a frozen dataclass carrying the source
+span it came from; passes rebuild with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..frontend.source import Span
+from .dims import Dim
+from .types import ValueType
+
+__all__ = [
+    "Value",
+    "Op",
+    "Block",
+    "Guard",
+    "Group",
+    "Param",
+    "Function",
+    "GraphModule",
+    "new_value",
+    "walk",
+]
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """An SSA value. Compared by identity; ``name`` is the source name, for printing."""
+
+    type: ValueType
+    name: str | None = None
+    span: Span | None = field(default=None, repr=False)
+    id: int = field(default_factory=lambda: next(_ids))
+
+
+def new_value(type: ValueType, name: str | None = None, span: Span | None = None) -> Value:
+    return Value(type, name, span)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A region body: arguments, operations in order, and the values it yields."""
+
+    args: tuple[Value, ...]
+    ops: tuple[Op, ...]
+    yields: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation. ``attrs`` keep their order; ``effects`` pin the op in place."""
+
+    kind: str
+    operands: tuple[Value, ...]
+    results: tuple[Value, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    effects: tuple[str, ...] = ()
+    regions: tuple[Block, ...] = ()
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return next((v for k, v in self.attrs if k == name), default)
+
+    @property
+    def result(self) -> Value:
+        assert len(self.results) == 1, self.kind
+        return self.results[0]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition on sizes that only the run time can check.
+
+    ``kind`` is ``"equal"`` (``left == right``) or ``"divisible"`` (``left``
+    is a multiple of ``right``).
+    """
+
+    kind: str
+    left: Dim
+    right: Dim
+    reason: str
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        op = "==" if self.kind == "equal" else "%"
+        text = f"{self.left} {op} {self.right}"
+        return text + (" == 0" if self.kind == "divisible" else "")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Operations fused into one kernel. ``ops`` index the function body's ops."""
+
+    name: str
+    kind: str  # gemm, elementwise, reduction, attention, tile, state
+    ops: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Param:
+    value: Value
+    keyword_only: bool = False
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    #: "graph" (ops on tensors), "tile" (a tile kernel) or "declaration" (body ``...``).
+    kind: str
+    params: tuple[Param, ...]
+    result_type: ValueType | None
+    body: Block
+    guards: tuple[Guard, ...] = ()
+    #: Decorators as written (canonical text), e.g. ``kernel.schedule(base)``.
+    decorators: tuple[str, ...] = ()
+    groups: tuple[Group, ...] = ()
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class GraphModule:
+    name: str
+    functions: tuple[Function, ...]
+    #: Module-level compile-time values (schedules), name and canonical text.
+    constants: tuple[tuple[str, str], ...] = ()
+
+
+def walk(block: Block) -> Any:
+    """Every op of a block, nested regions included, in program order."""
+    for op in block.ops:
+        yield op
+        for region in op.regions:
+            yield from walk(region)

@@ -1,0 +1,41 @@
+"""The graph passes, in order, each verified after it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .canonicalize import canonicalize
+from .fusion import fuse
+from .ir import GraphModule
+from .simplify import simplify
+from .verify import VerifyError, verify
+
+__all__ = ["GRAPH_PASSES", "run_graph_passes", "PassError"]
+
+GraphPass = Callable[[GraphModule], GraphModule]
+
+#: (name, pass) in the order they run.
+GRAPH_PASSES: list[tuple[str, GraphPass]] = [
+    ("canonicalize", canonicalize),
+    ("simplify", simplify),
+    ("fuse", fuse),
+]
+
+
+class PassError(AssertionError):
+    """The IR failed verification after a pass: a compiler bug."""
+
+
+def run_graph_passes(module: GraphModule) -> GraphModule:
+    _check(module, "semantic analysis")
+    for name, graph_pass in GRAPH_PASSES:
+        module = graph_pass(module)
+        _check(module, name)
+    return module
+
+
+def _check(module: GraphModule, after: str) -> None:
+    try:
+        verify(module)
+    except VerifyError as exc:
+        raise PassError(f"the Graph IR is invalid after {after}: {exc}") from exc

@@ -1,0 +1,132 @@
+"""The text form of the Graph IR (``--emit graph``, ``inspect_ir("graph")``).
+
+MLIR-flavoured and meant for people: every value shows its shape, dtype and
+policies; values keep their source names (``%acc``, then ``%acc.1`` for the
+next definition); each op ends with the ``line:col`` it came from; fused
+kernels are blocks of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .dims import Dim
+from .dtypes import DType
+from .ir import Block, Function, GraphModule, Op, Value
+
+__all__ = ["print_graph"]
+
+
+def print_graph(module: GraphModule) -> str:
+    lines = [f"// graph IR of {module.name}"]
+    for name, text in module.constants:
+        lines += ["", f"schedule {name} = {text}"]
+    for function in module.functions:
+        lines += ["", *_FunctionPrinter(function).lines()]
+    return "\n".join(lines) + "\n"
+
+
+def format_attr(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value).replace("e-0", "e-").replace("e+0", "e+").replace("e+", "e")
+    if isinstance(value, (tuple, list)):
+        return (
+            "(" + ", ".join(format_attr(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        )
+    if value is None:
+        return "none"
+    if isinstance(value, (Dim, DType)):
+        return str(value)
+    return str(value)
+
+
+class _FunctionPrinter:
+    def __init__(self, function: Function) -> None:
+        self.function = function
+        self.names: dict[int, str] = {}
+        self.used: dict[str, int] = {}
+        self.counter = 0
+
+    def name(self, value: Value) -> str:
+        if value.id not in self.names:
+            if value.name is None:
+                text = str(self.counter)
+                self.counter += 1
+            else:
+                count = self.used.get(value.name, 0)
+                self.used[value.name] = count + 1
+                text = value.name if count == 0 else f"{value.name}.{count}"
+            self.names[value.id] = text
+        return "%" + self.names[value.id]
+
+    def lines(self) -> list[str]:
+        f = self.function
+        out = [f"func @{f.name} ({f.kind}) {{"]
+        for decorator in f.decorators:
+            out.append(f"  @{decorator}")
+        for param in f.params:
+            keyword = " keyword-only" if param.keyword_only else ""
+            out.append(f"  param {self.name(param.value)} : {param.value.type}{keyword}")
+        if f.result_type is not None:
+            out.append(f"  result : {f.result_type}")
+        for guard in f.guards:
+            where = f"  at {guard.span.line}:{guard.span.column}" if guard.span is not None else ""
+            out.append(f"  guard {guard}  // {guard.reason}{where}")
+        if f.kind == "declaration":
+            return [*out, "  // declaration only: the body is '...'", "}"]
+        out.append("")
+        ops = f.body.ops
+        if f.groups:
+            for group in f.groups:
+                out.append(f"  kernel {group.name} {group.kind} {{")
+                for index in group.ops:
+                    out += self.op(ops[index], 2)
+                out.append("  }")
+        else:
+            for op in ops:
+                out += self.op(op, 1)
+        returned = ", ".join(self.name(v) for v in f.body.yields)
+        out.append(f"  return {returned}".rstrip())
+        return [*out, "}"]
+
+    def op(self, op: Op, depth: int) -> list[str]:
+        pad = "  " * depth
+        results = ", ".join(self.name(r) for r in op.results)
+        text = f"{results} = " if results else ""
+        text += op.kind
+        if op.operands:
+            text += " " + ", ".join(self.name(v) for v in op.operands)
+        if op.attrs:
+            text += " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.attrs) + "}"
+        if op.effects:
+            text += " effects(" + ", ".join(op.effects) + ")"
+        if op.results:
+            text += " : " + ", ".join(str(r.type) for r in op.results)
+        if op.regions:
+            text += " {"
+        if op.span is not None:
+            text += f"  // {op.span.line}:{op.span.column}"
+        if not op.regions:
+            return [pad + text]
+        lines = [pad + text]
+        for i, region in enumerate(op.regions):
+            if i:
+                lines.append(pad + "} else {")
+            lines += self.region(region, depth + 1)
+        return [*lines, pad + "}"]
+
+    def region(self, block: Block, depth: int) -> list[str]:
+        pad = "  " * depth
+        lines = []
+        if block.args:
+            args = ", ".join(f"{self.name(a)}: {a.type}" for a in block.args)
+            lines.append(f"{pad[:-2]}^({args}):")
+        for op in block.ops:
+            lines += self.op(op, depth)
+        yielded = ", ".join(self.name(v) for v in block.yields)
+        return [*lines, f"{pad}yield {yielded}".rstrip()]

@@ -1,0 +1,103 @@
+"""Helpers shared by the graph passes: per-function op rewriting, use
+replacement and dead-code removal, all producing new frozen IR."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from .ir import Block, Function, GraphModule, Op, Value
+
+__all__ = ["map_functions", "substitute", "remove_dead", "Rewriter"]
+
+#: Ops whose results may be dropped when nobody uses them.
+_KEEP = ("tile.store", "kvcache.append")
+
+
+def map_functions(module: GraphModule, fn: Callable[[Function], Function]) -> GraphModule:
+    return replace(module, functions=tuple(fn(f) for f in module.functions))
+
+
+def substitute(block: Block, mapping: dict[int, Value]) -> Block:
+    """Replace every use of a value by its mapping, regions included."""
+
+    def get(value: Value) -> Value:
+        while value.id in mapping:
+            value = mapping[value.id]
+        return value
+
+    ops = []
+    for op in block.ops:
+        ops.append(
+            replace(
+                op,
+                operands=tuple(get(v) for v in op.operands),
+                regions=tuple(substitute(r, mapping) for r in op.regions),
+            )
+        )
+    return Block(block.args, tuple(ops), tuple(get(v) for v in block.yields))
+
+
+def remove_dead(block: Block) -> Block:
+    """Drop ops without effects whose results nobody uses, innermost first."""
+    used: set[int] = {v.id for v in block.yields}
+    kept: list[Op] = []
+    for op in reversed(block.ops):
+        regions = tuple(remove_dead(r) for r in op.regions)
+        live = op.effects or op.kind in _KEEP or any(r.id in used for r in op.results)
+        if not live:
+            continue
+        op = replace(op, regions=regions)
+        kept.append(op)
+        used |= {v.id for v in op.operands}
+        for region in regions:
+            used |= _uses(region)
+    return Block(block.args, tuple(reversed(kept)), block.yields)
+
+
+def _uses(block: Block) -> set[int]:
+    found = {v.id for v in block.yields}
+    for op in block.ops:
+        found |= {v.id for v in op.operands}
+        for region in op.regions:
+            found |= _uses(region)
+    return found
+
+
+class Rewriter:
+    """Walk a block's ops in order; ``rule(op, producers)`` returns a replacement
+    op, a ``Value`` that replaces the op's single result, or None to keep it.
+    ``producers`` maps value ids to the (already rewritten) ops that define them."""
+
+    def __init__(self, rule: Callable[[Op, dict[int, Op]], Op | Value | None]) -> None:
+        self.rule = rule
+
+    def block(self, block: Block) -> Block:
+        mapping: dict[int, Value] = {}
+        producers: dict[int, Op] = {}
+        ops: list[Op] = []
+        for op in block.ops:
+            op = replace(
+                op,
+                operands=tuple(_follow(v, mapping) for v in op.operands),
+                regions=tuple(self.block(substitute(r, mapping)) for r in op.regions),
+            )
+            result = self.rule(op, producers)
+            if isinstance(result, Value):
+                mapping[op.result.id] = result
+                continue
+            op = result or op
+            ops.append(op)
+            for value in op.results:
+                producers[value.id] = op
+        yields = tuple(_follow(v, mapping) for v in block.yields)
+        return remove_dead(Block(block.args, tuple(ops), yields))
+
+    def function(self, function: Function) -> Function:
+        return replace(function, body=self.block(function.body))
+
+
+def _follow(value: Value, mapping: dict[int, Value]) -> Value:
+    while value.id in mapping:
+        value = mapping[value.id]
+    return value

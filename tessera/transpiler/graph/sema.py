@@ -1,0 +1,792 @@
+"""Semantic analysis: the AST of a ``.tsr`` file to Graph IR.
+
+Names are resolved, annotations become types, and every call is checked by
+its operation's rule (``graph_ops``, ``tile_ops``) as it is turned into SSA.
+Mistakes are reported in the user's terms at the user's line; after an error
+the statement's names are bound to ``POISON`` so that one mistake gives one
+message, and analysis goes on with the next statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from ..frontend import ast
+from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
+from ..frontend.printer import print_expr
+from ..frontend.source import Span
+from ..options import Options
+from .annotations import resolve_type
+from .dims import Dim
+from .dtypes import accumulator
+from .evaluate import STDLIB, Evaluator, is_int, is_number
+from .graph_ops import GRAPH_OPS
+from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
+from .opcall import OpCall, OpSpec, SemanticError, bind
+from .tile_ops import range_extent
+from .types import (
+    BlockType,
+    ScalarType,
+    TensorType,
+    TileType,
+    ValueType,
+    dims_text,
+)
+from .values import (
+    POISON,
+    Const,
+    Ev,
+    Namespace,
+    OpRef,
+    Poison,
+    ScheduleValue,
+    describe,
+)
+
+__all__ = ["analyze", "KERNEL_DECORATORS"]
+
+#: Decorators a function may carry, and the keywords each accepts (None: no call).
+KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
+    "kernel": None,
+    "tessera.kernel": None,
+    "jit": None,
+    "autodiff": None,
+    "kernel.auto": None,
+    "kernel.schedule": ("schedule",),
+    "kernel.autotune": ("space", "metric", "budget_ms", "cache"),
+    "verify.numerics": ("stable", "bounded"),
+}
+
+
+def analyze(module: ast.Module, options: Options, diags: Diagnostics) -> GraphModule:
+    return _ModuleAnalyzer(module, options, diags).run()
+
+
+class _ModuleAnalyzer:
+    def __init__(self, module: ast.Module, options: Options, diags: Diagnostics) -> None:
+        self.module = module
+        self.options = options
+        self.diags = diags
+        self.globals: dict[str, Any] = {}
+        self.global_spans: dict[str, Span] = {}
+
+    def run(self) -> GraphModule:
+        functions: list[Function] = []
+        constants: list[tuple[str, str]] = []
+        seen: dict[str, ast.FunctionDef] = {}
+        top = Evaluator(self, None)
+        for stmt in self.module.body:
+            try:
+                if isinstance(stmt, ast.ImportFrom):
+                    self._import_from(stmt)
+                elif isinstance(stmt, ast.Import):
+                    self._bind(
+                        stmt.asname or stmt.module.split(".")[0], Namespace(stmt.module), stmt.span
+                    )
+                elif isinstance(stmt, ast.Assign) and isinstance(stmt.target, ast.Name):
+                    self._bind(stmt.target.id, POISON, stmt.span)  # until it evaluates
+                    value = top.eval(stmt.value).value
+                    if isinstance(value, Value):
+                        raise SemanticError(
+                            "top-level values must be known at compile time", stmt.value.span
+                        )
+                    self._bind(stmt.target.id, value, stmt.span)
+                    if isinstance(value, ScheduleValue):
+                        constants.append((stmt.target.id, value.text))
+                elif isinstance(stmt, ast.FunctionDef):
+                    if stmt.name in seen:
+                        raise SemanticError(
+                            f"function '{stmt.name}' is defined twice",
+                            stmt.span,
+                            (Note("first defined here", seen[stmt.name].span),),
+                        )
+                    seen[stmt.name] = stmt
+                    if self.options.kernel not in (None, stmt.name):
+                        continue
+                    function = _FunctionAnalyzer(self, stmt).run()
+                    if function is not None:
+                        functions.append(function)
+                else:
+                    raise SemanticError(
+                        "only imports, assignments and function definitions may appear at the "
+                        "top level of a .tsr file",
+                        stmt.span,
+                    )
+            except SemanticError as exc:
+                self.diags.error(exc.message, exc.span, exc.notes)
+        return GraphModule(self.module.span.file, tuple(functions), tuple(constants))
+
+    def _bind(self, name: str, value: Any, span: Span) -> None:
+        self.globals[name] = value
+        self.global_spans[name] = span
+
+    def _import_from(self, stmt: ast.ImportFrom) -> None:
+        if stmt.module != "tessera.stdlib":
+            raise SemanticError(
+                f"cannot import from '{stmt.module}': a .tsr file imports only from "
+                "tessera.stdlib",
+                stmt.span,
+            )
+        for alias in stmt.names:
+            if alias.name not in STDLIB:
+                raise SemanticError(
+                    f"tessera.stdlib has no '{alias.name}'{did_you_mean(alias.name, STDLIB)}",
+                    alias.span,
+                )
+            self._bind(alias.asname or alias.name, OpRef(f"stdlib.{alias.name}"), alias.span)
+
+
+def _assigned_names(body: tuple[ast.Stmt, ...]) -> list[str]:
+    """Names a block (re)binds, in order of first binding, nested blocks included."""
+    names: list[str] = []
+
+    def add(target: ast.Expr) -> None:
+        if isinstance(target, ast.Name) and target.id not in names:
+            names.append(target.id)
+        elif isinstance(target, ast.TupleExpr):
+            for element in target.elts:
+                add(element)
+
+    for stmt in _statements(body):
+        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.For)):
+            add(stmt.target)
+        elif isinstance(stmt, ast.ExprStmt) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and f"{func.value.id}.{func.attr}" in GRAPH_OPS
+                and GRAPH_OPS[f"{func.value.id}.{func.attr}"].in_place
+                and stmt.value.args
+            ):
+                add(stmt.value.args[0])
+    return names
+
+
+def _statements(body: tuple[ast.Stmt, ...]) -> Iterator[ast.Stmt]:
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If):
+            yield from _statements(stmt.body)
+            yield from _statements(stmt.orelse)
+        elif isinstance(stmt, (ast.For, ast.With)):
+            yield from _statements(stmt.body)
+
+
+def _calls_tile_context(body: tuple[ast.Stmt, ...]) -> bool:
+    def visit(node: Any) -> bool:
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "context"
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "tile"
+            ):
+                return True
+        if isinstance(node, ast.Node):
+            return any(visit(getattr(node, f)) for f in node.__dataclass_fields__ if f != "span")
+        if isinstance(node, tuple):
+            return any(visit(x) for x in node)
+        return False
+
+    return any(visit(s) for s in body)
+
+
+class _FunctionAnalyzer:
+    """One function: its parameters, its statements in order, its return."""
+
+    def __init__(self, owner: _ModuleAnalyzer, node: ast.FunctionDef) -> None:
+        self.owner = owner
+        self.node = node
+        self.diags = owner.diags
+        self.defines = dict(owner.options.defines)
+        self.env: dict[str, Any] = {}
+        self.blocks: list[list[Op]] = [[]]
+        self.guards: list[Guard] = []
+        self.with_attrs: list[str] = []
+        self.param_spans: dict[int, tuple[str, Span]] = {}
+        self.kind = "tile" if _calls_tile_context(node.body) else "graph"
+        self.evaluator = Evaluator(owner, self)
+        self.returned: tuple[Value, ...] | None = None
+
+    # -- the Emitter protocol for op rules -----------------------------------------
+
+    def emit(
+        self,
+        kind: str,
+        operands: tuple,
+        result_types: tuple,
+        attrs: tuple,
+        effects: tuple,
+        span: Span,
+    ) -> tuple[Value, ...]:
+        results = tuple(new_value(t, None, span) for t in result_types)
+        if self.with_attrs:
+            attrs = (*attrs, ("with", ", ".join(self.with_attrs)))
+        self.blocks[-1].append(
+            Op(kind, tuple(operands), results, tuple(attrs), tuple(effects), span=span)
+        )
+        return results
+
+    def guard(self, kind: str, left: Dim, right: Dim, reason: str, span: Span) -> None:
+        guard = Guard(kind, left, right, reason, span)
+        if all((g.kind, g.left, g.right) != (kind, left, right) for g in self.guards):
+            self.guards.append(guard)
+
+    def attach(self, result: Value, attr: tuple[str, Any]) -> None:
+        """Add an attribute to the op that produced ``result``."""
+        ops = self.blocks[-1]
+        for i in range(len(ops) - 1, -1, -1):
+            if result in ops[i].results:
+                ops[i] = replace(ops[i], attrs=(*ops[i].attrs, attr))
+                return
+
+    def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
+        v = ev.value
+        if isinstance(v, Value) and v.id in self.param_spans:
+            name, span = self.param_spans[v.id]
+            return (Note(f"'{name}' is declared here", span),)
+        return ()
+
+    def check_level(self, spec: OpSpec, span: Span, shown: str) -> None:
+        if spec.level == "tile" and self.kind != "tile":
+            raise SemanticError(
+                f"{shown} is a tile operation: it can only be used in a tile kernel, "
+                "a function that calls tile.context()",
+                span,
+            )
+        if spec.level == "graph" and self.kind == "tile":
+            raise SemanticError(
+                f"{shown} works on whole tensors and cannot be used in a tile kernel; "
+                "use the tile operations (tile.dot, tile.softmax_online, ...)",
+                span,
+            )
+
+    # -- the function --------------------------------------------------------------
+
+    def run(self) -> Function | None:
+        node = self.node
+        decorators = self._decorators()
+        params = self._params()
+        result_type = None
+        if node.returns is not None:
+            try:
+                result_type = resolve_type(node.returns, self.defines)
+            except SemanticError as exc:
+                self.diags.error(exc.message, exc.span, exc.notes)
+        body = tuple(s for s in node.body if not _is_docstring(s, node.body))
+        if all(isinstance(s, ast.Pass) or _is_ellipsis(s) for s in body):
+            kind = "declaration"
+            self.kind = "declaration"
+        else:
+            kind = self.kind
+            self._block(body, top=True)
+            if self.returned is None and result_type is not None:
+                self.diags.error(
+                    f"'{node.name}' declares a result but never returns one", node.span,
+                    (Note("the result type is declared here", node.returns.span),),
+                )  # fmt: skip
+        ops = tuple(self.blocks[0])
+        function = Function(
+            node.name, kind, params, result_type, Block((), ops, self.returned or ()),
+            tuple(self.guards), decorators, span=node.span,
+        )  # fmt: skip
+        return function
+
+    def _decorators(self) -> tuple[str, ...]:
+        texts = []
+        for decorator in self.node.decorators:
+            try:
+                texts.append(self._decorator(decorator))
+            except SemanticError as exc:
+                self.diags.error(exc.message, exc.span, exc.notes)
+        return tuple(texts)
+
+    def _decorator(self, decorator: ast.Decorator) -> str:
+        name = decorator.name
+        if name not in KERNEL_DECORATORS:
+            raise SemanticError(
+                f"unknown decorator '@{name}'{did_you_mean(name, KERNEL_DECORATORS)}",
+                decorator.span,
+                (Note("decorators: " + ", ".join("@" + d for d in KERNEL_DECORATORS)),),
+            )
+        accepted = KERNEL_DECORATORS[name]
+        if decorator.args is None:
+            if accepted is not None and name != "kernel.autotune":
+                raise SemanticError(f"@{name} needs arguments", decorator.span)
+            return name
+        if accepted is None:
+            raise SemanticError(f"@{name} takes no arguments", decorator.span)
+        parts = []
+        top = Evaluator(self.owner, None)
+        if name == "kernel.schedule":
+            if len(decorator.args) != 1 or decorator.keywords:
+                raise SemanticError(
+                    "@kernel.schedule takes one schedule: @kernel.schedule(base)", decorator.span
+                )
+            value = top.eval(decorator.args[0]).value
+            if isinstance(value, Poison):
+                return name  # the schedule's own error is already reported
+            if not isinstance(value, ScheduleValue):
+                raise SemanticError(
+                    f"@kernel.schedule takes a Schedule, not {describe(value)}",
+                    decorator.args[0].span,
+                )
+            return f"kernel.schedule({value.text})"
+        if decorator.args:
+            raise SemanticError(
+                f"@{name} takes keyword arguments: {', '.join(accepted)}", decorator.args[0].span
+            )
+        for keyword in decorator.keywords:
+            if keyword.name not in accepted:
+                raise SemanticError(
+                    f"@{name} has no parameter '{keyword.name}'"
+                    f"{did_you_mean(keyword.name, accepted)}",
+                    keyword.span,
+                )
+            value = top.eval(keyword.value).value
+            if isinstance(value, Poison):
+                continue
+            if isinstance(value, ScheduleValue):
+                parts.append(f"{keyword.name}={value.text}")
+            elif isinstance(value, Const):
+                parts.append(f"{keyword.name}={print_expr(keyword.value)}")
+            else:
+                raise SemanticError(
+                    f"@{name}: '{keyword.name}' must be a constant", keyword.value.span
+                )
+        return f"{name}({', '.join(parts)})"
+
+    def _params(self) -> tuple[Param, ...]:
+        params: list[Param] = []
+        bare: set[str] = set(self.defines)
+        for p in self.node.params:
+            if p.annotation is None:
+                self.diags.error(
+                    f"parameter '{p.name}' needs a type, such as {p.name}: Tensor[\"N\", f32]",
+                    p.span,
+                )
+                self.env[p.name] = POISON
+                continue
+            try:
+                t = resolve_type(p.annotation, self.defines)
+                if p.default is not None:
+                    self._check_default(p, t)
+            except SemanticError as exc:
+                self.diags.error(exc.message, exc.span, exc.notes)
+                self.env[p.name] = POISON
+                continue
+            value = new_value(t, p.name, p.span)
+            self.env[p.name] = value
+            self.param_spans[value.id] = (p.name, p.span)
+            params.append(Param(value, p.keyword_only))
+            if isinstance(t, ScalarType) and t.kind == "int":
+                bare.add(p.name)
+            for dim in getattr(t, "dims", None) or ():
+                if (
+                    len(dim.terms) == 1
+                    and dim.terms[0][1] == 1
+                    and len(dim.terms[0][0]) == 1
+                    and dim.terms[0][0][0][1] == 1
+                ):
+                    bare.add(dim.terms[0][0][0][0])
+        for param in params:
+            self._check_param_dims(param.value, bare)
+        return tuple(params)
+
+    def _check_default(self, p: ast.Param, t: ValueType) -> None:
+        if not isinstance(t, ScalarType):
+            raise SemanticError(
+                f"only int, float and bool parameters may have defaults; '{p.name}' is {t}",
+                p.default.span,
+            )
+        value = self.evaluator.eval(p.default).value
+        ok = isinstance(value, Const) and (
+            (t.kind == "bool" and isinstance(value.value, bool))
+            or (t.kind == "int" and is_int(value))
+            or (t.kind == "float" and is_number(value))
+        )
+        if not ok:
+            raise SemanticError(
+                f"the default of '{p.name}' must be a constant {t.kind}", p.default.span
+            )
+
+    def _check_param_dims(self, value: Value, bare: set[str]) -> None:
+        name, span = self.param_spans[value.id]
+        for dim in getattr(value.type, "dims", None) or ():
+            unknown = sorted(dim.symbols() - bare)
+            if unknown:
+                self.diags.error(
+                    f"the size '{unknown[0]}' of '{name}' cannot be known when the kernel runs: "
+                    f'it appears only inside "{dim}"; declare it alone in some parameter, '
+                    f"add an int parameter '{unknown[0]}', or fix it with -D {unknown[0]}=...",
+                    span,
+                )
+            elif not dim.is_integral:
+                numerator, denominator = _fraction(dim)
+                self.guard(
+                    "divisible", numerator, denominator, f"'{name}' has a dim \"{dim}\"", span
+                )
+
+    # -- statements ----------------------------------------------------------------
+
+    def _block(self, body: tuple[ast.Stmt, ...], top: bool = False) -> None:
+        for stmt in body:
+            if self.returned is not None and top:
+                self.diags.error("code after 'return' is never run", stmt.span)
+                return
+            try:
+                self._stmt(stmt, top)
+            except SemanticError as exc:
+                self.diags.error(exc.message, exc.span, exc.notes)
+                for name in _assigned_names((stmt,)):
+                    self.env[name] = POISON
+                if isinstance(stmt, ast.Return):
+                    self.returned = ()  # reported; "never returns" would be an echo
+
+    def _stmt(self, stmt: ast.Stmt, top: bool) -> None:
+        if isinstance(stmt, ast.Assign):
+            self._assign(stmt.target, self.evaluator.eval(stmt.value))
+        elif isinstance(stmt, ast.AugAssign):
+            binop = ast.BinOp(stmt.op, stmt.target, stmt.value, span=stmt.span)
+            self._assign(stmt.target, self.evaluator.eval(binop))
+        elif isinstance(stmt, ast.ExprStmt):
+            self._expr_stmt(stmt)
+        elif isinstance(stmt, ast.Return):
+            self._return(stmt, top)
+        elif isinstance(stmt, ast.Pass):
+            pass
+        elif isinstance(stmt, ast.If):
+            self._if(stmt)
+        elif isinstance(stmt, ast.For):
+            self._for(stmt)
+        elif isinstance(stmt, ast.With):
+            self._with(stmt)
+        elif isinstance(stmt, ast.FunctionDef):
+            raise SemanticError("functions cannot be defined inside functions", stmt.span)
+        else:
+            raise SemanticError("imports belong at the top of the file", stmt.span)
+
+    def _assign(self, target: ast.Expr, ev: Ev) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = self._named(ev.value, target.id)
+            return
+        if isinstance(target, ast.TupleExpr):
+            values = ev.value
+            if isinstance(values, Poison):
+                for element in target.elts:
+                    if isinstance(element, ast.Name):
+                        self.env[element.id] = POISON
+                return
+            if not isinstance(values, tuple):
+                raise SemanticError(
+                    f"cannot unpack {describe(values)} into {len(target.elts)} names", ev.span
+                )
+            if len(values) != len(target.elts):
+                raise SemanticError(
+                    f"{ev.text} gives {len(values)} values, but {len(target.elts)} names "
+                    "receive them",
+                    target.span,
+                )
+            for element, value in zip(target.elts, values, strict=True):
+                self._assign(element, Ev(value, ev.span, ev.text))
+            return
+        raise SemanticError(
+            "only names can be assigned; tensors and tiles are values, not storage", target.span
+        )
+
+    def _named(self, value: Any, name: str) -> Any:
+        """Give the value just computed a source name, for the printed IR."""
+        if not isinstance(value, Value) or value.name is not None:
+            return value
+        ops = self.blocks[-1]
+        for i in range(len(ops) - 1, -1, -1):
+            op = ops[i]
+            if value in op.results:
+                renamed = Value(value.type, name, value.span, value.id)
+                results = tuple(renamed if r is value else r for r in op.results)
+                ops[i] = Op(
+                    op.kind, op.operands, results, op.attrs, op.effects, op.regions, op.span
+                )
+                return renamed
+        return value
+
+    def _expr_stmt(self, stmt: ast.ExprStmt) -> None:
+        if _is_ellipsis(stmt) or isinstance(stmt.value, ast.StrLit):
+            return
+        call = stmt.value
+        ev = self.evaluator.eval(call)
+        if isinstance(call, ast.Call) and isinstance(ev.value, Value):
+            spec = GRAPH_OPS.get(print_expr(call.func))
+            if (
+                spec is not None
+                and spec.in_place
+                and call.args
+                and isinstance(call.args[0], ast.Name)
+            ):
+                self.env[call.args[0].id] = self._named(ev.value, call.args[0].id)
+                return
+            op = self._producer(ev.value)
+            if op is not None and not op.effects:
+                self.diags.warning(f"the result of '{op.kind}' is not used", stmt.span)
+
+    def _producer(self, value: Value) -> Op | None:
+        return next((op for op in reversed(self.blocks[-1]) if value in op.results), None)
+
+    def _return(self, stmt: ast.Return, top: bool) -> None:
+        if not top:
+            raise SemanticError(
+                "'return' inside 'if', 'for' or 'with' is not supported: a kernel returns "
+                "once, at the end of its body",
+                stmt.span,
+            )
+        if stmt.value is None:
+            self.returned = ()
+            return
+        ev = self.evaluator.eval(stmt.value)
+        values = ev.value if isinstance(ev.value, tuple) else (ev.value,)
+        if any(isinstance(v, Poison) for v in values):
+            self.returned = ()
+            return
+        for v in values:
+            if not isinstance(v, Value):
+                raise SemanticError(f"a kernel returns tensors, not {describe(v)}", stmt.value.span)
+        declared = self._declared_result()
+        if declared is not None:
+            if len(values) != 1:
+                raise SemanticError(
+                    f"returns {len(values)} values, but the declared result is one {declared}",
+                    stmt.value.span,
+                    (Note("the result type is declared here", self.node.returns.span),),
+                )  # fmt: skip
+            values = (self._match_result(values[0], declared, ev),)
+        self.returned = tuple(values)
+
+    def _declared_result(self) -> ValueType | None:
+        if self.node.returns is None:
+            return None
+        try:
+            return resolve_type(self.node.returns, self.defines)
+        except SemanticError:
+            return None  # already reported
+
+    def _match_result(self, value: Value, declared: ValueType, ev: Ev) -> Value:
+        note = (Note("the result type is declared here", self.node.returns.span),)
+        got = value.type
+        if not isinstance(declared, TensorType) or not isinstance(got, (TensorType, TileType)):
+            if got != declared:
+                raise SemanticError(
+                    f"returns {got}, but the declared result is {declared}", ev.span, note
+                )
+            return value
+        if isinstance(got, TileType):
+            if got.rank > declared.rank:
+                raise SemanticError(
+                    f"returns a rank-{got.rank} tile into a rank-{declared.rank} result",
+                    ev.span,
+                    note,
+                )
+        else:
+            if got.rank != declared.rank:
+                raise SemanticError(
+                    f"returns {dims_text(got.dims)}, but the declared result is "
+                    f"{dims_text(declared.dims)}", ev.span, note,
+                )  # fmt: skip
+            for have, want in zip(got.dims, declared.dims, strict=True):
+                if have == want:
+                    continue
+                if (have.constant is not None and want.constant is not None) or (
+                    have.constant is None and want.constant is None
+                ):
+                    raise SemanticError(
+                        f"returns {dims_text(got.dims)}, but the declared result is "
+                        f"{dims_text(declared.dims)}", ev.span, note,
+                    )  # fmt: skip
+                self.guard("equal", have, want, "result shape", ev.span)
+        if got.dtype == declared.dtype:
+            return value
+        if got.dtype == accumulator(declared.dtype, declared.policies):
+            cast = "tile.cast" if isinstance(got, TileType) else "cast"
+            result = (
+                got.with_(dtype=declared.dtype)
+                if isinstance(got, TileType)
+                else TensorType(got.dims, declared.dtype)
+            )
+            return self.emit(cast, (value,), (result,), (("dtype", declared.dtype),), (), ev.span)[
+                0
+            ]
+        raise SemanticError(
+            f"returns {got.dtype}, but the declared result is {declared.dtype}; "
+            f"convert it with cast(..., {declared.dtype})",
+            ev.span, note,
+        )  # fmt: skip
+
+    def _with(self, stmt: ast.With) -> None:
+        texts = []
+        for item in stmt.items:
+            call = item.context
+            name = print_expr(call.func) if isinstance(call, ast.Call) else None
+            if name not in ("device", "prefetch"):
+                raise SemanticError(
+                    "a 'with' item is device(...) or prefetch(...)", item.context.span
+                )
+            if item.target is not None:
+                raise SemanticError(
+                    f"{name}(...) gives no value to bind with 'as'", item.target.span
+                )
+            args = [*call.args, *(k.value for k in call.keywords)]
+            if name == "device":
+                if len(args) != 1 or not _is_device(args[0]):
+                    raise SemanticError("device() takes one device: gpu, cpu or gpu[i]", call.span)
+                args = []
+            for arg in args:
+                value = self.evaluator.eval(arg).value
+                if isinstance(value, Poison):
+                    return
+            texts.append(print_expr(call))
+        self.with_attrs.extend(texts)
+        try:
+            self._block(stmt.body)
+        finally:
+            del self.with_attrs[-len(texts) :]
+
+    def _if(self, stmt: ast.If) -> None:
+        test = self.evaluator.eval(stmt.test)
+        v = test.value
+        if isinstance(v, Poison):
+            return
+        if isinstance(v, Const):
+            self._block(stmt.body if v.value else stmt.orelse)
+            return
+        if self.kind != "tile" or not (isinstance(v, Value) and v.type == ScalarType("bool")):
+            where = (
+                "in a tile kernel, on a bool parameter"
+                if self.kind == "tile"
+                else "in tile kernels"
+            )
+            raise SemanticError(
+                f"'if' needs a condition known at compile time; branching on {describe(v)} "
+                f"is only possible {where}",
+                stmt.test.span,
+            )
+        before = dict(self.env)
+        branches = []
+        for body in (stmt.body, stmt.orelse):
+            self.env = dict(before)
+            self.blocks.append([])
+            self._block(body)
+            branches.append((self.blocks.pop(), self.env))
+        self.env = before
+        names = [
+            n for n in _assigned_names(stmt.body + stmt.orelse)
+            if all(isinstance(env.get(n), Value) for _, env in branches)
+        ]  # fmt: skip
+        for name in names:
+            a, b = (env[name].type for _, env in branches)
+            if a != b:
+                raise SemanticError(
+                    f"'{name}' has type {a} on one branch and {b} on the other", stmt.span
+                )
+        blocks = tuple(Block((), tuple(ops), tuple(env[n] for n in names)) for ops, env in branches)
+        results = self.emit(
+            "if", (v,), tuple(branches[0][1][n].type for n in names), (), (), stmt.span
+        )
+        op = self.blocks[-1].pop()
+        self.blocks[-1].append(
+            Op("if", op.operands, op.results, op.attrs, op.effects, blocks, op.span)
+        )
+        for name, result in zip(names, results, strict=True):
+            self.env[name] = self._named(result, name)
+
+    def _for(self, stmt: ast.For) -> None:
+        if self.kind != "tile":
+            raise SemanticError(
+                "loops belong in tile kernels; a graph function is a dataflow of whole-tensor "
+                "operations",
+                stmt.span,
+            )
+        if not isinstance(stmt.target, ast.Name):
+            raise SemanticError("a tile loop binds one name", stmt.target.span)
+        call = stmt.iter
+        if not (isinstance(call, ast.Call) and print_expr(call.func) == "tile.range_n"):
+            raise SemanticError(
+                "a tile loop iterates over tile.range_n(extent, block)", stmt.iter.span
+            )
+        spec = GRAPH_OPS["tile.range_n"]
+        args = [self.evaluator.eval(a) for a in call.args]
+        keywords = [(k.name, self.evaluator.eval(k.value), k.span) for k in call.keywords]
+        if any(isinstance(e.value, Poison) for e in [*args, *(k[1] for k in keywords)]):
+            return
+        bound = bind(spec, args, keywords, call.span, "tile.range_n")
+        extent, block, prefetch = range_extent(OpCall(spec, bound, call.span, self, "tile.range_n"))
+        before = dict(self.env)
+        carried = [n for n in _assigned_names(stmt.body) if isinstance(before.get(n), Value)]
+        index = new_value(BlockType(block, extent), stmt.target.id, stmt.target.span)
+        args_in = [new_value(before[n].type, n, before[n].span) for n in carried]
+        self.env[stmt.target.id] = index
+        for name, arg in zip(carried, args_in, strict=True):
+            self.env[name] = arg
+        self.blocks.append([])
+        self._block(stmt.body)
+        ops = self.blocks.pop()
+        yields = []
+        for name in carried:
+            value = self.env[name]
+            if isinstance(value, Value) and value.type != before[name].type:
+                raise SemanticError(
+                    f"'{name}' changes type in the loop: {before[name].type} before it, "
+                    f"{value.type} after one iteration",
+                    stmt.span,
+                )
+            yields.append(value if isinstance(value, Value) else before[name])
+        self.env = before
+        attrs: tuple = (("extent", extent), ("block", block))
+        if prefetch is not None:
+            attrs += (("prefetch", prefetch),)
+        region = Block((index, *args_in), tuple(ops), tuple(yields))
+        results = self.emit(
+            "tile.for",
+            tuple(before[n] for n in carried),
+            tuple(before[n].type for n in carried),
+            attrs,
+            (),
+            stmt.span,
+        )
+        op = self.blocks[-1].pop()
+        self.blocks[-1].append(
+            Op(op.kind, op.operands, op.results, op.attrs, op.effects, (region,), op.span)
+        )
+        for name, result in zip(carried, results, strict=True):
+            self.env[name] = self._named(result, name)
+
+
+def _is_device(node: ast.Expr) -> bool:
+    if isinstance(node, ast.Subscript):
+        return (
+            _is_device(node.value)
+            and len(node.index) == 1
+            and isinstance(node.index[0], ast.IntLit)
+        )
+    return isinstance(node, ast.Name) and node.id in ("gpu", "cpu")
+
+
+def _is_docstring(stmt: ast.Stmt, body: tuple[ast.Stmt, ...]) -> bool:
+    return stmt is body[0] and isinstance(stmt, ast.ExprStmt) and isinstance(stmt.value, ast.StrLit)
+
+
+def _is_ellipsis(stmt: ast.Stmt) -> bool:
+    return isinstance(stmt, ast.ExprStmt) and isinstance(stmt.value, ast.EllipsisLit)
+
+
+def _fraction(dim: Dim) -> tuple[Dim, Dim]:
+    """Split ``dim`` as numerator / denominator, both integral (``S/2`` -> ``S``, ``2``)."""
+    denominator = Dim.const(1)
+    for monomial, coeff in dim.terms:
+        denominator = denominator * Dim.const(coeff.denominator)
+        for symbol, power in monomial:
+            if power < 0:
+                denominator = denominator * Dim.sym(symbol)
+    return dim * denominator, denominator

@@ -1,0 +1,116 @@
+"""The types of Graph IR values.
+
+``TensorType`` is the type of kernel arguments and graph values; tile kernels
+also have tiles, block indices and the tile context. Every type prints the
+way ``--emit graph`` shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .dims import Dim
+from .dtypes import DType, Policies
+
+__all__ = [
+    "TensorType",
+    "ScalarType",
+    "TileType",
+    "KVCacheType",
+    "BlockType",
+    "ContextType",
+    "ValueType",
+    "dims_text",
+]
+
+
+def dims_text(dims: tuple[Dim, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dims: tuple[Dim, ...]
+    dtype: DType
+    policies: Policies = field(default_factory=Policies)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def with_(self, dims: tuple[Dim, ...] | None = None, dtype: DType | None = None) -> TensorType:
+        return TensorType(
+            self.dims if dims is None else dims,
+            self.dtype if dtype is None else dtype,
+            self.policies,
+        )
+
+    def __str__(self) -> str:
+        policies = f" {self.policies}" if str(self.policies) else ""
+        return f"tensor<{dims_text(self.dims)}, {self.dtype}{policies}>"
+
+
+@dataclass(frozen=True)
+class ScalarType:
+    """A run-time scalar: ``int``, ``float`` or ``bool`` parameters and their arithmetic."""
+
+    kind: str
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+@dataclass(frozen=True)
+class TileType:
+    """A tile held by one program instance of a tile kernel: ``tile<[T.m, T.d], f32>``."""
+
+    dims: tuple[Dim, ...]
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def with_(self, dims: tuple[Dim, ...] | None = None, dtype: DType | None = None) -> TileType:
+        return TileType(self.dims if dims is None else dims, self.dtype if dtype is None else dtype)
+
+    def __str__(self) -> str:
+        return f"tile<{dims_text(self.dims)}, {self.dtype}>"
+
+
+@dataclass(frozen=True)
+class KVCacheType:
+    """A key/value cache: state that ``append`` updates (an effect)."""
+
+    dims: tuple[Dim, ...] | None
+    dtype: DType | None
+    policies: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        inside = ""
+        if self.dims is not None and self.dtype is not None:
+            inside = f"<{dims_text(self.dims)}, {self.dtype}>"
+        policies = "".join(f" {p}" for p in self.policies)
+        return f"kvcache{inside}{policies}"
+
+
+@dataclass(frozen=True)
+class BlockType:
+    """The index of a block of ``size`` rows out of ``extent``, from ``tile.range_n``."""
+
+    size: Dim
+    extent: Dim
+
+    def __str__(self) -> str:
+        return f"block<{self.size} of {self.extent}>"
+
+
+@dataclass(frozen=True)
+class ContextType:
+    """``tile.context()``: the tile sizes of the running program instance."""
+
+    def __str__(self) -> str:
+        return "tile.context"
+
+
+ValueType = TensorType | ScalarType | TileType | KVCacheType | BlockType | ContextType

@@ -1,0 +1,129 @@
+"""What an expression evaluates to during semantic analysis.
+
+Run-time data are SSA ``Value``s of the Graph IR. Everything else is known at
+compile time and never becomes an operation by itself: Python constants,
+dtypes, dims, shapes, schedules, and the namespaces ``tile`` and ``ops``.
+``Poison`` stands for a value whose computation already failed with an error,
+so the mistake is reported once and not again by every use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..frontend.source import Span
+from .dims import Dim
+from .dtypes import DType
+from .ir import Value
+
+__all__ = [
+    "Const",
+    "DTypeRef",
+    "DimValue",
+    "ShapeValue",
+    "Namespace",
+    "ScheduleValue",
+    "OpRef",
+    "Poison",
+    "POISON",
+    "Ev",
+    "describe",
+]
+
+
+@dataclass(frozen=True)
+class Const:
+    """A compile-time Python value: number, bool, string, None, or a list/tuple/dict of them."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class DTypeRef:
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class DimValue:
+    """A size: ``T.m``, ``x.shape[0]``, or an integer used as a size."""
+
+    dim: Dim
+
+
+@dataclass(frozen=True)
+class ShapeValue:
+    dims: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """``tile``, ``ops``, ``tessera`` and the like: only their attributes mean something."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ScheduleValue:
+    """A ``Schedule(...)`` expression, kept as canonical text for the schedule stage."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """A callable: a graph or tile operation, a builtin, or a method bound to a receiver."""
+
+    name: str
+    receiver: Any = None
+
+
+class Poison:
+    """The value of an expression that already produced an error."""
+
+    def __repr__(self) -> str:
+        return "POISON"
+
+
+POISON = Poison()
+
+
+@dataclass(frozen=True)
+class Ev:
+    """An evaluated expression: its value, where it was written, and its source text."""
+
+    value: Any
+    span: Span
+    text: str
+
+
+def describe(value: Any) -> str:
+    """A few words for what a value is, for "expected a tensor, got ..." messages."""
+    if isinstance(value, Value):
+        return str(value.type)
+    if isinstance(value, Const):
+        v = value.value
+        if isinstance(v, bool):
+            return "a bool"
+        if isinstance(v, int):
+            return "an integer"
+        if isinstance(v, float):
+            return "a float"
+        if isinstance(v, str):
+            return "a string"
+        if v is None:
+            return "None"
+        return f"a {type(v).__name__}"
+    if isinstance(value, DTypeRef):
+        return f"the dtype {value.dtype}"
+    if isinstance(value, DimValue):
+        return f"the size {value.dim}"
+    if isinstance(value, ShapeValue):
+        return "a shape"
+    if isinstance(value, Namespace):
+        return f"the namespace '{value.name}'"
+    if isinstance(value, ScheduleValue):
+        return "a schedule"
+    if isinstance(value, OpRef):
+        return f"the function '{value.name.removeprefix('stdlib.')}'"
+    return "a value"
