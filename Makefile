@@ -8,9 +8,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint format bench clean
 
-# Set up, then compile an example and show its IR.
+# Set up, then compile an example and show its Graph IR.
 demo: $(STAMP)
-	$(BIN)/tesserac examples/attention.tsr --emit ast
+	$(BIN)/tesserac examples/attention.tsr --emit graph
 
 # Set up, then run every test tier that this machine's tools allow.
 test: $(STAMP) lint

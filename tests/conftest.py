@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.tsr"))
 SEEDS = sorted((ROOT / "tests" / "seeds").glob("*.tsr"))
 
-#: Examples per fuzz test; five fuzz tests give 3,000 cases, ten times that with --fuzz-long.
+#: Examples per fuzz test; six fuzz tests give 3,600 cases, ten times that with --fuzz-long.
 FUZZ_EXAMPLES = 600
 
 settings.register_profile(

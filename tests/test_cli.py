@@ -105,6 +105,12 @@ def test_usage_errors_exit_2(
     assert "Traceback" not in err
 
 
+def test_kernel_selects_one_function(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run([ATTENTION, "--emit", "graph", "--kernel", "flash_attention"], capsys)
+    assert status == 0
+    assert "func @flash_attention" in out and "func @attention " not in out
+
+
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(["no/such/file.tsr", "--emit", "ast"], capsys)
     assert status == 1

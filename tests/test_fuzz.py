@@ -7,12 +7,14 @@ so every accepted mutant doubles as a printer test.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import tessera
+from tessera.transpiler.frontend import ast
 from tessera.transpiler.frontend.printer import print_module
 from tessera.transpiler.frontend.source import SourceReadError, decode_source
 from tessera.transpiler.options import Options
@@ -106,6 +108,98 @@ expressions = st.recursive(
 def test_random_expressions_round_trip(expression: str) -> None:
     text = f"y = {expression}\n"
     parse_ok(text)  # the generator writes only valid syntax
+    check(text)
+
+
+DIMS = ['"M"', '"N"', '"K"', "64", '"B*H"', '"S/2"', "1", '"x y"', '""', '"S-1"', "D"]
+DTYPE_NAMES = ["f32", "bf16", "f16", "tf32", "i8", "i4", "fp8_e4m3", "float", "bfloat"]
+POLICIES = ["@accum(f32)", "@accum(bf16)", "@saturate", "@stochastic_round", "@loss_scale(0)"]
+OPS = ["matmul", "relu", "softmax", "layernorm", "cast", "transpose", "reshape", "dropout"]
+
+
+def _nodes(tree: ast.Node) -> list[ast.Node]:
+    found: list[ast.Node] = []
+
+    def visit(value: object) -> None:
+        if isinstance(value, ast.Node):
+            found.append(value)
+            for name in value.__dataclass_fields__:
+                if name != "span":
+                    visit(getattr(value, name))
+        elif isinstance(value, tuple):
+            for item in value:
+                visit(item)
+
+    visit(tree)
+    return found
+
+
+def _swap(tree: object, target: ast.Node, new: ast.Node) -> object:
+    """``tree`` with the node ``target`` (by identity) replaced by ``new``."""
+    if tree is target:
+        return new
+    if isinstance(tree, tuple):
+        return tuple(_swap(item, target, new) for item in tree)
+    if isinstance(tree, ast.Node):
+        changes = {
+            name: _swap(getattr(tree, name), target, new)
+            for name in tree.__dataclass_fields__
+            if name != "span"
+        }
+        return replace(tree, **changes)
+    return tree
+
+
+@st.composite
+def semantic_mutants(draw: st.DrawFn) -> str:
+    """A valid example with its meaning broken: arguments swapped or dropped, dims,
+    dtypes and policies altered, one operation called in place of another."""
+    module = parse_ok(draw(st.sampled_from(CORPUS[: len(EXAMPLES)])))
+    for _ in range(draw(st.integers(1, 3))):
+        nodes = _nodes(module)
+        calls = [n for n in nodes if isinstance(n, ast.Call)]
+        types = [n for n in nodes if isinstance(n, ast.TypeExpr) and n.args]
+        kind = draw(st.sampled_from(["swap args", "drop arg", "dim", "dtype", "policy", "op"]))
+        if kind in ("swap args", "drop arg", "op") and calls:
+            call = draw(st.sampled_from(calls))
+            args = list(call.args)
+            if kind == "swap args" and len(args) >= 2:
+                i, j = draw(st.permutations(range(len(args))))[:2]
+                args[i], args[j] = args[j], args[i]
+                new = replace(call, args=tuple(args))
+            elif kind == "drop arg" and args:
+                new = replace(call, args=tuple(args[1:]))
+            else:
+                new = replace(call, func=ast.Name(draw(st.sampled_from(OPS)), span=call.span))
+            module = _swap(module, call, new)
+        elif types:
+            node = draw(st.sampled_from(types))
+            pool = {"dim": DIMS, "dtype": DTYPE_NAMES}.get(kind, POLICIES)
+            text = draw(st.sampled_from(pool))
+            args = list(node.args)
+            last = args[-1]
+            if kind == "dim":
+                args[draw(st.integers(0, len(args) - 1))] = _dim_node(text, node.span)
+            elif kind == "dtype":
+                args[-1] = ast.TypeExpr(text, span=node.span)
+            elif isinstance(last, ast.TypeExpr):
+                policy = parse_ok(f"def f(x: Tensor[f32 {text}]):\n    pass\n")
+                extra = policy.body[0].params[0].annotation.args[0].policies
+                args[-1] = replace(last, policies=last.policies + extra)
+            module = _swap(module, node, replace(node, args=tuple(args)))
+    return print_module(module)
+
+
+def _dim_node(text: str, span: object) -> ast.Node:
+    if text.startswith('"'):
+        return ast.StrLit(text.strip('"'), span=span)
+    if text.isdigit():
+        return ast.IntLit(int(text), span=span)
+    return ast.TypeExpr(text, span=span)
+
+
+@given(semantic_mutants())
+def test_semantic_mutations(text: str) -> None:
     check(text)
 
 

@@ -1,0 +1,89 @@
+"""Write ``docs/ops.md`` from the operation registry.
+
+The rules' docstrings are the documentation, so the reference cannot drift
+from what the compiler checks; ``tests/test_docs.py`` compares the file with
+this output. Run ``python -m tessera.transpiler.graph.opdocs`` after
+changing an operation.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .graph_ops import GRAPH_OPS
+from .opcall import OpSpec
+from .tile_ops import TILE_DIMS
+
+__all__ = ["render_ops_doc"]
+
+_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+
+_INTRO = """\
+# Operations
+
+Generated from the operation registry (`tessera/transpiler/graph/graph_ops.py`,
+`tile_ops.py`) by `python -m tessera.transpiler.graph.opdocs`; a test keeps it current.
+
+Graph operations work on whole tensors in graph functions; the compiler fuses them into
+kernels. Tile operations work on the tiles of one program instance, in tile kernels (a
+function that calls `tile.context()`). Arithmetic operators work in both. Using one kind
+where the other belongs is an error that says so.
+
+Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
+different names, or different numbers, it is an error; when one is a name and the other a
+number, the compiler records a guard that the generated host code checks at run time.
+"""
+
+_VALUES = """\
+## Values and attributes
+
+| expression | meaning |
+|---|---|
+| `x.shape` | the dims of a tensor or tile; `x.shape[i]` is one size |
+| `x.dtype` | its dtype |
+| `x.T` | `transpose(x)` (`tile.transpose` for a tile) |
+| `x[:, None]` | a new axis of size 1 (for broadcasting); other indexing is not supported |
+| `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
+| `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
+| `float(n)`, `int(n)` | a number or a size as a scalar |
+| `INF`, `NAN` | infinity and not-a-number constants (`-INF` for masks) |
+| `Schedule(block=..., k=..., warps=..., stages=...)` | a schedule for `@kernel.schedule` \
+(also `vector=`, `swizzle=`); `with_block(...)`, `with_warps(...)`, ... derive variants |
+| `op.with_schedule(s)` | a standard-library op with an explicit schedule |
+"""
+
+
+def _entry(spec: OpSpec) -> str:
+    return f"### `{spec.signature()}`\n\n{spec.doc}\n"
+
+
+def render_ops_doc() -> str:
+    graph = [s for s in GRAPH_OPS.values() if s.level == "graph"]
+    tile = [s for s in GRAPH_OPS.values() if s.level == "tile"]
+    anywhere = [s for s in GRAPH_OPS.values() if s.level == "any"]
+    parts = [_INTRO, "## Arithmetic (graph functions and tile kernels)\n"]
+    for spec in anywhere:
+        symbol = _OPERATORS.get(spec.name)
+        written = f"`a {symbol} b`" if symbol else "`-x`"
+        parts.append(f"### {written} ({spec.name})\n\n{spec.doc}\n")
+    parts.append("## Graph operations\n")
+    parts += [_entry(s) for s in graph]
+    parts.append("## Tile operations\n")
+    dims = "\n".join(f"- `T.{name}`: {what}" for name, what in TILE_DIMS.items())
+    parts.append(
+        "### `tile.context()`\n\nThe tile sizes of the running program instance, as "
+        f"symbolic sizes that the schedule fixes:\n\n{dims}\n"
+    )
+    parts += [_entry(s) for s in tile]
+    parts.append(_VALUES)
+    return "\n".join(parts)
+
+
+def main() -> None:
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/ops.md")
+    target.write_text(render_ops_doc(), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""The Graph IR: dims, types, guards, effects, passes, fusion and the verifier."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import tessera
+from tessera.transpiler.frontend.diagnostics import Diagnostics
+from tessera.transpiler.graph.dims import Dim, DimSyntaxError, parse_dim
+from tessera.transpiler.graph.dtypes import DTYPES, promote
+from tessera.transpiler.graph.ir import Block, Function, GraphModule, Op
+from tessera.transpiler.graph.passes import GRAPH_PASSES, PassError, run_graph_passes
+from tessera.transpiler.graph.sema import analyze
+from tessera.transpiler.graph.verify import VerifyError, verify
+from tessera.transpiler.options import Options
+
+from .conftest import SEEDS
+from .helpers import parse_ok
+
+pytestmark = pytest.mark.unit
+
+
+def graph(text: str, **options: object) -> GraphModule:
+    """The Graph IR after all passes."""
+    return tessera.compile(text, filename="g.tsr", **options).ir("graph")
+
+
+def analysed(text: str) -> GraphModule:
+    """The Graph IR straight out of semantic analysis, before any pass."""
+    diags = Diagnostics()
+    module = analyze(parse_ok(text), Options(), diags)
+    assert not diags.error_count, [d.render() for d in diags.items]
+    return module
+
+
+def kinds(module: GraphModule, function: int = 0) -> list[str]:
+    return [op.kind for op in module.functions[function].body.ops]
+
+
+# ------------------------------------------------------------------------- dims
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [("B*H", "B*H"), ("H*B", "B*H"), ("(B*H)/H", "B"), ("S/2", "S/2"), ("2*S+1", "2*S + 1"),
+     ("S - 1", "S - 1"), ("-S + 2*S", "S"), ("E/heads", "E/heads"), ("64", "64")],
+)  # fmt: skip
+def test_dims_have_one_canonical_form(text: str, canonical: str) -> None:
+    assert str(parse_dim(text)) == canonical
+    assert parse_dim(canonical) == parse_dim(text)
+
+
+def test_dim_algebra() -> None:
+    b, h = Dim.sym("B"), Dim.sym("H")
+    assert b * h == h * b
+    assert (b * h) / h == b
+    assert (b + 1) * 2 == b * 2 + 2
+    assert parse_dim("S/2").is_integral is False and parse_dim("2*S").is_integral
+    assert parse_dim("B*H").substitute({"B": 4, "H": 8}).constant == 32
+    assert parse_dim("64").constant == 64 and parse_dim("S").constant is None
+
+
+@pytest.mark.parametrize(
+    ("text", "offset"), [("", 0), ("S$", 1), ("S/0", 1), ("(S", 0), ("S +", 3), ("1.5", 1)]
+)
+def test_bad_dims_point_at_the_problem(text: str, offset: int) -> None:
+    with pytest.raises(DimSyntaxError) as info:
+        parse_dim(text)
+    assert info.value.offset == offset
+
+
+def test_promotion() -> None:
+    f32, bf16, f16, i8 = (DTYPES[n] for n in ("f32", "bf16", "f16", "i8"))
+    assert promote(bf16, f32) is f32
+    assert promote(bf16, f16) is f32
+    assert promote(i8, bf16) is bf16
+    assert promote(bf16, bf16) is bf16
+
+
+# ----------------------------------------------------------- types and guards
+
+
+def test_matmul_accumulates_in_f32_and_rounds_at_the_return() -> None:
+    module = graph(
+        "@kernel\ndef f(A: Tensor['M', 'K', bf16], B: Tensor['K', 'N', bf16])"
+        " -> Tensor['M', 'N', bf16 @accum(f32)]:\n    return A @ B\n"
+    )
+    matmul, cast = module.functions[0].body.ops
+    assert str(matmul.result.type) == "tensor<[M, N], f32>"
+    assert (cast.kind, str(cast.result.type)) == ("cast", "tensor<[M, N], bf16>")
+
+
+def test_symbol_against_constant_becomes_a_guard() -> None:
+    module = graph(
+        "@kernel\ndef f(A: Tensor['M', 'K', f32], B: Tensor[64, 'N', f32])"
+        " -> Tensor['M', 'N', f32]:\n    return A @ B\n"
+    )
+    (guard,) = module.functions[0].guards
+    assert str(guard) == "K == 64" and guard.reason.startswith("@: inner dimension")
+    assert guard.span.line == 3
+
+
+def test_fractional_dims_and_split_qkv_give_divisibility_guards() -> None:
+    module = graph(
+        "@kernel\ndef f(x: Tensor['S', 'C', f32], y: Tensor['S/2', f32], *, heads: int)"
+        " -> Tensor['S', 'C', f32]:\n    q, k, v = split_qkv(x, heads=heads)\n    return x\n"
+    )
+    assert [str(g) for g in module.functions[0].guards] == [
+        "S % 2 == 0",
+        "C % 3*heads == 0",
+    ]
+
+
+def test_defines_specialise_dims() -> None:
+    module = graph(
+        "@kernel\ndef f(x: Tensor['S', 'D', f32]) -> Tensor['S', 'D', f32]:\n"
+        "    return softmax(x)\n",
+        defines={"D": 64},
+    )
+    assert str(module.functions[0].params[0].value.type) == "tensor<[S, 64], f32>"
+
+
+def test_dropout_records_an_rng_effect_that_survives_passes() -> None:
+    module = graph(
+        "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
+        "    y = dropout(x, 0.1)\n    return x\n"
+    )
+    (op,) = module.functions[0].body.ops
+    assert (op.kind, op.effects) == ("dropout", ("rng",))
+
+
+def test_unused_pure_result_is_a_warning() -> None:
+    program = tessera.compile(
+        "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    relu(x)\n    return x\n"
+    )
+    assert [d.message for d in program.diagnostics] == ["the result of 'relu' is not used"]
+
+
+def test_tile_kernel_carries_loop_values_through_the_loop() -> None:
+    module = graph((SEEDS[0].parent.parent.parent / "examples" / "attention.tsr").read_text())
+    kernel = module.functions[1]
+    assert kernel.kind == "tile"
+    loop = next(op for op in kernel.body.ops if op.kind == "tile.for")
+    assert [v.name for v in loop.results] == ["acc", "m", "l"]
+    region = loop.regions[0]
+    assert str(region.args[0].type) == "block<T.n of S>"
+    assert [op.kind for op in region.ops if op.kind == "if"] == ["if"]
+
+
+@pytest.mark.parametrize("seed", ["seed002_flash_attention", "seed004_schedule_inheritance"])
+def test_complete_seed_programs_type_check(seed: str) -> None:
+    path = next(p for p in SEEDS if p.stem == seed)
+    assert tessera.compile_file(path).ir("graph").functions
+
+
+# ----------------------------------------------------------------------- passes
+
+
+def test_pass_order() -> None:
+    assert [name for name, _ in GRAPH_PASSES] == ["canonicalize", "simplify", "fuse"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("x * 1.0", []),
+        ("1.0 * x + 0.0", []),
+        ("x / 1", []),
+        ("transpose(transpose(x))", []),
+        ("transpose(transpose(x, (1, 0, 2)), (2, 0, 1))", ["transpose"]),
+        ("cast(x, f32)", []),
+        ("cast(cast(x, f32), bf16)", ["cast"]),
+        ("x * 2.0", ["mul"]),
+    ],
+)
+def test_simplification(body: str, expected: list[str]) -> None:
+    text = f"@kernel\ndef f(x: Tensor['A', 'B', 'C', f32]):\n    return {body}\n"
+    assert kinds(graph(text)) == expected
+
+
+def test_a_lossy_cast_chain_is_kept() -> None:
+    text = "@kernel\ndef f(x: Tensor['N', f32]):\n    return cast(cast(x, bf16), f32)\n"
+    assert kinds(graph(text)) == ["cast", "cast"]
+
+
+def test_canonical_constant_is_on_the_right() -> None:
+    module = graph("@kernel\ndef f(x: Tensor['N', f32]):\n    return 2.0 * x - 1.0\n")
+    mul, add = module.functions[0].body.ops
+    assert dict(mul.attrs) == {"b": 2.0}
+    assert (add.kind, dict(add.attrs)) == ("add", {"b": -1.0})
+
+
+def groups(text: str) -> list[tuple[str, list[str]]]:
+    function = graph(text).functions[0]
+    return [(g.kind, [function.body.ops[i].kind for i in g.ops]) for g in function.groups]
+
+
+def test_matmul_epilogue_is_one_kernel() -> None:
+    text = (
+        "@kernel\ndef f(A: Tensor['M', 'K', bf16], B: Tensor['K', 'N', bf16],\n"
+        "      bias: Tensor['N', f32]) -> Tensor['M', 'N', bf16 @accum(f32)]:\n"
+        "    return gelu(matmul(A, B) + bias)\n"
+    )
+    assert groups(text) == [("gemm", ["matmul", "add", "gelu", "cast"])]
+
+
+def test_softmax_safe_is_one_kernel_with_its_prologue() -> None:
+    text = "@kernel\ndef f(x: Tensor['R', 'C', f32]):\n    return softmax_safe(x * 0.5)\n"
+    assert groups(text) == [("reduction", ["mul", "softmax_safe"])]
+
+
+def test_two_matmul_mlp_is_two_kernels() -> None:
+    path = SEEDS[0].parent.parent.parent / "examples" / "mlp.tsr"
+    function = graph(path.read_text()).functions[1]
+    assert [g.kind for g in function.groups] == ["gemm", "gemm"]
+
+
+def test_a_shared_intermediate_is_not_fused_into_its_consumers() -> None:
+    text = (
+        "@kernel\ndef f(A: Tensor['M', 'K', f32], B: Tensor['K', 'N', f32]):\n"
+        "    y = A @ B\n    return relu(y) + y\n"
+    )
+    assert groups(text) == [("gemm", ["matmul"]), ("elementwise", ["relu", "add"])]
+
+
+def test_a_tile_kernel_is_one_kernel() -> None:
+    path = SEEDS[0].parent.parent.parent / "examples" / "attention.tsr"
+    function = graph(path.read_text()).functions[1]
+    assert [g.kind for g in function.groups] == ["tile"]
+
+
+# --------------------------------------------------------------------- verifier
+
+
+def _sample() -> GraphModule:
+    return analysed(
+        "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
+        "    y = relu(x)\n    return gelu(y)\n"
+    )
+
+
+def test_verifier_accepts_analysed_ir() -> None:
+    verify(_sample())
+
+
+def test_verifier_rejects_use_before_definition() -> None:
+    module = _sample()
+    function = module.functions[0]
+    relu, gelu = function.body.ops
+    broken = replace(function, body=Block((), (gelu, relu), function.body.yields))
+    with pytest.raises(VerifyError, match="before it is defined"):
+        verify(replace(module, functions=(broken,)))
+
+
+def test_verifier_rejects_a_value_defined_twice() -> None:
+    module = _sample()
+    function = module.functions[0]
+    relu, gelu = function.body.ops
+    twin = Op("relu", relu.operands, relu.results)
+    broken = replace(function, body=Block((), (relu, twin, gelu), function.body.yields))
+    with pytest.raises(VerifyError, match="defined twice"):
+        verify(replace(module, functions=(broken,)))
+
+
+def test_a_pass_that_breaks_the_ir_is_reported_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    def drop_first_op(module: GraphModule) -> GraphModule:
+        f: Function = module.functions[0]
+        return replace(module, functions=(replace(f, body=replace(f.body, ops=f.body.ops[1:])),))
+
+    monkeypatch.setattr("tessera.transpiler.graph.passes.GRAPH_PASSES", [("drop", drop_first_op)])
+    with pytest.raises(PassError, match="invalid after drop"):
+        run_graph_passes(_sample())
