@@ -79,6 +79,30 @@ def test_promotion() -> None:
     assert promote(bf16, bf16) is bf16
 
 
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("10.0 ** 400", "the result is too large for a number"),
+        ("7 ** 7 ** 7", "the exponent 823543 is too large for a compile-time number"),
+        ("1 / 0", "division by zero"),
+        ("(-8) ** 0.5", "the result is not a real number"),
+        ("2 @ 3", "'@' multiplies matrices, not numbers"),
+        ("int(INF)", "int(inf) is not a finite number"),
+        ("float(10 ** 400)", "float(10000000000000000...) is not a finite number"),
+    ],
+)
+def test_compile_time_arithmetic_errors(expression: str, message: str) -> None:
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(f"x = {expression}\n")
+    assert [d.message for d in info.value.diagnostics] == [message]
+
+
+def test_compile_time_arithmetic_folds() -> None:
+    module = graph("scale = 1.0 / 8\n@kernel\ndef f(x: Tensor['N', f32]):\n    return x * scale\n")
+    (mul,) = module.functions[0].body.ops
+    assert dict(mul.attrs) == {"b": 0.125}
+
+
 # ----------------------------------------------------------- types and guards
 
 

@@ -190,7 +190,7 @@ def _accum(policy: ast.Policy, dtype: DType) -> DType:
 def _loss_scale(policy: ast.Policy, dtype: DType) -> float:
     arg = policy.args[0] if len(policy.args) == 1 and not policy.keywords else None
     value: float | None = None
-    if isinstance(arg, (ast.IntLit, ast.FloatLit)):
+    if isinstance(arg, ast.FloatLit) or (isinstance(arg, ast.IntLit) and arg.value < 2**1000):
         value = float(arg.value)
     if value is None or not value > 0:
         raise SemanticError("@loss_scale takes one positive number: @loss_scale(1024)", policy.span)

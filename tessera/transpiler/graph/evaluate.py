@@ -204,10 +204,7 @@ class Evaluator:
         if isinstance(a, Poison) or isinstance(b, Poison):
             return POISON
         if is_number(a) and is_number(b):
-            try:
-                return Const(_FOLD[node.op](a.value, b.value)) if node.op != "@" else None
-            except ZeroDivisionError:
-                raise SemanticError("division by zero", node.span) from None
+            return Const(_fold(node, a.value, b.value))
         if (
             isinstance(a, (DimValue, Const))
             and isinstance(b, (DimValue, Const))
@@ -507,7 +504,11 @@ class Evaluator:
             raise SemanticError(f"{name}() takes one argument", node.span)
         v = args[0].value
         if is_number(v):
-            return Const(float(v.value) if name == "float" else int(v.value))
+            try:
+                return Const(float(v.value) if name == "float" else int(v.value))
+            except (OverflowError, ValueError):
+                shown = str(v.value) if len(str(v.value)) <= 20 else str(v.value)[:17] + "..."
+                raise SemanticError(f"{name}({shown}) is not a finite number", node.span) from None
         if isinstance(v, DimValue):
             if name == "int":
                 return v
@@ -568,6 +569,27 @@ class Evaluator:
 
     def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
         return self.function.declaration_note(ev) if self.function is not None else ()
+
+
+#: Integer powers beyond this are almost surely a mistake, and slow to compute.
+_MAX_EXPONENT = 1024
+
+
+def _fold(node: ast.BinOp, a: float, b: float) -> float:
+    """Compile-time arithmetic on two numbers, with errors a user can act on."""
+    if node.op == "@":
+        raise SemanticError("'@' multiplies matrices, not numbers", node.span)
+    if node.op == "**" and isinstance(a, int) and isinstance(b, int) and abs(b) > _MAX_EXPONENT:
+        raise SemanticError(f"the exponent {b} is too large for a compile-time number", node.span)
+    try:
+        result = _FOLD[node.op](a, b)
+    except ZeroDivisionError:
+        raise SemanticError("division by zero", node.span) from None
+    except OverflowError:
+        raise SemanticError("the result is too large for a number", node.span) from None
+    if isinstance(result, complex):
+        raise SemanticError("the result is not a real number", node.span)
+    return result
 
 
 class TileContext:

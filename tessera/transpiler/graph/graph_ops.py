@@ -286,10 +286,10 @@ def _norm(kind: str, with_bias: bool) -> Callable[[OpCall], object]:
             )  # fmt: skip
             operands.append(param)
             present.append(name)
-        epsilon = call.const("eps", float, int)
+        epsilon = call.number("eps")
         if not epsilon > 0:
             raise call.error(f"eps must be positive, not {epsilon}", at="eps")
-        attrs = (("eps", float(epsilon)), ("weight", "weight" in present))
+        attrs = (("eps", epsilon), ("weight", "weight" in present))
         if with_bias:
             attrs += (("bias", "bias" in present),)
         return call.emit(kind, tuple(operands), elementwise_type(x), attrs=attrs)
@@ -384,10 +384,10 @@ def _flash_attention(call: OpCall) -> object:
         effects = ("rng",)
     scale = call.raw("scale")
     if not (isinstance(scale, Const) and scale.value is None):
-        value = call.const("scale", float, int)
+        value = call.number("scale")
         if not value > 0:
             raise call.error(f"scale must be positive, not {value}", at="scale")
-        attrs += (("scale", float(value)),)
+        attrs += (("scale", value),)
     out = TensorType((*tq.dims[:-1], tv.dims[-1]), tq.dtype)
     return call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
 

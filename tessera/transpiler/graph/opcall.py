@@ -155,13 +155,23 @@ class OpCall:
             )
         return value.value
 
+    def number(self, name: str) -> float:
+        """A compile-time number as a float (an integer too large for one is an error)."""
+        value = self.const(name, float, int)
+        try:
+            return float(value)
+        except OverflowError:
+            raise self.error(
+                f"'{name}' is too large for a floating-point number", at=name
+            ) from None
+
     def scalar(self, name: str, kind: str) -> Value | Const:
         """A constant, or a run-time scalar of ``kind`` (a parameter such as ``p: float``)."""
         value = self.raw(name)
         if isinstance(value, Value) and getattr(value.type, "kind", None) == kind:
             return value
         if kind == "float":
-            return Const(float(self.const(name, float, int)))
+            return Const(self.number(name))
         return Const(self.const(name, {"int": int, "bool": bool}[kind]))
 
     def dtype(self, name: str) -> DType:

@@ -145,7 +145,7 @@ def _zeros(call: OpCall) -> object:
 def _full(call: OpCall) -> object:
     """A tile of ``shape`` filled with the number ``value`` (``-INF`` included)."""
     dims = _tile_shape(call, "shape")
-    value = float(call.const("value", float, int))
+    value = call.number("value")
     dtype = F32 if not call.given("dtype") else call.dtype("dtype")
     return call.emit("tile.full", (), TileType(dims, dtype), attrs=(("value", value),))
 
