@@ -14,7 +14,7 @@ from functools import singledispatchmethod
 
 from . import ast
 
-__all__ = ["print_module", "print_expr"]
+__all__ = ["print_module", "print_expr", "format_float"]
 
 #: A function signature longer than this is split one parameter per line.
 LINE_LENGTH = 100
@@ -50,6 +50,11 @@ def _string(value: str) -> str:
         else:
             out.append(char)
     return '"' + "".join(out) + '"'
+
+
+def format_float(value: float) -> str:
+    """Shortest round-trip form, exponent written as people do: 1e-5, 1e16."""
+    return re.sub(r"e\+?(-?)0*(\d)", r"e\1\2", repr(value))
 
 
 def print_expr(node: ast.Expr) -> str:
@@ -236,8 +241,7 @@ class _Printer:
 
     @_expr.register
     def _(self, node: ast.FloatLit) -> tuple[str, int]:
-        # Shortest round-trip form, exponent written as people do: 1e-5, 1e16.
-        return re.sub(r"e\+?(-?)0*(\d)", r"e\1\2", repr(node.value)), _PRIMARY
+        return format_float(node.value), _PRIMARY
 
     @_expr.register
     def _(self, node: ast.StrLit) -> tuple[str, int]:

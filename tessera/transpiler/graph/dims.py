@@ -86,6 +86,15 @@ class Dim:
         return None
 
     @property
+    def symbol(self) -> str | None:
+        """The name, if this dim is exactly one symbol (``S``, not ``2*S`` or ``S/2``)."""
+        if len(self.terms) == 1:
+            monomial, coeff = self.terms[0]
+            if coeff == 1 and len(monomial) == 1 and monomial[0][1] == 1:
+                return monomial[0][0]
+        return None
+
+    @property
     def is_integral(self) -> bool:
         """True when the dim is integer-valued for every value of its symbols."""
         return all(c.denominator == 1 and all(p > 0 for _, p in m) for m, c in self.terms)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .dims import Dim
-from .dtypes import DType
+from ..frontend.printer import format_float
 from .ir import Block, Function, GraphModule, Op, Value
 
 __all__ = ["print_graph"]
@@ -33,16 +32,14 @@ def format_attr(value: Any) -> str:
     if isinstance(value, float):
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return repr(value).replace("e-0", "e-").replace("e+0", "e+").replace("e+", "e")
+        return format_float(value)
     if isinstance(value, (tuple, list)):
         return (
             "(" + ", ".join(format_attr(v) for v in value) + ("," if len(value) == 1 else "") + ")"
         )
     if value is None:
         return "none"
-    if isinstance(value, (Dim, DType)):
-        return str(value)
-    return str(value)
+    return str(value)  # ints, names, dims and dtypes print as themselves
 
 
 class _FunctionPrinter:

@@ -386,13 +386,8 @@ class _FunctionAnalyzer:
             if isinstance(t, ScalarType) and t.kind == "int":
                 bare.add(p.name)
             for dim in getattr(t, "dims", None) or ():
-                if (
-                    len(dim.terms) == 1
-                    and dim.terms[0][1] == 1
-                    and len(dim.terms[0][0]) == 1
-                    and dim.terms[0][0][0][1] == 1
-                ):
-                    bare.add(dim.terms[0][0][0][0])
+                if dim.symbol is not None:
+                    bare.add(dim.symbol)
         for param in params:
             self._check_param_dims(param.value, bare)
         return tuple(params)
