@@ -155,6 +155,25 @@ def test_dropout_records_an_rng_effect_that_survives_passes() -> None:
     assert (op.kind, op.effects) == ("dropout", ("rng",))
 
 
+def test_effects_pin_operations_in_program_order() -> None:
+    module = graph(
+        "@kernel\ndef f(x: Tensor['N', f32], c: KVCache['B', 'H', 'S', 'D', bf16],"
+        " k: Tensor['B', 'H', 'S', 'D', bf16]) -> Tensor['N', f32]:\n"
+        "    a = dropout(x, 0.1)\n    c2 = c.append(k, k)\n    s = all_reduce(x, op='max')\n"
+        "    b = dropout(x, 0.2)\n    return x\n"
+    )
+    ops = module.functions[0].body.ops
+    assert [(op.kind, op.effects) for op in ops] == [
+        ("dropout", ("rng",)),
+        ("kvcache.append", ("state",)),
+        ("all_reduce", ("collective",)),
+        ("dropout", ("rng",)),
+    ]
+    assert [g.kind for g in module.functions[0].groups] == [
+        "elementwise", "state", "collective", "elementwise",
+    ]  # fmt: skip
+
+
 def test_unused_pure_result_is_a_warning() -> None:
     program = tessera.compile(
         "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    relu(x)\n    return x\n"

@@ -3,8 +3,8 @@
 Greedy, in program order, the way epilogue fusion works in CUTLASS and
 Triton-based compilers:
 
-- A matmul, an attention, a reduction (softmax, norms, sum/max/mean) or a
-  state update starts a kernel.
+- A matmul, an attention, a reduction (softmax, norms, sum/max/mean), a
+  state update or a collective starts a kernel.
 - An elementwise op (arithmetic, activations, casts, dropout, views) joins
   the kernel of the value it consumes when that value has no other user: a
   matmul's bias, activation, residual add and final cast become its epilogue.
@@ -33,6 +33,7 @@ _ANCHORS = {
     "matmul": "gemm",
     "flash_attention": "attention",
     "kvcache.append": "state",
+    "all_reduce": "collective",
     "transpose": "layout",
     "split_qkv": "layout",
 }
