@@ -198,6 +198,62 @@ def test_complete_seed_programs_type_check(seed: str) -> None:
     assert tessera.compile_file(path).ir("graph").functions
 
 
+# -------------------------------------------------------------------- schedules
+
+
+def schedule_of(text: str) -> str:
+    return str(graph(text).functions[0].schedule)
+
+
+KERNEL = "def f(x: Tensor['M', 'N', f32]):\n    return relu(x)\n"
+
+
+def test_inheritance_resolves_to_a_point() -> None:
+    text = (
+        "base = Schedule(block=(128, 128), k=32, warps=8, stages=3)\n"
+        f"@kernel.schedule(base.with_block(64, 64).with_warps(4))\n{KERNEL}"
+    )
+    assert schedule_of(text) == ("Schedule(block_m=64, block_n=64, block_k=32, warps=4, stages=3)")
+
+
+def test_space_forms_agree() -> None:
+    chained = schedule_of(
+        "@kernel.schedule(Schedule().block(m=[64, 128], n=[64, 128]) .warps([4, 8]))\n" + KERNEL
+    )
+    autotune = schedule_of(
+        "@kernel.autotune(space=dict(BM=[64, 128], BN=[64, 128], warps=[4, 8]))\n" + KERNEL
+    )
+    assert chained == autotune == ("Schedule(block_m=[64, 128], block_n=[64, 128], warps=[4, 8])")
+
+
+def test_printed_schedule_is_valid_input() -> None:
+    printed = "Schedule(block_m=64, block_n=128, block_k=32, warps=4, stages=2, swizzle='xor')"
+    assert schedule_of(f"@kernel.schedule({printed})\n{KERNEL}") == printed
+
+
+@pytest.mark.parametrize(
+    ("decorators", "message"),
+    [
+        ("@kernel.schedule(Schedule(warps=3))", "warps is a power of two up to 32, not 3"),
+        ("@kernel.schedule(Schedule(stages=0))", "stages takes positive integers, not 0"),
+        (
+            "@kernel.schedule(Schedule(swizzle='zigzag'))",
+            "swizzle is 'xor' or 'none', not 'zigzag'",
+        ),
+        ("@kernel.schedule(Schedule().with_block(64))", "with_block() takes two sizes"),
+        ("@kernel.autotune(space=dict(BQ=[64]))", "the autotune space has no knob 'BQ'"),
+        (
+            "@kernel.schedule(Schedule(warps=4))\n@kernel.autotune(space=dict(BM=[64]))",
+            "a kernel has one schedule",
+        ),
+    ],
+)
+def test_bad_schedules(decorators: str, message: str) -> None:
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(f"{decorators}\n{KERNEL}")
+    assert [d.message[: len(message)] for d in info.value.diagnostics] == [message]
+
+
 # ----------------------------------------------------------------------- passes
 
 

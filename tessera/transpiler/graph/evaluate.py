@@ -21,6 +21,7 @@ from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import GRAPH_OPS
 from .ir import Value
 from .opcall import OpCall, OpSpec, SemanticError, bind
+from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
 from .types import KVCacheType, ScalarType, TensorType, TileType
 from .values import (
@@ -39,7 +40,10 @@ from .values import (
 
 __all__ = ["Evaluator", "TileContext", "is_number", "is_int", "STDLIB", "SCHEDULE_ARGS"]
 
-SCHEDULE_ARGS = ("block", "k", "warps", "stages", "vector", "swizzle")
+SCHEDULE_ARGS = (
+    "block", "k", "warps", "stages", "vector", "swizzle",
+    "block_m", "block_n", "block_k", "block_d",
+)  # fmt: skip
 SCHEDULE_METHODS = {
     **{f"with_{a}": a for a in SCHEDULE_ARGS},
     **{a: a for a in SCHEDULE_ARGS},
@@ -533,24 +537,33 @@ class Evaluator:
         return self.emit("kvcache.append", operands, (cache.type,), (), ("state",), node.span)[0]
 
     def _schedule(self, node: ast.Call, ref: OpRef) -> ScheduleValue:
-        allowed = SCHEDULE_ARGS if ref.name == "Schedule" else ()
-        for keyword in node.keywords:
-            key, span = keyword.name, keyword.span
-            if ref.name == "Schedule" and key not in allowed:
-                raise SemanticError(
-                    f"Schedule has no parameter '{key}'{did_you_mean(key, SCHEDULE_ARGS)}", span
-                )
-        for arg in [*node.args, *(k.value for k in node.keywords)]:
-            value = self.eval(arg).value
-            if not isinstance(value, (Const, DimValue)):
-                raise SemanticError(
-                    f"schedule arguments are constants, not {describe(value)}", arg.span
-                )
+        """``Schedule(...)`` or a method of a schedule: a new, checked schedule value."""
         if ref.name == "Schedule":
-            return ScheduleValue(print_expr(node))
-        call = print_expr(node)
-        method = call[len(print_expr(node.func)) :]
-        return ScheduleValue(ref.receiver.text + "." + ref.name.split(".", 1)[1] + method)
+            for keyword in node.keywords:
+                if keyword.name not in SCHEDULE_ARGS:
+                    raise SemanticError(
+                        f"Schedule has no parameter '{keyword.name}'"
+                        f"{did_you_mean(keyword.name, SCHEDULE_ARGS)}",
+                        keyword.span,
+                    )
+        args = [self._schedule_arg(a) for a in node.args]
+        keywords = {k.name: self._schedule_arg(k.value) for k in node.keywords}
+        base = ref.receiver.spec if isinstance(ref.receiver, ScheduleValue) else ScheduleSpec()
+        method = ref.name.removeprefix("schedule.")
+        try:
+            return ScheduleValue(apply_method(base, method, args, keywords))
+        except ValueError as exc:
+            raise SemanticError(str(exc), node.span) from None
+
+    def _schedule_arg(self, node: ast.Expr) -> Any:
+        value = self.eval(node).value
+        if isinstance(value, DimValue) and value.dim.constant is not None:
+            return value.dim.constant
+        if not isinstance(value, Const):
+            raise SemanticError(
+                f"schedule arguments are constants, not {describe(value)}", node.span
+            )
+        return value.value
 
     # -- emission ----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..frontend.source import Span
 from .dims import Dim
+from .schedule_spec import ScheduleSpec
 from .types import ValueType
 
 __all__ = [
@@ -125,6 +126,9 @@ class Function:
     decorators: tuple[str, ...] = ()
     groups: tuple[Group, ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
+    #: The schedule from ``@kernel.schedule`` or ``@kernel.autotune(space=...)``.
+    schedule: ScheduleSpec | None = None
+    schedule_span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

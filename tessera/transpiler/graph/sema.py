@@ -25,6 +25,7 @@ from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
 from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
 from .opcall import OpCall, OpSpec, SemanticError, bind
+from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
 from .types import (
     BlockType,
@@ -211,6 +212,8 @@ class _FunctionAnalyzer:
         self.kind = "tile" if _calls_tile_context(node.body) else "graph"
         self.evaluator = Evaluator(owner, self)
         self.returned: tuple[Value, ...] | None = None
+        self.schedule: ScheduleSpec | None = None
+        self.schedule_span: Span | None = None
 
     # -- the Emitter protocol for op rules -----------------------------------------
 
@@ -293,6 +296,7 @@ class _FunctionAnalyzer:
         function = Function(
             node.name, kind, params, result_type, Block((), ops, self.returned or ()),
             tuple(self.guards), decorators, span=node.span,
+            schedule=self.schedule, schedule_span=self.schedule_span,
         )  # fmt: skip
         return function
 
@@ -335,6 +339,7 @@ class _FunctionAnalyzer:
                     f"@kernel.schedule takes a Schedule, not {describe(value)}",
                     decorator.args[0].span,
                 )
+            self._set_schedule(value.spec, decorator.span)
             return f"kernel.schedule({value.text})"
         if decorator.args:
             raise SemanticError(
@@ -350,8 +355,10 @@ class _FunctionAnalyzer:
             value = top.eval(keyword.value).value
             if isinstance(value, Poison):
                 continue
-            if isinstance(value, ScheduleValue):
-                parts.append(f"{keyword.name}={value.text}")
+            if name == "kernel.autotune" and keyword.name == "space":
+                spec = self._space(value, keyword.value.span)
+                self._set_schedule(spec, decorator.span)
+                parts.append(f"space={spec}")
             elif isinstance(value, Const):
                 parts.append(f"{keyword.name}={print_expr(keyword.value)}")
             else:
@@ -359,6 +366,41 @@ class _FunctionAnalyzer:
                     f"@{name}: '{keyword.name}' must be a constant", keyword.value.span
                 )
         return f"{name}({', '.join(parts)})"
+
+    def _set_schedule(self, spec: ScheduleSpec, span: Span) -> None:
+        if self.schedule is not None:
+            raise SemanticError(
+                "a kernel has one schedule: give @kernel.schedule or @kernel.autotune, not both",
+                span,
+                (Note("the first schedule is given here", self.schedule_span),),
+            )
+        self.schedule, self.schedule_span = spec, span
+
+    @staticmethod
+    def _space(value: Any, span: Span) -> ScheduleSpec:
+        """``space=dict(BM=[64, 128], ...)`` or a Schedule, as a schedule spec."""
+        if isinstance(value, ScheduleValue):
+            return value.spec
+        if not isinstance(value, Const) or not isinstance(value.value, dict):
+            raise SemanticError(
+                "space is a dict of candidate lists, dict(BM=[64, 128], warps=[4, 8]), "
+                "or a Schedule",
+                span,
+            )
+        spec = ScheduleSpec()
+        for key, candidates in value.value.items():
+            if key not in SPACE_KEYS:
+                raise SemanticError(
+                    f"the autotune space has no knob '{key}'{did_you_mean(key, SPACE_KEYS)}; "
+                    f"knobs: {', '.join(SPACE_KEYS)}",
+                    span,
+                )
+            values = tuple(candidates) if isinstance(candidates, (list, tuple)) else (candidates,)
+            try:
+                spec = spec.set(SPACE_KEYS[key], values)
+            except ValueError as exc:
+                raise SemanticError(f"autotune space: {exc}", span) from None
+        return spec
 
     def _params(self) -> tuple[Param, ...]:
         params: list[Param] = []

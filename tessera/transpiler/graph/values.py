@@ -16,6 +16,7 @@ from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import DType
 from .ir import Value
+from .schedule_spec import ScheduleSpec
 
 __all__ = [
     "Const",
@@ -65,9 +66,13 @@ class Namespace:
 
 @dataclass(frozen=True)
 class ScheduleValue:
-    """A ``Schedule(...)`` expression, kept as canonical text for the schedule stage."""
+    """A ``Schedule(...)`` expression or one derived from it."""
 
-    text: str
+    spec: ScheduleSpec
+
+    @property
+    def text(self) -> str:
+        return str(self.spec)
 
 
 @dataclass(frozen=True)
