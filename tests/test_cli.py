@@ -58,7 +58,7 @@ def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert "cannot write" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("stage", ["sched", "tile", "target", "meta"])
+@pytest.mark.parametrize("stage", ["tile", "target", "meta"])
 def test_stages_not_built_yet_say_so(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run([ATTENTION, "--emit", stage, "--target", "cpu"], capsys)
     assert status == 2 and out == ""
@@ -94,6 +94,7 @@ def test_program_errors_come_before_missing_stages(
         (["-D", "1S=4"], "a symbol must be a name"),
         (["-D", "S=4", "-D", "S=8"], "-D S given twice"),
         (["--kernel", "nope", "--emit", "ast"], "no kernel named 'nope'"),
+        (["--emit", "sched"], "the 'sched' stage depends on the target"),
     ],
 )
 def test_usage_errors_exit_2(

@@ -97,9 +97,11 @@ def test_compile_error_carries_diagnostics() -> None:
 
 
 def test_inspect_ir_of_a_later_stage_is_not_implemented() -> None:
-    program = tessera.compile("x = 1\n")
-    with pytest.raises(NotImplementedError, match="'sched' stage is not implemented yet"):
-        program.inspect_ir("sched")
+    program = tessera.compile("x = 1\n", target="cpu")
+    with pytest.raises(NotImplementedError, match="'tile' stage is not implemented yet"):
+        program.inspect_ir("tile")
+    with pytest.raises(tessera.OptionsError, match="'sched' stage depends on the target"):
+        tessera.compile("x = 1\n").inspect_ir("sched")
     with pytest.raises(NotImplementedError):
         program.load()
     with pytest.raises(ValueError, match="unknown stage 'ptx'"):

@@ -48,7 +48,7 @@ def check(text: str) -> None:
         assert again == module, printed
         assert print_module(again) == printed
     try:
-        tessera.compile(text, filename="fuzz.tsr")
+        tessera.compile(text, filename="fuzz.tsr", target="cuda")
     except tessera.CompileError as exc:
         assert exc.diagnostics
         last_line = text.count("\n") + 2

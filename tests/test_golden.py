@@ -1,7 +1,9 @@
 """Golden files: every implemented stage of every example, byte for byte.
 
-``pytest --update-golden`` rewrites them; review ``git diff golden/`` before
-committing, since a golden file is only as good as the reading it got.
+Target-independent stages have one golden file per example; stages from the
+schedule on have one per target and arch. ``pytest --update-golden``
+rewrites them; review ``git diff golden/`` before committing, since a golden
+file is only as good as the reading it got.
 """
 
 from __future__ import annotations
@@ -17,21 +19,47 @@ from tessera.transpiler.pipeline import PIPELINE
 from .conftest import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "golden"
-#: File name of each stage's golden output.
+#: The targets and arches whose target-dependent stages are pinned.
+TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native")]
+#: File name of each target-independent stage's golden output.
 FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
 
 pytestmark = pytest.mark.golden
 
-CASES = [(path, stage.name) for path in EXAMPLES for stage in PIPELINE]
+
+def _cases() -> list[tuple[Path, str, tuple[str, str] | None, str]]:
+    cases = []
+    for example in EXAMPLES:
+        for stage in PIPELINE:
+            if stage.needs_target:
+                for target, arch in TARGETS:
+                    name = f"{stage.name}.{target}-{arch}.txt"
+                    cases.append((example, stage.name, (target, arch), name))
+            else:
+                cases.append((example, stage.name, None, FILES[stage.name]))
+    return cases
 
 
-@pytest.mark.parametrize(("example", "stage"), CASES, ids=[f"{p.stem}-{s}" for p, s in CASES])
+CASES = _cases()
+
+
+@pytest.mark.parametrize(
+    ("example", "stage", "target", "file"),
+    CASES,
+    ids=[f"{p.stem}-{f.rsplit('.', 1)[0]}" for p, _, _, f in CASES],
+)
 def test_matches_golden(
-    example: Path, stage: str, update_golden: bool, monkeypatch: pytest.MonkeyPatch
+    example: Path,
+    stage: str,
+    target: tuple[str, str] | None,
+    file: str,
+    update_golden: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(ROOT)  # outputs name the file as given: examples/x.tsr
-    actual = tessera.compile_file(example.relative_to(ROOT)).inspect_ir(stage)
-    golden = GOLDEN / example.stem / FILES[stage]
+    options = {"target": target[0], "arch": target[1]} if target else {}
+    actual = tessera.compile_file(example.relative_to(ROOT), **options).inspect_ir(stage)
+    golden = GOLDEN / example.stem / file
     if update_golden:
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(actual, encoding="utf-8")
@@ -49,18 +77,20 @@ def test_matches_golden(
 
 
 def test_every_stage_has_a_golden_file_name() -> None:
-    assert {s.name for s in PIPELINE} <= set(FILES)
+    assert {s.name for s in PIPELINE if not s.needs_target} <= set(FILES)
 
 
 def test_no_stale_golden_files() -> None:
     """A golden file whose example or stage is gone would pin nothing."""
-    expected = {GOLDEN / p.stem / FILES[s] for p, s in CASES}
+    expected = {GOLDEN / p.stem / f for p, _, _, f in CASES}
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
     assert present <= expected, f"stale golden files: {sorted(present - expected)}"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_output_is_deterministic(example: Path) -> None:
-    first = [tessera.compile_file(example).inspect_ir(s.name) for s in PIPELINE]
-    second = [tessera.compile_file(example).inspect_ir(s.name) for s in PIPELINE]
-    assert first == second
+    def every_stage() -> list[str]:
+        program = tessera.compile_file(example, target="cuda")
+        return [program.inspect_ir(s.name) for s in PIPELINE]
+
+    assert every_stage() == every_stage()

@@ -24,6 +24,9 @@ from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
 from .options import Options, OptionsError
+from .schedule.ir import ScheduleModule
+from .schedule.lower import schedule_module
+from .schedule.printer import print_schedule
 
 __all__ = [
     "STAGES",
@@ -64,6 +67,8 @@ class Stage:
     #: (previous stage's IR, input file, options, diagnostics) -> this stage's IR
     run: Callable[[Any, SourceFile, Options, Diagnostics], Any]
     show: Callable[[Any], str]
+    #: Stages from the schedule on depend on the target; without one they do not run.
+    needs_target: bool = False
 
 
 def _ast_stage(_: None, source: SourceFile, options: Options, diags: Diagnostics) -> ast.Module:
@@ -88,9 +93,18 @@ def _graph_stage(
     return run_graph_passes(graph)
 
 
+def _sched_stage(
+    graph: GraphModule, _: SourceFile, options: Options, diags: Diagnostics
+) -> ScheduleModule:
+    module = schedule_module(graph, options, diags)
+    diags.check()
+    return module
+
+
 PIPELINE: tuple[Stage, ...] = (
     Stage("ast", _ast_stage, print_module),
     Stage("graph", _graph_stage, print_graph),
+    Stage("sched", _sched_stage, print_schedule, needs_target=True),
 )
 
 
@@ -104,6 +118,8 @@ class Program:
         diags = Diagnostics()
         previous = None
         for stage in PIPELINE:
+            if stage.needs_target and options.target is None:
+                break
             try:
                 previous = stage.run(previous, source, options, diags)
             except (CompileError, OptionsError):
@@ -118,6 +134,11 @@ class Program:
         if stage not in STAGES:
             raise ValueError(f"unknown stage '{stage}'; stages are: {', '.join(STAGES)}")
         if stage not in self._ir:
+            if any(s.name == stage for s in PIPELINE):
+                raise OptionsError(
+                    f"the '{stage}' stage depends on the target: give --target (cuda, hip, "
+                    "cpu, opencl) or an output file ending in .cu, .hip, .cpp or .cl"
+                )
             raise StageNotImplemented(stage)
         return self._ir[stage]
 

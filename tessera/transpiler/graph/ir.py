@@ -82,8 +82,8 @@ class Op:
 class Guard:
     """A condition on sizes that only the run time can check.
 
-    ``kind`` is ``"equal"`` (``left == right``) or ``"divisible"`` (``left``
-    is a multiple of ``right``).
+    ``kind`` is ``"equal"`` (``left == right``), ``"divisible"`` (``left``
+    is a multiple of ``right``) or ``"at_most"`` (``left <= right``).
     """
 
     kind: str
@@ -93,9 +93,9 @@ class Guard:
     span: Span | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
-        op = "==" if self.kind == "equal" else "%"
-        text = f"{self.left} {op} {self.right}"
-        return text + (" == 0" if self.kind == "divisible" else "")
+        if self.kind == "divisible":
+            return f"{self.left} % {self.right} == 0"
+        return f"{self.left} {'==' if self.kind == 'equal' else '<='} {self.right}"
 
 
 @dataclass(frozen=True)

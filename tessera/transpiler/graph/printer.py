@@ -14,7 +14,7 @@ from typing import Any
 from ..frontend.printer import format_float
 from .ir import Block, Function, GraphModule, Op, Value
 
-__all__ = ["print_graph"]
+__all__ = ["print_graph", "value_names"]
 
 
 def print_graph(module: GraphModule) -> str:
@@ -42,24 +42,48 @@ def format_attr(value: Any) -> str:
     return str(value)  # ints, names, dims and dtypes print as themselves
 
 
+def value_names(function: Function) -> dict[int, str]:
+    """The printed name of every value, in definition order: ``%acc``, ``%acc.1``, ``%0``.
+
+    Shared with the later stages' printers, so one value has one name in every dump.
+    """
+    names: dict[int, str] = {}
+    used: dict[str, int] = {}
+    counter = 0
+
+    def add(value: Value) -> None:
+        nonlocal counter
+        if value.name is None:
+            text = str(counter)
+            counter += 1
+        else:
+            count = used.get(value.name, 0)
+            used[value.name] = count + 1
+            text = value.name if count == 0 else f"{value.name}.{count}"
+        names[value.id] = "%" + text
+
+    def block(ops: tuple[Op, ...]) -> None:
+        for op in ops:
+            for result in op.results:
+                add(result)
+            for region in op.regions:
+                for arg in region.args:
+                    add(arg)
+                block(region.ops)
+
+    for param in function.params:
+        add(param.value)
+    block(function.body.ops)
+    return names
+
+
 class _FunctionPrinter:
     def __init__(self, function: Function) -> None:
         self.function = function
-        self.names: dict[int, str] = {}
-        self.used: dict[str, int] = {}
-        self.counter = 0
+        self.names = value_names(function)
 
     def name(self, value: Value) -> str:
-        if value.id not in self.names:
-            if value.name is None:
-                text = str(self.counter)
-                self.counter += 1
-            else:
-                count = self.used.get(value.name, 0)
-                self.used[value.name] = count + 1
-                text = value.name if count == 0 else f"{value.name}.{count}"
-            self.names[value.id] = text
-        return "%" + self.names[value.id]
+        return self.names[value.id]
 
     def lines(self) -> list[str]:
         f = self.function

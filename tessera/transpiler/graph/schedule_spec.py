@@ -44,6 +44,8 @@ SPACE_KEYS = {
 class ScheduleSpec:
     #: (knob, candidate values), in ``KNOBS`` order; one value is a fixed choice.
     choices: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: From ``@kernel.autotune``: a space to search even where a knob has one value.
+    autotune: bool = False
 
     def get(self, knob: str) -> tuple[Any, ...] | None:
         return dict(self.choices).get(knob)
@@ -57,11 +59,11 @@ class ScheduleSpec:
         _check(knob, values)
         merged = dict(self.choices)
         merged[knob] = tuple(values)
-        return ScheduleSpec(tuple((k, merged[k]) for k in KNOBS if k in merged))
+        return ScheduleSpec(tuple((k, merged[k]) for k in KNOBS if k in merged), self.autotune)
 
     @property
     def is_point(self) -> bool:
-        return all(len(values) == 1 for _, values in self.choices)
+        return not self.autotune and all(len(values) == 1 for _, values in self.choices)
 
     def __str__(self) -> str:
         parts = []

@@ -380,14 +380,14 @@ class _FunctionAnalyzer:
     def _space(value: Any, span: Span) -> ScheduleSpec:
         """``space=dict(BM=[64, 128], ...)`` or a Schedule, as a schedule spec."""
         if isinstance(value, ScheduleValue):
-            return value.spec
+            return replace(value.spec, autotune=True)
         if not isinstance(value, Const) or not isinstance(value.value, dict):
             raise SemanticError(
                 "space is a dict of candidate lists, dict(BM=[64, 128], warps=[4, 8]), "
                 "or a Schedule",
                 span,
             )
-        spec = ScheduleSpec()
+        spec = ScheduleSpec(autotune=True)
         for key, candidates in value.value.items():
             if key not in SPACE_KEYS:
                 raise SemanticError(

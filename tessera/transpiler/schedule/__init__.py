@@ -1,0 +1,1 @@
+"""The Schedule IR: per kernel, how its work is tiled and launched."""

@@ -1,0 +1,84 @@
+"""What each target architecture offers a kernel, as data.
+
+Numbers are the vendors' published limits (CUDA C Programming Guide,
+compute-capability tables; AMD CDNA2/CDNA3 ISA guides). The CPU entries are
+assumptions, because output must not depend on the machine that compiles
+it: a program is one thread, and the SIMD width is the one the arch names
+(``native`` assumes AVX2; the generated C++ adapts at build time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Hardware", "hardware_for", "KIB"]
+
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class Hardware:
+    target: str
+    arch: str
+    kind: str  # "gpu" or "cpu"
+    #: Threads per warp or wavefront; on CPUs, f32 lanes of one SIMD register.
+    lanes: int
+    #: Threads per program (block, work-group); 1 on CPUs.
+    max_threads: int
+    #: Shared memory (LDS, local memory) one program may use; on CPUs, the L2 share
+    #: a program's working set should fit.
+    smem_bytes: int
+    #: 32-bit registers one thread may hold.
+    regs_per_thread: int
+    #: SMs, CUs or cores; 0 when unknown (no wave quantization).
+    units: int
+    #: The matrix instruction a dot lowers to on this arch.
+    mma: str
+    #: Multiples that tile sizes must respect for that instruction.
+    mma_m: int
+    mma_n: int
+    #: Widest single load per thread, in bytes.
+    vector_bytes: int
+    #: Whether copies to shared memory can run ahead of compute (cp.async, TMA, LDS
+    #: prefetch); without it, pipeline stages do not multiply shared memory.
+    async_copy: bool = True
+
+
+_TABLE = {
+    ("cuda", "sm_80"): Hardware(
+        "cuda", "sm_80", "gpu", 32, 1024, 163 * KIB, 255, 108, "mma.sync.m16n8k16", 16, 8, 16
+    ),
+    ("cuda", "sm_90a"): Hardware(
+        "cuda", "sm_90a", "gpu", 32, 1024, 227 * KIB, 255, 132, "wgmma.m64nNk16", 64, 8, 16
+    ),
+    ("hip", "gfx90a"): Hardware(
+        "hip", "gfx90a", "gpu", 64, 1024, 64 * KIB, 512, 110, "mfma.f32.32x32x8bf16", 32, 32, 16
+    ),
+    ("hip", "gfx942"): Hardware(
+        "hip", "gfx942", "gpu", 64, 1024, 64 * KIB, 512, 304, "mfma.f32.32x32x8bf16", 32, 32, 16
+    ),
+    # 64 KiB of local memory, as on AMD, Intel and PoCL; NVIDIA's OpenCL has 48 KiB,
+    # which the OpenCL runtime checks when it loads a kernel.
+    ("opencl", "generic"): Hardware(
+        "opencl", "generic", "gpu", 32, 256, 64 * KIB, 128, 0, "simt", 1, 1, 16, False
+    ),
+    ("cpu", "native"): Hardware(
+        "cpu", "native", "cpu", 8, 1, 1024 * KIB, 0, 0, "simd", 1, 8, 32, False
+    ),
+    ("cpu", "x86-64-v2"): Hardware(
+        "cpu", "x86-64-v2", "cpu", 4, 1, 1024 * KIB, 0, 0, "simd", 1, 4, 16, False
+    ),
+    ("cpu", "x86-64-v3"): Hardware(
+        "cpu", "x86-64-v3", "cpu", 8, 1, 1024 * KIB, 0, 0, "simd", 1, 8, 32, False
+    ),
+    ("cpu", "x86-64-v4"): Hardware(
+        "cpu", "x86-64-v4", "cpu", 16, 1, 1024 * KIB, 0, 0, "simd", 1, 16, 64, False
+    ),
+    ("cpu", "armv8-a"): Hardware(
+        "cpu", "armv8-a", "cpu", 4, 1, 1024 * KIB, 0, 0, "simd", 1, 4, 16, False
+    ),
+}
+
+
+def hardware_for(target: str, arch: str) -> Hardware:
+    return _TABLE[(target, arch)]

@@ -1,0 +1,146 @@
+"""Default schedules: a documented heuristic per target, kernel kind and dtype.
+
+The candidates are the tile shapes that work well for each machine's matrix
+instruction and memory: 128x128 output tiles with 3-stage ``cp.async``
+pipelines on sm_80, 4-stage TMA pipelines on sm_90a, 2-stage LDS staging on
+CDNA, register-blocked macro-tiles on CPUs. When the sizes are known (``-D``),
+the candidate with the best estimated throughput is chosen: operand reuse
+(larger tiles load less per output) times the useful fraction of the launch
+(wave quantization: the last wave of programs on a GPU half empty; padding:
+tiles past a ragged edge). Otherwise reuse alone decides: the largest tile.
+"""
+
+from __future__ import annotations
+
+from .hardware import Hardware
+from .problem import Problem
+from .resources import resources
+
+__all__ = ["default_knobs", "candidates", "score"]
+
+Knobs = dict[str, object]
+
+# (block_m, block_n, block_k in bytes of one element row, warps, stages) per target family.
+_GEMM = {
+    "sm_80": [(128, 128, 64, 4, 3), (128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3)],
+    "sm_90a": [
+        (128, 128, 128, 8, 4),
+        (128, 64, 128, 4, 4),
+        (64, 128, 128, 4, 4),
+        (64, 64, 128, 4, 4),
+    ],
+    "hip": [(128, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 64, 64, 4, 2)],
+    "opencl": [(64, 64, 64, 4, 1), (32, 32, 64, 4, 1)],
+    "cpu": [(64, 256, 1024, 1, 1)],
+}
+# (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
+_ATTENTION = {
+    "sm_80": {64: (128, 64, 4, 2), 128: (128, 32, 4, 2), 256: (64, 32, 4, 2)},
+    "sm_90a": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2), 256: (128, 64, 8, 2)},
+    "hip": {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)},
+    "opencl": {64: (32, 32, 4, 1), 128: (32, 32, 4, 1), 256: (16, 16, 4, 1)},
+    "cpu": {64: (64, 128, 1, 1), 128: (64, 128, 1, 1), 256: (32, 64, 1, 1)},
+}
+
+
+def _family(hw: Hardware) -> str:
+    return hw.arch if hw.target == "cuda" else hw.target
+
+
+def head_dim_tile(problem: Problem) -> int:
+    """The head-dim tile: the head dim rounded up to 16, or 128 when it is symbolic."""
+    d = problem.d.constant if problem.d is not None else None
+    if d is None:
+        return 128
+    return max(16, -(-d // 16) * 16)
+
+
+def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
+    """The heuristic's candidate schedules for a problem, best first when sizes are unknown."""
+    vector = max(1, hw.vector_bytes // problem.bytes) if hw.kind == "gpu" else hw.lanes
+    swizzle = "xor" if hw.kind == "gpu" else "none"
+    base: Knobs = {"vector": vector, "swizzle": swizzle, "split_k": 1}
+    kind = "attention" if problem.kind == "tile" and problem.attention else problem.kind
+    if kind in ("gemm", "tile"):
+        return [
+            {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),
+             "block_d": head_dim_tile(problem), "warps": w, "stages": s}
+            for m, n, k, w, s in _GEMM[_family(hw)]
+        ]  # fmt: skip
+    if kind == "attention":
+        d = head_dim_tile(problem)
+        table = _ATTENTION[_family(hw)]
+        m, n, w, s = table[next(limit for limit in sorted(table) if d <= limit or limit == 256)]
+        # The table's entry first, then smaller variants for when it does not fit:
+        # fewer stages, then fewer keys per step, then fewer queries per program.
+        variants = [(m, n, st) for st in range(s, 0, -1)]
+        variants += [(m, bn, 1) for bn in (n // 2, n // 4) if bn >= 16]
+        variants += [(bm, 16, 1) for bm in (m // 2, m // 4) if bm >= 16]
+        return [
+            {**base, "block_m": bm, "block_n": bn, "block_d": d, "warps": w, "stages": st}
+            for bm, bn, st in variants
+        ]
+    if kind == "reduction":
+        rows = 4 if hw.kind == "gpu" else 16
+        return [{**base, "block_m": rows, "warps": 4 if hw.kind == "gpu" else 1, "stages": 1}]
+    elements = 1024 if hw.kind == "gpu" else 8192
+    return [{**base, "block_m": elements, "warps": 8 if hw.kind == "gpu" else 1, "stages": 1}]
+
+
+def score(problem: Problem, knobs: Knobs, hw: Hardware) -> float:
+    """Estimated relative throughput: useful work (padding at ragged edges, occupancy of
+    the last wave) times operand reuse (a BM x BN tile loads BM + BN rows per BM * BN
+    outputs, counted relative to 128 x 128). Reuse only when sizes are unknown."""
+    tiled = problem.kind in ("gemm", "tile")
+    bm = int(knobs["block_m"])
+    bn = int(knobs.get("block_n", 1)) if tiled else 1
+    reuse = (bm * bn / (bm + bn)) / 64 if tiled else 1.0
+    m = problem.m.constant
+    n = problem.n.constant if problem.n is not None and tiled else 1
+    if m is None or n is None:
+        return reuse
+    tiles_m, tiles_n = -(-m // bm), -(-n // bn)
+    padding = (m * n) / (tiles_m * bm * tiles_n * bn)
+    batch = 1
+    for dim in problem.batch:
+        if dim.constant is None:
+            return padding * reuse
+        batch *= dim.constant
+    if hw.units == 0:
+        return padding * reuse
+    smem = max(1, resources(problem, knobs, hw).smem_bytes)
+    per_unit = max(1, min(4, hw.smem_bytes // smem))
+    slots = hw.units * per_unit
+    programs = tiles_m * tiles_n * batch
+    waves = -(-programs // slots)
+    return padding * reuse * programs / (waves * slots)
+
+
+def default_knobs(problem: Problem, hw: Hardware) -> Knobs:
+    """The heuristic's choice: the best-scoring candidate that fits; ties go to the first."""
+    options = [c for c in candidates(problem, hw) if not resources(problem, c, hw).problems]
+    options = options or candidates(problem, hw)
+    best = max(options, key=lambda c: score(problem, c, hw))
+    return {**best, "split_k": split_k(problem, best, hw)}
+
+
+def split_k(problem: Problem, knobs: Knobs, hw: Hardware) -> int:
+    """Split the reduction of a gemm across programs when its output tiles are too few
+    to fill the GPU and its K is long: up to 8 ways, each slice at least 4 K-steps."""
+    if problem.kind != "gemm" or hw.kind != "gpu" or hw.units == 0:
+        return 1
+    sizes = [problem.m.constant, problem.n.constant if problem.n is not None else None,
+             problem.k.constant if problem.k is not None else None]  # fmt: skip
+    if None in sizes or any(d.constant is None for d in problem.batch):
+        return 1
+    m, n, k = sizes
+    programs = -(-m // int(knobs["block_m"])) * -(-n // int(knobs["block_n"]))
+    for dim in problem.batch:
+        programs *= dim.constant
+    if programs * 2 > hw.units:
+        return 1
+    limit = min(8, hw.units // programs, k // (4 * int(knobs["block_k"])))
+    ways = 1
+    while ways * 2 <= limit:
+        ways *= 2
+    return ways

@@ -1,0 +1,97 @@
+"""Schedule IR data: one host program per graph function, one launch per kernel.
+
+A ``Launch`` says how one fused kernel of the Graph IR runs: the standard
+library template it instantiates, its tile sizes, warps, pipeline stages and
+vector width, the grid of programs, and the resources that implies. A
+``HostProgram`` orders the launches, checks the guards, and places every
+intermediate tensor in a memory slot; slots are reused when lifetimes do not
+overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..frontend.source import Span
+from ..graph.dims import Dim
+from ..graph.ir import Guard
+from ..graph.types import TensorType
+
+__all__ = ["GridDim", "Launch", "Buffer", "HostProgram", "ScheduleModule"]
+
+
+@dataclass(frozen=True)
+class GridDim:
+    """One grid axis: ``extent`` split into blocks of ``block`` (1: one program each)."""
+
+    extent: Dim
+    block: int = 1
+
+    def __str__(self) -> str:
+        if self.block == 1:
+            return str(self.extent)
+        if self.extent.constant is not None:
+            return str(-(-self.extent.constant // self.block))
+        return f"ceil({self.extent}/{self.block})"
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str
+    #: The Graph IR group's kind: gemm, attention, reduction, elementwise, layout, ...
+    kind: str
+    group: int
+    #: The standard-library kernel this launch instantiates, and the fused epilogue ops.
+    template: str
+    epilogue: tuple[str, ...]
+    #: Tile sizes by name, e.g. (("BM", 128), ("BN", 128), ("BK", 32)).
+    tiles: tuple[tuple[str, int], ...]
+    warps: int
+    stages: int
+    vector: int
+    swizzle: str
+    split_k: int
+    grid: tuple[GridDim, ...]
+    threads: int
+    smem_bytes: int
+    #: The matrix instruction, or None for kernels without a dot.
+    mma: str | None
+    #: How the schedule was chosen: "explicit", "space" or "heuristic".
+    source: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+    def tile(self, name: str) -> int | None:
+        return dict(self.tiles).get(name)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An intermediate tensor that one launch writes and later ones read."""
+
+    name: str
+    type: TensorType
+    bytes: Dim
+    slot: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class HostProgram:
+    function: str
+    kind: str
+    inputs: tuple[str, ...]
+    result: str | None
+    launches: tuple[Launch, ...]
+    buffers: tuple[Buffer, ...] = ()
+    guards: tuple[Guard, ...] = ()
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ScheduleModule:
+    name: str
+    target: str
+    arch: str
+    programs: tuple[HostProgram, ...]

@@ -1,0 +1,285 @@
+"""The schedule stage: each fused kernel of the Graph IR gets a launch.
+
+A kernel takes its function's explicit schedule when it has one (a point,
+checked against the hardware, or a space, from which the best-scoring
+feasible candidate is picked), and the heuristic's choice otherwise. An
+explicit schedule the hardware cannot run is an error at its decorator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from ..frontend.diagnostics import Diagnostics, Note
+from ..graph.dims import Dim
+from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, walk
+from ..graph.printer import value_names
+from ..graph.schedule_spec import ScheduleSpec
+from ..graph.types import TensorType, TileType
+from ..options import Options
+from .hardware import Hardware, hardware_for
+from .heuristics import default_knobs, score
+from .ir import GridDim, HostProgram, Launch, ScheduleModule
+from .memory import Interval, plan_buffers
+from .problem import Problem
+from .resources import resources
+from .verify import verify_schedule
+
+__all__ = ["schedule_module", "SCHEDULED_KINDS"]
+
+#: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
+SCHEDULED_KINDS = ("gemm", "attention", "tile")
+#: Kernels that are not launched on the device.
+_NOT_LAUNCHED = ("host", "collective")
+_TEMPLATES = {
+    "softmax": "softmax", "softmax_safe": "softmax", "logsumexp_safe": "logsumexp",
+    "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
+    "rmsnorm_safe": "rmsnorm", "sum": "reduce", "max": "reduce", "mean": "reduce",
+    "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
+    "split_qkv": "split_qkv", "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
+}  # fmt: skip
+
+
+def schedule_module(graph: GraphModule, options: Options, diags: Diagnostics) -> ScheduleModule:
+    assert options.target is not None, "the pipeline runs this stage only with a target"
+    arch = options.resolved_arch
+    assert arch is not None
+    hw = hardware_for(options.target, arch)
+    programs = tuple(_Scheduler(f, hw, diags).run() for f in graph.functions)
+    module = ScheduleModule(graph.name, options.target, arch, programs)
+    verify_schedule(module, {f.name: len(f.groups) for f in graph.functions}, hw)
+    return module
+
+
+class _Scheduler:
+    def __init__(self, function: Function, hw: Hardware, diags: Diagnostics) -> None:
+        self.function = function
+        self.hw = hw
+        self.diags = diags
+        self.names = value_names(function)
+        self.guards: list[Guard] = list(function.guards)
+
+    def run(self) -> HostProgram:
+        f = self.function
+        inputs = tuple(self.names[p.value.id] for p in f.params)
+        result = self.names[f.body.yields[0].id] if f.body.yields else None
+        if f.kind == "declaration":
+            return HostProgram(f.name, f.kind, inputs, result, (), span=f.span)
+        launches = []
+        writer: dict[int, int] = {}
+        for index, group in enumerate(f.groups):
+            launch = self._launch(index, group)
+            launches.append(launch)
+            for op in self._ops(group):
+                for value in op.results:
+                    writer[value.id] = index
+        return HostProgram(
+            f.name, f.kind, inputs, result, tuple(launches),
+            self._buffers(writer), tuple(self.guards), span=f.span,
+        )  # fmt: skip
+
+    def _guard(self, guard: Guard) -> None:
+        if all(
+            (g.kind, g.left, g.right) != (guard.kind, guard.left, guard.right) for g in self.guards
+        ):
+            self.guards.append(guard)
+
+    def _ops(self, group: Group) -> list[Op]:
+        return [self.function.body.ops[i] for i in group.ops]
+
+    # -- one launch --------------------------------------------------------------
+
+    def _launch(self, index: int, group: Group) -> Launch:
+        ops = self._ops(group)
+        reads, writes = self._boundary(group)
+        anchor = next((op for op in ops if op.kind in _TEMPLATES), ops[0])
+        template = (
+            "tile_kernel" if group.kind == "tile" else _TEMPLATES.get(anchor.kind, group.kind)
+        )
+        epilogue = () if group.kind == "tile" else tuple(op.kind for op in ops if op is not anchor)
+        if group.kind in _NOT_LAUNCHED:
+            return Launch(
+                group.name, group.kind, index, template, epilogue, (), 0, 0, 0, "none", 1, (),
+                0, 0, None, "host" if group.kind == "host" else "runtime", reads, writes,
+            )  # fmt: skip
+        problem = self._problem(group, ops, anchor)
+        knobs, source = self._knobs(group, problem)
+        if problem.d is not None and problem.d.constant is None and "block_d" in knobs:
+            self._guard(Guard(
+                "at_most", problem.d, Dim.const(int(knobs["block_d"])),
+                f"{group.name}: the head dim fits the schedule's head-dim tile", anchor.span,
+            ))  # fmt: skip
+        cost = resources(problem, knobs, self.hw)
+        dot = group.kind in ("gemm", "attention") or (
+            group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
+        )
+        return Launch(
+            group.name, group.kind, index, template, epilogue, _tiles(group.kind, problem, knobs),
+            int(knobs["warps"]), int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
+            int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
+            self.hw.mma if dot else None, source, reads, writes,
+        )  # fmt: skip
+
+    def _knobs(self, group: Group, problem: Problem) -> tuple[dict[str, Any], str]:
+        default = default_knobs(problem, self.hw)
+        spec = self.function.schedule
+        if spec is None or group.kind not in SCHEDULED_KINDS:
+            return default, "heuristic"
+        if spec.is_point:
+            knobs = {**default, **{k: v[0] for k, v in spec.choices}}
+            for reason in resources(problem, knobs, self.hw).problems:
+                self.diags.error(
+                    f"schedule for '{self.function.name}' cannot run: {reason}",
+                    self.function.schedule_span,
+                    (Note(f"schedule: {spec}"),),
+                )
+            return knobs, "explicit"
+        picked = self._pick(spec, default, problem)
+        return (picked, "space") if picked is not None else (default, "heuristic")
+
+    def _pick(
+        self, spec: ScheduleSpec, default: dict[str, Any], problem: Problem
+    ) -> dict[str, Any] | None:
+        """The best-scoring candidate of a space that fits; among equals (sizes unknown,
+        say) the one nearest the heuristic's own choice. None when nothing fits: a space
+        is a tuning hint, so the kernel then gets the heuristic schedule, with a warning."""
+        names = [k for k, _ in spec.choices]
+        feasible = []
+        reasons: list[str] = []
+        for values in itertools.product(*(v for _, v in spec.choices)):
+            knobs = {**default, **dict(zip(names, values, strict=True))}
+            problems = resources(problem, knobs, self.hw).problems
+            if problems:
+                reasons.append(problems[0])
+            else:
+                feasible.append(knobs)
+        if not feasible:
+            self.diags.warning(
+                f"no schedule in the space of '{self.function.name}' fits {self.hw.arch} "
+                f"({reasons[0]}); using the default schedule for {self.hw.arch}",
+                self.function.schedule_span,
+                (Note(f"space: {spec}"),),
+            )
+            return None
+        return max(feasible, key=lambda k: (score(problem, k, self.hw), -_distance(k, default)))
+
+    def _problem(self, group: Group, ops: list[Op], anchor: Op) -> Problem:
+        kind = group.kind
+        if kind == "gemm":
+            a, b = anchor.operands[:2]
+            out = anchor.result.type
+            return Problem(kind, a.type.dtype, a.type.dims[-2], b.type.dims[-1], a.type.dims[-1],
+                           batch=out.dims[:-2])  # fmt: skip
+        if kind == "attention":
+            q, k = anchor.operands[:2]
+            return Problem(kind, q.type.dtype, q.type.dims[-2], k.type.dims[-2],
+                           d=q.type.dims[-1], batch=q.type.dims[:-2])  # fmt: skip
+        if kind == "reduction":
+            x = anchor.operands[0]
+            axis = anchor.attr("axis", x.type.rank - 1)
+            rows = _product(d for i, d in enumerate(x.type.dims) if i != axis)
+            return Problem(kind, x.type.dtype, rows, x.type.dims[axis])
+        if kind == "tile":
+            return self._tile_problem()
+        out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type
+        return Problem(kind, out.dtype, _product(out.dims))
+
+    def _tile_problem(self) -> Problem:
+        f = self.function
+        ops = list(walk(f.body))
+        out = f.result_type if isinstance(f.result_type, TensorType) else None
+        loads = [op for op in ops if op.kind == "tile.load"]
+        dtype = loads[0].operands[0].type.dtype if loads else out.dtype
+        loop = next((op for op in ops if op.kind == "tile.for"), None)
+        dims = out.dims if out is not None else (Dim.const(1), Dim.const(1))
+        rows = dims[-2] if len(dims) >= 2 else dims[-1]
+        return Problem(
+            "tile", dtype, rows, loop.attr("extent") if loop is not None else None,
+            d=dims[-1], batch=dims[:-2],
+            attention=any(op.kind == "tile.softmax_online" for op in ops),
+        )  # fmt: skip
+
+    def _boundary(self, group: Group) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Values the group reads from outside and values it writes for others."""
+        ops = self._ops(group)
+        nested = [inner for op in ops for inner in walk(Block((), (op,)))]
+        inside = {v.id for op in nested for v in op.results}
+        inside |= {a.id for op in nested for region in op.regions for a in region.args}
+        reads: list[str] = []
+        for op in nested:
+            for v in op.operands:
+                name = self.names[v.id]
+                if v.id not in inside and name not in reads and not isinstance(v.type, TileType):
+                    reads.append(name)
+        used_outside = {v.id for v in self.function.body.yields}
+        for other in self.function.body.ops:
+            if other not in ops:
+                used_outside |= {v.id for v in other.operands}
+        writes = tuple(self.names[v.id] for op in ops for v in op.results if v.id in used_outside)
+        if group.kind == "tile" and self.function.body.yields:
+            writes = (self.names[self.function.body.yields[0].id],)
+        return tuple(reads), writes
+
+    def _buffers(self, writer: dict[int, int]) -> tuple:
+        """Intermediates: written by one launch, read by a later one, not the result."""
+        last: dict[int, int] = {}
+        for index, group in enumerate(self.function.groups):
+            for op in self._ops(group):
+                for v in op.operands:
+                    if v.id in writer and writer[v.id] != index:
+                        last[v.id] = max(last.get(v.id, index), index)
+        returned = {v.id for v in self.function.body.yields}
+        values = {v.id: v for op in self.function.body.ops for v in op.results}
+        intervals = [
+            Interval(self.names[i], values[i].type, writer[i], end)
+            for i, end in last.items()
+            if i not in returned and isinstance(values[i].type, TensorType)
+        ]
+        return plan_buffers(intervals)
+
+
+def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:
+    """How far a candidate is from the heuristic's choice, in factors of two per knob."""
+    total = 0.0
+    for name, value in knobs.items():
+        other = default.get(name)
+        if isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
+            total += abs(math.log2(value / other))
+    return total
+
+
+def _product(dims: Any) -> Dim:
+    total = Dim.const(1)
+    for dim in dims:
+        total = total * dim
+    return total
+
+
+def _tiles(kind: str, problem: Problem, knobs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    if kind == "gemm":
+        return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]), ("BK", knobs["block_k"]))
+    if kind == "attention":
+        return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]), ("BD", knobs["block_d"]))
+    if kind == "tile":
+        names = (("T.m", "block_m"), ("T.n", "block_n"), ("T.k", "block_k"), ("T.d", "block_d"))
+        return tuple((name, knobs[knob]) for name, knob in names if knob in knobs)
+    if kind == "reduction":
+        return (("rows", knobs["block_m"]),)
+    return (("elements", knobs["block_m"]),)
+
+
+def _grid(problem: Problem, knobs: dict[str, Any]) -> tuple[GridDim, ...]:
+    batch = tuple(GridDim(d) for d in problem.batch)
+    bm = int(knobs["block_m"])
+    if problem.kind == "gemm":
+        splits = (
+            (GridDim(Dim.const(int(knobs.get("split_k", 1)))),)
+            if knobs.get("split_k", 1) > 1
+            else ()
+        )
+        return (GridDim(problem.n, int(knobs["block_n"])), GridDim(problem.m, bm), *batch, *splits)
+    if problem.kind in ("attention", "tile"):
+        return (GridDim(problem.m, bm), *batch)
+    return (GridDim(problem.m, bm),)

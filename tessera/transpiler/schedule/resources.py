@@ -1,0 +1,73 @@
+"""What a schedule costs on a machine, and whether the machine has it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import KIB, Hardware
+from .problem import Problem
+
+__all__ = ["Resources", "resources"]
+
+
+@dataclass(frozen=True)
+class Resources:
+    threads: int
+    smem_bytes: int
+    #: f32 accumulators each thread holds.
+    accumulators: int
+    #: Why the schedule cannot run, in words; empty when it can.
+    problems: tuple[str, ...]
+
+
+def _kib(n: int) -> str:
+    return f"{n // KIB} KiB" if n % KIB == 0 else f"{n / KIB:.1f} KiB"
+
+
+def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resources:
+    warps = int(knobs.get("warps", 1))
+    threads = warps * hw.lanes if hw.kind == "gpu" else 1
+    bm = int(knobs.get("block_m", 1))
+    bn = int(knobs.get("block_n", 1))
+    bk = int(knobs.get("block_k", 1))
+    bd = int(knobs.get("block_d", 1))
+    stages = int(knobs.get("stages", 1)) if hw.async_copy else 1
+    size = problem.bytes
+    kind = "attention" if problem.kind == "tile" and problem.attention else problem.kind
+    if kind in ("gemm", "tile"):
+        smem = stages * (bm * bk + bk * bn) * size
+        accumulators = bm * bn // threads
+    elif kind == "attention":
+        smem = (bm * bd + stages * 2 * bn * bd) * size
+        accumulators = (bm * bd + bm * bn) // threads
+    else:
+        smem = 0
+        accumulators = 0
+    problems: list[str] = []
+    where = f"{hw.arch}" if hw.target != "cpu" else f"the {hw.arch} CPU target"
+    if hw.kind == "gpu":
+        if threads > hw.max_threads:
+            problems.append(
+                f"{warps} warps are {threads} threads; {where} allows {hw.max_threads} per program"
+            )
+        if smem > hw.smem_bytes:
+            problems.append(
+                f"block ({bm}, {bn}) needs {_kib(smem)} of shared memory; "
+                f"{where} allows {_kib(hw.smem_bytes)}"
+            )
+        if accumulators > hw.regs_per_thread:
+            problems.append(
+                f"block ({bm}, {bn}) with {warps} warps keeps {accumulators} accumulators in "
+                f"each thread; {where} has {hw.regs_per_thread} registers per thread"
+            )
+        if kind in ("gemm", "tile", "attention") and (bm % hw.mma_m or bn % hw.mma_n):
+            problems.append(
+                f"block ({bm}, {bn}) is not a multiple of the {hw.mma} tile "
+                f"({hw.mma_m} x {hw.mma_n}) on {where}"
+            )
+    elif smem > hw.smem_bytes:
+        problems.append(
+            f"block ({bm}, {bn}) keeps {_kib(smem)} of panels; {where} plans for "
+            f"{_kib(hw.smem_bytes)} of cache per program"
+        )
+    return Resources(threads, smem, accumulators, tuple(problems))

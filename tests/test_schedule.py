@@ -1,0 +1,153 @@
+"""The Schedule IR: explicit, space and heuristic schedules, diagnostics, memory plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import tessera
+from tessera.transpiler.graph.dims import Dim
+from tessera.transpiler.graph.dtypes import DTYPES
+from tessera.transpiler.graph.types import TensorType
+from tessera.transpiler.schedule.hardware import hardware_for
+from tessera.transpiler.schedule.ir import Buffer, HostProgram, ScheduleModule
+from tessera.transpiler.schedule.verify import ScheduleVerifyError, verify_schedule
+
+pytestmark = pytest.mark.unit
+
+GEMM = (
+    "def f(A: Tensor['M', 'K', bf16], B: Tensor['K', 'N', bf16])"
+    " -> Tensor['M', 'N', bf16 @accum(f32)]:\n    return A @ B\n"
+)
+
+
+def program(
+    text: str, target: str = "cuda", arch: str | None = None, **options: object
+) -> HostProgram:
+    module = tessera.compile(text, filename="s.tsr", target=target, arch=arch, **options)
+    return module.ir("sched").programs[0]
+
+
+def errors(text: str, target: str = "cuda", arch: str | None = None) -> list[str]:
+    with pytest.raises(tessera.CompileError) as info:
+        program(text, target, arch)
+    return [d.message for d in info.value.diagnostics]
+
+
+def test_explicit_schedule_is_honoured() -> None:
+    text = "@kernel.schedule(Schedule(block=(64, 128), k=32, warps=8, stages=2))\n" + GEMM
+    launch = program(text).launches[0]
+    assert (launch.source, launch.tiles) == ("explicit", (("BM", 64), ("BN", 128), ("BK", 32)))
+    assert (launch.warps, launch.stages, launch.threads) == (8, 2, 256)
+    assert launch.smem_bytes == 2 * (64 * 32 + 32 * 128) * 2
+
+
+@pytest.mark.parametrize(
+    ("schedule", "arch", "message"),
+    [
+        ("block=(256, 256), k=64, warps=16, stages=4", "sm_90a",
+         "block (256, 256) needs 256 KiB of shared memory; sm_90a allows 227 KiB"),
+        ("block=(256, 256), k=32, warps=4, stages=2", "sm_80",
+         "block (256, 256) with 4 warps keeps 512 accumulators in each thread; "
+         "sm_80 has 255 registers per thread"),
+        ("block=(64, 64), warps=32, stages=2", "sm_80", None),
+        ("block=(100, 64), warps=4", "sm_80",
+         "block (100, 64) is not a multiple of the mma.sync.m16n8k16 tile (16 x 8) on sm_80"),
+    ],
+)  # fmt: skip
+def test_impossible_schedules_are_diagnostics(
+    schedule: str, arch: str, message: str | None
+) -> None:
+    text = f"@kernel.schedule(Schedule({schedule}))\n" + GEMM
+    if message is None:  # 32 warps = 1024 threads: the limit, so it is allowed
+        assert program(text, arch=arch).launches[0].threads == 1024
+        return
+    assert errors(text, arch=arch) == [f"schedule for 'f' cannot run: {message}"]
+
+
+def test_a_space_skips_what_does_not_fit() -> None:
+    text = "@kernel.autotune(space=dict(BM=[256, 128], BN=[256, 128], warps=[4]))\n" + GEMM
+    launch = program(text).launches[0]
+    assert launch.source == "space"
+    assert (launch.tile("BM"), launch.tile("BN")) == (128, 128)
+
+
+def test_a_space_where_nothing_fits_falls_back_with_a_warning() -> None:
+    text = "@kernel.autotune(space=dict(BM=[512], BN=[512], warps=[4]))\n" + GEMM
+    result = tessera.compile(text, filename="s.tsr", target="cuda")
+    launch = result.ir("sched").programs[0].launches[0]
+    assert launch.source == "heuristic"
+    (warning,) = result.diagnostics
+    assert warning.message.startswith("no schedule in the space of 'f' fits sm_80 (")
+
+
+def test_known_sizes_choose_smaller_tiles_for_small_problems() -> None:
+    big = program("@kernel\n" + GEMM, defines={"M": 8192, "N": 8192, "K": 4096}).launches[0]
+    skinny = program("@kernel\n" + GEMM, defines={"M": 64, "N": 4096, "K": 4096}).launches[0]
+    assert (big.tile("BM"), big.tile("BN")) == (128, 128)
+    assert (skinny.tile("BM"), skinny.tile("BN")) == (64, 64)
+
+
+def test_split_k_for_few_tiles_and_a_long_reduction() -> None:
+    # 256 x 256 in 64 x 64 tiles is 16 programs on 108 SMs: K splits min(8, 108 // 16,
+    # 16384 // (4 * 32)) = 6 ways at most, rounded down to a power of two.
+    launch = program("@kernel\n" + GEMM, defines={"M": 256, "N": 256, "K": 16384}).launches[0]
+    assert (launch.tile("BM"), launch.tile("BN"), launch.split_k) == (64, 64, 4)
+    assert [str(g) for g in launch.grid] == ["4", "4", "4"]
+    assert program("@kernel\n" + GEMM).launches[0].split_k == 1
+
+
+def test_intermediates_share_slots_when_lifetimes_allow() -> None:
+    text = (
+        "@kernel\ndef chain(x: Tensor['T', 'D', bf16], w: Tensor['D', 'D', bf16])"
+        " -> Tensor['T', 'D', bf16]:\n"
+        "    a = cast(x @ w, bf16)\n    b = cast(a @ w, bf16)\n    c = cast(b @ w, bf16)\n"
+        "    return cast(c @ w, bf16)\n"
+    )
+    p = program(text)
+    assert [(b.name, b.slot, b.first, b.last) for b in p.buffers] == [
+        ("%a", 0, 0, 1),
+        ("%b", 1, 1, 2),
+        ("%c", 0, 2, 3),
+    ]
+    assert str(p.buffers[0].bytes) == "2*D*T"
+
+
+def test_symbolic_head_dim_is_guarded() -> None:
+    text = (
+        "@kernel\ndef f(q: Tensor['S', 'D', bf16], k: Tensor['S', 'D', bf16],"
+        " v: Tensor['S', 'D', bf16]) -> Tensor['S', 'D', bf16]:\n"
+        "    return ops.flash_attention(q, k, v)\n"
+    )
+    assert [str(g) for g in program(text).guards] == ["D <= 128"]
+    fixed = program(text, defines={"D": 64})
+    assert fixed.guards == () and fixed.launches[0].tile("BD") == 64
+
+
+def test_every_target_gets_a_schedule() -> None:
+    for target, arch in [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"),
+                         ("hip", "gfx942"), ("cpu", "native"), ("opencl", "generic")]:  # fmt: skip
+        launch = program("@kernel\n" + GEMM, target, arch).launches[0]
+        hw = hardware_for(target, arch)
+        assert launch.threads == (launch.warps * hw.lanes if hw.kind == "gpu" else 1)
+        assert launch.smem_bytes <= hw.smem_bytes
+
+
+def test_a_declaration_launches_nothing() -> None:
+    p = program("@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    ...\n")
+    assert (p.kind, p.launches) == ("declaration", ())
+
+
+def test_verifier_rejects_overlapping_buffers_in_one_slot() -> None:
+    text = (
+        "@kernel\ndef g(x: Tensor['T', 'D', bf16], w: Tensor['D', 'D', bf16])"
+        " -> Tensor['T', 'D', bf16]:\n    a = cast(x @ w, bf16)\n    return cast(a @ w, bf16)\n"
+    )
+    good = program(text)
+    t = TensorType((Dim.sym("T"), Dim.sym("D")), DTYPES["bf16"])
+    twin = Buffer("%z", t, good.buffers[0].bytes, 0, 0, 1)
+    bad = replace(good, buffers=(*good.buffers, twin))
+    module = ScheduleModule("s.tsr", "cuda", "sm_80", (bad,))
+    with pytest.raises(ScheduleVerifyError, match="share slot 0"):
+        verify_schedule(module, {"g": 2}, hardware_for("cuda", "sm_80"))
