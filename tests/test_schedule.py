@@ -66,6 +66,33 @@ def test_impossible_schedules_are_diagnostics(
     assert errors(text, arch=arch) == [f"schedule for 'f' cannot run: {message}"]
 
 
+def test_stdlib_op_with_schedule_is_honoured() -> None:
+    text = (
+        "from tessera.stdlib import flash_attention_2\n"
+        "small = Schedule(block=(64, 32), warps=4, stages=2)\n"
+        "attend = flash_attention_2.with_schedule(small)\n"
+        "@kernel\ndef f(q: Tensor['S', 64, bf16], k: Tensor['S', 64, bf16],"
+        " v: Tensor['S', 64, bf16]) -> Tensor['S', 64, bf16]:\n"
+        "    return attend(q, k, v, causal=True)\n"
+    )
+    launch = program(text).launches[0]
+    assert (launch.template, launch.source) == ("flash_attention", "explicit")
+    assert (launch.tile("BM"), launch.tile("BN"), launch.tile("BD")) == (64, 32, 64)
+
+
+def test_an_impossible_op_schedule_is_reported_at_the_call() -> None:
+    text = (
+        "from tessera.stdlib import flash_attention_2\n"
+        "huge = Schedule(block=(512, 512), warps=4)\n"
+        "@kernel\ndef f(q: Tensor['S', 64, bf16], k: Tensor['S', 64, bf16],"
+        " v: Tensor['S', 64, bf16]) -> Tensor['S', 64, bf16]:\n"
+        "    return flash_attention_2.with_schedule(huge)(q, k, v)\n"
+    )
+    with pytest.raises(tessera.CompileError) as info:
+        program(text)
+    assert {d.span.line for d in info.value.diagnostics} == {5}
+
+
 def test_a_space_skips_what_does_not_fit() -> None:
     text = "@kernel.autotune(space=dict(BM=[256, 128], BN=[256, 128], warps=[4]))\n" + GEMM
     launch = program(text).launches[0]

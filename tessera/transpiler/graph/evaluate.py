@@ -487,7 +487,7 @@ class Evaluator:
         spec = GRAPH_OPS[name]
         result = self.call_op(spec, args, keywords, node.span, callee.text)
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
-            self.function.attach(result, ("schedule", ref.receiver.text))
+            self.function.attach(result, ("schedule", ref.receiver.spec))
         return result
 
     def call_op(self, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:

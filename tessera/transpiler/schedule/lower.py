@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from ..frontend.diagnostics import Diagnostics, Note
+from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, walk
 from ..graph.printer import value_names
@@ -60,6 +61,8 @@ class _Scheduler:
         self.diags = diags
         self.names = value_names(function)
         self.guards: list[Guard] = list(function.guards)
+        #: Where the schedule being applied was written, for its diagnostics.
+        self.span: Span | None = function.schedule_span
 
     def run(self) -> HostProgram:
         f = self.function
@@ -105,7 +108,7 @@ class _Scheduler:
                 0, 0, None, "host" if group.kind == "host" else "runtime", reads, writes,
             )  # fmt: skip
         problem = self._problem(group, ops, anchor)
-        knobs, source = self._knobs(group, problem)
+        knobs, source = self._knobs(group, problem, anchor)
         if problem.d is not None and problem.d.constant is None and "block_d" in knobs:
             self._guard(Guard(
                 "at_most", problem.d, Dim.const(int(knobs["block_d"])),
@@ -122,9 +125,13 @@ class _Scheduler:
             self.hw.mma if dot else None, source, reads, writes,
         )  # fmt: skip
 
-    def _knobs(self, group: Group, problem: Problem) -> tuple[dict[str, Any], str]:
+    def _knobs(self, group: Group, problem: Problem, anchor: Op) -> tuple[dict[str, Any], str]:
+        """The kernel's schedule: its op's own (``op.with_schedule(s)``), else its
+        function's, else the heuristic's."""
         default = default_knobs(problem, self.hw)
-        spec = self.function.schedule
+        own = anchor.attr("schedule")
+        spec = own if own is not None else self.function.schedule
+        self.span = anchor.span if own is not None else self.function.schedule_span
         if spec is None or group.kind not in SCHEDULED_KINDS:
             return default, "heuristic"
         if spec.is_point:
@@ -132,7 +139,7 @@ class _Scheduler:
             for reason in resources(problem, knobs, self.hw).problems:
                 self.diags.error(
                     f"schedule for '{self.function.name}' cannot run: {reason}",
-                    self.function.schedule_span,
+                    self.span,
                     (Note(f"schedule: {spec}"),),
                 )
             return knobs, "explicit"
@@ -159,7 +166,7 @@ class _Scheduler:
             self.diags.warning(
                 f"no schedule in the space of '{self.function.name}' fits {self.hw.arch} "
                 f"({reasons[0]}); using the default schedule for {self.hw.arch}",
-                self.function.schedule_span,
+                self.span,
                 (Note(f"space: {spec}"),),
             )
             return None
