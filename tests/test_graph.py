@@ -174,6 +174,16 @@ def test_effects_pin_operations_in_program_order() -> None:
     ]  # fmt: skip
 
 
+def test_decorators_without_effect_say_so() -> None:
+    program = tessera.compile(
+        "@jit @autodiff\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x\n"
+    )
+    assert [d.message for d in program.diagnostics] == [
+        "@autodiff is accepted but has no effect yet: Tessera does not differentiate "
+        "functions yet"
+    ]
+
+
 def test_unused_pure_result_is_a_warning() -> None:
     program = tessera.compile(
         "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    relu(x)\n    return x\n"

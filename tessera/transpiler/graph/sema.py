@@ -48,6 +48,11 @@ from .values import (
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
 
+#: Decorators that are part of the language but not implemented, and what is missing.
+_NOT_YET = {
+    "autodiff": "Tessera does not differentiate functions yet",
+    "verify.numerics": "numerics are not verified yet",
+}
 #: Decorators a function may carry, and the keywords each accepts (None: no call).
 KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
@@ -318,6 +323,10 @@ class _FunctionAnalyzer:
                 (Note("decorators: " + ", ".join("@" + d for d in KERNEL_DECORATORS)),),
             )
         accepted = KERNEL_DECORATORS[name]
+        if name in _NOT_YET:
+            self.diags.warning(
+                f"@{name} is accepted but has no effect yet: {_NOT_YET[name]}", decorator.span
+            )
         if decorator.args is None:
             if accepted is not None and name != "kernel.autotune":
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
