@@ -8,6 +8,8 @@ kernel and its relatives; each checks its tiles' dims against each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .dims import Dim
 from .dtypes import F32, I32, accumulator
 from .dtypes import Policies as _Policies
@@ -15,7 +17,7 @@ from .graph_ops import broadcast, register
 from .ir import Value
 from .opcall import OpCall, P
 from .types import BlockType, ScalarType, TensorType, TileType, dims_text
-from .values import Const, DimValue, ShapeValue
+from .values import Const, DimValue, Ev, ShapeValue
 
 __all__ = ["TILE_DIMS"]
 
@@ -51,59 +53,101 @@ def _same(call: OpCall, a: Dim, b: Dim, what: str) -> None:
     call.same_dim(a, b, lambda: f"{what}: {a} and {b} differ", what)
 
 
-@register("tile.load", P("src"), P("block", None), P("rows", None, keyword_only=True),
-          P("cols", None, keyword_only=True), P("vector", None, keyword_only=True),
-          P("prefetch", None, keyword_only=True), level="tile")  # fmt: skip
+def _axis(call: OpCall, name: str, extent: Dim) -> tuple[str, Dim, Value | None]:
+    """How a load or store covers one axis of a tensor, from ``rows=`` or ``cols=``.
+
+    A size is the program's own block of that size; a block index from
+    ``tile.range_n`` is that block, whose extent must be the axis; nothing is
+    the whole axis.
+    """
+    value = call.raw(name)
+    if isinstance(value, Value) and isinstance(value.type, BlockType):
+        _same(
+            call, value.type.extent, extent,
+            f"the block ranges over {value.type.extent} but that axis of "
+            f"{call.ev('src' if call.given('src') else 'dst').text} has {extent}",
+        )  # fmt: skip
+        return "block", value.type.size, value
+    if isinstance(value, Const) and value.value is None:
+        return "all", extent, None
+    return "program", call.dim(name), None
+
+
+def _access(call: OpCall, tensor: Value, what: str) -> tuple[tuple[Dim, ...], tuple, tuple]:
+    """The tile dims, block operands and attrs of a load from or store into ``tensor``."""
+    dims = tensor.type.dims
+    if len(dims) == 1:
+        if call.given("rows") and call.given("cols"):
+            raise call.error("a 1-D tensor takes rows= or cols=, not both", at="cols")
+        axis = "rows" if call.given("rows") else "cols"
+        mode, size, block = _axis(call, axis, dims[0])
+        return (size,), ((block,) if block is not None else ()), ((axis, mode),)
+    if not call.given("rows"):
+        raise call.error(
+            f"needs rows= (a tile size such as T.m) or a block index from tile.range_n "
+            f"to say which rows of {call.ev(what).text} it covers"
+        )
+    row_mode, rows, row_block = _axis(call, "rows", dims[-2])
+    col_mode, cols, col_block = _axis(call, "cols", dims[-1])
+    blocks = tuple(b for b in (row_block, col_block) if b is not None)
+    return (rows, cols), blocks, (("rows", row_mode), ("cols", col_mode))
+
+
+@register("tile.load", P("src"), P("rows", None), P("cols", None, keyword_only=True),
+          P("vector", None, keyword_only=True), P("prefetch", None, keyword_only=True),
+          level="tile")  # fmt: skip
 def _load(call: OpCall) -> object:
-    """Load a tile of a tensor argument: ``rows`` x ``cols`` (default: the whole last dim).
-    With a block index from ``tile.range_n``, the rows are that block. ``vector`` and
-    ``prefetch`` are hints for the schedule."""
+    """Load a tile of a tensor argument. ``rows`` and ``cols`` each take a size (this
+    program's own block of that size) or a block index from ``tile.range_n`` (that
+    block); ``cols`` left out is the whole last dim. The rows may be given positionally:
+    ``tile.load(k, nblk, cols=T.d)``. A 1-D tensor takes ``rows=`` or ``cols=``, or
+    neither for the whole vector. ``vector`` and ``prefetch`` are hints for the schedule."""
     src = call.raw("src")
     if not isinstance(src, Value) or not isinstance(src.type, TensorType):
         raise call.error("'src' must be a tensor parameter of the kernel", at="src")
-    if src.type.rank < 2:
-        raise call.error(f"'src' needs at least 2 dims; {call.shape_of('src')}", at="src")
-    block = call.raw("block")
-    attrs: tuple = ()
-    if isinstance(block, Value) and isinstance(block.type, BlockType):
-        rows = block.type.size
-        _same(
-            call,
-            block.type.extent,
-            src.type.dims[-2],
-            f"the block ranges over {block.type.extent} rows but "
-            f"{call.ev('src').text} has {src.type.dims[-2]}",
-        )
-        operands: tuple[Value, ...] = (src, block)
-    elif isinstance(block, Const) and block.value is None:
-        if not call.given("rows"):
-            raise call.error(
-                "needs rows= (a tile size such as T.m) or a block index from tile.range_n"
-            )
-        rows = call.dim("rows")
-        operands = (src,)
-    else:
-        raise call.error("'block' must be a block index from tile.range_n", at="block")
-    cols = call.dim("cols") if call.given("cols") else src.type.dims[-1]
+    dims, blocks, attrs = _access(call, src, "src")
     for hint in ("vector", "prefetch"):
         if call.given(hint):
             attrs += ((hint, str(call.dim(hint))),)
-    return call.emit("tile.load", operands, TileType((rows, cols), src.type.dtype), attrs=attrs)
+    return call.emit("tile.load", (src, *blocks), TileType(dims, src.type.dtype), attrs=attrs)
 
 
-@register("tile.store", P("dst"), P("value"), P("block", None), level="tile")
+@register("tile.store", P("dst"), P("value"), P("rows", None, keyword_only=True),
+          P("cols", None, keyword_only=True), level="tile")  # fmt: skip
 def _store(call: OpCall) -> object:
-    """Store a tile into a tensor argument (a write effect). Returning a tile from a tile
-    kernel stores it into the result; ``tile.store`` writes other outputs."""
+    """Store a tile into a tensor argument (a write effect), at the place ``rows`` and
+    ``cols`` give, as for ``tile.load``; by default this program's own block of the
+    tile's size. Returning a tile from a tile kernel stores it into the result;
+    ``tile.store`` writes other outputs and updates arguments in place."""
     dst = call.raw("dst")
     if not isinstance(dst, Value) or not isinstance(dst.type, TensorType):
         raise call.error("'dst' must be a tensor parameter of the kernel", at="dst")
     value = call.tensor("value")
+    if value.type.rank != min(dst.type.rank, 2):
+        raise call.error(
+            f"stores a rank-{value.type.rank} tile into {call.shape_of('dst')}", at="value"
+        )
     if value.type.dtype != dst.type.dtype:
         raise call.error(
             f"stores {value.type.dtype} into {dst.type.dtype}; tile.cast it first", at="value"
         )
-    return call.emit("tile.store", (dst, value), effects=("write",))
+    if not call.given("rows") and not (dst.type.rank == 1 and call.given("cols")):
+        call.args = {**call.args, "rows": _size_ev(call, value.type.dims[0])}
+    if dst.type.rank >= 2 and not call.given("cols"):
+        call.args = {**call.args, "cols": _size_ev(call, value.type.dims[-1])}
+    dims, blocks, attrs = _access(call, dst, "dst")
+    for have, want in zip(value.type.dims, dims, strict=True):
+        _same(
+            call,
+            have,
+            want,
+            f"the tile is {dims_text(value.type.dims)}, the place {dims_text(dims)}",
+        )
+    return call.emit("tile.store", (dst, value, *blocks), attrs=attrs, effects=("write",))
+
+
+def _size_ev(call: OpCall, dim: Dim) -> Ev:
+    return Ev(DimValue(dim), call.span, str(dim))
 
 
 @register("tile.dot", P("a"), P("b"), level="tile")
@@ -158,14 +202,102 @@ def _cast(call: OpCall) -> object:
     return call.emit("tile.cast", (x,), x.type.with_(dtype=dtype), attrs=(("dtype", dtype),))
 
 
-@register("tile.rsqrt", P("x"), level="tile")
-def _rsqrt(call: OpCall) -> object:
-    """``1 / sqrt(x)`` of a tile or of a float scalar (``tile.rsqrt(float(T.d))``)."""
-    x = call.raw("x")
-    if isinstance(x, Value) and x.type == ScalarType("float"):
-        return call.emit("rsqrt", (x,), x.type)
+_TILE_MATH = {
+    "exp": "e to the power ``x``",
+    "log": "the natural logarithm",
+    "sqrt": "the square root",
+    "rsqrt": "``1 / sqrt(x)``",
+    "tanh": "the hyperbolic tangent",
+    "sigmoid": "``1 / (1 + exp(-x))``",
+    "gelu": "GELU (tanh approximation)",
+    "silu": "``x * sigmoid(x)``",
+    "relu": "``max(x, 0)``",
+}
+
+
+def _tile_math(kind: str) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = call.raw("x")
+        if isinstance(x, Value) and x.type == ScalarType("float"):
+            return call.emit(kind, (x,), x.type)
+        x = call.tensor("x")
+        if not x.type.dtype.is_float and kind != "relu":
+            raise call.error(
+                f"needs a floating-point tile; {call.ev('x').text} is {x.type.dtype}", at="x"
+            )
+        return call.emit(f"tile.{kind}", (x,), x.type)
+
+    rule.__doc__ = f"Elementwise {_TILE_MATH[kind]} of a tile, or of a float scalar."
+    return rule
+
+
+for _kind in _TILE_MATH:
+    register(f"tile.{_kind}", P("x"), level="tile")(_tile_math(_kind))
+
+
+def _tile_reduce(kind: str) -> Callable[[OpCall], object]:
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        axis = call.axis("axis", x.type.rank)
+        dims = x.type.dims[:axis] + x.type.dims[axis + 1 :]
+        if not dims:
+            raise call.error("reduces a 1-D tile to a scalar, which tiles do not hold", at="x")
+        return call.emit(f"tile.{kind}", (x,), x.type.with_(dims=dims), attrs=(("axis", axis),))
+
+    rule.__doc__ = (
+        f"The {'maximum' if kind == 'max' else 'sum'} of a tile along ``axis``, which is "
+        "dropped: ``tile.max(s, axis=1)`` is the row maxima of ``s``."
+    )
+    return rule
+
+
+for _kind in ("max", "sum"):
+    register(f"tile.{_kind}", P("x"), P("axis"), level="tile")(_tile_reduce(_kind))
+
+
+@register("tile.split", P("x"), P("parts"), P("axis"), level="tile")
+def _split(call: OpCall) -> object:
+    """Split a tile into ``parts`` equal tiles along ``axis``: ``x1, x2 = tile.split(t, 2,
+    axis=1)`` gives the two halves of each row."""
     x = call.tensor("x")
-    return call.emit("tile.rsqrt", (x,), x.type)
+    parts = call.const("parts", int)
+    axis = call.axis("axis", x.type.rank)
+    if parts < 2:
+        raise call.error(f"parts must be at least 2, not {parts}", at="parts")
+    size = x.type.dims[axis] / parts
+    if not size.is_integral:
+        if x.type.dims[axis].constant is not None:
+            raise call.error(f"{x.type.dims[axis]} does not split into {parts} equal parts", at="x")
+        call.emitter.guard(
+            "divisible", x.type.dims[axis], Dim.const(parts), "tile.split", call.span
+        )
+    dims = (*x.type.dims[:axis], size, *x.type.dims[axis + 1 :])
+    part = x.type.with_(dims=dims)
+    return call.emit("tile.split", (x,), *([part] * parts), attrs=(("axis", axis),))
+
+
+@register("tile.concat", P("tiles"), P("axis"), level="tile")
+def _concat(call: OpCall) -> object:
+    """Join a tuple of tiles along ``axis``; the other dims and the dtype must agree."""
+    tiles = call.raw("tiles")
+    if (
+        not isinstance(tiles, tuple)
+        or len(tiles) < 2
+        or not all(isinstance(t, Value) and isinstance(t.type, TileType) for t in tiles)
+    ):
+        raise call.error("'tiles' must be a tuple of two or more tiles: (a, b)", at="tiles")
+    first = tiles[0].type
+    axis = call.axis("axis", first.rank)
+    total = Dim.const(0)
+    for t in tiles:
+        if t.type.rank != first.rank or t.type.dtype != first.dtype:
+            raise call.error(f"joins {first} with {t.type}", at="tiles")
+        for i, (a, b) in enumerate(zip(t.type.dims, first.dims, strict=True)):
+            if i != axis:
+                _same(call, a, b, f"the tiles differ in dim {i}: {a} and {b}")
+        total = total + t.type.dims[axis]
+    dims = (*first.dims[:axis], total, *first.dims[axis + 1 :])
+    return call.emit("tile.concat", tiles, first.with_(dims=dims), attrs=(("axis", axis),))
 
 
 @register("tile.softmax_online", P("s"), level="tile")

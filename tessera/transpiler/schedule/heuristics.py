@@ -60,8 +60,8 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     vector = max(1, hw.vector_bytes // problem.bytes) if hw.kind == "gpu" else hw.lanes
     swizzle = "xor" if hw.kind == "gpu" else "none"
     base: Knobs = {"vector": vector, "swizzle": swizzle, "split_k": 1}
-    kind = "attention" if problem.kind == "tile" and problem.attention else problem.kind
-    if kind in ("gemm", "tile"):
+    kind = problem.works_like
+    if kind == "gemm":
         return [
             {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),
              "block_d": head_dim_tile(problem), "warps": w, "stages": s}
@@ -91,7 +91,7 @@ def score(problem: Problem, knobs: Knobs, hw: Hardware) -> float:
     """Estimated relative throughput: useful work (padding at ragged edges, occupancy of
     the last wave) times operand reuse (a BM x BN tile loads BM + BN rows per BM * BN
     outputs, counted relative to 128 x 128). Reuse only when sizes are unknown."""
-    tiled = problem.kind in ("gemm", "tile")
+    tiled = problem.works_like == "gemm"
     bm = int(knobs["block_m"])
     bn = int(knobs.get("block_n", 1)) if tiled else 1
     reuse = (bm * bn / (bm + bn)) / 64 if tiled else 1.0

@@ -119,7 +119,8 @@ class _Scheduler:
             group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
         )
         return Launch(
-            group.name, group.kind, index, template, epilogue, _tiles(group.kind, problem, knobs),
+            group.name, group.kind, index, template, epilogue,
+            _tiles(group.kind, knobs, self._tile_dims()),
             int(knobs["warps"]), int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
             self.hw.mma if dot else None, source, reads, writes,
@@ -194,19 +195,36 @@ class _Scheduler:
         return Problem(kind, out.dtype, _product(out.dims))
 
     def _tile_problem(self) -> Problem:
+        """A tile kernel's sizes, from its result (or what it stores) and its loop."""
         f = self.function
         ops = list(walk(f.body))
+        stores = [op.operands[0].type for op in ops if op.kind == "tile.store"]
+        loads = [op.operands[0].type for op in ops if op.kind == "tile.load"]
         out = f.result_type if isinstance(f.result_type, TensorType) else None
-        loads = [op for op in ops if op.kind == "tile.load"]
-        dtype = loads[0].operands[0].type.dtype if loads else out.dtype
-        loop = next((op for op in ops if op.kind == "tile.for"), None)
-        dims = out.dims if out is not None else (Dim.const(1), Dim.const(1))
-        rows = dims[-2] if len(dims) >= 2 else dims[-1]
-        return Problem(
-            "tile", dtype, rows, loop.attr("extent") if loop is not None else None,
-            d=dims[-1], batch=dims[:-2],
-            attention=any(op.kind == "tile.softmax_online" for op in ops),
-        )  # fmt: skip
+        dims = (out or (stores or loads)[0]).dims
+        dtype = (loads or [out])[0].dtype
+        loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
+        if any(op.kind == "tile.softmax_online" for op in ops):
+            return Problem("tile", dtype, dims[-2], loop, d=dims[-1], batch=dims[:-2],
+                           shape="attention")  # fmt: skip
+        if any(op.kind == "tile.dot" for op in ops):
+            return Problem("tile", dtype, dims[-2], dims[-1], loop, d=dims[-1],
+                           batch=dims[:-2], shape="gemm")  # fmt: skip
+        if len(dims) == 1:
+            return Problem("tile", dtype, dims[0], shape="elementwise")
+        return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="reduction")
+
+    def _tile_dims(self) -> frozenset[str]:
+        """The tile sizes (``T.m``, ...) a tile kernel's types and loops mention."""
+        found: set[str] = set()
+        for op in walk(self.function.body):
+            for v in op.results:
+                for dim in getattr(v.type, "dims", ()) or ():
+                    found |= dim.symbols()
+            for _, attr in op.attrs:
+                if isinstance(attr, Dim):
+                    found |= attr.symbols()
+        return frozenset(s for s in found if s.startswith("T."))
 
     def _boundary(self, group: Group) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Values the group reads from outside and values it writes for others."""
@@ -264,29 +282,26 @@ def _product(dims: Any) -> Dim:
     return total
 
 
-def _tiles(kind: str, problem: Problem, knobs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+def _tiles(kind: str, knobs: dict[str, Any], used: frozenset[str]) -> tuple[tuple[str, int], ...]:
     if kind == "gemm":
         return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]), ("BK", knobs["block_k"]))
     if kind == "attention":
         return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]), ("BD", knobs["block_d"]))
     if kind == "tile":
         names = (("T.m", "block_m"), ("T.n", "block_n"), ("T.k", "block_k"), ("T.d", "block_d"))
-        return tuple((name, knobs[knob]) for name, knob in names if knob in knobs)
+        return tuple((name, knobs[knob]) for name, knob in names if knob in knobs and name in used)
     if kind == "reduction":
         return (("rows", knobs["block_m"]),)
     return (("elements", knobs["block_m"]),)
 
 
 def _grid(problem: Problem, knobs: dict[str, Any]) -> tuple[GridDim, ...]:
+    """Programs per axis: output column blocks and row blocks for gemm-like kernels
+    (then split-K slices), row blocks otherwise; one axis per batch dim."""
     batch = tuple(GridDim(d) for d in problem.batch)
-    bm = int(knobs["block_m"])
-    if problem.kind == "gemm":
-        splits = (
-            (GridDim(Dim.const(int(knobs.get("split_k", 1)))),)
-            if knobs.get("split_k", 1) > 1
-            else ()
-        )
-        return (GridDim(problem.n, int(knobs["block_n"])), GridDim(problem.m, bm), *batch, *splits)
-    if problem.kind in ("attention", "tile"):
-        return (GridDim(problem.m, bm), *batch)
-    return (GridDim(problem.m, bm),)
+    rows = GridDim(problem.m, int(knobs["block_m"]))
+    if problem.works_like != "gemm":
+        return (rows, *batch)
+    split = int(knobs.get("split_k", 1))
+    splits = (GridDim(Dim.const(split)),) if split > 1 else ()
+    return (GridDim(problem.n, int(knobs["block_n"])), rows, *batch, *splits)

@@ -18,8 +18,10 @@ class Problem:
     - attention: ``m`` queries, ``n`` keys, head dim ``d``.
     - reduction: ``m`` rows of ``n`` elements.
     - elementwise, layout, state: ``m`` elements.
-    - tile: the user's kernel; ``m`` output rows, ``n`` the extent of its loop,
-      ``d`` the last dim of its result; ``attention`` when it uses online softmax.
+    - tile: a kernel written with ``tile.*``; ``shape`` says which of the above it
+      works like (``attention`` with online softmax, ``gemm`` with a dot,
+      ``reduction`` for row blocks, ``elementwise`` for 1-D blocks) and the sizes
+      follow that kind, with ``k`` (gemm) or ``n`` (attention) the extent of its loop.
     """
 
     kind: str
@@ -29,8 +31,13 @@ class Problem:
     k: Dim | None = None
     d: Dim | None = None
     batch: tuple[Dim, ...] = ()
-    attention: bool = False
+    shape: str | None = None
 
     @property
     def bytes(self) -> int:
         return max(1, self.dtype.bits // 8)
+
+    @property
+    def works_like(self) -> str:
+        """The kernel kind whose heuristics and costs apply."""
+        return self.shape if self.kind == "tile" and self.shape else self.kind

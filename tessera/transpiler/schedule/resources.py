@@ -33,8 +33,8 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
     bd = int(knobs.get("block_d", 1))
     stages = int(knobs.get("stages", 1)) if hw.async_copy else 1
     size = problem.bytes
-    kind = "attention" if problem.kind == "tile" and problem.attention else problem.kind
-    if kind in ("gemm", "tile"):
+    kind = problem.works_like
+    if kind == "gemm":
         smem = stages * (bm * bk + bk * bn) * size
         accumulators = bm * bn // threads
     elif kind == "attention":
@@ -60,7 +60,7 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
                 f"block ({bm}, {bn}) with {warps} warps keeps {accumulators} accumulators in "
                 f"each thread; {where} has {hw.regs_per_thread} registers per thread"
             )
-        if kind in ("gemm", "tile", "attention") and (bm % hw.mma_m or bn % hw.mma_n):
+        if kind in ("gemm", "attention") and (bm % hw.mma_m or bn % hw.mma_n):
             problems.append(
                 f"block ({bm}, {bn}) is not a multiple of the {hw.mma} tile "
                 f"({hw.mma_m} x {hw.mma_n}) on {where}"
