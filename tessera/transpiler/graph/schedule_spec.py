@@ -50,11 +50,6 @@ class ScheduleSpec:
     def get(self, knob: str) -> tuple[Any, ...] | None:
         return dict(self.choices).get(knob)
 
-    def fixed(self, knob: str) -> Any:
-        """The knob's value when it has exactly one candidate, else None."""
-        values = self.get(knob)
-        return values[0] if values is not None and len(values) == 1 else None
-
     def set(self, knob: str, values: tuple[Any, ...]) -> ScheduleSpec:
         _check(knob, values)
         merged = dict(self.choices)
