@@ -14,7 +14,6 @@ from typing import Any
 
 from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
-from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
@@ -110,7 +109,7 @@ class Evaluator:
     # -- expressions -------------------------------------------------------------
 
     def eval(self, node: ast.Expr) -> Ev:
-        return Ev(self._eval(node), node.span, print_expr(node))
+        return Ev(self._eval(node), node.span, node)
 
     def _eval(self, node: ast.Expr) -> Any:
         if isinstance(node, ast.Name):

@@ -538,7 +538,7 @@ class _FunctionAnalyzer:
                     target.span,
                 )
             for element, value in zip(target.elts, values, strict=True):
-                self._assign(element, Ev(value, ev.span, ev.text))
+                self._assign(element, Ev(value, ev.span, ev.source))
             return
         raise SemanticError(
             "only names can be assigned; tensors and tiles are values, not storage", target.span

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..frontend import ast
+from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import DType
@@ -95,11 +97,19 @@ POISON = Poison()
 
 @dataclass(frozen=True)
 class Ev:
-    """An evaluated expression: its value, where it was written, and its source text."""
+    """An evaluated expression: its value, where it was written, and its source.
+
+    ``source`` is the expression itself, printed only when a message quotes it,
+    or the text to quote.
+    """
 
     value: Any
     span: Span
-    text: str
+    source: ast.Expr | str
+
+    @property
+    def text(self) -> str:
+        return self.source if isinstance(self.source, str) else print_expr(self.source)
 
 
 def describe(value: Any) -> str:
