@@ -16,7 +16,7 @@ from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
 from .values import Const, DimValue
 
-__all__ = ["GRAPH_OPS", "register", "broadcast", "elementwise_type"]
+__all__ = ["GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type"]
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 
@@ -166,7 +166,7 @@ def _matmul(call: OpCall) -> object:
 
 # ----------------------------------------------------------------- unary math
 
-_UNARY_DOCS = {
+UNARY_DOCS = {
     "exp": "e to the power ``x``",
     "log": "natural logarithm",
     "sqrt": "square root",
@@ -183,11 +183,11 @@ def _unary(kind: str) -> Callable[[OpCall], object]:
         x = _float_input(call, "x")
         return call.emit(kind, (x,), elementwise_type(x))
 
-    rule.__doc__ = f"Elementwise {_UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype."
+    rule.__doc__ = f"Elementwise {UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype."
     return rule
 
 
-for _kind in _UNARY_DOCS:
+for _kind in UNARY_DOCS:
     register(_kind, P("x"))(_unary(_kind))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from .dims import Dim
 from .dtypes import F32, I32, accumulator
 from .dtypes import Policies as _Policies
-from .graph_ops import broadcast, register
+from .graph_ops import UNARY_DOCS, broadcast, register
 from .ir import Value
 from .opcall import OpCall, P
 from .types import BlockType, ScalarType, TensorType, TileType, dims_text
@@ -202,17 +202,8 @@ def _cast(call: OpCall) -> object:
     return call.emit("tile.cast", (x,), x.type.with_(dtype=dtype), attrs=(("dtype", dtype),))
 
 
-_TILE_MATH = {
-    "exp": "e to the power ``x``",
-    "log": "the natural logarithm",
-    "sqrt": "the square root",
-    "rsqrt": "``1 / sqrt(x)``",
-    "tanh": "the hyperbolic tangent",
-    "sigmoid": "``1 / (1 + exp(-x))``",
-    "gelu": "GELU (tanh approximation)",
-    "silu": "``x * sigmoid(x)``",
-    "relu": "``max(x, 0)``",
-}
+#: The graph's elementwise math, and relu, which tiles of integers may take too.
+_TILE_MATH = {**UNARY_DOCS, "relu": "``max(x, 0)``"}
 
 
 def _tile_math(kind: str) -> Callable[[OpCall], object]:
