@@ -263,7 +263,7 @@ class Evaluator:
             else:
                 raise SemanticError(f"'{node.op}' is not defined on {describe(v)}", ev.span)
         kind = "float" if "float" in kinds or node.op == "/" else "int"
-        return self.emit(
+        return self._runtime(node.span).emit(
             _ARITH[node.op], tuple(operands), (ScalarType(kind),), attrs, (), node.span
         )[0]
 
@@ -373,7 +373,7 @@ class Evaluator:
                         span,
                         self.declaration_note(base),
                     )
-                return self.emit(
+                return self._runtime(span).emit(
                     f"kvcache.{attr.lower()}", (v,), (TensorType(t.dims, t.dtype),), (), (), span
                 )[0]
             if attr == "append":
@@ -423,7 +423,7 @@ class Evaluator:
             result = v.type.with_(dims=tuple(dims))
             if isinstance(result, TensorType):
                 result = TensorType(result.dims, result.dtype)
-            return self.emit(
+            return self._runtime(node.span).emit(
                 "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
             )[0]
         raise SemanticError(f"{describe(v)} cannot be indexed", node.span)
@@ -517,7 +517,7 @@ class Evaluator:
                 return v
             if v.dim.constant is not None:
                 return Const(float(v.dim.constant))
-            return self.emit(
+            return self._runtime(node.span).emit(
                 "dim_to_float", (), (ScalarType("float"),), (("dim", v.dim),), (), node.span
             )[0]
         raise SemanticError(f"{name}() takes a number or a size, not {describe(v)}", args[0].span)
@@ -533,7 +533,9 @@ class Evaluator:
                     f"KVCache.append: {ev.text} must be a tensor, not {describe(ev.value)}", ev.span
                 )
         operands = (cache, args[0].value, args[1].value)
-        return self.emit("kvcache.append", operands, (cache.type,), (), ("state",), node.span)[0]
+        return self._runtime(node.span).emit(
+            "kvcache.append", operands, (cache.type,), (), ("state",), node.span
+        )[0]
 
     def _schedule(self, node: ast.Call, ref: OpRef) -> ScheduleValue:
         """``Schedule(...)`` or a method of a schedule: a new, checked schedule value."""
@@ -566,18 +568,11 @@ class Evaluator:
 
     # -- emission ----------------------------------------------------------------
 
-    def emit(
-        self,
-        kind: str,
-        operands: tuple,
-        result_types: tuple,
-        attrs: tuple,
-        effects: tuple,
-        span: Span,
-    ) -> tuple[Value, ...]:
+    def _runtime(self, span: Span) -> Any:
+        """The function analyser that emits IR; top-level values have none."""
         if self.function is None:
             raise SemanticError("top-level values must be known at compile time", span)
-        return self.function.emit(kind, operands, result_types, attrs, effects, span)
+        return self.function
 
     def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
         return self.function.declaration_note(ev) if self.function is not None else ()
