@@ -58,7 +58,7 @@ def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert "cannot write" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("stage", ["tile", "target", "meta"])
+@pytest.mark.parametrize("stage", ["target", "meta"])
 def test_stages_not_built_yet_say_so(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run([ATTENTION, "--emit", stage, "--target", "cpu"], capsys)
     assert status == 2 and out == ""

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except OptionsError as exc:
         parser.error(str(exc))
     try:
-        program = compile_file(args.file, **_as_kwargs(options))
+        program = compile_file(args.file, **_as_kwargs(options), until=args.emit)
         text = program.inspect_ir(args.emit)
     except CompileError as exc:
         print(exc, file=sys.stderr)

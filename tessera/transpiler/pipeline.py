@@ -27,6 +27,9 @@ from .options import Options, OptionsError
 from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
+from .tile.build import tile_module
+from .tile.ir import TileModule
+from .tile.printer import print_tile
 
 __all__ = [
     "STAGES",
@@ -64,14 +67,16 @@ class InternalCompilerError(Exception):
 @dataclass(frozen=True)
 class Stage:
     name: str
-    #: (previous stage's IR, input file, options, diagnostics) -> this stage's IR
-    run: Callable[[Any, SourceFile, Options, Diagnostics], Any]
+    #: (the earlier stages' IR by name, input file, options, diagnostics) -> this stage's IR
+    run: Callable[[Mapping[str, Any], SourceFile, Options, Diagnostics], Any]
     show: Callable[[Any], str]
     #: Stages from the schedule on depend on the target; without one they do not run.
     needs_target: bool = False
 
 
-def _ast_stage(_: None, source: SourceFile, options: Options, diags: Diagnostics) -> ast.Module:
+def _ast_stage(
+    _: Mapping[str, Any], source: SourceFile, options: Options, diags: Diagnostics
+) -> ast.Module:
     module = parse(source, diags)
     diags.check()
     assert module is not None
@@ -86,17 +91,25 @@ def _ast_stage(_: None, source: SourceFile, options: Options, diags: Diagnostics
 
 
 def _graph_stage(
-    module: ast.Module, _: SourceFile, options: Options, diags: Diagnostics
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> GraphModule:
-    graph = analyze(module, options, diags)
+    graph = analyze(irs["ast"], options, diags)
     diags.check()
     return run_graph_passes(graph)
 
 
 def _sched_stage(
-    graph: GraphModule, _: SourceFile, options: Options, diags: Diagnostics
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> ScheduleModule:
-    module = schedule_module(graph, options, diags)
+    module = schedule_module(irs["graph"], options, diags)
+    diags.check()
+    return module
+
+
+def _tile_stage(
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+) -> TileModule:
+    module = tile_module(irs["graph"], irs["sched"], options, diags)
     diags.check()
     return module
 
@@ -105,34 +118,45 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("ast", _ast_stage, print_module),
     Stage("graph", _graph_stage, print_graph),
     Stage("sched", _sched_stage, print_schedule, needs_target=True),
+    Stage("tile", _tile_stage, print_tile, needs_target=True),
 )
 
 
 class Program:
     """A compiled ``.tsr`` file: every implemented stage's IR, ready to inspect."""
 
-    def __init__(self, source: SourceFile, options: Options) -> None:
+    def __init__(self, source: SourceFile, options: Options, until: str | None = None) -> None:
+        """Run every stage, or those up to ``until``; later ones run when asked for,
+        so that ``--emit sched`` works for a kernel the tile stage cannot lower yet."""
         self.input = source
         self.options = options
         self._ir: dict[str, Any] = {}
-        diags = Diagnostics()
-        previous = None
+        self._diags = Diagnostics()
+        self._run(until)
+
+    def _run(self, until: str | None) -> None:
         for stage in PIPELINE:
-            if stage.needs_target and options.target is None:
+            if stage.needs_target and self.options.target is None:
                 break
-            try:
-                previous = stage.run(previous, source, options, diags)
-            except (CompileError, OptionsError):
-                raise
-            except Exception as exc:
-                raise InternalCompilerError(stage.name, exc) from exc
-            self._ir[stage.name] = previous
-        self.diagnostics = diags.items
+            if stage.name not in self._ir:
+                try:
+                    self._ir[stage.name] = stage.run(
+                        self._ir, self.input, self.options, self._diags
+                    )
+                except (CompileError, OptionsError):
+                    raise
+                except Exception as exc:
+                    raise InternalCompilerError(stage.name, exc) from exc
+            if stage.name == until:
+                break
+        self.diagnostics = self._diags.items
 
     def ir(self, stage: str) -> Any:
         """The IR object of a stage, for tools and tests that start from it."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage '{stage}'; stages are: {', '.join(STAGES)}")
+        if stage not in self._ir and any(s.name == stage for s in PIPELINE):
+            self._run(stage)
         if stage not in self._ir:
             if any(s.name == stage for s in PIPELINE):
                 raise OptionsError(
@@ -169,10 +193,12 @@ def compile(
     arch: str | None = None,
     defines: Mapping[str, int] | Iterable[str] | None = None,
     kernel: str | None = None,
+    until: str | None = None,
 ) -> Program:
-    """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic."""
+    """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic.
+    With ``until``, later stages run only when their IR is asked for."""
     options = Options.create(target, arch, defines, kernel)
-    return Program(SourceFile(filename, src), options)
+    return Program(SourceFile(filename, src), options, until)
 
 
 def compile_file(
@@ -182,10 +208,11 @@ def compile_file(
     arch: str | None = None,
     defines: Mapping[str, int] | Iterable[str] | None = None,
     kernel: str | None = None,
+    until: str | None = None,
 ) -> Program:
     """Compile a ``.tsr`` file. A missing or undecodable file is a ``CompileError``."""
     options = Options.create(target, arch, defines, kernel)
-    return Program(_checked(lambda: read_source(path)), options)
+    return Program(_checked(lambda: read_source(path)), options, until)
 
 
 def _checked(read: Callable[[], SourceFile]) -> SourceFile:

@@ -14,7 +14,7 @@ from typing import Any
 from ..frontend.printer import format_float
 from .ir import Block, Function, GraphModule, Op, Value
 
-__all__ = ["print_graph", "value_names"]
+__all__ = ["print_graph", "value_names", "name_values", "OpPrinter", "format_attr"]
 
 
 def print_graph(module: GraphModule) -> str:
@@ -47,6 +47,11 @@ def value_names(function: Function) -> dict[int, str]:
 
     Shared with the later stages' printers, so one value has one name in every dump.
     """
+    return name_values([p.value for p in function.params], function.body)
+
+
+def name_values(params: list[Value], body: Block) -> dict[int, str]:
+    """``value_names`` for any parameters and body (a Tile IR kernel's, say)."""
     names: dict[int, str] = {}
     used: dict[str, int] = {}
     counter = 0
@@ -71,19 +76,67 @@ def value_names(function: Function) -> dict[int, str]:
                     add(arg)
                 block(region.ops)
 
-    for param in function.params:
-        add(param.value)
-    block(function.body.ops)
+    for param in params:
+        add(param)
+    block(body.ops)
     return names
 
 
-class _FunctionPrinter:
-    def __init__(self, function: Function) -> None:
-        self.function = function
-        self.names = value_names(function)
+class OpPrinter:
+    """Prints ops and regions with a fixed naming; a function's printer and the
+    later stages' printers share it, so an op looks the same at every level."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
 
     def name(self, value: Value) -> str:
         return self.names[value.id]
+
+    def attrs(self, op: Op) -> str:
+        return ", ".join(f"{k} = {format_attr(v)}" for k, v in op.attrs)
+
+    def op(self, op: Op, depth: int) -> list[str]:
+        pad = "  " * depth
+        results = ", ".join(self.name(r) for r in op.results)
+        text = f"{results} = " if results else ""
+        text += op.kind
+        if op.operands:
+            text += " " + ", ".join(self.name(v) for v in op.operands)
+        if op.attrs:
+            text += " {" + self.attrs(op) + "}"
+        if op.effects:
+            text += " effects(" + ", ".join(op.effects) + ")"
+        if op.results:
+            text += " : " + ", ".join(str(r.type) for r in op.results)
+        if op.regions:
+            text += " {"
+        if op.span is not None:
+            text += f"  // {op.span.line}:{op.span.column}"
+        if not op.regions:
+            return [pad + text]
+        lines = [pad + text]
+        for i, region in enumerate(op.regions):
+            if i:
+                lines.append(pad + "} else {")
+            lines += self.region(region, depth + 1)
+        return [*lines, pad + "}"]
+
+    def region(self, block: Block, depth: int) -> list[str]:
+        pad = "  " * depth
+        lines = []
+        if block.args:
+            args = ", ".join(f"{self.name(a)}: {a.type}" for a in block.args)
+            lines.append(f"{pad[:-2]}^({args}):")
+        for op in block.ops:
+            lines += self.op(op, depth)
+        yielded = ", ".join(self.name(v) for v in block.yields)
+        return [*lines, f"{pad}yield {yielded}".rstrip()]
+
+
+class _FunctionPrinter(OpPrinter):
+    def __init__(self, function: Function) -> None:
+        super().__init__(value_names(function))
+        self.function = function
 
     def lines(self) -> list[str]:
         f = self.function
@@ -114,40 +167,3 @@ class _FunctionPrinter:
         returned = ", ".join(self.name(v) for v in f.body.yields)
         out.append(f"  return {returned}".rstrip())
         return [*out, "}"]
-
-    def op(self, op: Op, depth: int) -> list[str]:
-        pad = "  " * depth
-        results = ", ".join(self.name(r) for r in op.results)
-        text = f"{results} = " if results else ""
-        text += op.kind
-        if op.operands:
-            text += " " + ", ".join(self.name(v) for v in op.operands)
-        if op.attrs:
-            text += " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.attrs) + "}"
-        if op.effects:
-            text += " effects(" + ", ".join(op.effects) + ")"
-        if op.results:
-            text += " : " + ", ".join(str(r.type) for r in op.results)
-        if op.regions:
-            text += " {"
-        if op.span is not None:
-            text += f"  // {op.span.line}:{op.span.column}"
-        if not op.regions:
-            return [pad + text]
-        lines = [pad + text]
-        for i, region in enumerate(op.regions):
-            if i:
-                lines.append(pad + "} else {")
-            lines += self.region(region, depth + 1)
-        return [*lines, pad + "}"]
-
-    def region(self, block: Block, depth: int) -> list[str]:
-        pad = "  " * depth
-        lines = []
-        if block.args:
-            args = ", ".join(f"{self.name(a)}: {a.type}" for a in block.args)
-            lines.append(f"{pad[:-2]}^({args}):")
-        for op in block.ops:
-            lines += self.op(op, depth)
-        yielded = ", ".join(self.name(v) for v in block.yields)
-        return [*lines, f"{pad}yield {yielded}".rstrip()]

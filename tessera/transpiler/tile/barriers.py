@@ -1,0 +1,86 @@
+"""Barrier insertion: a barrier wherever threads hand shared memory over.
+
+Threads of a program share its shared-memory buffers, so a ``read`` must not
+start before every thread's write to that buffer is done (read after write),
+and a write must not start while another thread may still read the old
+contents (write after read). Writes are synchronous ``copy`` ops, or
+asynchronous ones, which count as done at the ``wait`` that covers them. A
+barrier clears both hazards. Loops are walked twice so that the hazards
+carried from one iteration into the next are seen; CPU programs are one
+thread and need none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..graph.ir import Block, Op
+from ..schedule.hardware import Hardware
+from .ir import TileKernel
+
+__all__ = ["insert_barriers"]
+
+
+@dataclass
+class _Hazards:
+    written: set[int] = field(default_factory=set)  # done writes not yet fenced
+    read: set[int] = field(default_factory=set)  # reads not yet fenced
+    pending: set[int] = field(default_factory=set)  # async writes not yet waited for
+
+    def copy(self) -> _Hazards:
+        return _Hazards(set(self.written), set(self.read), set(self.pending))
+
+    def merge(self, other: _Hazards) -> None:
+        self.written |= other.written
+        self.read |= other.read
+        self.pending |= other.pending
+
+
+def insert_barriers(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    if hw.kind != "gpu" or kernel.threads <= 1:
+        return kernel
+    body, _ = _block(kernel.body, _Hazards())
+    return replace(kernel, body=body)
+
+
+def _block(block: Block, state: _Hazards) -> tuple[Block, _Hazards]:
+    ops: list[Op] = []
+    for op in block.ops:
+        if op.kind == "copy":
+            buf = op.operands[1].id
+            if buf in state.read:
+                ops.append(_barrier())
+                state = _Hazards(pending=state.pending)
+            (state.pending if op.attr("async") else state.written).add(buf)
+        elif op.kind == "wait":
+            state.written |= state.pending
+            state.pending = set()
+        elif op.kind == "read":
+            buf = op.operands[0].id
+            if buf in state.written:
+                ops.append(_barrier())
+                state = _Hazards(pending=state.pending)
+            state.read.add(buf)
+        elif op.kind == "for":
+            body = op.regions[0]
+            _, end = _block(body, state.copy())
+            entry = state.copy()
+            entry.merge(end)
+            new_body, end = _block(body, entry)
+            state.merge(end)
+            op = replace(op, regions=(new_body,))
+        elif op.regions:
+            regions = []
+            after = state.copy()
+            for region in op.regions:
+                new_region, end = _block(region, state.copy())
+                regions.append(new_region)
+                after.merge(end)
+            state = after
+            op = replace(op, regions=tuple(regions))
+        ops.append(op)
+    return replace(block, ops=tuple(ops)), state
+
+
+def _barrier() -> Op:
+    return Op("barrier", (), ())

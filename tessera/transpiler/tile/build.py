@@ -1,0 +1,137 @@
+"""The tile stage: every launch of the Schedule IR becomes a Tile IR kernel.
+
+A user's tile kernel is lowered as written; a fused graph group instantiates
+the standard-library kernel of its anchor op. Launches that run no tile
+program (host-side work, collectives) are listed as runtime calls. A group
+that no library kernel implements yet is an error at its op, which names
+the stage that still shows it (``--emit sched``).
+"""
+
+from __future__ import annotations
+
+from ..frontend.diagnostics import Diagnostics
+from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
+from ..graph.printer import value_names
+from ..graph.types import TensorType
+from ..options import Options
+from ..schedule.hardware import hardware_for
+from ..schedule.ir import HostProgram, Launch, ScheduleModule
+from .instantiate import instantiate
+from .ir import TileKernel, TileModule, TileProgram
+from .lower import KernelInput, lower_tile_function
+from .passes import run_tile_passes
+
+__all__ = ["tile_module", "ANCHORS"]
+
+#: Graph ops that a library kernel implements, and which kernel.
+ANCHORS = {
+    "matmul": "gemm", "flash_attention": "flash_attention", "softmax": "softmax",
+    "softmax_safe": "softmax", "layernorm": "layernorm", "layernorm_safe": "layernorm",
+    "rmsnorm": "rmsnorm", "rmsnorm_safe": "rmsnorm", "rotary_embedding": "rotary_embedding",
+}  # fmt: skip
+_RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
+
+
+def tile_module(
+    graph: GraphModule, sched: ScheduleModule, options: Options, diags: Diagnostics,
+    until: str | None = None,
+) -> TileModule:  # fmt: skip
+    """The Tile IR of every launch, after the tile passes (up to ``until``, for tests
+    and tools that look at one pass at work)."""
+    hw = hardware_for(sched.target, sched.arch)
+    programs = []
+    for function, host in zip(graph.functions, sched.programs, strict=True):
+        kernels: list[TileKernel] = []
+        runtime: list[tuple[str, str]] = []
+        for launch in host.launches:
+            group = function.groups[launch.group]
+            if group.kind in _RUNTIME:
+                runtime.append((launch.name, _RUNTIME[group.kind]))
+                continue
+            if launch.split_k > 1:
+                diags.warning(
+                    f"{function.name}: the schedule splits K {launch.split_k} ways, which the "
+                    "tile stage does not implement yet; the kernel runs K in one slice",
+                    function.span,
+                )
+            kernel = _lower_launch(function, host, group, launch, diags)
+            if kernel is not None:
+                kernels.append(run_tile_passes(kernel, hw, until))
+        programs.append(TileProgram(host, tuple(kernels), tuple(runtime)))
+    return TileModule(sched.name, sched.target, sched.arch, tuple(programs))
+
+
+def _lower_launch(
+    function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics
+) -> TileKernel | None:
+    names = {name: value for value, name in _named_values(function)}
+    outer = [names[n] for n in (*launch.reads, *launch.writes) if n in names]
+    result = function.body.yields[0] if function.body.yields else None
+    params = tuple(
+        new_value(v.type, _param_name(v, result, n))
+        for v, n in zip(
+            outer, [n for n in (*launch.reads, *launch.writes) if n in names], strict=True
+        )
+    )
+    rename = {v.id: p for v, p in zip(outer, params, strict=True)}
+    name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
+    if group.kind == "tile":
+        output = None
+        if isinstance(function.result_type, TensorType):
+            output = new_value(function.result_type, "out")
+        own = tuple(p.value for p in function.params)
+        given = KernelInput(
+            name, function.name, own + ((output,) if output is not None else ()),
+            {v.id: v for v in own}, output,
+        )  # fmt: skip
+        return lower_tile_function(function, launch, given)
+    ops = [function.body.ops[i] for i in group.ops]
+    anchor = next((op for op in ops if op.kind in ANCHORS), None)
+    problem = _unsupported(anchor, ops)
+    if problem is not None:
+        diags.error(problem, (anchor or ops[0]).span)
+        return None
+    assert anchor is not None
+    template = ANCHORS[anchor.kind]
+    fn, given = instantiate(ops, anchor, template, params, rename, name, function.name, group.kind)
+    return lower_tile_function(fn, launch, given)
+
+
+def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
+    """Why no library kernel can run this group, or None."""
+    if anchor is None:
+        kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
+        return (
+            f"no tile kernel implements a kernel of {kinds} yet; "
+            "'--emit sched' shows its schedule"
+        )
+    x = anchor.operands[0].type
+    if anchor.attr("axis", x.rank - 1) != x.rank - 1:
+        return (
+            f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet (last axis only)"
+        )
+    if anchor.attr("dropout") is not None:
+        return "flash_attention with dropout has no tile kernel yet"
+    if anchor.kind.startswith("layernorm") and not (anchor.attr("weight") and anchor.attr("bias")):
+        return "layernorm without weight and bias has no tile kernel yet"
+    if anchor.kind.startswith("rmsnorm") and not anchor.attr("weight"):
+        return "rmsnorm without weight has no tile kernel yet"
+    if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
+        return f"{anchor.kind} with these ops has no tile kernel yet"
+    return None
+
+
+def _param_name(value: Value, result: Value | None, printed: str) -> str:
+    """A kernel parameter's name: the value's source name, ``out`` for the function's
+    unnamed result, ``t3`` for another unnamed intermediate ``%3``."""
+    if value.name is not None:
+        return value.name
+    return "out" if value is result else "t" + printed.removeprefix("%")
+
+
+def _named_values(function: Function) -> list[tuple[Value, str]]:
+    names = value_names(function)
+    found: list[tuple[Value, str]] = [(p.value, names[p.value.id]) for p in function.params]
+    for op in function.body.ops:
+        found += [(v, names[v.id]) for v in op.results]
+    return found

@@ -1,0 +1,286 @@
+"""Edge masking: nothing out of bounds is touched, and padding never leaks.
+
+A tile that crosses a ragged edge has padding: a masked load fills it with
+zeros. Most ops keep zero padding harmless (a dot over zero-padded K adds
+nothing; a stored row past the edge is not written), but some reductions do
+not: the max of a row of scores padded with zeros is wrong when every score
+is negative, and ``exp`` turns zero padding into ones. The pass
+
+1. marks every access axis that can run past its tensor's end as masked;
+2. follows each tile's padding (none, zeros, or anything) through the ops;
+3. before a reduction over a padded axis whose padding is not that
+   reduction's identity, inserts ``mask_edge`` with the identity (``-inf``
+   for max and online softmax, ``0`` for sums and the ``p @ v`` product).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from ..graph.dims import Dim
+from ..graph.ir import Block, Op, Value, new_value
+from ..graph.types import TileType
+from ..schedule.hardware import Hardware
+from .ir import Access, TileKernel
+from .masks import needs_mask
+
+__all__ = ["mask_edges", "ZERO_PRESERVING"]
+
+#: Elementwise ops with f(0) == 0: zero padding stays zero.
+ZERO_PRESERVING = frozenset(
+    {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal"}
+)
+_BINARY = ("add", "sub", "mul", "div", "pow")
+
+
+@dataclass(frozen=True)
+class Pad:
+    """Padding along one tile axis past ``extent`` (starting at ``offset``)."""
+
+    zero: bool
+    offset: Dim
+    extent: Dim
+
+    def dirty(self) -> Pad:
+        return replace(self, zero=False)
+
+
+State = tuple[Pad | None, ...]
+
+
+def mask_edges(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    del hw
+    masker = _Masker()
+    return replace(kernel, body=masker.block(kernel.body))
+
+
+def _join(a: Pad | None, b: Pad | None) -> Pad | None:
+    if a is None or b is None:
+        return a or b
+    return a if not a.zero else b if not b.zero else a
+
+
+class _Masker:
+    def __init__(self) -> None:
+        self.pads: dict[int, State] = {}
+
+    def state(self, v: Value) -> State:
+        rank = len(getattr(v.type, "dims", ()))
+        return self.pads.get(v.id, (None,) * rank)
+
+    def block(self, block: Block) -> Block:
+        ops: list[Op] = []
+        for op in block.ops:
+            ops += self.op(op)
+        return replace(block, ops=tuple(ops))
+
+    def op(self, op: Op) -> list[Op]:
+        handler = getattr(self, "op_" + op.kind, None)
+        if handler is not None:
+            return handler(op)
+        if op.kind in _BINARY:
+            self.binary(op)
+        elif len(op.operands) == 1 and len(op.results) == 1:
+            self.unary(op)
+        return [op]
+
+    # -- accesses --------------------------------------------------------------
+
+    def _masked(self, op: Op) -> Op:
+        at: Access = op.attr("at")
+        axes = tuple(replace(a, masked=needs_mask(a)) for a in at.axes)
+        attrs = tuple((k, Access(axes) if k == "at" else v) for k, v in op.attrs)
+        return replace(op, attrs=attrs)
+
+    def op_load(self, op: Op) -> list[Op]:
+        op = self._masked(op)
+        axes = op.attr("at").tile_axes
+        self.pads[op.result.id] = tuple(
+            Pad(True, a.offset, a.extent) if a.masked else None for a in axes
+        )
+        return [op]
+
+    def op_store(self, op: Op) -> list[Op]:
+        return [self._masked(op)]
+
+    # -- elementwise -------------------------------------------------------------
+
+    def _aligned(self, v: Value, rank: int) -> State:
+        state = self.state(v)
+        return (None,) * (rank - len(state)) + state
+
+    def binary(self, op: Op) -> None:
+        if not isinstance(op.result.type, TileType):
+            return
+        rank = op.result.type.rank
+        tiles = [v for v in op.operands if len(getattr(v.type, "dims", ())) > 0]
+        with_scalar = len(tiles) < 2
+        out: list[Pad | None] = []
+        for axis in range(rank):
+            pads = [self._aligned(v, rank)[axis] for v in tiles]
+            padded = [p for p in pads if p is not None]
+            if not padded:
+                out.append(None)
+                continue
+            first = padded[0]
+            if op.kind == "mul":
+                zero = any(p.zero for p in padded)
+            elif op.kind == "div":
+                zero = pads[0] is not None and pads[0].zero and len(padded) == 1
+            else:
+                zero = (
+                    op.kind != "pow"
+                    and not with_scalar
+                    and all(p is not None and p.zero for p in pads)
+                )
+            out.append(replace(first, zero=zero))
+        self.pads[op.result.id] = tuple(out)
+
+    def unary(self, op: Op) -> None:
+        x = op.operands[0]
+        state = self.state(x)
+        if op.kind == "transpose":
+            state = state[::-1]
+        elif op.kind == "expand_dims":
+            items = list(state)
+            for axis in op.attr("axes"):
+                items.insert(axis, None)
+            state = tuple(items)
+        elif op.kind not in ZERO_PRESERVING:
+            state = tuple(p.dirty() if p else None for p in state)
+        if len(state) == len(getattr(op.result.type, "dims", ())):
+            self.pads[op.result.id] = state
+
+    # -- reductions --------------------------------------------------------------
+
+    def _neutral(self, x: Value, axis: int, fill: float, ops: list[Op]) -> Value:
+        """``x`` with its padding along ``axis`` set to ``fill`` when it is not already."""
+        pad = self.state(x)[axis]
+        if pad is None or (pad.zero and fill == 0.0):
+            return x
+        masked = new_value(x.type)
+        attrs = (("axis", axis), ("offset", pad.offset), ("extent", pad.extent), ("fill", fill))
+        ops.append(Op("mask_edge", (x,), (masked,), attrs))
+        state = list(self.state(x))
+        state[axis] = Pad(fill == 0.0, pad.offset, pad.extent) if fill == 0.0 else pad.dirty()
+        self.pads[masked.id] = tuple(state)
+        return masked
+
+    def _reduce(self, op: Op, operand: int, axis: int, fill: float) -> tuple[list[Op], Op]:
+        ops: list[Op] = []
+        x = op.operands[operand]
+        masked = self._neutral(x, axis, fill, ops)
+        if masked is not x:
+            operands = list(op.operands)
+            operands[operand] = masked
+            op = replace(op, operands=tuple(operands))
+        return ops, op
+
+    def op_max(self, op: Op) -> list[Op]:
+        axis = op.attr("axis")
+        ops, op = self._reduce(op, 0, axis, -math.inf)
+        state = list(self.state(op.operands[0]))
+        del state[axis]
+        self.pads[op.result.id] = tuple(state)
+        return [*ops, op]
+
+    def op_sum(self, op: Op) -> list[Op]:
+        axis = op.attr("axis")
+        ops, op = self._reduce(op, 0, axis, 0.0)
+        state = list(self.state(op.operands[0]))
+        del state[axis]
+        self.pads[op.result.id] = tuple(state)
+        return [*ops, op]
+
+    def op_softmax_online(self, op: Op) -> list[Op]:
+        ops, op = self._reduce(op, 0, 1, -math.inf)
+        rows, cols = self.state(op.operands[0])
+        rows = rows.dirty() if rows else None
+        cols = Pad(True, cols.offset, cols.extent) if cols else None
+        self.pads[op.results[0].id] = (rows, cols)
+        self.pads[op.results[1].id] = (rows,)
+        self.pads[op.results[2].id] = (rows,)
+        return [*ops, op]
+
+    def op_softmax_accumulate(self, op: Op) -> list[Op]:
+        ops, op = self._reduce(op, 3, 1, 0.0)
+        rows = _join(self.state(op.operands[0])[0], self.state(op.operands[3])[0])
+        rows = rows.dirty() if rows else None
+        cols = self.state(op.operands[4])[1]
+        self.pads[op.results[0].id] = (rows, cols)
+        self.pads[op.results[1].id] = (rows,)
+        self.pads[op.results[2].id] = (rows,)
+        return [*ops, op]
+
+    def _dot(self, op: Op) -> list[Op]:
+        ops: list[Op] = []
+        a, b = op.operands[:2]
+        pa, pb = self.state(a)[1], self.state(b)[0]
+        if (pa is not None and not pa.zero) or (pb is not None and not pb.zero):
+            a = self._neutral(a, 1, 0.0, ops)
+            b = self._neutral(b, 0, 0.0, ops)
+            op = replace(op, operands=(a, b, *op.operands[2:]))
+        out = (self.state(a)[0], self.state(b)[1])
+        if op.kind == "mma":
+            acc = self.state(op.operands[2])
+            out = (_join(out[0], acc[0]), _join(out[1], acc[1]))
+        self.pads[op.result.id] = out
+        return [*ops, op]
+
+    op_dot = _dot
+    op_mma = _dot
+
+    # -- several operands or results -----------------------------------------------
+
+    def op_mask_causal(self, op: Op) -> list[Op]:
+        self.pads[op.result.id] = tuple(
+            p.dirty() if p else None for p in self.state(op.operands[0])
+        )
+        return [op]
+
+    def op_split(self, op: Op) -> list[Op]:
+        state = self.state(op.operands[0])
+        axis = op.attr("axis")
+        if state[axis] is not None:
+            state = (*state[:axis], state[axis].dirty(), *state[axis + 1 :])
+        for result in op.results:
+            self.pads[result.id] = state
+        return [op]
+
+    def op_concat(self, op: Op) -> list[Op]:
+        states = [self.state(v) for v in op.operands]
+        joined = tuple(
+            functools.reduce(_join, (s[i] for s in states)) for i in range(len(states[0]))
+        )
+        self.pads[op.result.id] = tuple(p.dirty() if p else None for p in joined)
+        return [op]
+
+    # -- control flow ------------------------------------------------------------
+
+    def op_for(self, op: Op) -> list[Op]:
+        body = op.regions[0]
+        carried = body.args[1:]
+        for arg, init in zip(carried, op.operands, strict=True):
+            self.pads[arg.id] = self.state(init)
+        for _ in range(4):  # padding only grows: none, zeros, anything
+            before = [self.state(a) for a in carried]
+            new_body = self.block(body)
+            for arg, out in zip(carried, new_body.yields, strict=True):
+                joined = tuple(
+                    _join(x, y) for x, y in zip(self.state(arg), self.state(out), strict=True)
+                )
+                self.pads[arg.id] = joined
+            if [self.state(a) for a in carried] == before:
+                break
+        for result, arg in zip(op.results, carried, strict=True):
+            self.pads[result.id] = self.state(arg)
+        return [replace(op, regions=(new_body,))]
+
+    def op_if(self, op: Op) -> list[Op]:
+        regions = tuple(self.block(r) for r in op.regions)
+        for i, result in enumerate(op.results):
+            states = [self.state(r.yields[i]) for r in regions]
+            self.pads[result.id] = tuple(_join(*pair) for pair in zip(*states, strict=True))
+        return [replace(op, regions=regions)]

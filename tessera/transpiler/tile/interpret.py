@@ -1,0 +1,362 @@
+"""A numpy interpreter for the Tile IR, to prove a lowering before a backend prints it.
+
+It runs every program of the grid one after another, each op on whole tiles.
+The numerics are the reference ones the backends follow: values are held in
+f32, and every op's result is rounded to its dtype (bf16, f16 and fp8 round
+to nearest even through ``ml_dtypes``); dots and the ``p @ v`` of online
+softmax accumulate in f32, with ``p`` rounded to ``v``'s dtype first, as on
+tensor cores.
+
+It is also a checker: shared memory starts as NaN, so reading a stage that
+no copy has filled poisons the result; asynchronous copies land only at the
+``wait`` that covers them, so a wrong wait count or slot shows; and an
+access that runs past a tensor's end on an axis that is not masked raises
+``TileRuntimeError``. Barriers do nothing here, since one program runs as
+one thread; the barrier pass has its own tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..graph.dims import Dim
+from ..graph.dtypes import DType
+from ..graph.ir import Block, Op, Value
+from ..graph.types import ScalarType, TensorType, TileType
+from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
+
+__all__ = ["TileRuntimeError", "run_kernel", "run_function", "numpy_dtype", "round_to"]
+
+_NUMPY = {
+    "f32": np.float32, "tf32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
+    "i32": np.int32, "f64": np.float64,
+}  # fmt: skip
+
+
+class TileRuntimeError(RuntimeError):
+    """The tile program did something a device would not survive."""
+
+
+def numpy_dtype(dtype: DType) -> Any:
+    return _NUMPY.get(dtype.name, np.float32)
+
+
+def round_to(x: Any, dtype: DType) -> Any:
+    """``x`` rounded to ``dtype`` and held in f32 (i32 stays integral)."""
+    if dtype.name == "i32":
+        return np.asarray(x, dtype=np.int32)
+    if dtype.name == "tf32":
+        bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+        rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & np.uint32(0xFFFFE000)
+        return rounded.view(np.float32)
+    return np.asarray(x).astype(numpy_dtype(dtype)).astype(np.float32)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def run_function(
+    module: TileModule, function: str, inputs: Mapping[str, Any], poison: float = math.nan
+) -> dict[str, np.ndarray]:
+    """Run a function's kernels in order. Tensors it writes that are not among
+    ``inputs`` (results, intermediates) are allocated and filled with ``poison``
+    first. Returns every tensor by parameter name, ``out`` being the result."""
+    program = next(p for p in module.programs if p.host.function == function)
+    arrays: dict[str, Any] = dict(inputs)
+    sizes: dict[str, int] = {}
+    for kernel in program.kernels:
+        _bind_sizes(kernel, arrays, sizes)
+        for param in kernel.params:
+            if param.name not in arrays and isinstance(param.type, TensorType):
+                shape = tuple(_eval(d, sizes) for d in param.type.dims)
+                arrays[param.name] = np.full(shape, poison).astype(numpy_dtype(param.type.dtype))
+        run_kernel(kernel, arrays, sizes)
+    return arrays
+
+
+def _bind_sizes(kernel: TileKernel, arrays: Mapping[str, Any], sizes: dict[str, int]) -> None:
+    for param in kernel.params:
+        if isinstance(param.type, TensorType) and param.name in arrays:
+            shape = np.shape(arrays[param.name])
+            if len(shape) != param.type.rank:
+                raise TileRuntimeError(f"{param.name} has shape {shape}, wants {param.type}")
+            for dim, size in zip(param.type.dims, shape, strict=True):
+                if dim.symbol is not None and sizes.setdefault(dim.symbol, size) != size:
+                    raise TileRuntimeError(
+                        f"{param.name}: {dim.symbol} is {size} here, {sizes[dim.symbol]} before"
+                    )
+
+
+def _eval(dim: Dim, env: Mapping[str, int]) -> int:
+    value = dim.substitute(dict(env)).constant
+    if value is None:
+        raise TileRuntimeError(f"cannot evaluate {dim} with {dict(env)}")
+    return value
+
+
+def run_kernel(kernel: TileKernel, arrays: Mapping[str, Any], sizes: Mapping[str, int]) -> None:
+    """Run every program of ``kernel``'s grid; tensors are read and written in place."""
+    ranges = [range(_ceil_div(_eval(a.extent, sizes), a.block)) for a in kernel.grid]
+    for pids in itertools.product(*ranges):
+        env = dict(sizes)
+        env.update({a.name: pid for a, pid in zip(kernel.grid, pids, strict=True)})
+        _Program(kernel, arrays, env).run()
+
+
+class _Program:
+    def __init__(self, kernel: TileKernel, arrays: Mapping[str, Any], env: dict[str, int]) -> None:
+        self.kernel = kernel
+        self.env = env
+        self.values: dict[int, Any] = {}
+        for param in kernel.params:
+            if param.name not in arrays:
+                raise TileRuntimeError(f"no value for parameter '{param.name}'")
+            self.values[param.id] = arrays[param.name]
+        self.groups: list[list[tuple[np.ndarray, int, np.ndarray]]] = []
+        self.open: list[tuple[np.ndarray, int, np.ndarray]] = []
+
+    def run(self) -> None:
+        self.block(self.kernel.body)
+
+    def block(self, block: Block) -> list[Any]:
+        for op in block.ops:
+            handler = getattr(self, "op_" + op.kind, None)
+            if handler is None:
+                results = self.elementwise(op)
+            else:
+                results = handler(op, *(self.values[v.id] for v in op.operands))
+            if op.results:
+                results = results if isinstance(results, tuple) else (results,)
+                for value, result in zip(op.results, results, strict=True):
+                    self.values[value.id] = _typed(result, value)
+        return [self.values[v.id] for v in block.yields]
+
+    # -- memory ----------------------------------------------------------------
+
+    def _window(self, at: Access, shape: tuple[int, ...]) -> tuple[list, list, list]:
+        """Per axis: source slice, destination slice (in the tile), tile size."""
+        src, dst, sizes = [], [], []
+        for axis, extent in zip(at.axes, shape, strict=True):
+            start = _eval(axis.offset, self.env)
+            if axis.index:
+                if not 0 <= start < extent:
+                    raise TileRuntimeError(f"index {start} out of range {extent} in {at}")
+                src.append(start)
+                continue
+            size = _eval(axis.size, self.env)
+            stop = min(start + size, extent)
+            if start + size > extent and not axis.masked:
+                raise TileRuntimeError(
+                    f"unmasked access {at} runs past {axis.extent} = {extent} "
+                    f"(elements {start}..{start + size - 1})"
+                )
+            src.append(slice(start, max(stop, start)))
+            dst.append(slice(0, max(stop - start, 0)))
+            sizes.append(size)
+        return src, dst, sizes
+
+    def _gather(self, tensor: np.ndarray, at: Access) -> np.ndarray:
+        src, dst, sizes = self._window(at, tensor.shape)
+        tile = np.zeros(sizes, dtype=np.float32)
+        tile[tuple(dst)] = np.asarray(tensor[tuple(src)]).astype(np.float32)
+        return tile
+
+    def op_load(self, op: Op, tensor: np.ndarray) -> np.ndarray:
+        return self._gather(tensor, op.attr("at"))
+
+    def op_store(self, op: Op, tensor: np.ndarray, tile: np.ndarray) -> None:
+        src, dst, _ = self._window(op.attr("at"), tensor.shape)
+        tensor[tuple(src)] = np.asarray(tile)[tuple(dst)].astype(tensor.dtype)
+
+    def op_alloc(self, op: Op) -> np.ndarray:
+        t: SharedType = op.result.type
+        return np.full((t.stages, *(_eval(d, self.env) for d in t.dims)), np.nan, np.float32)
+
+    def _slot(self, slot: Slot) -> int:
+        return _eval(slot.index, self.env) % slot.stages
+
+    def op_copy(self, op: Op, tensor: np.ndarray, buf: np.ndarray) -> None:
+        when: When | None = op.attr("when")
+        if when is not None and not _eval(when.start, self.env) < _eval(when.extent, self.env):
+            return
+        data = self._gather(tensor, op.attr("at"))
+        if op.attr("async") is None:
+            buf[self._slot(op.attr("slot"))] = data
+        else:
+            self.open.append((buf, self._slot(op.attr("slot")), data))
+
+    def op_commit(self, op: Op) -> None:
+        self.groups.append(self.open)
+        self.open = []
+
+    def op_wait(self, op: Op) -> None:
+        keep = op.attr("pending")
+        done = self.groups[: max(len(self.groups) - keep, 0)]
+        self.groups = self.groups[len(done) :]
+        for group in done:
+            for buf, slot, data in group:
+                buf[slot] = data
+
+    def op_read(self, op: Op, buf: np.ndarray) -> np.ndarray:
+        return buf[self._slot(op.attr("slot"))].copy()
+
+    def op_barrier(self, op: Op) -> None:
+        return None
+
+    # -- values ----------------------------------------------------------------
+
+    def op_const(self, op: Op) -> Any:
+        return op.attr("value")
+
+    def op_dim_to_float(self, op: Op) -> float:
+        return float(_eval(op.attr("dim"), self.env))
+
+    def op_iota(self, op: Op) -> np.ndarray:
+        size = _eval(op.result.type.dims[0], self.env)
+        return np.arange(size, dtype=np.int32) + _eval(op.attr("offset"), self.env)
+
+    def op_full(self, op: Op) -> np.ndarray:
+        shape = tuple(_eval(d, self.env) for d in op.result.type.dims)
+        return np.full(shape, op.attr("value"), np.float32)
+
+    def op_dot(self, op: Op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a, b, dtype=np.float32)
+
+    def op_mma(self, op: Op, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+        return acc + np.matmul(a, b, dtype=np.float32)
+
+    def op_transpose(self, op: Op, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.T)
+
+    def op_expand_dims(self, op: Op, x: np.ndarray) -> np.ndarray:
+        return np.expand_dims(x, op.attr("axes"))
+
+    def op_broadcast(self, op: Op, x: np.ndarray) -> np.ndarray:
+        shape = tuple(_eval(d, self.env) for d in op.result.type.dims)
+        return np.broadcast_to(x, shape).copy()
+
+    def op_max(self, op: Op, x: np.ndarray) -> np.ndarray:
+        return x.max(axis=op.attr("axis"))
+
+    def op_sum(self, op: Op, x: np.ndarray) -> np.ndarray:
+        return x.sum(axis=op.attr("axis"), dtype=np.float32)
+
+    def op_split(self, op: Op, x: np.ndarray) -> tuple:
+        return tuple(np.split(x, len(op.results), axis=op.attr("axis")))
+
+    def op_concat(self, op: Op, *tiles: np.ndarray) -> np.ndarray:
+        return np.concatenate(tiles, axis=op.attr("axis"))
+
+    def op_cast(self, op: Op, x: np.ndarray) -> np.ndarray:
+        return x  # the result is rounded to its dtype like every other
+
+    def op_mask_causal(self, op: Op, s: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> Any:
+        return np.where(cols[None, :] > rows[:, None], -np.inf, s).astype(np.float32)
+
+    def op_mask_edge(self, op: Op, x: np.ndarray) -> np.ndarray:
+        axis = op.attr("axis")
+        start = _eval(op.attr("offset"), self.env)
+        past = np.arange(x.shape[axis]) + start >= _eval(op.attr("extent"), self.env)
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        return np.where(past.reshape(shape), np.float32(op.attr("fill")), x)
+
+    def op_softmax_online(self, op: Op, s: np.ndarray) -> tuple:
+        m = s.max(axis=1)
+        p = np.exp(s - _finite(m)[:, None])
+        return p, m, p.sum(axis=1, dtype=np.float32)
+
+    def op_softmax_accumulate(self, op: Op, acc: Any, m: Any, l_: Any, p: Any, v: Any,
+                              m_c: Any, l_c: Any) -> tuple:  # fmt: skip
+        m_new = np.maximum(m, m_c)
+        alpha = np.exp(m - _finite(m_new))
+        beta = np.exp(m_c - _finite(m_new))
+        p = round_to(p * beta[:, None], op.operands[4].type.dtype)
+        acc = acc * alpha[:, None] + np.matmul(p, v, dtype=np.float32)
+        return acc, m_new, l_ * alpha + l_c * beta
+
+    # -- control flow -------------------------------------------------------------
+
+    def op_for(self, op: Op, *init: Any) -> tuple:
+        body = op.regions[0]
+        counter = body.args[0].name
+        trips = _ceil_div(_eval(op.attr("extent"), self.env), _eval(op.attr("step"), self.env))
+        carried = list(init)
+        for i in range(trips):
+            self.env[counter] = i
+            self.values[body.args[0].id] = i
+            for arg, value in zip(body.args[1:], carried, strict=True):
+                self.values[arg.id] = value
+            carried = self.block(body)
+        self.env.pop(counter, None)
+        return tuple(carried)
+
+    def op_if(self, op: Op, cond: Any) -> tuple:
+        return tuple(self.block(op.regions[0 if cond else 1]))
+
+    def elementwise(self, op: Op) -> Any:
+        operands = [self.values[v.id] for v in op.operands]
+        if op.kind in _BINARY:
+            a, b = _binary_operands(op, operands)
+            return _BINARY[op.kind](a, b)
+        if op.kind in _UNARY:
+            return _UNARY[op.kind](operands[0])
+        raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
+
+
+def _binary_operands(op: Op, operands: list[Any]) -> tuple[Any, Any]:
+    """``a`` and ``b`` of a binary op: tiles come first among the operands, then
+    scalars; constants are attributes."""
+    tiles = [v for v, o in zip(operands, op.operands, strict=True) if not _is_scalar(o)]
+    scalars = [v for v, o in zip(operands, op.operands, strict=True) if _is_scalar(o)]
+    picked = []
+    for name in ("a", "b"):
+        attr = op.attr(name)
+        if attr is None:
+            picked.append(tiles.pop(0) if tiles else scalars.pop(0))
+        elif attr == "scalar":
+            picked.append(scalars.pop(0))
+        else:
+            picked.append(attr)
+    return picked[0], picked[1]
+
+
+def _is_scalar(value: Value) -> bool:
+    return isinstance(value.type, ScalarType)
+
+
+def _finite(m: np.ndarray) -> np.ndarray:
+    """Row maxima with -inf (a row with nothing unmasked yet) replaced by 0."""
+    return np.where(np.isneginf(m), np.float32(0), m)
+
+
+def _typed(result: Any, value: Value) -> Any:
+    if isinstance(value.type, TileType):
+        return round_to(result, value.type.dtype)
+    if isinstance(value.type, ScalarType) and value.type.kind == "float":
+        return float(result)
+    return result
+
+
+def _gelu(x: Any) -> Any:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x**3)))
+
+
+_BINARY = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "pow": lambda a, b: a**b,
+}  # fmt: skip
+_UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "gelu": _gelu,
+    "silu": lambda x: x / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
+    "neg": lambda x: -x, "abs": np.abs, "sin": np.sin, "cos": np.cos,
+}  # fmt: skip

@@ -1,0 +1,234 @@
+"""Tile IR: one explicit program per kernel launch.
+
+The Tile IR says everything a backend needs and nothing it must guess: tile
+sizes are numbers, the program ids (``pid_m``, ``pid_n``, ``pid_b0``) and
+loop counters are named, every global access states its offsets and which of
+its axes need a mask, shared memory is allocated with an offset and a layout,
+copies say whether they are asynchronous and into which pipeline stage, and
+barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
+``Value`` and ``Block``; the memory operations are new kinds:
+
+``alloc``            a shared-memory buffer (``shared<[stages, rows, cols], dtype>``)
+``load``             global tensor -> register tile, at an ``Access``
+``store``            register tile -> global tensor, at an ``Access``
+``copy``             global -> shared (``async`` on targets with cp.async or TMA)
+``commit``/``wait``  close a group of async copies / wait until ``pending`` remain
+``read``             shared -> register tile (one stage of a buffer)
+``barrier``          all threads of the program
+``mma``              ``acc + a @ b`` on the instruction legalization chose
+``mask_edge``        set a tile's elements past a ragged edge to a fill value
+``for`` / ``if``     structured control flow, as in the Graph IR
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..frontend.source import Span
+from ..graph.dims import Dim
+from ..graph.dtypes import DType
+from ..graph.ir import Block, Value
+from ..graph.types import dims_text
+from ..schedule.ir import HostProgram
+
+__all__ = [
+    "Axis",
+    "Access",
+    "SharedType",
+    "Slot",
+    "When",
+    "GridAxis",
+    "Mma",
+    "SmemSlot",
+    "TileKernel",
+    "TileProgram",
+    "TileModule",
+]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """How an access covers one axis of a tensor: ``size`` elements from ``offset``.
+
+    ``extent`` is the tensor's size along the axis; ``masked`` says whether the
+    access must check ``offset + i < extent`` (the edge-masking pass decides).
+    An index axis (a batch dim) has size 1 and is never masked.
+    """
+
+    offset: Dim
+    size: Dim
+    extent: Dim
+    masked: bool = False
+    index: bool = False
+
+    def __str__(self) -> str:
+        if self.index:
+            return str(self.offset)
+        if self.offset == Dim.const(0) and self.size == self.extent:
+            return ":"
+        mask = f" < {self.extent}" if self.masked else ""
+        return f"{self.offset} +: {self.size}{mask}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where a load, store or copy touches a global tensor: one ``Axis`` per dim."""
+
+    axes: tuple[Axis, ...]
+
+    @property
+    def tile_axes(self) -> tuple[Axis, ...]:
+        """The axes that become tile dims (the batch dims are indices)."""
+        return tuple(a for a in self.axes if not a.index)
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(a) for a in self.axes) + "]"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Which stage of a multi-stage buffer an iteration uses: ``index % stages``."""
+
+    index: Dim
+    stages: int = 1
+
+    def __str__(self) -> str:
+        if self.index.constant is not None:
+            return str(self.index.constant % self.stages)
+        return f"({self.index}) % {self.stages}"
+
+
+@dataclass(frozen=True)
+class When:
+    """A copy that runs only while ``start < extent`` (pipelined loads past the loop)."""
+
+    start: Dim
+    extent: Dim
+
+    def __str__(self) -> str:
+        return f"{self.start} < {self.extent}"
+
+
+@dataclass(frozen=True)
+class SharedType:
+    """A shared-memory buffer with one ``[rows, cols]`` slot per pipeline stage."""
+
+    dims: tuple[Dim, ...]
+    dtype: DType
+    stages: int = 1
+
+    @property
+    def slot_elements(self) -> int:
+        count = 1
+        for dim in self.dims:
+            assert dim.constant is not None, "shared buffers have constant sizes"
+            count *= dim.constant
+        return count
+
+    @property
+    def bytes(self) -> int:
+        return self.stages * self.slot_elements * self.dtype.bits // 8
+
+    def __str__(self) -> str:
+        stages = f"{self.stages} x " if self.stages > 1 else ""
+        return f"shared<{stages}{dims_text(self.dims)}, {self.dtype}>"
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One axis of the launch grid: program id ``name`` runs over ``ceil(extent/block)``."""
+
+    name: str
+    extent: Dim
+    block: int = 1
+
+    def __str__(self) -> str:
+        if self.block == 1:
+            return f"{self.name} < {self.extent}"
+        if self.extent.constant is not None:
+            return f"{self.name} < {-(-self.extent.constant // self.block)}"
+        return f"{self.name} < ceil({self.extent}/{self.block})"
+
+
+@dataclass(frozen=True)
+class Mma:
+    """How a dot runs on the target: the instruction, its shape, and the warp layout.
+
+    ``warps`` is (rows, cols) of warps over the output tile, each warp owning
+    ``warp_tile``; on CPUs the "warp" is the one thread and ``shape`` the
+    register-blocked micro-kernel.
+    """
+
+    inst: str
+    shape: tuple[int, int, int]
+    warps: tuple[int, int]
+    warp_tile: tuple[int, int]
+    #: Where the instruction reads its operands: "registers" or "shared" (wgmma).
+    operands: str = "registers"
+
+    def __str__(self) -> str:
+        m, n, k = self.shape
+        wm, wn = self.warps
+        tm, tn = self.warp_tile
+        return f"{self.inst} m{m}n{n}k{k}  warps {wm}x{wn} of {tm}x{tn}  operands {self.operands}"
+
+
+@dataclass(frozen=True)
+class SmemSlot:
+    """The shared-memory plan's place for one buffer."""
+
+    buffer: str
+    offset: int
+    bytes: int
+    #: "row-major", "padded +N" (elements added per row) or "xor" (swizzled).
+    layout: str
+
+
+@dataclass(frozen=True)
+class TileKernel:
+    name: str
+    function: str
+    #: The launch (``k0``) this kernel implements and its Graph IR group kind.
+    launch: str
+    kind: str
+    #: The standard-library kernel it instantiates ("tile_kernel" for a user's).
+    template: str
+    #: Every tensor and scalar the kernel reads or writes, in signature order.
+    params: tuple[Value, ...]
+    grid: tuple[GridAxis, ...]
+    tiles: tuple[tuple[str, int], ...]
+    threads: int
+    warps: int
+    stages: int
+    vector: int
+    #: The schedule's shared-memory layout choice: "xor" or "none".
+    swizzle: str
+    body: Block
+    #: Filled by the shared-memory planning pass.
+    smem: tuple[SmemSlot, ...] = ()
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def smem_bytes(self) -> int:
+        return max((s.offset + s.bytes for s in self.smem), default=0)
+
+
+@dataclass(frozen=True)
+class TileProgram:
+    """A graph function's host program and the tile kernels of its launches.
+
+    Launches that run no tile program (a collective, host-side work) have no
+    kernel; ``runtime`` names them with the reason.
+    """
+
+    host: HostProgram
+    kernels: tuple[TileKernel, ...]
+    runtime: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class TileModule:
+    name: str
+    target: str
+    arch: str
+    programs: tuple[TileProgram, ...]

@@ -1,0 +1,117 @@
+"""Legalization: how each dot runs on the target, decided once, as data.
+
+Every ``dot`` (and the ``p @ v`` inside ``softmax_accumulate``) gets an
+``Mma``: the instruction for its operand dtype on this arch (``mma.sync``
+on sm_80, ``wgmma`` on sm_90a, MFMA on CDNA, FMA on OpenCL, a SIMD
+micro-kernel on CPUs), the instruction's shape and how the warps split the
+output tile. ``acc + dot(a, b)`` where the dot has no other use becomes one
+``mma a, b, acc``, so the accumulator stays in the instruction's registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..graph.ir import Op, Value, walk
+from ..graph.types import TileType
+from ..schedule.hardware import Hardware
+from .ir import Mma, TileKernel
+from .rewrite import producers, rewrite, use_counts
+
+__all__ = ["legalize", "instruction"]
+
+# (target, arch or "*", operand dtype) -> (instruction, (m, n, k), operands from)
+_INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, tuple[int, int, int], str]] = {
+    ("cuda", "sm_80", "bf16"): ("mma.sync.bf16", (16, 8, 16), "registers"),
+    ("cuda", "sm_80", "f16"): ("mma.sync.f16", (16, 8, 16), "registers"),
+    ("cuda", "sm_80", "tf32"): ("mma.sync.tf32", (16, 8, 8), "registers"),
+    # sm_80 has no fp8 mma: the fragments are widened to f16 in registers.
+    ("cuda", "sm_80", "fp8_e4m3"): ("mma.sync.f16", (16, 8, 16), "registers"),
+    ("cuda", "sm_80", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16), "registers"),
+    ("cuda", "sm_90a", "bf16"): ("wgmma.bf16", (64, 0, 16), "shared"),
+    ("cuda", "sm_90a", "f16"): ("wgmma.f16", (64, 0, 16), "shared"),
+    ("cuda", "sm_90a", "tf32"): ("wgmma.tf32", (64, 0, 8), "shared"),
+    ("cuda", "sm_90a", "fp8_e4m3"): ("wgmma.e4m3", (64, 0, 32), "shared"),
+    ("cuda", "sm_90a", "fp8_e5m2"): ("wgmma.e5m2", (64, 0, 32), "shared"),
+    ("hip", "*", "bf16"): ("mfma_f32_32x32x8bf16_1k", (32, 32, 8), "registers"),
+    ("hip", "*", "f16"): ("mfma_f32_32x32x8f16", (32, 32, 8), "registers"),
+    ("hip", "*", "f32"): ("mfma_f32_32x32x2f32", (32, 32, 2), "registers"),
+    ("hip", "gfx942", "fp8_e4m3"): ("mfma_f32_32x32x16_fp8_fp8", (32, 32, 16), "registers"),
+}
+
+
+def instruction(hw: Hardware, dtype: str, n_tile: int) -> tuple[str, tuple[int, int, int], str]:
+    """The matrix instruction for a dot of ``dtype`` operands; FMA where there is none."""
+    for key in ((hw.target, hw.arch, dtype), (hw.target, "*", dtype)):
+        if key in _INSTRUCTIONS:
+            inst, (m, n, k), operands = _INSTRUCTIONS[key]
+            return inst, (m, n or n_tile, k), operands
+    if hw.kind == "cpu":
+        return "simd.fma", (4, 2 * hw.lanes, 1), "registers"
+    return "fma", (1, 1, 1), "registers"
+
+
+def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) -> tuple[int, int]:
+    """Split ``warps`` into rows x cols of the output tile, each warp's part as square as
+    the instruction allows (fewer fragment loads per mma)."""
+    best = (warps, 1)
+    best_cost = None
+    for wm in (1 << i for i in range(warps.bit_length())):
+        if warps % wm:
+            continue
+        wn = warps // wm
+        if rows % wm or cols % wn or rows // wm < shape[0] or cols // wn < shape[1]:
+            continue
+        cost = abs(rows // wm - cols // wn)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = (wm, wn), cost
+    return best
+
+
+def _mma(kernel: TileKernel, hw: Hardware, dtype: str, out: TileType) -> Mma:
+    rows, cols = (d.constant or 1 for d in out.dims)
+    inst, shape, operands = instruction(hw, dtype, cols)
+    if hw.kind == "cpu":
+        return Mma(inst, shape, (1, 1), (rows, cols), operands)
+    # wgmma is issued by warpgroups of four warps, each owning 64 rows.
+    units = kernel.warps // 4 if inst.startswith("wgmma") else kernel.warps
+    wm, wn = _warp_layout(max(units, 1), rows, cols, shape)
+    return Mma(inst, shape, (wm, wn), (rows // wm, cols // wn), operands)
+
+
+def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    uses = use_counts(kernel.body)
+    defs = producers(kernel.body)
+    fused: set[int] = set()
+    for op in walk(kernel.body):
+        if op.kind == "add" and len(op.operands) == 2 and not op.attrs:
+            for acc, other in (op.operands, op.operands[::-1]):
+                dot = defs.get(other.id)
+                single = dot is not None and dot.kind == "dot" and uses.get(other.id) == 1
+                if single and acc.type == op.result.type:
+                    fused.add(other.id)
+                    break
+
+    def visit(op: Op) -> list[Op]:
+        if op.kind == "dot" and op.result.id in fused:
+            return []
+        if op.kind == "dot":
+            return [_with_mma(op, kernel, hw, op.operands[0], op.result.type)]
+        if op.kind == "add" and any(v.id in fused for v in op.operands):
+            dot_value = next(v for v in op.operands if v.id in fused)
+            acc = next(v for v in op.operands if v is not dot_value)
+            a, b = defs[dot_value.id].operands
+            mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
+            return [_with_mma(mma, kernel, hw, a, op.result.type)]
+        if op.kind == "softmax_accumulate":
+            p, v = op.operands[3], op.operands[4]
+            out = TileType((p.type.dims[0], v.type.dims[1]), op.results[0].type.dtype)
+            return [_with_mma(op, kernel, hw, v, out)]
+        return [op]
+
+    return replace(kernel, body=rewrite(kernel.body, visit))
+
+
+def _with_mma(op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType) -> Op:
+    mma = _mma(kernel, hw, operand.type.dtype.name, out)
+    return replace(op, attrs=(*op.attrs, ("mma", mma)))

@@ -1,0 +1,309 @@
+"""Lower a tile kernel of the Graph IR, with its launch, to the Tile IR.
+
+The schedule fixes the tile sizes, so ``T.m`` becomes a number; the grid
+names its program ids; every ``tile.load`` and ``tile.store`` becomes an
+``Access`` whose offsets are expressions of the program ids and loop
+counters; ``tile.for`` counts blocks; an ``if`` on a parameter bound to a
+constant (``causal=True`` from a graph op) keeps only the branch taken. The
+result is stored at the program's own block, after the fused group's
+epilogue. Accesses come out unmasked; the edge-masking pass decides which
+axes need a mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graph.dims import Dim
+from ..graph.ir import Block, Function, Op, Value, new_value, walk
+from ..graph.types import ScalarType, TensorType, TileType
+from ..schedule.ir import Launch
+from .ir import Access, Axis, GridAxis, TileKernel
+
+__all__ = ["KernelInput", "lower_tile_function", "TILE_NAMES"]
+
+#: The schedule's tile names, as a tile kernel's context calls them.
+TILE_NAMES = {
+    "BM": "T.m", "BN": "T.n", "BK": "T.k", "BD": "T.d", "rows": "T.m", "elements": "T.m",
+}  # fmt: skip
+INDEX = ScalarType("index")
+
+
+@dataclass(frozen=True)
+class KernelInput:
+    """What a tile function is lowered with.
+
+    ``bind`` maps each parameter of the tile function (by value id) to the
+    kernel parameter it reads, or to a constant for scalars fixed by a graph
+    op; ``output`` is where the returned tile goes; ``epilogue`` builds the
+    fused ops between the returned tile and the store.
+    """
+
+    name: str
+    function: str
+    params: tuple[Value, ...]
+    bind: dict[int, Value | bool | int | float]
+    output: Value | None
+    epilogue: Callable[[_Lowering, Value, Access], Value] | None = None
+    template: str = "tile_kernel"
+    kind: str = "tile"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def lower_tile_function(function: Function, launch: Launch, given: KernelInput) -> TileKernel:
+    lowering = _Lowering(function, launch, given)
+    body = lowering.run()
+    return TileKernel(
+        given.name, given.function, launch.name, given.kind, given.template, given.params,
+        lowering.grid, lowering.tiles, launch.threads, launch.warps, launch.stages,
+        launch.vector, launch.swizzle, body, span=function.span,
+    )  # fmt: skip
+
+
+class _Lowering:
+    def __init__(self, function: Function, launch: Launch, given: KernelInput) -> None:
+        self.function = function
+        self.launch = launch
+        self.given = given
+        self.sizes = {TILE_NAMES.get(name, name): size for name, size in launch.tiles}
+        self.tiles = tuple(sorted(self.sizes.items()))
+        self.values: dict[int, Value] = {}
+        self.ops: list[Op] = []
+        self.loop_names: set[str] = set()
+        out = given.output.type if given.output is not None else _stored_type(function)
+        self.batch = tuple(out.dims[:-2]) if out.rank > 2 else ()
+        self.grid = self._grid(out)
+        self.pids = {a.name for a in self.grid}
+
+    # -- grid ------------------------------------------------------------------------
+
+    def _grid(self, out: TensorType) -> tuple[GridAxis, ...]:
+        """The launch's grid with names: ``pid_n`` (column blocks, gemm-like kernels
+        only), ``pid_m`` (row blocks), ``pid_b0``... (batch indices), as the schedule
+        ordered them. A split-K axis is dropped: the tile stage runs K in one slice
+        (the caller warns)."""
+        axes = self.launch.grid[:-1] if self.launch.split_k > 1 else self.launch.grid
+        batch = [f"pid_b{i}" for i in range(len(self.batch))]
+        names = ["pid_m", *batch]
+        if len(axes) == len(names) + 1:
+            names = ["pid_n", *names]
+        assert len(axes) == len(names), f"grid {axes} for output {out}"
+        return tuple(GridAxis(n, a.extent, a.block) for n, a in zip(names, axes, strict=True))
+
+    # -- values and types -----------------------------------------------------------
+
+    def dim(self, dim: Dim) -> Dim:
+        return dim.substitute(self.sizes)
+
+    def type(self, t: Any) -> Any:
+        if isinstance(t, TileType):
+            return TileType(tuple(self.dim(d) for d in t.dims), t.dtype)
+        return t
+
+    def value(self, old: Value) -> Value:
+        return self.values[old.id]
+
+    def emit(
+        self, kind: str, operands: tuple[Value, ...], types: tuple[Any, ...],
+        attrs: tuple = (), effects: tuple[str, ...] = (), regions: tuple = (),
+        span: Any = None, names: tuple[str | None, ...] | None = None,
+    ) -> tuple[Value, ...]:  # fmt: skip
+        names = names or (None,) * len(types)
+        results = tuple(new_value(t, n) for t, n in zip(types, names, strict=True))
+        self.ops.append(Op(kind, operands, results, attrs, effects, regions, span))
+        return results
+
+    def rsqrt_of(self, dim: Dim) -> Value:
+        """``1/sqrt(dim)`` as a scalar, for a scale that depends on a run-time size."""
+        (size,) = self.emit("dim_to_float", (), (ScalarType("float"),), (("dim", dim),))
+        (scale,) = self.emit("rsqrt", (size,), (ScalarType("float"),), names=("scale",))
+        return scale
+
+    # -- the walk --------------------------------------------------------------------
+
+    def run(self) -> Block:
+        for param in self.function.params:
+            bound = self.given.bind[param.value.id]
+            if isinstance(bound, Value):
+                self.values[param.value.id] = bound
+            elif callable(bound):
+                self.values[param.value.id] = bound(self)
+            else:
+                kind = param.value.type
+                (self.values[param.value.id],) = self.emit(
+                    "const", (), (kind,), (("value", bound),), names=(param.value.name,)
+                )
+        self.block(self.function.body.ops)
+        if self.function.body.yields and self.given.output is not None:
+            result = self.value(self.function.body.yields[0])
+            access = self.access(self.given.output, result.type.dims, None)
+            if self.given.epilogue is not None:
+                result = self.given.epilogue(self, result, access)
+            self.emit("store", (self.given.output, result), (), (("at", access),), ("write",))
+        return Block((), tuple(self.ops))
+
+    def block(self, ops: tuple[Op, ...]) -> None:
+        for op in ops:
+            handler = getattr(self, "op_" + op.kind.replace(".", "_"), None)
+            if handler is not None:
+                handler(op)
+            else:
+                self.generic(op)
+
+    def generic(self, op: Op) -> None:
+        kind = op.kind.removeprefix("tile.")
+        attrs = tuple((k, self.dim(v) if isinstance(v, Dim) else v) for k, v in op.attrs)
+        results = self.emit(
+            kind, tuple(self.value(v) for v in op.operands),
+            tuple(self.type(r.type) for r in op.results), attrs, op.effects, (), op.span,
+            tuple(r.name for r in op.results),
+        )  # fmt: skip
+        for old, new in zip(op.results, results, strict=True):
+            self.values[old.id] = new
+
+    def region(self, block: Block, args: tuple[Value, ...]) -> Block:
+        saved = self.ops
+        self.ops = []
+        for old, new in zip(block.args, args, strict=True):
+            self.values[old.id] = new
+        self.block(block.ops)
+        body = Block(args, tuple(self.ops), tuple(self.value(v) for v in block.yields))
+        self.ops = saved
+        return body
+
+    # -- memory -----------------------------------------------------------------------
+
+    def access(self, tensor: Value, tile_dims: tuple[Dim, ...], op: Op | None) -> Access:
+        """The place a load or store covers, from its ``rows``/``cols`` modes (or, for
+        the returned tile, the program's own block)."""
+        dims = tensor.type.dims
+        modes = dict(op.attrs) if op is not None else {}
+        blocks = list(op.operands[2 if op.kind == "tile.store" else 1 :]) if op else []
+        tiled = dims[-len(tile_dims) :]
+        names = ("rows", "cols") if len(tile_dims) == 2 else (next(iter(modes), "rows"),)
+        axes = [Axis(Dim.sym(p), Dim.const(1), d, index=True)
+                for p, d in zip(self._batch_pids(len(dims) - len(tile_dims)),
+                                dims[: len(dims) - len(tile_dims)], strict=True)]  # fmt: skip
+        for name, extent, size in zip(names, tiled, tile_dims, strict=True):
+            mode = modes.get(name, "program")
+            if mode == "block":
+                counter = self.value(blocks.pop(0))
+                axes.append(Axis(Dim.sym(counter.name) * size, size, extent))
+            elif mode == "all":
+                axes.append(Axis(Dim.const(0), self.dim(extent), extent))
+            else:
+                axes.append(Axis(self._program_offset(name, size), size, extent))
+        return Access(tuple(axes))
+
+    def _batch_pids(self, count: int) -> list[str]:
+        """Leading tensor dims line up, from the right, with the grid's batch axes."""
+        names = [f"pid_b{i}" for i in range(len(self.batch))]
+        assert count <= len(names), "a tensor with more leading dims than the output"
+        return names[len(names) - count :]
+
+    def _program_offset(self, axis: str, size: Dim) -> Dim:
+        """A program-sized block: the program's row block, its column block (gemm-like
+        grids), or the single block of a dim the tile spans (the head dim)."""
+        pid = "pid_m" if axis == "rows" else "pid_n"
+        if pid in self.pids and size.constant == self._pid_block(pid):
+            return Dim.sym(pid) * size
+        return Dim.const(0)
+
+    def _pid_block(self, pid: str) -> int:
+        return next(a.block for a in self.grid if a.name == pid)
+
+    def op_tile_load(self, op: Op) -> None:
+        src = self.value(op.operands[0])
+        t = self.type(op.result.type)
+        access = self.access(src, t.dims, op)
+        (self.values[op.result.id],) = self.emit(
+            "load", (src,), (t,), (("at", access),), (), (), op.span, (op.result.name,)
+        )
+
+    def op_tile_store(self, op: Op) -> None:
+        dst, tile = self.value(op.operands[0]), self.value(op.operands[1])
+        access = self.access(dst, tile.type.dims, op)
+        self.emit("store", (dst, tile), (), (("at", access),), ("write",), (), op.span)
+
+    # -- control flow -----------------------------------------------------------------
+
+    def op_tile_for(self, op: Op) -> None:
+        block_arg = op.regions[0].args[0]
+        name = block_arg.name or "i"
+        while name in self.loop_names:
+            name += "_"
+        self.loop_names.add(name)
+        counter = new_value(INDEX, name)
+        carried = tuple(new_value(self.type(a.type), a.name) for a in op.regions[0].args[1:])
+        body = self.region(op.regions[0], (counter, *carried))
+        step = self.dim(op.attr("block"))
+        attrs = (("extent", op.attr("extent")), ("step", step), ("prefetch", op.attr("prefetch")))
+        results = self.emit(
+            "for", tuple(self.value(v) for v in op.operands),
+            tuple(self.type(r.type) for r in op.results), attrs, (), (body,), op.span,
+            tuple(r.name for r in op.results),
+        )  # fmt: skip
+        for old, new in zip(op.results, results, strict=True):
+            self.values[old.id] = new
+
+    def op_if(self, op: Op) -> None:
+        cond = self.given.bind.get(op.operands[0].id, self.values.get(op.operands[0].id))
+        if isinstance(cond, bool):
+            taken = op.regions[0 if cond else 1]
+            self.block(taken.ops)
+            for old, new in zip(op.results, taken.yields, strict=True):
+                self.values[old.id] = self.value(new)
+            return
+        regions = tuple(self.region(r, ()) for r in op.regions)
+        results = self.emit(
+            "if", (self.value(op.operands[0]),), tuple(self.type(r.type) for r in op.results),
+            (), (), regions, op.span, tuple(r.name for r in op.results),
+        )  # fmt: skip
+        for old, new in zip(op.results, results, strict=True):
+            self.values[old.id] = new
+
+    # -- indices ---------------------------------------------------------------------
+
+    def op_tile_row_index(self, op: Op) -> None:
+        t = self.type(op.result.type)
+        offset = self._program_offset("rows", t.dims[0])
+        (self.values[op.result.id],) = self.emit(
+            "iota", (), (t,), (("offset", offset),), (), (), op.span
+        )
+
+    def op_tile_col_index(self, op: Op) -> None:
+        t = self.type(op.result.type)
+        counter = self.value(op.operands[0])
+        offset = Dim.sym(counter.name) * t.dims[0]
+        (self.values[op.result.id],) = self.emit(
+            "iota", (), (t,), (("offset", offset),), (), (), op.span
+        )
+
+    def op_tile_cast(self, op: Op) -> None:
+        x = self.value(op.operands[0])
+        if x.type.dtype == op.attr("dtype"):
+            self.values[op.result.id] = self._named(x, op.result.name)
+        else:
+            self.generic(op)
+
+    def _named(self, value: Value, name: str | None) -> Value:
+        """``value``, taking ``name`` if it has none (a cast that folds away leaves its
+        name to the value it would have converted)."""
+        last = self.ops[-1] if self.ops else None
+        if value.name is not None or name is None or last is None or last.results != (value,):
+            return value
+        named = dataclasses.replace(value, name=name)
+        self.ops[-1] = dataclasses.replace(last, results=(named,))
+        for key, bound in list(self.values.items()):
+            if bound is value:
+                self.values[key] = named
+        return named
+
+
+def _stored_type(function: Function) -> TensorType:
+    """What a kernel without a result writes: the first tensor it stores into."""
+    store = next(op for op in walk(function.body) if op.kind == "tile.store")
+    return store.operands[0].type

@@ -1,0 +1,54 @@
+"""The tile passes, in order, each a named unit with the verifier after it.
+
+``legalize``       dot (+ add) -> mma on the target's instruction, as data
+``edge-mask``      which access axes need a mask; fills before reductions
+``stage``          dot operands through shared memory; async, multi-stage
+                   pipelines where the target can copy ahead
+``barriers``       barriers where threads hand shared memory to each other
+``plan-smem``      offsets, padding or swizzle, reuse across lifetimes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..schedule.hardware import Hardware
+from .barriers import insert_barriers
+from .edge_mask import mask_edges
+from .ir import TileKernel
+from .legalize import legalize
+from .smem import plan_smem
+from .stage import stage_operands
+from .verify import verify_kernel
+
+__all__ = ["TILE_PASSES", "run_tile_passes", "TilePass"]
+
+
+@dataclass(frozen=True)
+class TilePass:
+    name: str
+    run: Callable[[TileKernel, Hardware], TileKernel]
+
+
+TILE_PASSES: tuple[TilePass, ...] = (
+    TilePass("legalize", legalize),
+    TilePass("edge-mask", mask_edges),
+    TilePass("stage", stage_operands),
+    TilePass("barriers", insert_barriers),
+    TilePass("plan-smem", plan_smem),
+)
+
+
+def run_tile_passes(kernel: TileKernel, hw: Hardware, until: str | None = None) -> TileKernel:
+    """Run the passes in order (up to and including ``until``; ``"lowering"`` runs
+    none), verifying after each."""
+    verify_kernel(kernel, hw, "lowering")
+    if until == "lowering":
+        return kernel
+    for tile_pass in TILE_PASSES:
+        kernel = tile_pass.run(kernel, hw)
+        verify_kernel(kernel, hw, tile_pass.name)
+        if tile_pass.name == until:
+            break
+    return kernel

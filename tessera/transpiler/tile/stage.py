@@ -1,0 +1,152 @@
+"""Staging and software pipelining of the operands of dots.
+
+Every load that feeds a dot (through a ``transpose`` or ``cast``, or as the
+``v`` of ``softmax_accumulate``) goes through shared memory: ``copy`` global
+to shared, then ``read`` into registers, which is where ``ldmatrix``,
+``wgmma`` descriptors and the CPU's packed micro-kernel operands come from.
+
+Inside a loop, on targets whose copies can run ahead of compute
+(``cp.async``, TMA) and with ``stages`` >= 2, the buffers get one slot per
+stage and the loop is pipelined: a prologue issues the copies of the first
+``stages - 1`` iterations; each iteration waits for its own group, issues
+the copies of iteration ``i + stages - 1`` into the slot read last
+iteration, and reads slot ``i % stages``. Copies for iterations past the end
+are skipped (``when``). Elsewhere a copy is synchronous and single-slot.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..graph.dims import Dim
+from ..graph.ir import Block, Op, Value, new_value, walk
+from ..graph.types import TileType
+from ..schedule.hardware import Hardware
+from .ir import Access, SharedType, Slot, TileKernel, When
+from .rewrite import producers, shift
+
+__all__ = ["stage_operands", "ENGINES"]
+
+#: What moves an asynchronous copy, per arch; the emitters read it.
+ENGINES = {"sm_80": "cp.async", "sm_90a": "tma", "gfx90a": "lds-prefetch", "gfx942": "lds-prefetch"}
+_THROUGH = ("transpose", "cast")
+
+
+def stage_operands(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    staged = _dot_operand_loads(kernel.body)
+    if not staged:
+        return kernel
+    stager = _Stager(kernel, hw, staged)
+    body = stager.block(kernel.body, top=True)
+    return replace(kernel, body=replace(body, ops=(*stager.allocs, *body.ops)))
+
+
+def _dot_operand_loads(body: Block) -> set[int]:
+    defs = producers(body)
+    found: set[int] = set()
+    for op in walk(body):
+        if op.kind in ("dot", "mma"):
+            operands = op.operands[:2]
+        elif op.kind == "softmax_accumulate":
+            operands = (op.operands[4],)
+        else:
+            continue
+        for v in operands:
+            source = defs.get(v.id)
+            while source is not None and source.kind in _THROUGH:
+                source = defs.get(source.operands[0].id)
+            if source is not None and source.kind == "load":
+                found.add(source.result.id)
+    return found
+
+
+class _Stager:
+    def __init__(self, kernel: TileKernel, hw: Hardware, staged: set[int]) -> None:
+        self.kernel = kernel
+        self.staged = staged
+        self.stages = kernel.stages if hw.async_copy and kernel.stages >= 2 else 1
+        self.engine = ENGINES.get(hw.arch) if self.stages > 1 else None
+        self.allocs: list[Op] = []
+        self.buffers: dict[int, Value] = {}
+
+    def buffer(self, load: Op, stages: int) -> Value:
+        t: TileType = load.result.type
+        name = f"{load.result.name or 'operand'}_smem"
+        buf = new_value(SharedType(t.dims, t.dtype, stages), name)
+        self.allocs.append(Op("alloc", (), (buf,), (("space", "shared"),)))
+        self.buffers[load.result.id] = buf
+        return buf
+
+    def block(self, block: Block, top: bool = False) -> Block:
+        ops: list[Op] = []
+        for op in block.ops:
+            if op.kind == "for" and self.stages > 1 and self._loads(op.regions[0]):
+                ops += self.pipeline(op)
+            elif op.kind == "load" and op.result.id in self.staged:
+                buf = self.buffer(op, 1)
+                ops += [_copy(op, buf, Slot(Dim.const(0))), _read(op, buf, Slot(Dim.const(0)))]
+            elif op.regions:
+                ops.append(replace(op, regions=tuple(self.block(r) for r in op.regions)))
+            else:
+                ops.append(op)
+        return replace(block, ops=tuple(ops))
+
+    def _loads(self, body: Block) -> list[Op]:
+        return [op for op in body.ops if op.kind == "load" and op.result.id in self.staged]
+
+    def pipeline(self, loop: Op) -> list[Op]:
+        body = loop.regions[0]
+        counter = body.args[0].name
+        assert counter is not None
+        loads = self._loads(body)
+        buffers = [self.buffer(load, self.stages) for load in loads]
+        s = self.stages
+        prologue: list[Op] = []
+        for j in range(s - 1):
+            for load, buf in zip(loads, buffers, strict=True):
+                first = functools.partial(_at_iteration, counter=counter, iteration=j)
+                prologue.append(
+                    _copy(load, buf, Slot(Dim.const(j), s), first, self.engine, counter)
+                )
+            prologue.append(Op("commit", (), ()))
+        ahead = Dim.sym(counter) + Dim.const(s - 1)
+        inner: list[Op] = [Op("wait", (), (), (("pending", s - 2),))]
+        for load, buf in zip(loads, buffers, strict=True):
+            later = functools.partial(shift, counter=counter, delta=s - 1)
+            inner.append(_copy(load, buf, Slot(ahead, s), later, self.engine, counter))
+        inner.append(Op("commit", (), ()))
+        current = Slot(Dim.sym(counter), s)
+        by_load = {load.result.id: buf for load, buf in zip(loads, buffers, strict=True)}
+        for op in body.ops:
+            if op.kind == "load" and op.result.id in by_load:
+                inner.append(_read(op, by_load[op.result.id], current))
+            elif op.regions:
+                inner.append(replace(op, regions=tuple(self.block(r) for r in op.regions)))
+            else:
+                inner.append(op)
+        return [*prologue, replace(loop, regions=(replace(body, ops=tuple(inner)),))]
+
+
+def _copy(
+    load: Op, buf: Value, slot: Slot, move: Callable[[Dim], Dim] | None = None,
+    engine: str | None = None, counter: str | None = None,
+) -> Op:  # fmt: skip
+    """A copy of ``load``'s place into ``buf``; ``move`` advances its loop counter."""
+    at: Access = load.attr("at")
+    attrs: tuple = ()
+    if move is not None:
+        moving = next(a for a in at.axes if counter in a.offset.symbols())
+        attrs = (("when", When(move(moving.offset), moving.extent)),)
+        at = Access(tuple(replace(a, offset=move(a.offset)) for a in at.axes))
+    attrs = (("at", at), ("slot", slot), *((("async", engine),) if engine else ()), *attrs)
+    return Op("copy", (load.operands[0], buf), (), attrs, ("write",), (), load.span)
+
+
+def _at_iteration(offset: Dim, counter: str, iteration: int) -> Dim:
+    return offset.substitute({counter: iteration})
+
+
+def _read(load: Op, buf: Value, slot: Slot) -> Op:
+    return Op("read", (buf,), load.results, (("slot", slot),), (), (), load.span)

@@ -1,0 +1,163 @@
+"""Float64 references for the examples and the standard library, and their inputs.
+
+Inputs are random (never zeros) and rounded to the dtype the kernel takes, so
+that the reference sees exactly the values the kernel does. Sizes are
+ragged: not multiples of any tile the schedules pick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+BF16 = ml_dtypes.bfloat16
+
+
+def f64(x: Any) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> np.ndarray:
+    q, k, v = f64(q), f64(k), f64(v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        rows, cols = np.indices(s.shape[-2:])
+        s = np.where(cols > rows, -np.inf, s)
+    return softmax(s) @ v
+
+
+def layernorm(x: Any, w: Any, b: Any, eps: float) -> np.ndarray:
+    x = f64(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * f64(w) + f64(b)
+
+
+def rmsnorm(x: Any, w: Any, eps: float) -> np.ndarray:
+    x = f64(x)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * f64(w)
+
+
+def rotary(x: Any, cos: Any, sin: Any) -> np.ndarray:
+    x, c, s = f64(x), f64(cos), f64(sin)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate((x1 * c - x2 * s, x1 * s + x2 * c), axis=-1)
+
+
+def adam(p: Any, g: Any, m: Any, v: Any, lr: float, step: int, b1: float, b2: float,
+         eps: float) -> dict[str, np.ndarray]:  # fmt: skip
+    p, g, m, v = f64(p), f64(g), f64(m), f64(v)
+    m = m * b1 + g * (1 - b1)
+    v = v * b2 + g * g * (1 - b2)
+    m_hat, v_hat = m / (1 - b1**step), v / (1 - b2**step)
+    return {"param": p - m_hat * lr / (np.sqrt(v_hat) + eps), "exp_avg": m, "exp_avg_sq": v}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One function of a ``.tsr`` file, its inputs, and what it must compute."""
+
+    path: str
+    function: str
+    make: Callable[[np.random.Generator], dict[str, Any]]
+    reference: Callable[[dict[str, Any]], dict[str, np.ndarray]]
+    #: Relative tolerance (of the largest reference value): bf16 outputs round.
+    rtol: float = 2e-2
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.split('/')[-1].removesuffix('.tsr')}:{self.function}"
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = np.float32,
+            scale: float = 1.0) -> np.ndarray:  # fmt: skip
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+M, N, K = 150, 136, 70  # more than one 128-tile, K with a ragged last step
+B, H, S, D = 2, 2, 150, 64  # head dim below the 128-wide tile: masked columns
+R, C = 37, 50
+
+
+def _gemm_inputs(dtype: Any) -> Callable[[np.random.Generator], dict[str, Any]]:
+    return lambda rng: {"A": _normal(rng, (M, K), dtype), "B": _normal(rng, (K, N), dtype, 0.3)}
+
+
+def _qkv(shape: tuple[int, ...], names: str = "QKV") -> Callable[[np.random.Generator], dict]:
+    return lambda rng: {n: _normal(rng, shape, BF16) for n in names}
+
+
+CASES = (
+    Case("examples/mlp.tsr", "linear_gelu",
+         lambda rng: {**_gemm_inputs(BF16)(rng), "bias": _normal(rng, (N,))},
+         lambda a: {"out": gelu(f64(a["A"]) @ f64(a["B"]) + f64(a["bias"]))}),
+    Case("examples/mlp.tsr", "mlp",
+         lambda rng: {"x": _normal(rng, (M, 40), BF16), "W_in": _normal(rng, (40, N), BF16, 0.2),
+                      "b_in": _normal(rng, (N,)), "W_out": _normal(rng, (N, 40), BF16, 0.2),
+                      "b_out": _normal(rng, (40,))},
+         lambda a: {"out": f64(a["x"]) + f64(gelu(f64(a["x"]) @ f64(a["W_in"]) + f64(a["b_in"]))
+                                             .astype(BF16)) @ f64(a["W_out"]) + f64(a["b_out"])}),
+    Case("examples/attention.tsr", "attention", _qkv((B, H, S, D)),
+         lambda a: {"out": attention(a["Q"], a["K"], a["V"], causal=True)}),
+    Case("examples/attention.tsr", "flash_attention",
+         lambda rng: {**_qkv((B * H, S, D), "qkv")(rng), "causal": False},
+         lambda a: {"out": attention(a["q"], a["k"], a["v"], causal=False)}),
+    Case("examples/norms.tsr", "row_softmax", lambda rng: {"x": _normal(rng, (R, C), scale=4.0)},
+         lambda a: {"out": softmax(f64(a["x"]))}, 1e-5),
+    Case("examples/norms.tsr", "pre_norm",
+         lambda rng: {"x": _normal(rng, (R, C), BF16), "gamma": _normal(rng, (C,)),
+                      "beta": _normal(rng, (C,))},
+         lambda a: {"out": layernorm(a["x"], a["gamma"], a["beta"], 1e-5)}),
+    Case("examples/norms.tsr", "rms", lambda rng: {"x": _normal(rng, (R, C)),
+                                                   "weight": _normal(rng, (C,))},
+         lambda a: {"out": rmsnorm(a["x"], a["weight"], 1e-6)}, 1e-5),
+    Case("examples/schedules.tsr", "gemm", _gemm_inputs(np.float16),
+         lambda a: {"out": f64(a["A"]) @ f64(a["B"])}, 2e-3),
+    Case("examples/schedules.tsr", "skinny_gemm", _gemm_inputs(np.float16),
+         lambda a: {"out": f64(a["A"]) @ f64(a["B"])}, 2e-3),
+    Case("examples/schedules.tsr", "gemm_bias_relu",
+         lambda rng: {**_gemm_inputs(BF16)(rng), "bias": _normal(rng, (N,))},
+         lambda a: {"out": np.maximum(f64(a["A"]) @ f64(a["B"]) + f64(a["bias"]), 0)}),
+    Case("tessera/stdlib/gemm.tsr", "gemm",
+         lambda rng: {"a": _normal(rng, (M, K), BF16), "b": _normal(rng, (K, N), BF16)},
+         lambda a: {"out": f64(a["a"]) @ f64(a["b"])}, 1e-5),
+    Case("tessera/stdlib/flash_attention.tsr", "flash_attention",
+         lambda rng: {**_qkv((B * H, S, D), "qkv")(rng), "causal": True, "scale": 0.2},
+         lambda a: {"out": attention(a["q"], a["k"], a["v"], causal=True, scale=0.2)}),
+    Case("tessera/stdlib/softmax.tsr", "softmax", lambda rng: {"x": _normal(rng, (R, C), scale=4)},
+         lambda a: {"out": softmax(f64(a["x"]))}, 1e-5),
+    Case("tessera/stdlib/layernorm.tsr", "layernorm",
+         lambda rng: {"x": _normal(rng, (R, C)), "weight": _normal(rng, (C,)),
+                      "bias": _normal(rng, (C,)), "eps": 1e-5},
+         lambda a: {"out": layernorm(a["x"], a["weight"], a["bias"], 1e-5)}, 1e-5),
+    Case("tessera/stdlib/rmsnorm.tsr", "rmsnorm",
+         lambda rng: {"x": _normal(rng, (R, C)), "weight": _normal(rng, (C,)), "eps": 1e-6},
+         lambda a: {"out": rmsnorm(a["x"], a["weight"], 1e-6)}, 1e-5),
+    Case("tessera/stdlib/rotary_embedding.tsr", "rotary_embedding",
+         lambda rng: {"x": _normal(rng, (R, 48)), "cos": _normal(rng, (R, 24)),
+                      "sin": _normal(rng, (R, 24))},
+         lambda a: {"out": rotary(a["x"], a["cos"], a["sin"])}, 1e-5),
+    Case("tessera/stdlib/fused_adam.tsr", "fused_adam",
+         lambda rng: {"param": _normal(rng, (1100,)), "grad": _normal(rng, (1100,)),
+                      "exp_avg": _normal(rng, (1100,), scale=0.1),
+                      "exp_avg_sq": np.abs(_normal(rng, (1100,), scale=0.1)), "lr": 1e-2,
+                      "step": 3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+         lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
+                        a["beta1"], a["beta2"], a["eps"]), 1e-5),
+)  # fmt: skip

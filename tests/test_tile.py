@@ -1,0 +1,339 @@
+"""The Tile IR: lowering, each tile pass at work, and the interpreter against float64.
+
+The interpreter runs the tile program of every example and standard-library
+kernel on every target's lowering, with ragged sizes and poisoned outputs.
+The pass tests look at structure (which ops, in which order, with which
+attributes), not at substrings of the dump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.transpiler.frontend.diagnostics import Diagnostics
+from tessera.transpiler.graph.ir import Block, Op, walk
+from tessera.transpiler.schedule.hardware import hardware_for
+from tessera.transpiler.tile.build import tile_module
+from tessera.transpiler.tile.interpret import TileRuntimeError, run_function
+from tessera.transpiler.tile.ir import SharedType, TileKernel, TileModule
+from tessera.transpiler.tile.passes import TILE_PASSES
+from tessera.transpiler.tile.rewrite import rewrite
+from tessera.transpiler.tile.verify import TileVerifyError, verify_kernel
+
+from .conftest import ROOT
+from .reference import CASES, Case, f64
+
+CONFIGS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
+           ("opencl", "generic")]  # fmt: skip
+
+GEMM = """\
+@kernel
+def mm(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return A @ B
+"""
+
+SOFTMAX = """\
+@kernel
+def f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax(x)
+"""
+
+ATTENTION = """\
+@kernel
+def attn(q: Tensor["BH", "S", "D", bf16], k: Tensor["BH", "S", "D", bf16],
+         v: Tensor["BH", "S", "D", bf16]) -> Tensor["BH", "S", "D", bf16]:
+    return ops.flash_attention(q, k, v, causal=False)
+"""
+
+
+def kernel(src: str, target: str = "cuda", arch: str | None = None, **defines: int) -> TileKernel:
+    program = tessera.compile(src, target=target, arch=arch, defines=defines)
+    (tile_program,) = program.ir("tile").programs
+    (k,) = tile_program.kernels
+    return k
+
+
+def ops_of(block: Block, kind: str) -> list[Op]:
+    return [op for op in walk(block) if op.kind == kind]
+
+
+def loop(k: TileKernel) -> Op:
+    (op,) = ops_of(k.body, "for")
+    return op
+
+
+def stdlib_gemm(target: str) -> tuple[TileModule, TileKernel]:
+    """The library gemm's Tile IR module and its one kernel."""
+    case = next(c for c in CASES if c.id == "gemm:gemm")
+    module = tessera.compile_file(ROOT / case.path, target=target).ir("tile")
+    (k,) = module.programs[0].kernels
+    return module, k
+
+
+def with_kernel(module: TileModule, k: TileKernel) -> TileModule:
+    """``module`` with its one program's kernels replaced by ``k``."""
+    (program,) = [p for p in module.programs if p.host.function == k.function]
+    return dataclasses.replace(module, programs=(dataclasses.replace(program, kernels=(k,)),))
+
+
+def gemm_inputs() -> dict:
+    return next(c for c in CASES if c.id == "gemm:gemm").make(np.random.default_rng(0))
+
+
+# -- the interpreter against the float64 reference ---------------------------------
+
+
+def _run(case: Case, target: str, arch: str, seed: int = 0) -> tuple[dict, dict]:
+    inputs = case.make(np.random.default_rng(seed))
+    expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
+    program = tessera.compile_file(ROOT / case.path, target=target, arch=arch)
+    got = run_function(program.ir("tile"), case.function, inputs)
+    return got, expected
+
+
+@pytest.mark.parametrize(("target", "arch"), CONFIGS, ids=[f"{t}-{a}" for t, a in CONFIGS])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_tile_program_matches_float64_reference(case: Case, target: str, arch: str) -> None:
+    got, expected = _run(case, target, arch)
+    for name, want in expected.items():
+        have = f64(got[name])
+        assert have.shape == want.shape
+        assert not np.isnan(have).any(), f"{name}: some outputs were never written"
+        error = np.abs(have - want).max() / np.abs(want).max()
+        assert error < case.rtol, f"{name}: relative error {error:.2e}"
+
+
+def test_poisoned_outputs_would_be_caught() -> None:
+    """The poison is real: an output the program does not write stays NaN."""
+    module, k = stdlib_gemm("cpu")
+    body = dataclasses.replace(k.body, ops=tuple(op for op in k.body.ops if op.kind != "store"))
+    out = run_function(with_kernel(module, dataclasses.replace(k, body=body)), "gemm",
+                       gemm_inputs())["out"]  # fmt: skip
+    assert np.isnan(f64(out)).all()
+
+
+# -- legalization ------------------------------------------------------------------
+
+
+def test_legalize_fuses_the_accumulation_into_an_mma() -> None:
+    hw = hardware_for("cuda", "sm_80")
+    before = _unpassed(GEMM)
+    (add,) = [op for op in ops_of(loop(before).regions[0], "add")]
+    (dot,) = ops_of(before.body, "dot")
+    assert dot.result in add.operands
+    after = TILE_PASSES[0].run(before, hw)
+    assert ops_of(after.body, "dot") == [] and ops_of(after.body, "add") == []
+    (mma,) = ops_of(after.body, "mma")
+    assert mma.results == add.results
+    assert mma.operands[:2] == dot.operands and mma.operands[2] in loop(after).regions[0].args
+
+
+@pytest.mark.parametrize(
+    ("target", "arch", "inst", "operands"),
+    [("cuda", "sm_80", "mma.sync.bf16", "registers"), ("cuda", "sm_90a", "wgmma.bf16", "shared"),
+     ("hip", "gfx90a", "mfma_f32_32x32x8bf16_1k", "registers"),
+     ("cpu", "native", "simd.fma", "registers"), ("opencl", "generic", "fma", "registers")],
+)  # fmt: skip
+def test_legalize_picks_the_targets_matrix_instruction(
+    target: str, arch: str, inst: str, operands: str
+) -> None:
+    k = kernel(GEMM, target, arch)
+    (mma,) = ops_of(k.body, "mma")
+    plan = mma.attr("mma")
+    assert (plan.inst, plan.operands) == (inst, operands)
+    rows, cols = (d.constant for d in mma.result.type.dims)
+    wm, wn = plan.warps
+    assert plan.warp_tile == (rows // wm, cols // wn)
+    assert plan.warp_tile[0] >= plan.shape[0] and plan.warp_tile[1] >= plan.shape[1]
+
+
+# -- edge masking --------------------------------------------------------------------
+
+
+def _masks(k: TileKernel, kind: str) -> list[tuple[bool, ...]]:
+    return [tuple(a.masked for a in op.attr("at").axes) for op in ops_of(k.body, kind)]
+
+
+def test_edge_masks_follow_the_sizes() -> None:
+    ragged = kernel(GEMM, "cpu")
+    assert _masks(ragged, "store") == [(True, True)]
+    assert all(all(m) for m in _masks(ragged, "copy"))
+    exact = kernel(GEMM, "cpu", M=256, N=256, K=1024)
+    assert _masks(exact, "store") == [(False, False)]
+    assert not any(any(m) for m in _masks(exact, "copy"))
+
+
+def test_edge_mask_guards_the_online_softmax_against_padded_keys() -> None:
+    k = kernel(ATTENTION, "cuda")
+    body = loop(k).regions[0]
+    (mask,) = ops_of(body, "mask_edge")
+    (online,) = ops_of(body, "softmax_online")
+    assert online.operands == mask.results
+    assert (mask.attr("axis"), mask.attr("fill")) == (1, -math.inf)
+    assert str(mask.attr("extent")) == "S"
+    assert ops_of(kernel(ATTENTION, "cuda", S=256).body, "mask_edge") == []
+
+
+def test_padded_rows_alone_need_no_fill() -> None:
+    """Rows past the edge are never stored, so a row-wise softmax needs no mask_edge."""
+    k = kernel(SOFTMAX, "cuda")
+    assert ops_of(k.body, "mask_edge") == []
+    assert _masks(k, "load") == [(True, False)]
+
+
+def test_verifier_rejects_an_unmasked_ragged_access() -> None:
+    k = kernel(GEMM, "cpu")
+    store = ops_of(k.body, "store")[0]
+    at = store.attr("at")
+    unmasked = dataclasses.replace(at, axes=tuple(dataclasses.replace(a, masked=False)
+                                                  for a in at.axes))  # fmt: skip
+    bad = dataclasses.replace(store, attrs=(("at", unmasked),))
+    body = dataclasses.replace(k.body, ops=tuple(bad if op is store else op for op in k.body.ops))
+    with pytest.raises(TileVerifyError, match="unmasked"):
+        verify_kernel(dataclasses.replace(k, body=body), hardware_for("cpu", "native"), "edge")
+
+
+def test_interpreter_traps_an_unmasked_access_past_the_edge() -> None:
+    module, k = stdlib_gemm("cpu")
+
+    def unmask(op: Op) -> list[Op]:
+        at = op.attr("at")
+        if at is None:
+            return [op]
+        axes = tuple(dataclasses.replace(a, masked=False) for a in at.axes)
+        attrs = tuple((n, dataclasses.replace(at, axes=axes) if n == "at" else v)
+                      for n, v in op.attrs)  # fmt: skip
+        return [dataclasses.replace(op, attrs=attrs)]
+
+    broken = dataclasses.replace(k, body=rewrite(k.body, unmask))
+    with pytest.raises(TileRuntimeError, match="unmasked access"):
+        run_function(with_kernel(module, broken), "gemm", gemm_inputs())
+
+
+# -- staging and pipelining ------------------------------------------------------------
+
+
+def test_pipelining_on_sm80_prefetches_stages_minus_one_iterations() -> None:
+    k = kernel(GEMM, "cuda", "sm_80")
+    assert k.stages == 3
+    allocs = ops_of(k.body, "alloc")
+    assert [a.result.type.stages for a in allocs] == [3, 3]
+    top = [op.kind for op in k.body.ops]
+    first_loop = top.index("for")
+    # the prologue: two iterations' copies (A and B), each group committed
+    assert top[first_loop - 6 : first_loop] == ["copy", "copy", "commit"] * 2
+    body = [op.kind for op in loop(k).regions[0].ops]
+    assert body[:6] == ["wait", "barrier", "copy", "copy", "commit", "read"]
+    (wait,) = ops_of(loop(k).regions[0], "wait")
+    assert wait.attr("pending") == k.stages - 2
+    copies = [op for op in loop(k).regions[0].ops if op.kind == "copy"]
+    assert all(op.attr("async") == "cp.async" for op in copies)
+    assert {str(op.attr("slot")) for op in copies} == {"(kb + 2) % 3"}
+    reads = ops_of(loop(k).regions[0], "read")
+    assert {str(op.attr("slot")) for op in reads} == {"(kb) % 3"}
+
+
+def test_without_async_copies_staging_is_synchronous() -> None:
+    k = kernel(GEMM, "opencl")
+    assert [a.result.type.stages for a in ops_of(k.body, "alloc")] == [1, 1]
+    assert ops_of(k.body, "wait") == [] and ops_of(k.body, "commit") == []
+    body = [op.kind for op in loop(k).regions[0].ops]
+    assert body[:3] == ["copy", "barrier", "read"]
+
+
+def test_a_wrong_wait_count_is_caught_by_the_interpreter() -> None:
+    """Waiting for one group too few reads a stage before its copy lands."""
+    module, k = stdlib_gemm("cuda")
+
+    def loosen(op: Op) -> list[Op]:
+        if op.kind == "wait":
+            return [dataclasses.replace(op, attrs=(("pending", op.attr("pending") + 1),))]
+        return [op]
+
+    broken = dataclasses.replace(k, body=rewrite(k.body, loosen))
+    out = run_function(with_kernel(module, broken), "gemm", gemm_inputs())["out"]
+    assert np.isnan(f64(out)).any()
+
+
+# -- barriers ---------------------------------------------------------------------------
+
+
+def test_cpu_programs_have_no_barriers() -> None:
+    assert ops_of(kernel(GEMM, "cpu").body, "barrier") == []
+
+
+def test_barriers_separate_writes_from_reads_of_each_buffer() -> None:
+    """Along the loop body, twice round: a read never follows a write of its buffer,
+    nor a copy a read of its buffer, without a barrier between."""
+    k = kernel(ATTENTION, "hip")
+    body = loop(k).regions[0].ops * 2
+    written: set[int] = set()
+    read: set[int] = set()
+    for op in body:
+        if op.kind == "barrier":
+            written, read = set(), set()
+        elif op.kind == "copy":
+            assert op.operands[1].id not in read
+            written.add(op.operands[1].id)
+        elif op.kind == "read":
+            assert op.operands[0].id not in written
+            read.add(op.operands[0].id)
+    assert ops_of(loop(k).regions[0], "barrier")
+
+
+# -- shared-memory planning ------------------------------------------------------------
+
+
+def test_smem_plan_reuses_the_query_buffer_and_keeps_live_buffers_apart() -> None:
+    k = kernel(ATTENTION, "cuda")
+    slots = {s.buffer: s for s in k.smem}
+    assert set(slots) == {"q_tile_smem", "k_tile_smem", "v_tile_smem"}
+    k_, v_ = slots["k_tile_smem"], slots["v_tile_smem"]
+    assert k_.offset + k_.bytes <= v_.offset or v_.offset + v_.bytes <= k_.offset
+    assert slots["q_tile_smem"].offset == k_.offset  # q is read before k and v are used
+    assert k.smem_bytes < sum(s.bytes for s in k.smem)
+    assert all(s.offset % 128 == 0 for s in k.smem)
+    for op in ops_of(k.body, "alloc"):
+        t: SharedType = op.result.type
+        assert slots[op.result.name].bytes >= t.bytes
+
+
+def test_smem_layouts_per_target() -> None:
+    assert {s.layout for s in kernel(GEMM, "cuda").smem} == {"xor"}
+    assert {s.layout for s in kernel(GEMM, "cpu").smem} == {"row-major"}
+
+
+# -- the stage as a whole -------------------------------------------------------------
+
+
+def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> None:
+    src = (
+        '@kernel\ndef s(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:\n    return sum(x, axis=0)\n'
+    )
+    program = tessera.compile(src, target="cuda", until="sched")
+    assert "launch k0" in program.inspect_ir("sched")
+    with pytest.raises(tessera.CompileError, match="no tile kernel implements"):
+        program.ir("tile")
+
+
+def test_every_pass_keeps_the_kernel_valid() -> None:
+    for target, arch in CONFIGS:
+        hw = hardware_for(target, arch)
+        k = kernel(ATTENTION, target, arch)
+        for tile_pass in TILE_PASSES:
+            verify_kernel(k, hw, tile_pass.name)
+
+
+def _unpassed(src: str, target: str = "cuda") -> TileKernel:
+    """The kernel as the lowering leaves it, before any tile pass."""
+    program = tessera.compile(src, target=target, until="sched")
+    module = tile_module(program.ir("graph"), program.ir("sched"), program.options,
+                         Diagnostics(), until="lowering")  # fmt: skip
+    (tp,) = module.programs
+    (lowered,) = tp.kernels
+    return lowered
