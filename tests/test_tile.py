@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ from tessera.transpiler.tile.rewrite import rewrite
 from tessera.transpiler.tile.verify import TileVerifyError, verify_kernel
 
 from .conftest import ROOT
-from .reference import CASES, Case, f64
+from .reference import BF16, CASES, Case, K, M, N, attention, f64
 
 CONFIGS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
            ("opencl", "generic")]  # fmt: skip
@@ -337,3 +338,57 @@ def _unpassed(src: str, target: str = "cuda") -> TileKernel:
     (tp,) = module.programs
     (lowered,) = tp.kernels
     return lowered
+
+
+# -- instantiation of the library for graph groups -------------------------------------
+
+EPILOGUE = """\
+@kernel
+def f(A: Tensor["M", "K", {dtype}], B: Tensor["K", "N", {dtype}], bias: Tensor["N", f32],
+      r: Tensor["M", "N", f32]) -> Tensor["M", "N", bf16 @accum(f32)]:
+    return cast(silu(A @ B * 0.5 + bias) + r, bf16)
+"""
+DTYPES = {"f32": np.float32, "tf32": np.float32, "bf16": BF16, "f16": np.float16,
+          "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [("cuda", "sm_80"), ("cuda", "sm_90a"), ("cpu", "native")],
+                         ids=lambda c: "-".join(c))  # fmt: skip
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_gemm_instantiates_for_each_input_dtype_with_its_epilogue(
+    dtype: str, config: tuple[str, str]
+) -> None:
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal((M, K)) * 0.5).astype(DTYPES[dtype])
+    b = (rng.standard_normal((K, N)) * 0.5).astype(DTYPES[dtype])
+    bias, r = rng.standard_normal(N).astype(np.float32), rng.standard_normal((M, N))
+    r = r.astype(np.float32)
+    program = tessera.compile(EPILOGUE.format(dtype=dtype), target=config[0], arch=config[1])
+    (k,) = program.ir("tile").programs[0].kernels
+    assert k.template == "gemm"
+    out = run_function(program.ir("tile"), "f", {"A": a, "B": b, "bias": bias, "r": r})["out"]
+    if dtype == "tf32":  # tensor cores read f32 with a 10-bit mantissa
+        a, b = tf32(a), tf32(b)
+    z = f64(a) @ f64(b) * 0.5 + bias
+    want = z / (1 + np.exp(-z)) + r
+    have = f64(out)
+    assert not np.isnan(have).any()
+    assert np.abs(have - want).max() / np.abs(want).max() < 1e-2
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to 11 significant bits, to nearest even."""
+    mantissa, exponent = np.frexp(f64(x))
+    return np.ldexp(np.round(mantissa * 2**11) / 2**11, exponent)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("head_dim", [64, 128, 100])
+def test_attention_op_instantiates_for_head_dims_and_causality(head_dim: int, causal: bool) -> None:
+    src = ATTENTION.replace("causal=False", f"causal={causal}")
+    program = tessera.compile(src, target="cuda", arch="sm_90a")
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((3, 130, head_dim)).astype(BF16) for _ in range(3))
+    out = run_function(program.ir("tile"), "attn", {"q": q, "k": k, "v": v})["out"]
+    want = attention(q, k, v, causal=causal)
+    assert np.abs(f64(out) - want).max() / np.abs(want).max() < 2e-2
