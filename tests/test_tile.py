@@ -392,3 +392,48 @@ def test_attention_op_instantiates_for_head_dims_and_causality(head_dim: int, ca
     out = run_function(program.ir("tile"), "attn", {"q": q, "k": k, "v": v})["out"]
     want = attention(q, k, v, causal=causal)
     assert np.abs(f64(out) - want).max() / np.abs(want).max() < 2e-2
+
+
+def _before_and_after(src: str, name: str, target: str = "cuda") -> tuple[TileKernel, TileKernel]:
+    """The kernel just before pass ``name`` and just after it."""
+    names = [p.name for p in TILE_PASSES]
+    previous = "lowering" if names.index(name) == 0 else names[names.index(name) - 1]
+    program = tessera.compile(src, target=target, until="sched")
+    (before,) = tile_module(program.ir("graph"), program.ir("sched"), program.options,
+                            Diagnostics(), until=previous).programs[0].kernels  # fmt: skip
+    hw = hardware_for(target, program.options.resolved_arch)
+    after = next(p for p in TILE_PASSES if p.name == name).run(before, hw)
+    return before, after
+
+
+def _kinds(k: TileKernel) -> list[str]:
+    return [op.kind for op in walk(k.body)]
+
+
+def test_edge_mask_pass_before_and_after() -> None:
+    before, after = _before_and_after(ATTENTION, "edge-mask")
+    assert not any(any(m) for m in _masks(before, "load")) and "mask_edge" not in _kinds(before)
+    assert all(any(m) for m in _masks(after, "load")) and _kinds(after).count("mask_edge") == 1
+
+
+def test_stage_pass_before_and_after() -> None:
+    before, after = _before_and_after(GEMM, "stage")
+    assert {"alloc", "copy", "read"}.isdisjoint(_kinds(before))
+    assert _kinds(before).count("load") == 2
+    assert _kinds(after).count("load") == 0 and _kinds(after).count("read") == 2
+    assert _kinds(after).count("alloc") == 2 and _kinds(after).count("copy") == 2 * 3
+
+
+def test_barrier_pass_before_and_after() -> None:
+    before, after = _before_and_after(GEMM, "barriers")
+    assert "barrier" not in _kinds(before)
+    assert [k for k in _kinds(after) if k != "barrier"] == _kinds(before)
+    assert _kinds(after).count("barrier") == 1
+
+
+def test_smem_planning_pass_before_and_after() -> None:
+    before, after = _before_and_after(GEMM, "plan-smem")
+    assert before.smem == () and before.smem_bytes == 0
+    assert [s.buffer for s in after.smem] == ["a_tile_smem", "b_tile_smem"]
+    assert after.smem_bytes == sum(s.bytes for s in after.smem) == 2 * 3 * 128 * 32 * 2
+    assert after.body == before.body
