@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
@@ -50,7 +50,6 @@ class KernelInput:
     epilogue: Callable[[_Lowering, Value, Access], Value] | None = None
     template: str = "tile_kernel"
     kind: str = "tile"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def lower_tile_function(function: Function, launch: Launch, given: KernelInput) -> TileKernel:
