@@ -8,24 +8,25 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint format bench clean
 
-# Set up, then compile an example and show its Graph IR.
+# Set up, then compile an example for the CPU, run it, check it against numpy, time it.
 demo: $(STAMP)
-	$(BIN)/tesserac examples/attention.tsr --emit graph
+	$(BIN)/python examples/run_mlp.py
 
 # Set up, then run every test tier that this machine's tools allow.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/black --check tessera tests bench
-	$(BIN)/ruff check tessera tests bench
+	$(BIN)/black --check tessera tests bench examples
+	$(BIN)/ruff check tessera tests bench examples
 
 format: $(STAMP)
-	$(BIN)/black tessera tests bench
-	$(BIN)/ruff check --fix tessera tests bench
+	$(BIN)/black tessera tests bench examples
+	$(BIN)/ruff check --fix tessera tests bench examples
 
 bench: $(STAMP)
 	$(BIN)/python bench/parse.py
+	$(BIN)/python bench/cpu.py
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)

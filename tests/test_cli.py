@@ -59,17 +59,24 @@ def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("stage", ["target", "meta"])
-def test_stages_not_built_yet_say_so(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, err = run([ATTENTION, "--emit", stage, "--target", "cpu"], capsys)
+@pytest.mark.parametrize("target", ["cuda", "hip", "opencl"])
+def test_backends_not_built_yet_say_so(
+    stage: str, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run([ATTENTION, "--emit", stage, "--target", target], capsys)
     assert status == 2 and out == ""
-    assert f"the '{stage}' stage is not implemented yet" in err
+    assert f"the {target} backend is not implemented yet" in err
 
 
 def test_default_is_target_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run([ATTENTION, "-o", str(tmp_path / "attention.cu")], capsys)
     assert status == 2
-    assert "'target' stage is not implemented yet" in err
+    assert "the cuda backend is not implemented yet" in err
     assert not (tmp_path / "attention.cu").exists()
+    status, _, err = run([ATTENTION, "-o", str(tmp_path / "attention.cpp")], capsys)
+    assert status == 0, err
+    text = (tmp_path / "attention.cpp").read_text()
+    assert 'extern "C" void tessera_attention(' in text
 
 
 def test_program_errors_come_before_missing_stages(

@@ -1,5 +1,5 @@
-"""Build and load generated code: cpu (g++ and ctypes), cuda (CuPy RawModule), opencl.
+"""Build and load generated code. ``cpu``: g++, a cached shared object, ctypes, numpy.
 
-Arrives with the backends; until then ``Program.load()`` raises
-``StageNotImplemented``.
+``Program.load()`` uses the runtime of the program's target; the cuda (CuPy
+RawModule) and opencl (pyopencl) runtimes arrive with their backends.
 """

@@ -9,6 +9,7 @@ raises ``StageNotImplemented`` instead of pretending.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from .options import Options, OptionsError
 from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
+from .target.cpu import CpuModule, emit_cpu
 from .tile.build import tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
@@ -45,11 +47,18 @@ STAGES = ("ast", "graph", "sched", "tile", "target", "meta")
 
 
 class StageNotImplemented(NotImplementedError):
-    """The stage is part of the design but not built yet."""
+    """The stage is part of the design but not built yet (for this target)."""
 
-    def __init__(self, stage: str) -> None:
-        done = ", ".join(s.name for s in PIPELINE)
-        super().__init__(f"the '{stage}' stage is not implemented yet (available: {done})")
+    def __init__(self, stage: str, target: str | None = None) -> None:
+        if target is None:
+            done = ", ".join(s.name for s in PIPELINE)
+            message = f"the '{stage}' stage is not implemented yet (available: {done})"
+        else:
+            message = (
+                f"the {target} backend is not implemented yet: '--emit {stage}' works for "
+                "--target cpu; every target has '--emit tile'"
+            )
+        super().__init__(message)
         self.stage = stage
 
 
@@ -114,11 +123,35 @@ def _tile_stage(
     return module
 
 
+def _target_stage(
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+) -> CpuModule:
+    if options.target != "cpu":
+        raise StageNotImplemented("target", options.target)
+    for program in irs["tile"].programs:
+        for launch, why in program.runtime:
+            diags.error(
+                f"'{program.host.function}': launch {launch} is {why}, which the CPU backend "
+                "cannot run yet",
+                program.host.span,
+            )
+    diags.check()
+    return emit_cpu(irs["tile"])
+
+
+def _meta_stage(
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+) -> dict[str, Any]:
+    return irs["target"].meta
+
+
 PIPELINE: tuple[Stage, ...] = (
     Stage("ast", _ast_stage, print_module),
     Stage("graph", _graph_stage, print_graph),
     Stage("sched", _sched_stage, print_schedule, needs_target=True),
     Stage("tile", _tile_stage, print_tile, needs_target=True),
+    Stage("target", _target_stage, lambda m: m.source, needs_target=True),
+    Stage("meta", _meta_stage, lambda m: json.dumps(m, indent=2) + "\n", needs_target=True),
 )
 
 
@@ -131,6 +164,7 @@ class Program:
         self.input = source
         self.options = options
         self._ir: dict[str, Any] = {}
+        self._missing: StageNotImplemented | None = None
         self._diags = Diagnostics()
         self._run(until)
 
@@ -143,6 +177,9 @@ class Program:
                     self._ir[stage.name] = stage.run(
                         self._ir, self.input, self.options, self._diags
                     )
+                except StageNotImplemented as exc:
+                    self._missing = exc
+                    break
                 except (CompileError, OptionsError):
                     raise
                 except Exception as exc:
@@ -157,6 +194,8 @@ class Program:
             raise ValueError(f"unknown stage '{stage}'; stages are: {', '.join(STAGES)}")
         if stage not in self._ir and any(s.name == stage for s in PIPELINE):
             self._run(stage)
+        if stage not in self._ir and self._missing is not None:
+            raise self._missing
         if stage not in self._ir:
             if any(s.name == stage for s in PIPELINE):
                 raise OptionsError(
@@ -181,8 +220,12 @@ class Program:
         return self.inspect_ir("target")
 
     def load(self) -> Any:
-        """Build and load the generated code for its target."""
-        raise StageNotImplemented("target")
+        """Build and load the generated code: an object with one callable per function,
+        named as in the ``.tsr`` file (see ``tessera.runtime.cpu``)."""
+        source = self.source  # raises for a target whose backend does not exist yet
+        from ..runtime.cpu import load
+
+        return load(source, self.ir("meta"))
 
 
 def compile(

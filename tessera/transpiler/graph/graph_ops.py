@@ -8,15 +8,18 @@ the two in step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import F32, DType, accumulator, promote
-from .ir import Value
+from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
 from .values import Const, DimValue
 
-__all__ = ["GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type"]
+__all__ = [
+    "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
+]  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 
@@ -117,6 +120,23 @@ def _binary(kind: str, symbol: str) -> Callable[[OpCall], object]:
         "beats an integer; bf16 and f16 together give f32)."
     )
     return rule
+
+
+def binary_operands(op: Op) -> tuple[Any, Any]:
+    """``a`` and ``b`` of a binary op as built above: a Value, or the constant its
+    attribute holds. Tensor and tile operands come first, then scalar ones."""
+    values = [v for v in op.operands if not isinstance(v.type, ScalarType)]
+    scalars = [v for v in op.operands if isinstance(v.type, ScalarType)]
+    picked = []
+    for name in ("a", "b"):
+        attr = op.attr(name)
+        if attr is None:
+            picked.append(values.pop(0) if values else scalars.pop(0))
+        elif attr == "scalar":
+            picked.append(scalars.pop(0))
+        else:
+            picked.append(attr)
+    return picked[0], picked[1]
 
 
 for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("pow", "**")):

@@ -204,11 +204,12 @@ class _Scheduler:
         dims = (out or (stores or loads)[0]).dims
         dtype = (loads or [out])[0].dtype
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
+        head = dims[-1] if "T.d" in self._tile_dims() else None  # only a T.d tile spans it
         if any(op.kind == "tile.softmax_online" for op in ops):
-            return Problem("tile", dtype, dims[-2], loop, d=dims[-1], batch=dims[:-2],
+            return Problem("tile", dtype, dims[-2], loop, d=head, batch=dims[:-2],
                            shape="attention")  # fmt: skip
         if any(op.kind == "tile.dot" for op in ops):
-            return Problem("tile", dtype, dims[-2], dims[-1], loop, d=dims[-1],
+            return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
                            batch=dims[:-2], shape="gemm")  # fmt: skip
         if len(dims) == 1:
             return Problem("tile", dtype, dims[0], shape="elementwise")

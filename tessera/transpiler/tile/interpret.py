@@ -27,6 +27,7 @@ import numpy as np
 
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
+from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value
 from ..graph.types import ScalarType, TensorType, TileType
 from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
@@ -74,6 +75,12 @@ def run_function(
     sizes: dict[str, int] = {}
     for kernel in program.kernels:
         _bind_sizes(kernel, arrays, sizes)
+    for guard in program.host.guards:
+        left, right = _eval(guard.left, sizes), _eval(guard.right, sizes)
+        holds = {"equal": left == right, "divisible": left % right == 0, "at_most": left <= right}
+        if not holds[guard.kind]:
+            raise TileRuntimeError(f"guard {guard} fails with {sizes}: {guard.reason}")
+    for kernel in program.kernels:
         for param in kernel.params:
             if param.name not in arrays and isinstance(param.type, TensorType):
                 shape = tuple(_eval(d, sizes) for d in param.type.dims)
@@ -305,32 +312,11 @@ class _Program:
     def elementwise(self, op: Op) -> Any:
         operands = [self.values[v.id] for v in op.operands]
         if op.kind in _BINARY:
-            a, b = _binary_operands(op, operands)
+            a, b = (self.values[x.id] if isinstance(x, Value) else x for x in binary_operands(op))
             return _BINARY[op.kind](a, b)
         if op.kind in _UNARY:
             return _UNARY[op.kind](operands[0])
         raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
-
-
-def _binary_operands(op: Op, operands: list[Any]) -> tuple[Any, Any]:
-    """``a`` and ``b`` of a binary op: tiles come first among the operands, then
-    scalars; constants are attributes."""
-    tiles = [v for v, o in zip(operands, op.operands, strict=True) if not _is_scalar(o)]
-    scalars = [v for v, o in zip(operands, op.operands, strict=True) if _is_scalar(o)]
-    picked = []
-    for name in ("a", "b"):
-        attr = op.attr(name)
-        if attr is None:
-            picked.append(tiles.pop(0) if tiles else scalars.pop(0))
-        elif attr == "scalar":
-            picked.append(scalars.pop(0))
-        else:
-            picked.append(attr)
-    return picked[0], picked[1]
-
-
-def _is_scalar(value: Value) -> bool:
-    return isinstance(value.type, ScalarType)
 
 
 def _finite(m: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from ..graph.ir import Block, Function, Op, Value, new_value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..schedule.ir import Launch
 from .ir import Access, Axis, GridAxis, TileKernel
+from .rewrite import use_counts
 
 __all__ = ["KernelInput", "lower_tile_function", "TILE_NAMES"]
 
@@ -142,7 +143,11 @@ class _Lowering:
             if self.given.epilogue is not None:
                 result = self.given.epilogue(self, result, access)
             self.emit("store", (self.given.output, result), (), (("at", access),), ("write",))
-        return Block((), tuple(self.ops))
+        body = Block((), tuple(self.ops))
+        uses = use_counts(body)
+        # a keyword bound to a constant that only an inlined branch read is not needed
+        kept = tuple(op for op in body.ops if op.kind != "const" or uses.get(op.result.id))
+        return Block((), kept)
 
     def block(self, ops: tuple[Op, ...]) -> None:
         for op in ops:

@@ -1,0 +1,161 @@
+"""Benchmark: the CPU backend against numpy (OpenBLAS) and PyTorch, in one process.
+
+Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` and
+``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
+and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
+attention f32 B1 H8 S1024 D64, causal and not, against torch
+``scaled_dot_product_attention``. Each case is timed interleaved with its peers,
+median of several runs after warm-up. Results go to ``bench/results/cpu.json``; a
+peer that is not installed is recorded as null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+import tessera
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "cpu.json"
+
+try:  # the peer for norms and attention; optional
+    import torch
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
+
+SOURCE = """\
+@kernel
+def sgemm(A: Tensor["M", "K", f32], B: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    return A @ B
+
+@kernel
+def softmax_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax_safe(x, axis=-1)
+
+@kernel
+def layernorm_rows(x: Tensor["R", "C", f32], w: Tensor["C", f32],
+                   b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return layernorm(x, w, b, eps=1e-5)
+
+@kernel
+def rmsnorm_rows(x: Tensor["R", "C", f32], w: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return rmsnorm(x, w, eps=1e-6)
+
+@kernel
+def attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", f32],
+              v: Tensor["B", "H", "S", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return ops.flash_attention(q, k, v, causal=False)
+
+@kernel
+def causal_attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", f32],
+                     v: Tensor["B", "H", "S", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return ops.flash_attention(q, k, v, causal=True)
+"""
+
+
+def timed(functions: dict[str, Callable[[], object] | None], runs: int) -> dict:
+    """Median seconds of each function, runs interleaved, after one warm-up each."""
+    live = {name: fn for name, fn in functions.items() if fn is not None}
+    for fn in live.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(runs):
+        for name, fn in live.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(samples[name]) if name in samples else None
+            for name in functions}  # fmt: skip
+
+
+def ratio(peer: float | None, ours: float) -> float | None:
+    """How many times faster than the peer we are (above 1: faster)."""
+    return None if peer is None else round(peer / ours, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--full", action="store_true", help="include SGEMM 4096")
+    args = parser.parse_args()
+    lib = tessera.compile(SOURCE, "bench.tsr", target="cpu").load()
+    rng = np.random.default_rng(0)
+    rows = []
+
+    for n in (512, 1024, 2048, *((4096,) if args.full else ())):
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        ta, tb = (torch.from_numpy(a), torch.from_numpy(b)) if torch else (None, None)
+        peers = {"tessera": partial(lib.sgemm, a, b), "numpy": partial(np.matmul, a, b),
+                 "torch": partial(torch.matmul, ta, tb) if torch else None}  # fmt: skip
+        t = timed(peers, args.runs)
+        flops = 2 * n**3
+        rows.append({"case": f"sgemm {n}", "seconds": t,
+                     "gflops": {k: v and round(flops / v / 1e9, 1) for k, v in t.items()},
+                     "vs_numpy": ratio(t["numpy"], t["tessera"]),
+                     "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    x = rng.standard_normal((4096, 4096), dtype=np.float32)
+    w = rng.standard_normal(4096, dtype=np.float32)
+    bias = rng.standard_normal(4096, dtype=np.float32)
+    copy_dst = np.empty_like(x)
+    tx = torch.from_numpy(x) if torch else None
+    tw, tb = (torch.from_numpy(w), torch.from_numpy(bias)) if torch else (None, None)
+    norms = {
+        "softmax 4096x4096": (lambda: lib.softmax_rows(x),
+                              (lambda: torch.softmax(tx, -1)) if torch else None),
+        "layernorm 4096x4096": (lambda: lib.layernorm_rows(x, w, bias),
+                                (lambda: torch.nn.functional.layer_norm(tx, (4096,), tw, tb))
+                                if torch else None),
+        "rmsnorm 4096x4096": (lambda: lib.rmsnorm_rows(x, w),
+                              (lambda: torch.nn.functional.rms_norm(tx, (4096,), tw, 1e-6))
+                              if torch else None),
+    }  # fmt: skip
+    for name, (ours, peer) in norms.items():
+        t = timed({"tessera": ours, "torch": peer,
+                   "copy": lambda: np.copyto(copy_dst, x)}, args.runs)  # fmt: skip
+        moved = 2 * x.nbytes  # read once, write once
+        rows.append({"case": name, "seconds": t,
+                     "gb_per_s": {k: v and round(moved / v / 1e9, 1) for k, v in t.items()},
+                     "of_copy_bandwidth": round(t["copy"] / t["tessera"], 3),
+                     "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    for causal in (False, True):
+        q, k, v = (rng.standard_normal((1, 8, 1024, 64), dtype=np.float32) for _ in range(3))
+        fn = lib.causal_attention if causal else lib.attention
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v)) if torch else (None,) * 3
+        sdpa = torch.nn.functional.scaled_dot_product_attention if torch else None
+        t = timed({"tessera": partial(fn, q, k, v),
+                   "torch": partial(sdpa, tq, tk, tv, is_causal=causal) if sdpa else None},
+                  args.runs)  # fmt: skip
+        rows.append({"case": f"attention f32 B1 H8 S1024 D64{' causal' if causal else ''}",
+                     "seconds": t, "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    result = {
+        "benchmark": "cpu",
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version(),
+                    "numpy": np.__version__, "torch": torch.__version__ if torch else None},
+        "method": f"median of {args.runs} interleaved runs after one warm-up; ratios are "
+                  "peer time / tessera time (above 1: tessera is faster)",
+        "results": rows,
+    }  # fmt: skip
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for row in rows:
+        ratios = {k: v for k, v in row.items() if k.startswith(("vs_", "of_"))}
+        print(f"{row['case']:<42} {row['seconds']['tessera'] * 1e3:9.2f} ms  {ratios}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+// Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
+//
+// Generated kernels call these; the compiler inlines this header into every
+// .cpp it writes, so the output builds alone. Tiles are row-major float
+// arrays: low-precision types are widened exactly on load and rounded to
+// nearest even when a value of that type is produced, as the GPU does.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace tsr {
+
+using i64 = std::int64_t;
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------- numerics
+
+inline std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+inline float float_of(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// Storage types: the bits of a 16- or 8-bit float.
+struct bf16 { std::uint16_t bits; };
+struct f16 { std::uint16_t bits; };
+struct e4m3 { std::uint8_t bits; };
+struct e5m2 { std::uint8_t bits; };
+
+inline float to_float(float x) { return x; }
+inline float to_float(std::int32_t x) { return static_cast<float>(x); }
+inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
+
+// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
+template <int E, int M>
+inline float small_to_float(std::uint32_t bits) {
+  const std::uint32_t sign = (bits >> (E + M)) & 1u;
+  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
+  const std::uint32_t man = bits & ((1u << M) - 1u);
+  const int bias = (1 << (E - 1)) - 1;
+  float value;
+  if (exp == 0) {
+    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
+  } else {
+    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
+  }
+  return sign ? -value : value;
+}
+
+inline float to_float(f16 x) {
+  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
+  if (exp == 0x1Fu) {  // inf or nan
+    const float inf = std::numeric_limits<float>::infinity();
+    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
+    return (x.bits & 0x8000u) ? -v : v;
+  }
+  return small_to_float<5, 10>(x.bits);
+}
+
+inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
+  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
+  return small_to_float<4, 3>(x.bits);
+}
+
+inline float to_float(e5m2 x) {
+  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
+  if (exp == 0x1Fu) {
+    const float inf = std::numeric_limits<float>::infinity();
+    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
+    return (x.bits & 0x80u) ? -v : v;
+  }
+  return small_to_float<5, 2>(x.bits);
+}
+
+// Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
+inline float round_mantissa(float x, int m) {
+  if (!std::isfinite(x)) return x;
+  const std::uint32_t u = bits_of(x);
+  const int drop = 23 - m;
+  const std::uint32_t half = (1u << (drop - 1)) - 1u + ((u >> drop) & 1u);
+  return float_of((u + half) & ~((1u << drop) - 1u));
+}
+
+inline float round_bf16(float x) {
+  if (std::isnan(x)) return x;
+  return round_mantissa(x, 7);
+}
+
+inline bf16 from_float_bf16(float x) {
+  return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
+}
+
+// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
+// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
+inline float round_small(float x, int e, int m, float max_finite, float overflow) {
+  if (std::isnan(x)) return x;
+  const float a = std::fabs(x);
+  const int bias = (1 << (e - 1)) - 1;
+  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
+  float r;
+  if (a < tiny) {
+    const float step = std::ldexp(1.0f, 1 - bias - m);
+    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
+  } else {
+    r = round_mantissa(a, m);
+  }
+  if (r > max_finite) r = overflow;
+  return std::signbit(x) ? -r : r;
+}
+
+inline float round_f16(float x) {
+  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
+}
+inline float round_e4m3(float x) {
+  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
+}
+inline float round_e5m2(float x) {
+  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
+}
+inline float round_tf32(float x) { return round_mantissa(x, 10); }
+
+inline std::uint32_t small_bits(float r, int e, int m) {
+  // r is already representable: rebuild its bits.
+  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
+  const float a = std::fabs(r);
+  const int bias = (1 << (e - 1)) - 1;
+  std::uint32_t out;
+  if (std::isnan(r)) {
+    out = (1u << (e + m)) - 1u;
+  } else if (std::isinf(r)) {
+    out = ((1u << e) - 1u) << m;
+  } else if (a < std::ldexp(1.0f, 1 - bias)) {
+    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
+  } else {
+    int exponent;
+    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
+    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
+          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
+  }
+  return (sign << (e + m)) | out;
+}
+
+inline void store_as(float* dst, float x) { *dst = x; }
+inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
+inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
+inline void store_as(f16* dst, float x) {
+  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
+}
+inline void store_as(e4m3* dst, float x) {
+  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
+}
+inline void store_as(e5m2* dst, float x) {
+  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
+}
+
+// ---------------------------------------------------------------- math
+
+inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
+inline float gelu(float x) {  // the tanh approximation
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+// ---------------------------------------------------------------- memory
+
+// A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
+// (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
+template <typename T>
+inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                      i64 rmax, i64 cmax) {
+  for (i64 i = 0; i < rows; ++i) {
+    const i64 r = r0 + i;
+    float* out = dst + i * cols;
+    if (r >= rmax) {
+      for (i64 j = 0; j < cols; ++j) out[j] = 0.0f;
+      continue;
+    }
+    const T* row = src + r * ld + c0;
+    const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+    for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
+    for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
+  }
+}
+
+template <typename T>
+inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const float* src,
+                       i64 rows, i64 cols) {
+  for (i64 i = 0; i < rows && r0 + i < rmax; ++i) {
+    T* row = dst + (r0 + i) * ld + c0;
+    const float* in = src + i * cols;
+    const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
+    for (i64 j = 0; j < valid; ++j) store_as(row + j, in[j]);
+  }
+}
+
+// A per-thread scratch area for a program's tiles: grown once, reused by every program.
+inline float* scratch(i64 floats) {
+  static thread_local std::vector<float> area;
+  if (static_cast<i64>(area.size()) < floats) area.resize(static_cast<std::size_t>(floats));
+  return area.data();
+}
+
+// ---------------------------------------------------------------- dot
+
+// out = acc + a @ b, with a [m, k] and b [k, n]; `out` may be `acc`.
+inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
+                i64 k) {
+  if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(m * n));
+  for (i64 i = 0; i < m; ++i) {
+    float* o = out + i * n;
+    for (i64 p = 0; p < k; ++p) {
+      const float x = a[i * k + p];
+      const float* row = b + p * n;
+#pragma omp simd
+      for (i64 j = 0; j < n; ++j) o[j] += x * row[j];
+    }
+  }
+}
+
+inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
+  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(m * n));
+  mma(out, a, b, out, m, n, k);
+}
+
+// ---------------------------------------------------------------- online softmax
+
+// One block of online softmax over the rows of s [m, n]: p = exp(s - m_c), with m_c the
+// row maxima and l_c the row sums of p. A row with nothing unmasked (all -inf) gives p = 0.
+inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64 m, i64 n) {
+  for (i64 i = 0; i < m; ++i) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (i64 j = 0; j < n; ++j) mx = s[i * n + j] > mx ? s[i * n + j] : mx;
+    const float base = std::isinf(mx) && mx < 0 ? 0.0f : mx;
+    float sum = 0.0f;
+    for (i64 j = 0; j < n; ++j) {
+      const float e = std::exp(s[i * n + j] - base);
+      p[i * n + j] = e;
+      sum += e;
+    }
+    m_c[i] = mx;
+    l_c[i] = sum;
+  }
+}
+
+// Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
+// v [n, d]. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// as tensor cores multiply it) before p @ v.
+template <typename Round>
+inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const float* acc,
+                               const float* m_in, const float* l_in, const float* p,
+                               const float* v, const float* m_c, const float* l_c, i64 m, i64 n,
+                               i64 d, float* scaled, Round round_p) {
+  for (i64 i = 0; i < m; ++i) {
+    const float m_new = m_in[i] > m_c[i] ? m_in[i] : m_c[i];
+    const float base = std::isinf(m_new) && m_new < 0 ? 0.0f : m_new;
+    const float alpha = std::exp(m_in[i] - base);
+    const float beta = std::exp(m_c[i] - base);
+    for (i64 j = 0; j < n; ++j) scaled[i * n + j] = round_p(p[i * n + j] * beta);
+    for (i64 j = 0; j < d; ++j) acc_out[i * d + j] = acc[i * d + j] * alpha;
+    l_out[i] = l_in[i] * alpha + l_c[i] * beta;
+    m_out[i] = m_new;
+  }
+  mma(acc_out, scaled, v, acc_out, m, d, n);
+}
+
+}  // namespace tsr

@@ -1,0 +1,47 @@
+"""C expressions for sizes, offsets and constants."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from ..graph.dims import Dim
+
+__all__ = ["c_dim", "c_float"]
+
+
+def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
+    """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
+    loop counters). Fractions divide last, after the symbols multiply, so ``D/2`` is
+    exact whenever the guards hold."""
+    names = names or {}
+    if not dim.terms:
+        return "0"
+    parts = []
+    for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
+        ups = [names.get(s, s) for s, p in monomial for _ in range(p) if p > 0]
+        downs = [names.get(s, s) for s, p in monomial for _ in range(-p) if p < 0]
+        coeff = Fraction(coeff)
+        sign = "-" if coeff < 0 else "+"
+        coeff = abs(coeff)
+        factors = ([str(coeff.numerator)] if coeff.numerator != 1 or not ups else []) + ups
+        text = "*".join(factors)
+        divisor = "*".join(([str(coeff.denominator)] if coeff.denominator != 1 else []) + downs)
+        if divisor:
+            text = f"({text})/({divisor})" if "*" in divisor else f"({text})/{divisor}"
+        parts.append((sign, text))
+    out = parts[0][1] if parts[0][0] == "+" else f"-{parts[0][1]}"
+    for sign, text in parts[1:]:
+        out += f" {sign} {text}"
+    return out
+
+
+def c_float(value: float) -> str:
+    if math.isinf(value):
+        return ("-" if value < 0 else "") + "std::numeric_limits<float>::infinity()"
+    if math.isnan(value):
+        return "std::numeric_limits<float>::quiet_NaN()"
+    text = repr(float(value))
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + "f"

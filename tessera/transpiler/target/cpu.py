@@ -1,0 +1,211 @@
+"""The CPU backend: the Tile IR as one self-contained C++17 file, and its metadata.
+
+Per kernel, a ``_program`` function runs one program instance and a ``_launch``
+function runs the grid on OpenMP threads. Per function of the ``.tsr`` file, an
+``extern "C"`` entry ``tessera_<name>`` takes the tensors (row-major and
+contiguous), then every size symbol as ``int64_t`` in order of first
+appearance; it allocates the intermediates (one buffer per memory-plan slot)
+and runs the launches in order. The tile-primitives header is inlined, so the
+file builds with no include path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import jinja2
+
+from ..graph.dims import Dim
+from ..graph.types import TensorType
+from ..tile.ir import TileKernel, TileModule, TileProgram
+from .cexpr import c_dim
+from .cpu_kernel import C_TYPES, CKernel, emit_kernel
+
+__all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS", "entry_params"]
+
+DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+
+@dataclass(frozen=True)
+class CpuModule:
+    source: str
+    #: What the runtime needs: entries, parameters, sizes, guards, build flags.
+    meta: dict[str, Any]
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("tessera", "templates/cpu"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _header() -> str:
+    text = resources.files("tessera.templates").joinpath("cpu/tessera_tile.hpp").read_text()
+    return text.replace("#pragma once\n", "").strip()
+
+
+def _symbols(types: list[Any]) -> tuple[str, ...]:
+    """Size symbols in order of first appearance in the tensors' dims."""
+    found: dict[str, None] = {}
+    for t in types:
+        for dim in getattr(t, "dims", ()):
+            for monomial, _ in dim.terms:
+                for name, _ in monomial:
+                    found.setdefault(name, None)
+    return tuple(found)
+
+
+def _used(name: str, text: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
+    """The entry's parameters by name and type: the function's inputs, then its result."""
+    by_name: dict[str, Any] = {}
+    for kernel in program.kernels:
+        for p in kernel.params:
+            by_name.setdefault(p.name, p.type)
+    names = [n.removeprefix("%") for n in program.host.inputs]
+    if program.host.result is not None and program.host.kind != "declaration":
+        names.append("out")
+    return [(n, by_name[n]) for n in names if n in by_name]
+
+
+class _KernelView:
+    """A kernel's C++ as the template lays it out."""
+
+    def __init__(self, kernel: TileKernel) -> None:
+        dims = _symbols([p.type for p in kernel.params])
+        self.c: CKernel = emit_kernel(kernel, dims)
+        body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
+        grid_text = " ".join(extent for _, extent in self.c.grid)
+        self.name = self.c.name
+        self.source = _origin(kernel)
+        self.grid = self.c.grid
+        self.body = self.c.body
+        self.storage = self.c.storage
+        self.scratch = self.c.scratch
+        used_dims = [d for d in dims if _used(d, body_text)]
+        launch_dims = [d for d in dims if _used(d, body_text + " " + grid_text)]
+        pids = [pid for pid, _ in self.c.grid if _used(pid, body_text)]
+        tensors = [p.decl for p in self.c.params]
+        self.program_params = [*tensors, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
+        self.program_args = [p.name for p in self.c.params] + used_dims + pids
+        self.launch_params = [*tensors, *(f"const tsr::i64 {d}" for d in launch_dims)]
+        self.launch_args = [p.name for p in self.c.params] + launch_dims
+
+
+def _origin(kernel: TileKernel) -> str:
+    if kernel.template == "tile_kernel":
+        return f"tile kernel {kernel.function}"
+    return f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
+
+
+class _FunctionView:
+    def __init__(self, program: TileProgram, views: dict[str, _KernelView]) -> None:
+        host = program.host
+        self.name = host.function
+        self.symbol = f"tessera_{host.function}"
+        params = entry_params(program)
+        self.dims = _symbols([t for _, t in params])
+        decls = []
+        for name, t in params:
+            if isinstance(t, TensorType):
+                const = "" if name == "out" or self._written(program, name) else "const "
+                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {name}")
+            else:
+                decls.append(f"const {_scalar(t)} {name}")
+        self.params = decls + [f"const tsr::i64 {d}" for d in self.dims]
+        body: list[str] = []
+        buffers = {b.name.removeprefix("%"): b for b in host.buffers}
+        slots: dict[int, Dim] = {}
+        for b in host.buffers:
+            size = slots.get(b.slot)
+            slots[b.slot] = b.bytes if size is None else _larger(size, b.bytes)
+        for slot, size in sorted(slots.items()):
+            body.append(f"std::vector<unsigned char> slot{slot}({c_dim(size)});")
+        for name, b in buffers.items():
+            body.append(
+                f"{C_TYPES[b.type.dtype.name]}* const {_intermediate(name)} = "
+                f"reinterpret_cast<{C_TYPES[b.type.dtype.name]}*>(slot{b.slot}.data());"
+            )
+        for kernel in program.kernels:
+            view = views[kernel.name]
+            args = [_intermediate(a) if a in buffers else a for a in view.launch_args]
+            body.append(f"{kernel.name}_launch({', '.join(args)});")
+        text = "\n".join(body)
+        body += [f"static_cast<void>({d});" for d in self.dims if not _used(d, text)]
+        self.body = body
+        self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
+
+    @staticmethod
+    def _written(program: TileProgram, name: str) -> bool:
+        return any(
+            p.name == name and op.kind == "store" and op.operands[0] is p
+            for k in program.kernels
+            for p in k.params
+            for op in _stores(k)
+        )
+
+
+def _stores(kernel: TileKernel) -> list[Any]:
+    from ..graph.ir import walk
+
+    return [op for op in walk(kernel.body) if op.kind == "store"]
+
+
+def _intermediate(name: str) -> str:
+    return f"{name}_buffer"
+
+
+def _larger(a: Dim, b: Dim) -> Dim:
+    return (
+        a if a.constant is not None and b.constant is not None and a.constant >= b.constant else b
+    )
+
+
+def _scalar(t: Any) -> str:
+    return {"float": "float", "int": "tsr::i64", "bool": "bool"}[t.kind]
+
+
+def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuModule:
+    views = {k.name: _KernelView(k) for p in module.programs for k in p.kernels}
+    functions = [_FunctionView(p, views) for p in module.programs if p.kernels]
+    source = _environment().get_template("module.cpp.j2").render(
+        source=module.name, arch=module.arch, flags=" ".join(flags), header=_header(),
+        kernels=list(views.values()), functions=functions,
+        entries=[f.symbol for f in functions],
+    )  # fmt: skip
+    return CpuModule(source, _meta(module, functions, flags))
+
+
+def _meta(module: TileModule, functions: list[_FunctionView], flags: tuple[str, ...]) -> dict:
+    programs = {p.host.function: p for p in module.programs}
+    entries = []
+    for f in functions:
+        program = programs[f.name]
+        params = []
+        for name, t in entry_params(program):
+            if isinstance(t, TensorType):
+                io = "out" if name == "out" else "inout" if f._written(program, name) else "in"
+                params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
+                               "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
+            else:
+                params.append({"name": name, "kind": "scalar", "type": t.kind})
+        entries.append({
+            "name": f.name, "symbol": f.symbol, "params": params, "dims": list(f.dims),
+            "result": "out" if any(p["name"] == "out" for p in params) else None,
+            "guards": [{"kind": g.kind, "left": str(g.left), "right": str(g.right),
+                        "reason": g.reason} for g in program.host.guards],
+            "kernels": [k.name for k in program.kernels],
+        })  # fmt: skip
+    return {"source": module.name, "target": "cpu", "arch": module.arch,
+            "build": {"compiler": "g++", "flags": list(flags)}, "functions": entries}  # fmt: skip

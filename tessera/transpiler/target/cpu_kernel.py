@@ -1,0 +1,573 @@
+"""One Tile IR kernel as C++: the body of a program instance, line by line.
+
+A tile is a row-major float array in a per-thread scratch area; low-precision
+values are rounded to their dtype whenever one is produced. Every op becomes a
+call into the tile-primitives header or a short loop nest; an op whose operand
+dies with it, in the same block, writes in place (the accumulator of an
+``mma`` stays where it is for the whole K loop). Each statement carries a
+comment with the ``.tsr`` line it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..graph.dims import Dim
+from ..graph.dtypes import DType
+from ..graph.graph_ops import binary_operands
+from ..graph.ir import Block, Op, Value, walk
+from ..graph.types import ScalarType, TensorType, TileType
+from ..tile.ir import Access, SharedType, TileKernel
+from ..tile.rewrite import use_counts
+from .cexpr import c_dim, c_float
+from .naming import Namer
+
+__all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
+
+C_TYPES = {
+    "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
+    "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t",
+}  # fmt: skip
+#: How a value of each dtype is rounded when it is produced (f32 needs nothing).
+ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
+         "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2"}  # fmt: skip
+_SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "tsr::i64"}
+_UNARY = {
+    "exp": "std::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
+    "tanh": "std::tanh", "sigmoid": "tsr::sigmoid", "gelu": "tsr::gelu", "silu": "tsr::silu",
+    "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
+}  # fmt: skip
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+@dataclass(frozen=True)
+class CParam:
+    """A kernel parameter: a tensor pointer, a scalar, or a size."""
+
+    name: str
+    c_type: str
+    kind: str  # "tensor", "scalar" or "dim"
+    written: bool = False
+
+    @property
+    def decl(self) -> str:
+        if self.kind == "tensor":
+            return f"{'' if self.written else 'const '}{self.c_type}* {self.name}"
+        return f"const {self.c_type} {self.name}"
+
+
+@dataclass(frozen=True)
+class CKernel:
+    name: str
+    source: str
+    params: tuple[CParam, ...]
+    #: Program ids and their extents (C expressions), outermost first.
+    grid: tuple[tuple[str, str], ...]
+    #: Floats of scratch one program needs (a C expression) and the pointers into it.
+    scratch: str
+    storage: tuple[str, ...]
+    body: tuple[str, ...]
+
+
+def emit_kernel(kernel: TileKernel, dims: tuple[str, ...]) -> CKernel:
+    return _Emitter(kernel, dims).run()
+
+
+def _shape(t: Any) -> tuple[Dim, ...]:
+    return tuple(getattr(t, "dims", ()))
+
+
+class _Emitter:
+    def __init__(self, kernel: TileKernel, dims: tuple[str, ...]) -> None:
+        self.kernel = kernel
+        self.dims = dims
+        pids = tuple(a.name for a in kernel.grid)
+        self.namer = Namer(frozenset(dims) | frozenset(pids))
+        self.names: dict[int, str] = {}
+        self.roots: dict[int, str] = {}
+        self.private: set[str] = set()
+        self.storage: list[tuple[str, str]] = []
+        self.uses = use_counts(kernel.body)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.local: list[set[int]] = []
+        self.counters: dict[str, str] = {p: p for p in pids}
+        self.last_line: tuple[str, int] | None = None
+
+    # -- naming and storage -------------------------------------------------------
+
+    def name(self, v: Value) -> str:
+        return self.names[v.id]
+
+    def define(self, v: Value, fallback: str = "t") -> str:
+        self.names[v.id] = self.namer.fresh(v.name, fallback)
+        self.local[-1].add(v.id)
+        return self.names[v.id]
+
+    def numel(self, t: Any) -> str:
+        if isinstance(t, SharedType):
+            return f"{t.stages * t.slot_elements}"
+        size = Dim.const(1)
+        for d in _shape(t):
+            size = size * d
+        return self.c(size)
+
+    def allocate(self, v: Value) -> str:
+        """Private storage for a tile value, declared at the top of the program."""
+        name = self.define(v)
+        self.storage.append((name, self.numel(v.type)))
+        self.roots[v.id] = name
+        self.private.add(name)
+        return name
+
+    def alias(self, v: Value, of: Value, offset: str | None = None) -> str:
+        name = self.define(v)
+        source = self.name(of) if offset is None else f"{self.name(of)} + {offset}"
+        self.line(f"float* const {name} = {source};")
+        self.roots[v.id] = self.roots.get(of.id, self.name(of))
+        return name
+
+    def result_in_place(self, op: Op, candidates: tuple[int, ...]) -> str:
+        """The op's (first) result, written over an operand that dies here when one can
+        be, else in its own storage."""
+        out = op.results[0]
+        for i in candidates:
+            v = op.operands[i]
+            root = self.roots.get(v.id)
+            if (
+                root in self.private
+                and self.uses.get(v.id) == 1
+                and v.id in self.local[-1]
+                and self.numel(v.type) == self.numel(out.type)
+            ):
+                name = self.define(out)
+                self.roots[out.id] = root
+                self.line(f"float* const {name} = {self.name(v)};")
+                return name
+        return self.allocate(out)
+
+    def c(self, dim: Dim) -> str:
+        return c_dim(dim, self.counters)
+
+    # -- output ------------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def source_comment(self, op: Op) -> None:
+        span = op.span
+        if span is None or (span.file, span.line) == self.last_line:
+            return
+        self.last_line = (span.file, span.line)
+        lines = span.source.text.split("\n")
+        text = lines[span.line - 1].strip() if span.line <= len(lines) else ""
+        self.line(f"// {span.file.rsplit('/', 1)[-1]}:{span.line}: {text}")
+
+    def run(self) -> CKernel:
+        params = []
+        written = {op.operands[0].id for op in walk(self.kernel.body) if op.kind == "store"}
+        for p in self.kernel.params:
+            name = self.namer.fresh(p.name, "arg")
+            self.names[p.id] = name
+            if isinstance(p.type, TensorType):
+                params.append(CParam(name, C_TYPES[p.type.dtype.name], "tensor", p.id in written))
+            else:
+                params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar"))
+        self.block(self.kernel.body)
+        grid = tuple((a.name, self._extent(a.extent, a.block)) for a in self.kernel.grid)
+        offsets = []
+        total = "0"
+        for name, size in self.storage:
+            offsets.append(f"float* const {name} = area + {total};")
+            total = size if total == "0" else f"{total} + {size}"
+        return CKernel(
+            self.kernel.name, self.kernel.function, tuple(params), grid, total, tuple(offsets),
+            tuple(self.lines),
+        )  # fmt: skip
+
+    def _extent(self, extent: Dim, block: int) -> str:
+        return self.c(extent) if block == 1 else f"tsr::ceil_div({self.c(extent)}, {block})"
+
+    def block(self, block: Block) -> list[str]:
+        self.local.append({a.id for a in block.args})
+        for op in block.ops:
+            self.source_comment(op)
+            handler = getattr(self, "op_" + op.kind, None)
+            if handler is not None:
+                handler(op)
+            elif op.kind in _BINARY or op.kind in _UNARY or op.kind in ("pow", "cast"):
+                self.elementwise(op)
+            else:
+                raise NotImplementedError(f"the CPU backend has no rule for '{op.kind}'")
+        self.local.pop()
+        return [self.name(v) for v in block.yields]
+
+    # -- scalars -------------------------------------------------------------------------
+
+    def scalar(self, op: Op, expr: str) -> None:
+        t = op.result.type
+        name = self.define(op.result, "s")
+        self.line(f"const {_SCALAR_TYPES[t.kind]} {name} = {expr};")
+
+    def op_const(self, op: Op) -> None:
+        value = op.attr("value")
+        if isinstance(value, bool):
+            expr = "true" if value else "false"
+        elif isinstance(value, int):
+            expr = str(value)
+        else:
+            expr = c_float(value)
+        self.scalar(op, expr)
+
+    def op_dim_to_float(self, op: Op) -> None:
+        self.scalar(op, f"static_cast<float>({self.c(op.attr('dim'))})")
+
+    # -- elementwise ----------------------------------------------------------------------
+
+    def _index(self, v: Value, out: tuple[Dim, ...]) -> str:
+        """The index of ``v``'s element at the loop position ``(i, j)``, broadcasting."""
+        dims = _shape(v.type)
+        loop = ["i", "j"][2 - len(out) :] if len(out) <= 2 else None
+        assert loop is not None, "tiles have at most two dims"
+        aligned = [None] * (len(out) - len(dims)) + list(dims)
+        terms = []
+        stride = "1"
+        for k in range(len(out) - 1, -1, -1):
+            d = aligned[k]
+            if d is None:
+                continue
+            if d != Dim.const(1) or out[k] == Dim.const(1):
+                terms.append(loop[k] if stride == "1" else f"{loop[k]} * {stride}")
+            stride = self.c(d) if stride == "1" else f"{stride} * {self.c(d)}"
+        return " + ".join(reversed(terms)) or "0"
+
+    def _loops(self, out: tuple[Dim, ...], body: str) -> None:
+        names = ["i", "j"][2 - len(out) :]
+        for name, d in zip(names, out, strict=True):
+            self.line(f"for (tsr::i64 {name} = 0; {name} < {self.c(d)}; ++{name}) {{")
+            self.depth += 1
+        self.line(body)
+        for _ in out:
+            self.depth -= 1
+            self.line("}")
+
+    def _arg(self, x: Any, out: tuple[Dim, ...]) -> str:
+        """An operand of an elementwise op at the loop position: a constant, a scalar,
+        or a tile element."""
+        if not isinstance(x, Value):
+            return c_float(x) if isinstance(x, float) else str(x)
+        if isinstance(x.type, ScalarType):
+            return self.name(x)
+        return f"{self.name(x)}[{self._index(x, out)}]"
+
+    def elementwise(self, op: Op) -> None:
+        out_type = op.result.type
+        out = _shape(out_type)
+        if op.kind in _BINARY or op.kind == "pow":
+            a, b = (self._arg(x, out) for x in binary_operands(op))
+            expr = f"std::pow({a}, {b})" if op.kind == "pow" else f"{a} {_BINARY[op.kind]} {b}"
+        else:
+            x = self._arg(op.operands[0], out)
+            expr = (
+                x
+                if op.kind == "cast"
+                else f"-{x}" if op.kind == "neg" else f"{_UNARY[op.kind]}({x})"
+            )
+        if isinstance(out_type, ScalarType):
+            self.scalar(op, expr)
+            return
+        candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
+        name = self.result_in_place(op, candidates)
+        self._loops(
+            out, f"{name}[{self._index(op.result, out)}] = {_rounded(expr, out_type.dtype)};"
+        )
+
+    # -- tiles --------------------------------------------------------------------------
+
+    def op_full(self, op: Op) -> None:
+        name = self.allocate(op.result)
+        value = op.attr("value")
+        self.line(f"std::fill_n({name}, {self.numel(op.result.type)}, {c_float(value)});")
+
+    def op_iota(self, op: Op) -> None:
+        name = self.allocate(op.result)
+        size = self.c(op.result.type.dims[0])
+        offset = self.c(op.attr("offset"))
+        self.line(
+            f"for (tsr::i64 i = 0; i < {size}; ++i) {name}[i] = static_cast<float>({offset} + i);"
+        )
+
+    def op_expand_dims(self, op: Op) -> None:
+        self.alias(op.result, op.operands[0])
+
+    def op_transpose(self, op: Op) -> None:
+        x = op.operands[0]
+        rows, cols = (self.c(d) for d in _shape(x.type))
+        name = self.allocate(op.result)
+        self._loops(_shape(x.type), f"{name}[j * {rows} + i] = {self.name(x)}[i * {cols} + j];")
+
+    def op_broadcast(self, op: Op) -> None:
+        out = _shape(op.result.type)
+        x = op.operands[0]
+        name = self.allocate(op.result)
+        self._loops(
+            out, f"{name}[{self._index(op.result, out)}] = {self.name(x)}[{self._index(x, out)}];"
+        )
+
+    def _reduce(self, op: Op, combine: str, init: str) -> None:
+        x = op.operands[0]
+        rows, cols = (self.c(d) for d in _shape(x.type))
+        axis = op.attr("axis")
+        name = self.allocate(op.result)
+        outer, inner = ("i", "j") if axis == 1 else ("j", "i")
+        outer_n, inner_n = (rows, cols) if axis == 1 else (cols, rows)
+        self.line(f"for (tsr::i64 {outer} = 0; {outer} < {outer_n}; ++{outer}) {{")
+        self.line(f"  float r = {init};")
+        self.line(f"  for (tsr::i64 {inner} = 0; {inner} < {inner_n}; ++{inner}) "
+                  f"r = {combine.format(x=f'{self.name(x)}[i * {cols} + j]')};")  # fmt: skip
+        self.line(f"  {name}[{outer}] = {_rounded('r', op.result.type.dtype)};")
+        self.line("}")
+
+    def op_max(self, op: Op) -> None:
+        self._reduce(op, "{x} > r ? {x} : r", c_float(float("-inf")))
+
+    def op_sum(self, op: Op) -> None:
+        self._reduce(op, "r + {x}", "0.0f")
+
+    def op_split(self, op: Op) -> None:
+        x = op.operands[0]
+        axis = op.attr("axis")
+        cols = self.c(_shape(x.type)[1])
+        for index, part in enumerate(op.results):
+            name = self.allocate(part)
+            prows, pcols = (self.c(d) for d in _shape(part.type))
+            src = (f"{self.name(x)}[i * {cols} + {index} * {pcols} + j]" if axis == 1
+                   else f"{self.name(x)}[({index} * {prows} + i) * {cols} + j]")  # fmt: skip
+            self._loops(_shape(part.type), f"{name}[i * {pcols} + j] = {src};")
+
+    def op_concat(self, op: Op) -> None:
+        axis = op.attr("axis")
+        name = self.allocate(op.result)
+        _, cols = (self.c(d) for d in _shape(op.result.type))
+        start = Dim.const(0)
+        for part in op.operands:
+            pcols = self.c(_shape(part.type)[1])
+            dst = (f"{name}[i * {cols} + {self.c(start)} + j]" if axis == 1
+                   else f"{name}[({self.c(start)} + i) * {cols} + j]")  # fmt: skip
+            self._loops(_shape(part.type), f"{dst} = {self.name(part)}[i * {pcols} + j];")
+            start = start + _shape(part.type)[axis]
+
+    def op_mask_causal(self, op: Op) -> None:
+        s, rows, cols = op.operands
+        n = self.c(_shape(s.type)[1])
+        name = self.result_in_place(op, (0,))
+        masked = f"{self.name(cols)}[j] > {self.name(rows)}[i]"
+        value = f"{masked} ? {c_float(float('-inf'))} : {self.name(s)}[i * {n} + j]"
+        self._loops(_shape(s.type), f"{name}[i * {n} + j] = {value};")
+
+    def op_mask_edge(self, op: Op) -> None:
+        x = op.operands[0]
+        out = _shape(x.type)
+        loop = ["i", "j"][2 - len(out) :][op.attr("axis")]
+        name = self.result_in_place(op, (0,))
+        index = self._index(x, out)
+        bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
+        self._loops(out, f"{name}[{index}] = {bound} ? {c_float(op.attr('fill'))} : "
+                         f"{self.name(x)}[{index}];")  # fmt: skip
+
+    # -- memory ------------------------------------------------------------------------
+
+    def _window(self, tensor: Value, at: Access) -> tuple[str, str, str, str, str, str]:
+        """(base pointer, ld, r0, c0, rmax, cmax) of an access to a row-major tensor."""
+        dims = tensor.type.dims
+        base = self.name(tensor)
+        index = [(a, d) for a, d in zip(at.axes, dims, strict=True) if a.index]
+        if index:
+            flat = Dim.const(0)
+            for a, d in index:
+                flat = flat * d + a.offset
+            rest = Dim.const(1)
+            for d in dims[len(index) :]:
+                rest = rest * d
+            base = f"{base} + ({self.c(flat)}) * ({self.c(rest)})"
+        tile = at.tile_axes
+        if len(tile) == 1:
+            (a,) = tile
+            return base, "0", "0", self.c(a.offset), "1", self.c(a.extent)
+        r, c = tile
+        return (
+            base,
+            self.c(c.extent),
+            self.c(r.offset),
+            self.c(c.offset),
+            self.c(r.extent),
+            self.c(c.extent),
+        )
+
+    def _tile_dims(self, t: Any) -> tuple[str, str]:
+        dims = _shape(t)
+        return ("1", self.c(dims[0])) if len(dims) == 1 else (self.c(dims[-2]), self.c(dims[-1]))
+
+    def op_load(self, op: Op) -> None:
+        name = self.allocate(op.result)
+        base, ld, r0, c0, rmax, cmax = self._window(op.operands[0], op.attr("at"))
+        rows, cols = self._tile_dims(op.result.type)
+        self.line(
+            f"tsr::load_tile({name}, {rows}, {cols}, {base}, {ld}, {r0}, {c0}, {rmax}, {cmax});"
+        )
+
+    def op_store(self, op: Op) -> None:
+        tensor, tile = op.operands
+        base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
+        rows, cols = self._tile_dims(tile.type)
+        self.line(f"tsr::store_tile({base}, {ld}, {r0}, {c0}, {rmax}, {cmax}, {self.name(tile)}, "
+                  f"{rows}, {cols});")  # fmt: skip
+
+    def op_alloc(self, op: Op) -> None:
+        self.allocate(op.result)
+
+    def _slot(self, op: Op, buf: Value) -> str:
+        slot = op.attr("slot")
+        if slot.stages == 1:
+            return "0"
+        return f"(({self.c(slot.index)}) % {slot.stages}) * {buf.type.slot_elements}"
+
+    def op_copy(self, op: Op) -> None:
+        tensor, buf = op.operands
+        base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
+        rows, cols = self._tile_dims(buf.type)
+        dst = (
+            self.name(buf)
+            if self._slot(op, buf) == "0"
+            else f"{self.name(buf)} + {self._slot(op, buf)}"
+        )
+        self.line(
+            f"tsr::load_tile({dst}, {rows}, {cols}, {base}, {ld}, {r0}, {c0}, {rmax}, {cmax});"
+        )
+
+    def op_read(self, op: Op) -> None:
+        buf = op.operands[0]
+        slot = self._slot(op, buf)
+        self.alias(op.result, buf, None if slot == "0" else slot)
+
+    # -- dot and online softmax ------------------------------------------------------------
+
+    def _mnk(self, a: Value, b: Value) -> tuple[str, str, str]:
+        m, k = (self.c(d) for d in _shape(a.type))
+        return m, self.c(_shape(b.type)[1]), k
+
+    def op_dot(self, op: Op) -> None:
+        a, b = op.operands
+        name = self.allocate(op.result)
+        m, n, k = self._mnk(a, b)
+        self.line(f"tsr::dot({name}, {self.name(a)}, {self.name(b)}, {m}, {n}, {k});")
+
+    def op_mma(self, op: Op) -> None:
+        a, b, acc = op.operands
+        name = self.result_in_place(op, (2,))
+        m, n, k = self._mnk(a, b)
+        self.line(
+            f"tsr::mma({name}, {self.name(a)}, {self.name(b)}, {self.name(acc)}, {m}, {n}, {k});"
+        )
+
+    def op_softmax_online(self, op: Op) -> None:
+        s = op.operands[0]
+        p, m_c, l_c = (self.allocate(r) for r in op.results)
+        rows, cols = (self.c(d) for d in _shape(s.type))
+        self.line(f"tsr::softmax_online({p}, {m_c}, {l_c}, {self.name(s)}, {rows}, {cols});")
+
+    def op_softmax_accumulate(self, op: Op) -> None:
+        acc, m, l_, p, v, m_c, l_c = op.operands
+        outs = []
+        for result, operand in zip(op.results, (acc, m, l_), strict=True):
+            root = self.roots.get(operand.id)
+            if (
+                root in self.private
+                and self.uses.get(operand.id) == 1
+                and operand.id in self.local[-1]
+            ):
+                outs.append(self.define(result))
+                self.roots[result.id] = root
+                self.line(f"float* const {outs[-1]} = {self.name(operand)};")
+            else:
+                outs.append(self.allocate(result))
+        scaled = self.namer.fresh("p_scaled")
+        self.storage.append((scaled, self.numel(p.type)))
+        self.private.add(scaled)
+        rows, n = (self.c(d) for d in _shape(p.type))
+        d = self.c(_shape(v.type)[1])
+        rounding = ROUND.get(v.type.dtype.name)
+        round_p = (
+            f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
+        )
+        args = ", ".join([*outs, *(self.name(x) for x in (acc, m, l_, p, v, m_c, l_c))])
+        self.line(f"tsr::softmax_accumulate({args}, {rows}, {n}, {d}, {scaled}, {round_p});")
+
+    # -- control flow -----------------------------------------------------------------------
+
+    def _copy(self, dst: str, src: Value, t: Any) -> None:
+        if self.roots.get(src.id, self.name(src)) != dst:
+            self.line(f"std::copy_n({self.name(src)}, {self.numel(t)}, {dst});")
+
+    def op_for(self, op: Op) -> None:
+        body = op.regions[0]
+        counter = self.namer.fresh(body.args[0].name, "i")
+        self.names[body.args[0].id] = counter
+        self.counters[body.args[0].name] = counter
+        for arg, init in zip(body.args[1:], op.operands, strict=True):
+            self._carried(arg, init)
+        trips = f"tsr::ceil_div({self.c(op.attr('extent'))}, {self.c(op.attr('step'))})"
+        self.line(f"for (tsr::i64 {counter} = 0; {counter} < {trips}; ++{counter}) {{")
+        self.depth += 1
+        self.block(body)
+        for arg, value in zip(body.args[1:], body.yields, strict=True):
+            self._assign(arg, value)
+        self.depth -= 1
+        self.line("}")
+        for result, arg in zip(op.results, body.args[1:], strict=True):
+            self.names[result.id] = self.name(arg)
+            self.roots[result.id] = self.roots.get(arg.id, self.name(arg))
+            self.local[-1].add(result.id)
+
+    def _carried(self, arg: Value, init: Value) -> None:
+        """A loop-carried value: its own storage, holding ``init`` at entry."""
+        if isinstance(arg.type, ScalarType):
+            name = self.namer.fresh(arg.name, "s")
+            self.names[arg.id] = name
+            self.line(f"{_SCALAR_TYPES[arg.type.kind]} {name} = {self.name(init)};")
+            return
+        self.local.append(set())  # the argument belongs to the loop body, not here
+        name = self.allocate(arg)
+        self.local.pop()
+        self.line(f"std::copy_n({self.name(init)}, {self.numel(arg.type)}, {name});")
+
+    def _assign(self, target: Value, value: Value) -> None:
+        if isinstance(target.type, ScalarType):
+            self.line(f"{self.name(target)} = {self.name(value)};")
+        else:
+            self._copy(self.roots.get(target.id, self.name(target)), value, target.type)
+
+    def op_if(self, op: Op) -> None:
+        results = []
+        for r in op.results:
+            if isinstance(r.type, TileType):
+                results.append(self.allocate(r))
+            else:
+                results.append(self.define(r, "s"))
+                self.line(f"{_SCALAR_TYPES[r.type.kind]} {results[-1]};")
+        self.line(f"if ({self.name(op.operands[0])}) {{")
+        for i, region in enumerate(op.regions):
+            if i:
+                self.line("} else {")
+            self.depth += 1
+            self.block(region)
+            for r, v in zip(op.results, region.yields, strict=True):
+                self._assign(r, v)
+            self.depth -= 1
+        self.line("}")
+
+
+def _rounded(expr: str, dtype: DType) -> str:
+    rounding = ROUND.get(dtype.name)
+    return f"{rounding}({expr})" if rounding else expr

@@ -1,0 +1,158 @@
+"""The CPU backend: generated C++ builds warning-free and runs every example and
+library kernel to the float64 reference; the runtime checks its arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera
+from tessera.runtime.cpu import build
+from tessera.transpiler.graph.dtypes import DTYPES
+from tessera.transpiler.tile.interpret import numpy_dtype
+
+from .conftest import EXAMPLES, ROOT
+from .reference import CASES, Case, f64
+
+pytestmark = [
+    pytest.mark.execute,
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
+]
+STDLIB = sorted((ROOT / "tessera/stdlib").glob("*.tsr"))
+STRICT = ("-std=c++17", "-O1", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-fsyntax-only")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES + STDLIB, ids=lambda p: p.stem)
+def test_generated_cpp_compiles_warning_free(path: Path, tmp_path: Path) -> None:
+    source = tessera.compile_file(path, target="cpu").source
+    cpp = tmp_path / "k.cpp"
+    cpp.write_text(source)
+    done = subprocess.run(["g++", *STRICT, str(cpp)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _call(case: Case, seed: int = 0) -> tuple[dict, dict]:
+    inputs = case.make(np.random.default_rng(seed))
+    expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
+    fn = getattr(tessera.compile_file(ROOT / case.path, target="cpu").load(), case.function)
+    if fn.meta["result"] is None:
+        fn(**inputs)
+        return inputs, expected
+    p = next(p for p in fn.meta["params"] if p["name"] == "out")
+    out = np.full(expected["out"].shape, np.nan).astype(numpy_dtype(DTYPES[p["dtype"]]))
+    fn(**inputs, out=out)
+    return {"out": out}, expected
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_runs_to_the_float64_reference(case: Case) -> None:
+    got, expected = _call(case)
+    for name, want in expected.items():
+        have = f64(got[name])
+        assert not np.isnan(have).any(), f"{name}: some outputs were never written"
+        error = np.abs(have - want).max() / np.abs(want).max()
+        assert error < case.rtol, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "f16", "bf16"])
+def test_low_precision_inputs_and_rounded_outputs(dtype: str) -> None:
+    src = f"""\
+@kernel
+def f(A: Tensor["M", "K", {dtype}],
+      B: Tensor["K", "N", {dtype}]) -> Tensor["M", "N", {dtype} @accum(f32)]:
+    return A @ B
+"""
+    np_type = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
+               "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]  # fmt: skip
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((37, 45)) * 2).astype(np_type)
+    b = (rng.standard_normal((45, 29)) * 2).astype(np_type)
+    out = tessera.compile(src, target="cpu").load().f(a, b)
+    assert out.dtype == np_type
+    # f32 accumulation, then one rounding to the output type, to nearest even
+    want = (f64(a) @ f64(b)).astype(np.float32).astype(np_type)
+    np.testing.assert_array_equal(f64(out), f64(want))
+
+
+def test_arguments_are_checked_by_name(tmp_path: Path) -> None:
+    lib = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cpu").load()
+    a = np.ones((4, 6), ml_dtypes.bfloat16)
+    b = np.ones((5, 3), ml_dtypes.bfloat16)
+    bias = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"'B' has shape \(5, 3\): dim K should be 6"):
+        lib.linear_gelu(a, b, bias)
+    with pytest.raises(TypeError, match="'A' is float32, the kernel takes bf16"):
+        lib.linear_gelu(a.astype(np.float32), b, bias)
+    with pytest.raises(ValueError, match="'A' must be C-contiguous"):
+        lib.linear_gelu(np.ones((6, 4), ml_dtypes.bfloat16).T, np.ones((6, 3), a.dtype), bias)
+    with pytest.raises(TypeError, match="missing bias"):
+        lib.linear_gelu(a, np.ones((6, 3), a.dtype))
+    with pytest.raises(AttributeError, match="no function 'mlp2'"):
+        lib.mlp2  # noqa: B018
+
+
+def test_guards_are_checked() -> None:
+    lib = tessera.compile_file(ROOT / "examples/attention.tsr", target="cpu").load()
+    q = np.ones((1, 1, 8, 160), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match="D = 160 breaks D <= 128"):
+        lib.attention(q, q, q)
+
+
+def test_the_shared_object_is_cached(tmp_path: Path) -> None:
+    source = tessera.compile_file(ROOT / "examples/norms.tsr", target="cpu").source
+    flags = ["-std=c++17", "-O1", "-fopenmp", "-shared", "-fPIC"]
+    first = build(source, flags)
+    stamp = first.stat().st_mtime_ns
+    assert build(source, flags) == first and first.stat().st_mtime_ns == stamp
+    assert build(source + "\n", flags) != first
+
+
+def test_metadata_describes_the_entries() -> None:
+    meta = json.loads(tessera.compile_file(ROOT / "examples/mlp.tsr", target="cpu")
+                      .inspect_ir("meta"))  # fmt: skip
+    mlp = next(f for f in meta["functions"] if f["name"] == "mlp")
+    assert mlp["symbol"] == "tessera_mlp" and mlp["dims"] == ["T", "D", "F"]
+    assert [p["name"] for p in mlp["params"]] == ["x", "W_in", "b_in", "W_out", "b_out", "out"]
+    assert mlp["params"][-1]["io"] == "out" and mlp["kernels"] == ["mlp_k0", "mlp_k1"]
+
+
+SANITIZED = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+import tessera
+from tessera.runtime.cpu import load
+from tests.reference import CASES
+flags = ["-std=c++17", "-O1", "-g", "-fopenmp", "-shared", "-fPIC",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+for case in CASES:
+    program = tessera.compile_file(case.path, target="cpu")
+    fn = getattr(load(program.source, program.ir("meta"), flags), case.function)
+    fn(**case.make(np.random.default_rng(0)))
+print("clean")
+"""
+
+
+def test_every_case_is_clean_under_address_and_undefined_sanitizers(tmp_path: Path) -> None:
+    asan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True)
+    ubsan = subprocess.run(["g++", "-print-file-name=libubsan.so"], capture_output=True, text=True)
+    preload = [asan.stdout.strip(), ubsan.stdout.strip()]
+    if not all(Path(p).is_absolute() and Path(p).exists() for p in preload):
+        pytest.skip("needs libasan and libubsan (g++)")
+    env = {**os.environ, "LD_PRELOAD": " ".join(preload),
+           "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", SANITIZED.format(root=str(ROOT))], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
