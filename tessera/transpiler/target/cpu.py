@@ -26,7 +26,15 @@ from .cpu_kernel import C_TYPES, CKernel, emit_kernel
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS", "entry_params"]
 
-DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+DEFAULT_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-shared",
+    "-fPIC",
+)
 
 
 @dataclass(frozen=True)
