@@ -19,6 +19,7 @@ from typing import Any
 import jinja2
 
 from ..graph.dims import Dim
+from ..graph.ir import walk
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
@@ -127,7 +128,7 @@ class _FunctionView:
         decls = []
         for name, t in params:
             if isinstance(t, TensorType):
-                const = "" if name == "out" or self._written(program, name) else "const "
+                const = "" if name == "out" or _written(program, name) else "const "
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {name}")
             else:
                 decls.append(f"const {_scalar(t)} {name}")
@@ -154,20 +155,14 @@ class _FunctionView:
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
 
-    @staticmethod
-    def _written(program: TileProgram, name: str) -> bool:
-        return any(
-            p.name == name and op.kind == "store" and op.operands[0] is p
-            for k in program.kernels
-            for p in k.params
-            for op in _stores(k)
-        )
 
-
-def _stores(kernel: TileKernel) -> list[Any]:
-    from ..graph.ir import walk
-
-    return [op for op in walk(kernel.body) if op.kind == "store"]
+def _written(program: TileProgram, name: str) -> bool:
+    """Whether a kernel of the program stores into the parameter ``name``."""
+    return any(
+        op.kind == "store" and op.operands[0].name == name
+        for kernel in program.kernels
+        for op in walk(kernel.body)
+    )
 
 
 def _intermediate(name: str) -> str:
@@ -203,7 +198,7 @@ def _meta(module: TileModule, functions: list[_FunctionView], flags: tuple[str, 
         params = []
         for name, t in entry_params(program):
             if isinstance(t, TensorType):
-                io = "out" if name == "out" else "inout" if f._written(program, name) else "in"
+                io = "out" if name == "out" else "inout" if _written(program, name) else "in"
                 params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
                                "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
             else:

@@ -131,21 +131,27 @@ class _Emitter:
     def result_in_place(self, op: Op, candidates: tuple[int, ...]) -> str:
         """The op's (first) result, written over an operand that dies here when one can
         be, else in its own storage."""
-        out = op.results[0]
         for i in candidates:
-            v = op.operands[i]
-            root = self.roots.get(v.id)
-            if (
-                root in self.private
-                and self.uses.get(v.id) == 1
-                and v.id in self.local[-1]
-                and self.numel(v.type) == self.numel(out.type)
-            ):
-                name = self.define(out)
-                self.roots[out.id] = root
-                self.line(f"float* const {name} = {self.name(v)};")
+            name = self.over(op.results[0], op.operands[i])
+            if name is not None:
                 return name
-        return self.allocate(out)
+        return self.allocate(op.results[0])
+
+    def over(self, result: Value, operand: Value) -> str | None:
+        """``result`` in ``operand``'s storage, when the operand is a private tile of the
+        same size, defined in this block, with no use after this one."""
+        root = self.roots.get(operand.id)
+        if (
+            root not in self.private
+            or self.uses.get(operand.id) != 1
+            or operand.id not in self.local[-1]
+            or self.numel(operand.type) != self.numel(result.type)
+        ):
+            return None
+        name = self.define(result)
+        self.roots[result.id] = root
+        self.line(f"float* const {name} = {self.name(operand)};")
+        return name
 
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.counters)
@@ -479,19 +485,10 @@ class _Emitter:
 
     def op_softmax_accumulate(self, op: Op) -> None:
         acc, m, l_, p, v, m_c, l_c = op.operands
-        outs = []
-        for result, operand in zip(op.results, (acc, m, l_), strict=True):
-            root = self.roots.get(operand.id)
-            if (
-                root in self.private
-                and self.uses.get(operand.id) == 1
-                and operand.id in self.local[-1]
-            ):
-                outs.append(self.define(result))
-                self.roots[result.id] = root
-                self.line(f"float* const {outs[-1]} = {self.name(operand)};")
-            else:
-                outs.append(self.allocate(result))
+        outs = [
+            self.over(result, operand) or self.allocate(result)
+            for result, operand in zip(op.results, (acc, m, l_), strict=True)
+        ]
         scaled = self.namer.fresh("p_scaled")
         self.storage.append((scaled, self.numel(p.type)))
         self.private.add(scaled)
