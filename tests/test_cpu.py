@@ -156,3 +156,26 @@ def test_every_case_is_clean_under_address_and_undefined_sanitizers(tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", SANITIZED.format(root=str(ROOT))], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
+
+
+def test_vectorizable_exp_and_tanh_match_libm() -> None:
+    src = """\
+@kernel
+def math(x: Tensor["N", f32], e: Tensor["N", f32], t: Tensor["N", f32]):
+    T = tile.context()
+    v = tile.load(x, rows=T.m)
+    tile.store(e, tile.exp(v))
+    tile.store(t, tile.tanh(v))
+"""
+    x = np.concatenate([np.linspace(-100, 89, 20011), [-np.inf, np.inf, np.nan, 0.0]])
+    x = x.astype(np.float32)
+    e, t = np.full_like(x, 7.0), np.full_like(x, 7.0)
+    tessera.compile(src, target="cpu").load().math(x, e, t)
+    want_e, want_t = np.exp(x.astype(np.float64)), np.tanh(x.astype(np.float64))
+    normal = (want_e > np.finfo(np.float32).tiny) & (want_e < np.finfo(np.float32).max)
+    assert np.max(np.abs(e[normal] - want_e[normal]) / want_e[normal]) < 2.5e-7
+    assert e[-4] == 0.0 and e[-3] == np.inf and np.isnan(e[-2]) and e[-1] == 1.0
+    assert np.all(e[~normal & np.isfinite(x) & (x < 0)] <= np.finfo(np.float32).tiny)
+    finite = np.isfinite(x)
+    assert np.max(np.abs(t[finite] - want_t[finite])) < 3e-7
+    assert (t[-4], t[-3]) == (-1.0, 1.0) and np.isnan(t[-2])
