@@ -437,3 +437,15 @@ def test_smem_planning_pass_before_and_after() -> None:
     assert [s.buffer for s in after.smem] == ["a_tile_smem", "b_tile_smem"]
     assert after.smem_bytes == sum(s.bytes for s in after.smem) == 2 * 3 * 128 * 32 * 2
     assert after.body == before.body
+
+
+def test_causal_bound_pass_before_and_after() -> None:
+    causal = ATTENTION.replace("causal=False", "causal=True")
+    before, after = _before_and_after(causal, "causal-bound")
+    assert loop(before).attr("stop") is None
+    (row_index,) = [op for op in ops_of(loop(after).regions[0], "iota")
+                    if "pid_m" in op.attr("offset").symbols()]  # fmt: skip
+    rows = row_index.result.type.dims[0]
+    assert loop(after).attr("stop") == row_index.attr("offset") + rows
+    _, plain = _before_and_after(ATTENTION, "causal-bound")
+    assert loop(plain).attr("stop") is None

@@ -393,7 +393,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   std::copy_n(acc, 8192, acc_1);
   std::copy_n(m, 64, m_1);
   std::copy_n(l, 64, l_1);
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 128); ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 64*pid_m + 64), 128); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(k_tile_smem, 128, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 128*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;

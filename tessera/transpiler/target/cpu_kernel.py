@@ -521,7 +521,10 @@ class _Emitter:
         self.counters[body.args[0].name] = counter
         for arg, init in zip(body.args[1:], op.operands, strict=True):
             self._carried(arg, init)
-        trips = f"tsr::ceil_div({self.c(op.attr('extent'))}, {self.c(op.attr('step'))})"
+        extent = self.c(op.attr("extent"))
+        if op.attr("stop") is not None:  # causal attention: no block past the last row
+            extent = f"std::min<tsr::i64>({extent}, {self.c(op.attr('stop'))})"
+        trips = f"tsr::ceil_div({extent}, {self.c(op.attr('step'))})"
         self.line(f"for (tsr::i64 {counter} = 0; {counter} < {trips}; ++{counter}) {{")
         self.depth += 1
         self.block(body)

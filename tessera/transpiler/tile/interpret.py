@@ -295,7 +295,10 @@ class _Program:
     def op_for(self, op: Op, *init: Any) -> tuple:
         body = op.regions[0]
         counter = body.args[0].name
-        trips = _ceil_div(_eval(op.attr("extent"), self.env), _eval(op.attr("step"), self.env))
+        extent = _eval(op.attr("extent"), self.env)
+        if op.attr("stop") is not None:
+            extent = min(extent, _eval(op.attr("stop"), self.env))
+        trips = _ceil_div(extent, _eval(op.attr("step"), self.env))
         carried = list(init)
         for i in range(trips):
             self.env[counter] = i

@@ -1,6 +1,7 @@
 """The tile passes, in order, each a named unit with the verifier after it.
 
 ``legalize``       dot (+ add) -> mma on the target's instruction, as data
+``causal-bound``   key loops of causal attention stop at the last query row
 ``edge-mask``      which access axes need a mask; fills before reductions
 ``stage``          dot operands through shared memory; async, multi-stage
                    pipelines where the target can copy ahead
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from ..schedule.hardware import Hardware
 from .barriers import insert_barriers
+from .causal import bound_causal_loops
 from .edge_mask import mask_edges
 from .ir import TileKernel
 from .legalize import legalize
@@ -33,6 +35,7 @@ class TilePass:
 
 TILE_PASSES: tuple[TilePass, ...] = (
     TilePass("legalize", legalize),
+    TilePass("causal-bound", bound_causal_loops),
     TilePass("edge-mask", mask_edges),
     TilePass("stage", stage_operands),
     TilePass("barriers", insert_barriers),
@@ -43,12 +46,14 @@ TILE_PASSES: tuple[TilePass, ...] = (
 def run_tile_passes(kernel: TileKernel, hw: Hardware, until: str | None = None) -> TileKernel:
     """Run the passes in order (up to and including ``until``; ``"lowering"`` runs
     none), verifying after each."""
-    verify_kernel(kernel, hw, "lowering")
+    verify_kernel(kernel, hw, "lowering", masks_final=False)
     if until == "lowering":
         return kernel
+    masked = False
     for tile_pass in TILE_PASSES:
         kernel = tile_pass.run(kernel, hw)
-        verify_kernel(kernel, hw, tile_pass.name)
+        masked = masked or tile_pass.name == "edge-mask"
+        verify_kernel(kernel, hw, tile_pass.name, masks_final=masked)
         if tile_pass.name == until:
             break
     return kernel

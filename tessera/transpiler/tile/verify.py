@@ -27,11 +27,12 @@ class TileVerifyError(AssertionError):
     pass
 
 
-def verify_kernel(kernel: TileKernel, hw: Hardware, after: str) -> None:
+def verify_kernel(kernel: TileKernel, hw: Hardware, after: str, masks_final: bool = True) -> None:
+    """Check ``kernel``; ``masks_final`` once the edge-masking pass has run."""
+
     def fail(message: str) -> TileVerifyError:
         return TileVerifyError(f"kernel '{kernel.name}' after {after}: {message}")
 
-    masks_final = after not in ("lowering", "legalize")
     defined: set[int] = {p.id for p in kernel.params}
 
     def check_block(block: Block, visible: set[int]) -> None:
