@@ -10,6 +10,7 @@ comment with the ``.tsr`` line it comes from.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ _UNARY = {
     "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: An element of a tile in generated code: ``name[index]``.
+_ELEMENT = re.compile(r"\b([A-Za-z_]\w*)\[([^\[\]]*)\]")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class _Emitter:
         self.private: set[str] = set()
         self.storage: list[tuple[str, str]] = []
         self.uses = use_counts(kernel.body)
+        #: Elementwise results computed inside their one consumer's loop, by value id.
+        self.inlined: dict[int, str] = {}
+        self.users: dict[int, Op] = {}
         self.lines: list[str] = []
         self.depth = 1
         self.local: list[set[int]] = []
@@ -197,12 +203,13 @@ class _Emitter:
 
     def block(self, block: Block) -> list[str]:
         self.local.append({a.id for a in block.args})
+        self.users.update({v.id: op for op in block.ops for v in op.operands})
         for op in block.ops:
             self.source_comment(op)
             handler = getattr(self, "op_" + op.kind, None)
             if handler is not None:
                 handler(op)
-            elif op.kind in _BINARY or op.kind in _UNARY or op.kind in ("pow", "cast"):
+            elif _is_elementwise(op):
                 self.elementwise(op)
             else:
                 raise NotImplementedError(f"the CPU backend has no rule for '{op.kind}'")
@@ -249,9 +256,25 @@ class _Emitter:
         return " + ".join(reversed(terms)) or "0"
 
     def _loops(self, out: tuple[Dim, ...], body: str) -> None:
+        """A loop nest over ``out`` around one statement. Elements the inner loop does
+        not move along (``m[i]`` of a row-broadcast) are read once per row, before it:
+        the vectorizer cannot prove them unchanged by the stores in the loop."""
         names = ["i", "j"][2 - len(out) :]
+        hoisted: list[str] = []
+        if len(out) == 2:
+            found: dict[str, str] = {}
+
+            def hoist(match: re.Match[str]) -> str:
+                if re.search(r"\bj\b", match.group(2)):
+                    return match.group(0)
+                return found.setdefault(match.group(0), f"row_{len(found)}")
+
+            body = _ELEMENT.sub(hoist, body)
+            hoisted = [f"const float {name} = {element};" for element, name in found.items()]
         for depth, (name, d) in enumerate(zip(names, out, strict=True)):
             if depth == len(out) - 1:
+                for line in hoisted:
+                    self.line(line)
                 self.line("#pragma omp simd")
             self.line(f"for (tsr::i64 {name} = 0; {name} < {self.c(d)}; ++{name}) {{")
             self.depth += 1
@@ -262,12 +285,26 @@ class _Emitter:
 
     def _arg(self, x: Any, out: tuple[Dim, ...]) -> str:
         """An operand of an elementwise op at the loop position: a constant, a scalar,
-        or a tile element."""
+        a tile element, or the expression of a value computed in this loop."""
         if not isinstance(x, Value):
             return c_float(x) if isinstance(x, float) else str(x)
         if isinstance(x.type, ScalarType):
             return self.name(x)
+        if x.id in self.inlined:
+            return f"({self.inlined[x.id]})"
         return f"{self.name(x)}[{self._index(x, out)}]"
+
+    def _fusable(self, op: Op) -> bool:
+        """Whether ``op``'s result can be computed inside its one consumer's loop: the
+        consumer, in this block, is elementwise or a reduction and walks a tile of the
+        same shape, so both loops visit the same (i, j)."""
+        result = op.results[0]
+        user = self.users.get(result.id)
+        if self.uses.get(result.id) != 1 or user is None:
+            return False
+        if _is_elementwise(user):
+            return _shape(user.results[0].type) == _shape(result.type)
+        return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
@@ -284,6 +321,10 @@ class _Emitter:
             )
         if isinstance(out_type, ScalarType):
             self.scalar(op, expr)
+            return
+        if self._fusable(op):
+            self.inlined[op.result.id] = _rounded(expr, out_type.dtype)
+            self.names[op.result.id] = self.namer.fresh(op.result.name)
             return
         candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
         name = self.result_in_place(op, candidates)
@@ -336,14 +377,15 @@ class _Emitter:
         self.depth += 1
         self.line(f"float r = {init};")
         self.line(f"#pragma omp simd reduction({reduction} : r)")
+        element = self._arg(x, _shape(x.type))
         self.line(f"for (tsr::i64 {inner} = 0; {inner} < {inner_n}; ++{inner}) "
-                  f"r = {combine.format(x=f'{self.name(x)}[i * {cols} + j]')};")  # fmt: skip
+                  f"r = {combine.format(x=element)};")  # fmt: skip
         self.line(f"{name}[{outer}] = {_rounded('r', op.result.type.dtype)};")
         self.depth -= 1
         self.line("}")
 
     def op_max(self, op: Op) -> None:
-        self._reduce(op, "{x} > r ? {x} : r", c_float(float("-inf")), "max")
+        self._reduce(op, "tsr::larger(r, {x})", c_float(float("-inf")), "max")
 
     def op_sum(self, op: Op) -> None:
         self._reduce(op, "r + {x}", "0.0f", "+")
@@ -573,6 +615,12 @@ class _Emitter:
                 self._assign(r, v)
             self.depth -= 1
         self.line("}")
+
+
+def _is_elementwise(op: Op) -> bool:
+    return bool(op.results) and (
+        op.kind in _BINARY or op.kind in _UNARY or op.kind in ("pow", "cast")
+    )
 
 
 def _rounded(expr: str, dtype: DType) -> str:
