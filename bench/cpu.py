@@ -64,13 +64,16 @@ def causal_attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S"
 
 
 def timed(functions: dict[str, Callable[[], object] | None], runs: int) -> dict:
-    """Median seconds of each function, runs interleaved, after one warm-up each."""
+    """Median seconds of each function, runs interleaved, after one warm-up each. A
+    pause before each run keeps one library's spinning worker threads (OpenBLAS, torch,
+    OpenMP) from taking the cores of the next: each run starts on idle cores."""
     live = {name: fn for name, fn in functions.items() if fn is not None}
     for fn in live.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in live}
     for _ in range(runs):
         for name, fn in live.items():
+            time.sleep(0.2)  # OpenBLAS's threads spin for about 0.1 s after a call
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
@@ -146,8 +149,9 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "torch": torch.__version__ if torch else None},
-        "method": f"median of {args.runs} interleaved runs after one warm-up; ratios are "
-                  "peer time / tessera time (above 1: tessera is faster)",
+        "method": f"median of {args.runs} interleaved runs after one warm-up, 200 ms pause "
+                  "before each run; ratios are peer time / tessera time (above 1: tessera "
+                  "is faster)",
         "results": rows,
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -247,24 +247,30 @@ inline float* scratch(i64 floats) {
 
 // ---------------------------------------------------------------- dot
 
-// Eight floats in one SIMD register (AVX), or two halves where the target has less.
-// Vectors never cross a function boundary, so the code means the same with or without
-// AVX in the build flags; memcpy is how unaligned rows are loaded and stored.
-typedef float f32x8 __attribute__((vector_size(32)));
+// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
+// target has less). Vectors never cross a function boundary, so the code means the
+// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kRows = 8;  // 16 accumulators of 32 registers
+#else
+constexpr int kLanes = 8, kRows = 6;  // 12 accumulators of 16 registers
+#endif
+typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
+constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 
-// The register-blocked core of mma: an R x 16 block of `out` held in 2R vector
+// The register-blocked core of mma: an R x kPanel block of `out` held in 2R vector
 // accumulators while p runs over k; each step loads one row segment of `b` and
-// broadcasts R values of `a`. R = 6 keeps twelve accumulators, two b vectors and a
-// broadcast in the sixteen AVX registers. (Packing the operands into panels measured
-// slower at the tile sizes the CPU schedule picks: the tiles already sit in L2.)
+// broadcasts R values of `a`. R = kRows keeps the accumulators, two b vectors and a
+// broadcast in the register file. (Packing the operands into panels measured slower at
+// the tile sizes the CPU schedule picks: the tiles already sit in L2.)
 template <int R>
 inline void mma_block(float* out, const float* a, const float* b, i64 n, i64 k) {
-  f32x8 c[R][2];
+  f32xN c[R][2];
   for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * n, sizeof c[r]);
   for (i64 p = 0; p < k; ++p) {
-    f32x8 b0, b1;
+    f32xN b0, b1;
     std::memcpy(&b0, b + p * n, sizeof b0);
-    std::memcpy(&b1, b + p * n + 8, sizeof b1);
+    std::memcpy(&b1, b + p * n + kLanes, sizeof b1);
     for (int r = 0; r < R; ++r) {
       const float x = a[r * k + p];
       c[r][0] += x * b0;
@@ -278,17 +284,19 @@ inline void mma_block(float* out, const float* a, const float* b, i64 n, i64 k) 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
                 i64 k) {
   if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(m * n));
-  const i64 n16 = n - n % 16;
+  const i64 panels = n - n % kPanel;
   i64 i = 0;
-  for (; i + 6 <= m; i += 6)
-    for (i64 j = 0; j < n16; j += 16) mma_block<6>(out + i * n + j, a + i * k, b + j, n, k);
+  for (; i + kRows <= m; i += kRows)
+    for (i64 j = 0; j < panels; j += kPanel)
+      mma_block<kRows>(out + i * n + j, a + i * k, b + j, n, k);
   for (; i + 2 <= m; i += 2)
-    for (i64 j = 0; j < n16; j += 16) mma_block<2>(out + i * n + j, a + i * k, b + j, n, k);
+    for (i64 j = 0; j < panels; j += kPanel)
+      mma_block<2>(out + i * n + j, a + i * k, b + j, n, k);
   const i64 blocked = i;
-  // the edges: the last row when m is odd, and the columns past the last block of 16
+  // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * n;
-    const i64 j0 = r < blocked ? n16 : 0;
+    const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
       const float x = a[r * k + p];
       const float* row = b + p * n;
@@ -352,43 +360,43 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
 // ---- linear_gelu: one program instance (launch k0 of linear_gelu: the library's gemm)
 
 static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(32768 + 131072 + 16384 + 16384 + 256 + 16384);
+  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 32768;
-  float* const acc = area + 32768 + 131072;
-  float* const acc_1 = area + 32768 + 131072 + 16384;
-  float* const t = area + 32768 + 131072 + 16384 + 16384;
-  float* const t_4 = area + 32768 + 131072 + 16384 + 16384 + 256;
+  float* const b_tile_smem = area + 65536;
+  float* const acc = area + 65536 + 131072;
+  float* const acc_1 = area + 65536 + 131072 + 32768;
+  float* const t = area + 65536 + 131072 + 32768 + 32768;
+  float* const t_4 = area + 65536 + 131072 + 32768 + 32768 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, 32768, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
+  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 64, 512, A, K, 64*pid_m, 512*kb, M, K);
+    tsr::load_tile(a_tile_smem, 128, 512, A, K, 128*pid_m, 512*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, B, N, 512*kb, 256*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 64, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
   }
   tsr::load_tile(t, 1, 256, bias, 0, 0, 256*pid_n, 1, N);
   float* const t_1 = t;
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
       t_4[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc_1[i * 256 + j] + t_1[j]))));
     }
   }
-  tsr::store_tile(out, N, 64*pid_m, 256*pid_n, M, N, t_4, 64, 256);
+  tsr::store_tile(out, N, 128*pid_m, 256*pid_n, M, N, t_4, 128, 256);
 }
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 64);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
 #pragma omp parallel for collapse(2) schedule(static)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -397,43 +405,43 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
 // ---- mlp_k0: one program instance (launch k0 of mlp: the library's gemm)
 
 static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(32768 + 131072 + 16384 + 16384 + 256 + 16384);
+  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 32768;
-  float* const acc = area + 32768 + 131072;
-  float* const acc_1 = area + 32768 + 131072 + 16384;
-  float* const t = area + 32768 + 131072 + 16384 + 16384;
-  float* const h_1 = area + 32768 + 131072 + 16384 + 16384 + 256;
+  float* const b_tile_smem = area + 65536;
+  float* const acc = area + 65536 + 131072;
+  float* const acc_1 = area + 65536 + 131072 + 32768;
+  float* const t = area + 65536 + 131072 + 32768 + 32768;
+  float* const h_1 = area + 65536 + 131072 + 32768 + 32768 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, 32768, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
+  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 64, 512, x, D, 64*pid_m, 512*kb, T, D);
+    tsr::load_tile(a_tile_smem, 128, 512, x, D, 128*pid_m, 512*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, W_in, F, 512*kb, 256*pid_n, D, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 64, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
   }
   tsr::load_tile(t, 1, 256, b_in, 0, 0, 256*pid_n, 1, F);
   float* const t_1 = t;
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
       h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc_1[i * 256 + j] + t_1[j]))));
     }
   }
-  tsr::store_tile(h, F, 64*pid_m, 256*pid_n, T, F, h_1, 64, 256);
+  tsr::store_tile(h, F, 128*pid_m, 256*pid_n, T, F, h_1, 128, 256);
 }
 
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 64);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 128);
 #pragma omp parallel for collapse(2) schedule(static)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -442,45 +450,45 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
 // ---- mlp_k1: one program instance (launch k1 of mlp: the library's gemm)
 
 static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(32768 + 131072 + 16384 + 16384 + 256 + 16384 + 16384);
+  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768 + 32768);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 32768;
-  float* const acc = area + 32768 + 131072;
-  float* const acc_1 = area + 32768 + 131072 + 16384;
-  float* const t = area + 32768 + 131072 + 16384 + 16384;
-  float* const t_3 = area + 32768 + 131072 + 16384 + 16384 + 256;
-  float* const t_5 = area + 32768 + 131072 + 16384 + 16384 + 256 + 16384;
+  float* const b_tile_smem = area + 65536;
+  float* const acc = area + 65536 + 131072;
+  float* const acc_1 = area + 65536 + 131072 + 32768;
+  float* const t = area + 65536 + 131072 + 32768 + 32768;
+  float* const t_3 = area + 65536 + 131072 + 32768 + 32768 + 256;
+  float* const t_5 = area + 65536 + 131072 + 32768 + 32768 + 256 + 32768;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, 32768, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
+  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 64, 512, h, F, 64*pid_m, 512*kb, T, F);
+    tsr::load_tile(a_tile_smem, 128, 512, h, F, 128*pid_m, 512*kb, T, F);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, W_out, D, 512*kb, 256*pid_n, F, D);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 64, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
   }
   tsr::load_tile(t, 1, 256, b_out, 0, 0, 256*pid_n, 1, D);
   float* const t_1 = t;
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  tsr::load_tile(t_3, 64, 256, x, D, 64*pid_m, 256*pid_n, T, D);
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  tsr::load_tile(t_3, 128, 256, x, D, 128*pid_m, 256*pid_n, T, D);
+  for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
       t_5[i * 256 + j] = tsr::round_bf16((t_3[i * 256 + j] + (acc_1[i * 256 + j] + t_1[j])));
     }
   }
-  tsr::store_tile(out, D, 64*pid_m, 256*pid_n, T, D, t_5, 64, 256);
+  tsr::store_tile(out, D, 128*pid_m, 256*pid_n, T, D, t_5, 128, 256);
 }
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 64);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 128);
 #pragma omp parallel for collapse(2) schedule(static)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

@@ -247,24 +247,30 @@ inline float* scratch(i64 floats) {
 
 // ---------------------------------------------------------------- dot
 
-// Eight floats in one SIMD register (AVX), or two halves where the target has less.
-// Vectors never cross a function boundary, so the code means the same with or without
-// AVX in the build flags; memcpy is how unaligned rows are loaded and stored.
-typedef float f32x8 __attribute__((vector_size(32)));
+// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
+// target has less). Vectors never cross a function boundary, so the code means the
+// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kRows = 8;  // 16 accumulators of 32 registers
+#else
+constexpr int kLanes = 8, kRows = 6;  // 12 accumulators of 16 registers
+#endif
+typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
+constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 
-// The register-blocked core of mma: an R x 16 block of `out` held in 2R vector
+// The register-blocked core of mma: an R x kPanel block of `out` held in 2R vector
 // accumulators while p runs over k; each step loads one row segment of `b` and
-// broadcasts R values of `a`. R = 6 keeps twelve accumulators, two b vectors and a
-// broadcast in the sixteen AVX registers. (Packing the operands into panels measured
-// slower at the tile sizes the CPU schedule picks: the tiles already sit in L2.)
+// broadcasts R values of `a`. R = kRows keeps the accumulators, two b vectors and a
+// broadcast in the register file. (Packing the operands into panels measured slower at
+// the tile sizes the CPU schedule picks: the tiles already sit in L2.)
 template <int R>
 inline void mma_block(float* out, const float* a, const float* b, i64 n, i64 k) {
-  f32x8 c[R][2];
+  f32xN c[R][2];
   for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * n, sizeof c[r]);
   for (i64 p = 0; p < k; ++p) {
-    f32x8 b0, b1;
+    f32xN b0, b1;
     std::memcpy(&b0, b + p * n, sizeof b0);
-    std::memcpy(&b1, b + p * n + 8, sizeof b1);
+    std::memcpy(&b1, b + p * n + kLanes, sizeof b1);
     for (int r = 0; r < R; ++r) {
       const float x = a[r * k + p];
       c[r][0] += x * b0;
@@ -278,17 +284,19 @@ inline void mma_block(float* out, const float* a, const float* b, i64 n, i64 k) 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
                 i64 k) {
   if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(m * n));
-  const i64 n16 = n - n % 16;
+  const i64 panels = n - n % kPanel;
   i64 i = 0;
-  for (; i + 6 <= m; i += 6)
-    for (i64 j = 0; j < n16; j += 16) mma_block<6>(out + i * n + j, a + i * k, b + j, n, k);
+  for (; i + kRows <= m; i += kRows)
+    for (i64 j = 0; j < panels; j += kPanel)
+      mma_block<kRows>(out + i * n + j, a + i * k, b + j, n, k);
   for (; i + 2 <= m; i += 2)
-    for (i64 j = 0; j < n16; j += 16) mma_block<2>(out + i * n + j, a + i * k, b + j, n, k);
+    for (i64 j = 0; j < panels; j += kPanel)
+      mma_block<2>(out + i * n + j, a + i * k, b + j, n, k);
   const i64 blocked = i;
-  // the edges: the last row when m is odd, and the columns past the last block of 16
+  // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * n;
-    const i64 j0 = r < blocked ? n16 : 0;
+    const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
       const float x = a[r * k + p];
       const float* row = b + p * n;
