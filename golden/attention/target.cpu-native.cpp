@@ -238,6 +238,17 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
+// out [cols, rows] = x [rows, cols] transposed, in 16 x 16 blocks so that both sides
+// stay in a few cache lines while a block moves.
+inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
+  for (i64 i0 = 0; i0 < rows; i0 += 16)
+    for (i64 j0 = 0; j0 < cols; j0 += 16) {
+      const i64 i1 = i0 + 16 < rows ? i0 + 16 : rows, j1 = j0 + 16 < cols ? j0 + 16 : cols;
+      for (i64 j = j0; j < j1; ++j)
+        for (i64 i = i0; i < i1; ++i) out[j * rows + i] = x[i * cols + j];
+    }
+}
+
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.
 inline float* scratch(i64 floats) {
   static thread_local std::vector<float> area;
@@ -402,12 +413,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     tsr::load_tile(v_tile_smem, 128, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, 128*nblk, 0, S, D);
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    for (tsr::i64 i = 0; i < 128; ++i) {
-      #pragma omp simd
-      for (tsr::i64 j = 0; j < 128; ++j) {
-        t[j * 128 + i] = k_tile[i * 128 + j];
-      }
-    }
+    tsr::transpose(t, k_tile, 128, 128);
     tsr::dot(t_1, q_tile, t, 64, 128, 128);
     float* const s_1 = t_1;
     for (tsr::i64 i = 0; i < 64; ++i) {
@@ -509,12 +515,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     tsr::load_tile(Vb_smem, 128, 128, v + (pid_b0) * (D*S), D, 128*nblk, 0, S, D);
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    for (tsr::i64 i = 0; i < 128; ++i) {
-      #pragma omp simd
-      for (tsr::i64 j = 0; j < 128; ++j) {
-        t[j * 128 + i] = Kb[i * 128 + j];
-      }
-    }
+    tsr::transpose(t, Kb, 128, 128);
     tsr::dot(t_1, Qb, t, 64, 128, 128);
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);

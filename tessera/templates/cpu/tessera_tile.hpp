@@ -235,6 +235,17 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
+// out [cols, rows] = x [rows, cols] transposed, in 16 x 16 blocks so that both sides
+// stay in a few cache lines while a block moves.
+inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
+  for (i64 i0 = 0; i0 < rows; i0 += 16)
+    for (i64 j0 = 0; j0 < cols; j0 += 16) {
+      const i64 i1 = i0 + 16 < rows ? i0 + 16 : rows, j1 = j0 + 16 < cols ? j0 + 16 : cols;
+      for (i64 j = j0; j < j1; ++j)
+        for (i64 i = i0; i < i1; ++i) out[j * rows + i] = x[i * cols + j];
+    }
+}
+
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.
 inline float* scratch(i64 floats) {
   static thread_local std::vector<float> area;

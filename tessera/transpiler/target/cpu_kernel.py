@@ -354,7 +354,7 @@ class _Emitter:
         x = op.operands[0]
         rows, cols = (self.c(d) for d in _shape(x.type))
         name = self.allocate(op.result)
-        self._loops(_shape(x.type), f"{name}[j * {rows} + i] = {self.name(x)}[i * {cols} + j];")
+        self.line(f"tsr::transpose({name}, {self.name(x)}, {rows}, {cols});")
 
     def op_broadcast(self, op: Op) -> None:
         out = _shape(op.result.type)
