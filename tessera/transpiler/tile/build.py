@@ -65,15 +65,13 @@ def _lower_launch(
     function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics
 ) -> TileKernel | None:
     names = {name: value for value, name in _named_values(function)}
-    outer = [names[n] for n in (*launch.reads, *launch.writes) if n in names]
     result = function.body.yields[0] if function.body.yields else None
-    params = tuple(
-        new_value(v.type, _param_name(v, result, n))
-        for v, n in zip(
-            outer, [n for n in (*launch.reads, *launch.writes) if n in names], strict=True
-        )
-    )
-    rename = {v.id: p for v, p in zip(outer, params, strict=True)}
+    rename: dict[int, Value] = {}
+    for printed in (*launch.reads, *launch.writes):
+        if printed in names:
+            v = names[printed]
+            rename[v.id] = new_value(v.type, _param_name(v, result, printed))
+    params = tuple(rename.values())
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
         output = None

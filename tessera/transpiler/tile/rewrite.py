@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..graph.dims import Dim
 from ..graph.ir import Block, Op, walk
 
-__all__ = ["rewrite", "use_counts", "producers", "shift", "walk"]
+__all__ = ["rewrite", "use_counts", "producers", "shift"]
 
 
 def rewrite(block: Block, visit: Callable[[Op], Sequence[Op]]) -> Block:
