@@ -3,7 +3,7 @@
 Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` and
 ``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
-attention f32 B1 H8 S1024 D64, causal and not, against torch
+attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
 ``scaled_dot_product_attention``. Each case is timed interleaved with its peers,
 median of several runs after warm-up. Results go to ``bench/results/cpu.json``; a
 peer that is not installed is recorded as null.
@@ -12,6 +12,7 @@ peer that is not installed is recorded as null.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -114,34 +115,38 @@ def main() -> None:
     copy_dst = np.empty_like(x)
     tx = torch.from_numpy(x) if torch else None
     tw, tb = (torch.from_numpy(w), torch.from_numpy(bias)) if torch else (None, None)
+    out = np.empty_like(x)
+    # Each case runs twice: allocating its result, as torch does (against torch), and
+    # into a preallocated array, as the copy does (against the copy's bandwidth): a
+    # fresh 64 MiB array costs about as much in page faults as the copy itself.
     norms = {
-        "softmax 4096x4096": (lambda: lib.softmax_rows(x),
+        "softmax 4096x4096": (partial(lib.softmax_rows, x),
                               (lambda: torch.softmax(tx, -1)) if torch else None),
-        "layernorm 4096x4096": (lambda: lib.layernorm_rows(x, w, bias),
+        "layernorm 4096x4096": (partial(lib.layernorm_rows, x, w, bias),
                                 (lambda: torch.nn.functional.layer_norm(tx, (4096,), tw, tb))
                                 if torch else None),
-        "rmsnorm 4096x4096": (lambda: lib.rmsnorm_rows(x, w),
+        "rmsnorm 4096x4096": (partial(lib.rmsnorm_rows, x, w),
                               (lambda: torch.nn.functional.rms_norm(tx, (4096,), tw, 1e-6))
                               if torch else None),
     }  # fmt: skip
     for name, (ours, peer) in norms.items():
-        t = timed({"tessera": ours, "torch": peer,
+        t = timed({"tessera": ours, "tessera_into": partial(ours, out=out), "torch": peer,
                    "copy": lambda: np.copyto(copy_dst, x)}, args.runs)  # fmt: skip
         moved = 2 * x.nbytes  # read once, write once
         rows.append({"case": name, "seconds": t,
                      "gb_per_s": {k: v and round(moved / v / 1e9, 1) for k, v in t.items()},
-                     "of_copy_bandwidth": round(t["copy"] / t["tessera"], 3),
+                     "of_copy_bandwidth": round(t["copy"] / t["tessera_into"], 3),
                      "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
 
-    for causal in (False, True):
-        q, k, v = (rng.standard_normal((1, 8, 1024, 64), dtype=np.float32) for _ in range(3))
+    for seq, causal in itertools.product((1024, 2048), (False, True)):
+        q, k, v = (rng.standard_normal((1, 8, seq, 64), dtype=np.float32) for _ in range(3))
         fn = lib.causal_attention if causal else lib.attention
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v)) if torch else (None,) * 3
         sdpa = torch.nn.functional.scaled_dot_product_attention if torch else None
         t = timed({"tessera": partial(fn, q, k, v),
                    "torch": partial(sdpa, tq, tk, tv, is_causal=causal) if sdpa else None},
                   args.runs)  # fmt: skip
-        rows.append({"case": f"attention f32 B1 H8 S1024 D64{' causal' if causal else ''}",
+        rows.append({"case": f"attention f32 B1 H8 S{seq} D64{' causal' if causal else ''}",
                      "seconds": t, "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
 
     result = {

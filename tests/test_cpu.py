@@ -67,6 +67,24 @@ def test_runs_to_the_float64_reference(case: Case) -> None:
         assert error < case.rtol, f"{name}: relative error {error:.2e}"
 
 
+def test_outputs_past_the_streaming_threshold_are_whole() -> None:
+    """An f32 output of 16 MiB or more leaves through non-temporal stores, which only a
+    large case reaches: 4099 x 1029 is ragged under both the row tile and the vector."""
+    src = """\
+@kernel
+def f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax(x, axis=-1)
+"""
+    x = np.random.default_rng(3).standard_normal((4099, 1029), dtype=np.float32)
+    assert x.nbytes >= 16 << 20
+    out = np.full_like(x, np.nan)
+    tessera.compile(src, target="cpu").load().f(x, out=out)
+    want = np.exp(f64(x) - f64(x).max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    assert not np.isnan(out).any()
+    assert np.abs(out - want).max() < 1e-6
+
+
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "f16", "bf16"])
 def test_low_precision_inputs_and_rounded_outputs(dtype: str) -> None:
     src = f"""\

@@ -14,7 +14,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tsr {
 
@@ -227,15 +231,49 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// Outputs at least this large are written around the caches (non-temporal stores):
+// they will not stay in the last-level cache anyway, and an ordinary store would
+// first read every line it writes.
+constexpr i64 kStreamBytes = i64(16) << 20;
+
+// dst[0, n) = src[0, n) with non-temporal stores where the target has them.
+inline void stream_row(float* dst, const float* src, i64 n) {
+  i64 j = 0;
+#if defined(__x86_64__)
+  for (; j < n && reinterpret_cast<std::uintptr_t>(dst + j) % 16 != 0; ++j) dst[j] = src[j];
+  for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+#endif
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
 template <typename T>
 inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const float* src,
                        i64 rows, i64 cols) {
+  const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
+  if constexpr (std::is_same_v<T, float>) {
+    if (rmax * ld * i64(sizeof(float)) >= kStreamBytes) {
+      for (i64 i = 0; i < rows && r0 + i < rmax; ++i)
+        stream_row(dst + (r0 + i) * ld + c0, src + i * cols, valid);
+#if defined(__x86_64__)
+      _mm_sfence();  // visible to other threads before the launch's closing barrier
+#endif
+      return;
+    }
+  }
   for (i64 i = 0; i < rows && r0 + i < rmax; ++i) {
     T* row = dst + (r0 + i) * ld + c0;
     const float* in = src + i * cols;
-    const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
     for (i64 j = 0; j < valid; ++j) store_as(row + j, in[j]);
   }
+}
+
+// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
+// when every row is in bounds, else a copy in `edge` with the missing rows zero.
+inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
+                             i64 rmax) {
+  if (r0 + rows <= rmax) return src + r0 * cols;
+  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
+  return edge;
 }
 
 // out [cols, rows] = x [rows, cols] transposed, in 16 x 16 blocks so that both sides
@@ -371,23 +409,23 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
 // ---- row_softmax: one program instance (launch k0 of row_softmax: the library's softmax)
 
 static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(16*C + 16 + 16*C + 16 + 16*C);
-  float* const rows = area + 0;
-  float* const t = area + 16*C;
-  float* const e = area + 16*C + 16;
-  float* const t_3 = area + 16*C + 16 + 16*C;
-  float* const t_5 = area + 16*C + 16 + 16*C + 16;
+  float* const area = tsr::scratch(4*C + 4 + 4*C + 4 + 4*C);
+  float* const rows_edge = area + 0;
+  float* const t = area + 4*C;
+  float* const e = area + 4*C + 4;
+  float* const t_3 = area + 4*C + 4 + 4*C;
+  float* const t_5 = area + 4*C + 4 + 4*C + 4;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(rows, 16, C, x, C, 16*pid_m, 0, R, C);
+  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     float r = -std::numeric_limits<float>::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
   }
   float* const t_1 = t;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_1[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
@@ -395,25 +433,25 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     }
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + e[i * C + j];
     t_3[i] = r;
   }
   float* const t_4 = t_3;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_5[i * C + j] = e[i * C + j] / row_0;
+      t_5[i * C + j] = e[i * C + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(out, C, 16*pid_m, 0, R, C, t_5, 16, C);
+  tsr::store_tile(out, C, 4*pid_m, 0, R, C, t_5, 4, C);
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(R, 16);
+  const tsr::i64 pid_m_count = tsr::ceil_div(R, 4);
 #pragma omp parallel for collapse(1) schedule(static)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     row_softmax_program(x, out, R, C, pid_m);
@@ -421,20 +459,20 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 // ---- pre_norm: one program instance (launch k0 of pre_norm: the library's layernorm)
 
 static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(16*D + 16 + 16*D + 16 + 16 + D + D + 16*D);
+  float* const area = tsr::scratch(4*D + 4 + 4*D + 4 + 4 + D + D + 4*D);
   float* const t = area + 0;
-  float* const t_1 = area + 16*D;
-  float* const centered = area + 16*D + 16;
-  float* const t_5 = area + 16*D + 16 + 16*D;
-  float* const t_7 = area + 16*D + 16 + 16*D + 16;
-  float* const t_9 = area + 16*D + 16 + 16*D + 16 + 16;
-  float* const t_12 = area + 16*D + 16 + 16*D + 16 + 16 + D;
-  float* const t_15 = area + 16*D + 16 + 16*D + 16 + 16 + D + D;
+  float* const t_1 = area + 4*D;
+  float* const centered = area + 4*D + 4;
+  float* const t_5 = area + 4*D + 4 + 4*D;
+  float* const t_7 = area + 4*D + 4 + 4*D + 4;
+  float* const t_9 = area + 4*D + 4 + 4*D + 4 + 4;
+  float* const t_12 = area + 4*D + 4 + 4*D + 4 + 4 + D;
+  float* const t_15 = area + 4*D + 4 + 4*D + 4 + 4 + D + D;
   const float eps = 1e-05f;
   // layernorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(t, 16, D, x, D, 16*pid_m, 0, T, D);
+  tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
   float* const rows = t;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       rows[i * D + j] = t[i * D + j];
@@ -443,7 +481,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   // layernorm.tsr:9: n = float(x.shape[1])
   const float n = static_cast<float>(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + rows[i * D + j];
@@ -451,11 +489,11 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   }
   float* const t_2 = t_1;
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 16; ++j) {
-    t_2[j] = t_1[j] / n;
+  for (tsr::i64 j = 0; j < 4; ++j) {
+    t_2[j] = t_1[j] * (1.0f / n);
   }
   float* const t_3 = t_2;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
@@ -463,7 +501,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
     }
   }
   // layernorm.tsr:11: variance = tile.sum(centered * centered, axis=1) / n
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (centered[i * D + j] * centered[i * D + j]);
@@ -471,8 +509,8 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   }
   // layernorm.tsr:12: normed = centered * tile.rsqrt(variance + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 16; ++j) {
-    t_7[j] = tsr::rsqrt(((t_5[j] / n) + eps));
+  for (tsr::i64 j = 0; j < 4; ++j) {
+    t_7[j] = tsr::rsqrt(((t_5[j] * (1.0f / n)) + eps));
   }
   float* const t_8 = t_7;
   // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
@@ -480,18 +518,18 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   float* const t_10 = t_9;
   tsr::load_tile(t_12, 1, D, beta, 0, 0, 0, 1, D);
   float* const t_13 = t_12;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_8[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       t_15[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_13[j]));
     }
   }
-  tsr::store_tile(out, D, 16*pid_m, 0, T, D, t_15, 16, D);
+  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_15, 4, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 16);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(static)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     pre_norm_program(x, gamma, beta, out, T, D, pid_m);
@@ -499,17 +537,17 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 // ---- rms: one program instance (launch k0 of rms: the library's rmsnorm)
 
 static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(16*D + 16 + 16 + D + 16*D);
-  float* const rows = area + 0;
-  float* const t_1 = area + 16*D;
-  float* const t_3 = area + 16*D + 16;
-  float* const t_6 = area + 16*D + 16 + 16;
-  float* const t_8 = area + 16*D + 16 + 16 + D;
+  float* const area = tsr::scratch(4*D + 4 + 4 + D + 4*D);
+  float* const rows_edge = area + 0;
+  float* const t_1 = area + 4*D;
+  float* const t_3 = area + 4*D + 4;
+  float* const t_6 = area + 4*D + 4 + 4;
+  float* const t_8 = area + 4*D + 4 + 4 + D;
   const float eps = 1e-06f;
   // rmsnorm.tsr:7: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(rows, 16, D, x, D, 16*pid_m, 0, T, D);
+  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
   // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
@@ -518,24 +556,24 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   const float s = static_cast<float>(D);
   // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 16; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] / s) + eps));
+  for (tsr::i64 j = 0; j < 4; ++j) {
+    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
   float* const t_4 = t_3;
   tsr::load_tile(t_6, 1, D, weight, 0, 0, 0, 1, D);
   float* const t_7 = t_6;
-  for (tsr::i64 i = 0; i < 16; ++i) {
+  for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       t_8[i * D + j] = (rows[i * D + j] * row_0) * t_7[j];
     }
   }
-  tsr::store_tile(out, D, 16*pid_m, 0, T, D, t_8, 16, D);
+  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_8, 4, D);
 }
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 16);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(static)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     rms_program(x, weight, out, T, D, pid_m);

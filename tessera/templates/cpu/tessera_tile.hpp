@@ -11,7 +11,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tsr {
 
@@ -224,15 +228,49 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// Outputs at least this large are written around the caches (non-temporal stores):
+// they will not stay in the last-level cache anyway, and an ordinary store would
+// first read every line it writes.
+constexpr i64 kStreamBytes = i64(16) << 20;
+
+// dst[0, n) = src[0, n) with non-temporal stores where the target has them.
+inline void stream_row(float* dst, const float* src, i64 n) {
+  i64 j = 0;
+#if defined(__x86_64__)
+  for (; j < n && reinterpret_cast<std::uintptr_t>(dst + j) % 16 != 0; ++j) dst[j] = src[j];
+  for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+#endif
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
 template <typename T>
 inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const float* src,
                        i64 rows, i64 cols) {
+  const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
+  if constexpr (std::is_same_v<T, float>) {
+    if (rmax * ld * i64(sizeof(float)) >= kStreamBytes) {
+      for (i64 i = 0; i < rows && r0 + i < rmax; ++i)
+        stream_row(dst + (r0 + i) * ld + c0, src + i * cols, valid);
+#if defined(__x86_64__)
+      _mm_sfence();  // visible to other threads before the launch's closing barrier
+#endif
+      return;
+    }
+  }
   for (i64 i = 0; i < rows && r0 + i < rmax; ++i) {
     T* row = dst + (r0 + i) * ld + c0;
     const float* in = src + i * cols;
-    const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
     for (i64 j = 0; j < valid; ++j) store_as(row + j, in[j]);
   }
+}
+
+// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
+// when every row is in bounds, else a copy in `edge` with the missing rows zero.
+inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
+                             i64 rmax) {
+  if (r0 + rows <= rmax) return src + r0 * cols;
+  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
+  return edge;
 }
 
 // out [cols, rows] = x [rows, cols] transposed, in 16 x 16 blocks so that both sides

@@ -90,6 +90,8 @@ class _Emitter:
         self.names: dict[int, str] = {}
         self.roots: dict[int, str] = {}
         self.private: set[str] = set()
+        #: Tiles that are an input tensor's own memory: read-only.
+        self.views: set[str] = set()
         self.storage: list[tuple[str, str]] = []
         self.uses = use_counts(kernel.body)
         #: Elementwise results computed inside their one consumer's loop, by value id.
@@ -130,8 +132,9 @@ class _Emitter:
     def alias(self, v: Value, of: Value, offset: str | None = None) -> str:
         name = self.define(v)
         source = self.name(of) if offset is None else f"{self.name(of)} + {offset}"
-        self.line(f"float* const {name} = {source};")
-        self.roots[v.id] = self.roots.get(of.id, self.name(of))
+        root = self.roots.get(of.id, self.name(of))
+        self.line(f"{'const ' if root in self.views else ''}float* const {name} = {source};")
+        self.roots[v.id] = root
         return name
 
     def result_in_place(self, op: Op, candidates: tuple[int, ...]) -> str:
@@ -294,6 +297,15 @@ class _Emitter:
             return f"({self.inlined[x.id]})"
         return f"{self.name(x)}[{self._index(x, out)}]"
 
+    def _row_invariant(self, x: Any, out: tuple[Dim, ...]) -> bool:
+        """Whether ``x`` is a value that the inner loop over ``out`` does not move
+        along: a scalar, or a row-broadcast tile element."""
+        if not isinstance(x, Value) or x.id in self.inlined:
+            return False
+        return isinstance(x.type, ScalarType) or (
+            len(out) == 2 and re.search(r"\bj\b", self._index(x, out)) is None
+        )
+
     def _fusable(self, op: Op) -> bool:
         """Whether ``op``'s result can be computed inside its one consumer's loop: the
         consumer, in this block, is elementwise or a reduction and walks a tile of the
@@ -312,6 +324,8 @@ class _Emitter:
         if op.kind in _BINARY or op.kind == "pow":
             a, b = (self._arg(x, out) for x in binary_operands(op))
             expr = f"std::pow({a}, {b})" if op.kind == "pow" else f"{a} {_BINARY[op.kind]} {b}"
+            if op.kind == "div" and self._row_invariant(binary_operands(op)[1], out):
+                expr = f"{a} * (1.0f / {b})"  # one division per row, not per element
         else:
             x = self._arg(op.operands[0], out)
             expr = (
@@ -465,12 +479,44 @@ class _Emitter:
         return ("1", self.c(dims[0])) if len(dims) == 1 else (self.c(dims[-2]), self.c(dims[-1]))
 
     def op_load(self, op: Op) -> None:
+        if self._whole_rows(op):
+            self._row_view(op)
+            return
         name = self.allocate(op.result)
         base, ld, r0, c0, rmax, cmax = self._window(op.operands[0], op.attr("at"))
         rows, cols = self._tile_dims(op.result.type)
         self.line(
             f"tsr::load_tile({name}, {rows}, {cols}, {base}, {ld}, {r0}, {c0}, {rmax}, {cmax});"
         )
+
+    @staticmethod
+    def _whole_rows(op: Op) -> bool:
+        """Whether a load reads whole rows of an f32 tensor into an f32 tile: then the
+        tile can be the tensor's own memory, with no copy, where its rows exist."""
+        at: Access = op.attr("at")
+        tile = at.tile_axes
+        return (
+            op.operands[0].type.dtype.name == "f32"
+            and op.result.type.dtype.name == "f32"
+            and len(tile) == 2
+            and tile[1].offset == Dim.const(0)
+            and tile[1].size == tile[1].extent
+            and not tile[1].masked
+        )
+
+    def _row_view(self, op: Op) -> None:
+        base, ld, r0, _, rmax, _ = self._window(op.operands[0], op.attr("at"))
+        rows, _ = self._tile_dims(op.result.type)
+        name = self.define(op.result)
+        self.roots[op.result.id] = name
+        self.views.add(name)
+        if not op.attr("at").tile_axes[0].masked:
+            self.line(f"const float* const {name} = {base} + ({r0}) * {ld};")
+            return
+        edge = self.namer.fresh(f"{name}_edge")
+        self.storage.append((edge, self.numel(op.result.type)))
+        self.line(f"const float* const {name} = tsr::row_tile({edge}, {rows}, {ld}, {base}, "
+                  f"{r0}, {rmax});")  # fmt: skip
 
     def op_store(self, op: Op) -> None:
         tensor, tile = op.operands
