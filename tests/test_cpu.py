@@ -176,6 +176,69 @@ def test_every_case_is_clean_under_address_and_undefined_sanitizers(tmp_path: Pa
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
 
 
+def test_online_softmax_apart_from_its_accumulate() -> None:
+    """When p is used on its way to softmax_accumulate, the two ops run as separate
+    calls rather than fused into one pass: that path against the definition too."""
+    src = """\
+@kernel
+def half_attention(q: Tensor["BH", "S", "D", f32], k: Tensor["BH", "S", "D", f32],
+                   v: Tensor["BH", "S", "D", f32]) -> Tensor["BH", "S", "D", f32]:
+    T = tile.context()
+    qb = tile.load(q, rows=T.m, cols=T.d)
+    acc = tile.zeros((T.m, T.d), f32)
+    m = tile.full((T.m,), -INF)
+    l = tile.zeros((T.m,), f32)
+    for nblk in tile.range_n(k.shape, T.n):
+        kb = tile.load(k, nblk, cols=T.d)
+        vb = tile.load(v, nblk, cols=T.d)
+        s = tile.dot(qb, tile.transpose(kb)) * tile.rsqrt(float(q.shape[2]))
+        p, m_c, l_c = tile.softmax_online(s)
+        acc, m, l = tile.softmax_accumulate(acc, m, l, p * 0.5, vb, m_c, l_c)
+    return acc / l[:, None]
+"""
+    program = tessera.compile(src, target="cpu")
+    assert "tsr::softmax_online(" in program.source and "tsr::attend(" not in program.source
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((3, 150, 64), dtype=np.float32) for _ in range(3))
+    out = np.full_like(q, np.nan)
+    program.load().half_attention(q, k, v, out=out)
+    s = f64(q) @ f64(k).transpose(0, 2, 1) / 8.0
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    want = 0.5 * (p / p.sum(axis=2, keepdims=True)) @ f64(v)
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-5
+
+
+TRANSPOSE_CHECK = """\
+#include "tessera_tile.hpp"
+#include <cstdio>
+int main() {
+  const long shapes[][2] = {{16, 16}, {128, 64}, {37, 50}, {5, 3}, {64, 100}};
+  for (const auto& s : shapes) {
+    std::vector<float> x(s[0] * s[1]), out(s[0] * s[1], -1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    tsr::transpose(out.data(), x.data(), s[0], s[1]);
+    for (long i = 0; i < s[0]; ++i)
+      for (long j = 0; j < s[1]; ++j)
+        if (out[j * s[0] + i] != x[i * s[1] + j]) return std::printf("%ld x %ld\\n", s[0], s[1]);
+  }
+  std::puts("ok");
+}
+"""
+
+
+@pytest.mark.parametrize("arch", [[], ["-march=native"]], ids=["baseline", "native"])
+def test_register_transpose_matches_the_definition(arch: list[str], tmp_path: Path) -> None:
+    """Whole blocks go through shuffles of kLanes-wide vectors (8 or 16 with AVX-512),
+    the rest element by element: both, at several ragged shapes."""
+    (tmp_path / "t.cpp").write_text(TRANSPOSE_CHECK)
+    header = ROOT / "tessera/templates/cpu"
+    build = subprocess.run(["g++", "-std=c++17", "-O2", *arch, f"-I{header}", "t.cpp", "-o", "t"],
+                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
+    assert run.stdout.strip() == "ok", run.stdout
+
+
 def test_vectorizable_exp_and_tanh_match_libm() -> None:
     src = """\
 @kernel

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -28,7 +29,8 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------- numerics
 
-// Bit casts the vectorizer sees through (GCC >= 11, Clang >= 9), unlike a memcpy.
+// Bit casts the vectorizer sees through, unlike a memcpy. (The header needs GCC >= 12
+// or Clang >= 9: __builtin_bit_cast and __builtin_shufflevector.)
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
@@ -202,6 +204,9 @@ inline float tanh(float x) {  // 1 - 2 / (e^2x + 1), odd, exact at +-inf
 
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float larger(float r, float x) { return x > r ? x : r; }
+// c ? a : b with both sides evaluated: a select the vectorizer takes as it is, where a
+// conditional load inside a lambda can keep a loop scalar.
+inline float select(bool c, float a, float b) { return c ? a : b; }
 inline float sigmoid(float x) { return 1.0f / (1.0f + tsr::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + tsr::exp(-x)); }
 inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
@@ -211,6 +216,16 @@ inline float gelu(float x) {  // the tanh approximation
 }
 
 // ---------------------------------------------------------------- memory
+
+// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
+// target has less). Vectors never cross a function boundary, so the code means the
+// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kRows = 8;  // 16 accumulators of 32 registers
+#else
+constexpr int kLanes = 8, kRows = 6;  // 12 accumulators of 16 registers
+#endif
+typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
@@ -276,15 +291,40 @@ inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, 
   return edge;
 }
 
-// out [cols, rows] = x [rows, cols] transposed, in 16 x 16 blocks so that both sides
-// stay in a few cache lines while a block moves.
+// One butterfly of an in-register transpose: with S lanes per block, rows a and b
+// swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
+// kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
+// each with AVX-512).
+template <int S, std::size_t... J>
+inline void swap_blocks(f32xN& a, f32xN& b, std::index_sequence<J...>) {
+  const f32xN lo = __builtin_shufflevector(a, b, ((J & S) == 0 ? J : kLanes + J - S)...);
+  const f32xN hi = __builtin_shufflevector(a, b, ((J & S) == 0 ? J + S : kLanes + J)...);
+  a = lo;
+  b = hi;
+}
+
+template <int S>
+inline void transpose_rounds(f32xN* r) {
+  if constexpr (S > 0) {
+    for (int i = 0; i < kLanes; ++i)
+      if ((i & S) == 0) swap_blocks<S>(r[i], r[i + S], std::make_index_sequence<kLanes>());
+    transpose_rounds<S / 2>(r);
+  }
+}
+
+// out [cols, rows] = x [rows, cols] transposed: whole kLanes x kLanes blocks in
+// registers, the ragged rest element by element.
 inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  for (i64 i0 = 0; i0 < rows; i0 += 16)
-    for (i64 j0 = 0; j0 < cols; j0 += 16) {
-      const i64 i1 = i0 + 16 < rows ? i0 + 16 : rows, j1 = j0 + 16 < cols ? j0 + 16 : cols;
-      for (i64 j = j0; j < j1; ++j)
-        for (i64 i = i0; i < i1; ++i) out[j * rows + i] = x[i * cols + j];
+  const i64 row_blocks = rows - rows % kLanes, col_blocks = cols - cols % kLanes;
+  for (i64 i = 0; i < row_blocks; i += kLanes)
+    for (i64 j = 0; j < col_blocks; j += kLanes) {
+      f32xN r[kLanes];
+      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * cols + j, sizeof r[t]);
+      transpose_rounds<kLanes / 2>(r);
+      for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
     }
+  for (i64 i = 0; i < rows; ++i)
+    for (i64 j = i < row_blocks ? col_blocks : 0; j < cols; ++j) out[j * rows + i] = x[i * cols + j];
 }
 
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.
@@ -296,15 +336,6 @@ inline float* scratch(i64 floats) {
 
 // ---------------------------------------------------------------- dot
 
-// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
-// target has less). Vectors never cross a function boundary, so the code means the
-// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16, kRows = 8;  // 16 accumulators of 32 registers
-#else
-constexpr int kLanes = 8, kRows = 6;  // 12 accumulators of 16 registers
-#endif
-typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 
 // The register-blocked core of mma: an R x kPanel block of `out` held in 2R vector
@@ -313,66 +344,86 @@ constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 // broadcast in the register file. (Packing the operands into panels measured slower at
 // the tile sizes the CPU schedule picks: the tiles already sit in L2.)
 template <int R>
-inline void mma_block(float* out, const float* a, const float* b, i64 n, i64 k) {
+inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 k) {
   f32xN c[R][2];
-  for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * n, sizeof c[r]);
+  for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
   for (i64 p = 0; p < k; ++p) {
     f32xN b0, b1;
-    std::memcpy(&b0, b + p * n, sizeof b0);
-    std::memcpy(&b1, b + p * n + kLanes, sizeof b1);
+    std::memcpy(&b0, b + p * ld_out, sizeof b0);
+    std::memcpy(&b1, b + p * ld_out + kLanes, sizeof b1);
     for (int r = 0; r < R; ++r) {
-      const float x = a[r * k + p];
+      const float x = a[r * ld_a + p];
       c[r][0] += x * b0;
       c[r][1] += x * b1;
     }
   }
-  for (int r = 0; r < R; ++r) std::memcpy(out + r * n, c[r], sizeof c[r]);
+  for (int r = 0; r < R; ++r) std::memcpy(out + r * ld_out, c[r], sizeof c[r]);
 }
 
-// out = acc + a @ b, with a [m, k] and b [k, n]; `out` may be `acc`.
-inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
-                i64 k) {
-  if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(m * n));
+// How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
+inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
+
+// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`), computed on the
+// live corner only: rows of a below m, columns of b below n, and k steps of the
+// reduction. Past them the operands are zero padding, so out keeps acc there.
+inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
+                i64 K, i64 m, i64 n, i64 k) {
+  if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
   const i64 panels = n - n % kPanel;
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows>(out + i * n + j, a + i * k, b + j, n, k);
+      mma_block<kRows>(out + i * N + j, a + i * K, b + j, N, K, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2>(out + i * n + j, a + i * k, b + j, n, k);
+      mma_block<2>(out + i * N + j, a + i * K, b + j, N, K, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
-    float* o = out + r * n;
+    float* o = out + r * N;
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
-      const float x = a[r * k + p];
-      const float* row = b + p * n;
+      const float x = a[r * K + p];
+      const float* row = b + p * N;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
   }
 }
 
+inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
+                i64 k) {
+  mma(out, a, b, acc, m, n, k, m, n, k);
+}
+
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
+                i64 k) {
+  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(M * N));
+  mma(out, a, b, out, M, N, K, m, n, k);
+}
+
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
-  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(m * n));
-  mma(out, a, b, out, m, n, k);
+  dot(out, a, b, m, n, k, m, n, k);
 }
 
 // ---------------------------------------------------------------- online softmax
 
-// One block of online softmax over the rows of s [m, n]: p = exp(s - m_c), with m_c the
-// row maxima and l_c the row sums of p. A row with nothing unmasked (all -inf) gives p = 0.
-inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64 m, i64 n) {
+// Online softmax reads a block's scores through `score(i, j)`, so that the ops that
+// make them (a scale, a mask) are computed as they are read, with no pass of their own.
+
+// One block of online softmax over the rows of scores [m, n]: p = exp(s - m_c), with m_c
+// the row maxima and l_c the row sums of p. A row with nothing unmasked (all -inf)
+// gives p = 0.
+template <typename Score>
+inline void softmax_online(float* p, float* m_c, float* l_c, Score score, i64 m, i64 n) {
   for (i64 i = 0; i < m; ++i) {
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (i64 j = 0; j < n; ++j) mx = s[i * n + j] > mx ? s[i * n + j] : mx;
+    for (i64 j = 0; j < n; ++j) mx = larger(mx, score(i, j));
     const float base = std::isinf(mx) && mx < 0 ? 0.0f : mx;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (i64 j = 0; j < n; ++j) {
-      const float e = tsr::exp(s[i * n + j] - base);
+      const float e = tsr::exp(score(i, j) - base);
       p[i * n + j] = e;
       sum += e;
     }
@@ -383,25 +434,54 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
 // v [n, d]. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
-// as tensor cores multiply it) before p @ v.
+// as tensor cores multiply it) before p @ v, which runs on its live corner: the first
+// n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
 inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const float* acc,
                                const float* m_in, const float* l_in, const float* p,
                                const float* v, const float* m_c, const float* l_c, i64 m, i64 n,
-                               i64 d, float* scaled, Round round_p) {
+                               i64 d, i64 n_live, i64 d_live, float* scaled, Round round_p) {
   for (i64 i = 0; i < m; ++i) {
     const float m_new = m_in[i] > m_c[i] ? m_in[i] : m_c[i];
     const float base = std::isinf(m_new) && m_new < 0 ? 0.0f : m_new;
     const float alpha = tsr::exp(m_in[i] - base);
     const float beta = tsr::exp(m_c[i] - base);
 #pragma omp simd
-    for (i64 j = 0; j < n; ++j) scaled[i * n + j] = round_p(p[i * n + j] * beta);
+    for (i64 j = 0; j < n_live; ++j) scaled[i * n + j] = round_p(p[i * n + j] * beta);
 #pragma omp simd
     for (i64 j = 0; j < d; ++j) acc_out[i * d + j] = acc[i * d + j] * alpha;
     l_out[i] = l_in[i] * alpha + l_c[i] * beta;
     m_out[i] = m_new;
   }
-  mma(acc_out, scaled, v, acc_out, m, d, n);
+  mma(acc_out, scaled, v, acc_out, m, d, n, m, d_live, n_live);
+}
+
+// softmax_online and then softmax_accumulate of its block, in one pass over the scores
+// (FlashAttention-2's order): the new row maximum comes first, so p = exp(s - m_new)
+// directly, with no rescaling of p. Within float rounding of the two steps.
+template <typename Score, typename Round>
+inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
+                   const float* m_in, const float* l_in, Score score, const float* v, i64 m,
+                   i64 n, i64 d, i64 n_live, i64 d_live, float* p, Round round_p) {
+  for (i64 i = 0; i < m; ++i) {
+    float mx = m_in[i];
+#pragma omp simd reduction(max : mx)
+    for (i64 j = 0; j < n; ++j) mx = larger(mx, score(i, j));
+    const float base = std::isinf(mx) && mx < 0 ? 0.0f : mx;
+    const float alpha = tsr::exp(m_in[i] - base);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (i64 j = 0; j < n_live; ++j) {
+      const float e = tsr::exp(score(i, j) - base);
+      p[i * n + j] = round_p(e);
+      sum += e;
+    }
+#pragma omp simd
+    for (i64 j = 0; j < d; ++j) acc_out[i * d + j] = acc[i * d + j] * alpha;
+    l_out[i] = l_in[i] * alpha + sum;
+    m_out[i] = mx;
+  }
+  mma(acc_out, p, v, acc_out, m, d, n, m, d_live, n_live);
 }
 
 }  // namespace tsr
@@ -429,7 +509,7 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, M - 128*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
   }
   tsr::load_tile(t, 1, 256, bias, 0, 0, 256*pid_n, 1, N);
   float* const t_1 = t;
@@ -474,7 +554,7 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, T - 128*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_in, 0, 0, 256*pid_n, 1, F);
   float* const t_1 = t;
@@ -520,7 +600,7 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512);
+    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, T - 128*pid_m), tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_out, 0, 0, 256*pid_n, 1, D);
   float* const t_1 = t;

@@ -19,7 +19,7 @@ from ..graph.dtypes import DType
 from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
-from ..tile.ir import Access, SharedType, TileKernel
+from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import c_dim, c_float
 from .naming import Namer
@@ -97,6 +97,8 @@ class _Emitter:
         #: Elementwise results computed inside their one consumer's loop, by value id.
         self.inlined: dict[int, str] = {}
         self.users: dict[int, Op] = {}
+        #: Online softmax ops emitted with their accumulate, by the id of their ``p``.
+        self.deferred: dict[int, Op] = {}
         self.lines: list[str] = []
         self.depth = 1
         self.local: list[set[int]] = []
@@ -309,14 +311,15 @@ class _Emitter:
     def _fusable(self, op: Op) -> bool:
         """Whether ``op``'s result can be computed inside its one consumer's loop: the
         consumer, in this block, is elementwise or a reduction and walks a tile of the
-        same shape, so both loops visit the same (i, j)."""
+        same shape, so both loops visit the same (i, j). Online softmax reads its scores
+        through a lambda, which computes them where they are read."""
         result = op.results[0]
         user = self.users.get(result.id)
         if self.uses.get(result.id) != 1 or user is None:
             return False
-        if _is_elementwise(user):
+        if _is_elementwise(user) or user.kind == "mask_edge":
             return _shape(user.results[0].type) == _shape(result.type)
-        return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
+        return user.kind in ("max", "sum", "softmax_online") and len(_shape(result.type)) == 2
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
@@ -439,11 +442,14 @@ class _Emitter:
         x = op.operands[0]
         out = _shape(x.type)
         loop = ["i", "j"][2 - len(out) :][op.attr("axis")]
-        name = self.result_in_place(op, (0,))
-        index = self._index(x, out)
         bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
-        self._loops(out, f"{name}[{index}] = {bound} ? {c_float(op.attr('fill'))} : "
-                         f"{self.name(x)}[{index}];")  # fmt: skip
+        expr = f"tsr::select({bound}, {c_float(op.attr('fill'))}, {self._arg(x, out)})"
+        if self._fusable(op):
+            self.inlined[op.result.id] = expr
+            self.names[op.result.id] = self.namer.fresh(op.result.name)
+            return
+        name = self.result_in_place(op, (0,))
+        self._loops(out, f"{name}[{self._index(x, out)}] = {expr};")
 
     # -- memory ------------------------------------------------------------------------
 
@@ -558,25 +564,51 @@ class _Emitter:
         m, k = (self.c(d) for d in _shape(a.type))
         return m, self.c(_shape(b.type)[1]), k
 
+    def _live(self, op: Op, sizes: tuple[str, str, str]) -> tuple[str, ...]:
+        """The dot's live extents after its tile sizes, when any is narrower."""
+        live: Live | None = op.attr("live")
+        bounds = (live.m, live.n, live.k) if live else (None, None, None)
+        if all(b is None for b in bounds):
+            return ()
+        return tuple(
+            size if bound is None else f"tsr::live({size}, {self.c(bound)})"
+            for bound, size in zip(bounds, sizes, strict=True)
+        )
+
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
-        m, n, k = self._mnk(a, b)
-        self.line(f"tsr::dot({name}, {self.name(a)}, {self.name(b)}, {m}, {n}, {k});")
+        sizes = self._mnk(a, b)
+        args = ", ".join((name, self.name(a), self.name(b), *sizes, *self._live(op, sizes)))
+        self.line(f"tsr::dot({args});")
 
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
         name = self.result_in_place(op, (2,))
-        m, n, k = self._mnk(a, b)
-        self.line(
-            f"tsr::mma({name}, {self.name(a)}, {self.name(b)}, {self.name(acc)}, {m}, {n}, {k});"
-        )
+        sizes = self._mnk(a, b)
+        args = (name, self.name(a), self.name(b), self.name(acc), *sizes, *self._live(op, sizes))
+        self.line(f"tsr::mma({', '.join(args)});")
+
+    def _score(self, s: Value) -> str:
+        """A lambda giving element (i, j) of a score tile, computed there if it is an
+        expression that was fused into its reader."""
+        return f"[&](tsr::i64 i, tsr::i64 j) {{ return {self._arg(s, _shape(s.type))}; }}"
 
     def op_softmax_online(self, op: Op) -> None:
+        """Emitted with the ``softmax_accumulate`` that is its results' only reader,
+        as one pass (``tsr::attend``); alone otherwise."""
+        user = self.users.get(op.results[0].id)
+        if (
+            user is not None
+            and user.kind == "softmax_accumulate"
+            and all(self.uses.get(r.id) == 1 and self.users.get(r.id) is user for r in op.results)
+        ):
+            self.deferred[user.operands[3].id] = op
+            return
         s = op.operands[0]
         p, m_c, l_c = (self.allocate(r) for r in op.results)
         rows, cols = (self.c(d) for d in _shape(s.type))
-        self.line(f"tsr::softmax_online({p}, {m_c}, {l_c}, {self.name(s)}, {rows}, {cols});")
+        self.line(f"tsr::softmax_online({p}, {m_c}, {l_c}, {self._score(s)}, {rows}, {cols});")
 
     def op_softmax_accumulate(self, op: Op) -> None:
         acc, m, l_, p, v, m_c, l_c = op.operands
@@ -584,17 +616,25 @@ class _Emitter:
             self.over(result, operand) or self.allocate(result)
             for result, operand in zip(op.results, (acc, m, l_), strict=True)
         ]
-        scaled = self.namer.fresh("p_scaled")
-        self.storage.append((scaled, self.numel(p.type)))
-        self.private.add(scaled)
+        scratch = self.namer.fresh(*((p.name, "p") if p.id in self.deferred else ("p_scaled",)))
+        self.storage.append((scratch, self.numel(p.type)))
+        self.private.add(scratch)
         rows, n = (self.c(d) for d in _shape(p.type))
         d = self.c(_shape(v.type)[1])
+        n_live, d_live = (self._live(op, (rows, d, n)) or (rows, d, n))[:0:-1]
         rounding = ROUND.get(v.type.dtype.name)
         round_p = (
             f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
         )
-        args = ", ".join([*outs, *(self.name(x) for x in (acc, m, l_, p, v, m_c, l_c))])
-        self.line(f"tsr::softmax_accumulate({args}, {rows}, {n}, {d}, {scaled}, {round_p});")
+        state = [*outs, *(self.name(x) for x in (acc, m, l_))]
+        sizes = f"{rows}, {n}, {d}, {n_live}, {d_live}, {scratch}, {round_p}"
+        online = self.deferred.pop(p.id, None)
+        if online is not None:
+            score = self._score(online.operands[0])
+            self.line(f"tsr::attend({', '.join(state)}, {score}, {self.name(v)}, {sizes});")
+            return
+        args = ", ".join([*state, *(self.name(x) for x in (p, v, m_c, l_c))])
+        self.line(f"tsr::softmax_accumulate({args}, {sizes});")
 
     # -- control flow -----------------------------------------------------------------------
 

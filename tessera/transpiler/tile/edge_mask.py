@@ -10,7 +10,10 @@ is negative, and ``exp`` turns zero padding into ones. The pass
 2. follows each tile's padding (none, zeros, or anything) through the ops;
 3. before a reduction over a padded axis whose padding is not that
    reduction's identity, inserts ``mask_edge`` with the identity (``-inf``
-   for max and online softmax, ``0`` for sums and the ``p @ v`` product).
+   for max and online softmax, ``0`` for sums and the ``p @ v`` product);
+4. gives every dot, mma and ``softmax_accumulate`` the ``live`` corner of its
+   product: the rows, columns and reduction steps that zero padding does not
+   cover, which a backend may limit its loops to.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Block, Op, Value, new_value
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
-from .ir import Access, TileKernel
+from .ir import Access, Live, TileKernel
 from .masks import needs_mask
 
 __all__ = ["mask_edges", "ZERO_PRESERVING"]
@@ -54,6 +57,21 @@ def mask_edges(kernel: TileKernel, hw: Hardware) -> TileKernel:
     del hw
     masker = _Masker()
     return replace(kernel, body=masker.block(kernel.body))
+
+
+def _live(pad: Pad | None) -> Dim | None:
+    """How many elements of a zero-padded axis can be non-zero (None: all of them)."""
+    return pad.extent - pad.offset if pad is not None and pad.zero else None
+
+
+def _with_live(op: Op, a_rows: Pad | None, b_cols: Pad | None, depth: tuple) -> Op:
+    """``op`` with its ``live`` corner: rows of ``a`` and columns of ``b`` that zero
+    padding does not cover, and reduction steps where neither operand is zero padding
+    (one zero factor is enough)."""
+    k = next((d for d in map(_live, depth) if d is not None), None)
+    live = Live(_live(a_rows), _live(b_cols), k)
+    attrs = tuple((key, value) for key, value in op.attrs if key != "live")
+    return replace(op, attrs=(*attrs, ("live", live)))
 
 
 def _join(a: Pad | None, b: Pad | None) -> Pad | None:
@@ -206,6 +224,8 @@ class _Masker:
 
     def op_softmax_accumulate(self, op: Op) -> list[Op]:
         ops, op = self._reduce(op, 3, 1, 0.0)
+        p, v = self.state(op.operands[3]), self.state(op.operands[4])
+        op = _with_live(op, a_rows=p[0], b_cols=v[1], depth=(p[1], v[0]))
         rows = _join(self.state(op.operands[0])[0], self.state(op.operands[3])[0])
         rows = rows.dirty() if rows else None
         cols = self.state(op.operands[4])[1]
@@ -223,6 +243,7 @@ class _Masker:
             b = self._neutral(b, 0, 0.0, ops)
             op = replace(op, operands=(a, b, *op.operands[2:]))
         out = (self.state(a)[0], self.state(b)[1])
+        op = _with_live(op, a_rows=out[0], b_cols=out[1], depth=(pa, pb))
         if op.kind == "mma":
             acc = self.state(op.operands[2])
             out = (_join(out[0], acc[0]), _join(out[1], acc[1]))

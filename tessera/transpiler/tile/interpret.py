@@ -234,11 +234,28 @@ class _Program:
         shape = tuple(_eval(d, self.env) for d in op.result.type.dims)
         return np.full(shape, op.attr("value"), np.float32)
 
+    def _product(self, op: Op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b`` over the op's live corner only, zero elsewhere, as a backend that
+        skips the padding computes it: a corner too small shows as a wrong result."""
+        live = op.attr("live")
+        (rows, depth), cols = a.shape, b.shape[1]
+        out = np.zeros((rows, cols), np.float32)
+        m, n, k = (
+            size if bound is None else min(max(_eval(bound, self.env), 0), size)
+            for bound, size in zip(
+                (live.m, live.n, live.k) if live else (None,) * 3,
+                (rows, cols, depth),
+                strict=True,
+            )
+        )
+        out[:m, :n] = np.matmul(a[:m, :k], b[:k, :n], dtype=np.float32)
+        return out
+
     def op_dot(self, op: Op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.matmul(a, b, dtype=np.float32)
+        return self._product(op, a, b)
 
     def op_mma(self, op: Op, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
-        return acc + np.matmul(a, b, dtype=np.float32)
+        return acc + self._product(op, a, b)
 
     def op_transpose(self, op: Op, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x.T)
@@ -287,7 +304,7 @@ class _Program:
         alpha = np.exp(m - _finite(m_new))
         beta = np.exp(m_c - _finite(m_new))
         p = round_to(p * beta[:, None], op.operands[4].type.dtype)
-        acc = acc * alpha[:, None] + np.matmul(p, v, dtype=np.float32)
+        acc = acc * alpha[:, None] + self._product(op, p, v)
         return acc, m_new, l_ * alpha + l_c * beta
 
     # -- control flow -------------------------------------------------------------

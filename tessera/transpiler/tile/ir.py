@@ -39,6 +39,7 @@ __all__ = [
     "When",
     "GridAxis",
     "Mma",
+    "Live",
     "SmemSlot",
     "TileKernel",
     "TileProgram",
@@ -171,6 +172,27 @@ class Mma:
         wm, wn = self.warps
         tm, tn = self.warp_tile
         return f"{self.inst} m{m}n{n}k{k}  warps {wm}x{wn} of {tm}x{tn}  operands {self.operands}"
+
+
+@dataclass(frozen=True)
+class Live:
+    """The corner of a product ``[M, K] x [K, N]`` that can be non-zero.
+
+    Past a ragged edge the operands of a dot hold zero padding, so rows of ``a`` past
+    ``m``, columns of ``b`` past ``n`` and the reduction past ``k`` add nothing: a
+    backend may skip them (the result there is the accumulator, or zero). Each bound is
+    a run-time expression, clamped to the tile; None means the whole tile. A head dim
+    of 64 under a 128-wide tile does half the work this way.
+    """
+
+    m: Dim | None
+    n: Dim | None
+    k: Dim | None
+
+    def __str__(self) -> str:
+        bounds = zip("mnk", (self.m, self.n, self.k), strict=True)
+        parts = [f"{name} < {d}" for name, d in bounds if d is not None]
+        return ", ".join(parts) or "all"
 
 
 @dataclass(frozen=True)
