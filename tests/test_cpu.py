@@ -44,6 +44,16 @@ def test_generated_cpp_compiles_warning_free(path: Path, tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
 
 
+def test_only_the_header_sections_a_file_uses_are_inlined() -> None:
+    """Norms need no micro-kernel and no online softmax; attention needs both. (That the
+    trimmed files still build is the test above.)"""
+    norms = tessera.compile_file(ROOT / "examples/norms.tsr", target="cpu").source
+    attention = tessera.compile_file(ROOT / "examples/attention.tsr", target="cpu").source
+    assert "inline void load_tile" in norms and "inline float exp" in norms
+    assert "mma_block" not in norms and "softmax_online" not in norms
+    assert "inline void mma_block" in attention and "inline void attend" in attention
+
+
 def _call(case: Case, seed: int = 0) -> tuple[dict, dict]:
     inputs = case.make(np.random.default_rng(seed))
     expected = case.reference({k: np.copy(v) for k, v in inputs.items()})

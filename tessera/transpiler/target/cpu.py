@@ -5,8 +5,8 @@ function runs the grid on OpenMP threads. Per function of the ``.tsr`` file, an
 ``extern "C"`` entry ``tessera_<name>`` takes the tensors (row-major and
 contiguous), then every size symbol as ``int64_t`` in order of first
 appearance; it allocates the intermediates (one buffer per memory-plan slot)
-and runs the launches in order. The tile-primitives header is inlined, so the
-file builds with no include path.
+and runs the launches in order. The parts of the tile-primitives header the
+file uses are inlined (``header.py``), so it builds with no include path.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
 from .cpu_kernel import C_TYPES, CKernel, emit_kernel
+from .header import needed
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS", "entry_params"]
 
@@ -187,11 +188,12 @@ def _scalar(t: Any) -> str:
 def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuModule:
     views = {k.name: _KernelView(k) for p in module.programs for k in p.kernels}
     functions = [_FunctionView(p, views) for p in module.programs if p.kernels]
-    source = _environment().get_template("module.cpp.j2").render(
-        source=module.name, arch=module.arch, flags=" ".join(flags), header=_header(),
-        kernels=list(views.values()), functions=functions,
-        entries=[f.symbol for f in functions],
-    )  # fmt: skip
+    template = _environment().get_template("module.cpp.j2")
+    context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
+                   kernels=list(views.values()), functions=functions,
+                   entries=[f.symbol for f in functions])  # fmt: skip
+    code = template.render(header="", **context)
+    source = template.render(header=needed(_header(), code), **context)
     return CpuModule(source, _meta(module, functions, flags))
 
 
