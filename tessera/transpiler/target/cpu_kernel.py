@@ -621,7 +621,8 @@ class _Emitter:
         self.private.add(scratch)
         rows, n = (self.c(d) for d in _shape(p.type))
         d = self.c(_shape(v.type)[1])
-        n_live, d_live = (self._live(op, (rows, d, n)) or (rows, d, n))[:0:-1]
+        # p @ v: rows x keys times keys x d, so the live (m, n, k) are (rows, d, keys)
+        _, d_live, n_live = self._live(op, (rows, d, n)) or (rows, d, n)
         rounding = ROUND.get(v.type.dtype.name)
         round_p = (
             f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
