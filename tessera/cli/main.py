@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import traceback
+import warnings
 from pathlib import Path
 
 from .. import __version__
@@ -23,8 +24,12 @@ from ..transpiler.pipeline import (
     StageNotImplemented,
     compile_file,
 )
+from ..tune.cachefile import CacheWarning
+from .tune import cache_main, tune_main
 
 __all__ = ["main", "build_parser"]
+
+_COMMANDS = {"tune": tune_main, "cache": cache_main}
 
 _EPILOG = f"""\
 The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
@@ -37,6 +42,10 @@ stages (--emit):
   tile    Tile IR: memory spaces, staged copies, mma, barriers
   target  the generated source (the default)
   meta    kernel metadata as JSON: parameters, launch spec, resources
+
+commands:
+  tesserac tune FILE.tsr ...   measure schedules and record the fastest in a cache file
+  tesserac cache show|merge    look at and combine schedule cache files
 
 examples:
   tesserac attention.tsr -o attention.cu
@@ -72,11 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-D", dest="defines", action="append", default=[], metavar="SYM=VALUE",
         help="fix a symbolic dim to a constant, e.g. -D S=1024 (repeatable)",
     )  # fmt: skip
+    parser.add_argument(
+        "--schedule-cache", metavar="PATH",
+        help="use the tuned schedules in PATH where they apply (see 'tesserac tune --help')",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _COMMANDS:
+        return _COMMANDS[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     target = args.target or (target_for_output(args.output) if args.output else None)
@@ -85,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     except OptionsError as exc:
         parser.error(str(exc))
     try:
-        program = compile_file(args.file, **_as_kwargs(options), until=args.emit)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheWarning)
+            program = compile_file(args.file, **_as_kwargs(options), until=args.emit,
+                                   schedule_cache=args.schedule_cache)  # fmt: skip
+        for w in caught:
+            print(f"tesserac: warning: {w.message}", file=sys.stderr)
         text = program.inspect_ir(args.emit)
     except CompileError as exc:
         print(exc, file=sys.stderr)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from .schedule.tuned import TunedSchedules
+
 __all__ = ["Options", "OptionsError", "TARGETS", "SUFFIXES", "target_for_output"]
 
 #: Targets and the architectures each accepts; the first is the default.
@@ -48,6 +50,8 @@ class Options:
     #: Symbolic dims fixed at compile time (``-D S=1024``), sorted by name.
     defines: tuple[tuple[str, int], ...] = ()
     kernel: str | None = None
+    #: Tuned schedules to use where they apply (``--schedule-cache``).
+    schedule_cache: TunedSchedules | None = None
 
     def __post_init__(self) -> None:
         if self.target is not None and self.target not in TARGETS:
@@ -73,9 +77,10 @@ class Options:
         arch: str | None = None,
         defines: Mapping[str, int] | Iterable[str] | None = None,
         kernel: str | None = None,
+        schedule_cache: TunedSchedules | None = None,
     ) -> Options:
         """Build options from user input: ``defines`` as a mapping or ``SYM=VALUE`` strings."""
-        return cls(target, arch, _parse_defines(defines or ()), kernel)
+        return cls(target, arch, _parse_defines(defines or ()), kernel, schedule_cache)
 
     @property
     def resolved_arch(self) -> str | None:

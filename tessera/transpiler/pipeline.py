@@ -17,6 +17,7 @@ from typing import Any
 
 from .frontend import ast
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
+from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, read_source
@@ -28,6 +29,7 @@ from .options import Options, OptionsError
 from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
+from .schedule.tuned import TunedSchedules
 from .target.cpu import CpuModule, emit_cpu
 from .tile.build import tile_module
 from .tile.ir import TileModule
@@ -110,7 +112,7 @@ def _graph_stage(
 def _sched_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> ScheduleModule:
-    module = schedule_module(irs["graph"], options, diags)
+    module = schedule_module(irs["graph"], options, diags, fingerprints(irs["ast"]))
     diags.check()
     return module
 
@@ -237,10 +239,13 @@ def compile(
     defines: Mapping[str, int] | Iterable[str] | None = None,
     kernel: str | None = None,
     until: str | None = None,
+    schedule_cache: str | Path | TunedSchedules | None = None,
 ) -> Program:
     """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic.
-    With ``until``, later stages run only when their IR is asked for."""
-    options = Options.create(target, arch, defines, kernel)
+    With ``until``, later stages run only when their IR is asked for; with
+    ``schedule_cache`` (a file ``tesserac tune`` wrote), launches it has records for
+    take the tuned schedule."""
+    options = Options.create(target, arch, defines, kernel, _schedules(schedule_cache, target))
     return Program(SourceFile(filename, src), options, until)
 
 
@@ -252,14 +257,28 @@ def compile_file(
     defines: Mapping[str, int] | Iterable[str] | None = None,
     kernel: str | None = None,
     until: str | None = None,
+    schedule_cache: str | Path | TunedSchedules | None = None,
 ) -> Program:
     """Compile a ``.tsr`` file. A missing or undecodable file is a ``CompileError``."""
-    options = Options.create(target, arch, defines, kernel)
-    return Program(_checked(lambda: read_source(path)), options, until)
+    options = Options.create(target, arch, defines, kernel, _schedules(schedule_cache, target))
+    return Program(read_file(path), options, until)
 
 
-def _checked(read: Callable[[], SourceFile]) -> SourceFile:
+def _schedules(
+    cache: str | Path | TunedSchedules | None, target: str | None
+) -> TunedSchedules | None:
+    """A cache file's records for the toolchain in use; without a target none apply."""
+    if cache is None or isinstance(cache, TunedSchedules) or target is None:
+        return cache if target is not None else None
+    from ..tune.cachefile import schedules_for
+    from ..tune.toolchain import toolchain
+
+    return schedules_for(cache, toolchain(target))
+
+
+def read_file(path: str | Path) -> SourceFile:
+    """A ``.tsr`` file, decoded; a missing or undecodable file is a ``CompileError``."""
     try:
-        return read()
+        return read_source(path)
     except SourceReadError as exc:
         raise CompileError((Diagnostic(Severity.ERROR, exc.message, exc.span),)) from None

@@ -11,7 +11,7 @@ only the values themselves are checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["ScheduleSpec", "KNOBS", "SPACE_KEYS", "apply_method"]
@@ -46,6 +46,9 @@ class ScheduleSpec:
     choices: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     #: From ``@kernel.autotune``: a space to search even where a knob has one value.
     autotune: bool = False
+    #: ``@kernel.autotune``'s measuring budget and default cache file, for ``tesserac tune``.
+    budget_ms: float | None = None
+    cache: str | None = None
 
     def get(self, knob: str) -> tuple[Any, ...] | None:
         return dict(self.choices).get(knob)
@@ -54,7 +57,7 @@ class ScheduleSpec:
         _check(knob, values)
         merged = dict(self.choices)
         merged[knob] = tuple(values)
-        return ScheduleSpec(tuple((k, merged[k]) for k in KNOBS if k in merged), self.autotune)
+        return replace(self, choices=tuple((k, merged[k]) for k in KNOBS if k in merged))
 
     @property
     def is_point(self) -> bool:

@@ -171,6 +171,21 @@ def _assigned_names(body: tuple[ast.Stmt, ...]) -> list[str]:
     return names
 
 
+def _tuning_option(spec: ScheduleSpec, name: str, value: Any, span: Span) -> ScheduleSpec:
+    """``metric=``, ``budget_ms=`` or ``cache=`` of ``@kernel.autotune``, checked."""
+    if name == "metric":
+        if value != "latency_ms":
+            raise SemanticError(f'autotune metric {value!r}: the one metric is "latency_ms"', span)
+        return spec
+    if name == "budget_ms":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise SemanticError(f"autotune budget_ms is a positive number, not {value!r}", span)
+        return replace(spec, budget_ms=float(value))
+    if not isinstance(value, str) or not value:
+        raise SemanticError(f"autotune cache is a file path, not {value!r}", span)
+    return replace(spec, cache=value)
+
+
 def _statements(body: tuple[ast.Stmt, ...]) -> Iterator[ast.Stmt]:
     for stmt in body:
         yield stmt
@@ -334,6 +349,7 @@ class _FunctionAnalyzer:
         if accepted is None:
             raise SemanticError(f"@{name} takes no arguments", decorator.span)
         parts = []
+        tuning = ScheduleSpec(autotune=True)
         top = Evaluator(self.owner, None)
         if name == "kernel.schedule":
             if len(decorator.args) != 1 or decorator.keywords:
@@ -365,15 +381,19 @@ class _FunctionAnalyzer:
             if isinstance(value, Poison):
                 continue
             if name == "kernel.autotune" and keyword.name == "space":
-                spec = self._space(value, keyword.value.span)
-                self._set_schedule(spec, decorator.span)
-                parts.append(f"space={spec}")
+                space = self._space(value, keyword.value.span)
+                tuning = replace(space, budget_ms=tuning.budget_ms, cache=tuning.cache)
+                parts.append(f"space={tuning}")
             elif isinstance(value, Const):
+                if name == "kernel.autotune":
+                    tuning = _tuning_option(tuning, keyword.name, value.value, keyword.value.span)
                 parts.append(f"{keyword.name}={print_expr(keyword.value)}")
             else:
                 raise SemanticError(
                     f"@{name}: '{keyword.name}' must be a constant", keyword.value.span
                 )
+        if name == "kernel.autotune":
+            self._set_schedule(tuning, decorator.span)
         return f"{name}({', '.join(parts)})"
 
     def _set_schedule(self, spec: ScheduleSpec, span: Span) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from ..frontend.diagnostics import Diagnostics, Note
@@ -26,9 +27,10 @@ from .ir import GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
 from .resources import resources
+from .tuned import TunedSchedules, TuningKey, bucket_of
 from .verify import verify_schedule
 
-__all__ = ["schedule_module", "SCHEDULED_KINDS"]
+__all__ = ["schedule_module", "tuning_points", "TuningPoint", "SCHEDULED_KINDS"]
 
 #: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
 SCHEDULED_KINDS = ("gemm", "attention", "tile")
@@ -43,22 +45,72 @@ _TEMPLATES = {
 }  # fmt: skip
 
 
-def schedule_module(graph: GraphModule, options: Options, diags: Diagnostics) -> ScheduleModule:
-    assert options.target is not None, "the pipeline runs this stage only with a target"
-    arch = options.resolved_arch
-    assert arch is not None
-    hw = hardware_for(options.target, arch)
-    programs = tuple(_Scheduler(f, hw, diags).run() for f in graph.functions)
-    module = ScheduleModule(graph.name, options.target, arch, programs)
+def schedule_module(
+    graph: GraphModule, options: Options, diags: Diagnostics, fingerprints: dict[str, str]
+) -> ScheduleModule:
+    """The schedule of every function; ``fingerprints`` (``frontend.fingerprint``) key the
+    tuned schedules of ``options.schedule_cache``."""
+    hw = _hardware(options)
+    programs = tuple(
+        _Scheduler(f, hw, diags, options.schedule_cache, fingerprints.get(f.name, "")).run()
+        for f in graph.functions
+    )
+    module = ScheduleModule(graph.name, hw.target, hw.arch, programs)
     verify_schedule(module, {f.name: len(f.groups) for f in graph.functions}, hw)
     return module
 
 
+@dataclass(frozen=True)
+class TuningPoint:
+    """A launch the autotuner can tune: where its records go, and what it may try."""
+
+    key: TuningKey
+    problem: Problem
+    hw: Hardware
+    #: The schedule the compiler picks without a record (the heuristic's, or the best-scored
+    #: candidate of the function's space), and that space if there is one.
+    default: dict[str, Any]
+    space: ScheduleSpec | None
+    span: Span | None
+
+
+def tuning_points(
+    graph: GraphModule, options: Options, fingerprints: dict[str, str], toolchain: str
+) -> list[TuningPoint]:
+    """Every launch whose schedule a tuned record may choose, in program order. A launch
+    with an explicit point (``@kernel.schedule``) is the author's choice and is left out."""
+    hw = _hardware(options)
+    points = []
+    for f in graph.functions:
+        scheduler = _Scheduler(f, hw, Diagnostics(), None, fingerprints.get(f.name, ""))
+        for group in f.groups:
+            point = scheduler.tuning_point(group, toolchain)
+            if point is not None:
+                points.append(point)
+    return points
+
+
+def _hardware(options: Options) -> Hardware:
+    assert options.target is not None, "the pipeline runs this stage only with a target"
+    arch = options.resolved_arch
+    assert arch is not None
+    return hardware_for(options.target, arch)
+
+
 class _Scheduler:
-    def __init__(self, function: Function, hw: Hardware, diags: Diagnostics) -> None:
+    def __init__(
+        self,
+        function: Function,
+        hw: Hardware,
+        diags: Diagnostics,
+        tuned: TunedSchedules | None,
+        fingerprint: str,
+    ) -> None:
         self.function = function
         self.hw = hw
         self.diags = diags
+        self.tuned = tuned
+        self.fingerprint = fingerprint
         self.names = value_names(function)
         self.guards: list[Guard] = list(function.guards)
         #: Where the schedule being applied was written, for its diagnostics.
@@ -126,14 +178,65 @@ class _Scheduler:
             self.hw.mma if dot else None, source, reads, writes,
         )  # fmt: skip
 
-    def _knobs(self, group: Group, problem: Problem, anchor: Op) -> tuple[dict[str, Any], str]:
-        """The kernel's schedule: its op's own (``op.with_schedule(s)``), else its
-        function's, else the heuristic's."""
-        default = default_knobs(problem, self.hw)
+    def _spec(self, anchor: Op) -> ScheduleSpec | None:
+        """The schedule written for a kernel: its op's own (``op.with_schedule(s)``), else
+        its function's."""
         own = anchor.attr("schedule")
-        spec = own if own is not None else self.function.schedule
         self.span = anchor.span if own is not None else self.function.schedule_span
-        if spec is None or group.kind not in SCHEDULED_KINDS:
+        return own if own is not None else self.function.schedule
+
+    def tuning_point(self, group: Group, toolchain: str) -> TuningPoint | None:
+        if group.kind not in SCHEDULED_KINDS:
+            return None
+        ops = self._ops(group)
+        anchor = next((op for op in ops if op.kind in _TEMPLATES), ops[0])
+        spec = self._spec(anchor)
+        if spec is not None and spec.is_point:
+            return None
+        problem = self._problem(group, ops, anchor)
+        untuned, _ = self._knobs(group, problem, anchor)
+        return TuningPoint(self._key(group, problem, toolchain), problem, self.hw, untuned, spec,
+                           self.span or self.function.span)  # fmt: skip
+
+    def _key(self, group: Group, problem: Problem, toolchain: str) -> TuningKey:
+        f = self.function
+        types = [p.value.type for p in f.params]
+        dtypes = ",".join(str(t.dtype) for t in types if isinstance(t, TensorType))
+        if isinstance(f.result_type, TensorType):
+            dtypes += f"->{f.result_type.dtype}"
+        return TuningKey(f.name, group.name, self.fingerprint, self.hw.target, self.hw.arch,
+                         toolchain, dtypes, bucket_of(problem))  # fmt: skip
+
+    def _tuned_knobs(
+        self, group: Group, problem: Problem, spec: ScheduleSpec | None, default: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The configuration of a record for this launch, when there is one that still
+        fits the machine and the function's space."""
+        if self.tuned is None:
+            return None
+        record = self.tuned.lookup(self._key(group, problem, self.tuned.toolchain))
+        if record is None:
+            return None
+        config = dict(record.config)
+        if spec is not None and any(config.get(k) not in values for k, values in spec.choices):
+            return None  # the space has changed since: the record answers another question
+        knobs = {**default, **config}
+        if resources(problem, knobs, self.hw).problems:
+            return None
+        return knobs
+
+    def _knobs(self, group: Group, problem: Problem, anchor: Op) -> tuple[dict[str, Any], str]:
+        """The kernel's schedule: an explicit point as written, else a tuned record's,
+        else the best of its space, else the heuristic's."""
+        default = default_knobs(problem, self.hw)
+        spec = self._spec(anchor)
+        if group.kind not in SCHEDULED_KINDS:
+            return default, "heuristic"
+        if spec is None or not spec.is_point:
+            tuned = self._tuned_knobs(group, problem, spec, default)
+            if tuned is not None:
+                return tuned, "tuned"
+        if spec is None or not spec.choices:
             return default, "heuristic"
         if spec.is_point:
             knobs = {**default, **{k: v[0] for k, v in spec.choices}}
