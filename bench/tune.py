@@ -2,8 +2,9 @@
 
 For SGEMM at 1024 and 2048 and attention (f32, B1 H8 D64) at S1024 and S2048,
 ``tessera.tune`` searches the default CPU space into a fresh cache; then the
-untuned build and the tuned build (``schedule_cache=``) run interleaved, median
-of several runs after warm-up, as in ``bench/cpu.py``. The ratio is untuned over
+untuned build and the tuned build (``schedule_cache=``), both at the tuned sizes as
+the tuner measured them, run interleaved, median of several runs after warm-up, as
+in ``bench/cpu.py``. The ratio is untuned over
 tuned time: above 1, tuning helped. Results go to ``bench/results/tune.json``.
 """
 
@@ -52,10 +53,11 @@ def main() -> None:
             (record,) = tune(SOURCE, "bench.tsr", defines=sizes, cache=cache, kernel=function,
                              budget_ms=args.budget_ms)  # fmt: skip
             tuning_s = time.perf_counter() - started
-            # the built kernels take sizes at run time, as a user's would
-            untuned = tessera.compile(SOURCE, "bench.tsr", target="cpu", kernel=function)
+            # built at the tuned sizes, as the tuner measured them
+            untuned = tessera.compile(SOURCE, "bench.tsr", target="cpu", kernel=function,
+                                      defines=sizes)  # fmt: skip
             tuned = tessera.compile(SOURCE, "bench.tsr", target="cpu", kernel=function,
-                                    schedule_cache=cache)  # fmt: skip
+                                    defines=sizes, schedule_cache=cache)  # fmt: skip
             inputs = [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]
             out = np.empty(shapes[-1] if function == "attention" else (shapes[0][0],) * 2,
                            np.float32)  # fmt: skip

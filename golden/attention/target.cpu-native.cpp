@@ -489,63 +489,63 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 // ---- attention: one program instance (launch k0 of attention: the library's flash_attention)
 
 static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
-  float* const area = tsr::scratch(8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 64 + 128 + 8192 + 8192);
+  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768 + 128 + 256 + 32768 + 16384);
   float* const q_tile_smem = area + 0;
-  float* const k_tile_smem = area + 8192;
-  float* const v_tile_smem = area + 8192 + 16384;
-  float* const acc = area + 8192 + 16384 + 16384;
-  float* const m = area + 8192 + 16384 + 16384 + 8192;
-  float* const l = area + 8192 + 16384 + 16384 + 8192 + 64;
-  float* const acc_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64;
-  float* const m_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192;
-  float* const l_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64;
-  float* const t = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64;
-  float* const t_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384;
-  float* const t_2 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192;
-  float* const t_3 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 64;
-  float* const p = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 64 + 128;
-  float* const t_7 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 64 + 128 + 8192;
+  float* const k_tile_smem = area + 16384;
+  float* const v_tile_smem = area + 16384 + 32768;
+  float* const acc = area + 16384 + 32768 + 32768;
+  float* const m = area + 16384 + 32768 + 32768 + 16384;
+  float* const l = area + 16384 + 32768 + 32768 + 16384 + 128;
+  float* const acc_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128;
+  float* const m_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384;
+  float* const l_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128;
+  float* const t = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128;
+  float* const t_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768;
+  float* const t_2 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768;
+  float* const t_3 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768 + 128;
+  float* const p = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768 + 128 + 256;
+  float* const t_7 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768 + 128 + 256 + 32768;
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_tile(q_tile_smem, 64, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, 64*pid_m, 0, S, D);
+  tsr::load_tile(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D);
   float* const q_tile = q_tile_smem;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
-  std::fill_n(acc, 8192, 0.0f);
+  std::fill_n(acc, 16384, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 64, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
-  std::fill_n(l, 64, 0.0f);
+  std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  std::copy_n(acc, 8192, acc_1);
-  std::copy_n(m, 64, m_1);
-  std::copy_n(l, 64, l_1);
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 64*pid_m + 64), 128); ++nblk) {
+  std::copy_n(acc, 16384, acc_1);
+  std::copy_n(m, 128, m_1);
+  std::copy_n(l, 128, l_1);
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    tsr::load_tile(k_tile_smem, 128, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 128*nblk, 0, S, D);
+    tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    tsr::load_tile(v_tile_smem, 128, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, 128*nblk, 0, S, D);
+    tsr::load_tile(v_tile_smem, 256, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 128, 128);
-    tsr::dot(t_1, q_tile, t, 64, 128, 128, tsr::live(64, S - 64*pid_m), tsr::live(128, S - 128*nblk), tsr::live(128, D));
+    tsr::transpose(t, k_tile, 256, 128);
+    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), tsr::live(128, D));
     float* const s_1 = t_1;
-    for (tsr::i64 i = 0; i < 64; ++i) {
+    for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 128; ++j) {
-        s_1[i * 128 + j] = t_1[i * 128 + j] * scale;
+      for (tsr::i64 j = 0; j < 256; ++j) {
+        s_1[i * 256 + j] = t_1[i * 256 + j] * scale;
       }
     }
     // flash_attention.tsr:23: tile.mask_causal(s, tile.row_index(), tile.col_index(nblk))
-    for (tsr::i64 i = 0; i < 64; ++i) t_2[i] = static_cast<float>(64*pid_m + i);
-    for (tsr::i64 i = 0; i < 128; ++i) t_3[i] = static_cast<float>(128*nblk + i);
+    for (tsr::i64 i = 0; i < 128; ++i) t_2[i] = static_cast<float>(128*pid_m + i);
+    for (tsr::i64 i = 0; i < 256; ++i) t_3[i] = static_cast<float>(256*nblk + i);
     float* const s_2 = s_1;
-    for (tsr::i64 i = 0; i < 64; ++i) {
+    for (tsr::i64 i = 0; i < 128; ++i) {
       const float row_0 = t_2[i];
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 128; ++j) {
-        s_2[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity() : s_1[i * 128 + j];
+      for (tsr::i64 j = 0; j < 256; ++j) {
+        s_2[i * 256 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity() : s_1[i * 256 + j];
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -553,22 +553,22 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const acc_2 = acc_1;
     float* const m_2 = m_1;
     float* const l_2 = l_1;
-    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, [&](tsr::i64 i, tsr::i64 j) { return (tsr::select(128*nblk + j >= S, -std::numeric_limits<float>::infinity(), s_2[i * 128 + j])); }, v_tile, 64, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), p, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, [&](tsr::i64 i, tsr::i64 j) { return (tsr::select(256*nblk + j >= S, -std::numeric_limits<float>::infinity(), s_2[i * 256 + j])); }, v_tile, 128, 256, 128, tsr::live(256, S - 256*nblk), tsr::live(128, D), p, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_5 = l_1;
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  for (tsr::i64 i = 0; i < 128; ++i) {
     const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
       t_7[i * 128 + j] = tsr::round_bf16((acc_1[i * 128 + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 64*pid_m, 0, S, D, t_7, 64, 128);
+  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D, t_7, 128, 128);
 }
 
 static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 64);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
 #pragma omp parallel for collapse(3) schedule(static, 1)
@@ -580,37 +580,37 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
 // ---- flash_attention: one program instance (tile kernel flash_attention)
 
 static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192 + 64 + 128 + 8192 + 8192 + 8192);
+  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384);
   float* const Qb_smem = area + 0;
-  float* const Kb_smem = area + 8192;
-  float* const Vb_smem = area + 8192 + 16384;
-  float* const acc = area + 8192 + 16384 + 16384;
-  float* const m = area + 8192 + 16384 + 16384 + 8192;
-  float* const l = area + 8192 + 16384 + 16384 + 8192 + 64;
-  float* const acc_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64;
-  float* const m_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192;
-  float* const l_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64;
-  float* const t = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64;
-  float* const t_1 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384;
-  float* const S_2 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192;
-  float* const t_2 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192;
-  float* const t_3 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192 + 64;
-  float* const S_3 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192 + 64 + 128;
-  float* const P = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192 + 64 + 128 + 8192;
-  float* const t_7 = area + 8192 + 16384 + 16384 + 8192 + 64 + 64 + 8192 + 64 + 64 + 16384 + 8192 + 8192 + 64 + 128 + 8192 + 8192;
+  float* const Kb_smem = area + 16384;
+  float* const Vb_smem = area + 16384 + 16384;
+  float* const acc = area + 16384 + 16384 + 16384;
+  float* const m = area + 16384 + 16384 + 16384 + 16384;
+  float* const l = area + 16384 + 16384 + 16384 + 16384 + 128;
+  float* const acc_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128;
+  float* const m_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const l_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128;
+  float* const t = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128;
+  float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384;
+  float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384;
+  float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
+  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128;
+  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128;
+  float* const P = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const t_7 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_tile(Qb_smem, 64, 128, q + (pid_b0) * (D*S), D, 64*pid_m, 0, S, D);
+  tsr::load_tile(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
-  std::fill_n(acc, 8192, 0.0f);
+  std::fill_n(acc, 16384, 0.0f);
   // attention.tsr:25: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 64, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
-  std::fill_n(l, 64, 0.0f);
+  std::fill_n(l, 128, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  std::copy_n(acc, 8192, acc_1);
-  std::copy_n(m, 64, m_1);
-  std::copy_n(l, 64, l_1);
+  std::copy_n(acc, 16384, acc_1);
+  std::copy_n(m, 128, m_1);
+  std::copy_n(l, 128, l_1);
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 128); ++nblk) {
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(Kb_smem, 128, 128, k + (pid_b0) * (D*S), D, 128*nblk, 0, S, D);
@@ -620,11 +620,11 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     tsr::transpose(t, Kb, 128, 128);
-    tsr::dot(t_1, Qb, t, 64, 128, 128, tsr::live(64, S - 64*pid_m), tsr::live(128, S - 128*nblk), tsr::live(128, D));
+    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m), tsr::live(128, S - 128*nblk), tsr::live(128, D));
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);
     float* const S_1 = t_1;
-    for (tsr::i64 i = 0; i < 64; ++i) {
+    for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < 128; ++j) {
         S_1[i * 128 + j] = t_1[i * 128 + j] * s_1;
@@ -633,40 +633,40 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     // attention.tsr:31: if causal:
     if (causal) {
       // attention.tsr:32: tile.mask_causal(S, tile.row_index(), tile.col_index(nblk))
-      for (tsr::i64 i = 0; i < 64; ++i) t_2[i] = static_cast<float>(64*pid_m + i);
+      for (tsr::i64 i = 0; i < 128; ++i) t_2[i] = static_cast<float>(128*pid_m + i);
       for (tsr::i64 i = 0; i < 128; ++i) t_3[i] = static_cast<float>(128*nblk + i);
-      for (tsr::i64 i = 0; i < 64; ++i) {
+      for (tsr::i64 i = 0; i < 128; ++i) {
         const float row_0 = t_2[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < 128; ++j) {
           S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity() : S_1[i * 128 + j];
         }
       }
-      std::copy_n(S_3, 8192, S_2);
+      std::copy_n(S_3, 16384, S_2);
     } else {
-      std::copy_n(S_1, 8192, S_2);
+      std::copy_n(S_1, 16384, S_2);
     }
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
     float* const acc_2 = acc_1;
     float* const m_2 = m_1;
     float* const l_2 = l_1;
-    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, [&](tsr::i64 i, tsr::i64 j) { return (tsr::select(128*nblk + j >= S, -std::numeric_limits<float>::infinity(), S_2[i * 128 + j])); }, Vb, 64, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), P, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, [&](tsr::i64 i, tsr::i64 j) { return (tsr::select(128*nblk + j >= S, -std::numeric_limits<float>::infinity(), S_2[i * 128 + j])); }, Vb, 128, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), P, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   float* const t_5 = l_1;
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  for (tsr::i64 i = 0; i < 128; ++i) {
     const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
       t_7[i * 128 + j] = tsr::round_bf16((acc_1[i * 128 + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, 64*pid_m, 0, S, D, t_7, 64, 128);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D, t_7, 128, 128);
 }
 
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 64);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = BH;
 #pragma omp parallel for collapse(2) schedule(static, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
