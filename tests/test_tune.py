@@ -188,6 +188,13 @@ def test_merge_keeps_both_and_the_faster_of_one_key(
                    "--into", str(tmp_path / "c.json")])  # fmt: skip
     assert status == 0 and "2 records" in capsys.readouterr().out
     merged = cachefile.read(tmp_path / "c.json")
+    assert main(["cache", "show", str(tmp_path / "c.json")]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 2 and all(
+        line.startswith("sgemm/k0 [K=200 M=300 N=260]") for line in shown
+    )
+    assert main(["cache", "show", str(tmp_path / "none.json")]) == 0
+    assert capsys.readouterr().out.endswith("none.json: no records\n")
     assert [r.key for r in merged] == sorted([key, other], key=str)
     assert next(r for r in merged if r.key == key).config == knobs(TUNED)
 
@@ -307,7 +314,8 @@ def test_tune_measures_records_and_the_record_compiles_correctly(
     space = "@kernel.autotune(space=dict(BM=[32, 64, 512, 640], BN=[64, 128]), budget_ms=20)\n"
     cache = tmp_path / "c.json"
     with caplog.at_level(logging.INFO, logger="tessera.tune"):
-        (rec,) = tune(space + SGEMM, "k.tsr", defines=SIZES, cache=cache)
+        (rec,) = tune(space + SGEMM, "k.tsr", defines={**SIZES, "X": 5}, cache=cache)
+    assert rec.sizes == tuple(sorted(SIZES.items()))  # the function's own sizes
     for n in (64, 128):
         why = "block_m 640 only pads what block_m 512 covers (m = 300)"
         assert f"pruned block_m=640 block_n={n}: {why}" in caplog.text

@@ -29,8 +29,8 @@ Every gemm, attention and tile kernel is tuned, except one with a fixed
 @kernel.schedule: over its @kernel.autotune space when it has one, else over
 the target's default space. Give every symbolic size with -D; the record applies
 to sizes in the same power-of-two bucket. Without --budget-ms, the budget is the
-decorator's budget_ms, else {DEFAULT_BUDGET_MS:.0f} ms per launch (measuring time;
-compiling is extra).
+decorator's budget_ms, else {DEFAULT_BUDGET_MS:.0f} ms per launch: time spent
+running kernels; compiling the candidates comes on top.
 
 examples:
   tesserac tune gemm.tsr -D M=2048 -D N=2048 -D K=2048 --cache schedules.json
@@ -99,8 +99,11 @@ def cache_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with _warnings(None):
         if args.command == "show":
-            for record in cachefile.read(args.path):
+            records = cachefile.read(args.path)
+            for record in records:
                 print(_summary(record))
+            if not records:
+                print(f"{args.path}: no records")
             return 0
         records = cachefile.merge(*(cachefile.read(path) for path in args.sources))
         total = cachefile.update(args.into, records)

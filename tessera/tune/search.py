@@ -187,8 +187,15 @@ class _Tuner:
         baseline_ms = baseline.runner.median * 1e3
         log.info("%s: %s at %.3f ms (untuned %s at %.3f ms)", name, winner.label,
                  best[0].ms, baseline.label, baseline_ms)  # fmt: skip
-        return TunedRecord(point.key, knobs(winner.config), self.options.defines, best,
+        return TunedRecord(point.key, knobs(winner.config), self._sizes(point), best,
                            baseline_ms, len(alive))  # fmt: skip
+
+    def _sizes(self, point: TuningPoint) -> tuple[tuple[str, int], ...]:
+        """The ``-D`` sizes of the tuned function's own symbols."""
+        generic = Options(self.options.target, self.options.arch, (), self.options.kernel)
+        graph = Program(self.source, generic, until="graph").ir("graph")
+        own = set(_symbolic_sizes(graph, {point.key.function}))
+        return tuple((name, size) for name, size in self.options.defines if name in own)
 
     def _cache_path(self, point: TuningPoint) -> Path | None:
         """The ``cache`` argument, else the file ``@kernel.autotune(cache=...)`` names."""
@@ -310,7 +317,8 @@ class _Tuner:
 
 
 def _symbolic_sizes(graph: GraphModule, functions: set[str]) -> list[str]:
-    """The sizes of the tuned functions that ``-D`` leaves symbolic, sorted."""
+    """The symbolic sizes of some functions' parameters, sorted: those ``-D`` leaves open
+    when the graph was built with defines, all of them when it was built without."""
     names: set[str] = set()
     for f in graph.functions:
         if f.name in functions:
