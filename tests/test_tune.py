@@ -24,7 +24,7 @@ from tessera.cli import main
 from tessera.transpiler.frontend.fingerprint import fingerprints
 from tessera.transpiler.schedule.lower import tuning_points
 from tessera.transpiler.schedule.tuned import Timing, TunedRecord, TuningKey, knobs
-from tessera.tune import CacheWarning, TuneError, cachefile, tune, tune_file
+from tessera.tune import CacheWarning, TuneError, cachefile, search, tune, tune_file
 from tessera.tune.measure import disagreement
 from tessera.tune.toolchain import toolchain
 
@@ -363,3 +363,16 @@ def test_the_cli_tunes_into_a_cache(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out.startswith("sgemm/k0 [K=30 M=40 N=70] ") and "untuned" in out
     assert "measuring" in err  # the progress lines
     assert [r.key.function for r in cachefile.read(cache)] == ["sgemm"]
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_a_candidate_that_disagrees_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    space = "@kernel.autotune(space=dict(BM=[32, 64], BN=[64]), budget_ms=5)\n"
+    monkeypatch.setattr(search, "disagreement", lambda output, reference: "made to differ")
+    with caplog.at_level(logging.WARNING, logger="tessera.tune"):
+        (rec,) = tune(space + SGEMM, "k.tsr", defines=SIZES)
+    assert caplog.text.count("made to differ (a compiler bug; please report it)") == 1
+    assert rec.measured == 1 and len(rec.best) == 1  # only the untuned baseline is left
