@@ -15,6 +15,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+import tessera
+from tessera.transpiler.graph.dtypes import DTYPES
+from tessera.transpiler.tile.interpret import numpy_dtype
+
+from .conftest import ROOT
+
 BF16 = ml_dtypes.bfloat16
 
 
@@ -161,3 +167,24 @@ CASES = (
          lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
                         a["beta1"], a["beta2"], a["eps"]), 1e-5),
 )  # fmt: skip
+
+
+def check_case(case: Case, target: str, seed: int = 0) -> None:
+    """Run a case's function built for ``target`` on its random inputs, every output
+    poisoned with NaN first, and compare with the float64 reference."""
+    inputs = case.make(np.random.default_rng(seed))
+    expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
+    fn = getattr(tessera.compile_file(ROOT / case.path, target=target).load(), case.function)
+    got = inputs
+    if fn.meta["result"] is not None:
+        p = next(p for p in fn.meta["params"] if p["name"] == "out")
+        out = np.full(expected["out"].shape, np.nan).astype(numpy_dtype(DTYPES[p["dtype"]]))
+        fn(**inputs, out=out)
+        got = {"out": out}
+    else:
+        fn(**inputs)
+    for name, want in expected.items():
+        have = f64(got[name])
+        assert not np.isnan(have).any(), f"{name}: some outputs were never written"
+        error = np.abs(have - want).max() / np.abs(want).max()
+        assert error < case.rtol, f"{name}: relative error {error:.2e}"

@@ -59,7 +59,7 @@ def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("stage", ["target", "meta"])
-@pytest.mark.parametrize("target", ["cuda", "hip", "opencl"])
+@pytest.mark.parametrize("target", ["cuda", "hip"])
 def test_backends_not_built_yet_say_so(
     stage: str, target: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

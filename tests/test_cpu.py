@@ -16,11 +16,9 @@ import pytest
 
 import tessera
 from tessera.runtime.cpu import build
-from tessera.transpiler.graph.dtypes import DTYPES
-from tessera.transpiler.tile.interpret import numpy_dtype
 
 from .conftest import EXAMPLES, ROOT
-from .reference import CASES, Case, f64
+from .reference import CASES, Case, check_case, f64
 
 pytestmark = [
     pytest.mark.execute,
@@ -54,27 +52,9 @@ def test_only_the_header_sections_a_file_uses_are_inlined() -> None:
     assert "inline void mma_block" in attention and "inline void attend" in attention
 
 
-def _call(case: Case, seed: int = 0) -> tuple[dict, dict]:
-    inputs = case.make(np.random.default_rng(seed))
-    expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
-    fn = getattr(tessera.compile_file(ROOT / case.path, target="cpu").load(), case.function)
-    if fn.meta["result"] is None:
-        fn(**inputs)
-        return inputs, expected
-    p = next(p for p in fn.meta["params"] if p["name"] == "out")
-    out = np.full(expected["out"].shape, np.nan).astype(numpy_dtype(DTYPES[p["dtype"]]))
-    fn(**inputs, out=out)
-    return {"out": out}, expected
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_runs_to_the_float64_reference(case: Case) -> None:
-    got, expected = _call(case)
-    for name, want in expected.items():
-        have = f64(got[name])
-        assert not np.isnan(have).any(), f"{name}: some outputs were never written"
-        error = np.abs(have - want).max() / np.abs(want).max()
-        assert error < case.rtol, f"{name}: relative error {error:.2e}"
+    check_case(case, "cpu")
 
 
 def test_outputs_past_the_streaming_threshold_are_whole() -> None:

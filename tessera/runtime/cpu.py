@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..transpiler.graph.dims import Dim, parse_dim
-from ..transpiler.graph.dtypes import DTYPES
-from ..transpiler.tile.interpret import numpy_dtype
+from .entry import Entry, Library
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -62,59 +60,17 @@ def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:
     return target
 
 
-class CpuFunction:
-    """One entry of the shared object, called with numpy arrays and scalars."""
+class CpuFunction(Entry):
+    """One entry of the shared object: the checked arguments go through ctypes."""
 
     def __init__(self, entry: Any, meta: Mapping[str, Any]) -> None:
-        self.name = meta["name"]
-        self.meta = meta
+        super().__init__(meta)
         self._entry = entry
         self._entry.restype = None
-        self._params = meta["params"]
-        self._dims = meta["dims"]
-        self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
-    def _signature(self) -> list[str]:
-        out = []
-        for p in self._params:
-            if p["kind"] == "scalar":
-                out.append(f"{p['name']}: {p['type']}")
-            elif p["io"] != "out":
-                out.append(f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]")
-        return out
-
-    def __call__(self, *args: Any, out: np.ndarray | None = None, **kwargs: Any) -> Any:
-        """Run the function. ``out`` is an optional preallocated result array."""
-        inputs = [p for p in self._params if p.get("io") != "out"]
-        if len(args) > len(inputs):
-            raise TypeError(f"{self.name}() takes {len(inputs)} arguments, {len(args)} given")
-        values = dict(zip((p["name"] for p in inputs), args, strict=False))
-        for name, value in kwargs.items():
-            if name not in {p["name"] for p in inputs}:
-                raise TypeError(f"{self.name}() has no parameter '{name}'")
-            if name in values:
-                raise TypeError(f"{self.name}() got '{name}' twice")
-            values[name] = value
-        missing = [p["name"] for p in inputs if p["name"] not in values]
-        if missing:
-            raise TypeError(f"{self.name}() is missing {', '.join(missing)}")
-        sizes: dict[str, int] = {}
-        arrays: dict[str, np.ndarray] = {}
-        for p in inputs:
-            if p["kind"] == "tensor":
-                arrays[p["name"]] = self._tensor(p, values[p["name"]], sizes)
-        self._check_guards(sizes)
-        result = None
-        if self.meta["result"] is not None:
-            p = next(p for p in self._params if p["name"] == self.meta["result"])
-            shape = tuple(_size(d, sizes, p["name"]) for d in p["dims"])
-            if out is None:
-                result = np.empty(shape, dtype=numpy_dtype(DTYPES[p["dtype"]]))
-            else:
-                result = self._tensor(p, out, dict(sizes))
-            arrays[p["name"]] = result
-        elif out is not None:
-            raise TypeError(f"{self.name}() returns nothing; it takes no 'out'")
+    def _run(
+        self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any], sizes: Mapping[str, int]
+    ) -> None:
         call = []
         for p in self._params:
             if p["kind"] == "tensor":
@@ -123,67 +79,6 @@ class CpuFunction:
                 call.append(_scalar(p, values[p["name"]]))
         call += [ctypes.c_int64(sizes[d]) for d in self._dims]
         self._entry(*call)
-        return result
-
-    def _tensor(self, p: Mapping[str, Any], value: Any, sizes: dict[str, int]) -> np.ndarray:
-        name = p["name"]
-        want = numpy_dtype(DTYPES[p["dtype"]])
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"{self.name}(): '{name}' must be a numpy array of {p['dtype']}")
-        if value.dtype != want:
-            raise TypeError(
-                f"{self.name}(): '{name}' is {value.dtype}, the kernel takes {p['dtype']} "
-                f"(numpy {np.dtype(want).name})"
-            )
-        if value.ndim != len(p["dims"]):
-            raise ValueError(
-                f"{self.name}(): '{name}' has shape {value.shape}, the kernel takes "
-                f"[{', '.join(p['dims'])}]"
-            )
-        if not value.flags.c_contiguous:
-            raise ValueError(f"{self.name}(): '{name}' must be C-contiguous (np.ascontiguousarray)")
-        if p["io"] != "in" and not value.flags.writeable:
-            raise ValueError(f"{self.name}(): '{name}' is updated in place but is read-only")
-        for text, size in zip(p["dims"], value.shape, strict=True):
-            dim = parse_dim(text)
-            if dim.symbol is not None and dim.symbol not in sizes:
-                sizes[dim.symbol] = size
-        for text, size in zip(p["dims"], value.shape, strict=True):
-            want_size = _size(text, sizes, name)
-            if want_size != size:
-                raise ValueError(
-                    f"{self.name}(): '{name}' has shape {value.shape}: dim {text} should be "
-                    f"{want_size} ({_bindings(parse_dim(text), sizes)})"
-                )
-        return value
-
-    def _check_guards(self, sizes: Mapping[str, int]) -> None:
-        for g in self.meta["guards"]:
-            left = _size(g["left"], sizes, "guard")
-            right = _size(g["right"], sizes, "guard")
-            ok = {"equal": left == right, "divisible": right != 0 and left % right == 0,
-                  "at_most": left <= right}[g["kind"]]  # fmt: skip
-            if not ok:
-                relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<="}
-                raise ValueError(
-                    f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
-                    f"{relation[g['kind']]} {g['right']} ({g['reason']})"
-                )
-
-
-def _size(text: str, sizes: Mapping[str, int], where: str) -> int:
-    dim = parse_dim(text)
-    missing = sorted(dim.symbols() - set(sizes))
-    if missing:
-        raise ValueError(f"the size {', '.join(missing)} of '{where}' is given by no argument")
-    value = dim.substitute(dict(sizes)).constant
-    if value is None:
-        raise ValueError(f"'{where}': {text} is not a whole number with {dict(sizes)}")
-    return value
-
-
-def _bindings(dim: Dim, sizes: Mapping[str, int]) -> str:
-    return ", ".join(f"{s} = {sizes[s]}" for s in sorted(dim.symbols()) if s in sizes)
 
 
 def _scalar(p: Mapping[str, Any], value: Any) -> Any:
@@ -195,25 +90,14 @@ def _scalar(p: Mapping[str, Any], value: Any) -> Any:
     return ctypes.c_float(float(value))
 
 
-class CpuLibrary:
+class CpuLibrary(Library):
     """The loaded shared object: one attribute per function of the ``.tsr`` file."""
 
     def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
         self.path = path
-        self.meta = meta
         self._lib = ctypes.CDLL(str(path))
-        self.functions = {
-            f["name"]: CpuFunction(getattr(self._lib, f["symbol"]), f) for f in meta["functions"]
-        }
-
-    def __getattr__(self, name: str) -> CpuFunction:
-        functions = self.__dict__.get("functions", {})
-        if name in functions:
-            return functions[name]
-        raise AttributeError(f"no function '{name}' (the file defines: {', '.join(functions)})")
-
-    def __dir__(self) -> list[str]:
-        return [*super().__dir__(), *self.functions]
+        entries = [CpuFunction(getattr(self._lib, f["symbol"]), f) for f in meta["functions"]]
+        super().__init__(meta, entries)
 
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:

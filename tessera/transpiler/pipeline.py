@@ -31,6 +31,8 @@ from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
 from .target.cpu import CpuModule, emit_cpu
+from .target.opencl import OpenclModule, emit_opencl
+from .target.simt_kernel import NotLowered
 from .tile.build import tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
@@ -51,14 +53,16 @@ STAGES = ("ast", "graph", "sched", "tile", "target", "meta")
 class StageNotImplemented(NotImplementedError):
     """The stage is part of the design but not built yet (for this target)."""
 
-    def __init__(self, stage: str, target: str | None = None) -> None:
-        if target is None:
+    def __init__(self, stage: str, target: str | None = None, detail: str | None = None) -> None:
+        if detail is not None:
+            message = detail
+        elif target is None:
             done = ", ".join(s.name for s in PIPELINE)
             message = f"the '{stage}' stage is not implemented yet (available: {done})"
         else:
             message = (
                 f"the {target} backend is not implemented yet: '--emit {stage}' works for "
-                "--target cpu; every target has '--emit tile'"
+                "--target cpu and opencl; every target has '--emit tile'"
             )
         super().__init__(message)
         self.stage = stage
@@ -127,18 +131,23 @@ def _tile_stage(
 
 def _target_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
-) -> CpuModule:
-    if options.target != "cpu":
+) -> CpuModule | OpenclModule:
+    if options.target not in ("cpu", "opencl"):
         raise StageNotImplemented("target", options.target)
     for program in irs["tile"].programs:
         for launch, why in program.runtime:
             diags.error(
-                f"'{program.host.function}': launch {launch} is {why}, which the CPU backend "
-                "cannot run yet",
+                f"'{program.host.function}': launch {launch} is {why}, which the "
+                f"{options.target} backend cannot run yet",
                 program.host.span,
             )
     diags.check()
-    return emit_cpu(irs["tile"])
+    if options.target == "cpu":
+        return emit_cpu(irs["tile"])
+    try:
+        return emit_opencl(irs["tile"])
+    except NotLowered as exc:
+        raise StageNotImplemented("target", options.target, str(exc)) from None
 
 
 def _meta_stage(
@@ -225,6 +234,10 @@ class Program:
         """Build and load the generated code: an object with one callable per function,
         named as in the ``.tsr`` file (see ``tessera.runtime.cpu``)."""
         source = self.source  # raises for a target whose backend does not exist yet
+        if self.options.target == "opencl":
+            from ..runtime.opencl import load as load_opencl
+
+            return load_opencl(source, self.ir("meta"))
         from ..runtime.cpu import load
 
         return load(source, self.ir("meta"))

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-import jinja2
-
 from ..graph.dims import Dim
-from ..graph.ir import walk
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
 from .cpu_kernel import C_TYPES, CKernel, emit_kernel
+from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
+from .render import environment, header
 
-__all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS", "entry_params"]
+__all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS"]
 
 #: -fno-math-errno, -fno-trapping-math: generated code never reads errno or the FP
 #: exception flags, and without them GCC keeps sqrt a call and selects unvectorized.
@@ -51,54 +49,15 @@ class CpuModule:
     meta: dict[str, Any]
 
 
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("tessera", "templates/cpu"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
-def _header() -> str:
-    text = resources.files("tessera.templates").joinpath("cpu/tessera_tile.hpp").read_text()
-    return text.replace("#pragma once\n", "").strip()
-
-
-def _symbols(types: list[Any]) -> tuple[str, ...]:
-    """Size symbols in order of first appearance in the tensors' dims."""
-    found: dict[str, None] = {}
-    for t in types:
-        for dim in getattr(t, "dims", ()):
-            for monomial, _ in dim.terms:
-                for name, _ in monomial:
-                    found.setdefault(name, None)
-    return tuple(found)
-
-
 def _used(name: str, text: str) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", text) is not None
-
-
-def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
-    """The entry's parameters by name and type: the function's inputs, then its result."""
-    by_name: dict[str, Any] = {}
-    for kernel in program.kernels:
-        for p in kernel.params:
-            by_name.setdefault(p.name, p.type)
-    names = [n.removeprefix("%") for n in program.host.inputs]
-    if program.host.result is not None and program.host.kind != "declaration":
-        names.append("out")
-    return [(n, by_name[n]) for n in names if n in by_name]
 
 
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
     def __init__(self, kernel: TileKernel) -> None:
-        dims = _symbols([p.type for p in kernel.params])
+        dims = symbols([p.type for p in kernel.params])
         self.c: CKernel = emit_kernel(kernel, dims)
         body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
         grid_text = " ".join(extent for _, extent in self.c.grid)
@@ -130,11 +89,11 @@ class _FunctionView:
         self.name = host.function
         self.symbol = f"tessera_{host.function}"
         params = entry_params(program)
-        self.dims = _symbols([t for _, t in params])
+        self.dims = symbols([t for _, t in params])
         decls = []
         for name, t in params:
             if isinstance(t, TensorType):
-                const = "" if name == "out" or _written(program, name) else "const "
+                const = "" if name == "out" or written(program, name) else "const "
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {name}")
             else:
                 decls.append(f"const {_scalar(t)} {name}")
@@ -162,15 +121,6 @@ class _FunctionView:
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
 
 
-def _written(program: TileProgram, name: str) -> bool:
-    """Whether a kernel of the program stores into the parameter ``name``."""
-    return any(
-        op.kind == "store" and op.operands[0].name == name
-        for kernel in program.kernels
-        for op in walk(kernel.body)
-    )
-
-
 def _intermediate(name: str) -> str:
     return f"{name}_buffer"
 
@@ -188,12 +138,12 @@ def _scalar(t: Any) -> str:
 def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuModule:
     views = {k.name: _KernelView(k) for p in module.programs for k in p.kernels}
     functions = [_FunctionView(p, views) for p in module.programs if p.kernels]
-    template = _environment().get_template("module.cpp.j2")
+    template = environment("cpu").get_template("module.cpp.j2")
     context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
                    kernels=list(views.values()), functions=functions,
                    entries=[f.symbol for f in functions])  # fmt: skip
     code = template.render(header="", **context)
-    source = template.render(header=needed(_header(), code), **context)
+    source = template.render(header=needed(header("cpu/tessera_tile.hpp"), code), **context)
     return CpuModule(source, _meta(module, functions, flags))
 
 
@@ -201,21 +151,8 @@ def _meta(module: TileModule, functions: list[_FunctionView], flags: tuple[str, 
     programs = {p.host.function: p for p in module.programs}
     entries = []
     for f in functions:
-        program = programs[f.name]
-        params = []
-        for name, t in entry_params(program):
-            if isinstance(t, TensorType):
-                io = "out" if name == "out" else "inout" if _written(program, name) else "in"
-                params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
-                               "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
-            else:
-                params.append({"name": name, "kind": "scalar", "type": t.kind})
-        entries.append({
-            "name": f.name, "symbol": f.symbol, "params": params, "dims": list(f.dims),
-            "result": "out" if any(p["name"] == "out" for p in params) else None,
-            "guards": [{"kind": g.kind, "left": str(g.left), "right": str(g.right),
-                        "reason": g.reason} for g in program.host.guards],
-            "kernels": [k.name for k in program.kernels],
-        })  # fmt: skip
+        signature = signature_meta(programs[f.name])
+        entries.append({"name": signature.pop("name"), "symbol": f.symbol, **signature,
+                        "kernels": [k.name for k in programs[f.name].kernels]})  # fmt: skip
     return {"source": module.name, "target": "cpu", "arch": module.arch,
             "build": {"compiler": "g++", "flags": list(flags)}, "functions": entries}  # fmt: skip

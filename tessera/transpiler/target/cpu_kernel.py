@@ -23,6 +23,7 @@ from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import c_dim, c_float
 from .naming import Namer
+from .render import SourceLines
 
 __all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
 
@@ -103,7 +104,7 @@ class _Emitter:
         self.depth = 1
         self.local: list[set[int]] = []
         self.counters: dict[str, str] = {p: p for p in pids}
-        self.last_line: tuple[str, int] | None = None
+        self.sources = SourceLines()
 
     # -- naming and storage -------------------------------------------------------
 
@@ -173,13 +174,9 @@ class _Emitter:
         self.lines.append("  " * self.depth + text)
 
     def source_comment(self, op: Op) -> None:
-        span = op.span
-        if span is None or (span.file, span.line) == self.last_line:
-            return
-        self.last_line = (span.file, span.line)
-        lines = span.source.text.split("\n")
-        text = lines[span.line - 1].strip() if span.line <= len(lines) else ""
-        self.line(f"// {span.file.rsplit('/', 1)[-1]}:{span.line}: {text}")
+        comment = self.sources.comment(op.span)
+        if comment is not None:
+            self.line(comment)
 
     def run(self) -> CKernel:
         params = []

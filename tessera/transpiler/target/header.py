@@ -2,9 +2,10 @@
 
 A header is split at its section rules (``// ------ name``). What comes before the
 first rule (includes, the namespace, basic types) always goes in; a section goes in
-when the generated code names a ``tsr::`` symbol the section defines, or when a
-section that goes in uses one. A file with no attention leaves out online softmax,
-one with no dot leaves out the micro-kernel, and a reader sees only what runs.
+when the generated code names a symbol the section defines (``tsr::exp`` in C++,
+``tsr_exp`` in OpenCL C), or when a section that goes in uses one. A file with no
+attention leaves out online softmax, one with no dot leaves out the micro-kernel, and
+a reader sees only what runs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Section", "split", "needed"]
+__all__ = ["Section", "split", "needed", "CPP_SYMBOL", "C_SYMBOL"]
 
 _RULE = re.compile(r"^// -{10,} (.+)$", re.M)
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -38,7 +39,8 @@ class Section:
 
 
 def split(header: str) -> tuple[str, list[Section], str]:
-    """(preamble, sections, closing): the closing is the namespace's last line."""
+    """(preamble, sections, closing): the closing is the header's last line (the end of
+    the namespace, or a comment)."""
     body, _, closing = header.rstrip().rpartition("\n")
     rules = list(_RULE.finditer(body))
     preamble = body[: rules[0].start()] if rules else body
@@ -49,10 +51,16 @@ def split(header: str) -> tuple[str, list[Section], str]:
     return preamble, sections, closing
 
 
-def needed(header: str, code: str) -> str:
-    """The header with only the sections ``code`` needs, directly or through others."""
+#: How generated C++ names a header symbol (``tsr::exp``); OpenCL C has no namespaces.
+CPP_SYMBOL = r"\btsr::(\w+)"
+C_SYMBOL = r"\b(tsr_\w+)"
+
+
+def needed(header: str, code: str, symbol: str = CPP_SYMBOL) -> str:
+    """The header with only the sections ``code`` needs, directly or through others;
+    ``symbol`` is a pattern whose group is a header symbol's name."""
     preamble, sections, closing = split(header)
-    wanted = set(re.findall(r"\btsr::(\w+)", code))
+    wanted = set(re.findall(symbol, code))
     keep: set[str] = set()
     changed = True
     while changed:

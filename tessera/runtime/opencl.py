@@ -1,0 +1,108 @@
+"""Run the OpenCL backend's output through pyopencl: numpy arrays in, numpy arrays out.
+
+``load(source, meta)`` builds the program for the first OpenCL device (PoCL on a
+machine without a GPU; ``PYOPENCL_CTX`` picks another, as pyopencl documents)
+and returns an object with one callable per function of the ``.tsr`` file, as
+``tessera.runtime.cpu`` does: the same argument checks, the same result. A call
+copies the tensors to the device, runs the function's launches in order with
+the grid and group size the metadata gives, and copies back what they wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .entry import Entry, Library, evaluate
+
+__all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
+
+_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
+
+
+class OpenclUnavailable(RuntimeError):
+    """pyopencl or an OpenCL platform is missing; the message says what to install."""
+
+
+@functools.cache
+def _queue() -> Any:
+    try:
+        import pyopencl as cl
+    except (ImportError, OSError):  # not installed, or no OpenCL loader to link against
+        raise OpenclUnavailable(
+            "running OpenCL code needs pyopencl (pip install pyopencl) and an OpenCL "
+            "platform (PoCL on a CPU: apt-get install pocl-opencl-icd)"
+        ) from None
+    try:
+        context = cl.create_some_context(interactive=False)
+    except (cl.Error, RuntimeError) as exc:
+        raise OpenclUnavailable(f"no OpenCL platform to run on: {exc}") from None
+    return cl.CommandQueue(context)
+
+
+class OpenclFunction(Entry):
+    """One function: its launches, run on the library's queue."""
+
+    def __init__(self, program: Any, queue: Any, meta: Mapping[str, Any]) -> None:
+        super().__init__(meta)
+        self._queue = queue
+        self._kernels = {k["kernel"]: getattr(program, k["kernel"]) for k in meta["launches"]}
+
+    def _run(
+        self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any], sizes: Mapping[str, int]
+    ) -> None:
+        import pyopencl as cl
+
+        context = self._queue.context
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+        device = {name: cl.Buffer(context, flags, hostbuf=a) for name, a in arrays.items()}
+        for b in self.meta["buffers"]:
+            size = max(1, evaluate(b["bytes"], sizes, b["name"]))
+            device[b["name"]] = cl.Buffer(context, cl.mem_flags.READ_WRITE, size=size)
+        scalars = {p["name"]: _SCALARS[p["type"]](values[p["name"]])
+                   for p in self._params if p["kind"] == "scalar"}  # fmt: skip
+        for launch in self.meta["launches"]:
+            counts = [
+                -(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]
+            ]
+            if 0 in counts:
+                continue  # an empty tensor: no program to run
+            kernel = self._kernels[launch["kernel"]]
+            kernel.set_args(*(_argument(a, device, scalars, sizes) for a in launch["args"]))
+            threads = launch["threads"]
+            grid = (counts[0] * threads, *counts[1:])
+            group = (threads,) + (1,) * (len(grid) - 1)
+            cl.enqueue_nd_range_kernel(self._queue, kernel, grid, group)
+        for p in self._params:
+            if p["kind"] == "tensor" and p["io"] != "in":
+                cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
+        self._queue.finish()
+
+
+def _argument(name: str, device: Mapping[str, Any], scalars: Mapping[str, Any],
+              sizes: Mapping[str, int]) -> Any:  # fmt: skip
+    """A kernel argument by its metadata name: a device buffer, a scalar, or a size."""
+    if name in device:
+        return device[name]
+    if name in scalars:
+        return scalars[name]
+    return np.int64(sizes[name])
+
+
+class OpenclLibrary(Library):
+    """The built program: one attribute per function of the ``.tsr`` file."""
+
+    def __init__(self, source: str, meta: Mapping[str, Any]) -> None:
+        queue = _queue()
+        import pyopencl as cl
+
+        program = cl.Program(queue.context, source).build(options=meta["build"]["options"])
+        super().__init__(meta, [OpenclFunction(program, queue, f) for f in meta["functions"]])
+
+
+def load(source: str, meta: Mapping[str, Any]) -> OpenclLibrary:
+    """Build an OpenCL module from its source and metadata, on the first device."""
+    return OpenclLibrary(source, meta)
