@@ -27,7 +27,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +68,12 @@ class TuneError(Exception):
 
 @dataclass
 class _Candidate:
-    #: Values of the searched knobs; the heuristic's values fill in the rest.
+    #: Values of the searched knobs; the untuned schedule's values fill in the rest.
     config: dict[str, Any]
     origin: str
     runner: Runner | None = None
-    problem: str | None = field(default=None)
+    #: Why the candidate is out of the search: it did not build, or its output disagreed.
+    problem: str | None = None
 
     @property
     def label(self) -> str:
