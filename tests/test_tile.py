@@ -138,7 +138,7 @@ def test_legalize_fuses_the_accumulation_into_an_mma() -> None:
     ("target", "arch", "inst", "operands"),
     [("cuda", "sm_80", "mma.sync.bf16", "registers"), ("cuda", "sm_90a", "wgmma.bf16", "shared"),
      ("hip", "gfx90a", "mfma_f32_32x32x8bf16_1k", "registers"),
-     ("cpu", "native", "simd.fma", "registers"), ("opencl", "generic", "fma", "registers")],
+     ("cpu", "native", "simd.fma", "registers"), ("opencl", "generic", "fma", "shared")],
 )  # fmt: skip
 def test_legalize_picks_the_targets_matrix_instruction(
     target: str, arch: str, inst: str, operands: str
@@ -244,7 +244,24 @@ def test_without_async_copies_staging_is_synchronous() -> None:
     assert [a.result.type.stages for a in ops_of(k.body, "alloc")] == [1, 1]
     assert ops_of(k.body, "wait") == [] and ops_of(k.body, "commit") == []
     body = [op.kind for op in loop(k).regions[0].ops]
-    assert body[:3] == ["copy", "barrier", "read"]
+    # FMA reads its operands from shared memory at the product, so the next iteration's
+    # copies wait for every thread's product: one barrier before them, one after.
+    assert body[:5] == ["barrier", "copy", "copy", "barrier", "read"]
+
+
+def test_operands_read_from_shared_memory_stay_there_until_the_product() -> None:
+    """The query tile of attention is read by every iteration's dot on targets whose
+    instruction reads shared memory, so its buffer must not give its bytes to the keys."""
+    for target, arch in (("opencl", None), ("cuda", "sm_90a")):
+        k = kernel(ATTENTION, target, arch)
+        (read_q,) = [op for op in ops_of(k.body, "read") if op.result.name == "q_tile"]
+        assert read_q not in k.body.ops and read_q in loop(k).regions[0].ops
+        q, keys = (s for s in k.smem if s.buffer in ("q_tile_smem", "k_tile_smem"))
+        assert q.offset + q.bytes <= keys.offset or keys.offset + keys.bytes <= q.offset
+    for target, arch in (("cpu", None), ("cuda", "sm_80")):
+        k = kernel(ATTENTION, target, arch)
+        (read_q,) = [op for op in ops_of(k.body, "read") if op.result.name == "q_tile"]
+        assert read_q in k.body.ops  # into registers (panels, fragments) once, before the loop
 
 
 def test_a_wrong_wait_count_is_caught_by_the_interpreter() -> None:

@@ -48,7 +48,8 @@ def instruction(hw: Hardware, dtype: str, n_tile: int) -> tuple[str, tuple[int, 
             return inst, (m, n or n_tile, k), operands
     if hw.kind == "cpu":
         return "simd.fma", (4, 2 * hw.lanes, 1), "registers"
-    return "fma", (1, 1, 1), "registers"
+    # Each thread's FMA loop reads the elements it multiplies straight from shared memory.
+    return "fma", (1, 1, 1), "shared"
 
 
 def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) -> tuple[int, int]:

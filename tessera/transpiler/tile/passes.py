@@ -5,6 +5,8 @@
 ``edge-mask``      which access axes need a mask; fills before reductions
 ``stage``          dot operands through shared memory; async, multi-stage
                    pipelines where the target can copy ahead
+``defer-reads``    reads of operands an instruction takes from shared memory
+                   move down to the instruction
 ``barriers``       barriers where threads hand shared memory to each other
 ``plan-smem``      offsets, padding or swizzle, reuse across lifetimes
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from ..schedule.hardware import Hardware
 from .barriers import insert_barriers
 from .causal import bound_causal_loops
+from .defer_reads import defer_reads
 from .edge_mask import mask_edges
 from .ir import TileKernel
 from .legalize import legalize
@@ -38,6 +41,7 @@ TILE_PASSES: tuple[TilePass, ...] = (
     TilePass("causal-bound", bound_causal_loops),
     TilePass("edge-mask", mask_edges),
     TilePass("stage", stage_operands),
+    TilePass("defer-reads", defer_reads),
     TilePass("barriers", insert_barriers),
     TilePass("plan-smem", plan_smem),
 )

@@ -1,0 +1,95 @@
+"""Reads of shared memory move to where the instruction really reads it.
+
+A ``read`` says when a staged operand leaves shared memory. For an mma whose
+operands come from registers (``mma.sync`` fragments, MFMA, the CPU's packed
+panels) that is where the ``read`` stands. An instruction that takes its
+operands from shared memory (``wgmma`` descriptors, the FMA loop of a SIMT
+target, where each thread reads the elements it multiplies) reads it at the
+mma itself, so the ``read`` moves down to just before its first use: into the
+loop that uses it, when that is where the use is. The barrier pass, which runs
+next, then sees the buffer busy until the product is done, and the planner
+keeps the buffer alive as long (the query tile of attention no longer gives
+its bytes to the key tile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..graph.ir import Block, Op, walk
+from ..schedule.hardware import Hardware
+from .ir import Mma, TileKernel
+from .rewrite import producers
+
+__all__ = ["defer_reads"]
+
+_THROUGH = ("transpose", "cast")
+
+
+def defer_reads(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    deferred = _reads_of_shared_operands(kernel.body)
+    if not deferred:
+        return kernel
+    body, left = _place(kernel.body, deferred, [])
+    return replace(kernel, body=replace(body, ops=(*body.ops, *left)))
+
+
+def _reads_of_shared_operands(body: Block) -> set[int]:
+    defs = producers(body)
+    found: set[int] = set()
+    for op in walk(body):
+        mma = op.attr("mma")
+        if not isinstance(mma, Mma) or mma.operands != "shared":
+            continue
+        operands = (op.operands[4],) if op.kind == "softmax_accumulate" else op.operands[:2]
+        for v in operands:
+            source = defs.get(v.id)
+            while source is not None and source.kind in _THROUGH:
+                source = defs.get(source.operands[0].id)
+            if source is not None and source.kind == "read":
+                found.add(id(source))
+    return found
+
+
+def _place(block: Block, deferred: set[int], pending: list[Op]) -> tuple[Block, list[Op]]:
+    """``block`` with its deferred reads (and ``pending`` ones from outside) placed before
+    their first use; returns the reads nothing in the block used."""
+    ops: list[Op] = []
+    pending = list(pending)
+    for op in block.ops:
+        if id(op) in deferred:
+            pending.append(op)
+            continue
+        direct = {v.id for v in op.operands}
+        inner = _inner_uses(op)
+        here = [r for r in pending if r.result.id in direct]
+        if op.kind == "for":
+            down = [r for r in pending if r.result.id in inner and r not in here]
+        else:  # a read used in one branch of an `if` stays before the `if`
+            here += [r for r in pending if r.result.id in inner and r not in here]
+            down = []
+        ops += here
+        pending = [r for r in pending if r not in here and r not in down]
+        if down:
+            body, unused = _place(op.regions[0], deferred, down)
+            assert not unused, "a read pushed into a loop is used there"
+            op = replace(op, regions=(body,))
+        elif op.regions:
+            regions = []
+            for region in op.regions:
+                placed, left = _place(region, deferred, [])
+                regions.append(replace(placed, ops=(*placed.ops, *left)))
+            op = replace(op, regions=tuple(regions))
+        ops.append(op)
+    uses = {v.id for v in block.yields}
+    ops += [r for r in pending if r.result.id in uses]
+    return replace(block, ops=tuple(ops)), [r for r in pending if r.result.id not in uses]
+
+
+def _inner_uses(op: Op) -> set[int]:
+    found: set[int] = set()
+    for region in op.regions:
+        for inner in walk(region):
+            found |= {v.id for v in inner.operands}
+        found |= {v.id for v in region.yields}
+    return found
