@@ -20,13 +20,17 @@ from .conftest import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "golden"
 #: The targets and arches whose target-dependent stages are pinned.
-TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native")]
+TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
+           ("opencl", "generic")]  # fmt: skip
 #: File name of each target-independent stage's golden output.
 FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
-#: Stages that only some targets have yet (their backends), and their file suffixes.
-BACKEND_STAGES = {"target": ([("cpu", "native")], "cpp"), "meta": ([("cpu", "native")], "json")}
-#: Backends that lower some examples only so far: the examples, and the stages' suffixes.
-PARTIAL_BACKENDS = {("opencl", "generic"): (("norms",), {"target": "cl", "meta": "json"})}
+#: The targets with a backend so far, and the file suffix of their source.
+BACKENDS = {("cpu", "native"): "cpp", ("opencl", "generic"): "cl"}
+#: Stages that only targets with a backend have, and their file suffixes.
+BACKEND_STAGES = {
+    "target": [(target, suffix) for target, suffix in BACKENDS.items()],
+    "meta": [(target, "json") for target in BACKENDS],
+}
 
 pytestmark = pytest.mark.golden
 
@@ -36,17 +40,12 @@ def _cases() -> list[tuple[Path, str, tuple[str, str] | None, str]]:
     for example in EXAMPLES:
         for stage in PIPELINE:
             if stage.needs_target:
-                targets, suffix = BACKEND_STAGES.get(stage.name, (TARGETS, "txt"))
-                for target, arch in targets:
+                targets = BACKEND_STAGES.get(stage.name, [(t, "txt") for t in TARGETS])
+                for (target, arch), suffix in targets:
                     name = f"{stage.name}.{target}-{arch}.{suffix}"
                     cases.append((example, stage.name, (target, arch), name))
             else:
                 cases.append((example, stage.name, None, FILES[stage.name]))
-        for (target, arch), (examples, suffixes) in PARTIAL_BACKENDS.items():
-            for stage_name, suffix in suffixes.items():
-                if example.stem in examples:
-                    name = f"{stage_name}.{target}-{arch}.{suffix}"
-                    cases.append((example, stage_name, (target, arch), name))
     return cases
 
 

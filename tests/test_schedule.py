@@ -178,3 +178,19 @@ def test_verifier_rejects_overlapping_buffers_in_one_slot() -> None:
     module = ScheduleModule("s.tsr", "cuda", "sm_80", (bad,))
     with pytest.raises(ScheduleVerifyError, match="share slot 0"):
         verify_schedule(module, {"g": 2}, hardware_for("cuda", "sm_80"))
+
+
+def test_a_product_reduced_to_a_vector_in_one_tile_kernel_is_an_error() -> None:
+    """The programs cover the result's axes; a 1-D result leaves the product's columns
+    to no program, which used to crash the scheduler."""
+    text = """\
+@kernel
+def row_sums(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["M", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(A.shape[1], T.k):
+        acc += tile.dot(tile.load(A, rows=T.m, cols=kb), tile.load(B, kb, cols=T.n))
+    return tile.sum(acc, axis=1)
+"""
+    (message,) = errors(text)
+    assert message.startswith("'row_sums' computes a tile.dot but its result is 1-D")

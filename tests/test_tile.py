@@ -466,3 +466,17 @@ def test_causal_bound_pass_before_and_after() -> None:
     assert loop(after).attr("stop") == row_index.attr("offset") + rows
     _, plain = _before_and_after(ATTENTION, "causal-bound")
     assert loop(plain).attr("stop") is None
+
+
+def test_unnamed_operands_get_buffers_of_their_own() -> None:
+    """Two loads with no names feeding one dot: two buffers, two places in the plan."""
+    k = kernel("""\
+@kernel
+def inline_dot(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(A.shape[1], T.k):
+        acc += tile.dot(tile.load(A, rows=T.m, cols=kb), tile.load(B, kb, cols=T.n))
+    return acc
+""")
+    assert [s.buffer for s in k.smem] == ["operand_smem", "operand_smem_1"]

@@ -66,7 +66,6 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
-  // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
   for (int i = 0; i < 4; ++i) {
@@ -96,7 +95,6 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
-  // layernorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   // layernorm.tsr:9: n = float(x.shape[1])
   const float n = (float)(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
@@ -146,7 +144,6 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
-  // rmsnorm.tsr:7: rows = tile.cast(tile.load(x, rows=T.m), f32)
   // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
   float v[4];
   for (int i = 0; i < 4; ++i) {

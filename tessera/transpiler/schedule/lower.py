@@ -311,6 +311,14 @@ class _Scheduler:
         if any(op.kind == "tile.softmax_online" for op in ops):
             return Problem("tile", dtype, dims[-2], loop, d=head, batch=dims[:-2],
                            shape="attention")  # fmt: skip
+        if any(op.kind == "tile.dot" for op in ops) and len(dims) < 2:
+            self.diags.error(
+                f"'{f.name}' computes a tile.dot but its result is {len(dims)}-D: the programs "
+                "cover the result's axes, so none would cover the product's columns; return "
+                "the [rows, cols] product and reduce it in another kernel",
+                f.span,
+            )
+            return Problem("tile", dtype, dims[0], shape="elementwise")
         if any(op.kind == "tile.dot" for op in ops):
             return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
                            batch=dims[:-2], shape="gemm")  # fmt: skip

@@ -39,7 +39,7 @@ class _KernelView:
     def __init__(self, kernel: TileKernel, simt: SimtKernel) -> None:
         self.name = simt.name
         self.threads = simt.threads
-        self.reduces = simt.reduces
+        self.prologue = simt.prologue
         self.body = simt.body
         self.origin = (
             f"tile kernel {kernel.function}"
@@ -82,9 +82,8 @@ def emit_opencl(module: TileModule) -> OpenclModule:
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""
                 raise NotLowered(
-                    f"{where}'{program.host.function}': the opencl backend lowers elementwise "
-                    f"and row-reduction kernels so far; this {kernel.kind} kernel "
-                    f"({kernel.name}) uses {exc}"
+                    f"{where}'{program.host.function}': the opencl backend does not lower "
+                    f"this {kernel.kind} kernel ({kernel.name}) yet: it uses {exc}"
                 ) from None
     template = environment("opencl").get_template("module.cl.j2")
     context = dict(source=module.name, arch=module.arch, kernels=list(views.values()))

@@ -1,8 +1,9 @@
 """One Tile IR kernel as SIMT code: a program instance is a group of threads.
 
-This emitter lowers elementwise and row-reduction kernels (norms, softmax,
-optimizer steps); a kernel with staged copies, products or online softmax is
-reported as not lowered yet. A value takes one of four forms:
+This module holds the forms values take and the ops on any of them (elementwise
+work, row reductions, global loads and stores, loops and branches);
+``simt_tiles.py`` adds shared memory, products and online softmax. A value takes
+one of four forms:
 
 - **scalar**: a private variable, the same in every thread;
 - **replicated**: a small private array, the same in every thread: a reduction's
@@ -10,18 +11,20 @@ reported as not lowered yet. A value takes one of four forms:
 - **lazy**: an expression of the element's index, evaluated where it is consumed.
   Loads and elementwise chains are lazy whatever their shape, so a row of a
   symbolic width is never stored: each consumer reads the tensor again;
-- **owned**: a private array in the flat distribution (element ``e`` lives in
-  thread ``e % THREADS``, slot ``e / THREADS``). A load from a tensor that the
-  kernel also stores to takes this form, so that it is read before it is written.
+- **owned**: a private array in one of the distributions of ``simt_layout.py``:
+  the result of a product or of online softmax, a value carried by a loop, or a
+  load from a tensor that the kernel also stores to (read before it is written).
 
-A store walks its tile in the flat distribution; a reduction walks rows, each
-thread striding along the row, then combines its partial with the group's
-through local memory. Every statement carries the ``.tsr`` line it comes from.
+A lazy value remembers the distribution of the owned values it reads; a store
+walks its tile in that distribution (``Flat`` when there is none). A reduction
+walks rows, each thread striding along the row, then combines its partial with
+the group's through local memory. Every statement carries the ``.tsr`` line it
+comes from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +33,24 @@ from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
 from ..tile.ir import Access, TileKernel
+from ..tile.rewrite import use_counts
 from .cexpr import c_dim
 from .naming import Namer
 from .render import SourceLines
 from .simt_dialect import Dialect
+from .simt_layout import (
+    GRID_COLUMNS,
+    Distribution,
+    Element,
+    Flat,
+    Form,
+    Grid,
+    NotLowered,
+    Rows,
+    grid_for,
+    rows_for,
+)
+from .simt_tiles import TileOps
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -41,12 +58,10 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
           "sin", "cos", "neg")  # fmt: skip
 _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
-#: Loop variables of the generated code; no value is named after them.
-_RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "program", "tsr_scratch"})
-
-
-class NotLowered(Exception):
-    """The kernel uses an operation this backend does not lower yet."""
+#: Variables of the generated code; no value is named after them.
+_RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
+                       "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
+                       "tsr_smem"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,42 +80,34 @@ class SimtKernel:
     #: Program ids with their extents and blocks, first axis fastest.
     grid: tuple[tuple[str, Dim, int], ...]
     threads: int
+    #: Declarations at the top of the kernel: local memory, the thread's place in a Grid.
+    prologue: tuple[str, ...]
     body: tuple[str, ...]
-    #: Whether the body combines values across the group (needs local scratch).
-    reduces: bool
-
-
-#: An element of a value at an index: one C expression per axis of the value.
-Element = Callable[[tuple[str, ...]], str]
-
-
-@dataclass(frozen=True)
-class _Form:
-    kind: str  # "scalar", "replicated", "lazy" or "owned"
-    dims: tuple[Dim, ...]
-    name: str = ""
-    element: Element | None = None
 
 
 def emit_simt_kernel(kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...]) -> SimtKernel:
     return _Emitter(kernel, dialect, dims).run()
 
 
-class _Emitter:
+class _Emitter(TileOps):
     def __init__(self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...]) -> None:
         self.kernel = kernel
         self.d = dialect
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
-        self.namer = Namer(frozenset(dims) | frozenset(pids) | _RESERVED)
-        self.forms: dict[int, _Form] = {}
+        # Loop counters keep their names: offsets in the Tile IR are written in them.
+        counters = {op.regions[0].args[0].name for op in walk(kernel.body) if op.kind == "for"}
+        self.namer = Namer(frozenset(dims) | frozenset(pids) | _RESERVED | counters - {None})
+        self.forms: dict[int, Form] = {}
+        self.uses = use_counts(kernel.body)
+        self.layouts: dict[int, str] = {}
         self.lines: list[str] = []
+        self.prologue: dict[str, str] = {}
         self.depth = 1
-        self.reduces = False
         self.sources = SourceLines()
-        #: While a flat loop runs: the shape it walks (owned values are readable there).
-        self.flat: tuple[Dim, ...] | None = None
-        self.flat_start = 0
+        #: While a walk over a distribution runs: that distribution, and where it began.
+        self.walking: Distribution | None = None
+        self.walk_head = self.walk_start = 0
         self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
 
     # -- output --------------------------------------------------------------------------
@@ -116,10 +123,9 @@ class _Emitter:
         self.depth -= 1
         self.line("}")
 
-    def source_comment(self, op: Op) -> None:
-        comment = self.sources.comment(op.span)
-        if comment is not None:
-            self.line(comment)
+    def declare(self, key: str, text: str) -> None:
+        """A declaration at the top of the kernel, once however often it is needed."""
+        self.prologue.setdefault(key, text)
 
     def c(self, dim: Dim) -> str:
         return c_dim(dim, {})
@@ -129,19 +135,23 @@ class _Emitter:
         for p in self.kernel.params:
             name = self.namer.fresh(p.name, "arg")
             if isinstance(p.type, TensorType):
-                self.forms[p.id] = _Form("tensor", tuple(p.type.dims), name)
+                self.forms[p.id] = Form("tensor", tuple(p.type.dims), name)
                 params.append(SimtParam(name, "tensor", p.type.dtype.name, p.id in self.stored))
             else:
-                self.forms[p.id] = _Form("scalar", (), name)
+                self.forms[p.id] = Form("scalar", (), name)
                 params.append(SimtParam(name, "scalar", p.type.kind))
         self.block(self.kernel.body)
         grid = tuple((a.name, a.extent, a.block) for a in self.kernel.grid)
         return SimtKernel(self.kernel.name, tuple(params), grid, self.kernel.threads,
-                          tuple(self.lines), self.reduces)  # fmt: skip
+                          tuple(self.prologue.values()), tuple(self.lines))  # fmt: skip
 
     def block(self, block: Block) -> None:
+        # An op that writes nothing (a lazy value) leaves its line's comment to the next
+        # op that writes code, unless that op's code comes from another line.
+        pending = None
         for op in block.ops:
-            self.source_comment(op)
+            start, indent = len(self.lines), "  " * self.depth
+            comment = self.sources.comment(op.span)
             handler = getattr(self, "op_" + op.kind, None)
             if handler is not None:
                 handler(op)
@@ -149,6 +159,13 @@ class _Emitter:
                 self.elementwise(op)
             else:
                 raise NotLowered(f"'{op.kind}'")
+            if len(self.lines) == start:
+                pending = comment or pending
+                continue
+            comment = comment or pending
+            if comment is not None:
+                self.lines.insert(start, indent + comment)
+            pending = None
 
     # -- reading values ------------------------------------------------------------------
 
@@ -169,10 +186,18 @@ class _Emitter:
             assert form.element is not None
             return f"({form.element(own)})"
         if form.kind == "owned":
-            if self.flat != form.dims or own != index:
-                raise NotLowered("a value loaded before a store, read in another loop")
-            return f"{form.name}[t]"
+            return f"{form.name}[{self.slot(form, own, index)}]"
         return f"{form.name}[{self.flat_index(own, form.dims)}]"
+
+    def slot(self, form: Form, own: tuple[str, ...], index: tuple[str, ...]) -> str:
+        """Where this thread holds an owned value's element, inside the walk that reads it:
+        the walk's own slot, or the row slot of a row vector read in a walk over its rows."""
+        if isinstance(form.dist, Rows) and own[0] == index[0] == "i":
+            if isinstance(self.walking, (Grid, Rows)) and self.walking.ty == form.dist.ty:
+                return "r"
+        elif self.walking == form.dist and own == index:
+            return "t"
+        raise NotLowered("a value held in registers, read where another thread holds it")
 
     def flat_index(self, index: tuple[str, ...], dims: tuple[Dim, ...]) -> str:
         """The row-major position of an element; size-1 axes add nothing."""
@@ -194,31 +219,78 @@ class _Emitter:
         self.line(f"const {self.d.index_type} j = e - i * {cols};")
         return ("i", "j")
 
-    def flat_loop(self, dims: tuple[Dim, ...]) -> tuple[str, ...]:
-        """Open a loop over this thread's elements of a tile; the caller closes it."""
-        total = Dim.const(1)
-        for d in dims:
-            total = total * d
-        i64 = self.d.index_type
-        self.open(f"for ({i64} e = lid, t = 0; e < {self.c(total)}; e += {self.kernel.threads}, "
-                  "++t)")  # fmt: skip
-        self.flat = dims
-        self.flat_start = len(self.lines) - 1
-        return self.split_flat(dims)
+    # -- walking a distribution -------------------------------------------------------------
 
-    def close_flat(self) -> None:
-        """Close a flat loop; its slot counter ``t`` goes when no owned value was read."""
-        if not any("[t]" in line for line in self.lines[self.flat_start + 1 :]):
-            head = self.lines[self.flat_start]
-            self.lines[self.flat_start] = head.replace(", t = 0", "").replace(", ++t", "")
-        self.flat = None
+    def place_in_grid(self) -> None:
+        tx = min(GRID_COLUMNS, self.kernel.threads)
+        self.declare("grid", f"const int tx = lid % {tx}, ty = lid / {tx};")
+
+    def walk(self, dist: Distribution) -> tuple[str, ...]:
+        """Open the loops over this thread's elements of ``dist``; ``close_walk`` closes
+        them. Returns the index of the element; its slot is ``t`` (``r`` in Rows)."""
+        self.walk_head = len(self.lines)
+        if isinstance(dist, Flat):
+            total = Dim.const(1)
+            for d in dist.dims:
+                total = total * d
+            i64, threads = self.d.index_type, self.kernel.threads
+            self.open(f"for ({i64} e = lid, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
+            index = self.split_flat(dist.dims)
+        else:
+            self.place_in_grid()
+            self.open(
+                f"for (int r = 0; r < {dist.slots if isinstance(dist, Rows) else dist.rm}; ++r)"
+            )
+            self.line(f"const int i = ty + r * {dist.ty};")
+            index = ("i",)
+            if isinstance(dist, Grid):
+                self.open(f"for (int c = 0; c < {dist.rn}; ++c)")
+                self.line(f"const int j = tx + c * {dist.tx};")
+                self.line(f"const int t = r * {dist.rn} + c;")
+                index = ("i", "j")
+        self.walking = dist
+        self.walk_start = len(self.lines)
+        return index
+
+    def close_walk(self) -> None:
+        """Close a walk; the slot counter and the indices that nothing used go."""
+        dist = self.walking
+        body = "\n".join(self.lines[self.walk_start :])
+        if "[t]" not in body and isinstance(dist, Flat):
+            head = self.walk_start - (2 if len(dist.dims) == 2 else 0) - 1
+            self.lines[head] = self.lines[head].replace(", t = 0", "").replace(", ++t", "")
+        for k in reversed(range(self.walk_head + 1, self.walk_start)):
+            declared = re.match(r"\s*const (?:int|long) (\w+) = ", self.lines[k])
+            later = "\n".join(self.lines[k + 1 :])
+            if declared and declared[1] in "tij" and not re.search(rf"\b{declared[1]}\b", later):
+                del self.lines[k]
+        self.walking = None
         self.close()
+        if isinstance(dist, Grid):
+            self.close()
+
+    def materialize(self, x: Value, dist: Distribution, name: str) -> Form:
+        """``x`` computed into a new private array in ``dist``."""
+        slots = _slots(dist, self.kernel.threads)
+        self.line(f"float {name}[{slots}];")
+        dims = tuple(x.type.dims)
+        index = self.walk(dist)
+        slot = "r" if isinstance(dist, Rows) else "t"
+        self.line(f"{name}[{slot}] = {self.at(x, index, dims)};")
+        self.close_walk()
+        return Form("owned", dims, name, dist=dist)
+
+    def carried(self, dims: tuple[Dim, ...]) -> Distribution:
+        """The distribution of a tile a loop carries: Grid for 2-D tiles, Rows for vectors."""
+        if len(dims) == 1:
+            return rows_for(dims[0], self.kernel.threads)
+        return grid_for(dims, self.kernel.threads)
 
     # -- scalars and elementwise -------------------------------------------------------
 
     def scalar(self, op: Op, expr: str) -> None:
         name = self.namer.fresh(op.result.name, "s")  # s, s_1, ...: unnamed scalars
-        self.forms[op.result.id] = _Form("scalar", (), name)
+        self.forms[op.result.id] = Form("scalar", (), name)
         self.line(f"const {self.d.scalar_types[op.result.type.kind]} {name} = {expr};")
 
     def op_const(self, op: Op) -> None:
@@ -228,6 +300,20 @@ class _Emitter:
 
     def op_dim_to_float(self, op: Op) -> None:
         self.scalar(op, f"(float)({self.c(op.attr('dim'))})")
+
+    def lazy(self, result: Value, element: Element, *operands: Any) -> None:
+        """``result`` as an expression of its index, in the distribution of the owned
+        values among ``operands``."""
+        dist = None
+        for v in operands:
+            other = self.forms[v.id].dist if isinstance(v, Value) else None
+            if other is None or other == dist:
+                continue
+            if dist is None or (isinstance(dist, Rows) and isinstance(other, Grid)):
+                dist = other
+            elif not (isinstance(dist, Grid) and isinstance(other, Rows)):
+                raise NotLowered("values held in registers in two different distributions")
+        self.forms[result.id] = Form("lazy", tuple(result.type.dims), element=element, dist=dist)
 
     def expression(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
         d = self.d
@@ -254,33 +340,92 @@ class _Emitter:
         forms = [self.forms[v.id].kind for v in op.operands]
         if all(k in ("scalar", "replicated") for k in forms) and _constant(out):
             name = self.namer.fresh(result.name, "v")
-            self.forms[result.id] = _Form("replicated", out, name)
+            self.forms[result.id] = Form("replicated", out, name)
             self.line(f"float {name}[{_numel(out)}];")
             self.open(f"for (int e = 0; e < {_numel(out)}; ++e)")
             index = self.split_flat(out)
             self.line(f"{name}[e] = {self.expression(op, index, out)};")
             self.close()
             return
-        self.forms[result.id] = _Form(
-            "lazy", out, element=lambda idx: self.expression(op, idx, out)
-        )
+        self.lazy(op.results[0], lambda idx: self.expression(op, idx, out), *op.operands)
+
+    def op_full(self, op: Op) -> None:
+        value = self.d.literal(float(op.attr("value")))
+        self.lazy(op.results[0], lambda idx: value)
+
+    def op_iota(self, op: Op) -> None:
+        offset = self.c(op.attr("offset"))
+        self.lazy(op.results[0], lambda idx: f"{offset} + {idx[0]}")
 
     def op_expand_dims(self, op: Op) -> None:
         x = self.forms[op.operands[0].id]
         out = tuple(op.result.type.dims)
         axes = set(op.attr("axes"))
-        if x.kind == "replicated":
-            self.forms[op.result.id] = _Form("replicated", out, x.name)
+        if x.kind in ("replicated", "owned"):
+            self.forms[op.result.id] = Form(x.kind, out, x.name, dist=x.dist)
             return
-        if x.kind != "lazy":
-            raise NotLowered(f"expand_dims of a {x.kind} value")
         element = x.element
         assert element is not None
 
         def dropped(index: tuple[str, ...]) -> str:
             return element(tuple(i for k, i in enumerate(index) if k not in axes))
 
-        self.forms[op.result.id] = _Form("lazy", out, element=dropped)
+        self.lazy(op.results[0], dropped, op.operands[0])
+
+    def op_split(self, op: Op) -> None:
+        x = op.operands[0]
+        axis = op.attr("axis") % len(x.type.dims)
+        for k, part in enumerate(op.results):
+            start = self.c(part.type.dims[axis] * Dim.const(k))
+
+            def piece(idx: tuple[str, ...], start: str = start) -> str:
+                moved = idx[axis] if start == "0" else f"{start} + {idx[axis]}"
+                return self.at(x, (*idx[:axis], moved, *idx[axis + 1 :]), tuple(x.type.dims))
+
+            self.lazy(part, piece, x)
+
+    def op_concat(self, op: Op) -> None:
+        axis = op.attr("axis") % len(op.result.type.dims)
+
+        def joined(idx: tuple[str, ...]) -> str:
+            last = op.operands[-1]
+            starts, start = [], Dim.const(0)
+            for part in op.operands:
+                starts.append(start)
+                start = start + part.type.dims[axis]
+            choice = ""
+            for part, begin in zip(op.operands, starts, strict=True):
+                at = idx[axis] if begin == Dim.const(0) else f"{idx[axis]} - ({self.c(begin)})"
+                value = self.at(part, (*idx[:axis], at, *idx[axis + 1 :]), tuple(part.type.dims))
+                if part is last:
+                    return choice + value
+                end = self.c(begin + part.type.dims[axis])
+                choice += f"{idx[axis]} < {end} ? {value} : "
+            raise AssertionError("concat of no tiles")
+
+        self.lazy(op.result, joined, *op.operands)
+
+    def op_mask_causal(self, op: Op) -> None:
+        s, rows, cols = op.operands
+        out = tuple(op.result.type.dims)
+
+        def masked(idx: tuple[str, ...]) -> str:
+            row = self.at(rows, idx[:1], tuple(rows.type.dims))
+            col = self.at(cols, idx[1:], tuple(cols.type.dims))
+            return f"{col} > {row} ? {self.d.literal(float('-inf'))} : {self.at(s, idx, out)}"
+
+        self.lazy(op.results[0], masked, s)
+
+    def op_mask_edge(self, op: Op) -> None:
+        x = op.operands[0]
+        axis, fill = op.attr("axis"), self.d.literal(float(op.attr("fill")))
+        offset, extent = self.c(op.attr("offset")), self.c(op.attr("extent"))
+        out = tuple(op.result.type.dims)
+
+        def masked(idx: tuple[str, ...]) -> str:
+            return f"{offset} + {idx[axis]} >= {extent} ? {fill} : {self.at(x, idx, out)}"
+
+        self.lazy(op.results[0], masked, x)
 
     # -- reductions ------------------------------------------------------------------------
 
@@ -289,10 +434,12 @@ class _Emitter:
         dims = tuple(x.type.dims)
         if len(dims) != 2 or op.attr("axis") not in (1, -1) or dims[0].constant is None:
             raise NotLowered("a reduction other than along the rows of a tile")
+        if self.forms[x.id].dist is not None:
+            raise NotLowered("a reduction of a tile held in registers")
         rows = dims[0].constant
         name = self.namer.fresh(op.result.name, "v")
-        self.forms[op.result.id] = _Form("replicated", tuple(op.result.type.dims), name)
-        self.reduces = True
+        self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
+        self.declare("scratch", self.d.local("float", "tsr_scratch", self.kernel.threads))
         i64 = self.d.index_type
         self.line(f"float {name}[{rows}];")
         self.open(f"for (int i = 0; i < {rows}; ++i)")
@@ -309,9 +456,9 @@ class _Emitter:
     def op_max(self, op: Op) -> None:
         self._reduce(op, "fmax(r, {element})", self.d.literal(float("-inf")), "tsr_group_max")
 
-    # -- memory ----------------------------------------------------------------------------
+    # -- global memory ---------------------------------------------------------------------
 
-    def _address(self, tensor: Value, at: Access, index: tuple[str, ...]) -> tuple[str, str]:
+    def address(self, tensor: Value, at: Access, index: tuple[str, ...]) -> tuple[str, str]:
         """(element offset, condition) of the access at a tile index."""
         dims = tensor.type.dims
         tile = iter(index)
@@ -328,40 +475,125 @@ class _Emitter:
             offset = pos if not offset else f"({offset}) * {self.c(d)} + {pos}"
         return offset, " && ".join(conditions)
 
-    def op_load(self, op: Op) -> None:
-        tensor = op.operands[0]
-        at: Access = op.attr("at")
-        t = self.forms[tensor.id]
-        dtype = tensor.type.dtype.name
+    def global_element(self, tensor: Value, at: Access) -> Element:
+        """A tensor's element at a tile index as a float; zero past a masked edge."""
+        pointer, dtype = self.forms[tensor.id].name, tensor.type.dtype.name
 
         def element(index: tuple[str, ...]) -> str:
-            offset, condition = self._address(tensor, at, index)
-            value = self.d.read(dtype, t.name, offset)
+            offset, condition = self.address(tensor, at, index)
+            value = self.d.read(dtype, pointer, offset)
             return f"{condition} ? {value} : 0.0f" if condition else value
 
+        return element
+
+    def op_load(self, op: Op) -> None:
+        tensor = op.operands[0]
+        element = self.global_element(tensor, op.attr("at"))
         out = tuple(op.result.type.dims)
         if tensor.id not in self.stored:
-            self.forms[op.result.id] = _Form("lazy", out, element=element)
+            self.lazy(op.results[0], element)
             return
         if not _constant(out):
             raise NotLowered("a load of a symbolic size from a tensor the kernel writes")
         name = self.namer.fresh(op.result.name, "v")
         self.line(f"float {name}[{-(-_numel(out) // self.kernel.threads)}];")
-        index = self.flat_loop(out)
+        index = self.walk(Flat(out))
         self.line(f"{name}[t] = {element(index)};")
-        self.close_flat()
-        self.forms[op.result.id] = _Form("owned", out, name)
+        self.close_walk()
+        self.forms[op.result.id] = Form("owned", out, name, dist=Flat(out))
 
     def op_store(self, op: Op) -> None:
         tensor, tile = op.operands
         at: Access = op.attr("at")
         out = tuple(tile.type.dims)
-        index = self.flat_loop(out)
-        offset, condition = self._address(tensor, at, index)
+        dist = self.forms[tile.id].dist or Flat(out)
+        if isinstance(dist, Rows):
+            raise NotLowered("a store of a row vector held in registers")
+        index = self.walk(dist)
+        offset, condition = self.address(tensor, at, index)
         value = self.at(tile, index, out)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
-        self.close_flat()
+        self.close_walk()
+
+    # -- control flow ----------------------------------------------------------------------
+
+    def op_for(self, op: Op) -> None:
+        body = op.regions[0]
+        counter, *args = body.args
+        arrays = []
+        for init, arg, result in zip(op.operands, args, op.results, strict=True):
+            name = self.namer.fresh(result.name or arg.name, "v")
+            if isinstance(arg.type, ScalarType):
+                kind = self.d.scalar_types[arg.type.kind]
+                self.line(f"{kind} {name} = {self.at(init, (), ())};")
+                form = Form("scalar", (), name)
+            else:
+                form = self.materialize(init, self.carried(tuple(arg.type.dims)), name)
+            self.forms[arg.id] = self.forms[result.id] = form
+            arrays.append(form)
+        step, end = self.c(op.attr("step")), self.c(op.attr("extent"))
+        bound = f"{counter.name} * {step} < {end}"
+        if op.attr("stop") is not None:
+            bound += f" && {counter.name} * {step} < {self.c(op.attr('stop'))}"
+        self.open(f"for ({self.d.index_type} {counter.name} = 0; {bound}; ++{counter.name})")
+        self.block(body)
+        self.carry(body.yields, arrays)
+        self.close()
+
+    def carry(self, yields: tuple[Value, ...], arrays: list[Form]) -> None:
+        """Assign a loop's yields to the arrays it carries, through temporaries when a
+        yield is not already in its array (one yield may read another's old value)."""
+        moves = []
+        for value, array in zip(yields, arrays, strict=True):
+            if self.forms[value.id].name == array.name and self.forms[value.id].kind != "lazy":
+                continue
+            if array.kind == "scalar":
+                temp = self.namer.fresh("next")
+                kind = self.d.scalar_types[value.type.kind]
+                self.line(f"const {kind} {temp} = {self.at(value, (), ())};")
+                moves.append((array, Form("scalar", (), temp)))
+                continue
+            assert array.dist is not None
+            moves.append((array, self.materialize(value, array.dist, self.namer.fresh("next"))))
+        for array, value in moves:
+            if array.kind == "scalar":
+                self.line(f"{array.name} = {value.name};")
+                continue
+            slots = _slots(array.dist, self.kernel.threads)
+            self.line(f"for (int t = 0; t < {slots}; ++t) {array.name}[t] = {value.name}[t];")
+
+    def op_if(self, op: Op) -> None:
+        """Branches that only compute lazy values become a choice per element; a branch
+        with statements is not lowered yet."""
+        cond = self.at(op.operands[0], (), ())
+        branches = []
+        for region in op.regions:
+            before = len(self.lines)
+            self.block(region)
+            if any(not line.strip().startswith("//") for line in self.lines[before:]):
+                raise NotLowered("an 'if' whose branches compute more than expressions")
+            del self.lines[before:]
+            branches.append(region.yields)
+        for k, result in enumerate(op.results):
+            then, other = branches[0][k], branches[1][k]
+            out = tuple(result.type.dims) if not isinstance(result.type, ScalarType) else ()
+
+            def choose(idx: tuple[str, ...], then: Value = then, other: Value = other,
+                       out: tuple[Dim, ...] = out) -> str:  # fmt: skip
+                return f"{cond} ? {self.at(then, idx, out)} : {self.at(other, idx, out)}"
+
+            if isinstance(result.type, ScalarType):
+                self.forms[result.id] = Form("scalar", (), f"({choose(())})")
+            else:
+                self.lazy(result, choose, then, other)
+
+
+def _slots(dist: Distribution | None, threads: int) -> int:
+    if isinstance(dist, Flat):
+        return -(-_numel(dist.dims) // threads)
+    assert dist is not None
+    return dist.slots
 
 
 def _constant(dims: tuple[Dim, ...]) -> bool:

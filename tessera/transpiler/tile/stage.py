@@ -73,7 +73,11 @@ class _Stager:
 
     def buffer(self, load: Op, stages: int) -> Value:
         t: TileType = load.result.type
-        name = f"{load.result.name or 'operand'}_smem"
+        base = f"{load.result.name or 'operand'}_smem"
+        taken = {a.result.name for a in self.allocs}
+        name = next(
+            n for k in range(len(taken) + 1) if (n := f"{base}_{k}" if k else base) not in taken
+        )
         buf = new_value(SharedType(t.dims, t.dtype, stages), name)
         self.allocs.append(Op("alloc", (), (buf,), (("space", "shared"),)))
         self.buffers[load.result.id] = buf

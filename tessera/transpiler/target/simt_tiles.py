@@ -1,0 +1,255 @@
+"""Shared memory, products and online softmax on a SIMT target, as the ops of the emitter.
+
+A staged operand is copied into its shared-memory buffer by every thread of the
+program (a flat walk, zero past a masked edge) and read where it is used: a
+``read`` is an expression over the buffer, in the layout the planner chose. A
+product keeps its accumulator in the Grid distribution; each step of its
+reduction loads a column of ``a`` and a row of ``b`` for the thread's register
+block, then does ``rm x rn`` FMAs. An operand held in registers (the
+probabilities of online softmax) goes through a shared-memory staging buffer
+first, since each thread needs rows that other threads hold. Row maxima and sums
+of a Grid tile combine the partials of the threads that share a row through a
+shared scratch array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..graph.dims import Dim
+from ..graph.ir import Op, Value
+from ..tile.ir import Mma, SharedType, Slot
+from .simt_layout import Element, Flat, Form, Grid, NotLowered, Rows, grid_for, smem_index
+
+__all__ = ["TileOps"]
+
+
+class TileOps:
+    """The ops of distributed tiles; mixed into the SIMT emitter, whose state they use."""
+
+    forms: dict[int, Form]
+    uses: dict[int, int]
+    #: The planned layout of each shared buffer, by value id.
+    layouts: dict[int, str]
+
+    # -- shared memory ---------------------------------------------------------------------
+
+    def op_alloc(self, op: Op) -> None:
+        buf = op.result
+        t: SharedType = buf.type
+        plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
+        total = max(s.offset + s.bytes for s in self.kernel.smem)
+        self.declare("smem", self.d.local_bytes("tsr_smem", total))
+        name = self.namer.fresh(buf.name, "smem")
+        storage = self.d.storage[t.dtype.name]
+        self.declare(name, self.d.local_view(storage, name, "tsr_smem", plan.offset))
+        self.forms[buf.id] = Form("shared", tuple(t.dims), name)
+        self.layouts[buf.id] = plan.layout
+
+    def smem_element(self, buf: Value, slot: Slot) -> Element:
+        t: SharedType = buf.type
+        layout = self.layouts[buf.id]
+        at = "0" if t.stages == 1 else f"({self.c(slot.index)}) % {t.stages}"
+
+        def element(index: tuple[str, ...]) -> str:
+            i, j = index if len(index) == 2 else ("0", index[0])
+            return smem_index(layout, t.dims, t.dtype.bits, at, i, j)
+
+        return element
+
+    def op_copy(self, op: Op) -> None:
+        tensor, buf = op.operands
+        if op.attr("async") is not None:
+            raise NotLowered("asynchronous copies")
+        when = op.attr("when")
+        if when is not None:
+            self.open(f"if ({self.c(when.start)} < {self.c(when.extent)})")
+        at = op.attr("at")
+        place = self.smem_element(buf, op.attr("slot"))
+        dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
+        index = self.walk(Flat(tuple(buf.type.dims)))
+        offset, condition = self.address(tensor, at, index)
+        self.line(self.d.copy(dtype, dst, place(index), src, offset, condition))
+        self.close_walk()
+        if when is not None:
+            self.close()
+
+    def op_read(self, op: Op) -> None:
+        buf = op.operands[0]
+        place = self.smem_element(buf, op.attr("slot"))
+        name, dtype = self.forms[buf.id].name, buf.type.dtype.name
+        self.lazy(op.result, lambda index: self.d.read(dtype, name, place(index)))
+
+    def op_barrier(self, op: Op) -> None:
+        self.line(self.d.barrier)
+
+    def op_transpose(self, op: Op) -> None:
+        x = self.forms[op.operands[0].id]
+        if x.kind != "lazy":
+            raise NotLowered(f"a transpose of a {x.kind} value")
+        element = x.element
+        assert element is not None
+        self.lazy(op.result, lambda index: element(index[::-1]), op.operands[0])
+
+    # -- products --------------------------------------------------------------------------
+
+    def op_dot(self, op: Op) -> None:
+        a, b = op.operands
+        name = self.namer.fresh(op.result.name, "dot")
+        grid = grid_for(tuple(op.result.type.dims), self.kernel.threads)
+        self.fill(name, grid, "0.0f")
+        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], name, grid)
+        self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=grid)
+
+    def op_mma(self, op: Op) -> None:
+        a, b, acc = op.operands
+        form = self.accumulator(acc, op.result)
+        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], form.name, form.dist)
+        self.forms[op.result.id] = form
+
+    def accumulator(self, acc: Value, result: Value) -> Form:
+        """Where a product accumulates: in ``acc``'s own array when nothing else reads it
+        (a loop's accumulator), else in a copy."""
+        form = self.forms[acc.id]
+        grid = grid_for(tuple(result.type.dims), self.kernel.threads)
+        if form.kind == "owned" and form.dist == grid and self.uses.get(acc.id) == 1:
+            return form
+        name = self.namer.fresh(result.name, "v")
+        return self.materialize(acc, grid, name)
+
+    def fill(self, name: str, grid: Grid, value: str) -> None:
+        self.line(f"float {name}[{grid.slots}];")
+        self.line(f"for (int t = 0; t < {grid.slots}; ++t) {name}[t] = {value};")
+
+    def operand(self, x: Value) -> Element:
+        """An operand of a product, readable at any index by any thread."""
+        form = self.forms[x.id]
+        if form.kind == "lazy" and form.dist is None:
+            assert form.element is not None
+            return form.element
+        raise NotLowered("a product of a value held in registers")
+
+    def product(self, op: Op, a: Element, b: Element, depth: Dim, acc: str, grid: Any) -> None:
+        """``acc += a @ b`` over the thread's register block; the reduction stops at the
+        live corner, since the operands are zero past it."""
+        mma: Mma | None = op.attr("mma")
+        if mma is not None and mma.inst != "fma":
+            raise NotLowered(f"the matrix instruction {mma.inst}")
+        live = op.attr("live")
+        bound = f"kk < {self.c(depth)}"
+        if live is not None and live.k is not None:
+            bound += f" && kk < {self.c(live.k)}"
+        rm, rn = grid.rm, grid.rn
+        self.place_in_grid()
+        self.open(f"for (int kk = 0; {bound}; ++kk)")
+        self.line(f"float a_k[{rm}], b_k[{rn}];")
+        row, col = f"ty + r * {grid.ty}", f"tx + c * {grid.tx}"
+        self.line(f"for (int r = 0; r < {rm}; ++r) a_k[r] = {a((row, 'kk'))};")
+        self.line(f"for (int c = 0; c < {rn}; ++c) b_k[c] = {b(('kk', col))};")
+        self.open(f"for (int r = 0; r < {rm}; ++r)")
+        slot = f"{acc}[r * {rn} + c]"
+        self.line(f"for (int c = 0; c < {rn}; ++c) {slot} = {self.d.fma}(a_k[r], b_k[c], {slot});")
+        self.close()
+        self.close()
+
+    def stage(self, name: str, grid: Grid, value: str) -> Element:
+        """A Grid tile's elements through a shared staging buffer (rows padded by one
+        float against bank conflicts), so that any thread can read any element."""
+        stride = grid.cols + 1
+        self.declare(name, self.d.local("float", name, grid.rows * stride))
+        self.line(self.d.barrier)
+        self.walk(grid)
+        self.line(f"{name}[i * {stride} + j] = {value};")
+        self.close_walk()
+        self.line(self.d.barrier)
+        return lambda index: f"{name}[({index[0]}) * {stride} + {index[1]}]"
+
+    # -- online softmax --------------------------------------------------------------------
+
+    def row_combine(self, name: str, rows: Rows, combine: str) -> None:
+        """Every thread's ``name[r]`` becomes the combination over the threads of its row."""
+        threads, tx = self.kernel.threads, self.kernel.threads // rows.ty
+        self.declare(f"rows{rows.slots}",
+                     self.d.local("float", "tsr_rows", rows.slots * threads))  # fmt: skip
+        self.line(f"for (int r = 0; r < {rows.slots}; ++r) tsr_rows[r * {threads} + lid] = "
+                  f"{name}[r];")  # fmt: skip
+        self.line(self.d.barrier)
+        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
+        row = f"tsr_rows[r * {threads} + ty * {tx}"
+        self.line(f"float part = {row}];")
+        other = combine.format(a="part", b=f"{row} + peer]")
+        self.line(f"for (int peer = 1; peer < {tx}; ++peer) part = {other};")
+        self.line(f"{name}[r] = part;")
+        self.close()
+        self.line(self.d.barrier)
+
+    def row_reduce(self, name: str, tile: str, grid: Grid, combine: str, init: str) -> None:
+        self.line(f"float {name}[{grid.rm}];")
+        self.open(f"for (int r = 0; r < {grid.rm}; ++r)")
+        self.line(f"float part = {init};")
+        other = combine.format(a="part", b=f"{tile}[r * {grid.rn} + c]")
+        self.line(f"for (int c = 0; c < {grid.rn}; ++c) part = {other};")
+        self.line(f"{name}[r] = part;")
+        self.close()
+        self.row_combine(name, Rows(grid.rows, grid.ty), combine)
+
+    def op_softmax_online(self, op: Op) -> None:
+        """``p = exp(s - max)`` per row, with the row max and the row sum of ``p``; a row
+        with nothing unmasked (max -inf) subtracts 0, so its ``p`` is 0, not NaN."""
+        (s,) = op.operands
+        p_val, m_val, l_val = op.results
+        grid = grid_for(tuple(s.type.dims), self.kernel.threads)
+        rows = Rows(grid.rows, grid.ty)
+        p, m, l_ = (self.namer.fresh(v.name, "v") for v in op.results)
+        self.forms[p_val.id] = self.materialize(s, grid, p)
+        self.row_reduce(m, p, grid, "fmax({a}, {b})", self.d.literal(float("-inf")))
+        finite = f"({m}[r] == {self.d.literal(float('-inf'))} ? 0.0f : {m}[r])"
+        self.walk(grid)
+        self.line(f"{p}[t] = exp({p}[t] - {finite});")
+        self.close_walk()
+        self.row_reduce(l_, p, grid, "{a} + {b}", "0.0f")
+        for value, name in ((m_val, m), (l_val, l_)):
+            self.forms[value.id] = Form("owned", tuple(value.type.dims), name, dist=rows)
+
+    def op_softmax_accumulate(self, op: Op) -> None:
+        """Rescale the running sums to the new row max, then add ``p @ v``; ``p`` is
+        rounded to ``v``'s dtype first, as the tensor-core paths do."""
+        acc, m, l_, p, v, m_c, l_c = op.operands
+        acc_out, m_out, l_out = op.results
+        grid = grid_for(tuple(acc_out.type.dims), self.kernel.threads)
+        p_grid = grid_for(tuple(p.type.dims), self.kernel.threads)
+        rows = Rows(grid.rows, grid.ty)
+        for x, dist in ((p, p_grid), (m_c, rows), (l_c, rows)):
+            if self.forms[x.id].kind != "owned" or self.forms[x.id].dist != dist:
+                raise NotLowered("online softmax of values computed elsewhere")
+        acc_form = self.accumulator(acc, acc_out)
+        m_form, l_form = (self.row_state(x, out, rows) for x, out in ((m, m_out), (l_, l_out)))
+        inf = self.d.literal(float("-inf"))
+        names = {x: self.forms[x.id].name for x in (m_c, l_c)}
+        alpha, beta = self.namer.fresh("alpha"), self.namer.fresh("beta")
+        self.line(f"float {alpha}[{rows.slots}], {beta}[{rows.slots}];")
+        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
+        self.line(f"const float m_new = fmax({m_form.name}[r], {names[m_c]}[r]);")
+        self.line(f"const float m_fin = m_new == {inf} ? 0.0f : m_new;")
+        self.line(f"{alpha}[r] = exp({m_form.name}[r] - m_fin);")
+        self.line(f"{beta}[r] = exp({names[m_c]}[r] - m_fin);")
+        self.line(
+            f"{l_form.name}[r] = {l_form.name}[r] * {alpha}[r] + {names[l_c]}[r] * {beta}[r];"
+        )
+        self.line(f"{m_form.name}[r] = m_new;")
+        self.close()
+        self.walk(grid)
+        self.line(f"{acc_form.name}[t] *= {alpha}[r];")
+        self.close_walk()
+        scaled = self.d.round(v.type.dtype.name, f"{self.forms[p.id].name}[t] * {beta}[r]")
+        staged = self.stage(self.namer.fresh(f"{p.name or 'p'}_stage"), p_grid, scaled)
+        self.product(op, staged, self.operand(v), p.type.dims[1], acc_form.name, grid)
+        self.forms[acc_out.id] = acc_form
+        self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
+
+    def row_state(self, x: Value, result: Value, rows: Rows) -> Form:
+        """A running row vector updated in place when nothing else reads it."""
+        form = self.forms[x.id]
+        if form.kind == "owned" and form.dist == rows and self.uses.get(x.id) == 1:
+            return form
+        return self.materialize(x, rows, self.namer.fresh(result.name, "v"))
