@@ -3,10 +3,10 @@
 // of (programs x threads) work-items in groups of `threads` (its grid and threads are
 // in the comment above it, and in the metadata that tessera.runtime.opencl reads).
 
-// Tessera tile primitives for OpenCL C 1.2: the parts a generated file uses are
-// inlined into it, so that it builds alone. Tensors of bf16 are ushort bit patterns;
-// f16 tensors are read and written with vload_half / vstore_half_rte, which need no
-// extension. Rounding is to nearest even everywhere, as GPUs round.
+// Tessera tile primitives for opencl: the parts a generated file uses are inlined into
+// it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns (f16 tensors are
+// read and written with vload_half / vstore_half_rte, which need no extension).
+// Rounding is to nearest even everywhere, as GPUs round.
 
 // ---------------------------------------------------------------- numerics
 
@@ -187,7 +187,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < BH], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void flash_attention(__global const ushort* restrict q, __global const ushort* restrict k, __global const ushort* restrict v, const int causal, __global ushort* restrict out, const long BH, const long S, const long D) {
+void flash_attention(__global const ushort* restrict q_1, __global const ushort* restrict k, __global const ushort* restrict v, const int causal, __global ushort* restrict out, const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[49152] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
@@ -202,7 +202,7 @@ void flash_attention(__global const ushort* restrict q, __global const ushort* r
   for (long e = lid; e < 8192; e += 128) {
     const long i = e / 128;
     const long j = e - i * 128;
-    Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? q[((pid_b0) * S + 64*pid_m + i) * D + j] : 0;
+    Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j] : 0;
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];

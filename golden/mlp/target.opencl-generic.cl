@@ -3,10 +3,10 @@
 // of (programs x threads) work-items in groups of `threads` (its grid and threads are
 // in the comment above it, and in the metadata that tessera.runtime.opencl reads).
 
-// Tessera tile primitives for OpenCL C 1.2: the parts a generated file uses are
-// inlined into it, so that it builds alone. Tensors of bf16 are ushort bit patterns;
-// f16 tensors are read and written with vload_half / vstore_half_rte, which need no
-// extension. Rounding is to nearest even everywhere, as GPUs round.
+// Tessera tile primitives for opencl: the parts a generated file uses are inlined into
+// it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns (f16 tensors are
+// read and written with vload_half / vstore_half_rte, which need no extension).
+// Rounding is to nearest even everywhere, as GPUs round.
 
 // ---------------------------------------------------------------- numerics
 

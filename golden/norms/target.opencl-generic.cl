@@ -3,10 +3,10 @@
 // of (programs x threads) work-items in groups of `threads` (its grid and threads are
 // in the comment above it, and in the metadata that tessera.runtime.opencl reads).
 
-// Tessera tile primitives for OpenCL C 1.2: the parts a generated file uses are
-// inlined into it, so that it builds alone. Tensors of bf16 are ushort bit patterns;
-// f16 tensors are read and written with vload_half / vstore_half_rte, which need no
-// extension. Rounding is to nearest even everywhere, as GPUs round.
+// Tessera tile primitives for opencl: the parts a generated file uses are inlined into
+// it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns (f16 tensors are
+// read and written with vload_half / vstore_half_rte, which need no extension).
+// Rounding is to nearest even everywhere, as GPUs round.
 
 // ---------------------------------------------------------------- numerics
 
@@ -29,14 +29,14 @@ inline float tsr_round_f16(float value) {
 
 // ---------------------------------------------------------------- group reductions
 
-// Every thread of the group passes its partial and gets the group's total. `scratch`
-// holds one float per thread; the group size is a power of two.
+// Every thread of the program passes its partial and gets the program's total. `scratch`
+// holds one float per thread; the thread count is a power of two.
 inline float tsr_group_sum(__local float* scratch, float value) {
   const int lid = get_local_id(0);
   scratch[lid] = value;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-    if (lid < s) scratch[lid] += scratch[lid + s];
+    if (lid < s) scratch[lid] = scratch[lid] + scratch[lid + s];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float total = scratch[0];
@@ -53,7 +53,7 @@ inline float tsr_group_max(__local float* scratch, float value) {
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float total = scratch[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
+  barrier(CLK_LOCAL_MEM_FENCE);  // the next reduction may write scratch again
   return total;
 }
 

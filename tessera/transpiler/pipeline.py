@@ -31,8 +31,9 @@ from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
 from .target.cpu import CpuModule, emit_cpu
-from .target.opencl import OpenclModule, emit_opencl
+from .target.simt_dialect import DIALECTS
 from .target.simt_kernel import NotLowered
+from .target.simt_module import SimtModule, emit_simt
 from .tile.build import tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
@@ -62,7 +63,7 @@ class StageNotImplemented(NotImplementedError):
         else:
             message = (
                 f"the {target} backend is not implemented yet: '--emit {stage}' works for "
-                "--target cpu and opencl; every target has '--emit tile'"
+                "--target cpu, opencl and hip; every target has '--emit tile'"
             )
         super().__init__(message)
         self.stage = stage
@@ -131,8 +132,8 @@ def _tile_stage(
 
 def _target_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
-) -> CpuModule | OpenclModule:
-    if options.target not in ("cpu", "opencl"):
+) -> CpuModule | SimtModule:
+    if options.target != "cpu" and options.target not in DIALECTS:
         raise StageNotImplemented("target", options.target)
     for program in irs["tile"].programs:
         for launch, why in program.runtime:
@@ -145,7 +146,7 @@ def _target_stage(
     if options.target == "cpu":
         return emit_cpu(irs["tile"])
     try:
-        return emit_opencl(irs["tile"])
+        return emit_simt(irs["tile"], DIALECTS[options.target])
     except NotLowered as exc:
         raise StageNotImplemented("target", options.target, str(exc)) from None
 
@@ -238,6 +239,10 @@ class Program:
             from ..runtime.opencl import load as load_opencl
 
             return load_opencl(source, self.ir("meta"))
+        if self.options.target == "hip":
+            from ..runtime.hip import load as load_hip
+
+            return load_hip(source, self.ir("meta"))
         from ..runtime.cpu import load
 
         return load(source, self.ir("meta"))

@@ -18,7 +18,7 @@ __all__ = ["Section", "split", "needed", "CPP_SYMBOL", "C_SYMBOL"]
 _RULE = re.compile(r"^// -{10,} (.+)$", re.M)
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 #: Top-level declarations and the names they define.
-_FUNCTION = re.compile(r"^inline [^(]*?\b(\w+)\s*\(", re.M)
+_FUNCTION = re.compile(r"^(?:__device__ )?inline [^(]*?\b(\w+)\s*\(", re.M)
 _CONSTANT = re.compile(r"^constexpr [^;]*;", re.M)
 _TYPE = re.compile(r"^(?:struct (\w+)|typedef [^;]*?(\w+)\s*(?:__attribute__|;))", re.M)
 

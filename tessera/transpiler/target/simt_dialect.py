@@ -1,10 +1,10 @@
 """What one SIMT language calls things: the data that makes one emitter serve several.
 
-The SIMT emitter (``simt_kernel.py``) writes the same statements for every
-target; a ``Dialect`` supplies the spelling: index and scalar types, how a
-tensor of each dtype is read and written, rounding to a dtype, and the math
-functions. OpenCL C is the first; CUDA and HIP differ in these names, the kernel
-qualifier, the thread indices, local memory and the barrier.
+The SIMT emitter (``simt_kernel.py``, ``simt_tiles.py``) and the shared templates
+(``templates/simt/``) write the same statements for every target; a ``Dialect``
+supplies the spelling: types, how a tensor element of each dtype is read and
+written, rounding, math functions, the kernel qualifier, thread and program
+indices, shared memory and the barrier. OpenCL C and HIP are the dialects so far.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["Dialect", "OPENCL"]
+__all__ = ["Dialect", "OPENCL", "HIP", "DIALECTS"]
 
 
 @dataclass(frozen=True)
@@ -20,54 +20,60 @@ class Dialect:
     name: str
     #: A 64-bit signed integer, for sizes and element indices.
     index_type: str
-    #: Kernel-argument types of ``.tsr`` scalars (OpenCL passes no bool).
+    #: Kernel-argument types of ``.tsr`` scalars (neither passes a bool).
     scalar_types: dict[str, str]
     #: Storage type of a tensor element of each dtype.
     storage: dict[str, str]
-    #: The qualifier of memory the threads of a program share, and its byte type.
+    #: An element of each dtype as a float (``{p}`` the pointer, ``{o}`` the offset), and
+    #: a statement storing float ``{v}`` into it, rounded to nearest even.
+    reads: dict[str, str]
+    writes: dict[str, str]
+    #: The qualifier of memory the threads of a program share, of a pointer into it, and
+    #: its byte type.
     local_qualifier: str
+    local_pointer: str
     byte_type: str
     #: A statement: every thread of the program waits, and shared memory is visible.
     barrier: str
-    #: Fused multiply-add of floats.
+    #: Fused multiply-add and maximum of floats.
     fma: str
+    fmax: str
+    #: ``x`` to an integer power ``n``.
+    pown: str
+    #: How a helper function and a kernel are declared (``{threads}`` per program).
+    function: str
+    kernel: str
+    #: A tensor parameter (``{const}``, ``{type}``, ``{name}``).
+    pointer: str
+    #: The thread's index in its program, and the program's index along each grid axis.
+    thread_index: str
+    program_index: tuple[str, ...]
+    #: The number of threads of a program, as the header's group reductions read it.
+    program_size: str
+    #: Unsigned 16- and 32-bit types, and float <-> bits reinterpretation.
+    u16: str
+    u32: str
+    float_bits: str
+    bits_float: str
+    #: A line before a loop over a thread's registers that must unroll, so that the
+    #: registers stay registers ("" where the compiler is left to decide).
+    unroll: str
+    #: The first lines of a generated file, after the line that names its source.
+    preamble: tuple[str, ...]
     unary: dict[str, str] = field(default_factory=dict)
-
-    def local(self, ctype: str, name: str, count: int) -> str:
-        """A shared array, declared at the top of the kernel."""
-        return f"{self.local_qualifier} {ctype} {name}[{count}];"
-
-    def local_bytes(self, name: str, count: int) -> str:
-        """The bytes the shared-memory plan lays buffers out in, 16-byte aligned."""
-        return (
-            f"{self.local_qualifier} {self.byte_type} {name}[{count}] __attribute__((aligned(16)));"
-        )
-
-    def local_view(self, ctype: str, name: str, arena: str, offset: int) -> str:
-        """A typed pointer to a planned buffer at ``offset`` bytes into the arena."""
-        pointer = f"{self.local_qualifier} {ctype}*"
-        return f"{pointer} const {name} = ({pointer})({arena} + {offset});"
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
-        if dtype == "f32":
-            return f"{pointer}[{offset}]"
-        if dtype == "f16":
-            return f"vload_half({offset}, {pointer})"
-        return f"tsr_{dtype}_to_float({pointer}[{offset}])"
+        return self.reads[dtype].format(p=pointer, o=offset)
 
     def write(self, dtype: str, pointer: str, offset: str, value: str) -> str:
         """A statement that stores a float into a tensor element, rounded to nearest even."""
-        if dtype == "f32":
-            return f"{pointer}[{offset}] = {value};"
-        if dtype == "f16":
-            return f"vstore_half_rte({value}, {offset}, {pointer});"
-        return f"{pointer}[{offset}] = tsr_float_to_{dtype}({value});"
+        return self.writes[dtype].format(p=pointer, o=offset, v=value)
 
     def copy(self, dtype: str, dst: str, at: str, src: str, offset: str, condition: str) -> str:
         """A statement that copies a tensor element as it is stored (zero past a masked
-        edge); f16 goes through float, since OpenCL C has no half variables."""
-        if dtype == "f16":
+        edge); a type without variables (OpenCL's half) goes through float."""
+        if self.storage[dtype] == "half":
             value = self.read(dtype, src, offset)
             return self.write(
                 dtype, dst, at, f"{condition} ? {value} : 0.0f" if condition else value
@@ -88,19 +94,101 @@ class Dialect:
         """A float rounded to the nearest value of ``dtype``, still a float."""
         return value if dtype == "f32" else f"tsr_round_{dtype}({value})"
 
+    def local(self, ctype: str, name: str, count: int) -> str:
+        """A shared array, declared at the top of the kernel."""
+        return f"{self.local_qualifier} {ctype} {name}[{count}];"
+
+    def local_bytes(self, name: str, count: int) -> str:
+        """The bytes the shared-memory plan lays buffers out in, 16-byte aligned."""
+        return (
+            f"{self.local_qualifier} {self.byte_type} {name}[{count}] __attribute__((aligned(16)));"
+        )
+
+    def local_view(self, ctype: str, name: str, arena: str, offset: int) -> str:
+        """A typed pointer to a planned buffer at ``offset`` bytes into the arena."""
+        pointer = f"{self.local_pointer}{ctype}*"
+        return f"{pointer} const {name} = ({pointer})({arena} + {offset});"
+
+
+_BITS = {
+    "f32": ("{p}[{o}]", "{p}[{o}] = {v};"),
+    "bf16": ("tsr_bf16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_bf16({v});"),
+    "f16": ("tsr_f16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_f16({v});"),
+}
 
 OPENCL = Dialect(
     name="opencl",
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "f16": "half", "bf16": "ushort"},
+    reads={**{k: r for k, (r, _) in _BITS.items()}, "f16": "vload_half({o}, {p})"},
+    writes={**{k: w for k, (_, w) in _BITS.items()}, "f16": "vstore_half_rte({v}, {o}, {p});"},
     local_qualifier="__local",
+    local_pointer="__local ",
     byte_type="uchar",
     barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     fma="fma",
+    fmax="fmax",
+    pown="pown({x}, (int)({n}))",
+    function="inline",
+    kernel="__kernel __attribute__((reqd_work_group_size({threads}, 1, 1)))\nvoid",
+    pointer="__global {const}{type}* restrict {name}",
+    thread_index="get_local_id(0)",
+    program_index=("get_group_id(0)", "get_group_id(1)", "get_group_id(2)"),
+    program_size="get_local_size(0)",
+    u16="ushort",
+    u32="uint",
+    float_bits="as_uint",
+    bits_float="as_float",
+    unroll="",
+    preamble=(
+        "// OpenCL C 1.2. Each kernel runs one program per work-group: launch it over a range",
+        "// of (programs x threads) work-items in groups of `threads` (its grid and threads are",
+        "// in the comment above it, and in the metadata that tessera.runtime.opencl reads).",
+    ),
     unary={
-        "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
-        "abs": "fabs", "sin": "sin", "cos": "cos", "relu": "tsr_relu",
+        "exp": "exp", "pow": "pow", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
+        "tanh": "tanh", "abs": "fabs", "sin": "sin", "cos": "cos", "relu": "tsr_relu",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
     },
 )  # fmt: skip
+
+HIP = Dialect(
+    name="hip",
+    index_type="long long",
+    scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
+    storage={"f32": "float", "f16": "unsigned short", "bf16": "unsigned short"},
+    reads={k: r for k, (r, _) in _BITS.items()},
+    writes={k: w for k, (_, w) in _BITS.items()},
+    local_qualifier="__shared__",
+    local_pointer="",
+    byte_type="unsigned char",
+    barrier="__syncthreads();",
+    fma="fmaf",
+    fmax="fmaxf",
+    pown="powf({x}, (float)({n}))",
+    function="__device__ inline",
+    kernel='extern "C" __global__ void __launch_bounds__({threads})',
+    pointer="{const}{type}* __restrict__ {name}",
+    thread_index="(int)threadIdx.x",
+    program_index=("blockIdx.x", "blockIdx.y", "blockIdx.z"),
+    program_size="(int)blockDim.x",
+    u16="unsigned short",
+    u32="unsigned int",
+    float_bits="__float_as_uint",
+    bits_float="__uint_as_float",
+    unroll="#pragma unroll",
+    preamble=(
+        "// HIP C++ for AMD GPUs (hipcc --offload-arch=ARCH). Each kernel runs one program per",
+        "// thread block: launch it with a grid of programs and `threads` threads per block (its",
+        "// grid and threads are in the comment above it, and in the metadata).",
+        "#include <hip/hip_runtime.h>",
+    ),
+    unary={
+        "exp": "expf", "pow": "powf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
+        "tanh": "tanhf", "abs": "fabsf", "sin": "sinf", "cos": "cosf", "relu": "tsr_relu",
+        "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
+    },
+)  # fmt: skip
+
+DIALECTS = {d.name: d for d in (OPENCL, HIP)}

@@ -32,8 +32,8 @@ from ..graph.dims import Dim
 from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
-from ..tile.ir import Access, TileKernel
-from ..tile.rewrite import use_counts
+from ..tile.ir import Access, Mma, TileKernel
+from ..tile.rewrite import producers, use_counts
 from .cexpr import c_dim
 from .naming import Namer
 from .render import SourceLines
@@ -44,6 +44,7 @@ from .simt_layout import (
     Element,
     Flat,
     Form,
+    Fragments,
     Grid,
     NotLowered,
     Rows,
@@ -61,7 +62,8 @@ _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
 #: Variables of the generated code; no value is named after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
-                       "tsr_smem"})  # fmt: skip
+                       "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
+                       "b_frag", "frag_acc"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,17 @@ class SimtKernel:
     body: tuple[str, ...]
 
 
-def emit_simt_kernel(kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...]) -> SimtKernel:
-    return _Emitter(kernel, dialect, dims).run()
+def emit_simt_kernel(
+    kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int
+) -> SimtKernel:
+    """``kernel`` in ``dialect``; ``lanes`` is the target's warp or wavefront width."""
+    return _Emitter(kernel, dialect, dims, lanes).run()
 
 
 class _Emitter(TileOps):
-    def __init__(self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...]) -> None:
+    def __init__(
+        self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int
+    ) -> None:
         self.kernel = kernel
         self.d = dialect
         self.dims = dims
@@ -100,6 +107,8 @@ class _Emitter(TileOps):
         self.namer = Namer(frozenset(dims) | frozenset(pids) | _RESERVED | counters - {None})
         self.forms: dict[int, Form] = {}
         self.uses = use_counts(kernel.body)
+        self.producers = producers(kernel.body)
+        self.lanes = lanes
         self.layouts: dict[int, str] = {}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
@@ -118,6 +127,11 @@ class _Emitter(TileOps):
     def open(self, text: str) -> None:
         self.line(text + " {")
         self.depth += 1
+
+    def unroll(self) -> None:
+        """Ask for the next loop to unroll, in dialects that need asking."""
+        if self.d.unroll:
+            self.line(self.d.unroll)
 
     def close(self) -> None:
         self.depth -= 1
@@ -225,6 +239,9 @@ class _Emitter(TileOps):
         tx = min(GRID_COLUMNS, self.kernel.threads)
         self.declare("grid", f"const int tx = lid % {tx}, ty = lid / {tx};")
 
+    def place_in_wave(self) -> None:
+        self.declare("wave", f"const int lane = lid % {self.lanes}, wave = lid / {self.lanes};")
+
     def walk(self, dist: Distribution) -> tuple[str, ...]:
         """Open the loops over this thread's elements of ``dist``; ``close_walk`` closes
         them. Returns the index of the element; its slot is ``t`` (``r`` in Rows)."""
@@ -236,6 +253,19 @@ class _Emitter(TileOps):
             i64, threads = self.d.index_type, self.kernel.threads
             self.open(f"for ({i64} e = lid, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
             index = self.split_flat(dist.dims)
+        elif isinstance(dist, Fragments):
+            self.place_in_wave()
+            self.unroll()
+            self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
+            self.unroll()
+            self.open("for (int reg = 0; reg < 16; ++reg)")
+            row0, col0 = dist.rows // dist.wm, dist.cols // dist.wn
+            self.line(f"const int i = wave / {dist.wn} * {row0} + frag / {dist.fn} * 32"
+                      " + reg / 4 * 8 + lane / 32 * 4 + reg % 4;")  # fmt: skip
+            self.line(f"const int j = wave % {dist.wn} * {col0} + frag % {dist.fn} * 32"
+                      " + lane % 32;")  # fmt: skip
+            self.line("const int t = frag * 16 + reg;")
+            index = ("i", "j")
         else:
             self.place_in_grid()
             self.open(
@@ -266,7 +296,7 @@ class _Emitter(TileOps):
                 del self.lines[k]
         self.walking = None
         self.close()
-        if isinstance(dist, Grid):
+        if isinstance(dist, (Grid, Fragments)):
             self.close()
 
     def materialize(self, x: Value, dist: Distribution, name: str) -> Form:
@@ -280,8 +310,12 @@ class _Emitter(TileOps):
         self.close_walk()
         return Form("owned", dims, name, dist=dist)
 
-    def carried(self, dims: tuple[Dim, ...]) -> Distribution:
-        """The distribution of a tile a loop carries: Grid for 2-D tiles, Rows for vectors."""
+    def carried(self, dims: tuple[Dim, ...], value: Value) -> Distribution:
+        """The distribution of a tile a loop carries, as the loop yields it: a product's
+        own, else Grid for 2-D tiles and Rows for vectors."""
+        producer = self.producers.get(value.id)
+        if producer is not None and isinstance(producer.attr("mma"), Mma) and len(dims) == 2:
+            return self.product_dist(producer, dims)
         if len(dims) == 1:
             return rows_for(dims[0], self.kernel.threads)
         return grid_for(dims, self.kernel.threads)
@@ -322,7 +356,7 @@ class _Emitter(TileOps):
             if op.kind == "pow":
                 exponent = binary_operands(op)[1]
                 integer = isinstance(exponent, Value) and exponent.type.kind == "int"
-                return f"pown({a}, (int)({b}))" if integer else f"pow({a}, {b})"
+                return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
             return f"{a} {_BINARY[op.kind]} {b}"
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":
@@ -454,7 +488,8 @@ class _Emitter(TileOps):
         self._reduce(op, "r + {element}", "0.0f", "tsr_group_sum")
 
     def op_max(self, op: Op) -> None:
-        self._reduce(op, "fmax(r, {element})", self.d.literal(float("-inf")), "tsr_group_max")
+        combine = f"{self.d.fmax}(r, {{element}})"
+        self._reduce(op, combine, self.d.literal(float("-inf")), "tsr_group_max")
 
     # -- global memory ---------------------------------------------------------------------
 
@@ -529,7 +564,8 @@ class _Emitter(TileOps):
                 self.line(f"{kind} {name} = {self.at(init, (), ())};")
                 form = Form("scalar", (), name)
             else:
-                form = self.materialize(init, self.carried(tuple(arg.type.dims)), name)
+                dist = self.carried(tuple(arg.type.dims), body.yields[len(arrays)])
+                form = self.materialize(init, dist, name)
             self.forms[arg.id] = self.forms[result.id] = form
             arrays.append(form)
         step, end = self.c(op.attr("step")), self.c(op.attr("extent"))

@@ -11,6 +11,8 @@ element:
   ``rows / ty x cols / tx`` elements, strided so that neighbouring threads touch
   neighbouring columns (coalesced global accesses, no bank conflicts on the
   shared-memory operand rows). Products and online softmax use it.
+- ``Fragments``: a 2-D tile in the accumulator layout of a wavefront's matrix
+  instructions (MFMA on CDNA), which products on those targets keep.
 - ``Rows``: a per-row vector of a ``Grid`` tile (a running max, a denominator):
   row ``i`` in every thread of thread row ``i % ty``, so that it meets the tile's
   row where the tile is.
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 
 from ..graph.dims import Dim
 
-__all__ = ["NotLowered", "Flat", "Grid", "Rows", "Distribution", "Form", "Element", "grid_for",
-           "rows_for", "smem_index"]  # fmt: skip
+__all__ = ["NotLowered", "Flat", "Grid", "Rows", "Fragments", "Distribution", "Form",
+           "Element", "grid_for", "rows_for", "smem_index"]  # fmt: skip
 
 #: Threads along a Grid tile's columns: a half warp reads 16 neighbouring elements.
 GRID_COLUMNS = 16
@@ -78,7 +80,32 @@ class Rows:
         return self.rows // self.ty
 
 
-Distribution = Flat | Grid | Rows
+@dataclass(frozen=True)
+class Fragments:
+    """A 2-D tile in the accumulator layout of 32x32 MFMA on 64-lane wavefronts: ``wm x
+    wn`` waves each own a ``rows/wm x cols/wn`` part, made of 32x32 fragments; lane
+    ``l`` holds column ``l % 32`` of a fragment, rows ``8 (g / 4) + 4 (l / 32) + g % 4``
+    for its registers ``g < 16`` (AMD's CDNA matrix-instruction layout)."""
+
+    rows: int
+    cols: int
+    wm: int
+    wn: int
+
+    @property
+    def fm(self) -> int:
+        return self.rows // self.wm // 32
+
+    @property
+    def fn(self) -> int:
+        return self.cols // self.wn // 32
+
+    @property
+    def slots(self) -> int:
+        return self.fm * self.fn * 16
+
+
+Distribution = Flat | Grid | Rows | Fragments
 
 #: An element of a value at an index: one C expression per axis of the value.
 Element = Callable[[tuple[str, ...]], str]

@@ -19,9 +19,27 @@ from typing import Any
 from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Mma, SharedType, Slot
-from .simt_layout import Element, Flat, Form, Grid, NotLowered, Rows, grid_for, smem_index
+from .simt_layout import (
+    Element,
+    Flat,
+    Form,
+    Fragments,
+    Grid,
+    NotLowered,
+    Rows,
+    grid_for,
+    smem_index,
+)
 
 __all__ = ["TileOps"]
+
+#: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
+#: type of one lane's operand fragment, and how an element (a float) becomes one.
+_MFMA = {
+    "mfma_f32_32x32x8bf16_1k": (8, "tsr_bf16x4", "(short)tsr_float_to_bf16({x})"),
+    "mfma_f32_32x32x8f16": (8, "tsr_halfx4", "(_Float16)({x})"),
+    "mfma_f32_32x32x2f32": (2, "float", "{x}"),
+}
 
 
 class TileOps:
@@ -49,7 +67,10 @@ class TileOps:
     def smem_element(self, buf: Value, slot: Slot) -> Element:
         t: SharedType = buf.type
         layout = self.layouts[buf.id]
-        at = "0" if t.stages == 1 else f"({self.c(slot.index)}) % {t.stages}"
+        if t.stages == 1 or slot.index.constant is not None:
+            at = str((slot.index.constant or 0) % t.stages)
+        else:
+            at = f"({self.c(slot.index)}) % {t.stages}"
 
         def element(index: tuple[str, ...]) -> str:
             i, j = index if len(index) == 2 else ("0", index[0])
@@ -59,8 +80,6 @@ class TileOps:
 
     def op_copy(self, op: Op) -> None:
         tensor, buf = op.operands
-        if op.attr("async") is not None:
-            raise NotLowered("asynchronous copies")
         when = op.attr("when")
         if when is not None:
             self.open(f"if ({self.c(when.start)} < {self.c(when.extent)})")
@@ -73,6 +92,13 @@ class TileOps:
         self.close_walk()
         if when is not None:
             self.close()
+
+    def op_commit(self, op: Op) -> None:
+        """Copies are synchronous here: a copy ahead is done when it is issued, before the
+        ``wait`` and the barrier that the Tile IR puts before its reads."""
+
+    def op_wait(self, op: Op) -> None:
+        """See ``op_commit``."""
 
     def op_read(self, op: Op) -> None:
         buf = op.operands[0]
@@ -93,33 +119,41 @@ class TileOps:
 
     # -- products --------------------------------------------------------------------------
 
+    def product_dist(self, op: Op, dims: tuple[Dim, ...]) -> Grid | Fragments:
+        """Where a product's result lives: the matrix instruction's fragments, or the Grid
+        of the FMA loop."""
+        mma: Mma = op.attr("mma")
+        if mma.inst in _MFMA:
+            rows, cols = (d.constant for d in dims)
+            assert rows is not None and cols is not None
+            return Fragments(rows, cols, *mma.warps)
+        if mma.inst != "fma":
+            raise NotLowered(f"the matrix instruction {mma.inst}")
+        return grid_for(dims, self.kernel.threads)
+
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.namer.fresh(op.result.name, "dot")
-        grid = grid_for(tuple(op.result.type.dims), self.kernel.threads)
-        self.fill(name, grid, "0.0f")
-        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], name, grid)
-        self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=grid)
+        dist = self.product_dist(op, tuple(op.result.type.dims))
+        self.line(f"float {name}[{dist.slots}];")
+        self.line(f"for (int t = 0; t < {dist.slots}; ++t) {name}[t] = 0.0f;")
+        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], name, dist)
+        self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=dist)
 
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
-        form = self.accumulator(acc, op.result)
+        form = self.accumulator(op, acc, op.result)
         self.product(op, self.operand(a), self.operand(b), a.type.dims[1], form.name, form.dist)
         self.forms[op.result.id] = form
 
-    def accumulator(self, acc: Value, result: Value) -> Form:
+    def accumulator(self, op: Op, acc: Value, result: Value) -> Form:
         """Where a product accumulates: in ``acc``'s own array when nothing else reads it
         (a loop's accumulator), else in a copy."""
         form = self.forms[acc.id]
-        grid = grid_for(tuple(result.type.dims), self.kernel.threads)
-        if form.kind == "owned" and form.dist == grid and self.uses.get(acc.id) == 1:
+        dist = self.product_dist(op, tuple(result.type.dims))
+        if form.kind == "owned" and form.dist == dist and self.uses.get(acc.id) == 1:
             return form
-        name = self.namer.fresh(result.name, "v")
-        return self.materialize(acc, grid, name)
-
-    def fill(self, name: str, grid: Grid, value: str) -> None:
-        self.line(f"float {name}[{grid.slots}];")
-        self.line(f"for (int t = 0; t < {grid.slots}; ++t) {name}[t] = {value};")
+        return self.materialize(acc, dist, self.namer.fresh(result.name, "v"))
 
     def operand(self, x: Value) -> Element:
         """An operand of a product, readable at any index by any thread."""
@@ -129,21 +163,21 @@ class TileOps:
             return form.element
         raise NotLowered("a product of a value held in registers")
 
-    def product(self, op: Op, a: Element, b: Element, depth: Dim, acc: str, grid: Any) -> None:
-        """``acc += a @ b`` over the thread's register block; the reduction stops at the
-        live corner, since the operands are zero past it."""
-        mma: Mma | None = op.attr("mma")
-        if mma is not None and mma.inst != "fma":
-            raise NotLowered(f"the matrix instruction {mma.inst}")
+    def product(self, op: Op, a: Element, b: Element, depth: Dim, acc: str, dist: Any) -> None:
+        """``acc += a @ b``; the reduction stops at the live corner, since the operands
+        are zero past it."""
         live = op.attr("live")
         bound = f"kk < {self.c(depth)}"
         if live is not None and live.k is not None:
             bound += f" && kk < {self.c(live.k)}"
-        rm, rn = grid.rm, grid.rn
+        if isinstance(dist, Fragments):
+            self.mfma_product(op.attr("mma").inst, a, b, bound, acc, dist)
+            return
+        rm, rn = dist.rm, dist.rn
         self.place_in_grid()
         self.open(f"for (int kk = 0; {bound}; ++kk)")
         self.line(f"float a_k[{rm}], b_k[{rn}];")
-        row, col = f"ty + r * {grid.ty}", f"tx + c * {grid.tx}"
+        row, col = f"ty + r * {dist.ty}", f"tx + c * {dist.tx}"
         self.line(f"for (int r = 0; r < {rm}; ++r) a_k[r] = {a((row, 'kk'))};")
         self.line(f"for (int c = 0; c < {rn}; ++c) b_k[c] = {b(('kk', col))};")
         self.open(f"for (int r = 0; r < {rm}; ++r)")
@@ -151,6 +185,42 @@ class TileOps:
         self.line(f"for (int c = 0; c < {rn}; ++c) {slot} = {self.d.fma}(a_k[r], b_k[c], {slot});")
         self.close()
         self.close()
+
+    def mfma_product(
+        self, inst: str, a: Element, b: Element, bound: str, acc: str, dist: Fragments
+    ) -> None:
+        """Each wave's fragments, one MFMA per pair of 32-row and 32-column strips and
+        ``k`` step. Lane ``l`` feeds row (column) ``l % 32`` of its strip, at reduction
+        steps ``per_lane * (l / 32) + q``; the accumulator goes through a 16-wide vector
+        for the instruction and back to the thread's slots."""
+        step, vector, convert = _MFMA[inst]
+        per_lane = step // 2
+        self.place_in_wave()
+        row = f"wave / {dist.wn} * {dist.rows // dist.wm} + fm * 32 + lane % 32"
+        col = f"wave % {dist.wn} * {dist.cols // dist.wn} + fn * 32 + lane % 32"
+        k = "kk + lane / 32" if per_lane == 1 else f"kk + lane / 32 * {per_lane} + q"
+        self.open(f"for (int kk = 0; {bound}; kk += {step})")
+        self.unroll()
+        self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
+        self.fragment("a_frag", vector, per_lane, convert.format(x=a((row, k))))
+        self.unroll()
+        self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
+        self.fragment("b_frag", vector, per_lane, convert.format(x=b((k, col))))
+        slots = f"{acc}[(fm * {dist.fn} + fn) * 16 + reg]"
+        self.line("tsr_floatx16 frag_acc;")
+        self.line(f"for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = {slots};")
+        self.line(f"frag_acc = __builtin_amdgcn_{inst}(a_frag, b_frag, frag_acc, 0, 0, 0);")
+        self.line(f"for (int reg = 0; reg < 16; ++reg) {slots} = frag_acc[reg];")
+        self.close()
+        self.close()
+        self.close()
+
+    def fragment(self, name: str, vector: str, per_lane: int, value: str) -> None:
+        if per_lane == 1:
+            self.line(f"const {vector} {name} = {value};")
+            return
+        self.line(f"{vector} {name};")
+        self.line(f"for (int q = 0; q < {per_lane}; ++q) {name}[q] = {value};")
 
     def stage(self, name: str, grid: Grid, value: str) -> Element:
         """A Grid tile's elements through a shared staging buffer (rows padded by one
@@ -197,15 +267,17 @@ class TileOps:
         """``p = exp(s - max)`` per row, with the row max and the row sum of ``p``; a row
         with nothing unmasked (max -inf) subtracts 0, so its ``p`` is 0, not NaN."""
         (s,) = op.operands
+        if isinstance(self.forms[s.id].dist, Fragments):
+            raise NotLowered("online softmax of matrix-instruction fragments")
         p_val, m_val, l_val = op.results
         grid = grid_for(tuple(s.type.dims), self.kernel.threads)
         rows = Rows(grid.rows, grid.ty)
         p, m, l_ = (self.namer.fresh(v.name, "v") for v in op.results)
         self.forms[p_val.id] = self.materialize(s, grid, p)
-        self.row_reduce(m, p, grid, "fmax({a}, {b})", self.d.literal(float("-inf")))
+        self.row_reduce(m, p, grid, f"{self.d.fmax}({{a}}, {{b}})", self.d.literal(float("-inf")))
         finite = f"({m}[r] == {self.d.literal(float('-inf'))} ? 0.0f : {m}[r])"
         self.walk(grid)
-        self.line(f"{p}[t] = exp({p}[t] - {finite});")
+        self.line(f"{p}[t] = {self.d.unary['exp']}({p}[t] - {finite});")
         self.close_walk()
         self.row_reduce(l_, p, grid, "{a} + {b}", "0.0f")
         for value, name in ((m_val, m), (l_val, l_)):
@@ -222,17 +294,18 @@ class TileOps:
         for x, dist in ((p, p_grid), (m_c, rows), (l_c, rows)):
             if self.forms[x.id].kind != "owned" or self.forms[x.id].dist != dist:
                 raise NotLowered("online softmax of values computed elsewhere")
-        acc_form = self.accumulator(acc, acc_out)
+        acc_form = self.accumulator(op, acc, acc_out)
         m_form, l_form = (self.row_state(x, out, rows) for x, out in ((m, m_out), (l_, l_out)))
         inf = self.d.literal(float("-inf"))
         names = {x: self.forms[x.id].name for x in (m_c, l_c)}
         alpha, beta = self.namer.fresh("alpha"), self.namer.fresh("beta")
         self.line(f"float {alpha}[{rows.slots}], {beta}[{rows.slots}];")
         self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
-        self.line(f"const float m_new = fmax({m_form.name}[r], {names[m_c]}[r]);")
+        exp = self.d.unary["exp"]
+        self.line(f"const float m_new = {self.d.fmax}({m_form.name}[r], {names[m_c]}[r]);")
         self.line(f"const float m_fin = m_new == {inf} ? 0.0f : m_new;")
-        self.line(f"{alpha}[r] = exp({m_form.name}[r] - m_fin);")
-        self.line(f"{beta}[r] = exp({names[m_c]}[r] - m_fin);")
+        self.line(f"{alpha}[r] = {exp}({m_form.name}[r] - m_fin);")
+        self.line(f"{beta}[r] = {exp}({names[m_c]}[r] - m_fin);")
         self.line(
             f"{l_form.name}[r] = {l_form.name}[r] * {alpha}[r] + {names[l_c]}[r] * {beta}[r];"
         )

@@ -1,0 +1,134 @@
+"""The SIMT backends (OpenCL C, HIP): the Tile IR as one self-contained file, and its metadata.
+
+Each kernel runs one program per work-group (thread block), with the program ids as
+the group's position in an up-to-3-D range. The host side (which kernels to launch
+in which order, with which arguments and intermediates) is data in the metadata,
+which the runtimes follow; the parts of the tile-primitives header the file uses are
+inlined, so it builds alone. Everything that differs between the targets is the
+``Dialect``; the templates and the emitter are shared.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..graph.types import TensorType
+from ..schedule.hardware import hardware_for
+from ..tile.ir import TileKernel, TileModule, TileProgram
+from .entry import signature_meta, symbols
+from .header import C_SYMBOL, needed
+from .render import environment
+from .simt_dialect import Dialect
+from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
+
+__all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
+
+#: Build options each dialect's files are written for: ``clBuildProgram``'s for OpenCL,
+#: hipcc's for HIP (with ``--offload-arch`` added for the arch).
+BUILD_OPTIONS = {"opencl": ("-cl-std=CL1.2",), "hip": ("-O3", "-std=c++17")}
+
+
+@dataclass(frozen=True)
+class SimtModule:
+    source: str
+    meta: dict[str, Any]
+
+
+class _KernelView:
+    """A kernel's source as the template lays it out."""
+
+    def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect) -> None:
+        self.name = simt.name
+        self.threads = simt.threads
+        self.prologue = simt.prologue
+        self.body = simt.body
+        self.origin = (
+            f"tile kernel {kernel.function}"
+            if kernel.template == "tile_kernel"
+            else f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
+        )
+        self.dims = symbols([p.type for p in kernel.params])
+        self.params = [_param_decl(p, d) for p in simt.params]
+        self.params += [f"const {d.index_type} {dim}" for dim in self.dims]
+        self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
+        text = "\n".join(simt.body)
+        self.pids = [
+            f"const {d.index_type} {pid} = {d.program_index[axis]};"
+            for axis, (pid, _, _) in enumerate(simt.grid)
+            if re.search(rf"\b{pid}\b", text)
+        ]
+
+
+def _param_decl(p: Any, d: Dialect) -> str:
+    if p.kind == "tensor":
+        const = "" if p.written else "const "
+        return d.pointer.format(const=const, type=d.storage[p.dtype], name=p.name)
+    return f"const {d.scalar_types[p.dtype]} {p.name}"
+
+
+def _extent_text(extent: Any, block: int) -> str:
+    return str(extent) if block == 1 else f"ceil({extent}/{block})"
+
+
+def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
+    """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
+    it is defined, when a kernel uses an operation the emitter does not lower yet."""
+    views: dict[str, _KernelView] = {}
+    lanes = hardware_for(module.target, module.arch).lanes
+    for program in module.programs:
+        for kernel in program.kernels:
+            try:
+                _check_dtypes(kernel, d)
+                dims = symbols([p.type for p in kernel.params])
+                views[kernel.name] = _KernelView(
+                    kernel, emit_simt_kernel(kernel, d, dims, lanes), d
+                )
+            except NotLowered as exc:
+                where = f"{program.host.span}: " if program.host.span is not None else ""
+                raise NotLowered(
+                    f"{where}'{program.host.function}': the {d.name} backend does not lower "
+                    f"this {kernel.kind} kernel ({kernel.name}) yet: it uses {exc}"
+                ) from None
+    env = environment("simt")
+    primitives = env.get_template("tessera_tile.j2").render(d=d).strip()
+    template = env.get_template("module.j2")
+    context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))
+    code = template.render(header="", **context)
+    source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
+    return SimtModule(source, _meta(module, views, d))
+
+
+def _check_dtypes(kernel: TileKernel, d: Dialect) -> None:
+    for p in kernel.params:
+        if isinstance(p.type, TensorType) and p.type.dtype.name not in d.storage:
+            raise NotLowered(f"{p.type.dtype.name} tensors")
+
+
+def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict[str, Any]:
+    functions = []
+    for program in module.programs:
+        if not program.kernels:
+            continue
+        launches = [_launch(k, views[k.name]) for k in program.kernels]
+        functions.append(
+            {**signature_meta(program), "buffers": _buffers(program), "launches": launches}
+        )
+    return {"source": module.name, "target": d.name, "arch": module.arch,
+            "build": {"options": list(BUILD_OPTIONS[d.name])}, "functions": functions}  # fmt: skip
+
+
+def _buffers(program: TileProgram) -> list[dict[str, str]]:
+    """Intermediates between launches: one device allocation each, by name and size."""
+    return [{"name": b.name.removeprefix("%"), "bytes": str(b.bytes)}
+            for b in program.host.buffers]  # fmt: skip
+
+
+def _launch(kernel: TileKernel, view: _KernelView) -> dict[str, Any]:
+    return {
+        "kernel": view.name,
+        "args": [p.name for p in kernel.params] + list(view.dims),
+        "grid": [{"extent": str(a.extent), "block": a.block} for a in kernel.grid],
+        "threads": view.threads,
+    }
