@@ -123,11 +123,11 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_halfx4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (_Float16)(tsr_f16_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]));
+        for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
         #pragma unroll
         for (int fn = 0; fn < 1; ++fn) {
           tsr_halfx4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (_Float16)(tsr_f16_to_float(b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 4 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 4 * 32 + fn * 32 + lane % 32) % 8]));
+          for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 4 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 4 * 32 + fn * 32 + lane % 32) % 8]);
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -224,11 +224,11 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       #pragma unroll
       for (int fm = 0; fm < 1; ++fm) {
         tsr_halfx4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (_Float16)(tsr_f16_to_float(a_tile_smem[((kb) % 3 * 64 + wave / 2 * 32 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]));
+        for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[((kb) % 3 * 64 + wave / 2 * 32 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
         #pragma unroll
         for (int fn = 0; fn < 1; ++fn) {
           tsr_halfx4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (_Float16)(tsr_f16_to_float(b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 64 + ((wave % 2 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 32 + fn * 32 + lane % 32) % 8]));
+          for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 64 + ((wave % 2 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 32 + fn * 32 + lane % 32) % 8]);
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -309,11 +309,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)tsr_float_to_bf16(tsr_bf16_to_float(a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]));
+        for (int q = 0; q < 4; ++q) a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)tsr_float_to_bf16(tsr_bf16_to_float(b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8]));
+          for (int q = 0; q < 4; ++q) b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);

@@ -110,6 +110,7 @@ class _Emitter(TileOps):
         self.producers = producers(kernel.body)
         self.lanes = lanes
         self.layouts: dict[int, str] = {}
+        self.bits: dict[int, Element] = {}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1
@@ -287,10 +288,10 @@ class _Emitter(TileOps):
         dist = self.walking
         body = "\n".join(self.lines[self.walk_start :])
         if "[t]" not in body and isinstance(dist, Flat):
-            head = self.walk_start - (2 if len(dist.dims) == 2 else 0) - 1
-            self.lines[head] = self.lines[head].replace(", t = 0", "").replace(", ++t", "")
+            head = self.lines[self.walk_head]
+            self.lines[self.walk_head] = head.replace(", t = 0", "").replace(", ++t", "")
         for k in reversed(range(self.walk_head + 1, self.walk_start)):
-            declared = re.match(r"\s*const (?:int|long) (\w+) = ", self.lines[k])
+            declared = re.match(rf"\s*const (?:int|{self.d.index_type}) (\w+) = ", self.lines[k])
             later = "\n".join(self.lines[k + 1 :])
             if declared and declared[1] in "tij" and not re.search(rf"\b{declared[1]}\b", later):
                 del self.lines[k]

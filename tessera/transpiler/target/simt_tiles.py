@@ -14,8 +14,6 @@ shared scratch array.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Mma, SharedType, Slot
@@ -34,12 +32,15 @@ from .simt_layout import (
 __all__ = ["TileOps"]
 
 #: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
-#: type of one lane's operand fragment, and how an element (a float) becomes one.
+#: type of one lane's operand fragment, the dtype it multiplies, and how an element
+#: becomes a fragment element: from a float, or from its stored bits in that dtype.
 _MFMA = {
-    "mfma_f32_32x32x8bf16_1k": (8, "tsr_bf16x4", "(short)tsr_float_to_bf16({x})"),
-    "mfma_f32_32x32x8f16": (8, "tsr_halfx4", "(_Float16)({x})"),
-    "mfma_f32_32x32x2f32": (2, "float", "{x}"),
-}
+    "mfma_f32_32x32x8bf16_1k": (8, "tsr_bf16x4", "bf16", "(short)tsr_float_to_bf16({x})",
+                                "(short){x}"),
+    "mfma_f32_32x32x8f16": (8, "tsr_halfx4", "f16", "(_Float16)({x})",
+                            "__builtin_bit_cast(_Float16, {x})"),
+    "mfma_f32_32x32x2f32": (2, "float", "f32", "{x}", "{x}"),
+}  # fmt: skip
 
 
 class TileOps:
@@ -49,6 +50,8 @@ class TileOps:
     uses: dict[int, int]
     #: The planned layout of each shared buffer, by value id.
     layouts: dict[int, str]
+    #: Reads of shared memory as the stored bits, unconverted, by value id.
+    bits: dict[int, Element]
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -105,6 +108,7 @@ class TileOps:
         place = self.smem_element(buf, op.attr("slot"))
         name, dtype = self.forms[buf.id].name, buf.type.dtype.name
         self.lazy(op.result, lambda index: self.d.read(dtype, name, place(index)))
+        self.bits[op.result.id] = lambda index: f"{name}[{place(index)}]"
 
     def op_barrier(self, op: Op) -> None:
         self.line(self.d.barrier)
@@ -116,6 +120,9 @@ class TileOps:
         element = x.element
         assert element is not None
         self.lazy(op.result, lambda index: element(index[::-1]), op.operands[0])
+        bits = self.bits.get(op.operands[0].id)
+        if bits is not None:
+            self.bits[op.result.id] = lambda index: bits(index[::-1])
 
     # -- products --------------------------------------------------------------------------
 
@@ -137,13 +144,14 @@ class TileOps:
         dist = self.product_dist(op, tuple(op.result.type.dims))
         self.line(f"float {name}[{dist.slots}];")
         self.line(f"for (int t = 0; t < {dist.slots}; ++t) {name}[t] = 0.0f;")
-        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], name, dist)
+        self.product(op, self.operand(a, op), self.operand(b, op), a.type.dims[1], name, dist)
         self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=dist)
 
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
         form = self.accumulator(op, acc, op.result)
-        self.product(op, self.operand(a), self.operand(b), a.type.dims[1], form.name, form.dist)
+        a_k, b_k = self.operand(a, op), self.operand(b, op)
+        self.product(op, a_k, b_k, a.type.dims[1], form.name, form.dist)
         self.forms[op.result.id] = form
 
     def accumulator(self, op: Op, acc: Value, result: Value) -> Form:
@@ -155,15 +163,27 @@ class TileOps:
             return form
         return self.materialize(acc, dist, self.namer.fresh(result.name, "v"))
 
-    def operand(self, x: Value) -> Element:
-        """An operand of a product, readable at any index by any thread."""
+    def operand(self, x: Value, op: Op | None = None) -> Element:
+        """An operand of ``op``'s product, readable at any index by any thread: a float,
+        or for a matrix instruction an element of its fragment type, taken from the
+        stored bits where shared memory holds the instruction's dtype."""
         form = self.forms[x.id]
-        if form.kind == "lazy" and form.dist is None:
-            assert form.element is not None
-            return form.element
-        raise NotLowered("a product of a value held in registers")
+        if form.kind != "lazy" or form.dist is not None:
+            raise NotLowered("a product of a value held in registers")
+        element = form.element
+        assert element is not None
+        mma = op.attr("mma") if op is not None else None
+        if mma is None or mma.inst not in _MFMA:
+            return element
+        _, _, dtype, from_float, from_bits = _MFMA[mma.inst]
+        bits = self.bits.get(x.id)
+        if bits is not None and x.type.dtype.name == dtype:
+            return lambda index: from_bits.format(x=bits(index))
+        return lambda index: from_float.format(x=element(index))
 
-    def product(self, op: Op, a: Element, b: Element, depth: Dim, acc: str, dist: Any) -> None:
+    def product(
+        self, op: Op, a: Element, b: Element, depth: Dim, acc: str, dist: Grid | Fragments
+    ) -> None:
         """``acc += a @ b``; the reduction stops at the live corner, since the operands
         are zero past it."""
         live = op.attr("live")
@@ -193,7 +213,7 @@ class TileOps:
         ``k`` step. Lane ``l`` feeds row (column) ``l % 32`` of its strip, at reduction
         steps ``per_lane * (l / 32) + q``; the accumulator goes through a 16-wide vector
         for the instruction and back to the thread's slots."""
-        step, vector, convert = _MFMA[inst]
+        step, vector = _MFMA[inst][:2]
         per_lane = step // 2
         self.place_in_wave()
         row = f"wave / {dist.wn} * {dist.rows // dist.wm} + fm * 32 + lane % 32"
@@ -202,10 +222,10 @@ class TileOps:
         self.open(f"for (int kk = 0; {bound}; kk += {step})")
         self.unroll()
         self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
-        self.fragment("a_frag", vector, per_lane, convert.format(x=a((row, k))))
+        self.fragment("a_frag", vector, per_lane, a((row, k)))
         self.unroll()
         self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
-        self.fragment("b_frag", vector, per_lane, convert.format(x=b((k, col))))
+        self.fragment("b_frag", vector, per_lane, b((k, col)))
         slots = f"{acc}[(fm * {dist.fn} + fn) * 16 + reg]"
         self.line("tsr_floatx16 frag_acc;")
         self.line(f"for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = {slots};")

@@ -73,11 +73,12 @@ class _Stager:
 
     def buffer(self, load: Op, stages: int) -> Value:
         t: TileType = load.result.type
-        base = f"{load.result.name or 'operand'}_smem"
+        base = name = f"{load.result.name or 'operand'}_smem"
         taken = {a.result.name for a in self.allocs}
-        name = next(
-            n for k in range(len(taken) + 1) if (n := f"{base}_{k}" if k else base) not in taken
-        )
+        suffix = 0
+        while name in taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
         buf = new_value(SharedType(t.dims, t.dtype, stages), name)
         self.allocs.append(Op("alloc", (), (buf,), (("space", "shared"),)))
         self.buffers[load.result.id] = buf
