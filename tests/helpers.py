@@ -39,3 +39,15 @@ def assert_round_trip(text: str) -> str:
     assert second == first, f"round trip changed the AST; printed form:\n{printed}"
     assert print_module(second) == printed
     return printed
+
+
+#: A branch that reduces: its result would have to outlive the branch in registers.
+BRANCH_WITH_STATEMENTS = """\
+@kernel
+def normalize_if(x: Tensor["R", "C", f32], *, flag: bool) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    rows = tile.load(x, rows=T.m)
+    if flag:
+        rows = rows / tile.sum(rows, axis=1)[:, None]
+    return rows
+"""

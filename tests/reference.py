@@ -169,12 +169,13 @@ CASES = (
 )  # fmt: skip
 
 
-def check_case(case: Case, target: str, seed: int = 0) -> None:
+def check_case(case: Case, target: str, arch: str | None = None, seed: int = 0) -> None:
     """Run a case's function built for ``target`` on its random inputs, every output
     poisoned with NaN first, and compare with the float64 reference."""
     inputs = case.make(np.random.default_rng(seed))
     expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
-    fn = getattr(tessera.compile_file(ROOT / case.path, target=target).load(), case.function)
+    program = tessera.compile_file(ROOT / case.path, target=target, arch=arch)
+    fn = getattr(program.load(), case.function)
     got = inputs
     if fn.meta["result"] is not None:
         p = next(p for p in fn.meta["params"] if p["name"] == "out")

@@ -8,7 +8,7 @@ import tessera
 from tessera.transpiler.frontend.diagnostics import ERROR_LIMIT, Diagnostics, Note, render
 from tessera.transpiler.frontend.source import SourceFile, Span, decode_source
 
-from .helpers import HEADLINE, parse_text
+from .helpers import BRANCH_WITH_STATEMENTS, HEADLINE, parse_text
 
 pytestmark = pytest.mark.unit
 
@@ -96,9 +96,11 @@ def test_compile_error_carries_diagnostics() -> None:
     ]
 
 
-def test_inspect_ir_of_a_backend_not_built_yet_says_so() -> None:
-    program = tessera.compile("x = 1\n", target="cuda")
-    with pytest.raises(NotImplementedError, match="the cuda backend is not implemented yet"):
+def test_inspect_ir_of_a_kernel_not_lowered_yet_says_so() -> None:
+    program = tessera.compile(BRANCH_WITH_STATEMENTS, filename="k.tsr", target="opencl")
+    with pytest.raises(
+        NotImplementedError, match=r"k\.tsr:1:1: 'normalize_if': the opencl backend"
+    ):
         program.inspect_ir("target")
     with pytest.raises(tessera.OptionsError, match="'sched' stage depends on the target"):
         tessera.compile("x = 1\n").inspect_ir("sched")

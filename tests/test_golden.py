@@ -24,12 +24,14 @@ TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "na
            ("opencl", "generic")]  # fmt: skip
 #: File name of each target-independent stage's golden output.
 FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
-#: The targets with a backend so far, the file suffix of their source, and the examples
-#: they lower (None: every one).
+#: The targets whose source and metadata are pinned, the file suffix of their source,
+#: and the examples they pin (None: every one).
 BACKENDS = {
     ("cpu", "native"): ("cpp", None),
     ("opencl", "generic"): ("cl", None),
-    ("hip", "gfx90a"): ("hip", ("mlp", "norms", "schedules")),
+    ("hip", "gfx90a"): ("hip", None),
+    ("cuda", "sm_80"): ("cu", None),
+    ("cuda", "sm_90a"): ("cu", None),
 }
 #: Stages that only targets with a backend have, and their file suffixes.
 BACKEND_STAGES = {

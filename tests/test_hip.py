@@ -1,4 +1,5 @@
-"""The HIP backend, compiled for gfx90a by hipcc: warning-free, with MFMA for products.
+"""The HIP backend, compiled for gfx90a by hipcc: warning-free, with MFMA for products
+and attention.
 
 No AMD GPU runs here, so these tests compile and read the device assembly; the same
 emitter's output runs for real through OpenCL on PoCL (``test_opencl.py``).
@@ -22,13 +23,10 @@ from .conftest import ROOT
 HIPCC = shutil.which("hipcc")
 BUILD = ["--offload-arch=gfx90a", "-O3", "-std=c++17"]
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
-#: Every example and library file whose kernels the HIP backend lowers.
-LOWERED = ["examples/mlp.tsr", "examples/norms.tsr", "examples/schedules.tsr",
-           "tessera/stdlib/fused_adam.tsr", "tessera/stdlib/gemm.tsr",
-           "tessera/stdlib/layernorm.tsr", "tessera/stdlib/rmsnorm.tsr",
-           "tessera/stdlib/rotary_embedding.tsr", "tessera/stdlib/softmax.tsr"]  # fmt: skip
-#: Attention keeps its scores in MFMA fragments; online softmax over them is not lowered.
-NOT_LOWERED = ["examples/attention.tsr", "tessera/stdlib/flash_attention.tsr"]
+#: Every example and library file.
+FILES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/*.tsr")) + sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
+)
 
 needs_hipcc = pytest.mark.skipif(HIPCC is None, reason="needs hipcc (apt-get install hipcc)")
 pytestmark = pytest.mark.compile
@@ -48,14 +46,8 @@ def _hipcc(source: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProc
     )
 
 
-def test_every_file_is_either_lowered_or_says_why() -> None:
-    files = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/*.tsr"))
-    files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr"))
-    assert sorted(LOWERED + NOT_LOWERED) == files
-
-
 @needs_hipcc
-@pytest.mark.parametrize("path", LOWERED)
+@pytest.mark.parametrize("path", FILES)
 def test_compiles_warning_free_for_gfx90a(path: str, tmp_path: Path) -> None:
     source = tessera.compile_file(ROOT / path, target="hip").source
     done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
@@ -66,6 +58,7 @@ def test_compiles_warning_free_for_gfx90a(path: str, tmp_path: Path) -> None:
 def test_bf16_and_f16_products_run_on_mfma_without_scratch(tmp_path: Path) -> None:
     """The accumulators stay in registers: no private segment, no spills."""
     for path, instruction in (("examples/mlp.tsr", "v_mfma_f32_32x32x8bf16_1k"),
+                              ("examples/attention.tsr", "v_mfma_f32_32x32x8bf16_1k"),
                               ("examples/schedules.tsr", "v_mfma_f32_32x32x8f16")):  # fmt: skip
         source = tessera.compile_file(ROOT / path, target="hip").source
         done = _hipcc(source, tmp_path, "--cuda-device-only", "-S", "-o", "kernels.s")
@@ -74,12 +67,6 @@ def test_bf16_and_f16_products_run_on_mfma_without_scratch(tmp_path: Path) -> No
         assert instruction in assembly, f"{path}: no {instruction}"
         assert set(re.findall(r"\.private_segment_fixed_size:\s+(\d+)", assembly)) == {"0"}
         assert set(re.findall(r"\.vgpr_spill_count:\s+(\d+)", assembly)) == {"0"}
-
-
-@pytest.mark.parametrize("path", NOT_LOWERED)
-def test_attention_says_what_is_not_lowered_yet(path: str) -> None:
-    with pytest.raises(tessera.StageNotImplemented, match="online softmax of matrix-instruction"):
-        tessera.compile_file(ROOT / path, target="hip").inspect_ir("target")
 
 
 def test_loading_says_that_no_amd_gpu_is_present() -> None:

@@ -18,6 +18,7 @@ import tessera
 from tessera.runtime.opencl import OpenclUnavailable, _queue
 
 from .conftest import ROOT
+from .helpers import BRANCH_WITH_STATEMENTS
 from .reference import BF16, CASES, Case, check_case, f64, layernorm, rmsnorm, softmax
 
 
@@ -34,17 +35,6 @@ pytestmark = [
     pytest.mark.execute,
     pytest.mark.skipif(_platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}"),
 ]
-
-#: A branch that reduces: its result would have to outlive the branch in registers.
-BRANCH_WITH_STATEMENTS = """\
-@kernel
-def normalize_if(x: Tensor["R", "C", f32], *, flag: bool) -> Tensor["R", "C", f32]:
-    T = tile.context()
-    rows = tile.load(x, rows=T.m)
-    if flag:
-        rows = rows / tile.sum(rows, axis=1)[:, None]
-    return rows
-"""
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

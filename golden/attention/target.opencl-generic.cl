@@ -34,6 +34,7 @@ inline float tsr_round_f16(float value) {
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void attention(__global const ushort* restrict Q, __global const ushort* restrict K, __global const ushort* restrict V, __global ushort* restrict out, const long B, const long H, const long S, const long D) {
   const int lid = get_local_id(0);
+  (void)B;  // the grid's extent only
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const q_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const k_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -189,6 +190,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void flash_attention(__global const ushort* restrict q_1, __global const ushort* restrict k, __global const ushort* restrict v, const int causal, __global ushort* restrict out, const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
+  (void)BH;  // the grid's extent only
   __local uchar tsr_smem[49152] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 16384);

@@ -68,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -INFINITY;
     for (long long j = lid; j < C; j += 256) r = fmaxf(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
@@ -75,15 +76,17 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
   float v_1[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256) r = r + (expf(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (long long e = lid; e < 4*C; e += 256) {
-    const long long i = e / C;
-    const long long j = e - i * C;
-    if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((expf(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    for (long long j = lid; j < C; j += 256) {
+      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((expf(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+    }
   }
 }
 
@@ -98,40 +101,47 @@ extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short*
   const float n = (float)(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   float v[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 256) r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_1[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v_1[e] = v[e] / n;
   }
   // layernorm.tsr:11: variance = tile.sum(centered * centered, axis=1) / n
   float v_2[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 256) r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
   float variance[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     variance[e] = v_2[e] / n;
   }
   // layernorm.tsr:12: normed = centered * tile.rsqrt(variance + eps)[:, None]
   float v_3[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v_3[e] = variance[e] + eps;
   }
   float v_4[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v_4[e] = rsqrtf(v_3[e]);
   }
   // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
-  for (long long e = lid; e < 4*D; e += 256) {
-    const long long i = e / D;
-    const long long j = e - i * D;
-    if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    for (long long j = lid; j < D; j += 256) {
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+    }
   }
 }
 
@@ -144,6 +154,7 @@ extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ 
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
   float v[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 256) r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
@@ -151,21 +162,25 @@ extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ 
   }
   const float s = (float)(D);
   float mean_square[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
   float v_1[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
   float v_2[4];
+  #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
-  for (long long e = lid; e < 4*D; e += 256) {
-    const long long i = e / D;
-    const long long j = e - i * D;
-    if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    for (long long j = lid; j < D; j += 256) {
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+    }
   }
 }

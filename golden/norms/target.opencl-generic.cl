@@ -80,10 +80,10 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
     for (long j = lid; j < C; j += 128) r = r + (exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (long e = lid; e < 4*C; e += 128) {
-    const long i = e / C;
-    const long j = e - i * C;
-    if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+  for (int i = 0; i < 4; ++i) {
+    for (long j = lid; j < C; j += 128) {
+      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+    }
   }
 }
 
@@ -129,10 +129,10 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
     v_4[e] = rsqrt(v_3[e]);
   }
   // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
-  for (long e = lid; e < 4*D; e += 128) {
-    const long i = e / D;
-    const long j = e - i * D;
-    if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+  for (int i = 0; i < 4; ++i) {
+    for (long j = lid; j < D; j += 128) {
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+    }
   }
 }
 
@@ -165,9 +165,9 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
-  for (long e = lid; e < 4*D; e += 128) {
-    const long i = e / D;
-    const long j = e - i * D;
-    if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+  for (int i = 0; i < 4; ++i) {
+    for (long j = lid; j < D; j += 128) {
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+    }
   }
 }

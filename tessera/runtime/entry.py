@@ -16,7 +16,7 @@ from ..transpiler.graph.dims import Dim, parse_dim
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
-__all__ = ["Entry", "Library", "evaluate"]
+__all__ = ["Entry", "Library", "evaluate", "argument"]
 
 
 class Entry:
@@ -158,6 +158,18 @@ def evaluate(text: str, sizes: Mapping[str, int], where: str) -> int:
     if value is None:
         raise ValueError(f"'{where}': {text} is not a whole number with {dict(sizes)}")
     return value
+
+
+def argument(
+    name: str, device: Mapping[str, Any], scalars: Mapping[str, Any], sizes: Mapping[str, int]
+) -> Any:
+    """A kernel argument by its metadata name: a device buffer, a scalar, or a size (a
+    64-bit integer, as every backend declares sizes)."""
+    if name in device:
+        return device[name]
+    if name in scalars:
+        return scalars[name]
+    return np.int64(sizes[name])
 
 
 def _bindings(dim: Dim, sizes: Mapping[str, int]) -> str:

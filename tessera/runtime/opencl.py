@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .entry import Entry, Library, evaluate
+from .entry import Entry, Library, argument, evaluate
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
 
@@ -71,7 +71,7 @@ class OpenclFunction(Entry):
             if 0 in counts:
                 continue  # an empty tensor: no program to run
             kernel = self._kernels[launch["kernel"]]
-            kernel.set_args(*(_argument(a, device, scalars, sizes) for a in launch["args"]))
+            kernel.set_args(*(argument(a, device, scalars, sizes) for a in launch["args"]))
             threads = launch["threads"]
             grid = (counts[0] * threads, *counts[1:])
             group = (threads,) + (1,) * (len(grid) - 1)
@@ -80,16 +80,6 @@ class OpenclFunction(Entry):
             if p["kind"] == "tensor" and p["io"] != "in":
                 cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
         self._queue.finish()
-
-
-def _argument(name: str, device: Mapping[str, Any], scalars: Mapping[str, Any],
-              sizes: Mapping[str, int]) -> Any:  # fmt: skip
-    """A kernel argument by its metadata name: a device buffer, a scalar, or a size."""
-    if name in device:
-        return device[name]
-    if name in scalars:
-        return scalars[name]
-    return np.int64(sizes[name])
 
 
 class OpenclLibrary(Library):

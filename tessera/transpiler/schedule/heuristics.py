@@ -38,9 +38,9 @@ _GEMM = {
 }
 # (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
 _ATTENTION = {
-    "sm_80": {64: (128, 64, 4, 2), 128: (128, 32, 4, 2), 256: (64, 32, 4, 2)},
+    "sm_80": {64: (128, 64, 4, 2), 128: (128, 32, 8, 2), 256: (64, 32, 4, 2)},
     "sm_90a": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2), 256: (128, 64, 8, 2)},
-    "hip": {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)},
+    "hip": {64: (128, 64, 4, 2), 128: (64, 64, 2, 2), 256: (64, 32, 4, 2)},
     "opencl": {64: (32, 32, 4, 1), 128: (32, 32, 4, 1), 256: (16, 16, 4, 1)},
     # CPUs: 128 queries x 256 keys per program, the autotuner's pick at S1024 and S2048
     # (4-5% faster than 64 x 128, bench/tune.py); with D=128 the working set is 448 KiB.

@@ -4,15 +4,15 @@ The SIMT emitter (``simt_kernel.py``, ``simt_tiles.py``) and the shared template
 (``templates/simt/``) write the same statements for every target; a ``Dialect``
 supplies the spelling: types, how a tensor element of each dtype is read and
 written, rounding, math functions, the kernel qualifier, thread and program
-indices, shared memory and the barrier. OpenCL C and HIP are the dialects so far.
+indices, shared memory and the barrier: OpenCL C, HIP and CUDA.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Dialect", "OPENCL", "HIP", "DIALECTS"]
+__all__ = ["Dialect", "OPENCL", "HIP", "CUDA", "DIALECTS"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ class Dialect:
     #: The first lines of a generated file, after the line that names its source.
     preamble: tuple[str, ...]
     unary: dict[str, str] = field(default_factory=dict)
+    #: ``x`` from the lane whose index differs in the bits of ``mask`` ("" where the
+    #: emitter never exchanges registers between lanes).
+    shuffle_xor: str = ""
+    #: Positive infinity and a quiet NaN as float expressions.
+    infinity: str = "INFINITY"
+    nan: str = "NAN"
+    #: Whether the shared-memory arena is sized at launch (CUDA: a static array is
+    #: limited to 48 KiB; the metadata gives each launch its ``dynamic_smem`` bytes).
+    dynamic_arena: bool = False
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -82,11 +91,11 @@ class Dialect:
         return f"{dst}[{at}] = {value};"
 
     def literal(self, value: float) -> str:
-        """A float constant; the infinities and NaN by their C99 macro names."""
+        """A float constant; the infinities and NaN as the dialect spells them."""
         if math.isinf(value):
-            return "-INFINITY" if value < 0 else "INFINITY"
+            return f"-{self.infinity}" if value < 0 else self.infinity
         if math.isnan(value):
-            return "NAN"
+            return self.nan
         text = repr(float(value))
         return text + ("" if "e" in text or "." in text else ".0") + "f"
 
@@ -100,6 +109,11 @@ class Dialect:
 
     def local_bytes(self, name: str, count: int) -> str:
         """The bytes the shared-memory plan lays buffers out in, 16-byte aligned."""
+        if self.dynamic_arena:
+            return (
+                f"extern {self.local_qualifier} __align__(16) {self.byte_type} {name}[];"
+                f"  // {count} bytes, given at launch"
+            )
         return (
             f"{self.local_qualifier} {self.byte_type} {name}[{count}] __attribute__((aligned(16)));"
         )
@@ -184,6 +198,7 @@ HIP = Dialect(
         "// grid and threads are in the comment above it, and in the metadata).",
         "#include <hip/hip_runtime.h>",
     ),
+    shuffle_xor="__shfl_xor({x}, {mask})",
     unary={
         "exp": "expf", "pow": "powf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
         "tanh": "tanhf", "abs": "fabsf", "sin": "sinf", "cos": "cosf", "relu": "tsr_relu",
@@ -191,4 +206,22 @@ HIP = Dialect(
     },
 )  # fmt: skip
 
-DIALECTS = {d.name: d for d in (OPENCL, HIP)}
+#: CUDA spells everything as HIP does (HIP took its spelling from CUDA). Files include
+#: nothing, so that NVRTC compiles them as they are; without math.h there is no
+#: INFINITY, so the infinity and NaN are bit patterns.
+CUDA = replace(
+    HIP,
+    name="cuda",
+    preamble=(
+        "// CUDA C++ for NVIDIA GPUs (nvcc or NVRTC, sm_80 and newer). Each kernel runs one",
+        "// program per thread block: launch it with a grid of programs, `threads` threads per",
+        "// block and the dynamic shared memory its metadata gives (its grid and threads are in",
+        "// the comment above it).",
+    ),
+    shuffle_xor="__shfl_xor_sync(0xffffffffu, {x}, {mask})",
+    infinity="__int_as_float(0x7f800000)",
+    nan="__int_as_float(0x7fffffff)",
+    dynamic_arena=True,
+)
+
+DIALECTS = {d.name: d for d in (OPENCL, HIP, CUDA)}

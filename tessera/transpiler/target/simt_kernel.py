@@ -44,12 +44,15 @@ from .simt_layout import (
     Element,
     Flat,
     Form,
+    FragmentRows,
     Fragments,
     Grid,
     NotLowered,
     Rows,
     grid_for,
+    parenthesized,
     rows_for,
+    rows_of,
 )
 from .simt_tiles import TileOps
 
@@ -63,7 +66,7 @@ _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
                        "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
-                       "b_frag", "frag_acc"})  # fmt: skip
+                       "b_frag", "frag_acc", "rs"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -207,12 +210,20 @@ class _Emitter(TileOps):
     def slot(self, form: Form, own: tuple[str, ...], index: tuple[str, ...]) -> str:
         """Where this thread holds an owned value's element, inside the walk that reads it:
         the walk's own slot, or the row slot of a row vector read in a walk over its rows."""
-        if isinstance(form.dist, Rows) and own[0] == index[0] == "i":
-            if isinstance(self.walking, (Grid, Rows)) and self.walking.ty == form.dist.ty:
+        if isinstance(form.dist, (Rows, FragmentRows)) and own[0] == index[0] == "i":
+            if self.walking == form.dist:
                 return "r"
+            if isinstance(self.walking, (Grid, Fragments)) and rows_of(self.walking) == form.dist:
+                return self.row_slot(self.walking)
         elif self.walking == form.dist and own == index:
             return "t"
         raise NotLowered("a value held in registers, read where another thread holds it")
+
+    def row_slot(self, dist: Grid | Fragments) -> str:
+        """Inside a walk over ``dist``: the slot of the element's row in its row vectors."""
+        if isinstance(dist, Grid):
+            return "r"
+        return f"frag / {dist.fn} * {dist.shape.row_slots} + {parenthesized(dist.shape.row_slot)}"
 
     def flat_index(self, index: tuple[str, ...], dims: tuple[Dim, ...]) -> str:
         """The row-major position of an element; size-1 axes add nothing."""
@@ -247,7 +258,15 @@ class _Emitter(TileOps):
         """Open the loops over this thread's elements of ``dist``; ``close_walk`` closes
         them. Returns the index of the element; its slot is ``t`` (``r`` in Rows)."""
         self.walk_head = len(self.lines)
-        if isinstance(dist, Flat):
+        if isinstance(dist, Flat) and _row_walk(dist.dims):
+            # Rows of a constant count: a loop over them that unrolls, so that a row's
+            # vectors (a norm's mean, a softmax's max) are read at constant slots.
+            i64, threads = self.d.index_type, self.kernel.threads
+            self.unroll()
+            self.open(f"for (int i = 0; i < {dist.dims[0].constant}; ++i)")
+            self.open(f"for ({i64} j = lid; j < {self.c(dist.dims[1])}; j += {threads})")
+            index = ("i", "j")
+        elif isinstance(dist, Flat):
             total = Dim.const(1)
             for d in dist.dims:
                 total = total * d
@@ -259,14 +278,23 @@ class _Emitter(TileOps):
             self.unroll()
             self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
             self.unroll()
-            self.open("for (int reg = 0; reg < 16; ++reg)")
-            row0, col0 = dist.rows // dist.wm, dist.cols // dist.wn
-            self.line(f"const int i = wave / {dist.wn} * {row0} + frag / {dist.fn} * 32"
-                      " + reg / 4 * 8 + lane / 32 * 4 + reg % 4;")  # fmt: skip
-            self.line(f"const int j = wave % {dist.wn} * {col0} + frag % {dist.fn} * 32"
-                      " + lane % 32;")  # fmt: skip
-            self.line("const int t = frag * 16 + reg;")
+            shape = dist.shape
+            self.open(f"for (int reg = 0; reg < {shape.regs}; ++reg)")
+            self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
+            self.line(f"const int j = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.col};")
+            self.line(f"const int t = frag * {shape.regs} + reg;")
             index = ("i", "j")
+        elif isinstance(dist, FragmentRows):
+            self.place_in_wave()
+            shape = dist.shape
+            self.unroll()
+            self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
+            self.unroll()
+            self.open(f"for (int rs = 0; rs < {shape.row_slots}; ++rs)")
+            first = f"wave * {dist.rows // dist.wm} + " if dist.wm > 1 else ""
+            self.line(f"const int i = {first}fm * {shape.m} + {shape.slot_row};")
+            self.line(f"const int r = fm * {shape.row_slots} + rs;")
+            index = ("i",)
         else:
             self.place_in_grid()
             self.open(
@@ -287,18 +315,42 @@ class _Emitter(TileOps):
         """Close a walk; the slot counter and the indices that nothing used go."""
         dist = self.walking
         body = "\n".join(self.lines[self.walk_start :])
-        if "[t]" not in body and isinstance(dist, Flat):
-            head = self.lines[self.walk_head]
-            self.lines[self.walk_head] = head.replace(", t = 0", "").replace(", ++t", "")
+        if isinstance(dist, Flat) and not _row_walk(dist.dims):
+            self.flat_head(dist, "[t]" in body)
         for k in reversed(range(self.walk_head + 1, self.walk_start)):
             declared = re.match(rf"\s*const (?:int|{self.d.index_type}) (\w+) = ", self.lines[k])
             later = "\n".join(self.lines[k + 1 :])
-            if declared and declared[1] in "tij" and not re.search(rf"\b{declared[1]}\b", later):
+            if declared and declared[1] in "tijr" and not re.search(rf"\b{declared[1]}\b", later):
                 del self.lines[k]
         self.walking = None
         self.close()
-        if isinstance(dist, (Grid, Fragments)):
+        if isinstance(dist, (Grid, Fragments, FragmentRows)) or (
+            isinstance(dist, Flat) and _row_walk(dist.dims)
+        ):
             self.close()
+
+    def flat_head(self, dist: Flat, slots: bool) -> None:
+        """The head of a flat walk, once its body is known: without a slot counter when
+        nothing reads one; with a constant trip count when the tile's size is constant,
+        so that the loop unrolls and the thread's slots stay in registers."""
+        head = self.lines[self.walk_head]
+        if not slots:
+            self.lines[self.walk_head] = head.replace(", t = 0", "").replace(", ++t", "")
+            return
+        total = 1
+        for d in dist.dims:
+            if d.constant is None:
+                return
+            total *= d.constant
+        indent = head[: len(head) - len(head.lstrip())]
+        threads = self.kernel.threads
+        lines = [f"for (int t = 0; t < {-(-total // threads)}; ++t) {{",
+                 f"  const {self.d.index_type} e = lid + t * {threads};"]  # fmt: skip
+        if total % threads:
+            lines.append(f"  if (e >= {total}) break;")
+        if self.d.unroll:
+            lines.insert(0, self.d.unroll)
+        self.lines[self.walk_head : self.walk_head + 1] = [indent + line for line in lines]
 
     def materialize(self, x: Value, dist: Distribution, name: str) -> Form:
         """``x`` computed into a new private array in ``dist``."""
@@ -306,17 +358,18 @@ class _Emitter(TileOps):
         self.line(f"float {name}[{slots}];")
         dims = tuple(x.type.dims)
         index = self.walk(dist)
-        slot = "r" if isinstance(dist, Rows) else "t"
+        slot = "r" if isinstance(dist, (Rows, FragmentRows)) else "t"
         self.line(f"{name}[{slot}] = {self.at(x, index, dims)};")
         self.close_walk()
         return Form("owned", dims, name, dist=dist)
 
     def carried(self, dims: tuple[Dim, ...], value: Value) -> Distribution:
         """The distribution of a tile a loop carries, as the loop yields it: a product's
-        own, else Grid for 2-D tiles and Rows for vectors."""
+        own (and its row vectors'), else Grid for 2-D tiles and Rows for vectors."""
         producer = self.producers.get(value.id)
-        if producer is not None and isinstance(producer.attr("mma"), Mma) and len(dims) == 2:
-            return self.product_dist(producer, dims)
+        if producer is not None and isinstance(producer.attr("mma"), Mma):
+            dist = self.product_dist(producer, tuple(producer.results[0].type.dims))
+            return dist if len(dims) == 2 else rows_of(dist)
         if len(dims) == 1:
             return rows_for(dims[0], self.kernel.threads)
         return grid_for(dims, self.kernel.threads)
@@ -344,9 +397,9 @@ class _Emitter(TileOps):
             other = self.forms[v.id].dist if isinstance(v, Value) else None
             if other is None or other == dist:
                 continue
-            if dist is None or (isinstance(dist, Rows) and isinstance(other, Grid)):
+            if dist is None or (isinstance(other, (Grid, Fragments)) and rows_of(other) == dist):
                 dist = other
-            elif not (isinstance(dist, Grid) and isinstance(other, Rows)):
+            elif not (isinstance(dist, (Grid, Fragments)) and rows_of(dist) == other):
                 raise NotLowered("values held in registers in two different distributions")
         self.forms[result.id] = Form("lazy", tuple(result.type.dims), element=element, dist=dist)
 
@@ -377,6 +430,7 @@ class _Emitter(TileOps):
             name = self.namer.fresh(result.name, "v")
             self.forms[result.id] = Form("replicated", out, name)
             self.line(f"float {name}[{_numel(out)}];")
+            self.unroll()
             self.open(f"for (int e = 0; e < {_numel(out)}; ++e)")
             index = self.split_flat(out)
             self.line(f"{name}[e] = {self.expression(op, index, out)};")
@@ -477,6 +531,7 @@ class _Emitter(TileOps):
         self.declare("scratch", self.d.local("float", "tsr_scratch", self.kernel.threads))
         i64 = self.d.index_type
         self.line(f"float {name}[{rows}];")
+        self.unroll()
         self.open(f"for (int i = 0; i < {rows}; ++i)")
         self.line(f"float r = {init};")
         element = self.at(x, ("i", "j"), dims)
@@ -631,6 +686,11 @@ def _slots(dist: Distribution | None, threads: int) -> int:
         return -(-_numel(dist.dims) // threads)
     assert dist is not None
     return dist.slots
+
+
+def _row_walk(dims: tuple[Dim, ...]) -> bool:
+    """Whether a flat walk goes row by row: a few rows of a symbolic width."""
+    return len(dims) == 2 and dims[0].constant is not None and dims[1].constant is None
 
 
 def _constant(dims: tuple[Dim, ...]) -> bool:

@@ -11,11 +11,12 @@ element:
   ``rows / ty x cols / tx`` elements, strided so that neighbouring threads touch
   neighbouring columns (coalesced global accesses, no bank conflicts on the
   shared-memory operand rows). Products and online softmax use it.
-- ``Fragments``: a 2-D tile in the accumulator layout of a wavefront's matrix
-  instructions (MFMA on CDNA), which products on those targets keep.
+- ``Fragments``: a 2-D tile in the accumulator layout of a warp's matrix
+  instructions (``mma.sync`` on NVIDIA GPUs, MFMA on CDNA), which products on those
+  targets keep.
 - ``Rows``: a per-row vector of a ``Grid`` tile (a running max, a denominator):
   row ``i`` in every thread of thread row ``i % ty``, so that it meets the tile's
-  row where the tile is.
+  row where the tile is; ``FragmentRows`` is the same for a ``Fragments`` tile.
 
 Shared-memory buffers keep the layout the planner chose; ``smem_index`` is the
 one definition of where element ``(i, j)`` of a slot lives in each of them.
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 from ..graph.dims import Dim
 
-__all__ = ["NotLowered", "Flat", "Grid", "Rows", "Fragments", "Distribution", "Form",
+__all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
+           "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
            "Element", "grid_for", "rows_for", "smem_index"]  # fmt: skip
 
 #: Threads along a Grid tile's columns: a half warp reads 16 neighbouring elements.
@@ -81,31 +83,105 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class FragmentShape:
+    """The accumulator fragment of one matrix instruction on one warp (wavefront): ``m x
+    n`` elements, ``regs`` per lane. A lane holds ``row_slots`` rows of a fragment:
+    register ``reg`` is in row slot ``row_slot``, and row slot ``rs`` is row ``slot_row``
+    of the fragment; ``col`` is the column of register ``reg``. The lanes that hold one
+    row differ in the bits of ``row_lanes``."""
+
+    m: int
+    n: int
+    regs: int
+    row_slots: int
+    row_slot: str
+    slot_row: str
+    col: str
+    row_lanes: tuple[int, ...]
+
+    @property
+    def row(self) -> str:
+        """The row of register ``reg`` of lane ``lane`` in the fragment."""
+        return re.sub(r"\brs\b", parenthesized(self.row_slot), self.slot_row)
+
+
+#: 32x32 MFMA on 64-lane wavefronts (AMD's CDNA matrix-instruction layout): column
+#: ``lane % 32``, and sixteen rows per lane.
+MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / 32 * 4 + rs % 4",
+                           "lane % 32", (1, 2, 4, 8, 16))  # fmt: skip
+#: ``mma.sync`` m16n8 on 32-lane warps (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
+#: rows ``lane / 4`` and ``lane / 4 + 8``, two neighbouring columns in each. A ``wgmma``
+#: accumulator is the same fragment repeated along its columns.
+MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 * 2 + reg % 2",
+                         (1, 2))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Fragments:
-    """A 2-D tile in the accumulator layout of 32x32 MFMA on 64-lane wavefronts: ``wm x
-    wn`` waves each own a ``rows/wm x cols/wn`` part, made of 32x32 fragments; lane
-    ``l`` holds column ``l % 32`` of a fragment, rows ``8 (g / 4) + 4 (l / 32) + g % 4``
-    for its registers ``g < 16`` (AMD's CDNA matrix-instruction layout)."""
+    """A 2-D tile in the accumulator layout of a matrix instruction: ``wm x wn`` warps
+    each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments."""
 
     rows: int
     cols: int
     wm: int
     wn: int
+    shape: FragmentShape
 
     @property
     def fm(self) -> int:
-        return self.rows // self.wm // 32
+        return self.rows // self.wm // self.shape.m
 
     @property
     def fn(self) -> int:
-        return self.cols // self.wn // 32
+        return self.cols // self.wn // self.shape.n
 
     @property
     def slots(self) -> int:
-        return self.fm * self.fn * 16
+        return self.fm * self.fn * self.shape.regs
+
+    @property
+    def warp_row(self) -> str:
+        """The first row of warp ``wave``'s part, as a term of a sum ("" for row 0)."""
+        if self.wm == 1:
+            return ""
+        wave = "wave" if self.wn == 1 else f"wave / {self.wn}"
+        return f"{wave} * {self.rows // self.wm} + "
+
+    @property
+    def warp_col(self) -> str:
+        """The first column of warp ``wave``'s part, as a term of a sum."""
+        return "" if self.wn == 1 else f"wave % {self.wn} * {self.cols // self.wn} + "
 
 
-Distribution = Flat | Grid | Rows | Fragments
+@dataclass(frozen=True)
+class FragmentRows:
+    """A per-row vector of a Fragments tile whose rows each lie in one warp: row slot
+    ``rs`` of strip ``fm`` in every lane that holds that row."""
+
+    rows: int
+    wm: int
+    shape: FragmentShape
+
+    @property
+    def fm(self) -> int:
+        return self.rows // self.wm // self.shape.m
+
+    @property
+    def slots(self) -> int:
+        return self.fm * self.shape.row_slots
+
+
+Distribution = Flat | Grid | Rows | Fragments | FragmentRows
+
+
+def rows_of(dist: Grid | Fragments) -> Rows | FragmentRows:
+    """The distribution of a per-row vector that meets the tile's rows where they are."""
+    if isinstance(dist, Grid):
+        return Rows(dist.rows, dist.ty)
+    if dist.wn != 1:
+        raise NotLowered(f"row vectors of a product split over {dist.wn} warps along its rows")
+    return FragmentRows(dist.rows, dist.wm, dist.shape)
+
 
 #: An element of a value at an index: one C expression per axis of the value.
 Element = Callable[[tuple[str, ...]], str]
@@ -163,11 +239,11 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
         while group > 1 and chunks % group:
             group //= 2
         if group > 1:
-            chunk = f"({_p(j)} / {per_chunk} ^ {_p(i)} % {group})"
-            column = f"{chunk} * {per_chunk} + {_p(j)} % {per_chunk}"
-    return f"{_p(row)} * {stride} + {column}"
+            chunk = f"({parenthesized(j)} / {per_chunk} ^ {parenthesized(i)} % {group})"
+            column = f"{chunk} * {per_chunk} + {parenthesized(j)} % {per_chunk}"
+    return f"{parenthesized(row)} * {stride} + {column}"
 
 
-def _p(expr: str) -> str:
+def parenthesized(expr: str) -> str:
     """``expr`` parenthesized unless it is a name or a number."""
     return expr if re.fullmatch(r"\w+", expr) else f"({expr})"

@@ -26,8 +26,13 @@ from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
 
 #: Build options each dialect's files are written for: ``clBuildProgram``'s for OpenCL,
-#: hipcc's for HIP (with ``--offload-arch`` added for the arch).
-BUILD_OPTIONS = {"opencl": ("-cl-std=CL1.2",), "hip": ("-O3", "-std=c++17")}
+#: hipcc's for HIP (with ``--offload-arch`` added for the arch), and NVRTC's and nvcc's
+#: for CUDA (with the arch's ``-arch``/``-gencode`` added).
+BUILD_OPTIONS = {
+    "opencl": ("-cl-std=CL1.2",),
+    "hip": ("-O3", "-std=c++17"),
+    "cuda": ("-std=c++17",),
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,10 @@ class _KernelView:
             for axis, (pid, _, _) in enumerate(simt.grid)
             if re.search(rf"\b{pid}\b", text)
         ]
+        # A size that only the grid's extent needs is still a parameter, so that every
+        # launch passes the function's sizes alike.
+        code = "\n".join((*simt.prologue, text))
+        self.unused = [dim for dim in self.dims if not re.search(rf"\b{dim}\b", code)]
 
 
 def _param_decl(p: Any, d: Dialect) -> str:
@@ -111,7 +120,7 @@ def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict
     for program in module.programs:
         if not program.kernels:
             continue
-        launches = [_launch(k, views[k.name]) for k in program.kernels]
+        launches = [_launch(k, views[k.name], d) for k in program.kernels]
         functions.append(
             {**signature_meta(program), "buffers": _buffers(program), "launches": launches}
         )
@@ -125,10 +134,13 @@ def _buffers(program: TileProgram) -> list[dict[str, str]]:
             for b in program.host.buffers]  # fmt: skip
 
 
-def _launch(kernel: TileKernel, view: _KernelView) -> dict[str, Any]:
-    return {
+def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]:
+    launch = {
         "kernel": view.name,
         "args": [p.name for p in kernel.params] + list(view.dims),
         "grid": [{"extent": str(a.extent), "block": a.block} for a in kernel.grid],
         "threads": view.threads,
     }
+    if d.dynamic_arena:
+        launch["dynamic_smem"] = max((s.offset + s.bytes for s in kernel.smem), default=0)
+    return launch

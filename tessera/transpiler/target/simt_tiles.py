@@ -18,14 +18,18 @@ from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Mma, SharedType, Slot
 from .simt_layout import (
+    MFMA_32X32,
+    MMA_16X8,
     Element,
     Flat,
     Form,
+    FragmentRows,
     Fragments,
     Grid,
     NotLowered,
     Rows,
     grid_for,
+    rows_of,
     smem_index,
 )
 
@@ -41,6 +45,22 @@ _MFMA = {
                             "__builtin_bit_cast(_Float16, {x})"),
     "mfma_f32_32x32x2f32": (2, "float", "f32", "{x}", "{x}"),
 }  # fmt: skip
+
+#: NVIDIA's m16n8k16 products by the dtype they multiply (the Tile IR's ``mma.sync.bf16``
+#: and ``wgmma.bf16`` alike): the header's function, and how an element becomes its
+#: 16-bit operand from a float (its stored bits are that operand already).
+_MMA_SYNC = {
+    "bf16": ("tsr_mma_m16n8k16_bf16", "tsr_float_to_bf16({x})"),
+    "f16": ("tsr_mma_m16n8k16_f16", "tsr_float_to_f16({x})"),
+}
+#: Warps of a ``wgmma`` warpgroup, which the Tile IR counts as one.
+_WARPGROUP = 4
+
+
+def _mma_sync_dtype(inst: str) -> str | None:
+    """The dtype of an NVIDIA tensor-core instruction the emitter issues as mma.sync."""
+    family, _, dtype = inst.rpartition(".")
+    return dtype if family in ("mma.sync", "wgmma") and dtype in _MMA_SYNC else None
 
 
 class TileOps:
@@ -128,15 +148,24 @@ class TileOps:
 
     def product_dist(self, op: Op, dims: tuple[Dim, ...]) -> Grid | Fragments:
         """Where a product's result lives: the matrix instruction's fragments, or the Grid
-        of the FMA loop."""
+        of the FMA loop. A ``wgmma`` warpgroup's accumulator is its four warps' m16n8
+        fragments, rows of 16 apiece."""
         mma: Mma = op.attr("mma")
+        if mma.inst == "fma":
+            return grid_for(dims, self.kernel.threads)
+        rows, cols = (d.constant for d in dims)
+        assert rows is not None and cols is not None
+        wm, wn = mma.warps
         if mma.inst in _MFMA:
-            rows, cols = (d.constant for d in dims)
-            assert rows is not None and cols is not None
-            return Fragments(rows, cols, *mma.warps)
-        if mma.inst != "fma":
+            shape = MFMA_32X32
+        elif _mma_sync_dtype(mma.inst) is not None:
+            shape = MMA_16X8
+            wm *= _WARPGROUP if mma.inst.startswith("wgmma") else 1
+        else:
             raise NotLowered(f"the matrix instruction {mma.inst}")
-        return grid_for(dims, self.kernel.threads)
+        if rows % (wm * shape.m) or cols % (wn * shape.n):
+            raise NotLowered(f"a {rows}x{cols} product over {wm}x{wn} warps of {mma.inst}")
+        return Fragments(rows, cols, wm, wn, shape)
 
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
@@ -163,21 +192,29 @@ class TileOps:
             return form
         return self.materialize(acc, dist, self.namer.fresh(result.name, "v"))
 
-    def operand(self, x: Value, op: Op | None = None) -> Element:
-        """An operand of ``op``'s product, readable at any index by any thread: a float,
-        or for a matrix instruction an element of its fragment type, taken from the
-        stored bits where shared memory holds the instruction's dtype."""
+    def operand(self, x: Value, op: Op) -> Element:
+        """An operand of ``op``'s product, readable at any index by any thread."""
         form = self.forms[x.id]
         if form.kind != "lazy" or form.dist is not None:
             raise NotLowered("a product of a value held in registers")
-        element = form.element
-        assert element is not None
-        mma = op.attr("mma") if op is not None else None
-        if mma is None or mma.inst not in _MFMA:
+        assert form.element is not None
+        return self.fragment_element(op, form.element, self.bits.get(x.id), x.type.dtype.name)
+
+    def fragment_element(
+        self, op: Op, element: Element, bits: Element | None, dtype: str
+    ) -> Element:
+        """An operand element as ``op``'s instruction takes it: a float for the FMA loop,
+        else an element of the instruction's fragment type, taken from the stored bits
+        (``bits``) where they hold the instruction's dtype."""
+        inst = op.attr("mma").inst
+        if inst == "fma":
             return element
-        _, _, dtype, from_float, from_bits = _MFMA[mma.inst]
-        bits = self.bits.get(x.id)
-        if bits is not None and x.type.dtype.name == dtype:
+        if inst in _MFMA:
+            _, _, want, from_float, from_bits = _MFMA[inst]
+        else:
+            want = _mma_sync_dtype(inst) or ""
+            from_float, from_bits = _MMA_SYNC[want][1], "{x}"
+        if bits is not None and dtype == want:
             return lambda index: from_bits.format(x=bits(index))
         return lambda index: from_float.format(x=element(index))
 
@@ -190,8 +227,12 @@ class TileOps:
         bound = f"kk < {self.c(depth)}"
         if live is not None and live.k is not None:
             bound += f" && kk < {self.c(live.k)}"
+        inst = op.attr("mma").inst
+        if isinstance(dist, Fragments) and inst in _MFMA:
+            self.mfma_product(inst, a, b, bound, acc, dist)
+            return
         if isinstance(dist, Fragments):
-            self.mfma_product(op.attr("mma").inst, a, b, bound, acc, dist)
+            self.mma_sync_product(_MMA_SYNC[_mma_sync_dtype(inst) or ""][0], a, b, bound, acc, dist)
             return
         rm, rn = dist.rm, dist.rn
         self.place_in_grid()
@@ -216,8 +257,8 @@ class TileOps:
         step, vector = _MFMA[inst][:2]
         per_lane = step // 2
         self.place_in_wave()
-        row = f"wave / {dist.wn} * {dist.rows // dist.wm} + fm * 32 + lane % 32"
-        col = f"wave % {dist.wn} * {dist.cols // dist.wn} + fn * 32 + lane % 32"
+        row = f"{dist.warp_row}fm * 32 + lane % 32"
+        col = f"{dist.warp_col}fn * 32 + lane % 32"
         k = "kk + lane / 32" if per_lane == 1 else f"kk + lane / 32 * {per_lane} + q"
         self.open(f"for (int kk = 0; {bound}; kk += {step})")
         self.unroll()
@@ -235,6 +276,44 @@ class TileOps:
         self.close()
         self.close()
 
+    def mma_sync_product(
+        self, function: str, a: Element, b: Element, bound: str, acc: str, dist: Fragments
+    ) -> None:
+        """Each warp's m16n8 fragments, one ``mma.sync`` m16n8k16 per fragment and ``k``
+        step. Lane ``l`` holds pairs of neighbouring ``k`` (packed in 32 bits, the lower
+        ``k`` in the low half): of ``a`` rows ``l / 4`` and ``l / 4 + 8`` of its strip, of
+        ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. A
+        step loads the warp's ``a`` strips once and streams its ``b`` fragments past
+        them: the strips are fewer registers than a warp's ``b`` fragments."""
+        self.place_in_wave()
+        row = f"{dist.warp_row}fm * 16 + lane / 4"
+        col = f"{dist.warp_col}fn * 8 + lane / 4"
+        k = "kk + lane % 4 * 2"
+        self.open(f"for (int kk = 0; {bound}; kk += 16)")
+        self.line(f"unsigned a_frag[{dist.fm}][4];")
+        self.unroll()
+        self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
+        for q in range(4):
+            rq = f"{row} + 8" if q % 2 else row
+            kq = f"{k} + 8" if q // 2 else k
+            pair = f"{a((rq, kq))}, {a((rq, f'{kq} + 1'))}"
+            self.line(f"a_frag[fm][{q}] = tsr_pack_b16({pair});")
+        self.close()
+        self.unroll()
+        self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
+        self.line("unsigned b_frag[2];")
+        for q in range(2):
+            kq = f"{k} + 8" if q else k
+            pair = f"{b((kq, col))}, {b((f'{kq} + 1', col))}"
+            self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
+        self.unroll()
+        slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
+        self.line(
+            f"for (int fm = 0; fm < {dist.fm}; ++fm) {function}({slots}, a_frag[fm], b_frag);"
+        )
+        self.close()
+        self.close()
+
     def fragment(self, name: str, vector: str, per_lane: int, value: str) -> None:
         if per_lane == 1:
             self.line(f"const {vector} {name} = {value};")
@@ -242,17 +321,27 @@ class TileOps:
         self.line(f"{vector} {name};")
         self.line(f"for (int q = 0; q < {per_lane}; ++q) {name}[q] = {value};")
 
-    def stage(self, name: str, grid: Grid, value: str) -> Element:
-        """A Grid tile's elements through a shared staging buffer (rows padded by one
-        float against bank conflicts), so that any thread can read any element."""
-        stride = grid.cols + 1
-        self.declare(name, self.d.local("float", name, grid.rows * stride))
+    def stage(
+        self, name: str, dist: Grid | Fragments, value: str, dtype: str
+    ) -> tuple[Element, Element]:
+        """A tile's elements through a shared staging buffer, so that any thread can read
+        any element: (the element as a float, its stored bits). ``value`` is stored as
+        ``dtype`` stores it; rows are padded by 4 bytes against bank conflicts."""
+        ctype = self.d.storage[dtype]
+        rows, cols = dist.rows, dist.cols
+        stride = cols + (1 if dtype == "f32" else 2)
+        self.declare(name, self.d.local(ctype, name, rows * stride))
         self.line(self.d.barrier)
-        self.walk(grid)
-        self.line(f"{name}[i * {stride} + j] = {value};")
+        self.walk(dist)
+        self.line(self.d.write(dtype, name, f"i * {stride} + j", value))
         self.close_walk()
         self.line(self.d.barrier)
-        return lambda index: f"{name}[({index[0]}) * {stride} + {index[1]}]"
+
+        def at(index: tuple[str, ...]) -> str:
+            return f"({index[0]}) * {stride} + {index[1]}"
+
+        return (lambda index: self.d.read(dtype, name, at(index)),
+                lambda index: f"{name}[{at(index)}]")  # fmt: skip
 
     # -- online softmax --------------------------------------------------------------------
 
@@ -273,46 +362,71 @@ class TileOps:
         self.close()
         self.line(self.d.barrier)
 
-    def row_reduce(self, name: str, tile: str, grid: Grid, combine: str, init: str) -> None:
-        self.line(f"float {name}[{grid.rm}];")
-        self.open(f"for (int r = 0; r < {grid.rm}; ++r)")
-        self.line(f"float part = {init};")
-        other = combine.format(a="part", b=f"{tile}[r * {grid.rn} + c]")
-        self.line(f"for (int c = 0; c < {grid.rn}; ++c) part = {other};")
-        self.line(f"{name}[r] = part;")
+    def row_reduce(
+        self, name: str, tile: str, dist: Grid | Fragments, combine: str, init: str
+    ) -> None:
+        """``name``: the rows of owned tile ``tile`` combined, in every thread that holds
+        the row: a thread's own elements first, then the threads' partials, through
+        shared memory on a Grid, by exchanging registers between the lanes of a row in
+        fragments (each row lies in one warp)."""
+        rows = rows_of(dist)
+        self.line(f"float {name}[{rows.slots}];")
+        if isinstance(dist, Grid):
+            self.open(f"for (int r = 0; r < {dist.rm}; ++r)")
+            self.line(f"float part = {init};")
+            other = combine.format(a="part", b=f"{tile}[r * {dist.rn} + c]")
+            self.line(f"for (int c = 0; c < {dist.rn}; ++c) part = {other};")
+            self.line(f"{name}[r] = part;")
+            self.close()
+            self.row_combine(name, Rows(dist.rows, dist.ty), combine)
+            return
+        self.line(f"for (int r = 0; r < {rows.slots}; ++r) {name}[r] = {init};")
+        self.walk(dist)
+        slot = f"{name}[{self.row_slot(dist)}]"
+        self.line(f"{slot} = {combine.format(a=slot, b=f'{tile}[t]')};")
+        self.close_walk()
+        self.unroll()
+        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
+        for mask in dist.shape.row_lanes:
+            other = self.d.shuffle_xor.format(x=f"{name}[r]", mask=mask)
+            self.line(f"{name}[r] = {combine.format(a=f'{name}[r]', b=other)};")
         self.close()
-        self.row_combine(name, Rows(grid.rows, grid.ty), combine)
 
     def op_softmax_online(self, op: Op) -> None:
         """``p = exp(s - max)`` per row, with the row max and the row sum of ``p``; a row
-        with nothing unmasked (max -inf) subtracts 0, so its ``p`` is 0, not NaN."""
+        with nothing unmasked (max -inf) subtracts 0, so its ``p`` is 0, not NaN. ``p``
+        stays where the product that computed ``s`` left it."""
         (s,) = op.operands
-        if isinstance(self.forms[s.id].dist, Fragments):
-            raise NotLowered("online softmax of matrix-instruction fragments")
+        dist = self.forms[s.id].dist
+        if not isinstance(dist, Fragments):
+            dist = grid_for(tuple(s.type.dims), self.kernel.threads)
         p_val, m_val, l_val = op.results
-        grid = grid_for(tuple(s.type.dims), self.kernel.threads)
-        rows = Rows(grid.rows, grid.ty)
+        rows = rows_of(dist)
         p, m, l_ = (self.namer.fresh(v.name, "v") for v in op.results)
-        self.forms[p_val.id] = self.materialize(s, grid, p)
-        self.row_reduce(m, p, grid, f"{self.d.fmax}({{a}}, {{b}})", self.d.literal(float("-inf")))
-        finite = f"({m}[r] == {self.d.literal(float('-inf'))} ? 0.0f : {m}[r])"
-        self.walk(grid)
+        self.forms[p_val.id] = self.materialize(s, dist, p)
+        self.row_reduce(m, p, dist, f"{self.d.fmax}({{a}}, {{b}})", self.d.literal(float("-inf")))
+        self.walk(dist)
+        row = f"{m}[{self.row_slot(dist)}]"
+        finite = f"({row} == {self.d.literal(float('-inf'))} ? 0.0f : {row})"
         self.line(f"{p}[t] = {self.d.unary['exp']}({p}[t] - {finite});")
         self.close_walk()
-        self.row_reduce(l_, p, grid, "{a} + {b}", "0.0f")
+        self.row_reduce(l_, p, dist, "{a} + {b}", "0.0f")
         for value, name in ((m_val, m), (l_val, l_)):
             self.forms[value.id] = Form("owned", tuple(value.type.dims), name, dist=rows)
 
     def op_softmax_accumulate(self, op: Op) -> None:
         """Rescale the running sums to the new row max, then add ``p @ v``; ``p`` is
-        rounded to ``v``'s dtype first, as the tensor-core paths do."""
+        rounded to ``v``'s dtype first, as the tensor-core paths do, and staged through
+        shared memory, since each thread needs rows that other threads hold."""
         acc, m, l_, p, v, m_c, l_c = op.operands
         acc_out, m_out, l_out = op.results
-        grid = grid_for(tuple(acc_out.type.dims), self.kernel.threads)
-        p_grid = grid_for(tuple(p.type.dims), self.kernel.threads)
-        rows = Rows(grid.rows, grid.ty)
-        for x, dist in ((p, p_grid), (m_c, rows), (l_c, rows)):
-            if self.forms[x.id].kind != "owned" or self.forms[x.id].dist != dist:
+        dist = self.product_dist(op, tuple(acc_out.type.dims))
+        rows = rows_of(dist)
+        p_dist = self.forms[p.id].dist
+        if not isinstance(p_dist, (Grid, Fragments)) or rows_of(p_dist) != rows:
+            raise NotLowered("online softmax of values computed elsewhere")
+        for x in (p, m_c, l_c):
+            if self.forms[x.id].kind != "owned" or (x is not p and self.forms[x.id].dist != rows):
                 raise NotLowered("online softmax of values computed elsewhere")
         acc_form = self.accumulator(op, acc, acc_out)
         m_form, l_form = (self.row_state(x, out, rows) for x, out in ((m, m_out), (l_, l_out)))
@@ -320,6 +434,7 @@ class TileOps:
         names = {x: self.forms[x.id].name for x in (m_c, l_c)}
         alpha, beta = self.namer.fresh("alpha"), self.namer.fresh("beta")
         self.line(f"float {alpha}[{rows.slots}], {beta}[{rows.slots}];")
+        self.unroll()
         self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
         exp = self.d.unary["exp"]
         self.line(f"const float m_new = {self.d.fmax}({m_form.name}[r], {names[m_c]}[r]);")
@@ -331,16 +446,21 @@ class TileOps:
         )
         self.line(f"{m_form.name}[r] = m_new;")
         self.close()
-        self.walk(grid)
-        self.line(f"{acc_form.name}[t] *= {alpha}[r];")
+        self.walk(dist)
+        self.line(f"{acc_form.name}[t] *= {alpha}[{self.row_slot(dist)}];")
         self.close_walk()
-        scaled = self.d.round(v.type.dtype.name, f"{self.forms[p.id].name}[t] * {beta}[r]")
-        staged = self.stage(self.namer.fresh(f"{p.name or 'p'}_stage"), p_grid, scaled)
-        self.product(op, staged, self.operand(v), p.type.dims[1], acc_form.name, grid)
+        # The FMA loop multiplies floats: p is staged as floats, rounded to v's dtype.
+        fma = op.attr("mma").inst == "fma"
+        dtype = "f32" if fma else v.type.dtype.name
+        scaled = f"{self.forms[p.id].name}[t] * {beta}[{self.row_slot(p_dist)}]"
+        value = self.d.round(v.type.dtype.name, scaled) if fma else scaled
+        staged, bits = self.stage(self.namer.fresh(f"{p.name or 'p'}_stage"), p_dist, value, dtype)
+        a = self.fragment_element(op, staged, bits, dtype)
+        self.product(op, a, self.operand(v, op), p.type.dims[1], acc_form.name, dist)
         self.forms[acc_out.id] = acc_form
         self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
 
-    def row_state(self, x: Value, result: Value, rows: Rows) -> Form:
+    def row_state(self, x: Value, result: Value, rows: Rows | FragmentRows) -> Form:
         """A running row vector updated in place when nothing else reads it."""
         form = self.forms[x.id]
         if form.kind == "owned" and form.dist == rows and self.uses.get(x.id) == 1:

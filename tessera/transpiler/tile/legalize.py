@@ -69,18 +69,25 @@ def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) 
     return best
 
 
-def _mma(kernel: TileKernel, hw: Hardware, dtype: str, out: TileType) -> Mma:
+def _mma(kernel: TileKernel, hw: Hardware, dtype: str, out: TileType, whole_rows: bool) -> Mma:
     rows, cols = (d.constant or 1 for d in out.dims)
     inst, shape, operands = instruction(hw, dtype, cols)
     if hw.kind == "cpu":
         return Mma(inst, shape, (1, 1), (rows, cols), operands)
     # wgmma is issued by warpgroups of four warps, each owning 64 rows.
-    units = kernel.warps // 4 if inst.startswith("wgmma") else kernel.warps
-    wm, wn = _warp_layout(max(units, 1), rows, cols, shape)
+    units = max(kernel.warps // 4 if inst.startswith("wgmma") else kernel.warps, 1)
+    if whole_rows and rows % units == 0 and rows // units >= shape[0]:
+        wm, wn = units, 1
+    else:
+        wm, wn = _warp_layout(units, rows, cols, shape)
     return Mma(inst, shape, (wm, wn), (rows // wm, cols // wn), operands)
 
 
 def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    """Give every product its ``Mma``. In a kernel with online softmax each warp owns
+    whole rows of every product, so that a row's max and sum combine within one warp
+    and the running row state meets the accumulator's rows in the same threads."""
+    whole_rows = any(op.kind == "softmax_online" for op in walk(kernel.body))
     uses = use_counts(kernel.body)
     defs = producers(kernel.body)
     fused: set[int] = set()
@@ -97,22 +104,24 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
         if op.kind == "dot" and op.result.id in fused:
             return []
         if op.kind == "dot":
-            return [_with_mma(op, kernel, hw, op.operands[0], op.result.type)]
+            return [_with_mma(op, kernel, hw, op.operands[0], op.result.type, whole_rows)]
         if op.kind == "add" and any(v.id in fused for v in op.operands):
             dot_value = next(v for v in op.operands if v.id in fused)
             acc = next(v for v in op.operands if v is not dot_value)
             a, b = defs[dot_value.id].operands
             mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
-            return [_with_mma(mma, kernel, hw, a, op.result.type)]
+            return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows)]
         if op.kind == "softmax_accumulate":
             p, v = op.operands[3], op.operands[4]
             out = TileType((p.type.dims[0], v.type.dims[1]), op.results[0].type.dtype)
-            return [_with_mma(op, kernel, hw, v, out)]
+            return [_with_mma(op, kernel, hw, v, out, whole_rows)]
         return [op]
 
     return replace(kernel, body=rewrite(kernel.body, visit))
 
 
-def _with_mma(op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType) -> Op:
-    mma = _mma(kernel, hw, operand.type.dtype.name, out)
+def _with_mma(
+    op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool
+) -> Op:
+    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows)
     return replace(op, attrs=(*op.attrs, ("mma", mma)))
