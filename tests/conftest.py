@@ -10,6 +10,10 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.tsr"))
 SEEDS = sorted((ROOT / "tests" / "seeds").glob("*.tsr"))
+#: Every example and library file, relative to the repository (a backend compiles them all).
+SOURCES = [str(p.relative_to(ROOT)) for p in EXAMPLES] + sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
+)
 
 #: Examples per fuzz test; six fuzz tests give 3,600 cases, ten times that with --fuzz-long.
 FUZZ_EXAMPLES = 600

@@ -19,14 +19,11 @@ import pytest
 import tessera
 from tessera.runtime.cuda import CudaUnavailable, _cupy
 
-from .conftest import ROOT
+from .conftest import ROOT, SOURCES
 from .reference import CASES, Case, check_case
 
 NVCC = shutil.which("nvcc")
 ARCHS = ["sm_80", "sm_90a"]
-FILES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/*.tsr")) + sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
-)
 
 
 def _tool(name: str) -> str | None:
@@ -79,7 +76,7 @@ def _nvcc(path: str, arch: str, tmp_path: Path) -> tuple[Path, str]:
 @pytest.mark.compile
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("path", FILES)
+@pytest.mark.parametrize("path", SOURCES)
 def test_compiles_with_nvcc_warning_free_without_spills(path: str, arch: str, tmp_path: Path):
     _, report = _nvcc(path, arch, tmp_path)
     frames = re.findall(
@@ -92,7 +89,7 @@ def test_compiles_with_nvcc_warning_free_without_spills(path: str, arch: str, tm
 @pytest.mark.compile
 @needs_nvrtc
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("path", FILES)
+@pytest.mark.parametrize("path", SOURCES)
 def test_compiles_with_nvrtc_as_it_is(path: str, arch: str) -> None:
     """NVRTC has no include path: the file must need nothing but itself."""
     from cuda.bindings import nvrtc

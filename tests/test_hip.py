@@ -18,15 +18,11 @@ import pytest
 import tessera
 from tessera.runtime.hip import HipUnavailable
 
-from .conftest import ROOT
+from .conftest import ROOT, SOURCES
 
 HIPCC = shutil.which("hipcc")
 BUILD = ["--offload-arch=gfx90a", "-O3", "-std=c++17"]
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
-#: Every example and library file.
-FILES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/*.tsr")) + sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
-)
 
 needs_hipcc = pytest.mark.skipif(HIPCC is None, reason="needs hipcc (apt-get install hipcc)")
 pytestmark = pytest.mark.compile
@@ -47,7 +43,7 @@ def _hipcc(source: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProc
 
 
 @needs_hipcc
-@pytest.mark.parametrize("path", FILES)
+@pytest.mark.parametrize("path", SOURCES)
 def test_compiles_warning_free_for_gfx90a(path: str, tmp_path: Path) -> None:
     source = tessera.compile_file(ROOT / path, target="hip").source
     done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
