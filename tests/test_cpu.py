@@ -18,7 +18,7 @@ import tessera
 from tessera.runtime.cpu import build
 
 from .conftest import EXAMPLES, ROOT
-from .reference import CASES, Case, check_case, f64
+from .reference import CASES, Case, attention, check_case, f32_attention_source, f64
 
 pytestmark = [
     pytest.mark.execute,
@@ -142,13 +142,18 @@ import sys, numpy as np
 sys.path.insert(0, {root!r})
 import tessera
 from tessera.runtime.cpu import load
-from tests.reference import CASES
+from tests.reference import CASES, f32_attention_source
 flags = ["-std=c++17", "-O1", "-g", "-fopenmp", "-shared", "-fPIC",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 for case in CASES:
     program = tessera.compile_file(case.path, target="cpu")
     fn = getattr(load(program.source, program.ir("meta"), flags), case.function)
     fn(**case.make(np.random.default_rng(0)))
+for causal in (False, True):  # keys and values read in place, at ragged sizes
+    program = tessera.compile(f32_attention_source(causal), target="cpu")
+    fn = load(program.source, program.ir("meta"), flags).attention
+    rng = np.random.default_rng(1)  # three allocations: a read past one is caught
+    fn(*(rng.standard_normal((1, 2, 97, 80), dtype=np.float32) for _ in range(3)))
 print("clean")
 """
 
@@ -195,6 +200,23 @@ def half_attention(q: Tensor["BH", "S", "D", f32], k: Tensor["BH", "S", "D", f32
     s = f64(q) @ f64(k).transpose(0, 2, 1) / 8.0
     p = np.exp(s - s.max(axis=2, keepdims=True))
     want = 0.5 * (p / p.sum(axis=2, keepdims=True)) @ f64(v)
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq, dim", [(300, 64), (97, 80)])
+def test_f32_attention_reads_keys_and_values_in_place(causal: bool, seq: int, dim: int) -> None:
+    """f32 keys and values are read from the tensors themselves, not copied into a tile:
+    the key block's transpose and the product with the value block stop at the live
+    corner, so no read leaves the tensor. Ragged sequence lengths (the last block
+    short) and a head dim that is not a multiple of the vector width test just that."""
+    program = tessera.compile(f32_attention_source(causal), target="cpu")
+    assert "load_tile(k_tile" not in program.source and "load_tile(v_tile" not in program.source
+    rng = np.random.default_rng(seq)
+    q, k, v = (rng.standard_normal((2, 3, seq, dim), dtype=np.float32) for _ in range(3))
+    out = np.full_like(q, np.nan)
+    program.load().attention(q, k, v, out=out)
+    want = attention(q, k, v, causal=causal)
     assert np.abs(out - want).max() / np.abs(want).max() < 1e-5
 
 

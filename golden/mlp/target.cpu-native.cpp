@@ -312,19 +312,26 @@ inline void transpose_rounds(f32xN* r) {
   }
 }
 
-// out [cols, rows] = x [rows, cols] transposed: whole kLanes x kLanes blocks in
-// registers, the ragged rest element by element.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  const i64 row_blocks = rows - rows % kLanes, col_blocks = cols - cols % kLanes;
+// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
+// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
+// through registers, the ragged rest element by element. Past the corner `out` is not
+// written: the product that reads it never looks there.
+inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
+  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
   for (i64 i = 0; i < row_blocks; i += kLanes)
     for (i64 j = 0; j < col_blocks; j += kLanes) {
       f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * cols + j, sizeof r[t]);
+      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
       transpose_rounds<kLanes / 2>(r);
       for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
     }
-  for (i64 i = 0; i < rows; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < cols; ++j) out[j * rows + i] = x[i * cols + j];
+  for (i64 i = 0; i < m; ++i)
+    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
+}
+
+// out [cols, rows] = x [rows, cols] transposed, whole.
+inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
+  transpose(out, x, rows, cols, rows, cols);
 }
 
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.
@@ -342,15 +349,22 @@ constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 // accumulators while p runs over k; each step loads one row segment of `b` and
 // broadcasts R values of `a`. R = kRows keeps the accumulators, two b vectors and a
 // broadcast in the register file. (Packing the operands into panels measured slower at
-// the tile sizes the CPU schedule picks: the tiles already sit in L2.)
-template <int R>
-inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 k) {
+// the tile sizes the CPU schedule picks: the tiles already sit in L2.) A `Fresh` block
+// starts from zero instead of reading `out`: a dot, which has no accumulator.
+template <int R, bool Fresh>
+inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i64 ld_a,
+                      i64 ld_b, i64 k) {
   f32xN c[R][2];
-  for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
+  for (int r = 0; r < R; ++r) {
+    if constexpr (Fresh)
+      c[r][0] = c[r][1] = f32xN{};
+    else
+      std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
+  }
   for (i64 p = 0; p < k; ++p) {
     f32xN b0, b1;
-    std::memcpy(&b0, b + p * ld_out, sizeof b0);
-    std::memcpy(&b1, b + p * ld_out + kLanes, sizeof b1);
+    std::memcpy(&b0, b + p * ld_b, sizeof b0);
+    std::memcpy(&b1, b + p * ld_b + kLanes, sizeof b1);
     for (int r = 0; r < R; ++r) {
       const float x = a[r * ld_a + p];
       c[r][0] += x * b0;
@@ -363,20 +377,29 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`), computed on the
-// live corner only: rows of a below m, columns of b below n, and k steps of the
-// reduction. Past them the operands are zero padding, so out keeps acc there.
+// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
+// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
+// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
+// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k) {
-  if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
   const i64 panels = n - n % kPanel;
+  if constexpr (Fresh) {  // zero what the blocks below do not write
+    for (i64 r = 0; r < M; ++r) {
+      const i64 from = r < m - m % 2 ? panels : 0;
+      std::fill(out + r * N + from, out + (r + 1) * N, 0.0f);
+    }
+  } else if (out != acc) {
+    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+  }
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows>(out + i * N + j, a + i * K, b + j, N, K, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2>(out + i * N + j, a + i * K, b + j, N, K, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
@@ -384,10 +407,15 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
       const float x = a[r * K + p];
-      const float* row = b + p * N;
+      const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
   }
+}
+
+inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
+                i64 K, i64 m, i64 n, i64 k) {
+  mma(out, a, b, acc, M, N, K, m, n, k, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -395,10 +423,15 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   mma(out, a, b, acc, m, n, k, m, n, k);
 }
 
+// out = a @ b on the live corner, zero elsewhere.
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
+                i64 k, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+}
+
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(M * N));
-  mma(out, a, b, out, M, N, K, m, n, k);
+  dot(out, a, b, M, N, K, m, n, k, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {

@@ -312,19 +312,26 @@ inline void transpose_rounds(f32xN* r) {
   }
 }
 
-// out [cols, rows] = x [rows, cols] transposed: whole kLanes x kLanes blocks in
-// registers, the ragged rest element by element.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  const i64 row_blocks = rows - rows % kLanes, col_blocks = cols - cols % kLanes;
+// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
+// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
+// through registers, the ragged rest element by element. Past the corner `out` is not
+// written: the product that reads it never looks there.
+inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
+  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
   for (i64 i = 0; i < row_blocks; i += kLanes)
     for (i64 j = 0; j < col_blocks; j += kLanes) {
       f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * cols + j, sizeof r[t]);
+      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
       transpose_rounds<kLanes / 2>(r);
       for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
     }
-  for (i64 i = 0; i < rows; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < cols; ++j) out[j * rows + i] = x[i * cols + j];
+  for (i64 i = 0; i < m; ++i)
+    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
+}
+
+// out [cols, rows] = x [rows, cols] transposed, whole.
+inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
+  transpose(out, x, rows, cols, rows, cols);
 }
 
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.

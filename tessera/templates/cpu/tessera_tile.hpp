@@ -309,19 +309,26 @@ inline void transpose_rounds(f32xN* r) {
   }
 }
 
-// out [cols, rows] = x [rows, cols] transposed: whole kLanes x kLanes blocks in
-// registers, the ragged rest element by element.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  const i64 row_blocks = rows - rows % kLanes, col_blocks = cols - cols % kLanes;
+// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
+// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
+// through registers, the ragged rest element by element. Past the corner `out` is not
+// written: the product that reads it never looks there.
+inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
+  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
   for (i64 i = 0; i < row_blocks; i += kLanes)
     for (i64 j = 0; j < col_blocks; j += kLanes) {
       f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * cols + j, sizeof r[t]);
+      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
       transpose_rounds<kLanes / 2>(r);
       for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
     }
-  for (i64 i = 0; i < rows; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < cols; ++j) out[j * rows + i] = x[i * cols + j];
+  for (i64 i = 0; i < m; ++i)
+    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
+}
+
+// out [cols, rows] = x [rows, cols] transposed, whole.
+inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
+  transpose(out, x, rows, cols, rows, cols);
 }
 
 // A per-thread scratch area for a program's tiles: grown once, reused by every program.
@@ -339,15 +346,22 @@ constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
 // accumulators while p runs over k; each step loads one row segment of `b` and
 // broadcasts R values of `a`. R = kRows keeps the accumulators, two b vectors and a
 // broadcast in the register file. (Packing the operands into panels measured slower at
-// the tile sizes the CPU schedule picks: the tiles already sit in L2.)
-template <int R>
-inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 k) {
+// the tile sizes the CPU schedule picks: the tiles already sit in L2.) A `Fresh` block
+// starts from zero instead of reading `out`: a dot, which has no accumulator.
+template <int R, bool Fresh>
+inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i64 ld_a,
+                      i64 ld_b, i64 k) {
   f32xN c[R][2];
-  for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
+  for (int r = 0; r < R; ++r) {
+    if constexpr (Fresh)
+      c[r][0] = c[r][1] = f32xN{};
+    else
+      std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
+  }
   for (i64 p = 0; p < k; ++p) {
     f32xN b0, b1;
-    std::memcpy(&b0, b + p * ld_out, sizeof b0);
-    std::memcpy(&b1, b + p * ld_out + kLanes, sizeof b1);
+    std::memcpy(&b0, b + p * ld_b, sizeof b0);
+    std::memcpy(&b1, b + p * ld_b + kLanes, sizeof b1);
     for (int r = 0; r < R; ++r) {
       const float x = a[r * ld_a + p];
       c[r][0] += x * b0;
@@ -360,20 +374,29 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`), computed on the
-// live corner only: rows of a below m, columns of b below n, and k steps of the
-// reduction. Past them the operands are zero padding, so out keeps acc there.
+// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
+// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
+// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
+// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k) {
-  if (out != acc) std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
   const i64 panels = n - n % kPanel;
+  if constexpr (Fresh) {  // zero what the blocks below do not write
+    for (i64 r = 0; r < M; ++r) {
+      const i64 from = r < m - m % 2 ? panels : 0;
+      std::fill(out + r * N + from, out + (r + 1) * N, 0.0f);
+    }
+  } else if (out != acc) {
+    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+  }
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows>(out + i * N + j, a + i * K, b + j, N, K, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2>(out + i * N + j, a + i * K, b + j, N, K, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
@@ -381,10 +404,15 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
       const float x = a[r * K + p];
-      const float* row = b + p * N;
+      const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
   }
+}
+
+inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
+                i64 K, i64 m, i64 n, i64 k) {
+  mma(out, a, b, acc, M, N, K, m, n, k, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -392,10 +420,15 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   mma(out, a, b, acc, m, n, k, m, n, k);
 }
 
+// out = a @ b on the live corner, zero elsewhere.
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
+                i64 k, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+}
+
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(M * N));
-  mma(out, a, b, out, M, N, K, m, n, k);
+  dot(out, a, b, M, N, K, m, n, k, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
@@ -404,43 +437,66 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 // ---------------------------------------------------------------- online softmax
 
-// Online softmax reads a block's scores through `score(i, j)`, so that the ops that
-// make them (a scale, a mask) are computed as they are read, with no pass of their own.
+// Online softmax reads a block's scores from a plain array, and its masks as a count of
+// live columns per row, `limit(i)`: a causal or ragged-edge mask says where a row stops,
+// so the masked scores are never read, and the loops over a row see only contiguous
+// floats, which they vectorize whole. (Computing the scores and masks through a lambda
+// at each element, as an earlier version did, left 64-bit index vectors and gathers in
+// the hot loop.)
 
-// One block of online softmax over the rows of scores [m, n]: p = exp(s - m_c), with m_c
-// the row maxima and l_c the row sums of p. A row with nothing unmasked (all -inf)
-// gives p = 0.
-template <typename Score>
-inline void softmax_online(float* p, float* m_c, float* l_c, Score score, i64 m, i64 n) {
-  for (i64 i = 0; i < m; ++i) {
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (i64 j = 0; j < n; ++j) mx = larger(mx, score(i, j));
-    const float base = std::isinf(mx) && mx < 0 ? 0.0f : mx;
-    float sum = 0.0f;
+// The maximum of `init` and x[0, n).
+inline float row_max(const float* x, i64 n, float init) {
+  float r = init;
+#pragma omp simd reduction(max : r)
+  for (i64 j = 0; j < n; ++j) r = larger(r, x[j]);
+  return r;
+}
+
+// p[j] = round_p(e^(s[j] - base)) for j in [0, n); the sum of the unrounded terms. p may
+// be s: each element is read before it is written.
+template <typename Round>
+inline float exp_row(float* p, const float* s, i64 n, float base, Round round_p) {
+  float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (i64 j = 0; j < n; ++j) {
-      const float e = tsr::exp(score(i, j) - base);
-      p[i * n + j] = e;
-      sum += e;
-    }
+  for (i64 j = 0; j < n; ++j) {
+    const float e = tsr::exp(s[j] - base);
+    p[j] = round_p(e);
+    sum += e;
+  }
+  return sum;
+}
+
+// The exponent base of a row whose maximum is mx: mx, or 0 when the row is all masked.
+inline float softmax_base(float mx) { return std::isinf(mx) && mx < 0 ? 0.0f : mx; }
+
+// One block of online softmax over the rows of scores s [m, n]: p = exp(s - m_c), with
+// m_c the row maxima and l_c the row sums of p, over the first limit(i) columns of row i;
+// p is 0 past them, and a row with nothing live gives p = 0. p may be s.
+template <typename Limit>
+inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64 m, i64 n,
+                           Limit limit) {
+  for (i64 i = 0; i < m; ++i) {
+    const i64 cols = live(n, limit(i));
+    const float mx = row_max(s + i * n, cols, -std::numeric_limits<float>::infinity());
+    l_c[i] = exp_row(p + i * n, s + i * n, cols, softmax_base(mx), [](float x) { return x; });
+    std::fill(p + i * n + cols, p + (i + 1) * n, 0.0f);
     m_c[i] = mx;
-    l_c[i] = sum;
   }
 }
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d]. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
 // as tensor cores multiply it) before p @ v, which runs on its live corner: the first
 // n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
 inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const float* acc,
                                const float* m_in, const float* l_in, const float* p,
-                               const float* v, const float* m_c, const float* l_c, i64 m, i64 n,
-                               i64 d, i64 n_live, i64 d_live, float* scaled, Round round_p) {
+                               const float* v, i64 ld_v, const float* m_c, const float* l_c,
+                               i64 m, i64 n, i64 d, i64 n_live, i64 d_live, float* scaled,
+                               Round round_p) {
   for (i64 i = 0; i < m; ++i) {
     const float m_new = m_in[i] > m_c[i] ? m_in[i] : m_c[i];
-    const float base = std::isinf(m_new) && m_new < 0 ? 0.0f : m_new;
+    const float base = softmax_base(m_new);
     const float alpha = tsr::exp(m_in[i] - base);
     const float beta = tsr::exp(m_c[i] - base);
 #pragma omp simd
@@ -450,35 +506,30 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
     l_out[i] = l_in[i] * alpha + l_c[i] * beta;
     m_out[i] = m_new;
   }
-  mma(acc_out, scaled, v, acc_out, m, d, n, m, d_live, n_live);
+  mma(acc_out, scaled, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
 }
 
 // softmax_online and then softmax_accumulate of its block, in one pass over the scores
 // (FlashAttention-2's order): the new row maximum comes first, so p = exp(s - m_new)
-// directly, with no rescaling of p. Within float rounding of the two steps.
-template <typename Score, typename Round>
+// directly, with no rescaling of p. Within float rounding of the two steps. p may be s.
+template <typename Limit, typename Round>
 inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
-                   const float* m_in, const float* l_in, Score score, const float* v, i64 m,
-                   i64 n, i64 d, i64 n_live, i64 d_live, float* p, Round round_p) {
+                   const float* m_in, const float* l_in, const float* s, const float* v,
+                   i64 ld_v, i64 m, i64 n, i64 d, i64 n_live, i64 d_live, float* p, Limit limit,
+                   Round round_p) {
   for (i64 i = 0; i < m; ++i) {
-    float mx = m_in[i];
-#pragma omp simd reduction(max : mx)
-    for (i64 j = 0; j < n; ++j) mx = larger(mx, score(i, j));
-    const float base = std::isinf(mx) && mx < 0 ? 0.0f : mx;
+    const i64 cols = live(n_live, limit(i));
+    const float mx = row_max(s + i * n, cols, m_in[i]);
+    const float base = softmax_base(mx);
     const float alpha = tsr::exp(m_in[i] - base);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (i64 j = 0; j < n_live; ++j) {
-      const float e = tsr::exp(score(i, j) - base);
-      p[i * n + j] = round_p(e);
-      sum += e;
-    }
+    const float sum = exp_row(p + i * n, s + i * n, cols, base, round_p);
+    std::fill(p + i * n + cols, p + i * n + n_live, 0.0f);
 #pragma omp simd
     for (i64 j = 0; j < d; ++j) acc_out[i * d + j] = acc[i * d + j] * alpha;
     l_out[i] = l_in[i] * alpha + sum;
     m_out[i] = mx;
   }
-  mma(acc_out, p, v, acc_out, m, d, n, m, d_live, n_live);
+  mma(acc_out, p, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
 }
 
 }  // namespace tsr

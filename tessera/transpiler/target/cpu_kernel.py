@@ -98,6 +98,16 @@ class _Emitter:
         #: Elementwise results computed inside their one consumer's loop, by value id.
         self.inlined: dict[int, str] = {}
         self.users: dict[int, Op] = {}
+        self.defs: dict[int, Op] = {}
+        #: Masks folded into the online softmax that reads them, as per-row column limits
+        #: (C expressions in ``i``), by the id of the masked value.
+        self.limits: dict[int, tuple[str, ...]] = {}
+        #: Staged copies skipped for a read of the tensor in place: the tile's address
+        #: and the tensor's row stride, by buffer id; then the stride by tile value id.
+        self.in_place: dict[int, tuple[str, str]] = {}
+        self.strides: dict[int, str] = {}
+        #: The last reader of each value in the whole kernel, loops included.
+        self.readers = {v.id: op for op in walk(kernel.body) for v in op.operands}
         #: Online softmax ops emitted with their accumulate, by the id of their ``p``.
         self.deferred: dict[int, Op] = {}
         self.lines: list[str] = []
@@ -206,6 +216,7 @@ class _Emitter:
     def block(self, block: Block) -> list[str]:
         self.local.append({a.id for a in block.args})
         self.users.update({v.id: op for op in block.ops for v in op.operands})
+        self.defs.update({r.id: op for op in block.ops for r in op.results})
         for op in block.ops:
             self.source_comment(op)
             handler = getattr(self, "op_" + op.kind, None)
@@ -308,15 +319,15 @@ class _Emitter:
     def _fusable(self, op: Op) -> bool:
         """Whether ``op``'s result can be computed inside its one consumer's loop: the
         consumer, in this block, is elementwise or a reduction and walks a tile of the
-        same shape, so both loops visit the same (i, j). Online softmax reads its scores
-        through a lambda, which computes them where they are read."""
+        same shape, so both loops visit the same (i, j). Scores that online softmax reads
+        are stored: its row loops then read contiguous floats."""
         result = op.results[0]
         user = self.users.get(result.id)
         if self.uses.get(result.id) != 1 or user is None:
             return False
-        if _is_elementwise(user) or user.kind == "mask_edge":
+        if _is_elementwise(user) or (user.kind == "mask_edge" and not self._absorbed(user)):
             return _shape(user.results[0].type) == _shape(result.type)
-        return user.kind in ("max", "sum", "softmax_online") and len(_shape(result.type)) == 2
+        return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
@@ -354,6 +365,9 @@ class _Emitter:
         self.line(f"std::fill_n({name}, {self.numel(op.result.type)}, {c_float(value)});")
 
     def op_iota(self, op: Op) -> None:
+        user = self.users.get(op.result.id)
+        if self.uses.get(op.result.id) == 1 and user is not None and self._absorbed(user):
+            return  # the mask's column limit uses the offset
         name = self.allocate(op.result)
         size = self.c(op.result.type.dims[0])
         offset = self.c(op.attr("offset"))
@@ -368,7 +382,15 @@ class _Emitter:
         x = op.operands[0]
         rows, cols = (self.c(d) for d in _shape(x.type))
         name = self.allocate(op.result)
-        self.line(f"tsr::transpose({name}, {self.name(x)}, {rows}, {cols});")
+        if x.id not in self.strides:
+            self.line(f"tsr::transpose({name}, {self.name(x)}, {rows}, {cols});")
+            return
+        # a tensor read in place: only the corner its product reads, the product's n and k
+        _, m, n = self._live_reader(x)
+        live = (size if bound is None else f"tsr::live({size}, {self.c(bound)})"
+                for size, bound in ((rows, m), (cols, n)))  # fmt: skip
+        args = ", ".join((name, self.name(x), rows, self.strides[x.id], *live))
+        self.line(f"tsr::transpose({args});")
 
     def op_broadcast(self, op: Op) -> None:
         out = _shape(op.result.type)
@@ -427,8 +449,45 @@ class _Emitter:
             self._loops(_shape(part.type), f"{dst} = {self.name(part)}[i * {pcols} + j];")
             start = start + _shape(part.type)[axis]
 
+    def _absorbed(self, op: Op) -> bool:
+        """Whether a mask is folded into the online softmax that reads it (directly or
+        through other such masks) as a limit on each row's live columns: a ragged edge
+        along the columns, or a causal mask between a row and a column iota."""
+        if op.kind == "mask_edge":
+            s = op.operands[0]
+            foldable = op.attr("axis") == 1 == len(_shape(s.type)) - 1 and op.attr("fill") == float(
+                "-inf"
+            )
+        elif op.kind == "mask_causal":
+            foldable = all(
+                self.defs.get(x.id) is not None and self.defs[x.id].kind == "iota"
+                for x in op.operands[1:]
+            )
+        else:
+            return False
+        user = self.users.get(op.result.id)
+        return (
+            foldable
+            and self.uses.get(op.result.id) == 1
+            and user is not None
+            and (user.kind == "softmax_online" or self._absorbed(user))
+        )
+
+    def _fold(self, op: Op, limit: str) -> None:
+        """A mask absorbed by online softmax: its result is its operand, with a limit."""
+        s = op.operands[0]
+        self.names[op.result.id] = self.name(s)
+        self.roots[op.result.id] = self.roots.get(s.id, self.name(s))
+        self.local[-1].add(op.result.id)
+        self.limits[op.result.id] = (*self.limits.get(s.id, ()), limit)
+
     def op_mask_causal(self, op: Op) -> None:
         s, rows, cols = op.operands
+        if self._absorbed(op):
+            # row i keeps columns j with c0 + j <= r0 + i
+            r0, c0 = (self.c(self.defs[x.id].attr("offset")) for x in (rows, cols))
+            self._fold(op, f"{r0} + i + 1 - ({c0})")
+            return
         n = self.c(_shape(s.type)[1])
         name = self.result_in_place(op, (0,))
         masked = f"{self.name(cols)}[j] > {self.name(rows)}[i]"
@@ -437,6 +496,9 @@ class _Emitter:
 
     def op_mask_edge(self, op: Op) -> None:
         x = op.operands[0]
+        if self._absorbed(op):
+            self._fold(op, f"{self.c(op.attr('extent'))} - ({self.c(op.attr('offset'))})")
+            return
         out = _shape(x.type)
         loop = ["i", "j"][2 - len(out) :][op.attr("axis")]
         bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
@@ -529,6 +591,10 @@ class _Emitter:
                   f"{rows}, {cols});")  # fmt: skip
 
     def op_alloc(self, op: Op) -> None:
+        copy = next((u for u in walk(self.kernel.body) if u.kind == "copy"
+                     and u.operands[1] is op.result), None)  # fmt: skip
+        if copy is not None and self._in_place(copy):
+            return  # read in place: no buffer
         self.allocate(op.result)
 
     def _slot(self, op: Op, buf: Value) -> str:
@@ -537,9 +603,54 @@ class _Emitter:
             return "0"
         return f"(({self.c(slot.index)}) % {slot.stages}) * {buf.type.slot_elements}"
 
+    def _live_reader(self, tile: Value) -> tuple[Op, Dim | None, Dim | None] | None:
+        """The op that reads ``tile`` only on a product's live corner, and the corner's
+        rows and columns of the tile (None: all of them): the keys of attention through
+        their transpose, or its values. None for any other reader."""
+        user = self.readers.get(tile.id)
+        if user is None or self.uses.get(tile.id) != 1:
+            return None
+        if user.kind == "transpose" and self.uses.get(user.result.id) == 1:
+            product = self.readers.get(user.result.id)
+            if product is not None and product.kind == "dot" and product.operands[1] is user.result:
+                live: Live | None = product.attr("live")
+                return (user, live.n, live.k) if live else (user, None, None)
+        if user.kind == "softmax_accumulate" and user.operands[4] is tile:
+            live = user.attr("live")
+            return (user, live.k, live.n) if live else (user, None, None)
+        return None
+
+    def _in_place(self, op: Op) -> bool:
+        """Whether a staged copy can be skipped and its tile read from the tensor itself:
+        f32 to f32 in one stage, read once, by a reader that looks only at a live corner
+        the tensor holds, so nothing out of bounds is touched. A K or V block of
+        attention is then never copied."""
+        tensor, buf = op.operands
+        tile = op.attr("at").tile_axes
+        read = self.readers.get(buf.id)
+        if (
+            tensor.type.dtype.name != "f32"
+            or buf.type.dtype.name != "f32"
+            or buf.type.stages != 1
+            or len(tile) != 2
+            or read is None
+            or read.kind != "read"
+            or self.uses.get(buf.id) != 2  # this copy and the read
+        ):
+            return False
+        reader = self._live_reader(read.result)
+        return reader is not None and all(
+            (bound is None and not axis.masked) or bound == axis.extent - axis.offset
+            for axis, bound in zip(tile, reader[1:], strict=True)
+        )
+
     def op_copy(self, op: Op) -> None:
         tensor, buf = op.operands
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
+        if self._in_place(op):
+            corner = f"{base} + ({r0}) * {ld}" + ("" if c0 == "0" else f" + {c0}")
+            self.in_place[buf.id] = (corner, ld)
+            return
         rows, cols = self._tile_dims(buf.type)
         dst = (
             self.name(buf)
@@ -552,6 +663,14 @@ class _Emitter:
 
     def op_read(self, op: Op) -> None:
         buf = op.operands[0]
+        if buf.id in self.in_place:
+            address, ld = self.in_place[buf.id]
+            name = self.define(op.result)
+            self.roots[op.result.id] = name
+            self.views.add(name)
+            self.strides[op.result.id] = ld
+            self.line(f"const float* const {name} = {address};")
+            return
         slot = self._slot(op, buf)
         self.alias(op.result, buf, None if slot == "0" else slot)
 
@@ -586,10 +705,22 @@ class _Emitter:
         args = (name, self.name(a), self.name(b), self.name(acc), *sizes, *self._live(op, sizes))
         self.line(f"tsr::mma({', '.join(args)});")
 
-    def _score(self, s: Value) -> str:
-        """A lambda giving element (i, j) of a score tile, computed there if it is an
-        expression that was fused into its reader."""
-        return f"[&](tsr::i64 i, tsr::i64 j) {{ return {self._arg(s, _shape(s.type))}; }}"
+    def _limit(self, s: Value) -> str:
+        """A lambda giving how many leading columns of row i of scores ``s`` are live."""
+        limits = self.limits.get(s.id, ())
+        if not limits:
+            return f"[](tsr::i64) {{ return tsr::i64({self.c(_shape(s.type)[1])}); }}"
+        body = limits[0] if len(limits) == 1 else f"std::min<tsr::i64>({', '.join(limits)})"
+        param = "tsr::i64 i" if re.search(r"\bi\b", body) else "tsr::i64"
+        return f"[&]({param}) {{ return {body}; }}"
+
+    def _dies_here(self, v: Value) -> bool:
+        """Whether ``v`` is a private tile of this block with no use after this one."""
+        return (
+            self.roots.get(v.id) in self.private
+            and self.uses.get(v.id) == 1
+            and v.id in self.local[-1]
+        )
 
     def op_softmax_online(self, op: Op) -> None:
         """Emitted with the ``softmax_accumulate`` that is its results' only reader,
@@ -605,7 +736,8 @@ class _Emitter:
         s = op.operands[0]
         p, m_c, l_c = (self.allocate(r) for r in op.results)
         rows, cols = (self.c(d) for d in _shape(s.type))
-        self.line(f"tsr::softmax_online({p}, {m_c}, {l_c}, {self._score(s)}, {rows}, {cols});")
+        args = f"{p}, {m_c}, {l_c}, {self.name(s)}, {rows}, {cols}, {self._limit(s)}"
+        self.line(f"tsr::softmax_online({args});")
 
     def op_softmax_accumulate(self, op: Op) -> None:
         acc, m, l_, p, v, m_c, l_c = op.operands
@@ -613,9 +745,6 @@ class _Emitter:
             self.over(result, operand) or self.allocate(result)
             for result, operand in zip(op.results, (acc, m, l_), strict=True)
         ]
-        scratch = self.namer.fresh(*((p.name, "p") if p.id in self.deferred else ("p_scaled",)))
-        self.storage.append((scratch, self.numel(p.type)))
-        self.private.add(scratch)
         rows, n = (self.c(d) for d in _shape(p.type))
         d = self.c(_shape(v.type)[1])
         # p @ v: rows x keys times keys x d, so the live (m, n, k) are (rows, d, keys)
@@ -625,14 +754,22 @@ class _Emitter:
             f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
         )
         state = [*outs, *(self.name(x) for x in (acc, m, l_))]
-        sizes = f"{rows}, {n}, {d}, {n_live}, {d_live}, {scratch}, {round_p}"
         online = self.deferred.pop(p.id, None)
-        if online is not None:
-            score = self._score(online.operands[0])
-            self.line(f"tsr::attend({', '.join(state)}, {score}, {self.name(v)}, {sizes});")
+        s = online.operands[0] if online is not None else None
+        if s is not None and self._dies_here(s):
+            scratch = self.name(s)  # p is written over the scores it comes from
+        else:
+            scratch = self.namer.fresh(*((p.name, "p") if online else ("p_scaled",)))
+            self.storage.append((scratch, self.numel(p.type)))
+            self.private.add(scratch)
+        sizes = f"{rows}, {n}, {d}, {n_live}, {d_live}, {scratch}"
+        values = f"{self.name(v)}, {self.strides.get(v.id, d)}"
+        if s is not None:
+            self.line(f"tsr::attend({', '.join(state)}, {self.name(s)}, {values}, {sizes}, "
+                      f"{self._limit(s)}, {round_p});")  # fmt: skip
             return
-        args = ", ".join([*state, *(self.name(x) for x in (p, v, m_c, l_c))])
-        self.line(f"tsr::softmax_accumulate({args}, {sizes});")
+        args = ", ".join([*state, self.name(p), values, *(self.name(x) for x in (m_c, l_c))])
+        self.line(f"tsr::softmax_accumulate({args}, {sizes}, {round_p});")
 
     # -- control flow -----------------------------------------------------------------------
 
