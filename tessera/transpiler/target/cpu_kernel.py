@@ -106,8 +106,10 @@ class _Emitter:
         #: and the tensor's row stride, by buffer id; then the stride by tile value id.
         self.in_place: dict[int, tuple[str, str]] = {}
         self.strides: dict[int, str] = {}
-        #: The last reader of each value in the whole kernel, loops included.
+        #: The last reader of each value in the whole kernel, loops included, and the
+        #: staged copy into each buffer.
         self.readers = {v.id: op for op in walk(kernel.body) for v in op.operands}
+        self.copies = {op.operands[1].id: op for op in walk(kernel.body) if op.kind == "copy"}
         #: Online softmax ops emitted with their accumulate, by the id of their ``p``.
         self.deferred: dict[int, Op] = {}
         self.lines: list[str] = []
@@ -162,18 +164,20 @@ class _Emitter:
     def over(self, result: Value, operand: Value) -> str | None:
         """``result`` in ``operand``'s storage, when the operand is a private tile of the
         same size, defined in this block, with no use after this one."""
-        root = self.roots.get(operand.id)
-        if (
-            root not in self.private
-            or self.uses.get(operand.id) != 1
-            or operand.id not in self.local[-1]
-            or self.numel(operand.type) != self.numel(result.type)
-        ):
+        if not self._dies_here(operand) or self.numel(operand.type) != self.numel(result.type):
             return None
         name = self.define(result)
-        self.roots[result.id] = root
+        self.roots[result.id] = self.roots[operand.id]
         self.line(f"float* const {name} = {self.name(operand)};")
         return name
+
+    def _dies_here(self, v: Value) -> bool:
+        """Whether ``v`` is a private tile of this block with no use after this one."""
+        return (
+            self.roots.get(v.id) in self.private
+            and self.uses.get(v.id) == 1
+            and v.id in self.local[-1]
+        )
 
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.counters)
@@ -386,7 +390,7 @@ class _Emitter:
             self.line(f"tsr::transpose({name}, {self.name(x)}, {rows}, {cols});")
             return
         # a tensor read in place: only the corner its product reads, the product's n and k
-        _, m, n = self._live_reader(x)
+        m, n = self._live_corner(x)
         live = (size if bound is None else f"tsr::live({size}, {self.c(bound)})"
                 for size, bound in ((rows, m), (cols, n)))  # fmt: skip
         args = ", ".join((name, self.name(x), rows, self.strides[x.id], *live))
@@ -455,9 +459,8 @@ class _Emitter:
         along the columns, or a causal mask between a row and a column iota."""
         if op.kind == "mask_edge":
             s = op.operands[0]
-            foldable = op.attr("axis") == 1 == len(_shape(s.type)) - 1 and op.attr("fill") == float(
-                "-inf"
-            )
+            along_rows = op.attr("axis") == 1 == len(_shape(s.type)) - 1
+            foldable = along_rows and op.attr("fill") == float("-inf")
         elif op.kind == "mask_causal":
             foldable = all(
                 self.defs.get(x.id) is not None and self.defs[x.id].kind == "iota"
@@ -591,8 +594,7 @@ class _Emitter:
                   f"{rows}, {cols});")  # fmt: skip
 
     def op_alloc(self, op: Op) -> None:
-        copy = next((u for u in walk(self.kernel.body) if u.kind == "copy"
-                     and u.operands[1] is op.result), None)  # fmt: skip
+        copy = self.copies.get(op.result.id)
         if copy is not None and self._in_place(copy):
             return  # read in place: no buffer
         self.allocate(op.result)
@@ -603,10 +605,10 @@ class _Emitter:
             return "0"
         return f"(({self.c(slot.index)}) % {slot.stages}) * {buf.type.slot_elements}"
 
-    def _live_reader(self, tile: Value) -> tuple[Op, Dim | None, Dim | None] | None:
-        """The op that reads ``tile`` only on a product's live corner, and the corner's
-        rows and columns of the tile (None: all of them): the keys of attention through
-        their transpose, or its values. None for any other reader."""
+    def _live_corner(self, tile: Value) -> tuple[Dim | None, Dim | None] | None:
+        """The rows and columns of ``tile`` (None: all of them) that its one reader looks
+        at, when that reader reads only a product's live corner: the keys of attention
+        through their transpose, or its values. None for any other reader."""
         user = self.readers.get(tile.id)
         if user is None or self.uses.get(tile.id) != 1:
             return None
@@ -614,10 +616,10 @@ class _Emitter:
             product = self.readers.get(user.result.id)
             if product is not None and product.kind == "dot" and product.operands[1] is user.result:
                 live: Live | None = product.attr("live")
-                return (user, live.n, live.k) if live else (user, None, None)
+                return (live.n, live.k) if live else (None, None)
         if user.kind == "softmax_accumulate" and user.operands[4] is tile:
             live = user.attr("live")
-            return (user, live.k, live.n) if live else (user, None, None)
+            return (live.k, live.n) if live else (None, None)
         return None
 
     def _in_place(self, op: Op) -> bool:
@@ -638,10 +640,10 @@ class _Emitter:
             or self.uses.get(buf.id) != 2  # this copy and the read
         ):
             return False
-        reader = self._live_reader(read.result)
-        return reader is not None and all(
+        corner = self._live_corner(read.result)
+        return corner is not None and all(
             (bound is None and not axis.masked) or bound == axis.extent - axis.offset
-            for axis, bound in zip(tile, reader[1:], strict=True)
+            for axis, bound in zip(tile, corner, strict=True)
         )
 
     def op_copy(self, op: Op) -> None:
@@ -713,14 +715,6 @@ class _Emitter:
         body = limits[0] if len(limits) == 1 else f"std::min<tsr::i64>({', '.join(limits)})"
         param = "tsr::i64 i" if re.search(r"\bi\b", body) else "tsr::i64"
         return f"[&]({param}) {{ return {body}; }}"
-
-    def _dies_here(self, v: Value) -> bool:
-        """Whether ``v`` is a private tile of this block with no use after this one."""
-        return (
-            self.roots.get(v.id) in self.private
-            and self.uses.get(v.id) == 1
-            and v.id in self.local[-1]
-        )
 
     def op_softmax_online(self, op: Op) -> None:
         """Emitted with the ``softmax_accumulate`` that is its results' only reader,
