@@ -58,6 +58,14 @@ def attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", 
 """
 
 
+#: An f32 matmul: the left operand is read in place, the right one copied into tiles.
+F32_MATMUL_SOURCE = """\
+@kernel
+def sgemm(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    return a @ b
+"""
+
+
 def layernorm(x: Any, w: Any, b: Any, eps: float) -> np.ndarray:
     x = f64(x)
     mean = x.mean(axis=-1, keepdims=True)

@@ -18,7 +18,15 @@ import tessera
 from tessera.runtime.cpu import build
 
 from .conftest import EXAMPLES, ROOT
-from .reference import CASES, Case, attention, check_case, f32_attention_source, f64
+from .reference import (
+    CASES,
+    F32_MATMUL_SOURCE,
+    Case,
+    attention,
+    check_case,
+    f32_attention_source,
+    f64,
+)
 
 pytestmark = [
     pytest.mark.execute,
@@ -142,7 +150,7 @@ import sys, numpy as np
 sys.path.insert(0, {root!r})
 import tessera
 from tessera.runtime.cpu import load
-from tests.reference import CASES, f32_attention_source
+from tests.reference import CASES, F32_MATMUL_SOURCE, f32_attention_source
 flags = ["-std=c++17", "-O1", "-g", "-fopenmp", "-shared", "-fPIC",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 for case in CASES:
@@ -154,6 +162,11 @@ for causal in (False, True):  # keys and values read in place, at ragged sizes
     fn = load(program.source, program.ir("meta"), flags).attention
     rng = np.random.default_rng(1)  # three allocations: a read past one is caught
     fn(*(rng.standard_normal((1, 2, 97, 80), dtype=np.float32) for _ in range(3)))
+program = tessera.compile(F32_MATMUL_SOURCE, target="cpu")  # the left operand in place
+rng = np.random.default_rng(2)
+load(program.source, program.ir("meta"), flags).sgemm(
+    rng.standard_normal((259, 301), dtype=np.float32),
+    rng.standard_normal((301, 37), dtype=np.float32))
 print("clean")
 """
 
@@ -217,6 +230,22 @@ def test_f32_attention_reads_keys_and_values_in_place(causal: bool, seq: int, di
     out = np.full_like(q, np.nan)
     program.load().attention(q, k, v, out=out)
     want = attention(q, k, v, causal=causal)
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.parametrize("m, k, n", [(300, 600, 290), (259, 301, 37), (7, 5, 3)])
+def test_f32_matmul_reads_its_left_operand_in_place(m: int, k: int, n: int) -> None:
+    """An f32 A is read from the tensor with its own row stride, not copied into a tile:
+    the product stops at the live corner, so a ragged last row block or K step reads
+    nothing past the tensor. K of 600 takes three K steps, the last one short."""
+    program = tessera.compile(F32_MATMUL_SOURCE, target="cpu")
+    assert "load_tile(a_tile" not in program.source and "load_tile(b_tile" in program.source
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    program.load().sgemm(a, b, out=out)
+    want = f64(a) @ f64(b)
     assert np.abs(out - want).max() / np.abs(want).max() < 1e-5
 
 

@@ -377,13 +377,14 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
-// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
-// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
-// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+// out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
+// are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
+// corner only: rows of a below m, columns of b below n, and k steps of the reduction.
+// Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
+// zero: a dot.
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
+                i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel;
   if constexpr (Fresh) {  // zero what the blocks below do not write
     for (i64 r = 0; r < M; ++r) {
@@ -396,17 +397,17 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * N;
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
-      const float x = a[r * K + p];
+      const float x = a[r * ld_a + p];
       const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
@@ -415,7 +416,7 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 K, i64 m, i64 n, i64 k) {
-  mma(out, a, b, acc, M, N, K, m, n, k, N);
+  mma(out, a, b, acc, M, N, m, n, k, K, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -424,14 +425,14 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 }
 
 // out = a @ b on the live corner, zero elsewhere.
-inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
-                i64 k, i64 ld_b) {
-  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 m, i64 n, i64 k,
+                i64 ld_a, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, m, n, k, ld_a, ld_b);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  dot(out, a, b, M, N, K, m, n, k, N);
+  dot(out, a, b, M, N, m, n, k, K, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
@@ -509,7 +510,7 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
     l_out[i] = l_in[i] * alpha + l_c[i] * beta;
     m_out[i] = m_new;
   }
-  mma(acc_out, scaled, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
+  mma(acc_out, scaled, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
 }
 
 // softmax_online and then softmax_accumulate of its block, in one pass over the scores
@@ -532,7 +533,7 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
     l_out[i] = l_in[i] * alpha + sum;
     m_out[i] = mx;
   }
-  mma(acc_out, p, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
+  mma(acc_out, p, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
 }
 
 }  // namespace tsr
@@ -540,19 +541,16 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 // ---- attention: one program instance (launch k0 of attention: the library's flash_attention)
 
 static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
-  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768 + 16384);
+  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768 + 16384);
   float* const q_tile_smem = area + 0;
   float* const k_tile_smem = area + 16384;
   float* const v_tile_smem = area + 16384 + 32768;
   float* const acc = area + 16384 + 32768 + 32768;
   float* const m = area + 16384 + 32768 + 32768 + 16384;
   float* const l = area + 16384 + 32768 + 32768 + 16384 + 128;
-  float* const acc_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128;
-  float* const m_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384;
-  float* const l_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128;
-  float* const t = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768;
-  float* const t_4 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 16384 + 128 + 128 + 32768 + 32768;
+  float* const t = area + 16384 + 32768 + 32768 + 16384 + 128 + 128;
+  float* const t_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768;
+  float* const t_4 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768;
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
@@ -565,9 +563,6 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
-  std::copy_n(m, 128, m_1);
-  std::copy_n(l, 128, l_1);
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
@@ -588,18 +583,18 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     // flash_attention.tsr:23: tile.mask_causal(s, tile.row_index(), tile.col_index(nblk))
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float* const acc_2 = acc_1;
-    float* const m_2 = m_1;
-    float* const l_2 = l_1;
-    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, s_1, v_tile, 128, 128, 256, 128, tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk), S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
+    float* const acc_1 = acc;
+    float* const m_1 = m;
+    float* const l_1 = l;
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128, tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk), S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  float* const t_2 = l_1;
+  float* const t_2 = l;
   for (tsr::i64 i = 0; i < 128; ++i) {
     const float row_0 = t_2[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t_4[i * 128 + j] = tsr::round_bf16((acc_1[i * 128 + j] * (1.0f / row_0)));
+      t_4[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
     }
   }
   tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D, t_4, 128, 128);
@@ -618,23 +613,20 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
 // ---- flash_attention: one program instance (tile kernel flash_attention)
 
 static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384);
+  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384);
   float* const Qb_smem = area + 0;
   float* const Kb_smem = area + 16384;
   float* const Vb_smem = area + 16384 + 16384;
   float* const acc = area + 16384 + 16384 + 16384;
   float* const m = area + 16384 + 16384 + 16384 + 16384;
   float* const l = area + 16384 + 16384 + 16384 + 16384 + 128;
-  float* const acc_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const m_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
-  float* const l_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128;
-  float* const t = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384;
-  float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384;
-  float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
-  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128;
-  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const t = area + 16384 + 16384 + 16384 + 16384 + 128 + 128;
+  float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
+  float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
+  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128;
+  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128;
+  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_tile(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
@@ -645,9 +637,6 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
-  std::copy_n(m, 128, m_1);
-  std::copy_n(l, 128, l_1);
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 128); ++nblk) {
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(Kb_smem, 128, 128, k + (pid_b0) * (D*S), D, 128*nblk, 0, S, D);
@@ -685,18 +674,18 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     }
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float* const acc_2 = acc_1;
-    float* const m_2 = m_1;
-    float* const l_2 = l_1;
-    tsr::attend(acc_2, m_2, l_2, acc_1, m_1, l_1, S_2, Vb, 128, 128, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2, [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
+    float* const acc_1 = acc;
+    float* const m_1 = m;
+    float* const l_1 = l;
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2, [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
-  float* const t_4 = l_1;
+  float* const t_4 = l;
   for (tsr::i64 i = 0; i < 128; ++i) {
     const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t_6[i * 128 + j] = tsr::round_bf16((acc_1[i * 128 + j] * (1.0f / row_0)));
+      t_6[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
     }
   }
   tsr::store_tile(out + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D, t_6, 128, 128);

@@ -377,13 +377,14 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
-// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
-// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
-// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+// out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
+// are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
+// corner only: rows of a below m, columns of b below n, and k steps of the reduction.
+// Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
+// zero: a dot.
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
+                i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel;
   if constexpr (Fresh) {  // zero what the blocks below do not write
     for (i64 r = 0; r < M; ++r) {
@@ -396,17 +397,17 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * N;
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
-      const float x = a[r * K + p];
+      const float x = a[r * ld_a + p];
       const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
@@ -415,7 +416,7 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 K, i64 m, i64 n, i64 k) {
-  mma(out, a, b, acc, M, N, K, m, n, k, N);
+  mma(out, a, b, acc, M, N, m, n, k, K, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -424,14 +425,14 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 }
 
 // out = a @ b on the live corner, zero elsewhere.
-inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
-                i64 k, i64 ld_b) {
-  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 m, i64 n, i64 k,
+                i64 ld_a, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, m, n, k, ld_a, ld_b);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  dot(out, a, b, M, N, K, m, n, k, N);
+  dot(out, a, b, M, N, m, n, k, K, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
@@ -443,43 +444,41 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 // ---- linear_gelu: one program instance (launch k0 of linear_gelu: the library's gemm)
 
 static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768);
+  float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 65536;
-  float* const acc = area + 65536 + 131072;
-  float* const acc_1 = area + 65536 + 131072 + 32768;
-  float* const t = area + 65536 + 131072 + 32768 + 32768;
-  float* const t_4 = area + 65536 + 131072 + 32768 + 32768 + 256;
+  float* const b_tile_smem = area + 131072;
+  float* const acc = area + 131072 + 131072;
+  float* const t = area + 131072 + 131072 + 65536;
+  float* const t_4 = area + 131072 + 131072 + 65536 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 32768, 0.0f);
+  std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 128, 512, A, K, 128*pid_m, 512*kb, M, K);
+    tsr::load_tile(a_tile_smem, 256, 512, A, K, 256*pid_m, 512*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, B, N, 512*kb, 256*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, M - 128*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
   }
   tsr::load_tile(t, 1, 256, bias, 0, 0, 256*pid_n, 1, N);
   float* const t_1 = t;
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  for (tsr::i64 i = 0; i < 128; ++i) {
+  for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_4[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc_1[i * 256 + j] + t_1[j]))));
+      t_4[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t_1[j]))));
     }
   }
-  tsr::store_tile(out, N, 128*pid_m, 256*pid_n, M, N, t_4, 128, 256);
+  tsr::store_tile(out, N, 256*pid_m, 256*pid_n, M, N, t_4, 256, 256);
 }
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
 #pragma omp parallel for collapse(2) schedule(static, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -488,43 +487,41 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
 // ---- mlp_k0: one program instance (launch k0 of mlp: the library's gemm)
 
 static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768);
+  float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 65536;
-  float* const acc = area + 65536 + 131072;
-  float* const acc_1 = area + 65536 + 131072 + 32768;
-  float* const t = area + 65536 + 131072 + 32768 + 32768;
-  float* const h_1 = area + 65536 + 131072 + 32768 + 32768 + 256;
+  float* const b_tile_smem = area + 131072;
+  float* const acc = area + 131072 + 131072;
+  float* const t = area + 131072 + 131072 + 65536;
+  float* const h_1 = area + 131072 + 131072 + 65536 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 32768, 0.0f);
+  std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 128, 512, x, D, 128*pid_m, 512*kb, T, D);
+    tsr::load_tile(a_tile_smem, 256, 512, x, D, 256*pid_m, 512*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, W_in, F, 512*kb, 256*pid_n, D, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, T - 128*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_in, 0, 0, 256*pid_n, 1, F);
   float* const t_1 = t;
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  for (tsr::i64 i = 0; i < 128; ++i) {
+  for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc_1[i * 256 + j] + t_1[j]))));
+      h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t_1[j]))));
     }
   }
-  tsr::store_tile(h, F, 128*pid_m, 256*pid_n, T, F, h_1, 128, 256);
+  tsr::store_tile(h, F, 256*pid_m, 256*pid_n, T, F, h_1, 256, 256);
 }
 
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 128);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
 #pragma omp parallel for collapse(2) schedule(static, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -533,45 +530,43 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
 // ---- mlp_k1: one program instance (launch k1 of mlp: the library's gemm)
 
 static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(65536 + 131072 + 32768 + 32768 + 256 + 32768 + 32768);
+  float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536 + 65536);
   float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 65536;
-  float* const acc = area + 65536 + 131072;
-  float* const acc_1 = area + 65536 + 131072 + 32768;
-  float* const t = area + 65536 + 131072 + 32768 + 32768;
-  float* const t_3 = area + 65536 + 131072 + 32768 + 32768 + 256;
-  float* const t_5 = area + 65536 + 131072 + 32768 + 32768 + 256 + 32768;
+  float* const b_tile_smem = area + 131072;
+  float* const acc = area + 131072 + 131072;
+  float* const t = area + 131072 + 131072 + 65536;
+  float* const t_3 = area + 131072 + 131072 + 65536 + 256;
+  float* const t_5 = area + 131072 + 131072 + 65536 + 256 + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 32768, 0.0f);
+  std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 32768, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 128, 512, h, F, 128*pid_m, 512*kb, T, F);
+    tsr::load_tile(a_tile_smem, 256, 512, h, F, 256*pid_m, 512*kb, T, F);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     tsr::load_tile(b_tile_smem, 512, 256, W_out, D, 512*kb, 256*pid_n, F, D);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 256, 512, tsr::live(128, T - 128*pid_m), tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m), tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_out, 0, 0, 256*pid_n, 1, D);
   float* const t_1 = t;
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  tsr::load_tile(t_3, 128, 256, x, D, 128*pid_m, 256*pid_n, T, D);
-  for (tsr::i64 i = 0; i < 128; ++i) {
+  tsr::load_tile(t_3, 256, 256, x, D, 256*pid_m, 256*pid_n, T, D);
+  for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_5[i * 256 + j] = tsr::round_bf16((t_3[i * 256 + j] + (acc_1[i * 256 + j] + t_1[j])));
+      t_5[i * 256 + j] = tsr::round_bf16((t_3[i * 256 + j] + (acc[i * 256 + j] + t_1[j])));
     }
   }
-  tsr::store_tile(out, D, 128*pid_m, 256*pid_n, T, D, t_5, 128, 256);
+  tsr::store_tile(out, D, 256*pid_m, 256*pid_n, T, D, t_5, 256, 256);
 }
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 128);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
 #pragma omp parallel for collapse(2) schedule(static, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

@@ -377,13 +377,14 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
-// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
-// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
-// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+// out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
+// are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
+// corner only: rows of a below m, columns of b below n, and k steps of the reduction.
+// Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
+// zero: a dot.
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
+                i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel;
   if constexpr (Fresh) {  // zero what the blocks below do not write
     for (i64 r = 0; r < M; ++r) {
@@ -396,17 +397,17 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * N;
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
-      const float x = a[r * K + p];
+      const float x = a[r * ld_a + p];
       const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
@@ -415,7 +416,7 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 K, i64 m, i64 n, i64 k) {
-  mma(out, a, b, acc, M, N, K, m, n, k, N);
+  mma(out, a, b, acc, M, N, m, n, k, K, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -424,14 +425,14 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 }
 
 // out = a @ b on the live corner, zero elsewhere.
-inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
-                i64 k, i64 ld_b) {
-  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 m, i64 n, i64 k,
+                i64 ld_a, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, m, n, k, ld_a, ld_b);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  dot(out, a, b, M, N, K, m, n, k, N);
+  dot(out, a, b, M, N, m, n, k, K, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
@@ -443,15 +444,13 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 // ---- gemm: one program instance (launch k0 of gemm: the library's gemm)
 
 static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(4096 + 4096 + 16384 + 16384);
+  float* const area = tsr::scratch(4096 + 4096 + 16384);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 4096;
   float* const acc = area + 4096 + 4096;
-  float* const acc_1 = area + 4096 + 4096 + 16384;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 128, 32, A, K, 128*pid_m, 32*kb, M, K);
@@ -460,15 +459,15 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
     tsr::load_tile(b_tile_smem, 32, 128, B, N, 32*kb, 128*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 128, 32, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(32, K - 32*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(32, K - 32*kb));
   }
   // schedules.tsr:12: return A @ B
-  float* const t = acc_1;
+  float* const t = acc;
   for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t[i * 128 + j] = tsr::round_f16(acc_1[i * 128 + j]);
+      t[i * 128 + j] = tsr::round_f16(acc[i * 128 + j]);
     }
   }
   tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t, 128, 128);
@@ -485,15 +484,13 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
 // ---- skinny_gemm: one program instance (launch k0 of skinny_gemm: the library's gemm)
 
 static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(2048 + 2048 + 4096 + 4096);
+  float* const area = tsr::scratch(2048 + 2048 + 4096);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 2048;
   float* const acc = area + 2048 + 2048;
-  float* const acc_1 = area + 2048 + 2048 + 4096;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 4096, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 4096, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 64, 32, A, K, 64*pid_m, 32*kb, M, K);
@@ -502,15 +499,15 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
     tsr::load_tile(b_tile_smem, 32, 64, B, N, 32*kb, 64*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 64, 64, 32, tsr::live(64, M - 64*pid_m), tsr::live(64, N - 64*pid_n), tsr::live(32, K - 32*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - 64*pid_m), tsr::live(64, N - 64*pid_n), tsr::live(32, K - 32*kb));
   }
   // schedules.tsr:18: return A @ B
-  float* const t = acc_1;
+  float* const t = acc;
   for (tsr::i64 i = 0; i < 64; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 64; ++j) {
-      t[i * 64 + j] = tsr::round_f16(acc_1[i * 64 + j]);
+      t[i * 64 + j] = tsr::round_f16(acc[i * 64 + j]);
     }
   }
   tsr::store_tile(out, N, 64*pid_m, 64*pid_n, M, N, t, 64, 64);
@@ -527,17 +524,15 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
 // ---- gemm_bias_relu: one program instance (launch k0 of gemm_bias_relu: the library's gemm)
 
 static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(8192 + 8192 + 16384 + 16384 + 128 + 16384);
+  float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 8192;
   float* const acc = area + 8192 + 8192;
-  float* const acc_1 = area + 8192 + 8192 + 16384;
-  float* const t = area + 8192 + 8192 + 16384 + 16384;
-  float* const t_4 = area + 8192 + 8192 + 16384 + 16384 + 128;
+  float* const t = area + 8192 + 8192 + 16384;
+  float* const t_4 = area + 8192 + 8192 + 16384 + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  std::copy_n(acc, 16384, acc_1);
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 128, 64, A, K, 128*pid_m, 64*kb, M, K);
@@ -546,8 +541,8 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
     tsr::load_tile(b_tile_smem, 64, 128, B, N, 64*kb, 128*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_2 = acc_1;
-    tsr::mma(acc_2, a_tile, b_tile, acc_1, 128, 128, 64, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(64, K - 64*kb));
+    float* const acc_1 = acc;
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(64, K - 64*kb));
   }
   tsr::load_tile(t, 1, 128, bias, 0, 0, 128*pid_n, 1, N);
   float* const t_1 = t;
@@ -555,7 +550,7 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t_4[i * 128 + j] = tsr::round_bf16((tsr::relu((acc_1[i * 128 + j] + t_1[j]))));
+      t_4[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t_1[j]))));
     }
   }
   tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t_4, 128, 128);

@@ -374,13 +374,14 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
-// out = acc + a @ b, with a [M, K] and b [K, N] (`out` may be `acc`; rows of b are
-// `ld_b` apart: a tile, or a tensor read in place), computed on the live corner only:
-// rows of a below m, columns of b below n, and k steps of the reduction. Past them the
-// operands are zero padding, so out keeps acc there. With Fresh, acc is zero: a dot.
+// out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
+// are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
+// corner only: rows of a below m, columns of b below n, and k steps of the reduction.
+// Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
+// zero: a dot.
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
-                i64 K, i64 m, i64 n, i64 k, i64 ld_b) {
+                i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel;
   if constexpr (Fresh) {  // zero what the blocks below do not write
     for (i64 r = 0; r < M; ++r) {
@@ -393,17 +394,17 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
   i64 i = 0;
   for (; i + kRows <= m; i += kRows)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<kRows, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<kRows, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   for (; i + 2 <= m; i += 2)
     for (i64 j = 0; j < panels; j += kPanel)
-      mma_block<2, Fresh>(out + i * N + j, a + i * K, b + j, N, K, ld_b, k);
+      mma_block<2, Fresh>(out + i * N + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
   const i64 blocked = i;
   // the edges: the last row when m is odd, and the columns past the last panel
   for (i64 r = 0; r < m; ++r) {
     float* o = out + r * N;
     const i64 j0 = r < blocked ? panels : 0;
     for (i64 p = 0; p < k; ++p) {
-      const float x = a[r * K + p];
+      const float x = a[r * ld_a + p];
       const float* row = b + p * ld_b;
       for (i64 j = j0; j < n; ++j) o[j] += x * row[j];
     }
@@ -412,7 +413,7 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 K, i64 m, i64 n, i64 k) {
-  mma(out, a, b, acc, M, N, K, m, n, k, N);
+  mma(out, a, b, acc, M, N, m, n, k, K, N);
 }
 
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 m, i64 n,
@@ -421,14 +422,14 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
 }
 
 // out = a @ b on the live corner, zero elsewhere.
-inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
-                i64 k, i64 ld_b) {
-  mma<true>(out, a, b, out, M, N, K, m, n, k, ld_b);
+inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 m, i64 n, i64 k,
+                i64 ld_a, i64 ld_b) {
+  mma<true>(out, a, b, out, M, N, m, n, k, ld_a, ld_b);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K, i64 m, i64 n,
                 i64 k) {
-  dot(out, a, b, M, N, K, m, n, k, N);
+  dot(out, a, b, M, N, m, n, k, K, N);
 }
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
@@ -506,7 +507,7 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
     l_out[i] = l_in[i] * alpha + l_c[i] * beta;
     m_out[i] = m_new;
   }
-  mma(acc_out, scaled, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
+  mma(acc_out, scaled, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
 }
 
 // softmax_online and then softmax_accumulate of its block, in one pass over the scores
@@ -529,7 +530,7 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
     l_out[i] = l_in[i] * alpha + sum;
     m_out[i] = mx;
   }
-  mma(acc_out, p, v, acc_out, m, d, n, m, d_live, n_live, ld_v);
+  mma(acc_out, p, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
 }
 
 }  // namespace tsr

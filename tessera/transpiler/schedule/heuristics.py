@@ -31,10 +31,11 @@ _GEMM = {
     ],
     "hip": [(128, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 64, 64, 4, 2)],
     "opencl": [(64, 64, 64, 4, 1), (32, 32, 64, 4, 1)],
-    # CPUs: a 128 x 256 f32 accumulator with its operand tiles fits a 1-2 MiB L2, and 128
-    # rows divide into the micro-kernel's 6- or 8-row blocks with little remainder
-    # (SGEMM 2048 measured 87 ms against 91 ms for 64 x 256, bench/cpu.py).
-    "cpu": [(128, 256, 1024, 1, 1)],
+    # CPUs: a 256 x 256 f32 accumulator and a 256 x 256 tile of B fit a 1 MiB L2 (an f32
+    # A is read in place), and 256 rows divide into the micro-kernel's 6- or 8-row
+    # blocks with little remainder (SGEMM 2048 on 2 cores: 82.4-83.2 ms against
+    # 82.9-84.8 ms for 128 x 256; 512 to 4096 all 1-2% faster).
+    "cpu": [(256, 256, 1024, 1, 1)],
 }
 # (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
 _ATTENTION = {

@@ -607,11 +607,15 @@ class _Emitter:
 
     def _live_corner(self, tile: Value) -> tuple[Dim | None, Dim | None] | None:
         """The rows and columns of ``tile`` (None: all of them) that its one reader looks
-        at, when that reader reads only a product's live corner: the keys of attention
-        through their transpose, or its values. None for any other reader."""
+        at, when that reader reads only a product's live corner: the left operand of a
+        product, the keys of attention through their transpose, or its values. None for
+        any other reader."""
         user = self.readers.get(tile.id)
         if user is None or self.uses.get(tile.id) != 1:
             return None
+        if user.kind in ("dot", "mma") and user.operands[0] is tile:
+            live = user.attr("live")
+            return (live.m, live.k) if live else (None, None)
         if user.kind == "transpose" and self.uses.get(user.result.id) == 1:
             product = self.readers.get(user.result.id)
             if product is not None and product.kind == "dot" and product.operands[1] is user.result:
@@ -693,18 +697,27 @@ class _Emitter:
             for bound, size in zip(bounds, sizes, strict=True)
         )
 
+    def _product(self, op: Op) -> tuple[str, ...]:
+        """A product's tile sizes and live extents; when an operand is read in place, the
+        sizes of the output, the live extents and the row strides of both operands."""
+        a, b = op.operands[:2]
+        sizes = self._mnk(a, b)
+        live = self._live(op, sizes)
+        if a.id not in self.strides and b.id not in self.strides:
+            return (*sizes, *live)
+        m, n, k = sizes
+        return (m, n, *(live or sizes), self.strides.get(a.id, k), self.strides.get(b.id, n))
+
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
-        sizes = self._mnk(a, b)
-        args = ", ".join((name, self.name(a), self.name(b), *sizes, *self._live(op, sizes)))
+        args = ", ".join((name, self.name(a), self.name(b), *self._product(op)))
         self.line(f"tsr::dot({args});")
 
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
         name = self.result_in_place(op, (2,))
-        sizes = self._mnk(a, b)
-        args = (name, self.name(a), self.name(b), self.name(acc), *sizes, *self._live(op, sizes))
+        args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
         self.line(f"tsr::mma({', '.join(args)});")
 
     def _limit(self, s: Value) -> str:
@@ -795,11 +808,16 @@ class _Emitter:
             self.local[-1].add(result.id)
 
     def _carried(self, arg: Value, init: Value) -> None:
-        """A loop-carried value: its own storage, holding ``init`` at entry."""
+        """A loop-carried value: its own storage, holding ``init`` at entry; ``init``'s
+        storage itself when the loop is its last use (an accumulator's zeros)."""
         if isinstance(arg.type, ScalarType):
             name = self.namer.fresh(arg.name, "s")
             self.names[arg.id] = name
             self.line(f"{_SCALAR_TYPES[arg.type.kind]} {name} = {self.name(init)};")
+            return
+        if self._dies_here(init) and self.numel(init.type) == self.numel(arg.type):
+            self.names[arg.id] = self.name(init)
+            self.roots[arg.id] = self.roots[init.id]
             return
         self.local.append(set())  # the argument belongs to the loop body, not here
         name = self.allocate(arg)
