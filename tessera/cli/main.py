@@ -24,6 +24,7 @@ from ..transpiler.pipeline import (
     StageNotImplemented,
     compile_file,
 )
+from ..transpiler.target.cupy_loader import python_loader
 from ..tune.cachefile import CacheWarning
 from .tune import cache_main, tune_main
 
@@ -49,6 +50,7 @@ commands:
 
 examples:
   tesserac attention.tsr -o attention.cu
+  tesserac attention.tsr -o attention.cu --python-loader attention.py
   tesserac attention.tsr --target cpu -D S=1024 -o attention.cpp
   tesserac attention.tsr --emit ast
 
@@ -85,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule-cache", metavar="PATH",
         help="use the tuned schedules in PATH where they apply (see 'tesserac tune --help')",
     )  # fmt: skip
+    parser.add_argument(
+        "--python-loader", metavar="PY",
+        help="with a CUDA -o file, also write PY: a module that loads it with CuPy and "
+        "has one typed function per kernel (needs CuPy, not Tessera)",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
@@ -100,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         options = Options.create(target, args.arch, args.defines, args.kernel)
     except OptionsError as exc:
         parser.error(str(exc))
+    loads_cuda = options.target == "cuda" and args.output and args.emit == "target"
+    if args.python_loader and not loads_cuda:
+        parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheWarning)
@@ -125,11 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    try:
-        _write_atomically(Path(args.output), text)
-    except OSError as exc:
-        print(f"tesserac: error: cannot write '{args.output}': {exc.strerror}", file=sys.stderr)
-        return 1
+    files = {args.output: text}
+    if args.python_loader:
+        files[args.python_loader] = python_loader(program.ir("meta"), Path(args.output).name)
+    for path, content in files.items():
+        try:
+            _write_atomically(Path(path), content)
+        except OSError as exc:
+            print(f"tesserac: error: cannot write '{path}': {exc.strerror}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,0 +1,186 @@
+"""``--python-loader``: a Python module that loads a CUDA file with CuPy and calls it.
+
+A project that checks in ``kernel.cu`` and this module needs CuPy, not Tessera: the
+module carries what ``tessera.runtime.cuda`` reads from the metadata (the parameters,
+the guards, the launches) as plain Python, one typed function per ``.tsr`` function.
+Sizes are Python expressions of the symbols the arguments' shapes bind, printed from
+the same dims as the C code's. The template (``templates/loader``) is written so that
+its output is already formatted as black formats it; a test checks that on every
+example.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..graph.dims import parse_dim
+from .cexpr import c_dim
+from .render import environment
+
+__all__ = ["python_loader"]
+
+#: The cupy dtype that holds each Tessera dtype: bf16 and fp8 travel as their bits.
+_STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
+            "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "f64": "float64"}  # fmt: skip
+_SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
+_RELATIONS = {"equal": "==", "at_most": "<="}
+_WIDTH = 88  # black's default line length
+
+
+def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
+    """The loader module for the CUDA file named ``cuda_file`` (next to the module)."""
+    functions = [_function(f) for f in meta["functions"]]
+    return environment("loader").get_template("cupy_loader.py.j2").render(
+        source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
+        options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
+    )  # fmt: skip
+
+
+def py_size(text: str) -> str:
+    """A size the metadata writes as a dim (``"B*H"``, ``"S/2"``) as a Python integer
+    expression: the C printer's, with Python's floor division and black's spacing."""
+    spaced = re.sub(
+        r"[*/]", lambda m: " * " if m.group() == "*" else " // ", c_dim(parse_dim(text))
+    )
+    return re.sub(r"\((\w+)\)", r"\1", spaced)
+
+
+def wrap(indent: int, head: str, items: list[str], tail: str) -> list[str]:
+    """``head(items)tail`` as black prints it: on one line when that fits in 88
+    columns, else one item per line with a trailing comma (which keeps it that way)."""
+    line = " " * indent + head + ", ".join(items) + tail
+    if len(line) <= _WIDTH or not items:
+        return [line]
+    pad = " " * (indent + 4)
+    return [
+        " " * indent + head,
+        *(f"{pad}{item}," for item in items),
+        " " * indent + tail.lstrip(" "),
+    ]
+
+
+def _function(f: Mapping[str, Any]) -> dict[str, Any]:
+    """One function's signature, docstring and body, indented as printed."""
+    name = f["name"]
+    inputs = [p for p in f["params"] if p.get("io") != "out"]
+    result = next((p for p in f["params"] if p["name"] == f["result"]), None)
+    bound: set[str] = set()
+    body: list[str] = []
+    for p in inputs:
+        if p["kind"] == "scalar":
+            body.append(f"    {p['name']} = cupy.{_SCALARS[p['type']]}({p['name']})")
+        else:
+            body.extend(_tensor_checks(4, name, p, bound))
+    for g in f["guards"]:
+        body.extend(_guard(name, g))
+    if result is not None:
+        out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
+        shape = _tuple([py_size(d) for d in result["dims"]])
+        body.append(f"    if {out} is None:")
+        body.extend(wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
+        body.append("    else:")
+        body.extend(_tensor_checks(8, name, result, set(bound)))
+    for b in f["buffers"]:
+        body.extend(
+            wrap(
+                4,
+                f"{b['name']} = cupy.empty(",
+                [f"max(1, {py_size(b['bytes'])})", 'dtype="uint8"'],
+                ")",
+            )
+        )
+    for launch in f["launches"]:
+        body.extend(wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
+    if result is not None:
+        body.append(f"    return {result['name']}")
+    params = [f"{p['name']}: {'cupy.ndarray' if p['kind'] == 'tensor' else p['type']}"
+              for p in inputs]  # fmt: skip
+    if result is not None:
+        params += ["*", f"{result['name']}: cupy.ndarray | None = None"]
+    returns = "cupy.ndarray" if result is not None else "None"
+    return {
+        "signature": wrap(0, f"def {name}(", params, f") -> {returns}:"),
+        "doc": _doc(name, inputs, result),
+        "body": body,
+    }
+
+
+def _launch(launch: Mapping[str, Any], sizes: set[str]) -> list[str]:
+    """The arguments of ``_launch``: kernel, grid in blocks, threads, shared memory, and
+    the kernel's arguments (sizes as 64-bit integers, as the kernels declare them)."""
+    grid = [_blocks(py_size(g["extent"]), g["block"]) for g in launch["grid"]]
+    args = [f"cupy.int64({a})" if a in sizes else a for a in launch["args"]]
+    return [f'"{launch["kernel"]}"', _tuple(grid), str(launch["threads"]),
+            str(launch["dynamic_smem"]), _tuple(args)]  # fmt: skip
+
+
+def _tensor_checks(indent: int, function: str, p: Mapping[str, Any], bound: set[str]) -> list[str]:
+    """Check one tensor argument, binding the size symbols its shape gives first."""
+    name, dims, pad = p["name"], p["dims"], " " * indent
+    check = [f'"{function}"', f'"{name}"', name, f'"{_STORAGE[p["dtype"]]}"', str(len(dims))]
+    lines = wrap(indent, f"{name} = _tensor(", check, ")")
+    fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
+    if fresh == dims and len(set(dims)) == len(dims):
+        lines.append(f"{pad}{', '.join(dims)} = {name}.shape")
+    else:
+        lines += [f"{pad}{d} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
+        shown, want = f'"[{", ".join(dims)}]"', _tuple([py_size(d) for d in dims])
+        lines += wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
+    bound.update(dims)
+    return lines
+
+
+def _guard(function: str, g: Mapping[str, Any]) -> list[str]:
+    """The guard's test and the runtime's message, split before the reason when the
+    message does not fit on a line."""
+    left, right = _paren(py_size(g["left"])), _paren(py_size(g["right"]))
+    if g["kind"] == "divisible":
+        nonzero = "" if right.isdigit() and int(right) else f"{right} == 0 or "
+        test, relation = f"{nonzero}{left} % {right} != 0", "% ... == 0 with"
+    else:
+        test, relation = f"not {left} {_RELATIONS[g['kind']]} {right}", _RELATIONS[g["kind"]]
+    said = _literal(g["left"])
+    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {_literal(g['right'])} "
+    reason = f"({g['reason']})"
+    whole = wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
+    if all(len(line) <= _WIDTH for line in whole):
+        return [f"    if {test}:", *whole]
+    parts = [" " * 12 + _quoted(head, "f"), " " * 12 + _quoted(reason)]
+    return [f"    if {test}:", "        raise ValueError(", *parts, "        )"]
+
+
+def _literal(text: str) -> str:
+    """``text`` as the literal part of an f-string."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _quoted(text: str, prefix: str = "") -> str:
+    """A string literal of ``text``, quoted as black quotes it: double quotes unless the
+    text holds double quotes and no single ones."""
+    if '"' in text and "'" not in text:
+        return f"{prefix}'{text}'"
+    return prefix + '"' + text.replace('"', '\\"') + '"'
+
+
+def _doc(name: str, inputs: list[Mapping[str, Any]], result: Mapping[str, Any] | None) -> list[str]:
+    """The signature as the ``.tsr`` file gives it, dtypes and dims included: the
+    docstring, on one line or one argument per line."""
+    args = [f"{p['name']}: {p['type']}" if p["kind"] == "scalar"
+            else f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]" for p in inputs]  # fmt: skip
+    tail = f" -> {result['dtype']}[{', '.join(result['dims'])}]" if result is not None else ""
+    return wrap(4, f'"""{name}(', args, f'){tail}"""')
+
+
+def _blocks(extent: str, block: int) -> str:
+    """Programs along one grid axis: ``extent`` in blocks of ``block``, rounded up."""
+    return extent if block == 1 else f"-(-{_paren(extent)} // {block})"
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _paren(expr: str) -> str:
+    return expr if re.fullmatch(r"[\w.]+", expr) else f"({expr})"

@@ -1,0 +1,145 @@
+"""``--python-loader``: the CuPy module written beside a CUDA file.
+
+Its text is pinned per example like every other output, it is formatted as black
+formats it, and it runs: with a stand-in for CuPy that records launches instead of
+making them, its checks and launches must be the ones ``tessera.runtime.cuda`` derives
+from the same metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.runtime.entry import evaluate
+from tessera.transpiler.target.cupy_loader import python_loader
+
+from .conftest import EXAMPLES, ROOT, SOURCES
+
+GOLDEN = ROOT / "golden"
+
+
+def _loader(path: Path) -> str:
+    program = tessera.compile_file(path, target="cuda", arch="sm_80")
+    return python_loader(program.ir("meta"), f"{path.stem}.cu")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_loader_matches_golden(example: Path, update_golden: bool) -> None:
+    golden = GOLDEN / example.stem / "loader.cuda-sm_80.py"
+    text = _loader(example)
+    if update_golden:
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file {golden}: run pytest --update-golden"
+    assert text == golden.read_text(), f"{golden} differs: review, then --update-golden"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[Path(p).stem for p in SOURCES])
+def test_loader_is_formatted_and_lint_clean(source: str, tmp_path: Path) -> None:
+    """black's default style, and ruff at black's line length: a downstream project can
+    check the module in under its own formatter without a diff."""
+    pytest.importorskip("black", reason="needs black")
+    module = tmp_path / f"{Path(source).stem}.py"
+    module.write_text(_loader(ROOT / source))
+    black = subprocess.run([sys.executable, "-m", "black", "--check", "--diff", str(module)],
+                           capture_output=True, text=True)  # fmt: skip
+    assert black.returncode == 0, black.stdout
+    lint = ["check", "--no-cache", "--isolated", "--line-length", "88", str(module)]
+    ruff = subprocess.run([sys.executable, "-m", "ruff", *lint], capture_output=True, text=True)
+    assert ruff.returncode == 0, ruff.stdout
+
+
+class _Array:
+    """A device array as far as the loader looks at one."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+
+
+def _fake_cupy(launches: list[tuple[Any, ...]]) -> types.ModuleType:
+    """CuPy's names the loader uses; a kernel call is recorded, not run."""
+
+    class Kernel:
+        def __init__(self, name: str) -> None:
+            self.name, self.max_dynamic_shared_size_bytes = name, 0
+
+        def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int) -> None:
+            launches.append((self.name, grid, block, args, shared_mem))
+
+    class RawModule:
+        def __init__(self, code: str, options: tuple[str, ...], backend: str) -> None:
+            assert 'extern "C" __global__' in code and backend == "nvrtc"
+
+        def get_function(self, name: str) -> Kernel:
+            return Kernel(name)
+
+    cupy = types.ModuleType("cupy")
+    cupy.ndarray, cupy.RawModule, cupy.RawKernel = _Array, RawModule, Kernel
+    cupy.dtype, cupy.int64, cupy.int32, cupy.float32 = np.dtype, np.int64, np.int32, np.float32
+    cupy.empty = lambda shape, dtype: _Array(shape if isinstance(shape, tuple) else (shape,), dtype)
+    return cupy
+
+
+def _import(path: Path, cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_loader_checks_and_launches_as_the_runtime_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLP at ragged sizes: two launches, an intermediate buffer, grids and
+    arguments as the metadata gives them; a wrong shape names the parameter and dim."""
+    example = ROOT / "examples" / "mlp.tsr"
+    program = tessera.compile_file(example, target="cuda", arch="sm_80")
+    (tmp_path / "mlp.cu").write_text(program.source)
+    (tmp_path / "mlp_loader.py").write_text(python_loader(program.ir("meta"), "mlp.cu"))
+    launches: list[tuple[Any, ...]] = []
+    mlp = _import(tmp_path / "mlp_loader.py", _fake_cupy(launches), monkeypatch)
+    sizes = {"T": 300, "D": 96, "F": 200}
+    x, w_in = _Array((300, 96), np.uint16), _Array((96, 200), np.uint16)
+    b_in, w_out, b_out = (
+        _Array((200,), np.float32),
+        _Array((200, 96), np.uint16),
+        _Array((96,), np.float32),
+    )
+    out = mlp.mlp(x, w_in, b_in, w_out, b_out)
+    assert out.shape == (300, 96) and out.dtype == np.uint16
+    meta = next(f for f in program.ir("meta")["functions"] if f["name"] == "mlp")
+    assert [launch[0] for launch in launches] == [k["kernel"] for k in meta["launches"]]
+    for (_, grid, block, args, smem), want in zip(launches, meta["launches"], strict=True):
+        blocks = [-(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in want["grid"]]
+        assert list(grid) == blocks + [1] * (3 - len(blocks))
+        assert block == (want["threads"], 1, 1) and smem == want["dynamic_smem"]
+        named = {"x": x, "W_in": w_in, "b_in": b_in, "W_out": w_out, "b_out": b_out, "out": out}
+        for arg, name in zip(args, want["args"], strict=True):
+            if name in sizes:
+                assert arg == sizes[name] and isinstance(arg, np.int64)
+            elif name in named:
+                assert arg is named[name]
+            else:  # the intermediate buffer
+                assert arg.shape == (evaluate(meta["buffers"][0]["bytes"], sizes, name),)
+    with pytest.raises(ValueError, match=r"mlp\(\): 'W_out' has shape \(201, 96\), \[F, D\]"):
+        mlp.mlp(x, w_in, b_in, _Array((201, 96), np.uint16), b_out)
+    with pytest.raises(TypeError, match=r"'x' is float32, the kernel takes uint16"):
+        mlp.mlp(_Array((300, 96), np.float32), w_in, b_in, w_out, b_out)
+
+
+def test_loader_needs_cuda_output(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "tessera", str(ROOT / "examples/mlp.tsr"),
+                           "-o", str(tmp_path / "mlp.cpp"), "--python-loader",
+                           str(tmp_path / "mlp.py")], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--python-loader needs CUDA output" in done.stderr
+    assert not (tmp_path / "mlp.py").exists()
