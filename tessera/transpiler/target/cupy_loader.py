@@ -5,8 +5,8 @@ module carries what ``tessera.runtime.cuda`` reads from the metadata (the parame
 the guards, the launches) as plain Python, one typed function per ``.tsr`` function.
 Sizes are Python expressions of the symbols the arguments' shapes bind, printed from
 the same dims as the C code's. The template (``templates/loader``) is written so that
-its output is already formatted as black formats it; a test checks that on every
-example.
+its output is already formatted as black formats it; a test checks that for every
+example and library file.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     )  # fmt: skip
 
 
-def py_size(text: str) -> str:
+def _py_size(text: str) -> str:
     """A size the metadata writes as a dim (``"B*H"``, ``"S/2"``) as a Python integer
     expression: the C printer's, with Python's floor division and black's spacing."""
     spaced = re.sub(
@@ -47,7 +47,7 @@ def py_size(text: str) -> str:
     return re.sub(r"\((\w+)\)", r"\1", spaced)
 
 
-def wrap(indent: int, head: str, items: list[str], tail: str) -> list[str]:
+def _wrap(indent: int, head: str, items: list[str], tail: str) -> list[str]:
     """``head(items)tail`` as black prints it: on one line when that fits in 88
     columns, else one item per line with a trailing comma (which keeps it that way)."""
     line = " " * indent + head + ", ".join(items) + tail
@@ -77,22 +77,22 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.extend(_guard(name, g))
     if result is not None:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
-        shape = _tuple([py_size(d) for d in result["dims"]])
+        shape = _tuple([_py_size(d) for d in result["dims"]])
         body.append(f"    if {out} is None:")
-        body.extend(wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
+        body.extend(_wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
         body.append("    else:")
         body.extend(_tensor_checks(8, name, result, set(bound)))
     for b in f["buffers"]:
         body.extend(
-            wrap(
+            _wrap(
                 4,
                 f"{b['name']} = cupy.empty(",
-                [f"max(1, {py_size(b['bytes'])})", 'dtype="uint8"'],
+                [f"max(1, {_py_size(b['bytes'])})", 'dtype="uint8"'],
                 ")",
             )
         )
     for launch in f["launches"]:
-        body.extend(wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
+        body.extend(_wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
     if result is not None:
         body.append(f"    return {result['name']}")
     params = [f"{p['name']}: {'cupy.ndarray' if p['kind'] == 'tensor' else p['type']}"
@@ -101,7 +101,7 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         params += ["*", f"{result['name']}: cupy.ndarray | None = None"]
     returns = "cupy.ndarray" if result is not None else "None"
     return {
-        "signature": wrap(0, f"def {name}(", params, f") -> {returns}:"),
+        "signature": _wrap(0, f"def {name}(", params, f") -> {returns}:"),
         "doc": _doc(name, inputs, result),
         "body": body,
     }
@@ -110,7 +110,7 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
 def _launch(launch: Mapping[str, Any], sizes: set[str]) -> list[str]:
     """The arguments of ``_launch``: kernel, grid in blocks, threads, shared memory, and
     the kernel's arguments (sizes as 64-bit integers, as the kernels declare them)."""
-    grid = [_blocks(py_size(g["extent"]), g["block"]) for g in launch["grid"]]
+    grid = [_blocks(_py_size(g["extent"]), g["block"]) for g in launch["grid"]]
     args = [f"cupy.int64({a})" if a in sizes else a for a in launch["args"]]
     return [f'"{launch["kernel"]}"', _tuple(grid), str(launch["threads"]),
             str(launch["dynamic_smem"]), _tuple(args)]  # fmt: skip
@@ -120,14 +120,14 @@ def _tensor_checks(indent: int, function: str, p: Mapping[str, Any], bound: set[
     """Check one tensor argument, binding the size symbols its shape gives first."""
     name, dims, pad = p["name"], p["dims"], " " * indent
     check = [f'"{function}"', f'"{name}"', name, f'"{_STORAGE[p["dtype"]]}"', str(len(dims))]
-    lines = wrap(indent, f"{name} = _tensor(", check, ")")
+    lines = _wrap(indent, f"{name} = _tensor(", check, ")")
     fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
     if fresh == dims and len(set(dims)) == len(dims):
         lines.append(f"{pad}{', '.join(dims)} = {name}.shape")
     else:
         lines += [f"{pad}{d} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
-        shown, want = f'"[{", ".join(dims)}]"', _tuple([py_size(d) for d in dims])
-        lines += wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
+        shown, want = f'"[{", ".join(dims)}]"', _tuple([_py_size(d) for d in dims])
+        lines += _wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
     bound.update(dims)
     return lines
 
@@ -135,7 +135,7 @@ def _tensor_checks(indent: int, function: str, p: Mapping[str, Any], bound: set[
 def _guard(function: str, g: Mapping[str, Any]) -> list[str]:
     """The guard's test and the runtime's message, split before the reason when the
     message does not fit on a line."""
-    left, right = _paren(py_size(g["left"])), _paren(py_size(g["right"]))
+    left, right = _paren(_py_size(g["left"])), _paren(_py_size(g["right"]))
     if g["kind"] == "divisible":
         nonzero = "" if right.isdigit() and int(right) else f"{right} == 0 or "
         test, relation = f"{nonzero}{left} % {right} != 0", "% ... == 0 with"
@@ -144,7 +144,7 @@ def _guard(function: str, g: Mapping[str, Any]) -> list[str]:
     said = _literal(g["left"])
     head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {_literal(g['right'])} "
     reason = f"({g['reason']})"
-    whole = wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
+    whole = _wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
     if all(len(line) <= _WIDTH for line in whole):
         return [f"    if {test}:", *whole]
     parts = [" " * 12 + _quoted(head, "f"), " " * 12 + _quoted(reason)]
@@ -170,7 +170,7 @@ def _doc(name: str, inputs: list[Mapping[str, Any]], result: Mapping[str, Any] |
     args = [f"{p['name']}: {p['type']}" if p["kind"] == "scalar"
             else f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]" for p in inputs]  # fmt: skip
     tail = f" -> {result['dtype']}[{', '.join(result['dims'])}]" if result is not None else ""
-    return wrap(4, f'"""{name}(', args, f'){tail}"""')
+    return _wrap(4, f'"""{name}(', args, f'){tail}"""')
 
 
 def _blocks(extent: str, block: int) -> str:
