@@ -16,6 +16,7 @@ import pytest
 
 import tessera
 from tessera.runtime.cpu import build
+from tessera.transpiler.target.cpu import DEFAULT_FLAGS
 
 from .conftest import EXAMPLES, ROOT
 from .reference import (
@@ -267,17 +268,54 @@ int main() {
 """
 
 
+EXP_CHECK = """\
+#include "tessera_tile.hpp"
+#include <cstdio>
+#include <cstring>
+// exp_nonpositive against exp at every 61st float from -0 down past -100, and at the
+// edges: where exp flushes to 0, -inf and NaN.
+int main() {
+  std::vector<float> x;
+  for (std::uint32_t bits = 0x80000000u; bits <= 0xC2D00000u; bits += 61)
+    x.push_back(tsr::float_of(bits));
+  for (float e : {tsr::kExpLow, -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::max()})
+    for (float y : {e, std::nextafter(e, 0.0f), std::nextafter(e, -1e30f)}) x.push_back(y);
+  std::vector<float> fast(x.size()), full(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) fast[i] = tsr::exp_nonpositive(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i) full[i] = tsr::exp(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&fast[i], &full[i], 4) != 0 && !(fast[i] != fast[i] && full[i] != full[i]))
+      return std::printf("x = %a: %a, exp %a\\n", x[i], fast[i], full[i]);
+  std::printf("ok %zu\\n", x.size());
+}
+"""
+
+
+def _run_header_check(program: str, flags: list[str], tmp_path: Path) -> str:
+    """Build a C++ program against the CPU tile header; its output."""
+    (tmp_path / "t.cpp").write_text(program)
+    header = ROOT / "tessera/templates/cpu"
+    build = subprocess.run(["g++", "-std=c++17", *flags, f"-I{header}", "t.cpp", "-o", "t"],
+                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    return subprocess.run([str(tmp_path / "t")], capture_output=True, text=True).stdout.strip()
+
+
 @pytest.mark.parametrize("arch", [[], ["-march=native"]], ids=["baseline", "native"])
 def test_register_transpose_matches_the_definition(arch: list[str], tmp_path: Path) -> None:
     """Whole blocks go through shuffles of kLanes-wide vectors (8 or 16 with AVX-512),
     the rest element by element: both, at several ragged shapes."""
-    (tmp_path / "t.cpp").write_text(TRANSPOSE_CHECK)
-    header = ROOT / "tessera/templates/cpu"
-    build = subprocess.run(["g++", "-std=c++17", "-O2", *arch, f"-I{header}", "t.cpp", "-o", "t"],
-                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
-    assert run.stdout.strip() == "ok", run.stdout
+    assert _run_header_check(TRANSPOSE_CHECK, ["-O2", *arch], tmp_path) == "ok"
+
+
+def test_softmax_exp_equals_exp_where_softmax_takes_it(tmp_path: Path) -> None:
+    """Online softmax's exponents are never positive, and there a shorter exp serves. It
+    must give exp's bits, since the tests of attention would not see a one-ulp slip. Built
+    with the generated code's flags, so both loops vectorize as they do there."""
+    flags = [f for f in DEFAULT_FLAGS if f not in ("-shared", "-fPIC")]
+    out = _run_header_check(EXP_CHECK, flags, tmp_path)
+    assert out.startswith("ok ") and int(out.split()[1]) > 10**7, out
 
 
 def test_vectorizable_exp_and_tanh_match_libm() -> None:

@@ -172,27 +172,35 @@ inline void store_as(e5m2* dst, float x) {
 // reduction x = n ln2 + r, a degree-6 polynomial for e^r on |r| <= ln2/2 (Cephes'
 // coefficients), and 2^n built in the exponent bits; within 2 ulp of expf. Below
 // -87.34 (where f32 goes subnormal) the result is 0, so exp(-inf) = 0 as masks need.
-inline float exp(float x) {
-  const float hi = 88.72283905f, lo = -87.33654475f;
-  const float xc = x > hi ? hi : (x < lo ? lo : x);
-  // n = floor(xc / ln2 + 0.5); truncating a positive value is a floor that vectorizes
-  const int ni = static_cast<int>(xc * 1.44269504f + 256.5f) - 256;
+constexpr float kExpLow = -87.33654475f, kExpHigh = 88.72283905f;
+
+// n = round(x / ln2) for x in [kExpLow, kExpHigh]: truncating a positive value is a floor
+// that vectorizes (a negative one keeps the loop scalar).
+inline int exp_n(float x) { return static_cast<int>(x * 1.44269504f + 256.5f) - 256; }
+
+// e^r for r = x - n ln2, with n = exp_n(x); a NaN x gives NaN.
+inline float exp_poly(float x, int ni) {
   const float n = static_cast<float>(ni);
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+inline float exp(float x) {
+  const float xc = x > kExpHigh ? kExpHigh : (x < kExpLow ? kExpLow : x);
+  const int ni = exp_n(xc);
   // 2^n as 2^n1 * 2^n2 with both halves well inside the exponent range (n is -126..128)
   const int n1 = ni / 2, n2 = ni - n1;
   const float s1 = float_of(static_cast<std::uint32_t>(n1 + 127) << 23);
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
-  float y = p * s1 * s2;
-  y = x < lo ? 0.0f : y;
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  float y = exp_poly(xc, ni) * s1 * s2;
+  y = x < kExpLow ? 0.0f : y;
+  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
