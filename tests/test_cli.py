@@ -92,7 +92,9 @@ def test_program_errors_come_before_missing_stages(
     ("args", "message"),
     [
         (["--target", "metal"], "invalid choice: 'metal'"),
-        (["--emit", "ptx"], "invalid choice: 'ptx'"),
+        (["--emit", "sass"], "invalid choice: 'sass'"),
+        (["--target", "hip", "--emit", "ptx"], "for the cuda target, not hip"),
+        (["--target", "cpu", "--emit", "meta", "--resources"], "--resources goes with"),
         (["--target", "cuda", "--arch", "gfx90a"], "target cuda has no arch 'gfx90a'"),
         (["--arch", "sm_80"], "--arch needs a target"),
         (["-D", "S"], "expected SYM=VALUE"),

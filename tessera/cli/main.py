@@ -8,6 +8,7 @@ compiler error. A user's mistake never produces a Python traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from ..transpiler.pipeline import (
     compile_file,
 )
 from ..transpiler.target.cupy_loader import python_loader
+from ..transpiler.target.nvrtc import with_resources
 from ..tune.cachefile import CacheWarning
 from .tune import cache_main, tune_main
 
@@ -42,7 +44,10 @@ stages (--emit):
   sched   Schedule IR: tiles, warps, stages, grid, memory plan
   tile    Tile IR: memory spaces, staged copies, mma, barriers
   target  the generated source (the default)
-  meta    kernel metadata as JSON: parameters, launch spec, resources
+  meta    kernel metadata as JSON: parameters, launch spec, buffers (with --resources,
+          also each kernel's registers, shared memory and spills, from NVRTC)
+  ptx     the CUDA file compiled to PTX by NVRTC (cuda only)
+  cubin   the CUDA file compiled to a cubin by NVRTC (cuda only; binary, so -o FILE)
 
 commands:
   tesserac tune FILE.tsr ...   measure schedules and record the fastest in a cache file
@@ -92,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a CUDA -o file, also write PY: a module that loads it with CuPy and "
         "has one typed function per kernel (needs CuPy, not Tessera)",
     )  # fmt: skip
+    parser.add_argument(
+        "--resources", action="store_true",
+        help="with --emit meta for CUDA: build with NVRTC and add what ptxas gave each "
+        "kernel (registers, shared memory, barriers, stack frame, spills)",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
@@ -110,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     loads_cuda = options.target == "cuda" and args.output and args.emit == "target"
     if args.python_loader and not loads_cuda:
         parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
+    if args.resources and (options.target != "cuda" or args.emit != "meta"):
+        parser.error("--resources goes with --emit meta for the cuda target")
+    if args.emit == "cubin" and args.output is None and sys.stdout.isatty():
+        parser.error("a cubin is binary: write it to a file with -o")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CacheWarning)
@@ -118,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         for w in caught:
             print(f"tesserac: warning: {w.message}", file=sys.stderr)
         text = program.inspect_ir(args.emit)
+        if args.resources:
+            text = json.dumps(with_resources(program.ir("meta"), program.ir("cubin")), indent=2)
+            text += "\n"
     except CompileError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -133,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     for warning in program.diagnostics:
         print(warning.render(), file=sys.stderr)
     if args.output is None:
-        sys.stdout.write(text)
+        if isinstance(text, bytes):
+            sys.stdout.buffer.write(text)
+        else:
+            sys.stdout.write(text)
         return 0
     files = {args.output: text}
     if args.python_loader:
@@ -163,13 +183,17 @@ def _internal_error(message: object, cause: BaseException) -> int:
     return 3
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, content: str | bytes) -> None:
     """Write via a temporary file so an interrupted run never leaves half a file."""
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        if isinstance(content, bytes):
+            with os.fdopen(fd, "wb") as binary:
+                binary.write(content)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+                handle.write(content)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,7 +4,8 @@ Each stage turns the previous stage's IR into its own and has a printer, so
 ``tesserac --emit STAGE``, ``Program.inspect_ir(STAGE)`` and the golden files
 all show the same text. The driver runs every implemented stage eagerly, so
 ``compile()`` reports all errors at once; a stage that does not exist yet
-raises ``StageNotImplemented`` instead of pretending.
+raises ``StageNotImplemented`` instead of pretending. The last stages (PTX and
+cubin, which NVRTC builds) run only when asked for.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
 from .target.cpu import CpuModule, emit_cpu
+from .target.nvrtc import CudaBinary, NvrtcUnavailable, build
 from .target.simt_dialect import DIALECTS
 from .target.simt_kernel import NotLowered
 from .target.simt_module import SimtModule, emit_simt
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 #: Every stage of the design, in order; ``PIPELINE`` holds those that exist.
-STAGES = ("ast", "graph", "sched", "tile", "target", "meta")
+STAGES = ("ast", "graph", "sched", "tile", "target", "meta", "ptx", "cubin")
 
 
 class StageNotImplemented(NotImplementedError):
@@ -78,9 +80,12 @@ class Stage:
     name: str
     #: (the earlier stages' IR by name, input file, options, diagnostics) -> this stage's IR
     run: Callable[[Mapping[str, Any], SourceFile, Options, Diagnostics], Any]
-    show: Callable[[Any], str]
+    show: Callable[[Any], str | bytes]
     #: Stages from the schedule on depend on the target; without one they do not run.
     needs_target: bool = False
+    #: A stage that needs a tool outside Python (NVRTC) runs only when asked for, so
+    #: that compiling never depends on the tool.
+    on_request: bool = False
 
 
 def _ast_stage(
@@ -148,6 +153,21 @@ def _meta_stage(
     return irs["target"].meta
 
 
+def _binary_stage(
+    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+) -> CudaBinary:
+    """The CUDA file built with NVRTC; the ``ptx`` and ``cubin`` stages show its parts."""
+    if options.target != "cuda":
+        raise StageNotImplemented(
+            "ptx", f"PTX and cubin dumps are for the cuda target, not {options.target}"
+        )
+    try:
+        meta = irs["meta"]
+        return build(irs["target"].source, meta["arch"], meta["build"]["options"])
+    except NvrtcUnavailable as exc:
+        raise StageNotImplemented("ptx", str(exc)) from None
+
+
 PIPELINE: tuple[Stage, ...] = (
     Stage("ast", _ast_stage, print_module),
     Stage("graph", _graph_stage, print_graph),
@@ -155,6 +175,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("tile", _tile_stage, print_tile, needs_target=True),
     Stage("target", _target_stage, lambda m: m.source, needs_target=True),
     Stage("meta", _meta_stage, lambda m: json.dumps(m, indent=2) + "\n", needs_target=True),
+    Stage("ptx", _binary_stage, lambda b: b.ptx, needs_target=True, on_request=True),
+    Stage("cubin", lambda irs, *_: irs["ptx"], lambda b: b.cubin, True, on_request=True),
 )
 
 
@@ -172,8 +194,12 @@ class Program:
         self._run(until)
 
     def _run(self, until: str | None) -> None:
-        for stage in PIPELINE:
+        names = [s.name for s in PIPELINE]
+        asked = names.index(until) if until in names else -1
+        for index, stage in enumerate(PIPELINE):
             if stage.needs_target and self.options.target is None:
+                break
+            if stage.on_request and index > asked:
                 break
             if stage.name not in self._ir:
                 try:
@@ -208,8 +234,9 @@ class Program:
             raise StageNotImplemented(stage)
         return self._ir[stage]
 
-    def inspect_ir(self, stage: str) -> str:
-        """The printed form of a stage, exactly as ``tesserac --emit STAGE`` writes it."""
+    def inspect_ir(self, stage: str) -> str | bytes:
+        """The printed form of a stage, exactly as ``tesserac --emit STAGE`` writes it:
+        text, except the cubin's bytes."""
         ir = self.ir(stage)
         show = next(s.show for s in PIPELINE if s.name == stage)
         try:
@@ -220,7 +247,7 @@ class Program:
     @property
     def source(self) -> str:
         """The generated target source, exactly what ``tesserac -o`` writes."""
-        return self.inspect_ir("target")
+        return str(self.inspect_ir("target"))
 
     def load(self) -> Any:
         """Build and load the generated code: an object with one callable per function,
