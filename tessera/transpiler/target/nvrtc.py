@@ -50,6 +50,9 @@ class Resources:
 
 @dataclass(frozen=True)
 class CudaBinary:
+    """One NVRTC build of a generated file, kept whole: the PTX and the cubin are dumps
+    of the same build whose report gives the resources."""
+
     arch: str
     #: "NVRTC 13.0": the numbers below depend on it.
     compiler: str
@@ -60,7 +63,7 @@ class CudaBinary:
     resources: Mapping[str, Resources]
 
 
-_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _BARRIERS = re.compile(r"used (\d+) barriers")
