@@ -54,6 +54,16 @@ needs_sass_tools = pytest.mark.skipif(
 )
 
 
+def cuobjdump(option: str, cubin: Path) -> str:
+    """cuobjdump's output for a cubin; ``-sass`` runs nvdisasm, which it finds on PATH."""
+    assert CUOBJDUMP is not None
+    path = str(Path(NVDISASM).parent) if NVDISASM else ""
+    done = subprocess.run([CUOBJDUMP, option, str(cubin)], capture_output=True, text=True,
+                          env={"PATH": path}, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _gencode(arch: str) -> str:
     return f"-gencode=arch=compute_{arch.removeprefix('sm_')},code={arch}"
 
@@ -113,12 +123,8 @@ def test_compiles_with_nvrtc_as_it_is(path: str, arch: str) -> None:
 @pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
 def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path) -> None:
     cubin, _ = _nvcc(path, arch, tmp_path)
-    assert CUOBJDUMP is not None and NVDISASM is not None
-    env = {"PATH": str(Path(NVDISASM).parent)}
-    done = subprocess.run([CUOBJDUMP, "-sass", str(cubin)], capture_output=True, text=True,
-                          env=env, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", done.stdout), f"{path}: no bf16 HMMA"
+    sass = cuobjdump("-sass", cubin)
+    assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", sass), f"{path}: no bf16 HMMA"
 
 
 def test_loading_without_a_gpu_says_so() -> None:

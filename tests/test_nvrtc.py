@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tessera.cli.main import main
 from tessera.transpiler.target.nvrtc import NvrtcError, Resources, parse_report
 
 from .conftest import ROOT
-from .test_cuda import ARCHS, CUOBJDUMP, NVDISASM, needs_nvrtc
+from .test_cuda import ARCHS, CUOBJDUMP, cuobjdump, needs_nvrtc
 
 REPORT = """\
 ptxas info    : 0 bytes gmem
@@ -57,11 +56,7 @@ def _launched(meta: dict) -> set[str]:
 
 def _res_usage(cubin: Path) -> dict[str, dict[str, int]]:
     """cuobjdump's reading of the binary: per function, REG, STACK, SHARED, LOCAL."""
-    assert CUOBJDUMP is not None and NVDISASM is not None
-    env = {"PATH": str(Path(NVDISASM).parent)}
-    done = subprocess.run([CUOBJDUMP, "-res-usage", str(cubin)], capture_output=True,
-                          text=True, env=env, check=True)  # fmt: skip
-    found = re.findall(r"Function (\w+):\s*\n\s*(.*)", done.stdout)
+    found = re.findall(r"Function (\w+):\s*\n\s*(.*)", cuobjdump("-res-usage", cubin))
     return {
         name: {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", usage)} for name, usage in found
     }

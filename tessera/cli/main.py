@@ -8,7 +8,6 @@ compiler error. A user's mistake never produces a Python traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from ..transpiler.pipeline import (
     InternalCompilerError,
     StageNotImplemented,
     compile_file,
+    print_meta,
 )
 from ..transpiler.target.cupy_loader import python_loader
 from ..transpiler.target.nvrtc import with_resources
@@ -131,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                                    schedule_cache=args.schedule_cache)  # fmt: skip
         for w in caught:
             print(f"tesserac: warning: {w.message}", file=sys.stderr)
-        text = program.inspect_ir(args.emit)
         if args.resources:
-            text = json.dumps(with_resources(program.ir("meta"), program.ir("cubin")), indent=2)
-            text += "\n"
+            text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
+        else:
+            text = program.inspect_ir(args.emit)
     except CompileError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -47,6 +47,7 @@ __all__ = [
     "InternalCompilerError",
     "compile",
     "compile_file",
+    "print_meta",
 ]
 
 #: Every stage of the design, in order; ``PIPELINE`` holds those that exist.
@@ -153,6 +154,11 @@ def _meta_stage(
     return irs["target"].meta
 
 
+def print_meta(meta: Mapping[str, Any]) -> str:
+    """The metadata as ``--emit meta`` prints it (and ``--resources`` with its report)."""
+    return json.dumps(meta, indent=2) + "\n"
+
+
 def _binary_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> CudaBinary:
@@ -174,9 +180,11 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("sched", _sched_stage, print_schedule, needs_target=True),
     Stage("tile", _tile_stage, print_tile, needs_target=True),
     Stage("target", _target_stage, lambda m: m.source, needs_target=True),
-    Stage("meta", _meta_stage, lambda m: json.dumps(m, indent=2) + "\n", needs_target=True),
+    Stage("meta", _meta_stage, print_meta, needs_target=True),
     Stage("ptx", _binary_stage, lambda b: b.ptx, needs_target=True, on_request=True),
-    Stage("cubin", lambda irs, *_: irs["ptx"], lambda b: b.cubin, True, on_request=True),
+    Stage(
+        "cubin", lambda irs, *_: irs["ptx"], lambda b: b.cubin, needs_target=True, on_request=True
+    ),
 )
 
 
