@@ -114,11 +114,13 @@ def _ok(nvrtc: Any, result: tuple[Any, ...], what: str) -> tuple[Any, ...]:
 
 
 def _read(nvrtc: Any, program: Any, size: Any, get: Any, what: str) -> bytes:
-    """One of a program's outputs: the log, the PTX (text ending in a NUL) or the cubin."""
+    """One of a program's outputs: the log, the PTX (text ending in a NUL) or the cubin.
+    NVRTC writes into the buffer it is given, so that is a bytearray: a bytes object of
+    one byte is Python's shared singleton, which the write would change for everyone."""
     (n,) = _ok(nvrtc, size(program), f"sizing the {what}")
-    data = b" " * n
+    data = bytearray(n)
     _ok(nvrtc, get(program, data), f"reading the {what}")
-    return data
+    return bytes(data)
 
 
 def build(source: str, arch: str, options: Sequence[str], name: str = "kernels.cu") -> CudaBinary:
