@@ -3,8 +3,9 @@ run on a GPU where there is one.
 
 Every example and library file compiles warning-free for both archs with nvcc and
 with NVRTC, with no spills and no stack frame; bf16 products and attention run on
-the tensor cores (HMMA in the SASS). The GPU tier (``-m gpu``) runs every case of
-``reference.py`` against float64, as the OpenCL tier does on PoCL.
+the tensor cores (HMMA on sm_80, HGMMA on sm_90a, in the SASS). The GPU tier
+(``-m gpu``) runs every case of ``reference.py`` against float64, as the OpenCL tier
+does on PoCL.
 """
 
 from __future__ import annotations
@@ -123,9 +124,19 @@ def test_compiles_with_nvrtc_as_it_is(path: str, arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
 def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path) -> None:
+    """sm_80 multiplies on mma.sync (HMMA); sm_90a on wgmma (HGMMA) alone, with steps
+    that add to the accumulator (its input register is its output, not RZ)."""
     cubin, _ = _nvcc(path, arch, tmp_path)
     sass = cuobjdump("-sass", cubin)
-    assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", sass), f"{path}: no bf16 HMMA"
+    hmma = re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)
+    if arch == "sm_80":
+        assert hmma, f"{path}: no bf16 HMMA"
+        return
+    assert not hmma, f"{path}: products left on mma.sync"
+    hgmma = re.findall(r"\bHGMMA\.64x\d+x16\.F32\.BF16 (R\d+), ([^;]*);", sass)
+    assert hgmma, f"{path}: no bf16 HGMMA"
+    accumulating = [d for d, rest in hgmma if re.search(rf"\b{d}, gsb0$", rest.strip())]
+    assert accumulating, f"{path}: no HGMMA adds to its accumulator: {hgmma[:4]}"
 
 
 def test_loading_without_a_gpu_says_so() -> None:

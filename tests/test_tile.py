@@ -24,6 +24,7 @@ from tessera.transpiler.tile.interpret import TileRuntimeError, run_function
 from tessera.transpiler.tile.ir import SharedType, TileKernel, TileModule
 from tessera.transpiler.tile.passes import TILE_PASSES
 from tessera.transpiler.tile.rewrite import rewrite
+from tessera.transpiler.tile.smem import SW128_ALIGN
 from tessera.transpiler.tile.verify import TileVerifyError, verify_kernel
 
 from .conftest import ROOT
@@ -324,6 +325,15 @@ def test_smem_plan_reuses_the_query_buffer_and_keeps_live_buffers_apart() -> Non
 def test_smem_layouts_per_target() -> None:
     assert {s.layout for s in kernel(GEMM, "cuda").smem} == {"xor"}
     assert {s.layout for s in kernel(GEMM, "cpu").smem} == {"row-major"}
+
+
+@pytest.mark.parametrize("src", [GEMM, ATTENTION], ids=["gemm", "attention"])
+def test_wgmma_operands_take_the_128_byte_swizzle_from_aligned_bases(src: str) -> None:
+    """wgmma reads its shared operands in the 128-byte swizzle, whose 1024-byte repeat
+    must start where a buffer does."""
+    k = kernel(src, "cuda", "sm_90a")
+    assert {s.layout for s in k.smem} == {"sw128"}
+    assert all(s.offset % SW128_ALIGN == 0 for s in k.smem)
 
 
 # -- the stage as a whole -------------------------------------------------------------

@@ -35,10 +35,12 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 
 __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
-// ---------------------------------------------------------------- tensor cores
+// ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+
+// ---------------------------------------------------------------- tensor cores
 
 // d += a @ b on one warp's m16n8 fragment: `a` is the lane's four registers of the
 // 16x16 operand, `b` its two of the 16x8 one, `d` its four accumulators.

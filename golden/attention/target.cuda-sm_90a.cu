@@ -35,25 +35,96 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 
 __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
-// ---------------------------------------------------------------- tensor cores
+// ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
-// d += a @ b on one warp's m16n8 fragment: `a` is the lane's four registers of the
-// 16x16 operand, `b` its two of the 16x8 one, `d` its four accumulators.
-__device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// ---------------------------------------------------------------- warpgroup products
+
+// sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
+// operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
+// in bits 62-63). Addresses and offsets are in 16-byte units.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  return (unsigned long long)((address >> 4) & 0x3fffu) |
+         (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
+         (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
 }
 
-__device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
+// written. After it: the batch is one group, and the warpgroup waits for it.
+__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// The thread's stores to shared memory become visible to wgmma (the async proxy) once the
+// barrier after this fence has been passed.
+__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
+// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor; `a` is
+// the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
+// that b is N-major.
+template <int TransB>
+__device__ inline void tsr_wgmma_m64n128k16_bf16_rs(float* d, const unsigned* a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39,"
+      " %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55,"
+      " %56, %57, %58, %59, %60, %61, %62, %63},"
+      " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
+      : "memory");
+}
+
+// d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
+// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
+// a descriptor too. TransA and TransB say that a is M-major and b N-major.
+template <int TransA, int TransB>
+__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39,"
+      " %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55,"
+      " %56, %57, %58, %59, %60, %61, %62, %63},"
+      " %64, %65, p, 1, 1, %67, %68;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
+      : "memory");
 }
 
 // end of the Tessera tile primitives
@@ -63,12 +134,11 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 163840 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163840 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
   const int lane = lid % 32, wave = lid / 32;
-  __shared__ unsigned short p_stage[16640];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -78,14 +148,14 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   for (long long e = lid; e < 16384; e += 256) {
     const long long i = e / 128;
     const long long j = e - i * 128;
-    q_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
+    q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
     for (long long e = lid; e < 16384; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      k_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+      k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
     }
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
@@ -93,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     for (long long e = lid; e < 16384; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      v_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+      v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
     }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -125,13 +195,14 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+    tsr_fence_async_shared();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
       for (long long e = lid; e < 16384; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        k_tile_smem[((nblk + 1) % 2 * 128 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+        k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
@@ -139,30 +210,19 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       for (long long e = lid; e < 16384; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        v_tile_smem[((nblk + 1) % 2 * 128 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+        v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
       }
     }
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(k_tile_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], k_tile_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        b_frag[1] = tsr_pack_b16(k_tile_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], k_tile_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 128; kk += 16) {
+      tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
     }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[64];
     #pragma unroll
@@ -232,36 +292,21 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
       }
     }
-    __syncthreads();
+    unsigned p_frag[8][4];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        p_stage[i * 130 + j] = tsr_float_to_bf16(p[t] * beta[frag / 16 * 2 + (reg / 2)]);
-      }
+    for (int kk = 0; kk < 128; kk += 16) {
+      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    __syncthreads();
-    for (int kk = 0; kk < 128 && kk < S - 128*nblk; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2], p_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][1] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2], p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][2] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 8], p_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 8 + 1]);
-        a_frag[fm][3] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 8], p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 8 + 1]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 128; kk += 16) {
+      tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16], tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
     }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   #pragma unroll
@@ -281,26 +326,25 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 163840 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163840 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
   const int lane = lid % 32, wave = lid / 32;
-  __shared__ unsigned short P_stage[16640];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   for (long long e = lid; e < 16384; e += 256) {
     const long long i = e / 128;
     const long long j = e - i * 128;
-    Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
+    Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
     for (long long e = lid; e < 16384; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      Kb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
+      Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
     }
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
@@ -308,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     for (long long e = lid; e < 16384; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      Vb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
+      Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
     }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -340,13 +384,14 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     }
   }
   for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+    tsr_fence_async_shared();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
       for (long long e = lid; e < 16384; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        Kb_smem[((nblk + 1) % 2 * 128 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+        Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
@@ -354,30 +399,19 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       for (long long e = lid; e < 16384; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        Vb_smem[((nblk + 1) % 2 * 128 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+        Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
       }
     }
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(Kb_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], Kb_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        b_frag[1] = tsr_pack_b16(Kb_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Kb_smem[((nblk) % 2 * 128 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 128; kk += 16) {
+      tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
     }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
     const float s = (float)(D);
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
@@ -449,36 +483,21 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
       }
     }
-    __syncthreads();
+    unsigned P_frag[8][4];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        P_stage[i * 130 + j] = tsr_float_to_bf16(P[t] * beta[frag / 16 * 2 + (reg / 2)]);
-      }
+    for (int kk = 0; kk < 128; kk += 16) {
+      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    __syncthreads();
-    for (int kk = 0; kk < 128 && kk < S - 128*nblk; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2], P_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][1] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2], P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][2] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 8], P_stage[(wave * 16 + fm * 16 + lane / 4) * 130 + kk + lane % 4 * 2 + 8 + 1]);
-        a_frag[fm][3] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 8], P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 130 + kk + lane % 4 * 2 + 8 + 1]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 128 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 128; kk += 16) {
+      tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16], tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
     }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   #pragma unroll

@@ -46,10 +46,12 @@ __device__ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// ---------------------------------------------------------------- tensor cores
+// ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+
+// ---------------------------------------------------------------- tensor cores
 
 // d += a @ b on one warp's m16n8 fragment: `a` is the lane's four registers of the
 // 16x16 operand, `b` its two of the 16x8 one, `d` its four accumulators.

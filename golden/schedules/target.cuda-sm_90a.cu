@@ -46,25 +46,121 @@ __device__ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// ---------------------------------------------------------------- tensor cores
+// ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
-// d += a @ b on one warp's m16n8 fragment: `a` is the lane's four registers of the
-// 16x16 operand, `b` its two of the 16x8 one, `d` its four accumulators.
-__device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// ---------------------------------------------------------------- warpgroup products
+
+// sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
+// operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
+// in bits 62-63). Addresses and offsets are in 16-byte units.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  return (unsigned long long)((address >> 4) & 0x3fffu) |
+         (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
+         (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
 }
 
-__device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
+// written. After it: the batch is one group, and the warpgroup waits for it.
+__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// The thread's stores to shared memory become visible to wgmma (the async proxy) once the
+// barrier after this fence has been passed.
+__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
+// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
+// a descriptor too. TransA and TransB say that a is M-major and b N-major.
+template <int TransA, int TransB>
+__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39,"
+      " %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55,"
+      " %56, %57, %58, %59, %60, %61, %62, %63},"
+      " %64, %65, p, 1, 1, %67, %68;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
+      : "memory");
+}
+
+// d += a @ b on one warpgroup's m64n64k16 tile of f16: `d` is the warp's 8 m16n8
+// accumulator fragments along the columns (the thread's 32 floats), `b` a descriptor; `a` is
+// the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
+// that b is N-major.
+template <int TransB>
+__device__ inline void tsr_wgmma_m64n64k16_f16_rs(float* d, const unsigned* a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31},"
+      " {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
+      : "memory");
+}
+
+// d += a @ b on one warpgroup's m64n128k16 tile of f16: `d` is the warp's 16 m16n8
+// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor; `a` is
+// the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
+// that b is N-major.
+template <int TransB>
+__device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39,"
+      " %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55,"
+      " %56, %57, %58, %59, %60, %61, %62, %63},"
+      " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
+      : "memory");
 }
 
 // end of the Tessera tile primitives
@@ -73,7 +169,7 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const int lane = lid % 32, wave = lid / 32;
@@ -92,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     for (long long e = lid; e < 4096; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+      b_tile_smem[j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
     }
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -108,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     for (long long e = lid; e < 4096; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      b_tile_smem[(1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 128*pid_n + j < N ? B[(32 + i) * N + 128*pid_n + j] : 0;
+      b_tile_smem[1 * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 128*pid_n + j < N ? B[(32 + i) * N + 128*pid_n + j] : 0;
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -122,6 +218,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
+    tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
@@ -136,28 +233,25 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       for (long long e = lid; e < 4096; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 128*pid_n + j < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j] : 0;
+        b_tile_smem[((kb + 2) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 128*pid_n + j < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j] : 0;
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    unsigned a_tile_frag[2][4];
+    #pragma unroll
+    for (int kk = 0; kk < 32; kk += 16) {
+      a_tile_frag[kk / 16][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 32; kk += 16) {
+      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
+    }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
   }
   // schedules.tsr:12: return A @ B
   #pragma unroll
@@ -176,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
   const int lane = lid % 32, wave = lid / 32;
@@ -211,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     for (long long e = lid; e < 2048; e += 128) {
       const long long i = e / 64;
       const long long j = e - i * 64;
-      b_tile_smem[(1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 64*pid_n + j < N ? B[(32 + i) * N + 64*pid_n + j] : 0;
+      b_tile_smem[1 * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 64*pid_n + j < N ? B[(32 + i) * N + 64*pid_n + j] : 0;
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -225,6 +319,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
+    tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
@@ -239,28 +334,25 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       for (long long e = lid; e < 2048; e += 128) {
         const long long i = e / 64;
         const long long j = e - i * 64;
-        b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 64*pid_n + j < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j] : 0;
+        b_tile_smem[((kb + 2) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 64*pid_n + j < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j] : 0;
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 64 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 64 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 64 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 64 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
-      }
+    unsigned a_tile_frag[2][4];
+    #pragma unroll
+    for (int kk = 0; kk < 32; kk += 16) {
+      a_tile_frag[kk / 16][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 32; kk += 16) {
+      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
+    }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
   }
   // schedules.tsr:18: return A @ B
   #pragma unroll
@@ -279,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
   const int lane = lid % 32, wave = lid / 32;
@@ -298,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     for (long long e = lid; e < 8192; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+      b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
     }
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -306,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     for (long long e = lid; e < 8192; e += 256) {
       const long long i = e / 64;
       const long long j = e - i * 64;
-      a_tile_smem[(1 * 128 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
+      a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
@@ -314,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     for (long long e = lid; e < 8192; e += 256) {
       const long long i = e / 128;
       const long long j = e - i * 128;
-      b_tile_smem[(1 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 128*pid_n + j < N ? B[(64 + i) * N + 128*pid_n + j] : 0;
+      b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 128*pid_n + j < N ? B[(64 + i) * N + 128*pid_n + j] : 0;
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -328,13 +420,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
+    tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 128 < K) {
       for (long long e = lid; e < 8192; e += 256) {
         const long long i = e / 64;
         const long long j = e - i * 64;
-        a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+        a_tile_smem[((kb + 2) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
@@ -342,28 +435,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       for (long long e = lid; e < 8192; e += 256) {
         const long long i = e / 128;
         const long long j = e - i * 128;
-        b_tile_smem[((kb + 2) % 3 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 128*pid_n + j < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j] : 0;
+        b_tile_smem[((kb + 2) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 128*pid_n + j < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j] : 0;
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      }
-      #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
-        unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 64 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 64 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 64 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 64 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
-      }
+    tsr_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 64; kk += 16) {
+      tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
     }
+    tsr_wgmma_commit();
+    tsr_wgmma_wait();
   }
   // schedules.tsr:27: return relu(A @ B + bias)
   #pragma unroll

@@ -107,16 +107,15 @@ class Dialect:
         """A shared array, declared at the top of the kernel."""
         return f"{self.local_qualifier} {ctype} {name}[{count}];"
 
-    def local_bytes(self, name: str, count: int) -> str:
-        """The bytes the shared-memory plan lays buffers out in, 16-byte aligned."""
+    def local_bytes(self, name: str, count: int, align: int = 16) -> str:
+        """The bytes the shared-memory plan lays buffers out in, ``align``-byte aligned."""
         if self.dynamic_arena:
             return (
-                f"extern {self.local_qualifier} __align__(16) {self.byte_type} {name}[];"
+                f"extern {self.local_qualifier} __align__({align}) {self.byte_type} {name}[];"
                 f"  // {count} bytes, given at launch"
             )
-        return (
-            f"{self.local_qualifier} {self.byte_type} {name}[{count}] __attribute__((aligned(16)));"
-        )
+        attribute = f"__attribute__((aligned({align})))"
+        return f"{self.local_qualifier} {self.byte_type} {name}[{count}] {attribute};"
 
     def local_view(self, ctype: str, name: str, arena: str, offset: int) -> str:
         """A typed pointer to a planned buffer at ``offset`` bytes into the arena."""

@@ -54,7 +54,7 @@ from .simt_layout import (
     rows_for,
     rows_of,
 )
-from .simt_tiles import TileOps
+from .simt_tiles import SmemView, TileOps
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -88,6 +88,8 @@ class SimtKernel:
     #: Declarations at the top of the kernel: local memory, the thread's place in a Grid.
     prologue: tuple[str, ...]
     body: tuple[str, ...]
+    #: The ``wgmma`` forms it issues, for the header: (dtype, n, "ss" or "rs").
+    wgmma: frozenset[tuple[str, int, str]] = frozenset()
 
 
 def emit_simt_kernel(
@@ -114,6 +116,12 @@ class _Emitter(TileOps):
         self.lanes = lanes
         self.layouts: dict[int, str] = {}
         self.bits: dict[int, Element] = {}
+        self.views: dict[int, SmemView] = {}
+        self.wgmma: set[tuple[str, int, str]] = set()
+        self.async_reads = any(
+            isinstance(op.attr("mma"), Mma) and op.attr("mma").inst.startswith("wgmma")
+            for op in walk(kernel.body)
+        )
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1
@@ -161,7 +169,8 @@ class _Emitter(TileOps):
         self.block(self.kernel.body)
         grid = tuple((a.name, a.extent, a.block) for a in self.kernel.grid)
         return SimtKernel(self.kernel.name, tuple(params), grid, self.kernel.threads,
-                          tuple(self.prologue.values()), tuple(self.lines))  # fmt: skip
+                          tuple(self.prologue.values()), tuple(self.lines),
+                          frozenset(self.wgmma))  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next

@@ -32,7 +32,7 @@ from ..graph.dims import Dim
 
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
-           "Element", "grid_for", "rows_for", "smem_index"]  # fmt: skip
+           "Element", "grid_for", "rows_for", "smem_index", "sw128_panel"]  # fmt: skip
 
 #: Threads along a Grid tile's columns: a half warp reads 16 neighbouring elements.
 GRID_COLUMNS = 16
@@ -225,10 +225,13 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
     ``row-major`` and ``padded +P`` (rows ``cols + P`` elements apart) are plain. In
     ``xor``, 16-byte chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % g)``, where
     ``g`` is the largest power of two up to 8 that divides the chunks of a row: rows
-    that a column walk visits land in different banks, and no row grows.
+    that a column walk visits land in different banks, and no row grows. ``sw128`` is
+    the 128-byte swizzle of ``wgmma`` and TMA (see ``sw128_panel``).
     """
     rows, cols = (d.constant for d in dims[-2:]) if len(dims) > 1 else (1, dims[0].constant)
     assert rows is not None and cols is not None
+    if layout == "sw128":
+        return _sw128_index(rows, cols, bits, slot, i, j)
     stride = cols + int(layout.removeprefix("padded +")) if layout.startswith("padded") else cols
     row = i if slot == "0" else f"{slot} * {rows} + {i}"
     column = j
@@ -242,6 +245,32 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
             chunk = f"({parenthesized(j)} / {per_chunk} ^ {parenthesized(i)} % {group})"
             column = f"{chunk} * {per_chunk} + {parenthesized(j)} % {per_chunk}"
     return f"{parenthesized(row)} * {stride} + {column}"
+
+
+def sw128_panel(bits: int) -> int:
+    """Columns of one panel of the 128-byte swizzle.
+
+    A ``[rows, cols]`` buffer in ``sw128`` is stored as ``cols / panel`` panels of
+    128-byte rows, one after another, each ``rows`` rows long; within a panel, 16-byte
+    chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % 8)``. Eight rows (1024
+    bytes) are the swizzle's repeat. This is the canonical "128B swizzling" layout of
+    the PTX ISA's wgmma operands in shared memory, either way round: rows along M or N
+    and columns along K (K-major), or the other way (MN-major).
+    """
+    return 128 * 8 // bits
+
+
+def _sw128_index(rows: int, cols: int, bits: int, slot: str, i: str, j: str) -> str:
+    panel, per_chunk = sw128_panel(bits), _CHUNK_BYTES * 8 // bits
+    assert cols % panel == 0 and rows % _SWIZZLE_GROUP == 0, (rows, cols)
+    i, j = parenthesized(i), parenthesized(j)
+    within = f"{j} % {panel}" if cols > panel else j
+    chunk = f"({within} / {per_chunk} ^ {i} % {_SWIZZLE_GROUP})"
+    terms = [] if slot == "0" else [f"{parenthesized(slot)} * {rows * cols}"]
+    if cols > panel:
+        terms.append(f"{j} / {panel} * {rows * panel}")
+    terms += [f"{i} * {panel}", f"{chunk} * {per_chunk}", f"{j} % {per_chunk}"]
+    return " + ".join(terms)
 
 
 def parenthesized(expr: str) -> str:

@@ -47,6 +47,7 @@ class _KernelView:
     def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect) -> None:
         self.name = simt.name
         self.threads = simt.threads
+        self.wgmma = simt.wgmma
         self.prologue = simt.prologue
         self.body = simt.body
         self.origin = (
@@ -101,7 +102,8 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
                     f"this {kernel.kind} kernel ({kernel.name}) yet: it uses {exc}"
                 ) from None
     env = environment("simt")
-    primitives = env.get_template("tessera_tile.j2").render(d=d).strip()
+    wgmma = sorted({form for view in views.values() for form in view.wgmma})
+    primitives = env.get_template("tessera_tile.j2").render(d=d, wgmma=wgmma).strip()
     template = env.get_template("module.j2")
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))
     code = template.render(header="", **context)

@@ -14,9 +14,12 @@ shared scratch array.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Mma, SharedType, Slot
+from ..tile.smem import SW128_ALIGN
 from .simt_layout import (
     MFMA_32X32,
     MMA_16X8,
@@ -29,11 +32,13 @@ from .simt_layout import (
     NotLowered,
     Rows,
     grid_for,
+    parenthesized,
     rows_of,
     smem_index,
+    sw128_panel,
 )
 
-__all__ = ["TileOps"]
+__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_strides"]
 
 #: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
 #: type of one lane's operand fragment, the dtype it multiplies, and how an element
@@ -55,12 +60,63 @@ _MMA_SYNC = {
 }
 #: Warps of a ``wgmma`` warpgroup, which the Tile IR counts as one.
 _WARPGROUP = 4
+#: Rows of a ``wgmma`` product per warpgroup, and its step along k for 16-bit operands.
+_WGMMA_M, _WGMMA_K = 64, 16
+#: The widest ``wgmma`` (its n is a multiple of 8 up to this).
+_WGMMA_N = 256
 
 
 def _mma_sync_dtype(inst: str) -> str | None:
     """The dtype of an NVIDIA tensor-core instruction the emitter issues as mma.sync."""
     family, _, dtype = inst.rpartition(".")
     return dtype if family in ("mma.sync", "wgmma") and dtype in _MMA_SYNC else None
+
+
+@dataclass(frozen=True)
+class SmemView:
+    """A product's operand that is a read of a shared buffer: the buffer (``rows x cols``
+    elements of ``bits`` in ``layout``), the slot read, and whether the operand is the
+    buffer transposed. ``wgmma`` reads such an operand where it lies."""
+
+    name: str
+    rows: int
+    cols: int
+    bits: int
+    dtype: str
+    layout: str
+    slot: str
+    transposed: bool = False
+
+    def k_major(self, role: str) -> bool:
+        """Whether ``k`` runs along the buffer's rows: operand ``a`` is ``[m, k]`` and
+        ``b`` is ``[k, n]``, each stored as it is or transposed."""
+        return (role == "a") != self.transposed
+
+
+def wgmma_strides(view: SmemView, k_major: bool) -> tuple[int, int]:
+    """The leading and stride byte offsets of a ``wgmma`` descriptor for an ``sw128``
+    operand. Eight rows of a panel (1024 bytes) are the stride step either way round;
+    an MN-major operand's next panel along m or n is the leading step, and a K-major
+    one has none (a k step of 16 stays within one 128-byte row), so it takes 16."""
+    return (16 if k_major else view.rows * 128), 8 * 128
+
+
+def wgmma_start(view: SmemView, k_major: bool, kk: str, mn0: str) -> str:
+    """The element offset where a ``wgmma`` step at reduction index ``kk`` starts, for
+    the part of the operand from row (column) ``mn0`` of its m (n) axis: the buffer's
+    element ``(mn0, kk)`` (K-major) or ``(kk, mn0)`` (MN-major) before the swizzle,
+    which ``mn0`` and ``kk``, multiples of 8, leave where it is."""
+    panel = sw128_panel(view.bits)
+    terms = [] if view.slot == "0" else [f"{parenthesized(view.slot)} * {view.rows * view.cols}"]
+    if k_major:
+        if view.cols > panel:
+            terms.append(f"{kk} / {panel} * {view.rows * panel}")
+        terms += [f"{parenthesized(mn0)} * {panel}", f"{kk} % {panel}"]
+    else:
+        if view.cols > panel:
+            terms.append(f"{parenthesized(mn0)} / {panel} * {view.rows * panel}")
+        terms.append(f"{kk} * {panel}")
+    return " + ".join(t for t in terms if not t.startswith("0 ")) or "0"
 
 
 class TileOps:
@@ -72,6 +128,12 @@ class TileOps:
     layouts: dict[int, str]
     #: Reads of shared memory as the stored bits, unconverted, by value id.
     bits: dict[int, Element]
+    #: Reads of shared memory (and their transposes) as operands of a product.
+    views: dict[int, SmemView]
+    #: The ``wgmma`` functions the kernel calls: (dtype, n, "ss" or "rs").
+    wgmma: set[tuple[str, int, str]]
+    #: Whether products may read shared memory through ``wgmma``.
+    async_reads: bool
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -80,20 +142,24 @@ class TileOps:
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
         total = max(s.offset + s.bytes for s in self.kernel.smem)
-        self.declare("smem", self.d.local_bytes("tsr_smem", total))
+        align = max(SW128_ALIGN if s.layout == "sw128" else 16 for s in self.kernel.smem)
+        self.declare("smem", self.d.local_bytes("tsr_smem", total, align))
         name = self.namer.fresh(buf.name, "smem")
         storage = self.d.storage[t.dtype.name]
         self.declare(name, self.d.local_view(storage, name, "tsr_smem", plan.offset))
         self.forms[buf.id] = Form("shared", tuple(t.dims), name)
         self.layouts[buf.id] = plan.layout
 
+    def slot_index(self, buf: Value, slot: Slot) -> str:
+        t: SharedType = buf.type
+        if t.stages == 1 or slot.index.constant is not None:
+            return str((slot.index.constant or 0) % t.stages)
+        return f"({self.c(slot.index)}) % {t.stages}"
+
     def smem_element(self, buf: Value, slot: Slot) -> Element:
         t: SharedType = buf.type
         layout = self.layouts[buf.id]
-        if t.stages == 1 or slot.index.constant is not None:
-            at = str((slot.index.constant or 0) % t.stages)
-        else:
-            at = f"({self.c(slot.index)}) % {t.stages}"
+        at = self.slot_index(buf, slot)
 
         def element(index: tuple[str, ...]) -> str:
             i, j = index if len(index) == 2 else ("0", index[0])
@@ -129,8 +195,20 @@ class TileOps:
         name, dtype = self.forms[buf.id].name, buf.type.dtype.name
         self.lazy(op.result, lambda index: self.d.read(dtype, name, place(index)))
         self.bits[op.result.id] = lambda index: f"{name}[{place(index)}]"
+        t: SharedType = buf.type
+        rows, cols = (d.constant for d in t.dims[-2:]) if len(t.dims) > 1 else (None, None)
+        if rows is not None and cols is not None:
+            slot = self.slot_index(buf, op.attr("slot"))
+            self.views[op.result.id] = SmemView(
+                name, rows, cols, t.dtype.bits, dtype, self.layouts[buf.id], slot
+            )
 
     def op_barrier(self, op: Op) -> None:
+        """A barrier; in a kernel whose products read shared memory through ``wgmma``
+        (the async proxy), the thread's own stores are fenced into that proxy first, so
+        that the instruction sees what the copies wrote."""
+        if self.async_reads:
+            self.line("tsr_fence_async_shared();")
         self.line(self.d.barrier)
 
     def op_transpose(self, op: Op) -> None:
@@ -143,6 +221,9 @@ class TileOps:
         bits = self.bits.get(op.operands[0].id)
         if bits is not None:
             self.bits[op.result.id] = lambda index: bits(index[::-1])
+        view = self.views.get(op.operands[0].id)
+        if view is not None:
+            self.views[op.result.id] = replace(view, transposed=not view.transposed)
 
     # -- products --------------------------------------------------------------------------
 
@@ -173,15 +254,37 @@ class TileOps:
         dist = self.product_dist(op, tuple(op.result.type.dims))
         self.line(f"float {name}[{dist.slots}];")
         self.line(f"for (int t = 0; t < {dist.slots}; ++t) {name}[t] = 0.0f;")
-        self.product(op, self.operand(a, op), self.operand(b, op), a.type.dims[1], name, dist)
+        self.multiply(op, a, b, name, dist)
         self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=dist)
 
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
         form = self.accumulator(op, acc, op.result)
-        a_k, b_k = self.operand(a, op), self.operand(b, op)
-        self.product(op, a_k, b_k, a.type.dims[1], form.name, form.dist)
+        assert isinstance(form.dist, (Grid, Fragments))
+        self.multiply(op, a, b, form.name, form.dist)
         self.forms[op.result.id] = form
+
+    def multiply(self, op: Op, a: Value, b: Value, acc: str, dist: Grid | Fragments) -> None:
+        """``acc += a @ b``: on ``wgmma`` straight from shared memory where both operands
+        lie there in its layout, else through the operands' elements."""
+        a_view, b_view, depth = self.views.get(a.id), self.views.get(b.id), a.type.dims[1]
+        if not self.wgmma_ready(op, dist, depth, b_view):
+            self.product(op, self.operand(a, op), self.operand(b, op), depth, acc, dist)
+            return
+        assert b_view is not None and isinstance(dist, Fragments) and depth.constant is not None
+        if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
+            self.wgmma_product(op, ("ss", a_view), b_view, depth, acc, dist)
+            return
+        # a lies elsewhere: its fragments for every step are loaded first, into registers
+        # that no step overwrites while the batch runs.
+        frag = self.namer.fresh(f"{a.name or 'a'}_frag")
+        self.line(f"unsigned {frag}[{depth.constant // _WGMMA_K}][4];")
+        self.unroll()
+        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {_WGMMA_K})")
+        row, k = f"{dist.warp_row}lane / 4", "kk + lane % 4 * 2"
+        self.a_fragment(f"{frag}[kk / {_WGMMA_K}]", self.operand(a, op), row, k)
+        self.close()
+        self.wgmma_product(op, ("rs", frag), b_view, depth, acc, dist)
 
     def accumulator(self, op: Op, acc: Value, result: Value) -> Form:
         """Where a product accumulates: in ``acc``'s own array when nothing else reads it
@@ -223,10 +326,7 @@ class TileOps:
     ) -> None:
         """``acc += a @ b``; the reduction stops at the live corner, since the operands
         are zero past it."""
-        live = op.attr("live")
-        bound = f"kk < {self.c(depth)}"
-        if live is not None and live.k is not None:
-            bound += f" && kk < {self.c(live.k)}"
+        bound = self.reduction_bound(op, depth)
         inst = op.attr("mma").inst
         if isinstance(dist, Fragments) and inst in _MFMA:
             self.mfma_product(inst, a, b, bound, acc, dist)
@@ -246,6 +346,86 @@ class TileOps:
         self.line(f"for (int c = 0; c < {rn}; ++c) {slot} = {self.d.fma}(a_k[r], b_k[c], {slot});")
         self.close()
         self.close()
+
+    def reduction_bound(self, op: Op, depth: Dim) -> str:
+        """The condition on ``kk`` under which a product's reduction goes on."""
+        live = op.attr("live")
+        bound = f"kk < {self.c(depth)}"
+        if live is not None and live.k is not None:
+            bound += f" && kk < {self.c(live.k)}"
+        return bound
+
+    def wgmma_ready(
+        self,
+        op: Op,
+        dist: Grid | Fragments,
+        depth: Dim,
+        b: SmemView | None,
+        a: SmemView | None = None,
+    ) -> bool:
+        """Whether ``op`` runs on ``wgmma`` with ``b`` (and ``a``, when given) read from
+        shared memory: each warpgroup owns 64 whole rows of the result, the reduction
+        is whole steps of 16, and the operands lie in the 128-byte swizzle in the
+        instruction's dtype."""
+        dtype = _mma_sync_dtype(op.attr("mma").inst)
+        if not op.attr("mma").inst.startswith("wgmma") or dtype is None:
+            return False
+        if depth.constant is None or depth.constant % _WGMMA_K:
+            return False
+        if not isinstance(dist, Fragments) or dist.wn != 1 or dist.fm != 1:
+            return False
+        if dist.cols % dist.shape.n or dist.cols > _WGMMA_N:
+            return False
+        views = (b,) if a is None else (a, b)
+        return all(v is not None and v.layout == "sw128" and v.dtype == dtype for v in views)
+
+    def descriptor(self, view: SmemView, role: str, kk: str, mn0: str) -> str:
+        """A ``wgmma`` matrix descriptor of ``view`` for the step at ``kk``."""
+        k_major = view.k_major(role)
+        leading, stride = wgmma_strides(view, k_major)
+        start = wgmma_start(view, k_major, kk, mn0)
+        return f"tsr_wgmma_desc({view.name} + {start}, {leading}, {stride})"
+
+    def wgmma_product(
+        self,
+        op: Op,
+        a: tuple[str, SmemView | str],
+        b: SmemView,
+        depth: Dim,
+        acc: str,
+        dist: Fragments,
+    ) -> None:
+        """``acc += a @ b`` on ``wgmma``: each warpgroup's 64 rows by the tile's columns,
+        one instruction per step of 16 along the whole tile's ``k``. A run-time bound
+        (the live corner) would put the instructions on a path that ptxas takes for
+        divergent and serializes; the operands are zero past it anyway. ``b`` is read
+        from shared memory through a descriptor; ``a`` too (``("ss", view)``), or from
+        registers (``("rs", name)``: ``name[kk / 16]`` holds the lane's four packed
+        pairs, as ``mma.sync`` takes them). The accumulator is the warp's m16n8
+        fragments along its columns, as the instruction keeps it. The steps are issued
+        back to back and waited for together; the fence before them orders the
+        registers they read."""
+        dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
+        form, a_operand = a
+        n = dist.cols
+        self.wgmma.add((dtype, n, form))
+        self.place_in_wave()
+        rows = f"wave / {_WARPGROUP} * {_WGMMA_M}"
+        b_desc = self.descriptor(b, "b", "kk", "0")
+        trans_b = int(not b.k_major("b"))
+        self.line("tsr_wgmma_fence();")
+        self.unroll()
+        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {_WGMMA_K})")
+        function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{_WGMMA_K}_{dtype}_{form}"
+        if isinstance(a_operand, SmemView):
+            a_desc = self.descriptor(a_operand, "a", "kk", rows)
+            trans_a = int(not a_operand.k_major("a"))
+            self.line(f"{function}<{trans_a}, {trans_b}>({acc}, {a_desc}, {b_desc});")
+        else:
+            self.line(f"{function}<{trans_b}>({acc}, {a_operand}[kk / {_WGMMA_K}], {b_desc});")
+        self.close()
+        self.line("tsr_wgmma_commit();")
+        self.line("tsr_wgmma_wait();")
 
     def mfma_product(
         self, inst: str, a: Element, b: Element, bound: str, acc: str, dist: Fragments
@@ -293,11 +473,7 @@ class TileOps:
         self.line(f"unsigned a_frag[{dist.fm}][4];")
         self.unroll()
         self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
-        for q in range(4):
-            rq = f"{row} + 8" if q % 2 else row
-            kq = f"{k} + 8" if q // 2 else k
-            pair = f"{a((rq, kq))}, {a((rq, f'{kq} + 1'))}"
-            self.line(f"a_frag[fm][{q}] = tsr_pack_b16({pair});")
+        self.a_fragment("a_frag[fm]", a, row, k)
         self.close()
         self.unroll()
         self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
@@ -313,6 +489,16 @@ class TileOps:
         )
         self.close()
         self.close()
+
+    def a_fragment(self, frag: str, a: Element, row: str, k: str) -> None:
+        """The lane's four registers of an m16k16 ``a`` operand at rows ``row`` and
+        ``row + 8``, ``k`` steps ``k`` and ``k + 8`` (with the next ``k`` of each pair in
+        the high half), as ``mma.sync`` and ``wgmma`` take them."""
+        for q in range(4):
+            rq = f"{row} + 8" if q % 2 else row
+            kq = f"{k} + 8" if q // 2 else k
+            pair = f"{a((rq, kq))}, {a((rq, f'{kq} + 1'))}"
+            self.line(f"{frag}[{q}] = tsr_pack_b16({pair});")
 
     def fragment(self, name: str, vector: str, per_lane: int, value: str) -> None:
         if per_lane == 1:
@@ -449,6 +635,10 @@ class TileOps:
         self.walk(dist)
         self.line(f"{acc_form.name}[t] *= {alpha}[{self.row_slot(dist)}];")
         self.close_walk()
+        if self.p_from_registers(op, p_dist, beta, v, acc_form.name, dist):
+            self.forms[acc_out.id] = acc_form
+            self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
+            return
         # The FMA loop multiplies floats: p is staged as floats, rounded to v's dtype.
         fma = op.attr("mma").inst == "fma"
         dtype = "f32" if fma else v.type.dtype.name
@@ -459,6 +649,40 @@ class TileOps:
         self.product(op, a, self.operand(v, op), p.type.dims[1], acc_form.name, dist)
         self.forms[acc_out.id] = acc_form
         self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
+
+    def p_from_registers(
+        self, op: Op, p_dist: Grid | Fragments, beta: str, v: Value, acc: str, dist: Fragments
+    ) -> bool:
+        """``acc += (p * beta) @ v`` on ``wgmma`` with ``p`` straight from the registers
+        the scores' product left it in, when it can: a warp's m16n8 accumulator
+        fragments, two along the columns, are the m16k16 operand fragment that the
+        instruction takes from registers, once rounded to ``v``'s dtype and packed in
+        pairs. Nothing is staged, and no barrier waits for it."""
+        p = op.operands[3]
+        depth = p.type.dims[1]
+        if not isinstance(p_dist, Fragments):
+            return False
+        if not self.wgmma_ready(op, dist, depth, self.views.get(v.id)):
+            return False
+        if (p_dist.rows, p_dist.wm, p_dist.wn, p_dist.shape) != (dist.rows, dist.wm, 1, dist.shape):
+            return False
+        dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
+        rounded = _MMA_SYNC[dtype][1]
+        name, frag = self.forms[p.id].name, self.namer.fresh(f"{p.name or 'p'}_frag")
+        steps = p_dist.cols // _WGMMA_K
+        self.line(f"unsigned {frag}[{steps}][4];")
+        self.unroll()
+        self.open(f"for (int kk = 0; kk < {p_dist.cols}; kk += {_WGMMA_K})")
+        for q in range(4):
+            # Fragment kk / 8 + q / 2, registers 2 (q % 2) and the next, in row slot q % 2.
+            slots = [q // 2 * 4 + q % 2 * 2 + one for one in (0, 1)]
+            pair = [rounded.format(x=f"{name}[kk / 2{f' + {t}' if t else ''}] * {beta}[{q % 2}]")
+                    for t in slots]  # fmt: skip
+            self.line(f"{frag}[kk / {_WGMMA_K}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
+        self.close()
+        view = self.views[v.id]
+        self.wgmma_product(op, ("rs", frag), view, depth, acc, dist)
+        return True
 
     def row_state(self, x: Value, result: Value, rows: Rows | FragmentRows) -> Form:
         """A running row vector updated in place when nothing else reads it."""

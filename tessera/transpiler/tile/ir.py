@@ -202,7 +202,8 @@ class SmemSlot:
     buffer: str
     offset: int
     bytes: int
-    #: "row-major", "padded +N" (elements added per row) or "xor" (swizzled).
+    #: "row-major", "padded +N" (elements added per row), "xor" (swizzled) or "sw128"
+    #: (wgmma's and TMA's 128-byte swizzle).
     layout: str
 
 

@@ -2,9 +2,13 @@
 
 Each ``alloc`` gets an offset (128-byte aligned, as TMA and vector copies
 want) and a layout against bank conflicts: the schedule's XOR swizzle where
-it chose one (no extra bytes; what ``wgmma`` and ``ldmatrix`` read best),
-otherwise rows padded by 16 bytes when a row is a multiple of 128 bytes, so
-that consecutive rows start in different banks. Buffers whose lifetimes do
+it chose one (no extra bytes; what ``ldmatrix`` reads best), otherwise rows
+padded by 16 bytes when a row is a multiple of 128 bytes, so that consecutive
+rows start in different banks. In a kernel whose products run on ``wgmma``, a
+16-bit buffer of whole 128-byte rows takes the 128-byte swizzle instead
+(``sw128``, 1024-byte aligned): the layout that ``wgmma`` reads through a
+matrix descriptor and that TMA writes, so the instruction reads its operands
+where the copies put them. Buffers whose lifetimes do
 not overlap share space: the query tile of attention, read once before the
 loop, gives its bytes to nothing later, but two GEMM operands live together.
 """
@@ -13,13 +17,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..graph.ir import Block, Op
+from ..graph.ir import Block, Op, walk
 from ..schedule.hardware import Hardware
 from .ir import SharedType, SmemSlot, TileKernel
 
-__all__ = ["plan_smem", "ALIGN"]
+__all__ = ["plan_smem", "ALIGN", "SW128_ALIGN"]
 
 ALIGN = 128
+#: The 128-byte swizzle repeats every 8 rows of 128 bytes; wgmma reads it from a base
+#: aligned to the repeat.
+SW128_ALIGN = 1024
 _BANK_ROW = 128  # bytes: 32 banks of 4 bytes
 
 
@@ -28,26 +35,33 @@ def plan_smem(kernel: TileKernel, hw: Hardware) -> TileKernel:
     if not allocs:
         return kernel
     spans = _lifetimes(kernel.body)
+    wgmma = any(
+        op.attr("mma") is not None and op.attr("mma").inst.startswith("wgmma")
+        for op in walk(kernel.body)
+    )
     placed: list[tuple[SmemSlot, int, int]] = []
     for alloc in allocs:
         buf = alloc.result
         t: SharedType = buf.type
-        layout, size = _layout(t, kernel, hw)
+        layout, size = _layout(t, kernel, hw, wgmma)
+        align = SW128_ALIGN if layout == "sw128" else ALIGN
         first, last = spans.get(buf.id, (0, 0))
         offset = 0
         for other, o_first, o_last in sorted(placed, key=lambda p: p[0].offset):
             overlaps = not (last < o_first or o_last < first)
             if overlaps and offset < other.offset + other.bytes and other.offset < offset + size:
-                offset = _aligned(other.offset + other.bytes)
+                offset = _aligned(other.offset + other.bytes, align)
         placed.append((SmemSlot(buf.name or "smem", offset, size, layout), first, last))
     return replace(kernel, smem=tuple(p[0] for p in placed))
 
 
-def _layout(t: SharedType, kernel: TileKernel, hw: Hardware) -> tuple[str, int]:
+def _layout(t: SharedType, kernel: TileKernel, hw: Hardware, wgmma: bool) -> tuple[str, int]:
     rows, cols = (
         (d.constant or 1 for d in t.dims[-2:]) if len(t.dims) > 1 else (1, t.dims[0].constant or 1)
     )
     row_bytes = cols * t.dtype.bits // 8
+    if wgmma and t.dtype.bits == 16 and row_bytes % _BANK_ROW == 0 and rows % 8 == 0:
+        return "sw128", t.bytes
     if hw.kind == "gpu" and kernel.swizzle == "xor" and row_bytes % 16 == 0:
         return "xor", t.bytes
     if hw.kind == "gpu" and row_bytes % _BANK_ROW == 0:
@@ -56,8 +70,8 @@ def _layout(t: SharedType, kernel: TileKernel, hw: Hardware) -> tuple[str, int]:
     return "row-major", t.bytes
 
 
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGN) * ALIGN
+def _aligned(offset: int, align: int) -> int:
+    return -(-offset // align) * align
 
 
 def _lifetimes(body: Block) -> dict[int, tuple[int, int]]:
