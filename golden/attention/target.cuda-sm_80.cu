@@ -70,7 +70,6 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const int lane = lid % 32, wave = lid / 32;
-  __shared__ unsigned short p_stage[4352];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -235,34 +234,21 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
       }
     }
-    __syncthreads();
+    unsigned p_frag[2][4];
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        p_stage[i * 34 + j] = tsr_float_to_bf16(p[t] * beta[frag / 4 * 2 + (reg / 2)]);
-      }
+    for (int kk = 0; kk < 32; kk += 16) {
+      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    __syncthreads();
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4) * 34 + kk + lane % 4 * 2], p_stage[(wave * 16 + fm * 16 + lane / 4) * 34 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][1] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 34 + kk + lane % 4 * 2], p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 34 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][2] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4) * 34 + kk + lane % 4 * 2 + 8], p_stage[(wave * 16 + fm * 16 + lane / 4) * 34 + kk + lane % 4 * 2 + 8 + 1]);
-        a_frag[fm][3] = tsr_pack_b16(p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 34 + kk + lane % 4 * 2 + 8], p_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 34 + kk + lane % 4 * 2 + 8 + 1]);
-      }
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
         b_frag[1] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
+        tsr_mma_m16n8k16_bf16(&acc[fn * 4], p_frag[kk / 16], b_frag);
       }
     }
   }
@@ -289,7 +275,6 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
   const int lane = lid % 32, wave = lid / 32;
-  __shared__ unsigned short P_stage[8448];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
@@ -453,34 +438,21 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
       }
     }
-    __syncthreads();
+    unsigned P_frag[4][4];
     #pragma unroll
-    for (int frag = 0; frag < 8; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        P_stage[i * 66 + j] = tsr_float_to_bf16(P[t] * beta[frag / 8 * 2 + (reg / 2)]);
-      }
+    for (int kk = 0; kk < 64; kk += 16) {
+      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    __syncthreads();
     for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 16) {
-      unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4) * 66 + kk + lane % 4 * 2], P_stage[(wave * 16 + fm * 16 + lane / 4) * 66 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][1] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 66 + kk + lane % 4 * 2], P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 66 + kk + lane % 4 * 2 + 1]);
-        a_frag[fm][2] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4) * 66 + kk + lane % 4 * 2 + 8], P_stage[(wave * 16 + fm * 16 + lane / 4) * 66 + kk + lane % 4 * 2 + 8 + 1]);
-        a_frag[fm][3] = tsr_pack_b16(P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 66 + kk + lane % 4 * 2 + 8], P_stage[(wave * 16 + fm * 16 + lane / 4 + 8) * 66 + kk + lane % 4 * 2 + 8 + 1]);
-      }
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
         b_frag[1] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 16 + fn) * 4], a_frag[fm], b_frag);
+        tsr_mma_m16n8k16_bf16(&acc[fn * 4], P_frag[kk / 16], b_frag);
       }
     }
   }

@@ -457,24 +457,28 @@ class TileOps:
         self.close()
 
     def mma_sync_product(
-        self, function: str, a: Element, b: Element, bound: str, acc: str, dist: Fragments
+        self, function: str, a: Element | str, b: Element, bound: str, acc: str, dist: Fragments
     ) -> None:
         """Each warp's m16n8 fragments, one ``mma.sync`` m16n8k16 per fragment and ``k``
         step. Lane ``l`` holds pairs of neighbouring ``k`` (packed in 32 bits, the lower
         ``k`` in the low half): of ``a`` rows ``l / 4`` and ``l / 4 + 8`` of its strip, of
         ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. A
         step loads the warp's ``a`` strips once and streams its ``b`` fragments past
-        them: the strips are fewer registers than a warp's ``b`` fragments."""
+        them: the strips are fewer registers than a warp's ``b`` fragments. ``a`` may
+        be the name of the warp's fragments, loaded already: ``a[kk / 16]`` is the one
+        strip's step ``kk``."""
         self.place_in_wave()
         row = f"{dist.warp_row}fm * 16 + lane / 4"
         col = f"{dist.warp_col}fn * 8 + lane / 4"
         k = "kk + lane % 4 * 2"
+        assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
         self.open(f"for (int kk = 0; {bound}; kk += 16)")
-        self.line(f"unsigned a_frag[{dist.fm}][4];")
-        self.unroll()
-        self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
-        self.a_fragment("a_frag[fm]", a, row, k)
-        self.close()
+        if not isinstance(a, str):
+            self.line(f"unsigned a_frag[{dist.fm}][4];")
+            self.unroll()
+            self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
+            self.a_fragment("a_frag[fm]", a, row, k)
+            self.close()
         self.unroll()
         self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
         self.line("unsigned b_frag[2];")
@@ -482,11 +486,14 @@ class TileOps:
             kq = f"{k} + 8" if q else k
             pair = f"{b((kq, col))}, {b((f'{kq} + 1', col))}"
             self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
-        self.unroll()
-        slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
-        self.line(
-            f"for (int fm = 0; fm < {dist.fm}; ++fm) {function}({slots}, a_frag[fm], b_frag);"
-        )
+        if isinstance(a, str):
+            self.line(f"{function}(&{acc}[fn * 4], {a}[kk / 16], b_frag);")
+        else:
+            self.unroll()
+            slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
+            self.line(
+                f"for (int fm = 0; fm < {dist.fm}; ++fm) {function}({slots}, a_frag[fm], b_frag);"
+            )
         self.close()
         self.close()
 
@@ -653,24 +660,21 @@ class TileOps:
     def p_from_registers(
         self, op: Op, p_dist: Grid | Fragments, beta: str, v: Value, acc: str, dist: Fragments
     ) -> bool:
-        """``acc += (p * beta) @ v`` on ``wgmma`` with ``p`` straight from the registers
-        the scores' product left it in, when it can: a warp's m16n8 accumulator
-        fragments, two along the columns, are the m16k16 operand fragment that the
-        instruction takes from registers, once rounded to ``v``'s dtype and packed in
+        """``acc += (p * beta) @ v`` with ``p`` straight from the registers the scores'
+        product left it in, when it can: a warp's m16n8 accumulator fragments, two along
+        the columns, are the m16k16 ``a`` fragment that ``mma.sync`` takes and that
+        ``wgmma`` takes from registers, once rounded to ``v``'s dtype and packed in
         pairs. Nothing is staged, and no barrier waits for it."""
-        p = op.operands[3]
-        depth = p.type.dims[1]
-        if not isinstance(p_dist, Fragments):
+        p, inst = op.operands[3], op.attr("mma").inst
+        depth, dtype = p.type.dims[1], _mma_sync_dtype(inst)
+        if dtype is None or not isinstance(p_dist, Fragments) or not isinstance(dist, Fragments):
             return False
-        if not self.wgmma_ready(op, dist, depth, self.views.get(v.id)):
+        same_rows = (p_dist.rows, p_dist.wm, p_dist.shape) == (dist.rows, dist.wm, dist.shape)
+        if not same_rows or (p_dist.wn, p_dist.fm, dist.wn) != (1, 1, 1):
             return False
-        if (p_dist.rows, p_dist.wm, p_dist.wn, p_dist.shape) != (dist.rows, dist.wm, 1, dist.shape):
-            return False
-        dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
         rounded = _MMA_SYNC[dtype][1]
         name, frag = self.forms[p.id].name, self.namer.fresh(f"{p.name or 'p'}_frag")
-        steps = p_dist.cols // _WGMMA_K
-        self.line(f"unsigned {frag}[{steps}][4];")
+        self.line(f"unsigned {frag}[{p_dist.cols // _WGMMA_K}][4];")
         self.unroll()
         self.open(f"for (int kk = 0; kk < {p_dist.cols}; kk += {_WGMMA_K})")
         for q in range(4):
@@ -680,8 +684,14 @@ class TileOps:
                     for t in slots]  # fmt: skip
             self.line(f"{frag}[kk / {_WGMMA_K}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
         self.close()
-        view = self.views[v.id]
-        self.wgmma_product(op, ("rs", frag), view, depth, acc, dist)
+        view = self.views.get(v.id)
+        if self.wgmma_ready(op, dist, depth, view):
+            assert view is not None
+            self.wgmma_product(op, ("rs", frag), view, depth, acc, dist)
+        else:
+            function = _MMA_SYNC[dtype][0]
+            bound = self.reduction_bound(op, depth)
+            self.mma_sync_product(function, frag, self.operand(v, op), bound, acc, dist)
         return True
 
     def row_state(self, x: Value, result: Value, rows: Rows | FragmentRows) -> Form:
