@@ -111,12 +111,14 @@ def wgmma_start(view: SmemView, k_major: bool, kk: str, mn0: str) -> str:
     if k_major:
         if view.cols > panel:
             terms.append(f"{kk} / {panel} * {view.rows * panel}")
-        terms += [f"{parenthesized(mn0)} * {panel}", f"{kk} % {panel}"]
+        if mn0 != "0":
+            terms.append(f"{parenthesized(mn0)} * {panel}")
+        terms.append(f"{kk} % {panel}")
     else:
-        if view.cols > panel:
+        if view.cols > panel and mn0 != "0":
             terms.append(f"{parenthesized(mn0)} / {panel} * {view.rows * panel}")
         terms.append(f"{kk} * {panel}")
-    return " + ".join(t for t in terms if not t.startswith("0 ")) or "0"
+    return " + ".join(terms)
 
 
 class TileOps:
