@@ -118,10 +118,7 @@ class _Emitter(TileOps):
         self.bits: dict[int, Element] = {}
         self.views: dict[int, SmemView] = {}
         self.wgmma: set[tuple[str, int, str]] = set()
-        self.async_reads = any(
-            isinstance(op.attr("mma"), Mma) and op.attr("mma").inst.startswith("wgmma")
-            for op in walk(kernel.body)
-        )
+        self.async_reads = kernel.uses_wgmma
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1

@@ -275,7 +275,7 @@ class TileOps:
             return
         assert b_view is not None and isinstance(dist, Fragments) and depth.constant is not None
         if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
-            self.wgmma_product(op, ("ss", a_view), b_view, depth, acc, dist)
+            self.wgmma_product(op, a_view, b_view, depth, acc, dist)
             return
         # a lies elsewhere: its fragments for every step are loaded first, into registers
         # that no step overwrites while the batch runs.
@@ -286,7 +286,7 @@ class TileOps:
         row, k = f"{dist.warp_row}lane / 4", "kk + lane % 4 * 2"
         self.a_fragment(f"{frag}[kk / {_WGMMA_K}]", self.operand(a, op), row, k)
         self.close()
-        self.wgmma_product(op, ("rs", frag), b_view, depth, acc, dist)
+        self.wgmma_product(op, frag, b_view, depth, acc, dist)
 
     def accumulator(self, op: Op, acc: Value, result: Value) -> Form:
         """Where a product accumulates: in ``acc``'s own array when nothing else reads it
@@ -391,7 +391,7 @@ class TileOps:
     def wgmma_product(
         self,
         op: Op,
-        a: tuple[str, SmemView | str],
+        a: SmemView | str,
         b: SmemView,
         depth: Dim,
         acc: str,
@@ -401,14 +401,14 @@ class TileOps:
         one instruction per step of 16 along the whole tile's ``k``. A run-time bound
         (the live corner) would put the instructions on a path that ptxas takes for
         divergent and serializes; the operands are zero past it anyway. ``b`` is read
-        from shared memory through a descriptor; ``a`` too (``("ss", view)``), or from
-        registers (``("rs", name)``: ``name[kk / 16]`` holds the lane's four packed
-        pairs, as ``mma.sync`` takes them). The accumulator is the warp's m16n8
+        from shared memory through a descriptor; ``a`` too when it is a view ("ss"), or
+        from registers when it is a name ("rs": ``name[kk / 16]`` holds the lane's four
+        packed pairs, as ``mma.sync`` takes them). The accumulator is the warp's m16n8
         fragments along its columns, as the instruction keeps it. The steps are issued
         back to back and waited for together; the fence before them orders the
         registers they read."""
         dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
-        form, a_operand = a
+        form = "ss" if isinstance(a, SmemView) else "rs"
         n = dist.cols
         self.wgmma.add((dtype, n, form))
         self.place_in_wave()
@@ -419,12 +419,12 @@ class TileOps:
         self.unroll()
         self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {_WGMMA_K})")
         function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{_WGMMA_K}_{dtype}_{form}"
-        if isinstance(a_operand, SmemView):
-            a_desc = self.descriptor(a_operand, "a", "kk", rows)
-            trans_a = int(not a_operand.k_major("a"))
+        if isinstance(a, SmemView):
+            a_desc = self.descriptor(a, "a", "kk", rows)
+            trans_a = int(not a.k_major("a"))
             self.line(f"{function}<{trans_a}, {trans_b}>({acc}, {a_desc}, {b_desc});")
         else:
-            self.line(f"{function}<{trans_b}>({acc}, {a_operand}[kk / {_WGMMA_K}], {b_desc});")
+            self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {_WGMMA_K}], {b_desc});")
         self.close()
         self.line("tsr_wgmma_commit();")
         self.line("tsr_wgmma_wait();")
@@ -689,7 +689,7 @@ class TileOps:
         view = self.views.get(v.id)
         if self.wgmma_ready(op, dist, depth, view):
             assert view is not None
-            self.wgmma_product(op, ("rs", frag), view, depth, acc, dist)
+            self.wgmma_product(op, frag, view, depth, acc, dist)
         else:
             function = _MMA_SYNC[dtype][0]
             bound = self.reduction_bound(op, depth)

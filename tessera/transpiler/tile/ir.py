@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.ir import Block, Value
+from ..graph.ir import Block, Value, walk
 from ..graph.types import dims_text
 from ..schedule.ir import HostProgram
 
@@ -234,6 +234,15 @@ class TileKernel:
     @property
     def smem_bytes(self) -> int:
         return max((s.offset + s.bytes for s in self.smem), default=0)
+
+    @property
+    def uses_wgmma(self) -> bool:
+        """Whether a product runs on ``wgmma``, which reads shared memory through the
+        async proxy and in its own layout."""
+        return any(
+            isinstance(op.attr("mma"), Mma) and op.attr("mma").inst.startswith("wgmma")
+            for op in walk(self.body)
+        )
 
 
 @dataclass(frozen=True)

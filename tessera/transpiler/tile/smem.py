@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..graph.ir import Block, Op, walk
+from ..graph.ir import Block, Op
 from ..schedule.hardware import Hardware
 from .ir import SharedType, SmemSlot, TileKernel
 
@@ -35,10 +35,7 @@ def plan_smem(kernel: TileKernel, hw: Hardware) -> TileKernel:
     if not allocs:
         return kernel
     spans = _lifetimes(kernel.body)
-    wgmma = any(
-        op.attr("mma") is not None and op.attr("mma").inst.startswith("wgmma")
-        for op in walk(kernel.body)
-    )
+    wgmma = kernel.uses_wgmma
     placed: list[tuple[SmemSlot, int, int]] = []
     for alloc in allocs:
         buf = alloc.result
