@@ -188,21 +188,37 @@ CASES = (
 )  # fmt: skip
 
 
-def check_case(case: Case, target: str, arch: str | None = None, seed: int = 0) -> None:
+@dataclass(frozen=True)
+class Placement:
+    """Where a test puts a case's arrays for the runtime, and how it reads them back:
+    numpy arrays as they are, or copies on a GPU (torch tensors, cupy arrays)."""
+
+    put: Callable[[np.ndarray], Any]
+    take: Callable[[Any, np.dtype], np.ndarray]
+
+
+HOST = Placement(put=lambda a: a, take=lambda x, dtype: x)
+
+
+def check_case(
+    case: Case, target: str, arch: str | None = None, seed: int = 0, placement: Placement = HOST
+) -> None:
     """Run a case's function built for ``target`` on its random inputs, every output
     poisoned with NaN first, and compare with the float64 reference."""
     inputs = case.make(np.random.default_rng(seed))
     expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
     program = tessera.compile_file(ROOT / case.path, target=target, arch=arch)
     fn = getattr(program.load(), case.function)
-    got = inputs
+    placed = {k: placement.put(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
     if fn.meta["result"] is not None:
         p = next(p for p in fn.meta["params"] if p["name"] == "out")
-        out = np.full(expected["out"].shape, np.nan).astype(numpy_dtype(DTYPES[p["dtype"]]))
-        fn(**inputs, out=out)
-        got = {"out": out}
+        dtype = np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
+        out = placement.put(np.full(expected["out"].shape, np.nan).astype(dtype))
+        fn(**placed, out=out)
+        got = {"out": placement.take(out, dtype)}
     else:
-        fn(**inputs)
+        fn(**placed)
+        got = {k: placement.take(placed[k], inputs[k].dtype) for k in expected}
     for name, want in expected.items():
         have = f64(got[name])
         assert not np.isnan(have).any(), f"{name}: some outputs were never written"

@@ -13,15 +13,22 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 import tessera
-from tessera.runtime.cuda import CudaUnavailable, _cupy
+from tessera.runtime import cuda as cuda_runtime
+from tessera.runtime.cuda import CudaUnavailable, _cupy, check_arch
+from tessera.runtime.foreign import BIT_CARRIERS
 
 from .conftest import ROOT, SOURCES
-from .reference import CASES, Case, check_case
+from .reference import CASES, Case, Placement, check_case, f64
 
 NVCC = shutil.which("nvcc")
 ARCHS = ["sm_80", "sm_90a"]
@@ -139,6 +146,25 @@ def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path)
     assert accumulating, f"{path}: no HGMMA adds to its accumulator: {hgmma[:4]}"
 
 
+@pytest.mark.parametrize(
+    ("arch", "capability", "refused"),
+    [("sm_80", "80", None), ("sm_80", "90", None), ("sm_90a", "90", None),
+     ("sm_90a", "100", "needs a GPU of compute capability 9.0; this GPU is sm_100 (compile "
+      "with --arch sm_80)"),
+     ("sm_80", "75", "needs a GPU of compute capability 8.0 or newer; this GPU is sm_75")],
+)  # fmt: skip
+def test_a_gpu_that_cannot_run_the_arch_is_refused(
+    arch: str, capability: str, refused: str | None
+) -> None:
+    """sm_90a code (wgmma) runs on sm_90 alone; sm_80 code on sm_80 and newer."""
+    if refused is None:
+        check_arch(arch, capability)
+        return
+    with pytest.raises(CudaUnavailable) as caught:
+        check_arch(arch, capability)
+    assert str(caught.value).endswith(refused) and "\n" not in str(caught.value)
+
+
 def test_loading_without_a_gpu_says_so() -> None:
     try:
         _cupy()
@@ -150,6 +176,87 @@ def test_loading_without_a_gpu_says_so() -> None:
     with pytest.raises(CudaUnavailable, match=r"CuPy|no NVIDIA GPU") as caught:
         program.load()
     assert "\n" not in str(caught.value)
+
+
+class _Device:
+    """A device array of the stand-in below: host memory, so that addresses are real."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self.data.__array_interface__ | {"version": 3, "stream": None}
+
+    def get(self, out: np.ndarray) -> None:
+        out[...] = self.data
+
+
+def _stand_in_cupy(launches: list[tuple[str, tuple[Any, ...]]]) -> Any:
+    """CuPy's names the runtime uses: a launch is recorded, and writes 7s into the
+    arrays it is given (pointers of GPU tensors are left alone: host memory here)."""
+
+    class Kernel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int) -> None:
+            launches.append((self.name, args))
+            for a in args:
+                if isinstance(a, _Device):
+                    a.data[...] = 7
+
+    class RawModule:
+        def __init__(self, code: str, options: tuple[str, ...], backend: str) -> None:
+            assert 'extern "C" __global__' in code and backend == "nvrtc"
+
+        def get_function(self, name: str) -> Kernel:
+            return Kernel(name)
+
+    stream, gpu = SimpleNamespace(ptr=0), SimpleNamespace(id=0, compute_capability="90")
+    cuda = SimpleNamespace(get_current_stream=lambda: stream, Device=lambda: gpu)
+    return SimpleNamespace(
+        cuda=cuda, RawModule=RawModule, uint8=np.uint8,
+        asarray=lambda a: _Device(a.copy()),
+        empty=lambda shape, dtype: _Device(np.empty(shape, dtype)),
+    )  # fmt: skip
+
+
+def test_arguments_reach_the_launches_as_the_metadata_orders_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a GPU, with a stand-in for CuPy: GPU tensors go to the kernels as their
+    addresses and the result is allocated beside them (bf16 as its bits, in CuPy);
+    numpy arrays travel as bytes and what the kernels wrote comes back."""
+    launches: list[tuple[str, tuple[Any, ...]]] = []
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: _stand_in_cupy(launches))
+    program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch="sm_90a")
+    mlp = program.load().mlp
+    meta = mlp.meta
+    sizes = {"T": 30, "D": 24, "F": 40}
+    rng = np.random.default_rng(0)
+    shapes = {"x": (30, 24), "W_in": (24, 40), "b_in": (40,), "W_out": (40, 24), "b_out": (24,)}
+    host = {k: rng.standard_normal(v).astype(np.float32 if k[0] == "b" else ml_dtypes.bfloat16)
+            for k, v in shapes.items()}  # fmt: skip
+    device = {k: _Device(v.view(BIT_CARRIERS.get(v.dtype, v.dtype))) for k, v in host.items()}
+    out = mlp(**device)
+    assert isinstance(out, _Device) and out.data.dtype == np.uint16 and out.data.shape == (30, 24)
+    named = {**device, "out": out}
+    assert [name for name, _ in launches] == [k["kernel"] for k in meta["launches"]]
+    for (_, args), launch in zip(launches, meta["launches"], strict=True):
+        for arg, name in zip(args, launch["args"], strict=True):
+            if name in named:
+                assert arg == named[name].data.ctypes.data and isinstance(arg, np.uint64), name
+            elif name in sizes:
+                assert arg == sizes[name] and isinstance(arg, np.int64), name
+            else:
+                assert isinstance(arg, _Device), name  # the intermediate buffer
+    launches.clear()
+    result = mlp(**host)
+    assert result.dtype == ml_dtypes.bfloat16 and result.shape == (30, 24)
+    assert (result.view(np.uint16) == 0x0707).all()  # the bytes the last launch wrote
+    with pytest.raises(TypeError, match="'x' is a numpy array and 'W_in' a GPU tensor"):
+        mlp(host["x"], *list(device.values())[1:])
 
 
 def _gpu() -> str | None:
@@ -168,3 +275,87 @@ def _gpu() -> str | None:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_runs_to_the_float64_reference_on_a_gpu(case: Case, arch: str) -> None:
     check_case(case, "cuda", arch)
+
+
+def _torch_put(a: np.ndarray) -> Any:
+    import torch
+
+    raw = torch.from_numpy(a.reshape(-1).view(np.uint8).copy()).cuda()
+    return raw.view(getattr(torch, a.dtype.name)).reshape(a.shape)
+
+
+def _torch_take(t: Any, dtype: np.dtype) -> np.ndarray:
+    import torch
+
+    return t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().view(dtype)
+
+
+def _cupy_put(a: np.ndarray) -> Any:
+    return _cupy().asarray(a.view(BIT_CARRIERS.get(a.dtype, a.dtype)))
+
+
+def _cupy_take(x: Any, dtype: np.dtype) -> np.ndarray:
+    return x.get().view(dtype)
+
+
+#: GPU tensors, handed over where they lie: torch's (bf16 and fp8 as themselves) and
+#: cupy's (bf16 and fp8 as their bits).
+ON_GPU = {"torch": Placement(_torch_put, _torch_take), "cupy": Placement(_cupy_put, _cupy_take)}
+#: One case per example and library kernel with bf16 tensors, and one in place.
+GPU_TENSOR_IDS = {
+    "mlp:mlp",
+    "attention:flash_attention",
+    "layernorm:layernorm",
+    "fused_adam:fused_adam",
+}
+GPU_TENSOR_CASES = [c for c in CASES if c.id in GPU_TENSOR_IDS]
+
+
+@pytest.mark.gpu
+@pytest.mark.execute
+@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("holder", sorted(ON_GPU))
+@pytest.mark.parametrize("case", GPU_TENSOR_CASES, ids=[c.id for c in GPU_TENSOR_CASES])
+def test_runs_on_gpu_tensors_where_they_lie(case: Case, holder: str, arch: str) -> None:
+    if holder == "torch":
+        pytest.importorskip("torch", reason="needs torch with CUDA")
+    check_case(case, "cuda", arch, placement=ON_GPU[holder])
+
+
+@pytest.mark.gpu
+@pytest.mark.execute
+@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+def test_a_result_is_allocated_beside_torch_inputs() -> None:
+    torch = pytest.importorskip("torch", reason="needs torch with CUDA")
+    (case,) = [c for c in CASES if c.id == "mlp:mlp"]
+    inputs = case.make(np.random.default_rng(1))
+    fn = tessera.compile_file(ROOT / case.path, target="cuda", arch="sm_80").load().mlp
+    out = fn(**{k: _torch_put(v) for k, v in inputs.items()})
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.bfloat16
+    want = case.reference(inputs)["out"]
+    error = np.abs(f64(_torch_take(out, np.dtype(ml_dtypes.bfloat16))) - want)
+    assert error.max() / np.abs(want).max() < case.rtol
+    with pytest.raises(TypeError, match="'x' is a numpy array and 'W_in' a GPU tensor"):
+        fn(**{k: v if k == "x" else _torch_put(v) for k, v in inputs.items()})
+    with pytest.raises(TypeError, match="'x' lies in CPU:0 memory"):
+        fn(**{k: torch.from_numpy(v.view(np.uint16)).view(torch.bfloat16) if k == "x"
+              else _torch_put(v) for k, v in inputs.items()})  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.execute
+@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
+def test_memcheck_finds_no_bad_access() -> None:
+    """Every case of the GPU tier, again under ``compute-sanitizer --tool memcheck``: an
+    access past a ragged edge that lands in another allocation gives no wrong number,
+    only this."""
+    done = subprocess.run(
+        ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "86",
+         "--print-limit", "20", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-m", "gpu", "-k", "runs_to_the_float64_reference", str(Path(__file__))],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert re.search(r"ERROR SUMMARY: 0 errors", done.stdout + done.stderr)

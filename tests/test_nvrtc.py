@@ -17,7 +17,7 @@ import pytest
 
 import tessera
 from tessera.cli.main import main
-from tessera.transpiler.target.nvrtc import NvrtcError, Resources, parse_report
+from tessera.transpiler.target.nvrtc import NvrtcError, Resources, build, parse_report
 
 from .conftest import ROOT
 from .test_cuda import ARCHS, CUOBJDUMP, cuobjdump, needs_nvrtc
@@ -95,6 +95,29 @@ def test_ptx_names_every_kernel_for_its_arch(arch: str) -> None:
     entries = set(re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M))
     assert entries == _launched(program.ir("meta"))
     assert program.inspect_ir("cubin")[:4] == b"\x7fELF"
+
+
+#: What CuPy's ``RawModule`` adds to a module's options on an H100: ``-ftz=true``,
+#: ``--device-as-default-execution-space``, and the GPU's generic ``-arch=sm_90`` last.
+CUPY_OPTIONS = ["-ftz=true", "--device-as-default-execution-space"]
+
+
+@pytest.mark.compile
+@needs_nvrtc
+@pytest.mark.skipif(CUOBJDUMP is None, reason="needs cuobjdump (pip install nvidia-cuda-cuobjdump)")
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("path", EXAMPLES)
+def test_cupy_builds_every_file_for_an_h100(path: str, arch: str, tmp_path: Path) -> None:
+    """The runtime and the generated loader compile with CuPy, which adds its own options
+    and the GPU's ``-arch=sm_90`` to the metadata's. An sm_90a file names ``-arch=sm_90a``
+    in its options, and NVRTC, given both, must still build for sm_90a: wgmma exists
+    nowhere else."""
+    program = tessera.compile_file(ROOT / path, target="cuda", arch=arch)
+    options = [*program.ir("meta")["build"]["options"], *CUPY_OPTIONS]
+    cubin = tmp_path / "kernels.cubin"
+    cubin.write_bytes(build(program.source, "sm_90", options).cubin)
+    want = "sm_90a" if arch == "sm_90a" else "sm_90"
+    assert re.search(rf"^\s*code for {want}$", cuobjdump("-sass", cubin), re.M)
 
 
 def test_without_nvrtc_the_dump_says_what_to_install(

@@ -1,26 +1,39 @@
-"""Run the CUDA backend's output through CuPy: numpy arrays in, numpy arrays out.
+"""Run the CUDA backend's output through CuPy.
 
 ``load(source, meta)`` compiles the file with NVRTC (CuPy's ``RawModule``) for the
 GPU in use and returns an object with one callable per function of the ``.tsr``
-file, as ``tessera.runtime.cpu`` does: the same argument checks, the same result.
-A call copies the tensors to the GPU, runs the function's launches in order with
-the grid, threads and dynamic shared memory the metadata gives (raising the
-kernel's limit above the default 48 KiB where a launch needs more), and copies
-back what they wrote. Without CuPy or without a GPU, ``load`` says which, in one
-line.
+file, as ``tessera.runtime.cpu`` does: the same argument checks, the same result. A
+GPU that cannot run the file's arch is refused first, in one line.
+
+A call takes either numpy arrays or tensors on the GPU, not a mix:
+
+- numpy arrays are copied to the GPU, and what the kernels wrote is copied back, so
+  that the call reads as the CPU runtime's does (the result is a numpy array);
+- GPU tensors (torch tensors, cupy arrays, anything with ``__dlpack__`` or
+  ``__cuda_array_interface__``) are used where they lie, and the result is allocated
+  beside them: a torch tensor for torch inputs, else a cupy array. CuPy has no bf16 or
+  fp8 dtype, so cupy arrays of those carry their bits as uint16 and uint8.
+
+The launches run in order on CuPy's current stream, with the grid, threads and
+dynamic shared memory the metadata gives (raising a kernel's limit above the default
+48 KiB where a launch needs more); DLPack producers order their pending work on an
+argument before that stream's. Without CuPy or without a GPU, ``load`` says which, in
+one line.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .entry import Entry, Library, argument, evaluate
+from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 
-__all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load"]
+__all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
 
 _SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
 #: Dynamic shared memory a kernel may use without asking for more.
@@ -48,8 +61,19 @@ def _cupy() -> Any:
     return cupy
 
 
+@dataclass(frozen=True)
+class _OnDevice:
+    """A GPU tensor argument: the caller's object (kept alive for the call) and where
+    its elements lie."""
+
+    value: Any
+    view: TensorView
+
+
 class CudaFunction(Entry):
     """One function: its launches, on the current device."""
+
+    _contiguous = "np.ascontiguousarray, torch's .contiguous(), cupy.ascontiguousarray"
 
     def __init__(self, module: Any, meta: Mapping[str, Any]) -> None:
         super().__init__(meta)
@@ -60,11 +84,67 @@ class CudaFunction(Entry):
                 kernel.max_dynamic_shared_size_bytes = launch["dynamic_smem"]
             self._kernels[launch["kernel"]] = kernel
 
+    def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
+        if isinstance(value, np.ndarray):
+            return super()._view(p, value)
+        name = p["name"]
+        try:
+            view = describe(value, stream=_cupy().cuda.get_current_stream().ptr or 1)
+        except TypeError:
+            raise TypeError(
+                f"{self.name}(): '{name}' is a {type(value).__name__}: the kernel takes a "
+                f"numpy array or a GPU tensor of {p['dtype']}"
+            ) from None
+        if view.device_type != DeviceKind.CUDA:
+            raise TypeError(
+                f"{self.name}(): '{name}' lies in {view.device} memory: pass a GPU "
+                "tensor, or a numpy array to have it copied"
+            )
+        here = _cupy().cuda.Device().id
+        if view.device_id not in (-1, here):
+            raise ValueError(
+                f"{self.name}(): '{name}' is on {view.device}; the module runs on CUDA:{here}"
+            )
+        return view
+
+    def _takes(self, want: np.dtype, view: TensorView) -> bool:
+        """A GPU tensor may carry a bf16 or fp8 tensor's bits (CuPy has neither dtype)."""
+        carrier = view.device_type == DeviceKind.CUDA and view.dtype == BIT_CARRIERS.get(want)
+        return super()._takes(want, view) or carrier
+
+    def _argument(self, value: Any, view: TensorView) -> Any:
+        return value if isinstance(value, np.ndarray) else _OnDevice(value, view)
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, arrays: Mapping[str, Any]) -> Any:
+        """Beside the inputs: a torch tensor on their device if they are torch
+        tensors, a cupy array if they are other GPU tensors, else a numpy array."""
+        like = next((a.value for a in arrays.values() if isinstance(a, _OnDevice)), None)
+        if like is None:
+            return super()._allocate(shape, dtype, arrays)
+        if type(like).__module__.split(".")[0] == "torch":
+            import torch
+
+            return torch.empty(shape, dtype=getattr(torch, dtype.name), device=like.device)
+        return _cupy().empty(shape, dtype=BIT_CARRIERS.get(dtype, dtype))
+
     def _run(
-        self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any], sizes: Mapping[str, int]
+        self, arrays: Mapping[str, Any], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
         cupy = _cupy()
-        device = {name: cupy.asarray(a) for name, a in arrays.items()}
+        on_device = {name: a for name, a in arrays.items() if isinstance(a, _OnDevice)}
+        if on_device and len(on_device) < len(arrays):
+            host = next(name for name in arrays if name not in on_device)
+            raise TypeError(
+                f"{self.name}(): '{host}' is a numpy array and '{next(iter(on_device))}' a "
+                "GPU tensor: pass every tensor on the GPU, or every one as a numpy array"
+            )
+        if on_device:
+            device = {name: np.uint64(a.view.address) for name, a in on_device.items()}
+            for a in on_device.values():
+                if a.view.producer_stream is not None:
+                    cupy.cuda.ExternalStream(a.view.producer_stream).synchronize()
+        else:
+            device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
         for b in self.meta["buffers"]:
             size = max(1, evaluate(b["bytes"], sizes, b["name"]))
             device[b["name"]] = cupy.empty(size, dtype=cupy.uint8)
@@ -79,9 +159,17 @@ class CudaFunction(Entry):
             self._kernels[launch["kernel"]](
                 tuple(grid), (launch["threads"], 1, 1), args, shared_mem=launch["dynamic_smem"]
             )
+        if on_device:
+            return
         for p in self._params:
             if p["kind"] == "tensor" and p["io"] != "in":
-                device[p["name"]].get(out=arrays[p["name"]])
+                device[p["name"]].get(out=_bytes(arrays[p["name"]]))
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes, as a flat uint8 view: how it travels to and from the
+    GPU whatever its dtype (CuPy has no bf16 or fp8)."""
+    return a.reshape(-1).view(np.uint8)
 
 
 class CudaLibrary(Library):
@@ -89,6 +177,7 @@ class CudaLibrary(Library):
 
     def __init__(self, source: str, meta: Mapping[str, Any]) -> None:
         cupy = _cupy()
+        check_arch(meta["arch"], cupy.cuda.Device().compute_capability)
         module = cupy.RawModule(
             code=source, options=tuple(meta["build"]["options"]), backend="nvrtc"
         )
@@ -98,3 +187,20 @@ class CudaLibrary(Library):
 def load(source: str, meta: Mapping[str, Any]) -> CudaLibrary:
     """Compile a CUDA module from its source and metadata, for the current GPU."""
     return CudaLibrary(source, meta)
+
+
+def check_arch(arch: str, capability: str) -> None:
+    """Refuse, in one line, a GPU of compute ``capability`` (``"90"``) that cannot run a
+    file generated for ``arch``: one for an arch-specific target (``sm_90a``: wgmma,
+    setmaxnreg) runs on that GPU alone, one for a generic arch on it and newer ones."""
+    number = arch.removeprefix("sm_")
+    generic = number.rstrip("a")
+    if capability == generic or (number == generic and int(capability) > int(generic)):
+        return
+    needs = f"a GPU of compute capability {generic[:-1]}.{generic[-1]}"
+    if number == generic:
+        needs += " or newer"
+    hint = " (compile with --arch sm_80)" if int(capability) >= 80 else ""
+    raise CudaUnavailable(
+        f"this module is built for {arch} and needs {needs}; this GPU is sm_{capability}{hint}"
+    )

@@ -15,16 +15,18 @@ import numpy as np
 from ..transpiler.graph.dims import Dim, parse_dim
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
+from .foreign import TensorView, numpy_view
 
 __all__ = ["Entry", "Library", "evaluate", "argument"]
 
 
 class Entry:
-    """One function of a loaded module, called with numpy arrays and scalars.
+    """One function of a loaded module, called with arrays and scalars.
 
     A call checks every argument against the metadata (dtype, rank, contiguity,
     the sizes its dims give, the guards), allocates the result, and hands the
-    arrays, the scalars and the sizes to the backend's ``_run``.
+    arrays, the scalars and the sizes to the backend's ``_run``. The arrays are
+    numpy arrays unless the backend says otherwise (``_view``, ``_allocate``).
     """
 
     def __init__(self, meta: Mapping[str, Any]) -> None:
@@ -43,7 +45,7 @@ class Entry:
                 out.append(f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]")
         return out
 
-    def __call__(self, *args: Any, out: np.ndarray | None = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         """Run the function. ``out`` is an optional preallocated result array."""
         inputs = [p for p in self._params if p.get("io") != "out"]
         if len(args) > len(inputs):
@@ -59,7 +61,7 @@ class Entry:
         if missing:
             raise TypeError(f"{self.name}() is missing {', '.join(missing)}")
         sizes: dict[str, int] = {}
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {}
         for p in inputs:
             if p["kind"] == "tensor":
                 arrays[p["name"]] = self._tensor(p, values[p["name"]], sizes)
@@ -67,55 +69,78 @@ class Entry:
         result = None
         if self.meta["result"] is not None:
             p = next(p for p in self._params if p["name"] == self.meta["result"])
-            shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
             if out is None:
-                result = np.empty(shape, dtype=numpy_dtype(DTYPES[p["dtype"]]))
-            else:
-                result = self._tensor(p, out, dict(sizes))
-            arrays[p["name"]] = result
+                shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
+                out = self._allocate(shape, np.dtype(numpy_dtype(DTYPES[p["dtype"]])), arrays)
+            arrays[p["name"]] = self._tensor(p, out, dict(sizes))
+            result = out
         elif out is not None:
             raise TypeError(f"{self.name}() returns nothing; it takes no 'out'")
         self._run(arrays, values, sizes)
         return result
 
     def _run(
-        self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any], sizes: Mapping[str, int]
+        self, arrays: Mapping[str, Any], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
-        """Run the function: tensors (the result included) by name, every argument by
-        name, and the value of every size symbol."""
+        """Run the function: tensors (the result included) by name, as ``_argument``
+        gives them, every argument by name, and the value of every size symbol."""
         raise NotImplementedError
 
-    def _tensor(self, p: Mapping[str, Any], value: Any, sizes: dict[str, int]) -> np.ndarray:
+    def _tensor(self, p: Mapping[str, Any], value: Any, sizes: dict[str, int]) -> Any:
+        """Check one tensor argument, binding the size symbols its dims give; what the
+        backend's ``_run`` receives for it."""
         name = p["name"]
-        want = numpy_dtype(DTYPES[p["dtype"]])
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"{self.name}(): '{name}' must be a numpy array of {p['dtype']}")
-        if value.dtype != want:
+        view = self._view(p, value)
+        want = np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
+        if not self._takes(want, view):
             raise TypeError(
-                f"{self.name}(): '{name}' is {value.dtype}, the kernel takes {p['dtype']} "
-                f"(numpy {np.dtype(want).name})"
+                f"{self.name}(): '{name}' is {view.type_name}, the kernel takes {p['dtype']} "
+                f"(numpy {want.name})"
             )
-        if value.ndim != len(p["dims"]):
+        if len(view.shape) != len(p["dims"]):
             raise ValueError(
-                f"{self.name}(): '{name}' has shape {value.shape}, the kernel takes "
+                f"{self.name}(): '{name}' has shape {view.shape}, the kernel takes "
                 f"[{', '.join(p['dims'])}]"
             )
-        if not value.flags.c_contiguous:
-            raise ValueError(f"{self.name}(): '{name}' must be C-contiguous (np.ascontiguousarray)")
-        if p["io"] != "in" and not value.flags.writeable:
+        if not view.contiguous:
+            raise ValueError(f"{self.name}(): '{name}' must be C-contiguous ({self._contiguous})")
+        if p["io"] != "in" and view.readonly:
             raise ValueError(f"{self.name}(): '{name}' is updated in place but is read-only")
-        for text, size in zip(p["dims"], value.shape, strict=True):
+        for text, size in zip(p["dims"], view.shape, strict=True):
             dim = parse_dim(text)
             if dim.symbol is not None and dim.symbol not in sizes:
                 sizes[dim.symbol] = size
-        for text, size in zip(p["dims"], value.shape, strict=True):
+        for text, size in zip(p["dims"], view.shape, strict=True):
             want_size = evaluate(text, sizes, name)
             if want_size != size:
                 raise ValueError(
-                    f"{self.name}(): '{name}' has shape {value.shape}: dim {text} should be "
+                    f"{self.name}(): '{name}' has shape {view.shape}: dim {text} should be "
                     f"{want_size} ({_bindings(parse_dim(text), sizes)})"
                 )
+        return self._argument(value, view)
+
+    #: How to make a tensor C-contiguous, for the message that asks for it.
+    _contiguous = "np.ascontiguousarray"
+
+    def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
+        """What the checks need to know of a tensor argument. The host backends take
+        numpy arrays; a device backend may take its own tensors too."""
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"{self.name}(): '{p['name']}' must be a numpy array of {p['dtype']}")
+        return numpy_view(value)
+
+    def _takes(self, want: np.dtype, view: TensorView) -> bool:
+        """Whether a tensor of ``view``'s dtype may stand for one of ``want``."""
+        return view.dtype == want
+
+    def _argument(self, value: Any, view: TensorView) -> Any:
+        """What ``_run`` receives for a checked tensor: here the array itself."""
         return value
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, arrays: Mapping[str, Any]) -> Any:
+        """The result's storage, when the caller gives no ``out``; ``arrays`` are the
+        checked inputs, for a backend that allocates where they lie."""
+        return np.empty(shape, dtype=dtype)
 
     def _check_guards(self, sizes: Mapping[str, int]) -> None:
         for g in self.meta["guards"]:

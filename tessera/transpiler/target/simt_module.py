@@ -27,7 +27,7 @@ __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
 
 #: Build options each dialect's files are written for: ``clBuildProgram``'s for OpenCL,
 #: hipcc's for HIP (with ``--offload-arch`` added for the arch), and NVRTC's and nvcc's
-#: for CUDA (with the arch's ``-arch``/``-gencode`` added).
+#: for CUDA (with the arch's ``-arch``/``-gencode`` added; see ``_build_options``).
 BUILD_OPTIONS = {
     "opencl": ("-cl-std=CL1.2",),
     "hip": ("-O3", "-std=c++17"),
@@ -126,8 +126,21 @@ def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict
         functions.append(
             {**signature_meta(program), "buffers": _buffers(program), "launches": launches}
         )
-    return {"source": module.name, "target": d.name, "arch": module.arch,
-            "build": {"options": list(BUILD_OPTIONS[d.name])}, "functions": functions}  # fmt: skip
+    build = {"options": _build_options(d.name, module.arch)}
+    return {"source": module.name, "target": d.name, "arch": module.arch, "build": build,
+            "functions": functions}  # fmt: skip
+
+
+def _build_options(target: str, arch: str) -> list[str]:
+    """The options a file must be compiled with. A CUDA file for an arch-specific
+    target (``sm_90a``: wgmma, setmaxnreg) names its arch: CuPy's ``RawModule`` adds
+    the GPU's own ``-arch=sm_90``, and NVRTC builds for ``sm_90a`` when given both. A
+    file for a generic arch runs on that GPU and newer, so it leaves the arch to the
+    loader."""
+    options = list(BUILD_OPTIONS[target])
+    if target == "cuda" and arch.endswith("a"):
+        options.append(f"-arch={arch}")
+    return options
 
 
 def _buffers(program: TileProgram) -> list[dict[str, str]]:
