@@ -1,0 +1,221 @@
+"""Benchmark: the CUDA backend against cuBLAS and torch SDPA on one GPU, in one process.
+
+Kernels: GEMM (``C = A @ B``, row-major, output in the input dtype) in bf16, f16 and
+fp8 e4m3 at 4096 and 8192 against ``torch.matmul`` (cuBLAS; fp8 against
+``torch._scaled_mm`` with unit scales); attention forward in bf16, B4 H16, S from 1k
+to 16k, D 64 and 128, causal and not, against torch ``scaled_dot_product_attention``
+on its flash backend. Tessera's kernels get torch tensors where they lie (no copies).
+
+Each case checks Tessera's output against the peer's first (the relative error is
+recorded, not asserted), then times both interleaved with CUDA events, median of
+several runs after warm-up. A case Tessera cannot compile or run is recorded with the
+message. Results go to ``bench/results/gpu.json`` with the device's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tessera
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "gpu.json"
+
+GEMM = """\
+@kernel
+def gemm(A: Tensor["M", "K", {dtype}], B: Tensor["K", "N", {dtype}]) -> Tensor["M", "N", {out}]:
+    return A @ B
+"""
+
+ATTENTION = """\
+@kernel
+def attention(q: Tensor["B", "H", "S", "D", bf16], k: Tensor["B", "H", "S", "D", bf16],
+              v: Tensor["B", "H", "S", "D", bf16]) -> Tensor["B", "H", "S", "D", bf16]:
+    return ops.flash_attention(q, k, v, causal={causal})
+"""
+
+#: Tessera's dtype name, torch's, and the output dtype (fp8 products write bf16).
+GEMM_DTYPES = {"bf16": ("bfloat16", "bf16"), "f16": ("float16", "f16"),
+               "fp8_e4m3": ("float8_e4m3fn", "bf16")}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10, help="timed runs per kernel (median)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+    parser.add_argument("--arch", default="sm_90a", help="the CUDA arch to compile for")
+    parser.add_argument("--quick", action="store_true", help="one size of each kind")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench/gpu.py needs torch with CUDA")
+        return 2
+    if not torch.cuda.is_available():
+        print("bench/gpu.py needs an NVIDIA GPU (torch sees none)")
+        return 2
+
+    bench = _Bench(torch, args.runs, args.warmup, args.arch)
+    sizes = [4096] if args.quick else [4096, 8192]
+    seqs = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    for dtype in GEMM_DTYPES:
+        for n in sizes:
+            bench.gemm(dtype, n)
+    for d in (64, 128):
+        for s in seqs:
+            for causal in (False, True):
+                bench.attention(4, 16, s, d, causal)
+
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "capability": "sm_{}{}".format(*torch.cuda.get_device_capability()),
+        "arch": args.arch,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "cases": bench.cases,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _table(report)
+    return 0
+
+
+class _Bench:
+    """The cases measured so far, and how to measure one."""
+
+    def __init__(self, torch: Any, runs: int, warmup: int, arch: str) -> None:
+        self.torch, self.runs, self.warmup, self.arch = torch, runs, warmup, arch
+        self.cases: list[dict[str, Any]] = []
+
+    def gemm(self, dtype: str, n: int) -> None:
+        torch = self.torch
+        torch_dtype, out = GEMM_DTYPES[dtype]
+        case = {"kind": "gemm", "dtype": dtype, "M": n, "N": n, "K": n, "flop": 2 * n**3}
+        a = torch.randn(n, n, device="cuda").to(getattr(torch, torch_dtype))
+        b = torch.randn(n, n, device="cuda").to(getattr(torch, torch_dtype))
+        if dtype.startswith("fp8"):
+            one = torch.ones((), device="cuda")
+            bt = b.t().contiguous().t()  # _scaled_mm takes B column-major
+
+            def peer() -> Any:
+                return torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+        else:
+
+            def peer() -> Any:
+                return torch.matmul(a, b)
+
+        self._measure(case, GEMM.format(dtype=dtype, out=out), "gemm", (a, b), peer)
+
+    def attention(self, b: int, h: int, s: int, d: int, causal: bool) -> None:
+        torch = self.torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        flop = 4 * b * h * s * s * d // (2 if causal else 1)
+        case = {"kind": "attention", "dtype": "bf16", "B": b, "H": h, "S": s, "D": d,
+                "causal": causal, "flop": flop}  # fmt: skip
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+
+        def peer() -> Any:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return sdpa(q, k, v, is_causal=causal)
+
+        source = ATTENTION.format(causal=causal)
+        self._measure(case, source, "attention", (q, k, v), peer, defines={"D": d})
+
+    def _measure(
+        self,
+        case: dict[str, Any],
+        source: str,
+        name: str,
+        inputs: tuple[Any, ...],
+        peer: Callable[[], Any],
+        defines: dict[str, int] | None = None,
+    ) -> None:
+        torch = self.torch
+        self.cases.append(case)
+        try:
+            program = tessera.compile(
+                source, f"<bench {name}>", target="cuda", arch=self.arch, defines=defines
+            )
+            ours = getattr(program.load(), name)
+            out = ours(*inputs)
+            want = peer()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a case that fails is recorded, and the others run
+            case["error"] = "".join(traceback.format_exception_only(exc)).strip()
+            print(f"{_label(case)}: {case['error'].splitlines()[0]}")
+            return
+        diff = (out.float() - want.float()).norm() / want.float().norm()
+        case["relative_error"] = float(diff)
+        result = torch.empty_like(out)
+        times = _interleaved(torch, [lambda: ours(*inputs, out=result), peer],
+                             self.runs, self.warmup)  # fmt: skip
+        ours_ms, peer_ms = (statistics.median(t) for t in times)
+        case.update(
+            tessera_ms=round(ours_ms, 4),
+            peer_ms=round(peer_ms, 4),
+            ratio=round(peer_ms / ours_ms, 3),
+            tessera_tflops=round(case["flop"] / ours_ms / 1e9, 1),
+            peer_tflops=round(case["flop"] / peer_ms / 1e9, 1),
+        )
+        print(f"{_label(case)}: ratio {case['ratio']} (error {case['relative_error']:.1e})")
+
+
+def _interleaved(
+    torch: Any, fns: list[Callable[[], Any]], runs: int, warmup: int
+) -> list[list[float]]:
+    """Milliseconds per run of each function, taken in turn so that clocks and heat
+    treat them alike; CUDA events around each launch."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, sink in zip(fns, times, strict=True):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            sink.append(start.elapsed_time(end))
+    return times
+
+
+def _label(case: dict[str, Any]) -> str:
+    if case["kind"] == "gemm":
+        return f"gemm {case['dtype']} {case['M']}"
+    causal = " causal" if case["causal"] else ""
+    return f"attention B{case['B']} H{case['H']} S{case['S']} D{case['D']}{causal}"
+
+
+def _table(report: dict[str, Any]) -> None:
+    print(f"\n{report['device']} ({report['capability']}), Tessera {report['arch']}")
+    print(f"{'case':<40} {'tessera':>10} {'peer':>10} {'ratio':>6} {'TFLOP/s':>8} {'error':>8}")
+    for c in report["cases"]:
+        if "error" in c:
+            print(f"{_label(c):<40} {'failed: ' + c['error'].splitlines()[0][:60]}")
+            continue
+        times = f"{c['tessera_ms']:>8.3f}ms {c['peer_ms']:>8.3f}ms {c['ratio']:>6.3f}"
+        print(f"{_label(c):<40} {times} {c['tessera_tflops']:>8.1f} {c['relative_error']:>8.1e}")
+    ratios = [c["ratio"] for c in report["cases"] if "ratio" in c]
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"geometric mean ratio (peer time / Tessera time): {geo:.3f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
