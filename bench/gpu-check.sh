@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 
 status=0
 if [ "$what" = tier ] || [ "$what" = all ]; then
-    python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_cuda.py 2>&1 \
+    python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests 2>&1 \
         | tee "$logs/tier.log"
     status=${PIPESTATUS[0]}
 fi

@@ -259,7 +259,7 @@ def test_arguments_reach_the_launches_as_the_metadata_orders_them(
         mlp(host["x"], *list(device.values())[1:])
 
 
-def _gpu() -> str | None:
+def no_gpu() -> str | None:
     """Why CUDA code cannot run here, or None."""
     try:
         _cupy()
@@ -270,7 +270,7 @@ def _gpu() -> str | None:
 
 @pytest.mark.gpu
 @pytest.mark.execute
-@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_runs_to_the_float64_reference_on_a_gpu(case: Case, arch: str) -> None:
@@ -313,7 +313,7 @@ GPU_TENSOR_CASES = [c for c in CASES if c.id in GPU_TENSOR_IDS]
 
 @pytest.mark.gpu
 @pytest.mark.execute
-@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("holder", sorted(ON_GPU))
 @pytest.mark.parametrize("case", GPU_TENSOR_CASES, ids=[c.id for c in GPU_TENSOR_CASES])
@@ -325,7 +325,7 @@ def test_runs_on_gpu_tensors_where_they_lie(case: Case, holder: str, arch: str) 
 
 @pytest.mark.gpu
 @pytest.mark.execute
-@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
 def test_a_result_is_allocated_beside_torch_inputs() -> None:
     torch = pytest.importorskip("torch", reason="needs torch with CUDA")
     (case,) = [c for c in CASES if c.id == "mlp:mlp"]
@@ -345,7 +345,7 @@ def test_a_result_is_allocated_beside_torch_inputs() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.execute
-@pytest.mark.skipif(_gpu() is not None, reason=f"needs a GPU: {_gpu()}")
+@pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
 def test_memcheck_finds_no_bad_access() -> None:
     """Every case of the GPU tier, again under ``compute-sanitizer --tool memcheck``: an

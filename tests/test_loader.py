@@ -15,14 +15,19 @@ import types
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import tessera
+from tessera.runtime.cuda import _cupy
 from tessera.runtime.entry import evaluate
+from tessera.runtime.foreign import BIT_CARRIERS
 from tessera.transpiler.target.cupy_loader import python_loader
 
 from .conftest import EXAMPLES, ROOT, SOURCES
+from .reference import CASES
+from .test_cuda import no_gpu
 
 GOLDEN = ROOT / "golden"
 
@@ -147,3 +152,28 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
                            str(tmp_path / "mlp.py")], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and "--python-loader needs CUDA output" in done.stderr
     assert not (tmp_path / "mlp.py").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.execute
+@pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_loader_runs_the_mlp_to_the_float64_reference(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files a downstream project checks in, run with nothing but CuPy: bf16 tensors
+    as their bits, the result poisoned first."""
+    cupy = _cupy()
+    program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch=arch)
+    (tmp_path / "mlp.cu").write_text(program.source)
+    (tmp_path / "mlp_loader.py").write_text(python_loader(program.ir("meta"), "mlp.cu"))
+    module = _import(tmp_path / "mlp_loader.py", cupy, monkeypatch)
+    (case,) = [c for c in CASES if c.id == "mlp:mlp"]
+    inputs = case.make(np.random.default_rng(2))
+    want = case.reference(inputs)["out"]
+    bits = {k: cupy.asarray(v.view(BIT_CARRIERS.get(v.dtype, v.dtype))) for k, v in inputs.items()}
+    out = cupy.full(want.shape, 0x7FC0, dtype=cupy.uint16)  # bf16 NaN
+    module.mlp(**bits, out=out)
+    have = out.get().view(ml_dtypes.bfloat16).astype(np.float64)
+    assert not np.isnan(have).any(), "some outputs were never written"
+    assert np.abs(have - want).max() / np.abs(want).max() < case.rtol
