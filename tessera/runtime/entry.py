@@ -29,6 +29,9 @@ class Entry:
     numpy arrays unless the backend says otherwise (``_view``, ``_allocate``).
     """
 
+    #: How to make a tensor C-contiguous, for the message that asks for it.
+    _contiguous = "np.ascontiguousarray"
+
     def __init__(self, meta: Mapping[str, Any]) -> None:
         self.name = meta["name"]
         self.meta = meta
@@ -118,9 +121,6 @@ class Entry:
                     f"{want_size} ({_bindings(parse_dim(text), sizes)})"
                 )
         return self._argument(value, view)
-
-    #: How to make a tensor C-contiguous, for the message that asks for it.
-    _contiguous = "np.ascontiguousarray"
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         """What the checks need to know of a tensor argument. The host backends take
