@@ -97,6 +97,18 @@ class _Bench:
     def __init__(self, torch: Any, runs: int, warmup: int, arch: str) -> None:
         self.torch, self.runs, self.warmup, self.arch = torch, runs, warmup, arch
         self.cases: list[dict[str, Any]] = []
+        self._loaded: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
+
+    def _kernel(self, source: str, name: str, defines: dict[str, int]) -> Any:
+        """The loaded function, compiled once per source and defines: the sizes of
+        the cases that share them are bound at each call."""
+        key = (source, tuple(sorted(defines.items())))
+        if key not in self._loaded:
+            program = tessera.compile(
+                source, f"<bench {name}>", target="cuda", arch=self.arch, defines=defines
+            )
+            self._loaded[key] = getattr(program.load(), name)
+        return self._loaded[key]
 
     def gemm(self, dtype: str, n: int) -> None:
         torch = self.torch
@@ -147,10 +159,7 @@ class _Bench:
         torch = self.torch
         self.cases.append(case)
         try:
-            program = tessera.compile(
-                source, f"<bench {name}>", target="cuda", arch=self.arch, defines=defines
-            )
-            ours = getattr(program.load(), name)
+            ours = self._kernel(source, name, defines or {})
             out = ours(*inputs)
             want = peer()
             torch.cuda.synchronize()
