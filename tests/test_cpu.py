@@ -121,6 +121,19 @@ def test_arguments_are_checked_by_name(tmp_path: Path) -> None:
         lib.mlp2  # noqa: B018
 
 
+def test_a_symbol_named_twice_in_one_shape_must_agree() -> None:
+    src = """
+@kernel
+def square(x: Tensor["N", "N", f32]) -> Tensor["N", "N", f32]:
+    return x @ x
+"""
+    lib = tessera.compile(src, target="cpu").load()
+    with pytest.raises(ValueError, match=r"'x' has shape \(3, 4\): dim N should be 3"):
+        lib.square(np.ones((3, 4), np.float32))
+    x = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    np.testing.assert_allclose(lib.square(x), f64(x) @ f64(x), rtol=1e-5, atol=1e-5)
+
+
 def test_guards_are_checked() -> None:
     lib = tessera.compile_file(ROOT / "examples/attention.tsr", target="cpu").load()
     q = np.ones((1, 1, 8, 160), ml_dtypes.bfloat16)

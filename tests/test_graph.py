@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 
 import pytest
 
@@ -60,6 +61,19 @@ def test_dim_algebra() -> None:
     assert parse_dim("S/2").is_integral is False and parse_dim("2*S").is_integral
     assert parse_dim("B*H").substitute({"B": 4, "H": 8}).constant == 32
     assert parse_dim("64").constant == 64 and parse_dim("S").constant is None
+
+
+@pytest.mark.parametrize(
+    ("text", "values", "value"),
+    [("S", {"S": 5}, 5), ("S/2", {"S": 6}, 3), ("S/2", {"S": 5}, Fraction(5, 2)),
+     ("B*H*S", {"B": 2, "H": 3, "S": 7}, 42), ("E/heads", {"E": 96, "heads": 12}, 8),
+     ("2*S - 3", {"S": 4}, 5), ("(B*H)/H + S/3", {"B": 4, "H": 9, "S": 2}, Fraction(14, 3))],
+)  # fmt: skip
+def test_a_dim_has_the_value_its_substitution_has(
+    text: str, values: dict[str, int], value: int | Fraction
+) -> None:
+    dim = parse_dim(text)
+    assert dim.value(values) == value and dim.substitute(values) == Dim.const(value)
 
 
 @pytest.mark.parametrize(

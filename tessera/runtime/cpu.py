@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .entry import Entry, Library
+from .foreign import TensorView
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -61,33 +62,33 @@ def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:
 
 
 class CpuFunction(Entry):
-    """One entry of the shared object: the checked arguments go through ctypes."""
+    """One entry of the shared object: the checked arguments go through ctypes, whose
+    declared argument types convert addresses and sizes without a Python object each."""
 
     def __init__(self, entry: Any, meta: Mapping[str, Any]) -> None:
         super().__init__(meta)
         self._entry = entry
         self._entry.restype = None
+        self._entry.argtypes = [
+            *(_CTYPES[p["type"]] if p["kind"] == "scalar" else ctypes.c_void_p
+              for p in self._params),
+            *(ctypes.c_int64 for _ in self._dims),
+        ]  # fmt: skip
+
+    def _argument(self, value: np.ndarray, view: TensorView) -> int:
+        """The array's address, which ``_run`` passes as the C pointer."""
+        return view.address
 
     def _run(
-        self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any], sizes: Mapping[str, int]
+        self, arrays: Mapping[str, int], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
-        call = []
-        for p in self._params:
-            if p["kind"] == "tensor":
-                call.append(arrays[p["name"]].ctypes.data_as(ctypes.c_void_p))
-            else:
-                call.append(_scalar(p, values[p["name"]]))
-        call += [ctypes.c_int64(sizes[d]) for d in self._dims]
-        self._entry(*call)
+        call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
+                for p in self._params]  # fmt: skip
+        self._entry(*call, *(sizes[d] for d in self._dims))
 
 
-def _scalar(p: Mapping[str, Any], value: Any) -> Any:
-    kind = p["type"]
-    if kind == "bool":
-        return ctypes.c_bool(bool(value))
-    if kind == "int":
-        return ctypes.c_int64(int(value))
-    return ctypes.c_float(float(value))
+#: The C type of each scalar parameter type, as the generated entry declares it.
+_CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int64, "float": ctypes.c_float}
 
 
 class CpuLibrary(Library):

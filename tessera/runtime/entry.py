@@ -37,6 +37,12 @@ class Entry:
         self.meta = meta
         self._params = meta["params"]
         self._dims = meta["dims"]
+        # What every call checks, prepared once: a call costs microseconds, not the
+        # parsing of the same dim texts again.
+        self._shapes = {p["name"]: tuple(parse_dim(t) for t in p["dims"])
+                        for p in self._params if p["kind"] == "tensor"}  # fmt: skip
+        self._dtypes = {p["name"]: np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
+                        for p in self._params if p["kind"] == "tensor"}  # fmt: skip
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -74,7 +80,7 @@ class Entry:
             p = next(p for p in self._params if p["name"] == self.meta["result"])
             if out is None:
                 shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
-                out = self._allocate(shape, np.dtype(numpy_dtype(DTYPES[p["dtype"]])), arrays)
+                out = self._allocate(shape, self._dtypes[p["name"]], arrays)
             arrays[p["name"]] = self._tensor(p, out, dict(sizes))
             result = out
         elif out is not None:
@@ -94,7 +100,7 @@ class Entry:
         backend's ``_run`` receives for it."""
         name = p["name"]
         view = self._view(p, value)
-        want = np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
+        want = self._dtypes[name]
         if not self._takes(want, view):
             raise TypeError(
                 f"{self.name}(): '{name}' is {view.type_name}, the kernel takes {p['dtype']} "
@@ -109,16 +115,18 @@ class Entry:
             raise ValueError(f"{self.name}(): '{name}' must be C-contiguous ({self._contiguous})")
         if p["io"] != "in" and view.readonly:
             raise ValueError(f"{self.name}(): '{name}' is updated in place but is read-only")
-        for text, size in zip(p["dims"], view.shape, strict=True):
-            dim = parse_dim(text)
+        dims = self._shapes[name]
+        binding = set()  # the positions whose size gives a symbol its value
+        for i, (dim, size) in enumerate(zip(dims, view.shape, strict=True)):
             if dim.symbol is not None and dim.symbol not in sizes:
                 sizes[dim.symbol] = size
-        for text, size in zip(p["dims"], view.shape, strict=True):
-            want_size = evaluate(text, sizes, name)
+                binding.add(i)
+        for i, (text, dim, size) in enumerate(zip(p["dims"], dims, view.shape, strict=True)):
+            want_size = size if i in binding else evaluate(text, sizes, name)
             if want_size != size:
                 raise ValueError(
                     f"{self.name}(): '{name}' has shape {view.shape}: dim {text} should be "
-                    f"{want_size} ({_bindings(parse_dim(text), sizes)})"
+                    f"{want_size} ({_bindings(dim, sizes)})"
                 )
         return self._argument(value, view)
 
@@ -179,10 +187,10 @@ def evaluate(text: str, sizes: Mapping[str, int], where: str) -> int:
     missing = sorted(dim.symbols() - set(sizes))
     if missing:
         raise ValueError(f"the size {', '.join(missing)} of '{where}' is given by no argument")
-    value = dim.substitute(dict(sizes)).constant
-    if value is None:
+    value = dim.value(sizes)
+    if value.denominator != 1:
         raise ValueError(f"'{where}': {text} is not a whole number with {dict(sizes)}")
-    return value
+    return int(value)
 
 
 def argument(

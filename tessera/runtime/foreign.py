@@ -102,7 +102,7 @@ class TensorView:
     """Where a tensor lies and how: what the runtime checks an argument against.
 
     ``dtype`` is ``None`` when NumPy and ``ml_dtypes`` have no dtype for the tensor's,
-    and ``type_name`` then says what it is. ``device_id`` is -1 where the producer does
+    and ``unknown_type`` then says what it is. ``device_id`` is -1 where the producer does
     not say (the CUDA array interface: the device current when it is used).
     ``producer_stream`` is a CUDA stream whose pending work on the tensor must finish
     before a kernel reads it (the CUDA array interface's ``stream``; DLPack producers
@@ -113,11 +113,17 @@ class TensorView:
     shape: tuple[int, ...]
     contiguous: bool
     dtype: np.dtype | None
-    type_name: str
     device_type: int
     device_id: int
     readonly: bool
     producer_stream: int | None = None
+    unknown_type: str = ""
+
+    @property
+    def type_name(self) -> str:
+        """The element type as a message names it. Asked only for a message: NumPy
+        computes a dtype's name in Python, which costs a call microseconds."""
+        return self.unknown_type if self.dtype is None else self.dtype.name
 
     @property
     def device(self) -> str:
@@ -136,7 +142,6 @@ def numpy_view(a: np.ndarray) -> TensorView:
         shape=a.shape,
         contiguous=a.flags.c_contiguous,
         dtype=a.dtype,
-        type_name=a.dtype.name,
         device_type=DeviceKind.CPU,
         device_id=0,
         readonly=not a.flags.writeable,
@@ -201,7 +206,7 @@ def _read_capsule(capsule: Any) -> TensorView:
         shape=shape,
         contiguous=_c_contiguous(shape, strides),
         dtype=None if dtype is None else np.dtype(dtype),
-        type_name=type_name if dtype is None else np.dtype(dtype).name,
+        unknown_type=type_name if dtype is None else "",
         device_type=t.device.device_type,
         device_id=t.device.device_id,
         readonly=bool(flags & _READ_ONLY),
@@ -221,7 +226,6 @@ def _from_interface(interface: dict[str, Any]) -> TensorView:
         shape=shape,
         contiguous=_c_contiguous(shape, strides, dtype.itemsize),
         dtype=dtype,
-        type_name=dtype.name,
         device_type=DeviceKind.CUDA,
         device_id=-1,
         readonly=bool(readonly),

@@ -11,8 +11,10 @@ parentheses; nothing else is a dim, and a dim's text never reaches C++.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property, lru_cache
 
 __all__ = ["Dim", "DimSyntaxError", "parse_dim"]
 
@@ -85,9 +87,10 @@ class Dim:
             return int(self.terms[0][1])
         return None
 
-    @property
+    @cached_property
     def symbol(self) -> str | None:
-        """The name, if this dim is exactly one symbol (``S``, not ``2*S`` or ``S/2``)."""
+        """The name, if this dim is exactly one symbol (``S``, not ``2*S`` or ``S/2``).
+        Kept once computed: shape checks ask it of the same dims on every call."""
         if len(self.terms) == 1:
             monomial, coeff = self.terms[0]
             if coeff == 1 and len(monomial) == 1 and monomial[0][1] == 1:
@@ -112,6 +115,22 @@ class Dim:
                     term = term * base if power > 0 else term / base
             result = result + term
         return result
+
+    def value(self, values: Mapping[str, int]) -> int | Fraction:
+        """The number this dim stands for when ``values`` gives every symbol: an int
+        when the sum is whole term by term, else a Fraction. Unlike ``substitute`` it
+        builds no intermediate dims: a runtime checks shapes this way on every call,
+        where microseconds count."""
+        total: int | Fraction = 0
+        for monomial, coeff in self.terms:
+            top, bottom = coeff.numerator, coeff.denominator
+            for symbol, power in monomial:
+                if power > 0:
+                    top *= values[symbol] ** power
+                else:
+                    bottom *= values[symbol] ** -power
+            total += top if bottom == 1 else Fraction(top, bottom)
+        return total
 
     # -- printing --------------------------------------------------------------
 
@@ -167,8 +186,11 @@ class DimSyntaxError(ValueError):
 _TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/()]))")
 
 
+@lru_cache(maxsize=4096)
 def parse_dim(text: str) -> Dim:
-    """Parse a dim expression such as ``"B*H"`` or ``"S/2"``."""
+    """Parse a dim expression such as ``"B*H"`` or ``"S/2"``. Dims are immutable, and a
+    program (and every call a runtime checks) parses the same few texts again and again,
+    so the parses are kept."""
     return _DimParser(text).parse()
 
 
