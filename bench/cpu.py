@@ -4,7 +4,8 @@ Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` an
 ``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
 attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
-``scaled_dot_product_attention``. Each case is timed interleaved with its peers,
+``scaled_dot_product_attention``; and what a call costs beyond its kernel, 1000 calls
+of a 4 x 4 SGEMM against numpy's and torch's. Each case is timed interleaved with its peers,
 median of several runs after warm-up. Results go to ``bench/results/cpu.json``; a
 peer that is not installed is recorded as null.
 """
@@ -67,7 +68,10 @@ def causal_attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S"
 def timed(functions: dict[str, Callable[[], object] | None], runs: int) -> dict:
     """Median seconds of each function, runs interleaved, after one warm-up each. A
     pause before each run keeps one library's spinning worker threads (OpenBLAS, torch,
-    OpenMP) from taking the cores of the next: each run starts on idle cores."""
+    OpenMP) from taking the cores of the next: each run starts on idle cores. Then an
+    untimed call wakes the function's own threads, so that the timed call runs as calls
+    do back to back, not as the first call after an idle spell (which can wait
+    milliseconds for a sleeping thread on a small VM: docs/cpu-backend.md, Threads)."""
     live = {name: fn for name, fn in functions.items() if fn is not None}
     for fn in live.values():
         fn()
@@ -75,11 +79,21 @@ def timed(functions: dict[str, Callable[[], object] | None], runs: int) -> dict:
     for _ in range(runs):
         for name, fn in live.items():
             time.sleep(0.2)  # OpenBLAS's threads spin for about 0.1 s after a call
+            fn()
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(samples[name]) if name in samples else None
             for name in functions}  # fmt: skip
+
+
+CALLS = 1000
+
+
+def _repeat(fn: Callable[..., object], *args: object) -> None:
+    """``CALLS`` calls of ``fn``: one timed run of the call-overhead case."""
+    for _ in range(CALLS):
+        fn(*args)
 
 
 def ratio(peer: float | None, ours: float) -> float | None:
@@ -108,6 +122,19 @@ def main() -> None:
                      "gflops": {k: v and round(flops / v / 1e9, 1) for k, v in t.items()},
                      "vs_numpy": ratio(t["numpy"], t["tessera"]),
                      "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    # What a call costs beyond its kernel: argument checks, ctypes, the thread team.
+    tiny = rng.standard_normal((4, 4), dtype=np.float32)
+    t_tiny = torch.from_numpy(tiny) if torch else None
+    t = timed({"tessera": partial(_repeat, lib.sgemm, tiny, tiny),
+               "numpy": partial(_repeat, np.matmul, tiny, tiny),
+               "torch": partial(_repeat, torch.matmul, t_tiny, t_tiny) if torch else None},
+              args.runs)  # fmt: skip
+    rows.append({"case": f"call overhead: sgemm 4x4, {CALLS} calls back to back",
+                 "seconds": t,
+                 "us_per_call": {k: v and round(v / CALLS * 1e6, 1) for k, v in t.items()},
+                 "vs_numpy": ratio(t["numpy"], t["tessera"]),
+                 "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
 
     x = rng.standard_normal((4096, 4096), dtype=np.float32)
     w = rng.standard_normal(4096, dtype=np.float32)
@@ -154,9 +181,9 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "torch": torch.__version__ if torch else None},
-        "method": f"median of {args.runs} interleaved runs after one warm-up, 200 ms pause "
-                  "before each run; ratios are peer time / tessera time (above 1: tessera "
-                  "is faster)",
+        "method": f"median of {args.runs} interleaved runs after one warm-up; before each "
+                  "run a 200 ms pause, then one untimed call; ratios are peer time / "
+                  "tessera time (above 1: tessera is faster)",
         "results": rows,
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
