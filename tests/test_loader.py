@@ -95,7 +95,32 @@ def _fake_cupy(launches: list[tuple[Any, ...]]) -> types.ModuleType:
     cupy.ndarray, cupy.RawModule, cupy.RawKernel = _Array, RawModule, Kernel
     cupy.dtype, cupy.int64, cupy.int32, cupy.float32 = np.dtype, np.int64, np.int32, np.float32
     cupy.empty = lambda shape, dtype: _Array(shape if isinstance(shape, tuple) else (shape,), dtype)
+    cupy.asarray = _from_interface
     return cupy
+
+
+def _from_interface(x: Any) -> _Array:
+    """``cupy.asarray`` of a GPU tensor: an array of its interface's dtype that keeps
+    ``x`` as its owner, as CuPy's does."""
+    interface = x.__cuda_array_interface__
+    array = _Array(interface["shape"], np.dtype(interface["typestr"]))
+    array.owner = x
+    return array
+
+
+class _TorchLike:
+    """A GPU tensor as torch shows one through ``__cuda_array_interface__``: bf16 as raw
+    2-byte values, fp8 as a KeyError (torch has no typestr for it)."""
+
+    def __init__(self, shape: tuple[int, ...], typestr: str | None) -> None:
+        self.shape, self.typestr = shape, typestr
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self.typestr is None:
+            raise KeyError("torch.float8_e4m3fn")
+        return {"shape": self.shape, "typestr": self.typestr, "data": (4096, False),
+                "strides": None, "version": 2}  # fmt: skip
 
 
 def _import(path: Path, cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -146,6 +171,29 @@ def test_loader_checks_and_launches_as_the_runtime_does(
         mlp.mlp(_Array((300, 96), np.float32), w_in, b_in, w_out, b_out)
 
 
+def test_loader_takes_bf16_torch_tensors_as_their_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch names bf16 as raw 2-byte values ("<V2") in its interface: the loader reads
+    such a tensor as the uint16 bits the kernel takes, and only for a bf16 parameter."""
+    program = tessera.compile_file(ROOT / "examples" / "mlp.tsr", target="cuda", arch="sm_80")
+    (tmp_path / "mlp.cu").write_text(program.source)
+    (tmp_path / "mlp_loader.py").write_text(python_loader(program.ir("meta"), "mlp.cu"))
+    launches: list[tuple[Any, ...]] = []
+    mlp = _import(tmp_path / "mlp_loader.py", _fake_cupy(launches), monkeypatch)
+    a, b = _TorchLike((30, 16), "<V2"), _TorchLike((16, 20), "<V2")
+    bias = _TorchLike((20,), "<f4")
+    out = mlp.linear_gelu(a, b, bias)
+    args = launches[0][3]
+    taken = [arg for arg in args if isinstance(arg, _Array) and arg is not out]
+    assert [t.dtype for t in taken] == [np.uint16, np.uint16, np.float32]
+    assert taken[0].owner.tensor is a and taken[1].owner.tensor is b and taken[2].owner is bias
+    with pytest.raises(TypeError, match=r"'bias' is \|V2, the kernel takes float32"):
+        mlp.linear_gelu(a, b, _TorchLike((20,), "<V2"))
+    with pytest.raises(TypeError, match=r"'A' must be a cupy array .* t.view\(torch.uint8\)"):
+        mlp.linear_gelu(_TorchLike((30, 16), None), b, bias)
+
+
 def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "tessera", str(ROOT / "examples/mlp.tsr"),
                            "-o", str(tmp_path / "mlp.cpp"), "--python-loader",
@@ -157,13 +205,18 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.execute
 @pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
+@pytest.mark.parametrize("producer", ["cupy", "torch"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_loader_runs_the_mlp_to_the_float64_reference(
-    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    arch: str, producer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The files a downstream project checks in, run with nothing but CuPy: bf16 tensors
-    as their bits, the result poisoned first."""
+    as cupy arrays of their bits, or as torch tensors of their own dtype; the result
+    poisoned first."""
     cupy = _cupy()
+    torch = pytest.importorskip("torch") if producer == "torch" else None
+    if torch is not None and not torch.cuda.is_available():
+        pytest.skip("needs PyTorch built with CUDA")
     program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch=arch)
     (tmp_path / "mlp.cu").write_text(program.source)
     (tmp_path / "mlp_loader.py").write_text(python_loader(program.ir("meta"), "mlp.cu"))
@@ -171,9 +224,17 @@ def test_loader_runs_the_mlp_to_the_float64_reference(
     (case,) = [c for c in CASES if c.id == "mlp:mlp"]
     inputs = case.make(np.random.default_rng(2))
     want = case.reference(inputs)["out"]
-    bits = {k: cupy.asarray(v.view(BIT_CARRIERS.get(v.dtype, v.dtype))) for k, v in inputs.items()}
-    out = cupy.full(want.shape, 0x7FC0, dtype=cupy.uint16)  # bf16 NaN
-    module.mlp(**bits, out=out)
-    have = out.get().view(ml_dtypes.bfloat16).astype(np.float64)
+    bits = {k: v.view(BIT_CARRIERS.get(v.dtype, v.dtype)) for k, v in inputs.items()}
+    if torch is None:
+        out = cupy.full(want.shape, 0x7FC0, dtype=cupy.uint16)  # bf16 NaN
+        module.mlp(**{k: cupy.asarray(v) for k, v in bits.items()}, out=out)
+        have = out.get().view(ml_dtypes.bfloat16).astype(np.float64)
+    else:
+        tensors = {k: torch.from_numpy(v).cuda() for k, v in bits.items()}
+        tensors = {k: t.view(torch.bfloat16) if t.dtype == torch.uint16 else t
+                   for k, t in tensors.items()}  # fmt: skip
+        out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        module.mlp(**tensors, out=out)
+        have = out.float().cpu().numpy().astype(np.float64)
     assert not np.isnan(have).any(), "some outputs were never written"
     assert np.abs(have - want).max() / np.abs(want).max() < case.rtol

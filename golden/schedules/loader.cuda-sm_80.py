@@ -7,7 +7,9 @@ Each function takes cupy arrays (or GPU arrays with ``__cuda_array_interface__``
 as torch tensors), checks their dtypes and shapes against the kernel's, allocates its
 result unless ``out`` is given, and launches the kernels on the current stream. bf16
 tensors travel as uint16 arrays and fp8 tensors as uint8 arrays holding their bits,
-since CuPy has neither dtype. Needs CuPy and an NVIDIA GPU, not Tessera.
+since CuPy has neither dtype; a bf16 torch tensor is taken as it is (its interface
+names it as raw 2-byte values), an fp8 one as ``t.view(torch.uint8)``. Needs CuPy and
+an NVIDIA GPU, not Tessera.
 """
 
 from __future__ import annotations
@@ -43,11 +45,28 @@ def _launch(name: str, grid: tuple, threads: int, smem: int, args: tuple) -> Non
     _kernel(name, smem)(grid, (threads, 1, 1), args, shared_mem=smem)
 
 
+class _Bits:
+    """A bf16 GPU tensor whose interface names its dtype as raw 2-byte values (torch
+    does), seen as the uint16 bits the kernel takes; it keeps the tensor alive as long
+    as the array made from it."""
+
+    def __init__(self, tensor: object, interface: dict) -> None:
+        self.tensor = tensor
+        self.__cuda_array_interface__ = {**interface, "typestr": "<u2"}
+
+
 def _tensor(function: str, name: str, x: object, dtype: str, rank: int) -> cupy.ndarray:
     if not isinstance(x, cupy.ndarray):
-        if not hasattr(x, "__cuda_array_interface__"):
-            raise TypeError(f"{function}(): '{name}' must be a cupy array on the GPU")
-        x = cupy.asarray(x)
+        try:
+            interface = x.__cuda_array_interface__
+        # torch raises KeyError for fp8, which has no typestr
+        except (AttributeError, KeyError):
+            raise TypeError(
+                f"{function}(): '{name}' must be a cupy array or a GPU tensor with "
+                "__cuda_array_interface__ (an fp8 torch tensor: t.view(torch.uint8))"
+            ) from None
+        bf16 = dtype == "uint16" and interface["typestr"][1:] == "V2"
+        x = cupy.asarray(_Bits(x, interface) if bf16 else x)
     if x.dtype != cupy.dtype(dtype):
         raise TypeError(
             f"{function}(): '{name}' is {x.dtype}, the kernel takes {dtype}"
