@@ -23,6 +23,7 @@ from .reference import (
     CASES,
     F32_MATMUL_SOURCE,
     Case,
+    adam,
     attention,
     check_case,
     f32_attention_source,
@@ -132,6 +133,25 @@ def square(x: Tensor["N", "N", f32]) -> Tensor["N", "N", f32]:
         lib.square(np.ones((3, 4), np.float32))
     x = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
     np.testing.assert_allclose(lib.square(x), f64(x) @ f64(x), rtol=1e-5, atol=1e-5)
+
+
+def test_scalars_left_out_take_the_files_defaults() -> None:
+    """fused_adam's beta1, beta2 and eps default to 0.9, 0.999 and 1e-8 in the .tsr file:
+    a call without them matches the float64 reference with those values, and a scalar
+    of the wrong kind is refused by name instead of being cut to fit."""
+    lib = tessera.compile_file(ROOT / "tessera/stdlib/fused_adam.tsr", target="cpu").load()
+    rng = np.random.default_rng(5)
+    param, grad, m = (rng.standard_normal(1100).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal(1100)).astype(np.float32)
+    want = adam(f64(param), f64(grad), f64(m), f64(v), 1e-2, 3, 0.9, 0.999, 1e-8)
+    lib.fused_adam(param, grad, m, v, lr=1e-2, step=3)
+    for name, have in (("param", param), ("exp_avg", m), ("exp_avg_sq", v)):
+        np.testing.assert_allclose(have, want[name], rtol=1e-5, atol=1e-6)
+    assert "beta1: float = 0.9" in lib.fused_adam.__doc__
+    with pytest.raises(TypeError, match=r"fused_adam\(\): 'step' is int, given 2.5"):
+        lib.fused_adam(param, grad, m, v, lr=1e-2, step=2.5)
+    with pytest.raises(TypeError, match=r"'lr' is float, given '0.1'"):
+        lib.fused_adam(param, grad, m, v, lr="0.1", step=3)
 
 
 def test_guards_are_checked() -> None:

@@ -194,6 +194,33 @@ def test_loader_takes_bf16_torch_tensors_as_their_bits(
         mlp.linear_gelu(_TorchLike((30, 16), None), b, bias)
 
 
+def test_loader_binds_a_vector_length_and_passes_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fused Adam: a rank-1 tensor binds its length as an int, and the scalars the call
+    leaves out reach the kernel with the .tsr file's defaults."""
+    program = tessera.compile_file(ROOT / "tessera/stdlib/fused_adam.tsr", target="cuda")
+    (tmp_path / "adam.cu").write_text(program.source)
+    (tmp_path / "adam_loader.py").write_text(python_loader(program.ir("meta"), "adam.cu"))
+    launches: list[tuple[Any, ...]] = []
+    adam = _import(tmp_path / "adam_loader.py", _fake_cupy(launches), monkeypatch)
+    param, grad, m, v = (_Array((1000,), np.float32) for _ in range(4))
+    assert adam.fused_adam(param, grad, m, v, lr=0.01, step=3) is None
+    meta = program.ir("meta")["functions"][0]
+    (launch,) = launches
+    named = dict(zip(meta["launches"][0]["args"], launch[3], strict=True))
+    assert named["N"] == 1000 and isinstance(named["N"], np.int64)
+    assert (named["lr"], named["step"]) == (np.float32(0.01), 3)
+    defaults = {p["name"]: p["default"] for p in meta["params"] if "default" in p}
+    assert defaults == {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+    for name, value in defaults.items():
+        assert named[name] == np.float32(value) and isinstance(named[name], np.float32)
+    adam.fused_adam(param, grad, m, v, lr=0.01, step=3, beta1=0.5)
+    assert dict(zip(meta["launches"][0]["args"], launches[1][3], strict=True))["beta1"] == 0.5
+    with pytest.raises(ValueError, match=r"'grad' has shape \(999,\), \[N\] is \(1000,\)"):
+        adam.fused_adam(param, _Array((999,), np.float32), m, v, lr=0.01, step=3)
+
+
 def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "tessera", str(ROOT / "examples/mlp.tsr"),
                            "-o", str(tmp_path / "mlp.cpp"), "--python-loader",

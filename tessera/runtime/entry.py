@@ -7,6 +7,7 @@ checks, and their messages, are the same whichever backend runs the call.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +50,8 @@ class Entry:
         out = []
         for p in self._params:
             if p["kind"] == "scalar":
-                out.append(f"{p['name']}: {p['type']}")
+                default = f" = {p['default']!r}" if "default" in p else ""
+                out.append(f"{p['name']}: {p['type']}{default}")
             elif p["io"] != "out":
                 out.append(f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]")
         return out
@@ -66,6 +68,9 @@ class Entry:
             if name in values:
                 raise TypeError(f"{self.name}() got '{name}' twice")
             values[name] = value
+        for p in inputs:
+            if p["name"] not in values and "default" in p:
+                values[p["name"]] = p["default"]
         missing = [p["name"] for p in inputs if p["name"] not in values]
         if missing:
             raise TypeError(f"{self.name}() is missing {', '.join(missing)}")
@@ -74,6 +79,8 @@ class Entry:
         for p in inputs:
             if p["kind"] == "tensor":
                 arrays[p["name"]] = self._tensor(p, values[p["name"]], sizes)
+            else:
+                values[p["name"]] = self._scalar(p, values[p["name"]])
         self._check_guards(sizes)
         result = None
         if self.meta["result"] is not None:
@@ -129,6 +136,19 @@ class Entry:
                     f"{want_size} ({_bindings(dim, sizes)})"
                 )
         return self._argument(value, view)
+
+    def _scalar(self, p: Mapping[str, Any], value: Any) -> bool | int | float:
+        """A scalar argument as the Python number of its declared type. A value of
+        another kind is refused, naming the parameter, rather than cut to fit (2.5
+        passed for an int)."""
+        kind = p["type"]
+        if kind == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        if kind == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        if kind == "bool" and isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise TypeError(f"{self.name}(): '{p['name']}' is {kind}, given {value!r}")
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         """What the checks need to know of a tensor argument. The host backends take

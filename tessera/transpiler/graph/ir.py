@@ -111,6 +111,9 @@ class Group:
 class Param:
     value: Value
     keyword_only: bool = False
+    #: A scalar parameter's default, as the ``.tsr`` file gives it: what an entry
+    #: point passes when its caller leaves the argument out.
+    default: bool | int | float | None = None
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,8 @@ class _FunctionPrinter(OpPrinter):
             out.append(f"  @{decorator}")
         for param in f.params:
             keyword = " keyword-only" if param.keyword_only else ""
-            out.append(f"  param {self.name(param.value)} : {param.value.type}{keyword}")
+            default = "" if param.default is None else f" = {param.default!r}"
+            out.append(f"  param {self.name(param.value)} : {param.value.type}{default}{keyword}")
         if f.result_type is not None:
             out.append(f"  result : {f.result_type}")
         for guard in f.guards:

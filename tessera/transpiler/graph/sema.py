@@ -444,8 +444,7 @@ class _FunctionAnalyzer:
                 continue
             try:
                 t = resolve_type(p.annotation, self.defines)
-                if p.default is not None:
-                    self._check_default(p, t)
+                default = None if p.default is None else self._default(p, t)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
                 self.env[p.name] = POISON
@@ -453,7 +452,7 @@ class _FunctionAnalyzer:
             value = new_value(t, p.name, p.span)
             self.env[p.name] = value
             self.param_spans[value.id] = (p.name, p.span)
-            params.append(Param(value, p.keyword_only))
+            params.append(Param(value, p.keyword_only, default))
             if isinstance(t, ScalarType) and t.kind == "int":
                 bare.add(p.name)
             for dim in getattr(t, "dims", None) or ():
@@ -463,7 +462,8 @@ class _FunctionAnalyzer:
             self._check_param_dims(param.value, bare)
         return tuple(params)
 
-    def _check_default(self, p: ast.Param, t: ValueType) -> None:
+    def _default(self, p: ast.Param, t: ValueType) -> bool | int | float:
+        """The parameter's default, checked to be a constant of its type."""
         if not isinstance(t, ScalarType):
             raise SemanticError(
                 f"only int, float and bool parameters may have defaults; '{p.name}' is {t}",
@@ -479,6 +479,7 @@ class _FunctionAnalyzer:
             raise SemanticError(
                 f"the default of '{p.name}' must be a constant {t.kind}", p.default.span
             )
+        return float(value.value) if t.kind == "float" else value.value
 
     def _check_param_dims(self, value: Value, bare: set[str]) -> None:
         name, span = self.param_spans[value.id]

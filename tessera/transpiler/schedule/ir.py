@@ -87,6 +87,8 @@ class HostProgram:
     buffers: tuple[Buffer, ...] = ()
     guards: tuple[Guard, ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
+    #: The defaults of scalar inputs, by input name.
+    defaults: tuple[tuple[str, bool | int | float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,11 @@ class _Scheduler:
     def run(self) -> HostProgram:
         f = self.function
         inputs = tuple(self.names[p.value.id] for p in f.params)
+        defaults = tuple((self.names[p.value.id], p.default) for p in f.params
+                         if p.default is not None)  # fmt: skip
         result = self.names[f.body.yields[0].id] if f.body.yields else None
         if f.kind == "declaration":
-            return HostProgram(f.name, f.kind, inputs, result, (), span=f.span)
+            return HostProgram(f.name, f.kind, inputs, result, (), span=f.span, defaults=defaults)
         launches = []
         writer: dict[int, int] = {}
         for index, group in enumerate(f.groups):
@@ -132,7 +134,7 @@ class _Scheduler:
                     writer[value.id] = index
         return HostProgram(
             f.name, f.kind, inputs, result, tuple(launches),
-            self._buffers(writer), tuple(self.guards), span=f.span,
+            self._buffers(writer), tuple(self.guards), span=f.span, defaults=defaults,
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:

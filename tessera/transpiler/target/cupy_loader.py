@@ -95,8 +95,12 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.extend(_wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
     if result is not None:
         body.append(f"    return {result['name']}")
+    # Defaults as the .tsr file gives them, where Python allows them: on the parameters
+    # after the last one without.
+    required = max((i for i, p in enumerate(inputs) if "default" not in p), default=-1)
     params = [f"{p['name']}: {'cupy.ndarray' if p['kind'] == 'tensor' else p['type']}"
-              for p in inputs]  # fmt: skip
+              + (f" = {p['default']!r}" if i > required else "")
+              for i, p in enumerate(inputs)]  # fmt: skip
     if result is not None:
         params += ["*", f"{result['name']}: cupy.ndarray | None = None"]
     returns = "cupy.ndarray" if result is not None else "None"
@@ -122,7 +126,9 @@ def _tensor_checks(indent: int, function: str, p: Mapping[str, Any], bound: set[
     check = [f'"{function}"', f'"{name}"', name, f'"{_STORAGE[p["dtype"]]}"', str(len(dims))]
     lines = _wrap(indent, f"{name} = _tensor(", check, ")")
     fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
-    if fresh == dims and len(set(dims)) == len(dims):
+    if fresh == dims and len(dims) == 1:
+        lines.append(f"{pad}{dims[0]} = {name}.shape[0]")
+    elif fresh == dims and len(set(dims)) == len(dims):
         lines.append(f"{pad}{', '.join(dims)} = {name}.shape")
     else:
         lines += [f"{pad}{d} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
@@ -167,7 +173,8 @@ def _quoted(text: str, prefix: str = "") -> str:
 def _doc(name: str, inputs: list[Mapping[str, Any]], result: Mapping[str, Any] | None) -> list[str]:
     """The signature as the ``.tsr`` file gives it, dtypes and dims included: the
     docstring, on one line or one argument per line."""
-    args = [f"{p['name']}: {p['type']}" if p["kind"] == "scalar"
+    args = [f"{p['name']}: {p['type']}" + (f" = {p['default']!r}" if "default" in p else "")
+            if p["kind"] == "scalar"
             else f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]" for p in inputs]  # fmt: skip
     tail = f" -> {result['dtype']}[{', '.join(result['dims'])}]" if result is not None else ""
     return _wrap(4, f'"""{name}(', args, f'){tail}"""')

@@ -52,6 +52,7 @@ def written(program: TileProgram, name: str) -> bool:
 def signature_meta(program: TileProgram) -> dict[str, Any]:
     """The entry's parameters, sizes, result and guards, as the metadata holds them."""
     params = []
+    defaults = {n.removeprefix("%"): v for n, v in program.host.defaults}
     for name, t in entry_params(program):
         if isinstance(t, TensorType):
             io = "out" if name == "out" else "inout" if written(program, name) else "in"
@@ -59,6 +60,8 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
                            "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
         else:
             params.append({"name": name, "kind": "scalar", "type": t.kind})
+            if name in defaults:
+                params[-1]["default"] = defaults[name]
     return {
         "name": program.host.function,
         "params": params,
