@@ -17,6 +17,7 @@ import numpy as np
 
 import tessera
 from tessera.transpiler.graph.dtypes import DTYPES
+from tessera.transpiler.pipeline import Program
 from tessera.transpiler.tile.interpret import numpy_dtype
 
 from .conftest import ROOT
@@ -201,17 +202,24 @@ HOST = Placement(put=lambda a: a, take=lambda x, dtype: x)
 
 
 def check_case(
-    case: Case, target: str, arch: str | None = None, seed: int = 0, placement: Placement = HOST
+    case: Case,
+    target: str,
+    arch: str | None = None,
+    seed: int = 0,
+    placement: Placement = HOST,
+    load: Callable[[Program], Any] = Program.load,
 ) -> None:
     """Run a case's function built for ``target`` on its random inputs, every output
-    poisoned with NaN first, and compare with the float64 reference."""
+    poisoned with NaN first, and compare with the float64 reference. ``load`` gives
+    the module whose function runs: Tessera's runtime, or a generated loader."""
     inputs = case.make(np.random.default_rng(seed))
     expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
     program = tessera.compile_file(ROOT / case.path, target=target, arch=arch)
-    fn = getattr(program.load(), case.function)
+    fn = getattr(load(program), case.function)
+    meta = next(f for f in program.ir("meta")["functions"] if f["name"] == case.function)
     placed = {k: placement.put(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
-    if fn.meta["result"] is not None:
-        p = next(p for p in fn.meta["params"] if p["name"] == "out")
+    if meta["result"] is not None:
+        p = next(p for p in meta["params"] if p["name"] == "out")
         dtype = np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
         out = placement.put(np.full(expected["out"].shape, np.nan).astype(dtype))
         fn(**placed, out=out)

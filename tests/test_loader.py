@@ -15,7 +15,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -23,11 +22,12 @@ import tessera
 from tessera.runtime.cuda import _cupy
 from tessera.runtime.entry import evaluate
 from tessera.runtime.foreign import BIT_CARRIERS
+from tessera.transpiler.pipeline import Program
 from tessera.transpiler.target.cupy_loader import python_loader
 
 from .conftest import EXAMPLES, ROOT, SOURCES
-from .reference import CASES
-from .test_cuda import no_gpu
+from .reference import CASES, Case, check_case
+from .test_cuda import ARCHS, GPU_TENSOR_CASES, ON_GPU, no_gpu
 
 GOLDEN = ROOT / "golden"
 
@@ -221,6 +221,35 @@ def test_loader_binds_a_vector_length_and_passes_defaults(
         adam.fused_adam(param, _Array((999,), np.float32), m, v, lr=0.01, step=3)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_every_reference_case_passes_the_loaders_checks(
+    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each case's inputs, as device arrays of their storage dtypes, pass the loader's
+    checks and reach the launches the metadata lists, sizes bound to the case's."""
+    program = tessera.compile_file(ROOT / case.path, target="cuda", arch="sm_80")
+    (tmp_path / "k.cu").write_text(program.source)
+    (tmp_path / "k_loader.py").write_text(python_loader(program.ir("meta"), "k.cu"))
+    launches: list[tuple[Any, ...]] = []
+    module = _import(tmp_path / "k_loader.py", _fake_cupy(launches), monkeypatch)
+    inputs = case.make(np.random.default_rng(0))
+    args = {k: _Array(v.shape, BIT_CARRIERS.get(v.dtype, v.dtype))
+            if isinstance(v, np.ndarray) else v for k, v in inputs.items()}  # fmt: skip
+    getattr(module, case.function)(**args)
+    meta = next(f for f in program.ir("meta")["functions"] if f["name"] == case.function)
+    assert [launch[0] for launch in launches] == [k["kernel"] for k in meta["launches"]]
+    sizes = {}
+    for p in meta["params"]:
+        if p["kind"] == "tensor" and p["name"] in args:
+            sizes.update((d, n) for d, n in zip(p["dims"], args[p["name"]].shape, strict=True))
+    for launch, want in zip(launches, meta["launches"], strict=True):
+        for arg, name in zip(launch[3], want["args"], strict=True):
+            if name in args:
+                assert arg is args[name] or arg == args[name]
+            elif name in meta["dims"]:
+                assert arg == sizes[name]
+
+
 def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "tessera", str(ROOT / "examples/mlp.tsr"),
                            "-o", str(tmp_path / "mlp.cpp"), "--python-loader",
@@ -229,39 +258,29 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     assert not (tmp_path / "mlp.py").exists()
 
 
+#: Every case through the loader on cupy arrays (bf16 and fp8 as their bits), and the
+#: GPU-tensor cases on torch tensors of their own dtypes.
+LOADER_RUNS = [(c, "cupy") for c in CASES] + [(c, "torch") for c in GPU_TENSOR_CASES]
+
+
 @pytest.mark.gpu
 @pytest.mark.execute
 @pytest.mark.skipif(no_gpu() is not None, reason=f"needs a GPU: {no_gpu()}")
-@pytest.mark.parametrize("producer", ["cupy", "torch"])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_loader_runs_the_mlp_to_the_float64_reference(
-    arch: str, producer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("case", "holder"), LOADER_RUNS, ids=[f"{c.id}-{h}" for c, h in LOADER_RUNS]
+)
+def test_loader_runs_to_the_float64_reference(
+    case: Case, holder: str, arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The files a downstream project checks in, run with nothing but CuPy: bf16 tensors
-    as cupy arrays of their bits, or as torch tensors of their own dtype; the result
+    """The files a downstream project checks in, run with nothing but CuPy, outputs
     poisoned first."""
-    cupy = _cupy()
-    torch = pytest.importorskip("torch") if producer == "torch" else None
-    if torch is not None and not torch.cuda.is_available():
-        pytest.skip("needs PyTorch built with CUDA")
-    program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch=arch)
-    (tmp_path / "mlp.cu").write_text(program.source)
-    (tmp_path / "mlp_loader.py").write_text(python_loader(program.ir("meta"), "mlp.cu"))
-    module = _import(tmp_path / "mlp_loader.py", cupy, monkeypatch)
-    (case,) = [c for c in CASES if c.id == "mlp:mlp"]
-    inputs = case.make(np.random.default_rng(2))
-    want = case.reference(inputs)["out"]
-    bits = {k: v.view(BIT_CARRIERS.get(v.dtype, v.dtype)) for k, v in inputs.items()}
-    if torch is None:
-        out = cupy.full(want.shape, 0x7FC0, dtype=cupy.uint16)  # bf16 NaN
-        module.mlp(**{k: cupy.asarray(v) for k, v in bits.items()}, out=out)
-        have = out.get().view(ml_dtypes.bfloat16).astype(np.float64)
-    else:
-        tensors = {k: torch.from_numpy(v).cuda() for k, v in bits.items()}
-        tensors = {k: t.view(torch.bfloat16) if t.dtype == torch.uint16 else t
-                   for k, t in tensors.items()}  # fmt: skip
-        out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-        module.mlp(**tensors, out=out)
-        have = out.float().cpu().numpy().astype(np.float64)
-    assert not np.isnan(have).any(), "some outputs were never written"
-    assert np.abs(have - want).max() / np.abs(want).max() < case.rtol
+    if holder == "torch":
+        pytest.importorskip("torch", reason="needs torch with CUDA")
+
+    def load(program: Program) -> Any:
+        (tmp_path / "k.cu").write_text(program.source)
+        (tmp_path / "k_loader.py").write_text(python_loader(program.ir("meta"), "k.cu"))
+        return _import(tmp_path / "k_loader.py", _cupy(), monkeypatch)
+
+    check_case(case, "cuda", arch, placement=ON_GPU[holder], load=load)
