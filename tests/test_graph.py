@@ -395,3 +395,18 @@ def test_a_pass_that_breaks_the_ir_is_reported_as_such(monkeypatch: pytest.Monke
     monkeypatch.setattr("tessera.transpiler.graph.passes.GRAPH_PASSES", [("drop", drop_first_op)])
     with pytest.raises(PassError, match="invalid after drop"):
         run_graph_passes(_sample())
+
+
+def test_scalar_defaults_are_kept_and_printed() -> None:
+    src = """
+@kernel
+def scale(x: Tensor["N", f32], *, by: float = 2, shift: int = 3,
+          on: bool = True) -> Tensor["N", f32]:
+    return x * by
+"""
+    (function,) = graph(src).functions
+    assert [p.default for p in function.params] == [None, 2.0, 3, True]
+    assert isinstance(function.params[1].default, float)
+    text = tessera.compile(src, filename="g.tsr").inspect_ir("graph")
+    assert "param %by : float = 2.0 keyword-only" in text
+    assert "param %on : bool = True keyword-only" in text
