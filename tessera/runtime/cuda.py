@@ -35,7 +35,6 @@ from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
 
-_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
 #: Dynamic shared memory a kernel may use without asking for more.
 _DEFAULT_SMEM = 48 * 1024
 
@@ -148,8 +147,7 @@ class CudaFunction(Entry):
         for b in self.meta["buffers"]:
             size = max(1, evaluate(b["bytes"], sizes, b["name"]))
             device[b["name"]] = cupy.empty(size, dtype=cupy.uint8)
-        scalars = {p["name"]: _SCALARS[p["type"]](values[p["name"]])
-                   for p in self._params if p["kind"] == "scalar"}  # fmt: skip
+        scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
             grid = [-(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]]
             if 0 in grid:

@@ -20,6 +20,9 @@ from .foreign import TensorView, numpy_view
 
 __all__ = ["Entry", "Library", "evaluate", "argument"]
 
+#: The NumPy scalar type of each scalar parameter type in a device kernel's signature.
+_KERNEL_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
+
 
 class Entry:
     """One function of a loaded module, called with arrays and scalars.
@@ -149,6 +152,12 @@ class Entry:
         if kind == "bool" and isinstance(value, (bool, np.bool_)):
             return bool(value)
         raise TypeError(f"{self.name}(): '{p['name']}' is {kind}, given {value!r}")
+
+    def _kernel_scalars(self, values: Mapping[str, Any]) -> dict[str, np.generic]:
+        """The scalar arguments as a GPU kernel declares them (float, int64_t, and bool
+        as a 32-bit int): sized NumPy scalars, which kernel launchers pass by value."""
+        return {p["name"]: _KERNEL_SCALARS[p["type"]](values[p["name"]])
+                for p in self._params if p["kind"] == "scalar"}  # fmt: skip
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         """What the checks need to know of a tensor argument. The host backends take

@@ -20,8 +20,6 @@ from .entry import Entry, Library, argument, evaluate
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
 
-_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
-
 
 class OpenclUnavailable(RuntimeError):
     """pyopencl or an OpenCL platform is missing; the message says what to install."""
@@ -62,8 +60,7 @@ class OpenclFunction(Entry):
         for b in self.meta["buffers"]:
             size = max(1, evaluate(b["bytes"], sizes, b["name"]))
             device[b["name"]] = cl.Buffer(context, cl.mem_flags.READ_WRITE, size=size)
-        scalars = {p["name"]: _SCALARS[p["type"]](values[p["name"]])
-                   for p in self._params if p["kind"] == "scalar"}  # fmt: skip
+        scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
             counts = [
                 -(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]
