@@ -116,6 +116,10 @@ def test_arguments_are_checked_by_name(tmp_path: Path) -> None:
         lib.linear_gelu(a.astype(np.float32), b, bias)
     with pytest.raises(ValueError, match="'A' must be C-contiguous"):
         lib.linear_gelu(np.ones((6, 4), ml_dtypes.bfloat16).T, np.ones((6, 3), a.dtype), bias)
+    frozen = np.empty((4, 3), ml_dtypes.bfloat16)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="'out' is the result but is read-only"):
+        lib.linear_gelu(a, np.ones((6, 3), a.dtype), bias, out=frozen)
     with pytest.raises(TypeError, match="missing bias"):
         lib.linear_gelu(a, np.ones((6, 3), a.dtype))
     with pytest.raises(AttributeError, match="no function 'mlp2'"):
@@ -152,6 +156,9 @@ def test_scalars_left_out_take_the_files_defaults() -> None:
         lib.fused_adam(param, grad, m, v, lr=1e-2, step=2.5)
     with pytest.raises(TypeError, match=r"'lr' is float, given '0.1'"):
         lib.fused_adam(param, grad, m, v, lr="0.1", step=3)
+    m.flags.writeable = False
+    with pytest.raises(ValueError, match="'exp_avg' is updated in place but is read-only"):
+        lib.fused_adam(param, grad, m, v, lr=1e-2, step=3)
 
 
 def test_guards_are_checked() -> None:

@@ -124,7 +124,8 @@ class Entry:
         if not view.contiguous:
             raise ValueError(f"{self.name}(): '{name}' must be C-contiguous ({self._contiguous})")
         if p["io"] != "in" and view.readonly:
-            raise ValueError(f"{self.name}(): '{name}' is updated in place but is read-only")
+            written = "the result" if p["io"] == "out" else "updated in place"
+            raise ValueError(f"{self.name}(): '{name}' is {written} but is read-only")
         dims = self._shapes[name]
         binding = set()  # the positions whose size gives a symbol its value
         for i, (dim, size) in enumerate(zip(dims, view.shape, strict=True)):
