@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .entry import Entry, Library, argument, evaluate
+from .entry import Entry, Library, argument
 from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
@@ -144,12 +144,11 @@ class CudaFunction(Entry):
                     cupy.cuda.ExternalStream(a.view.producer_stream).synchronize()
         else:
             device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
-        for b in self.meta["buffers"]:
-            size = max(1, evaluate(b["bytes"], sizes, b["name"]))
-            device[b["name"]] = cupy.empty(size, dtype=cupy.uint8)
+        for name, size in self._buffer_bytes(sizes).items():
+            device[name] = cupy.empty(size, dtype=cupy.uint8)
         scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
-            grid = [-(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]]
+            grid = self._programs(launch, sizes)
             if 0 in grid:
                 continue  # an empty tensor: no program to run
             args = tuple(argument(a, device, scalars, sizes) for a in launch["args"])

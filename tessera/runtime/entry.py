@@ -160,6 +160,18 @@ class Entry:
         return {p["name"]: _KERNEL_SCALARS[p["type"]](values[p["name"]])
                 for p in self._params if p["kind"] == "scalar"}  # fmt: skip
 
+    def _buffer_bytes(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """The bytes of each intermediate buffer a device backend allocates (at least
+        one: an allocator may refuse zero)."""
+        return {b["name"]: max(1, evaluate(b["bytes"], sizes, b["name"]))
+                for b in self.meta["buffers"]}  # fmt: skip
+
+    @staticmethod
+    def _programs(launch: Mapping[str, Any], sizes: Mapping[str, int]) -> list[int]:
+        """How many programs a launch runs along each grid axis: the extent in blocks,
+        rounded up (0 along an axis of an empty tensor)."""
+        return [-(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]]
+
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         """What the checks need to know of a tensor argument. The host backends take
         numpy arrays; a device backend may take its own tensors too."""

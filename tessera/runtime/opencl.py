@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .entry import Entry, Library, argument, evaluate
+from .entry import Entry, Library, argument
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
 
@@ -57,14 +57,11 @@ class OpenclFunction(Entry):
         context = self._queue.context
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
         device = {name: cl.Buffer(context, flags, hostbuf=a) for name, a in arrays.items()}
-        for b in self.meta["buffers"]:
-            size = max(1, evaluate(b["bytes"], sizes, b["name"]))
-            device[b["name"]] = cl.Buffer(context, cl.mem_flags.READ_WRITE, size=size)
+        for name, size in self._buffer_bytes(sizes).items():
+            device[name] = cl.Buffer(context, cl.mem_flags.READ_WRITE, size=size)
         scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
-            counts = [
-                -(-evaluate(g["extent"], sizes, "grid") // g["block"]) for g in launch["grid"]
-            ]
+            counts = self._programs(launch, sizes)
             if 0 in counts:
                 continue  # an empty tensor: no program to run
             kernel = self._kernels[launch["kernel"]]
