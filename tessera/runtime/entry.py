@@ -47,6 +47,9 @@ class Entry:
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
         self._dtypes = {p["name"]: np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
+        self._inputs = [p for p in self._params if p.get("io") != "out"]
+        self._input_names = {p["name"] for p in self._inputs}
+        self._result = next((p for p in self._params if p["name"] == meta["result"]), None)
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -61,12 +64,12 @@ class Entry:
 
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         """Run the function. ``out`` is an optional preallocated result array."""
-        inputs = [p for p in self._params if p.get("io") != "out"]
+        inputs = self._inputs
         if len(args) > len(inputs):
             raise TypeError(f"{self.name}() takes {len(inputs)} arguments, {len(args)} given")
         values = dict(zip((p["name"] for p in inputs), args, strict=False))
         for name, value in kwargs.items():
-            if name not in {p["name"] for p in inputs}:
+            if name not in self._input_names:
                 raise TypeError(f"{self.name}() has no parameter '{name}'")
             if name in values:
                 raise TypeError(f"{self.name}() got '{name}' twice")
@@ -86,8 +89,8 @@ class Entry:
                 values[p["name"]] = self._scalar(p, values[p["name"]])
         self._check_guards(sizes)
         result = None
-        if self.meta["result"] is not None:
-            p = next(p for p in self._params if p["name"] == self.meta["result"])
+        if self._result is not None:
+            p = self._result
             if out is None:
                 shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
                 out = self._allocate(shape, self._dtypes[p["name"]], arrays)
