@@ -137,8 +137,8 @@ def test_legalize_fuses_the_accumulation_into_an_mma() -> None:
 
 @pytest.mark.parametrize(
     ("target", "arch", "inst", "operands"),
-    [("cuda", "sm_80", "mma.sync.bf16", "registers"), ("cuda", "sm_90a", "wgmma.bf16", "shared"),
-     ("hip", "gfx90a", "mfma_f32_32x32x8bf16_1k", "registers"),
+    [("cuda", "sm_80", "mma.sync.bf16", "shared"), ("cuda", "sm_90a", "wgmma.bf16", "shared"),
+     ("hip", "gfx90a", "mfma_f32_32x32x8bf16_1k", "shared"),
      ("cpu", "native", "simd.fma", "registers"), ("opencl", "generic", "fma", "shared")],
 )  # fmt: skip
 def test_legalize_picks_the_targets_matrix_instruction(
@@ -251,18 +251,19 @@ def test_without_async_copies_staging_is_synchronous() -> None:
 
 
 def test_operands_read_from_shared_memory_stay_there_until_the_product() -> None:
-    """The query tile of attention is read by every iteration's dot on targets whose
-    instruction reads shared memory, so its buffer must not give its bytes to the keys."""
-    for target, arch in (("opencl", None), ("cuda", "sm_90a")):
+    """The query tile of attention is read by every iteration's product on a GPU, where
+    products load their operands from shared memory as they run (fragments a k step at
+    a time on mma.sync and MFMA), so its buffer must not give its bytes to the keys. The
+    CPU reads it into registers once, before the loop."""
+    for target, arch in (("opencl", None), ("cuda", "sm_90a"), ("cuda", "sm_80"), ("hip", None)):
         k = kernel(ATTENTION, target, arch)
         (read_q,) = [op for op in ops_of(k.body, "read") if op.result.name == "q_tile"]
-        assert read_q not in k.body.ops and read_q in loop(k).regions[0].ops
+        assert read_q not in k.body.ops and read_q in loop(k).regions[0].ops, target
         q, keys = (s for s in k.smem if s.buffer in ("q_tile_smem", "k_tile_smem"))
-        assert q.offset + q.bytes <= keys.offset or keys.offset + keys.bytes <= q.offset
-    for target, arch in (("cpu", None), ("cuda", "sm_80")):
-        k = kernel(ATTENTION, target, arch)
-        (read_q,) = [op for op in ops_of(k.body, "read") if op.result.name == "q_tile"]
-        assert read_q in k.body.ops  # into registers (panels, fragments) once, before the loop
+        assert q.offset + q.bytes <= keys.offset or keys.offset + keys.bytes <= q.offset, arch
+    k = kernel(ATTENTION, "cpu")
+    (read_q,) = [op for op in ops_of(k.body, "read") if op.result.name == "q_tile"]
+    assert read_q in k.body.ops
 
 
 def test_a_wrong_wait_count_is_caught_by_the_interpreter() -> None:
@@ -309,7 +310,9 @@ def test_barriers_separate_writes_from_reads_of_each_buffer() -> None:
 
 
 def test_smem_plan_reuses_the_query_buffer_and_keeps_live_buffers_apart() -> None:
-    k = kernel(ATTENTION, "cuda")
+    """On the CPU the query tile goes into registers before the loop: its buffer is free
+    for the keys."""
+    k = kernel(ATTENTION, "cpu")
     slots = {s.buffer: s for s in k.smem}
     assert set(slots) == {"q_tile_smem", "k_tile_smem", "v_tile_smem"}
     k_, v_ = slots["k_tile_smem"], slots["v_tile_smem"]

@@ -117,7 +117,7 @@ def attention(
         "attention",
         (-(-S // 128), B, H),
         256,
-        32768,
+        65536,
         (Q, K, V, out, cupy.int64(B), cupy.int64(H), cupy.int64(S), cupy.int64(D)),
     )
     return out
@@ -158,7 +158,7 @@ def flash_attention(
         "flash_attention",
         (-(-S // 128), BH),
         256,
-        65536,
+        98304,
         (q, k, v, causal, out, cupy.int64(BH), cupy.int64(S), cupy.int64(D)),
     )
     return out

@@ -65,10 +65,10 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 32768 bytes, given at launch
+  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
+  unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 49152);
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -81,7 +81,6 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const long long j = e - i * 128;
     q_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
   }
-  __syncthreads();
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
     for (long long e = lid; e < 4096; e += 256) {
@@ -270,10 +269,10 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
+  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
+  unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
+  unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 65536);
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -283,7 +282,6 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const long long j = e - i * 128;
     Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
   }
-  __syncthreads();
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
     for (long long e = lid; e < 8192; e += 256) {

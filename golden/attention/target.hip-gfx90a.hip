@@ -42,10 +42,10 @@ typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 32768);
   const int lane = lid % 64, wave = lid / 64;
   __shared__ unsigned short p_stage[4224];
   const long long pid_m = blockIdx.x;
@@ -59,7 +59,6 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const long long j = e - i * 128;
     q_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j] : 0;
   }
-  __syncthreads();
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -89,13 +88,13 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
   }
   for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
+    __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (long long e = lid; e < 8192; e += 128) {
       const long long i = e / 128;
       const long long j = e - i * 128;
       k_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j] : 0;
     }
-    __syncthreads();
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     for (long long e = lid; e < 8192; e += 128) {
       const long long i = e / 128;
@@ -244,10 +243,10 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
 extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 16384);
+  unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
+  unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
   const int lane = lid % 64, wave = lid / 64;
   __shared__ unsigned short P_stage[4224];
   const long long pid_m = blockIdx.x;
@@ -258,7 +257,6 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const long long j = e - i * 128;
     Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j] : 0;
   }
-  __syncthreads();
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -288,13 +286,13 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     }
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+    __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     for (long long e = lid; e < 8192; e += 128) {
       const long long i = e / 128;
       const long long j = e - i * 128;
       Kb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? k[((pid_b0) * S + 64*nblk + i) * D + j] : 0;
     }
-    __syncthreads();
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     for (long long e = lid; e < 8192; e += 128) {
       const long long i = e / 128;

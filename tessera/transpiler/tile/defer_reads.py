@@ -1,12 +1,13 @@
 """Reads of shared memory move to where the instruction really reads it.
 
-A ``read`` says when a staged operand leaves shared memory. For an mma whose
-operands come from registers (``mma.sync`` fragments, MFMA, the CPU's packed
-panels) that is where the ``read`` stands. An instruction that takes its
-operands from shared memory (``wgmma`` descriptors, the FMA loop of a SIMT
-target, where each thread reads the elements it multiplies) reads it at the
-mma itself, so the ``read`` moves down to just before its first use: into the
-loop that uses it, when that is where the use is. The barrier pass, which runs
+A ``read`` says when a staged operand leaves shared memory. For the CPU's
+micro-kernel, whose operands are packed into registers, that is where the
+``read`` stands. A GPU product takes its operands from shared memory as it
+runs (``wgmma`` descriptors; ``mma.sync`` and MFMA fragments, loaded a k step
+at a time; the FMA loop of a SIMT target, where each thread reads the elements
+it multiplies), so it reads them at the mma itself, and the ``read`` moves down
+to just before its first use: into the loop that uses it, when that is where
+the use is. The barrier pass, which runs
 next, then sees the buffer busy until the product is done, and the planner
 keeps the buffer alive as long (the query tile of attention no longer gives
 its bytes to the key tile).

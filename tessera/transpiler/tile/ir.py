@@ -164,7 +164,8 @@ class Mma:
     shape: tuple[int, int, int]
     warps: tuple[int, int]
     warp_tile: tuple[int, int]
-    #: Where the instruction reads its operands: "registers" or "shared" (wgmma).
+    #: Where the product reads its operands as it runs: "shared" on GPUs (the ``read``
+    #: of a staged operand happens at the product), "registers" on CPUs (at the ``read``).
     operands: str = "registers"
 
     def __str__(self) -> str:
