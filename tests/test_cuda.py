@@ -3,7 +3,8 @@ run on a GPU where there is one.
 
 Every example and library file compiles warning-free for both archs with nvcc and
 with NVRTC, with no spills and no stack frame; bf16 products and attention run on
-the tensor cores (HMMA on sm_80, HGMMA on sm_90a, in the SASS). The GPU tier
+the tensor cores (HMMA on sm_80, HGMMA on sm_90a, in the SASS), and pipelined loops
+copy ahead on cp.async (LDGSTS). The GPU tier
 (``-m gpu``) runs every case of ``reference.py`` against float64, as the OpenCL tier
 does on PoCL.
 """
@@ -144,6 +145,23 @@ def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path)
     assert hgmma, f"{path}: no bf16 HGMMA"
     accumulating = [d for d, rest in hgmma if re.search(rf"\b{d}, gsb0$", rest.strip())]
     assert accumulating, f"{path}: no HGMMA adds to its accumulator: {hgmma[:4]}"
+
+
+@pytest.mark.compile
+@needs_nvcc
+@needs_sass_tools
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
+def test_copies_ahead_run_on_cp_async(path: str, arch: str, tmp_path: Path) -> None:
+    """A pipelined loop copies the operands of later iterations with cp.async, 16 bytes
+    a thread (LDGSTS), and waits for them (DEPBAR); attention's query tile, copied once
+    before its loop, moves in 16-byte loads (LDG.E.128)."""
+    cubin, _ = _nvcc(path, arch, tmp_path)
+    sass = cuobjdump("-sass", cubin)
+    assert re.search(r"\bLDGSTS\.E\.BYPASS\.128\b", sass), f"{path}: no 16-byte cp.async"
+    assert re.search(r"\bLDGDEPBAR\b", sass) and re.search(r"\bDEPBAR\.LE\b", sass)
+    if "attention" in path:
+        assert re.search(r"\bLDG\.E\.128\b", sass), f"{path}: no 16-byte loads"
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,36 @@ __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+__device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
+  uint4 chunk = {0u, 0u, 0u, 0u};
+  if (bytes) chunk = *(const uint4*)src;
+  *(uint4*)dst = chunk;
+}
+
+// cp.async: tsr_copy16 issued without waiting for it to finish.
+__device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(address), "l"(src), "r"(bytes) : "memory");
+}
+
+// The copies the thread issued since the last commit become one group.
+__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// The thread waits until at most `Pending` of its groups are still copying; a barrier
+// then makes every thread's finished copies visible.
+template <int Pending>
+__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
@@ -138,6 +168,9 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
+  const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
+  const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
+  const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -145,27 +178,52 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const float s = (float)(D);
   const float scale = rsqrtf(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (long long e = lid; e < 16384; e += 256) {
-    const long long i = e / 128;
-    const long long j = e - i * 128;
-    q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 2048; e += 256) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (Q_aligned) {
+      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j) : Q, bytes);
+    } else {
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        q_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (long long e = lid; e < 16384; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (K_aligned) {
+        const int bytes = i < S && j < D ? 16 : 0;
+        tsr_copy_async16(k_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          k_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+        }
+      }
     }
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (long long e = lid; e < 16384; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (V_aligned) {
+        const int bytes = i < S && j < D ? 16 : 0;
+        tsr_copy_async16(v_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          v_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -195,24 +253,42 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+      for (int e = lid; e < 2048; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (K_aligned) {
+          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j) : K, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            k_tile_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j + q] : 0;
+          }
+        }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+      for (int e = lid; e < 2048; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (V_aligned) {
+          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j) : V, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            v_tile_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j + q] : 0;
+          }
+        }
       }
     }
+    tsr_copy_commit();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
@@ -330,31 +406,59 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
+  const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
+  const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
+  const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (long long e = lid; e < 16384; e += 256) {
-    const long long i = e / 128;
-    const long long j = e - i * 128;
-    Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 2048; e += 256) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (q_1_aligned) {
+      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 128*pid_m + i) * D + j) : q_1, bytes);
+    } else {
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        Qb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (long long e = lid; e < 16384; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (k_aligned) {
+        const int bytes = i < S && j < D ? 16 : 0;
+        tsr_copy_async16(Kb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          Kb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
+        }
+      }
     }
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (long long e = lid; e < 16384; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (v_aligned) {
+        const int bytes = i < S && j < D ? 16 : 0;
+        tsr_copy_async16(Vb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          Vb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -384,24 +488,42 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     }
   }
   for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+      for (int e = lid; e < 2048; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (k_aligned) {
+          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 128*nblk + 128 + i) * D + j) : k, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            Kb_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j + q] : 0;
+          }
+        }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+      for (int e = lid; e < 2048; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (v_aligned) {
+          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 128*nblk + 128 + i) * D + j) : v, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            Vb_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j + q] : 0;
+          }
+        }
       }
     }
+    tsr_copy_commit();
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;

@@ -35,6 +35,21 @@ typedef short tsr_bf16x4 __attribute__((ext_vector_type(4)));
 typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+__device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
+  uint4 chunk = {0u, 0u, 0u, 0u};
+  if (bytes) chunk = *(const uint4*)src;
+  *(uint4*)dst = chunk;
+}
+
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
@@ -46,7 +61,10 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 32768);
+  const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const int lane = lid % 64, wave = lid / 64;
+  const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
+  const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __shared__ unsigned short p_stage[4224];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -54,10 +72,18 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const float s = (float)(D);
   const float scale = rsqrtf(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (long long e = lid; e < 8192; e += 128) {
-    const long long i = e / 128;
-    const long long j = e - i * 128;
-    q_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 1024; e += 128) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (Q_aligned) {
+      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j) : Q, bytes);
+    } else {
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
@@ -90,16 +116,32 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (long long e = lid; e < 8192; e += 128) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      k_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (K_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : K, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (long long e = lid; e < 8192; e += 128) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      v_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (V_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : V, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     __syncthreads();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
@@ -247,15 +289,26 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
+  const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const int lane = lid % 64, wave = lid / 64;
+  const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
+  const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   __shared__ unsigned short P_stage[4224];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (long long e = lid; e < 8192; e += 128) {
-    const long long i = e / 128;
-    const long long j = e - i * 128;
-    Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 1024; e += 128) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (q_1_aligned) {
+      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * D + j) : q_1, bytes);
+    } else {
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
@@ -288,16 +341,32 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (long long e = lid; e < 8192; e += 128) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      Kb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? k[((pid_b0) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (k_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + i) * D + j) : k, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (long long e = lid; e < 8192; e += 128) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      Vb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? v[((pid_b0) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (v_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + i) * D + j) : v, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     __syncthreads();
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))

@@ -27,6 +27,21 @@ inline float tsr_round_f16(float value) {
   return vload_half(0, (__private const half*)&bits);
 }
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+inline bool tsr_aligned16(__global const void* p) { return ((ulong)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
+  uint4 chunk = (uint4)(0u);
+  if (bytes) chunk = *(__global const uint4*)src;
+  *(__local uint4*)dst = chunk;
+}
+
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
@@ -39,7 +54,10 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   __local ushort* const q_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const k_tile_smem = (__local ushort*)(tsr_smem + 8192);
   __local ushort* const v_tile_smem = (__local ushort*)(tsr_smem + 16384);
+  const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const int tx = lid % 16, ty = lid / 16;
+  const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
+  const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __local float tsr_rows[512];
   __local float p_stage[1056];
   const long pid_m = get_group_id(0);
@@ -48,10 +66,17 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   const float s = (float)(D);
   const float scale = rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (long e = lid; e < 4096; e += 128) {
-    const long i = e / 128;
-    const long j = e - i * 128;
-    q_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 512; e += 128) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (Q_aligned) {
+      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
+    } else {
+      for (int q = 0; q < 8; ++q) {
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[32];
@@ -72,16 +97,30 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   for (long nblk = 0; nblk * 32 < S && nblk * 32 < 32*pid_m + 32; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (long e = lid; e < 4096; e += 128) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      k_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*nblk + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (K_aligned) {
+        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (long e = lid; e < 4096; e += 128) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      v_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*nblk + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (V_aligned) {
+        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
@@ -195,16 +234,26 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 16384);
   __local ushort* const Vb_smem = (__local ushort*)(tsr_smem + 32768);
+  const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const int tx = lid % 16, ty = lid / 16;
+  const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
+  const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   __local float tsr_rows[1024];
   __local float P_stage[4160];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (long e = lid; e < 8192; e += 128) {
-    const long i = e / 128;
-    const long j = e - i * 128;
-    Qb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j] : 0;
+  for (int e = lid; e < 1024; e += 128) {
+    const int i = e / 16;
+    const int j = e % 16 * 8;
+    if (q_1_aligned) {
+      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * D + j) : q_1, bytes);
+    } else {
+      for (int q = 0; q < 8; ++q) {
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j + q] : 0;
+      }
+    }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
@@ -225,16 +274,30 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   for (long nblk = 0; nblk * 64 < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (long e = lid; e < 8192; e += 128) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      Kb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? k[((pid_b0) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (k_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + i) * D + j) : k, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (long e = lid; e < 8192; e += 128) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      Vb_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 64*nblk + i < S && j < D ? v[((pid_b0) * S + 64*nblk + i) * D + j] : 0;
+    for (int e = lid; e < 1024; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (v_aligned) {
+        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + i) * D + j) : v, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))

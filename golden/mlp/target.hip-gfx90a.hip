@@ -46,6 +46,21 @@ typedef short tsr_bf16x4 __attribute__((ext_vector_type(4)));
 typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+__device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
+  uint4 chunk = {0u, 0u, 0u, 0u};
+  if (bytes) chunk = *(const uint4*)src;
+  *(uint4*)dst = chunk;
+}
+
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
@@ -55,23 +70,41 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -88,18 +121,34 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 32 < K) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 32;
-        const long long j = e - i * 32;
-        a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && 32*kb + 32 + j < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 8;
+        if (A_aligned) {
+          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (32*kb + 32 < K) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 32 + i < K && 128*pid_n + j < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (B_aligned) {
+          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
@@ -140,23 +189,41 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
+  const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (x_aligned) {
+        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < D && 128*pid_n + j < F ? W_in[(i) * F + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (W_in_aligned) {
+        const int bytes = i < D && 128*pid_n + j < F ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + 128*pid_n + j) : W_in, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && 128*pid_n + j + q < F ? W_in[(i) * F + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -173,18 +240,34 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 32 < D) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 32;
-        const long long j = e - i * 32;
-        a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < T && 32*kb + 32 + j < D ? x[(128*pid_m + i) * D + 32*kb + 32 + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 8;
+        if (x_aligned) {
+          const int bytes = 128*pid_m + i < T && 32*kb + 32 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32*kb + 32 + j) : x, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 32 + j + q < D ? x[(128*pid_m + i) * D + 32*kb + 32 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (32*kb + 32 < D) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 32 + i < D && 128*pid_n + j < F ? W_in[(32*kb + 32 + i) * F + 128*pid_n + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (W_in_aligned) {
+          const int bytes = 32*kb + 32 + i < D && 128*pid_n + j < F ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + 32 + i) * F + 128*pid_n + j) : W_in, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < D && 128*pid_n + j + q < F ? W_in[(32*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
@@ -225,23 +308,41 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
+  const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (h_aligned) {
+        const int bytes = 128*pid_m + i < T && j < F ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + j) : h, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < F ? h[(128*pid_m + i) * F + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = i < F && 128*pid_n + j < D ? W_out[(i) * D + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (W_out_aligned) {
+        const int bytes = i < F && 128*pid_n + j < D ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + 128*pid_n + j) : W_out, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && 128*pid_n + j + q < D ? W_out[(i) * D + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -258,18 +359,34 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 32 < F) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 32;
-        const long long j = e - i * 32;
-        a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < T && 32*kb + 32 + j < F ? h[(128*pid_m + i) * F + 32*kb + 32 + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 8;
+        if (h_aligned) {
+          const int bytes = 128*pid_m + i < T && 32*kb + 32 + j < F ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32*kb + 32 + j) : h, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 32 + j + q < F ? h[(128*pid_m + i) * F + 32*kb + 32 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (32*kb + 32 < F) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 32 + i < F && 128*pid_n + j < D ? W_out[(32*kb + 32 + i) * D + 128*pid_n + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (W_out_aligned) {
+          const int bytes = 32*kb + 32 + i < F && 128*pid_n + j < D ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + 32 + i) * D + 128*pid_n + j) : W_out, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < F && 128*pid_n + j + q < D ? W_out[(32*kb + 32 + i) * D + 128*pid_n + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)

@@ -51,6 +51,36 @@ __device__ inline float tsr_gelu(float x) {
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+__device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
+  uint4 chunk = {0u, 0u, 0u, 0u};
+  if (bytes) chunk = *(const uint4*)src;
+  *(uint4*)dst = chunk;
+}
+
+// cp.async: tsr_copy16 issued without waiting for it to finish.
+__device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(address), "l"(src), "r"(bytes) : "memory");
+}
+
+// The copies the thread issued since the last commit become one group.
+__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// The thread waits until at most `Pending` of its groups are still copying; a barrier
+// then makes every thread's finished copies visible.
+template <int Pending>
+__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
@@ -172,41 +202,77 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[(1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && 32 + j < K ? A[(128*pid_m + i) * K + 32 + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (long long e = lid; e < 4096; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[1 * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 128*pid_n + j < N ? B[(32 + i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (1 * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[1 * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -218,24 +284,42 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 32;
-        const long long j = e - i * 32;
-        a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && 32*kb + 64 + j < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 8;
+        if (A_aligned) {
+          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (32*kb + 64 < K) {
-      for (long long e = lid; e < 4096; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[((kb + 2) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 128*pid_n + j < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j] : 0;
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (B_aligned) {
+          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 2) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+          }
+        }
       }
     }
+    tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
@@ -273,41 +357,77 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (long long e = lid; e < 2048; e += 128) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 64*pid_m + i < M && j < K ? A[(64*pid_m + i) * K + j] : 0;
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 64*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && j + q < K ? A[(64*pid_m + i) * K + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (long long e = lid; e < 2048; e += 128) {
-      const long long i = e / 64;
-      const long long j = e - i * 64;
-      b_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = i < K && 64*pid_n + j < N ? B[(i) * N + 64*pid_n + j] : 0;
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 8;
+      const int j = e % 8 * 8;
+      if (B_aligned) {
+        const int bytes = i < K && 64*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 64*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 64*pid_n + j + q < N ? B[(i) * N + 64*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (long long e = lid; e < 2048; e += 128) {
-      const long long i = e / 32;
-      const long long j = e - i * 32;
-      a_tile_smem[(1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 64*pid_m + i < M && 32 + j < K ? A[(64*pid_m + i) * K + 32 + j] : 0;
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 64*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32 + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32 + j + q < K ? A[(64*pid_m + i) * K + 32 + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (long long e = lid; e < 2048; e += 128) {
-      const long long i = e / 64;
-      const long long j = e - i * 64;
-      b_tile_smem[1 * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32 + i < K && 64*pid_n + j < N ? B[(32 + i) * N + 64*pid_n + j] : 0;
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 8;
+      const int j = e % 8 * 8;
+      if (B_aligned) {
+        const int bytes = 32 + i < K && 64*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (1 * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 64*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[1 * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 64*pid_n + j + q < N ? B[(32 + i) * N + 64*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[32];
   #pragma unroll
@@ -319,24 +439,42 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (long long e = lid; e < 2048; e += 128) {
-        const long long i = e / 32;
-        const long long j = e - i * 32;
-        a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 64*pid_m + i < M && 32*kb + 64 + j < K ? A[(64*pid_m + i) * K + 32*kb + 64 + j] : 0;
+      for (int e = lid; e < 256; e += 128) {
+        const int i = e / 4;
+        const int j = e % 4 * 8;
+        if (A_aligned) {
+          const int bytes = 64*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (32*kb + 64 < K) {
-      for (long long e = lid; e < 2048; e += 128) {
-        const long long i = e / 64;
-        const long long j = e - i * 64;
-        b_tile_smem[((kb + 2) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + 64 + i < K && 64*pid_n + j < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j] : 0;
+      for (int e = lid; e < 256; e += 128) {
+        const int i = e / 8;
+        const int j = e % 8 * 8;
+        if (B_aligned) {
+          const int bytes = 32*kb + 64 + i < K && 64*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 64*pid_n + j) : B, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 2) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j + q] : 0;
+          }
+        }
       }
     }
+    tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
@@ -374,41 +512,77 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (long long e = lid; e < 8192; e += 256) {
-      const long long i = e / 64;
-      const long long j = e - i * 64;
-      a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+    for (int e = lid; e < 1024; e += 256) {
+      const int i = e / 8;
+      const int j = e % 8 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (long long e = lid; e < 8192; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 1024; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[(j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < K) {
-    for (long long e = lid; e < 8192; e += 256) {
-      const long long i = e / 64;
-      const long long j = e - i * 64;
-      a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
+    for (int e = lid; e < 1024; e += 256) {
+      const int i = e / 8;
+      const int j = e % 8 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64 + j) : A, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64 + j + q < K ? A[(128*pid_m + i) * K + 64 + j + q] : 0;
+        }
+      }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < K) {
-    for (long long e = lid; e < 8192; e += 256) {
-      const long long i = e / 128;
-      const long long j = e - i * 128;
-      b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 128*pid_n + j < N ? B[(64 + i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 1024; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64 + i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[1 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64 + i < K && 128*pid_n + j + q < N ? B[(64 + i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
   }
+  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -420,24 +594,42 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 128 < K) {
-      for (long long e = lid; e < 8192; e += 256) {
-        const long long i = e / 64;
-        const long long j = e - i * 64;
-        a_tile_smem[((kb + 2) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+      for (int e = lid; e < 1024; e += 256) {
+        const int i = e / 8;
+        const int j = e % 8 * 8;
+        if (A_aligned) {
+          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 128 + j) : A, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            a_tile_smem[((kb + 2) % 3) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+          }
+        }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (64*kb + 128 < K) {
-      for (long long e = lid; e < 8192; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[((kb + 2) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 128*pid_n + j < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j] : 0;
+      for (int e = lid; e < 1024; e += 256) {
+        const int i = e / 16;
+        const int j = e % 16 * 8;
+        if (B_aligned) {
+          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 128 + i) * N + 128*pid_n + j) : B, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            b_tile_smem[((kb + 2) % 3) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
+          }
+        }
       }
     }
+    tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     tsr_wgmma_fence();
     #pragma unroll

@@ -38,6 +38,21 @@ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- chunk copies
+
+// A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
+// pointer is aligned, and so is every row's length (which the caller checks). A chunk
+// then lies wholly inside its row or wholly past its end.
+inline bool tsr_aligned16(__global const void* p) { return ((ulong)p & 15u) == 0; }
+
+// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
+// ragged edge, where nothing is read), as cp.async does.
+inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
+  uint4 chunk = (uint4)(0u);
+  if (bytes) chunk = *(__global const uint4*)src;
+  *(__local uint4*)dst = chunk;
+}
+
 // end of the Tessera tile primitives
 
 // ---- gemm: launch k0 of gemm: the library's gemm
@@ -49,6 +64,8 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -62,16 +79,30 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
   for (long kb = 0; kb * 32 < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (long e = lid; e < 4096; e += 256) {
-      const long i = e / 32;
-      const long j = e - i * 32;
-      vstore_half_rte(128*pid_m + i < M && 32*kb + j < K ? vload_half((128*pid_m + i) * K + 32*kb + j, A) : 0.0f, i * 32 + (j / 8 ^ i % 4) * 8 + j % 8, a_tile_smem);
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          vstore_half_rte(128*pid_m + i < M && 32*kb + j + q < K ? vload_half((128*pid_m + i) * K + 32*kb + j + q, A) : 0.0f, i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+        }
+      }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (long e = lid; e < 4096; e += 256) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      vstore_half_rte(32*kb + i < K && 128*pid_n + j < N ? vload_half((32*kb + i) * N + 128*pid_n + j, B) : 0.0f, i * 128 + (j / 8 ^ i % 8) * 8 + j % 8, b_tile_smem);
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          vstore_half_rte(32*kb + i < K && 128*pid_n + j + q < N ? vload_half((32*kb + i) * N + 128*pid_n + j + q, B) : 0.0f, i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
@@ -104,6 +135,8 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -117,16 +150,30 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   for (long kb = 0; kb * 32 < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (long e = lid; e < 2048; e += 128) {
-      const long i = e / 32;
-      const long j = e - i * 32;
-      vstore_half_rte(64*pid_m + i < M && 32*kb + j < K ? vload_half((64*pid_m + i) * K + 32*kb + j, A) : 0.0f, i * 32 + (j / 8 ^ i % 4) * 8 + j % 8, a_tile_smem);
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          vstore_half_rte(64*pid_m + i < M && 32*kb + j + q < K ? vload_half((64*pid_m + i) * K + 32*kb + j + q, A) : 0.0f, i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+        }
+      }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (long e = lid; e < 2048; e += 128) {
-      const long i = e / 64;
-      const long j = e - i * 64;
-      vstore_half_rte(32*kb + i < K && 64*pid_n + j < N ? vload_half((32*kb + i) * N + 64*pid_n + j, B) : 0.0f, i * 64 + (j / 8 ^ i % 8) * 8 + j % 8, b_tile_smem);
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 8;
+      const int j = e % 8 * 8;
+      if (B_aligned) {
+        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          vstore_half_rte(32*kb + i < K && 64*pid_n + j + q < N ? vload_half((32*kb + i) * N + 64*pid_n + j + q, B) : 0.0f, i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
@@ -159,6 +206,8 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
+  const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
+  const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
@@ -172,16 +221,30 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   for (long kb = 0; kb * 32 < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (long e = lid; e < 4096; e += 128) {
-      const long i = e / 32;
-      const long j = e - i * 32;
-      a_tile_smem[i * 32 + (j / 8 ^ i % 4) * 8 + j % 8] = 128*pid_m + i < M && 32*kb + j < K ? A[(128*pid_m + i) * K + 32*kb + j] : 0;
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 8;
+      if (A_aligned) {
+        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+        }
+      }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (long e = lid; e < 4096; e += 128) {
-      const long i = e / 128;
-      const long j = e - i * 128;
-      b_tile_smem[i * 128 + (j / 8 ^ i % 8) * 8 + j % 8] = 32*kb + i < K && 128*pid_n + j < N ? B[(32*kb + i) * N + 128*pid_n + j] : 0;
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 16;
+      const int j = e % 16 * 8;
+      if (B_aligned) {
+        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+      } else {
+        for (int q = 0; q < 8; ++q) {
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+        }
+      }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)

@@ -50,9 +50,10 @@ class Dialect:
     program_index: tuple[str, ...]
     #: The number of threads of a program, as the header's group reductions read it.
     program_size: str
-    #: Unsigned 16- and 32-bit types, and float <-> bits reinterpretation.
+    #: Unsigned 16-, 32- and 64-bit types, and float <-> bits reinterpretation.
     u16: str
     u32: str
+    u64: str
     float_bits: str
     bits_float: str
     #: A line before a loop over a thread's registers that must unroll, so that the
@@ -70,6 +71,10 @@ class Dialect:
     #: Whether the shared-memory arena is sized at launch (CUDA: a static array is
     #: limited to 48 KiB; the metadata gives each launch its ``dynamic_smem`` bytes).
     dynamic_arena: bool = False
+    #: Whether a copy ahead (a pipelined loop's copy of a later iteration's operands) runs
+    #: asynchronously, its 16-byte chunks waited for before the barrier (CUDA's
+    #: ``cp.async``). Elsewhere copies are loads and stores, done when they are issued.
+    async_copy: bool = False
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -151,6 +156,7 @@ OPENCL = Dialect(
     program_size="get_local_size(0)",
     u16="ushort",
     u32="uint",
+    u64="ulong",
     float_bits="as_uint",
     bits_float="as_float",
     unroll="",
@@ -188,6 +194,7 @@ HIP = Dialect(
     program_size="(int)blockDim.x",
     u16="unsigned short",
     u32="unsigned int",
+    u64="unsigned long long",
     float_bits="__float_as_uint",
     bits_float="__uint_as_float",
     unroll="#pragma unroll",
@@ -221,6 +228,7 @@ CUDA = replace(
     infinity="__int_as_float(0x7f800000)",
     nan="__int_as_float(0x7fffffff)",
     dynamic_arena=True,
+    async_copy=True,
 )
 
 DIALECTS = {d.name: d for d in (OPENCL, HIP, CUDA)}

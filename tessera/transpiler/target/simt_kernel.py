@@ -66,7 +66,7 @@ _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
                        "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
-                       "b_frag", "frag_acc", "rs"})  # fmt: skip
+                       "b_frag", "frag_acc", "rs", "bytes", "a_step"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ class _Emitter(TileOps):
         self.views: dict[int, SmemView] = {}
         self.wgmma: set[tuple[str, int, str]] = set()
         self.async_reads = kernel.uses_wgmma
+        self.aligned: dict[int, str] = {}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1
@@ -145,6 +146,11 @@ class _Emitter(TileOps):
     def close(self) -> None:
         self.depth -= 1
         self.line("}")
+
+    def otherwise(self) -> None:
+        """Open the else branch of the ``if`` just closed."""
+        self.lines[-1] += " else {"
+        self.depth += 1
 
     def declare(self, key: str, text: str) -> None:
         """A declaration at the top of the kernel, once however often it is needed."""

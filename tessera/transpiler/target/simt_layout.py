@@ -32,12 +32,13 @@ from ..graph.dims import Dim
 
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
-           "Element", "grid_for", "rows_for", "smem_index", "sw128_panel"]  # fmt: skip
+           "Element", "CHUNK_BYTES", "grid_for", "rows_for", "smem_index",
+           "sw128_panel"]  # fmt: skip
 
 #: Threads along a Grid tile's columns: a half warp reads 16 neighbouring elements.
 GRID_COLUMNS = 16
 #: The XOR swizzle permutes 16-byte chunks within groups of at most 8.
-_CHUNK_BYTES = 16
+CHUNK_BYTES = 16
 _SWIZZLE_GROUP = 8
 
 
@@ -236,7 +237,7 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
     row = i if slot == "0" else f"{slot} * {rows} + {i}"
     column = j
     if layout == "xor":
-        per_chunk = _CHUNK_BYTES * 8 // bits
+        per_chunk = CHUNK_BYTES * 8 // bits
         chunks = cols // per_chunk
         group = _SWIZZLE_GROUP
         while group > 1 and chunks % group:
@@ -261,7 +262,7 @@ def sw128_panel(bits: int) -> int:
 
 
 def _sw128_index(rows: int, cols: int, bits: int, slot: str, i: str, j: str) -> str:
-    panel, per_chunk = sw128_panel(bits), _CHUNK_BYTES * 8 // bits
+    panel, per_chunk = sw128_panel(bits), CHUNK_BYTES * 8 // bits
     assert cols % panel == 0 and rows % _SWIZZLE_GROUP == 0, (rows, cols)
     i, j = parenthesized(i), parenthesized(j)
     within = f"{j} % {panel}" if cols > panel else j

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 
 from ..graph.dims import Dim
 from ..graph.ir import Op, Value
-from ..tile.ir import Mma, SharedType, Slot
+from ..tile.ir import Access, Mma, SharedType, Slot
 from ..tile.smem import SW128_ALIGN
 from .simt_layout import (
+    CHUNK_BYTES,
     MFMA_32X32,
     MMA_16X8,
     Element,
@@ -136,6 +137,8 @@ class TileOps:
     wgmma: set[tuple[str, int, str]]
     #: Whether products may read shared memory through ``wgmma``.
     async_reads: bool
+    #: The flag that says a tensor's rows are aligned for 16-byte copies, by value id.
+    aligned: dict[int, str]
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -170,26 +173,104 @@ class TileOps:
         return element
 
     def op_copy(self, op: Op) -> None:
-        tensor, buf = op.operands
+        """A copy of a tile from global into shared memory, in 16-byte chunks where its
+        shape allows. A copy ahead runs asynchronously where the dialect can
+        (``async_copy``)."""
         when = op.attr("when")
         if when is not None:
             self.open(f"if ({self.c(when.start)} < {self.c(when.extent)})")
-        at = op.attr("at")
-        place = self.smem_element(buf, op.attr("slot"))
-        dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
-        index = self.walk(Flat(tuple(buf.type.dims)))
-        offset, condition = self.address(tensor, at, index)
-        self.line(self.d.copy(dtype, dst, place(index), src, offset, condition))
-        self.close_walk()
+        aligned = self.chunks_aligned(op)
+        if aligned is None:
+            self.copy_elements(op)
+        else:
+            self.copy_chunks(op, aligned)
         if when is not None:
             self.close()
 
+    def copy_elements(self, op: Op) -> None:
+        tensor, buf = op.operands
+        place = self.smem_element(buf, op.attr("slot"))
+        dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
+        index = self.walk(Flat(tuple(buf.type.dims)))
+        offset, condition = self.address(tensor, op.attr("at"), index)
+        self.line(self.d.copy(dtype, dst, place(index), src, offset, condition))
+        self.close_walk()
+
+    def chunks_aligned(self, op: Op) -> str | None:
+        """The run-time condition under which a copy can move whole 16-byte chunks, or
+        None where its shape rules chunks out: a tile row must be whole chunks, and read
+        along the tensor's contiguous last axis. Every buffer layout keeps a chunk whole."""
+        tensor, buf = op.operands
+        at: Access = op.attr("at")
+        per = CHUNK_BYTES * 8 // buf.type.dtype.bits
+        cols = buf.type.dims[-1].constant
+        if at.axes[-1].index or cols is None or cols % per or len(buf.type.dims) > 2:
+            return None
+        if tensor.id not in self.aligned:
+            name, row = self.forms[tensor.id].name, tensor.type.dims[-1]
+            terms = [f"tsr_aligned16({name})"]
+            if not (row / per).is_integral:
+                terms.append(f"{self.c(row)} % {per} == 0")
+            flag = self.aligned[tensor.id] = self.namer.fresh(f"{name}_aligned")
+            self.declare(flag, f"const bool {flag} = {' && '.join(terms)};")
+        condition = self.aligned[tensor.id]
+        start = at.axes[-1].offset
+        if not (start / per).is_integral:
+            condition += f" && ({self.c(start)}) % {per} == 0"
+        return condition
+
+    def copy_chunks(self, op: Op, aligned: str) -> None:
+        """The copy as 16-byte chunks, one per thread in turn. Where the tensor's rows are
+        ``aligned`` a chunk moves whole: rows are then whole chunks, so a chunk is live
+        or wholly past a ragged edge, where it reads nothing and is zero. Elsewhere the
+        thread copies the chunk's elements one by one, each masked on its own. Both ways
+        share the loop, so that the compiler keeps one set of addresses."""
+        tensor, buf = op.operands
+        at: Access = op.attr("at")
+        place = self.smem_element(buf, op.attr("slot"))
+        dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
+        per = CHUNK_BYTES * 8 // buf.type.dtype.bits
+        *rows, cols = (d.constant for d in buf.type.dims)
+        row_chunks = cols // per
+        chunks = row_chunks * (rows[0] if rows else 1)
+        # A loop the compiler keeps rolled, as the element copies' is: unrolled, it keeps
+        # every chunk's address live across the loop the copy runs ahead in.
+        self.open(f"for (int e = lid; e < {chunks}; e += {self.kernel.threads})")
+        if rows:
+            self.line(f"const int i = e / {row_chunks};")
+            self.line(f"const int j = e % {row_chunks} * {per};")
+        else:
+            self.line(f"const int j = e * {per};")
+        index = ("i", "j") if rows else ("j",)
+        offset, live = self.address(tensor, at, index)
+        source, bytes_ = f"{src} + {offset}", str(CHUNK_BYTES)
+        self.open(f"if ({aligned})")
+        if live:
+            self.line(f"const int bytes = {live} ? {CHUNK_BYTES} : 0;")
+            source, bytes_ = f"bytes ? {src} + {parenthesized(offset)} : {src}", "bytes"
+        function = "tsr_copy_async16" if op.attr("async") and self.d.async_copy else "tsr_copy16"
+        self.line(f"{function}({dst} + {parenthesized(place(index))}, {source}, {bytes_});")
+        self.close()
+        self.otherwise()
+        self.unroll()
+        self.open(f"for (int q = 0; q < {per}; ++q)")
+        element = (*index[:-1], "j + q")
+        offset, condition = self.address(tensor, at, element)
+        self.line(self.d.copy(dtype, dst, place(element), src, offset, condition))
+        self.close()
+        self.close()
+        self.close()
+
     def op_commit(self, op: Op) -> None:
-        """Copies are synchronous here: a copy ahead is done when it is issued, before the
-        ``wait`` and the barrier that the Tile IR puts before its reads."""
+        """The copies ahead issued so far are one group; synchronous copies need nothing."""
+        if self.d.async_copy:
+            self.line("tsr_copy_commit();")
 
     def op_wait(self, op: Op) -> None:
-        """See ``op_commit``."""
+        """Wait for all but the newest ``pending`` groups: the copies of the iteration about
+        to read. The barrier after it makes them visible to every thread."""
+        if self.d.async_copy:
+            self.line(f"tsr_copy_wait<{op.attr('pending')}>();")
 
     def op_read(self, op: Op) -> None:
         buf = op.operands[0]
@@ -459,23 +540,33 @@ class TileOps:
         self.close()
 
     def mma_sync_product(
-        self, function: str, a: Element | str, b: Element, bound: str, acc: str, dist: Fragments
-    ) -> None:
+        self, function: str, a: Element | str, b: Element, bound: str, acc: str, dist: Fragments,
+        steps: int = 1,
+    ) -> None:  # fmt: skip
         """Each warp's m16n8 fragments, one ``mma.sync`` m16n8k16 per fragment and ``k``
         step. Lane ``l`` holds pairs of neighbouring ``k`` (packed in 32 bits, the lower
         ``k`` in the low half): of ``a`` rows ``l / 4`` and ``l / 4 + 8`` of its strip, of
         ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. A
         step loads the warp's ``a`` strips once and streams its ``b`` fragments past
         them: the strips are fewer registers than a warp's ``b`` fragments. ``a`` may
-        be the name of the warp's fragments, loaded already: ``a[kk / 16]`` is the one
-        strip's step ``kk``."""
+        be the name of the warp's fragments, loaded already: ``a[s]`` is the one strip's
+        ``s``-th step of ``steps``. A step's registers are chosen by comparing ``kk``,
+        not indexed by it: an array indexed by a variable of a loop that does not unroll
+        (its bound is the live corner's) would live in local memory."""
         self.place_in_wave()
         row = f"{dist.warp_row}fm * 16 + lane / 4"
         col = f"{dist.warp_col}fn * 8 + lane / 4"
         k = "kk + lane % 4 * 2"
         assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
         self.open(f"for (int kk = 0; {bound}; kk += 16)")
-        if not isinstance(a, str):
+        if isinstance(a, str):
+            choice = f"{a}[0][q]"
+            for step in range(1, steps):
+                choice = f"kk == {step * _WGMMA_K} ? {a}[{step}][q] : {choice}"
+            self.line("unsigned a_step[4];")
+            self.unroll()
+            self.line(f"for (int q = 0; q < 4; ++q) a_step[q] = {choice};")
+        else:
             self.line(f"unsigned a_frag[{dist.fm}][4];")
             self.unroll()
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
@@ -489,7 +580,7 @@ class TileOps:
             pair = f"{b((kq, col))}, {b((f'{kq} + 1', col))}"
             self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
         if isinstance(a, str):
-            self.line(f"{function}(&{acc}[fn * 4], {a}[kk / 16], b_frag);")
+            self.line(f"{function}(&{acc}[fn * 4], a_step, b_frag);")
         else:
             self.unroll()
             slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
@@ -693,7 +784,8 @@ class TileOps:
         else:
             function = _MMA_SYNC[dtype][0]
             bound = self.reduction_bound(op, depth)
-            self.mma_sync_product(function, frag, self.operand(v, op), bound, acc, dist)
+            steps = p_dist.cols // _WGMMA_K
+            self.mma_sync_product(function, frag, self.operand(v, op), bound, acc, dist, steps)
         return True
 
     def row_state(self, x: Value, result: Value, rows: Rows | FragmentRows) -> Form:
