@@ -4,9 +4,9 @@ run on a GPU where there is one.
 Every example and library file compiles warning-free for both archs with nvcc and
 with NVRTC, with no spills and no stack frame; bf16 products and attention run on
 the tensor cores (HMMA on sm_80, HGMMA on sm_90a, in the SASS), and pipelined loops
-copy ahead on cp.async (LDGSTS). The GPU tier
-(``-m gpu``) runs every case of ``reference.py`` against float64, as the OpenCL tier
-does on PoCL.
+copy ahead on cp.async (LDGSTS). Every case of
+``reference.py`` runs against float64 on a GPU simulated on the CPU (``tests/gpusim``),
+and again on a real GPU in the GPU tier (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tessera.runtime.cuda import CudaUnavailable, _cupy, check_arch
 from tessera.runtime.foreign import BIT_CARRIERS
 
 from .conftest import ROOT, SOURCES
+from .gpusim import simulated_cupy
 from .reference import CASES, Case, Placement, check_case, f64
 
 NVCC = shutil.which("nvcc")
@@ -56,6 +57,9 @@ CUOBJDUMP, NVDISASM = _tool("cuobjdump"), _tool("nvdisasm")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
 needs_nvrtc = pytest.mark.skipif(
     _nvrtc() is None, reason="needs NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc)"
+)
+needs_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ (the GPU simulator is built with it)"
 )
 needs_sass_tools = pytest.mark.skipif(
     CUOBJDUMP is None or NVDISASM is None,
@@ -277,6 +281,54 @@ def test_arguments_reach_the_launches_as_the_metadata_orders_them(
         mlp(host["x"], *list(device.values())[1:])
 
 
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_runs_to_the_float64_reference_on_the_simulator(
+    case: Case, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every case as ``tessera.runtime.cuda`` runs it, with the GPU simulated on the CPU
+    (``tests/gpusim``): mma.sync and wgmma as the PTX ISA defines them, cp.async landing
+    only at its wait, shared memory and buffers poisoned first."""
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(arch))
+    check_case(case, "cuda", arch)
+
+
+def _sabotage(source: str, old: str, new: str) -> str:
+    assert old in source, old
+    return source.replace(old, new)
+
+
+#: Kernels broken as a code generator could break them, and the case that must fail.
+SABOTAGED = {
+    "a wait that lets the copy ahead still run": (
+        "gemm:gemm", "sm_80", "tsr_copy_wait<1>();", "tsr_copy_wait<2>();"),
+    "the query tile sharing its bytes with the keys": (
+        "attention:attention", "sm_80", "k_tile_smem = (unsigned short*)(tsr_smem + 32768)",
+        "k_tile_smem = (unsigned short*)(tsr_smem + 0)"),
+    "a wgmma operand read in the wrong major order": (
+        "gemm:gemm", "sm_90a", "_ss<0, 1>", "_ss<0, 0>"),
+}  # fmt: skip
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("broken", sorted(SABOTAGED))
+def test_the_simulator_catches_a_broken_kernel(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator is strict enough to fail on the bugs it is there to find."""
+    case_id, arch, old, new = SABOTAGED[broken]
+    (case,) = [c for c in CASES if c.id == case_id]
+    cupy = simulated_cupy(arch)
+    real = cupy.RawModule
+    cupy.RawModule = lambda code, *args, **kw: real(_sabotage(code, old, new), *args, **kw)
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: cupy)
+    with pytest.raises(AssertionError, match=r"relative error|never written"):
+        check_case(case, "cuda", arch)
+
+
 def no_gpu() -> str | None:
     """Why CUDA code cannot run here, or None."""
     try:
@@ -309,7 +361,8 @@ def _torch_take(t: Any, dtype: np.dtype) -> np.ndarray:
 
 
 def _cupy_put(a: np.ndarray) -> Any:
-    return _cupy().asarray(a.view(BIT_CARRIERS.get(a.dtype, a.dtype)))
+    """A cupy array (the runtime's CuPy: a test may have put the simulated one there)."""
+    return cuda_runtime._cupy().asarray(a.view(BIT_CARRIERS.get(a.dtype, a.dtype)))
 
 
 def _cupy_take(x: Any, dtype: np.dtype) -> np.ndarray:

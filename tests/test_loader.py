@@ -3,11 +3,13 @@
 Its text is pinned per example like every other output, it is formatted as black
 formats it, and it runs: with a stand-in for CuPy that records launches instead of
 making them, its checks and launches must be the ones ``tessera.runtime.cuda`` derives
-from the same metadata.
+from the same metadata; over the simulated GPU of ``tests/gpusim``, and on a GPU where
+there is one, every reference case gives the float64 reference's numbers.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.runtime import cuda as cuda_runtime
 from tessera.runtime.cuda import _cupy
 from tessera.runtime.entry import evaluate
 from tessera.runtime.foreign import BIT_CARRIERS
@@ -26,8 +29,9 @@ from tessera.transpiler.pipeline import Program
 from tessera.transpiler.target.cupy_loader import python_loader
 
 from .conftest import EXAMPLES, ROOT, SOURCES
+from .gpusim import simulated_cupy
 from .reference import CASES, Case, check_case
-from .test_cuda import ARCHS, GPU_TENSOR_CASES, ON_GPU, no_gpu
+from .test_cuda import ARCHS, GPU_TENSOR_CASES, ON_GPU, needs_gxx, no_gpu
 
 GOLDEN = ROOT / "golden"
 
@@ -258,6 +262,31 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     assert not (tmp_path / "mlp.py").exists()
 
 
+def _loader_module(
+    program: Program, tmp_path: Path, cupy: Any, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """A program's CUDA file and loader, written as a project checks them in, and the
+    loader imported over ``cupy``."""
+    (tmp_path / "k.cu").write_text(program.source)
+    (tmp_path / "k_loader.py").write_text(python_loader(program.ir("meta"), "k.cu"))
+    return _import(tmp_path / "k_loader.py", cupy, monkeypatch)
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_loader_runs_to_the_float64_reference_on_the_simulator(
+    case: Case, arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files a downstream project checks in, run with nothing but (a simulated)
+    CuPy on cupy arrays, outputs poisoned first."""
+    cupy = simulated_cupy(arch)
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: cupy)
+    load = functools.partial(_loader_module, tmp_path=tmp_path, cupy=cupy, monkeypatch=monkeypatch)
+    check_case(case, "cuda", arch, placement=ON_GPU["cupy"], load=load)
+
+
 #: Every case through the loader on cupy arrays (bf16 and fp8 as their bits), and the
 #: GPU-tensor cases on torch tensors of their own dtypes.
 LOADER_RUNS = [(c, "cupy") for c in CASES] + [(c, "torch") for c in GPU_TENSOR_CASES]
@@ -277,10 +306,7 @@ def test_loader_runs_to_the_float64_reference(
     poisoned first."""
     if holder == "torch":
         pytest.importorskip("torch", reason="needs torch with CUDA")
-
-    def load(program: Program) -> Any:
-        (tmp_path / "k.cu").write_text(program.source)
-        (tmp_path / "k_loader.py").write_text(python_loader(program.ir("meta"), "k.cu"))
-        return _import(tmp_path / "k_loader.py", _cupy(), monkeypatch)
-
+    load = functools.partial(
+        _loader_module, tmp_path=tmp_path, cupy=_cupy(), monkeypatch=monkeypatch
+    )
     check_case(case, "cuda", arch, placement=ON_GPU[holder], load=load)

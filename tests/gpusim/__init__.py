@@ -1,0 +1,252 @@
+"""Generated CUDA kernels run on the CPU: a simulated GPU and a simulated CuPy over it.
+
+No GPU runs in CI, and most of the CUDA backend is code no other backend shares: warp
+fragments for mma.sync, wgmma descriptors over swizzled shared memory, shuffles,
+cp.async pipelines. So the tests compile each CUDA file with ``g++`` against
+``gpusim.hpp``, which runs a block's threads as fibers and computes what a warp's or a
+warpgroup's instruction would from the PTX ISA's definitions. The kernels are the
+generated ones, unchanged; only the header functions whose bodies are PTX are replaced
+(and the ``extern __shared__`` arena, which becomes the simulator's).
+
+``simulated_cupy(arch)`` stands in for CuPy with host memory: ``RawModule`` builds the
+file this way, and a launch runs every block of the grid. ``tessera.runtime.cuda`` and
+the generated loaders run over it unchanged, so a test checks the whole call: the
+runtime's arguments and buffers, the launches the metadata gives, and the numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["simulated_source", "build", "simulated_cupy", "DeviceArray", "SimulationError"]
+
+HERE = Path(__file__).resolve().parent
+_CACHE = Path(tempfile.gettempdir()) / "tessera-gpusim"
+#: A launch may use this much dynamic shared memory before it asks for more, as in CUDA.
+_DEFAULT_SMEM = 48 * 1024
+_FUNCTION = re.compile(r"^(?:template <[^\n]*>\n)?__device__ inline [^\n(]*?\b(\w+)\(", re.M)
+_KERNEL = re.compile(
+    r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\) \{', re.M
+)
+_ARENA = re.compile(r"extern __shared__ __align__\(\d+\) unsigned char tsr_smem\[\];")
+_WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k16_(bf16|f16)_(ss|rs)")
+_SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
+
+
+class SimulationError(RuntimeError):
+    """The simulated kernel could not be built."""
+
+
+def _body_end(text: str, start: int) -> int:
+    """The index just past the brace that closes the one opening at ``start``; string
+    and character literals (the PTX in ``asm``) are skipped."""
+    depth, i = 0, start
+    while True:
+        c = text[i]
+        if c in "\"'":
+            i += 1
+            while text[i] != c:
+                i += 2 if text[i] == "\\" else 1
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+
+
+def _without_ptx(source: str) -> tuple[str, list[str]]:
+    """The source without the header functions whose bodies are PTX, and their names."""
+    kept, dropped, at = [], [], 0
+    for match in _FUNCTION.finditer(source):
+        if match.start() < at:
+            continue
+        end = _body_end(source, source.index("{", match.end()))
+        if "asm" in source[match.start() : end]:
+            kept.append(source[at : match.start()])
+            dropped.append(match.group(1))
+            at = end
+    kept.append(source[at:])
+    return "".join(kept), dropped
+
+
+def _wgmma_forward(name: str) -> str:
+    """A generated wgmma function, forwarded to the simulator's."""
+    n, dtype, form = _WGMMA.fullmatch(name).groups()  # type: ignore[union-attr]
+    kind = f"tsr_sim::Type::{dtype}"
+    if form == "ss":
+        return (
+            f"template <int TransA, int TransB>\n"
+            f"void {name}(float* d, unsigned long long a, unsigned long long b) {{\n"
+            f"  tsr_sim::wgmma({kind}, {n}, d, nullptr, a, TransA, TransB, b);\n}}\n"
+        )
+    return (
+        f"template <int TransB>\n"
+        f"void {name}(float* d, const unsigned* a, unsigned long long b) {{\n"
+        f"  tsr_sim::wgmma({kind}, {n}, d, a, 0, false, TransB, b);\n}}\n"
+    )
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    name: str
+    params: tuple[tuple[str, str], ...]  # (C type, name)
+
+
+def _kernels(source: str) -> list[_Kernel]:
+    found = []
+    for name, params in _KERNEL.findall(source):
+        parsed = []
+        for param in params.split(", "):
+            ctype, pname = param.replace(" __restrict__", "").rsplit(" ", 1)
+            parsed.append((ctype.removeprefix("const "), pname))
+        found.append(_Kernel(name, tuple(parsed)))
+    return found
+
+
+def simulated_source(source: str) -> str:
+    """A generated CUDA file as C++ for the simulator, with a launcher per kernel:
+    ``tsr_sim_<kernel>(grid x, y, z, threads, dynamic smem bytes, arguments...)``."""
+    text, dropped = _without_ptx(source)
+    text = _ARENA.sub("unsigned char* const tsr_smem = tsr_sim::block->smem;", text)
+    forwards = [_wgmma_forward(name) for name in dropped if _WGMMA.fullmatch(name)]
+    launchers = []
+    for k in _kernels(source):
+        params = ", ".join(f"{t} {n}" for t, n in k.params)
+        args = ", ".join(n for _, n in k.params)
+        launchers.append(
+            f'extern "C" void tsr_sim_{k.name}(unsigned gx, unsigned gy, unsigned gz, '
+            f"unsigned threads, unsigned long long smem, {params}) {{\n"
+            f"  tsr_sim::launch({{gx, gy, gz}}, threads, smem, [&] {{ {k.name}({args}); }});\n}}\n"
+        )
+    head, _, rest = text.partition("\n// end of the Tessera tile primitives")
+    return "\n".join(
+        ['#include "gpusim.hpp"', head, *forwards, "// end of the Tessera tile primitives" + rest,
+         *launchers]
+    )  # fmt: skip
+
+
+def build(source: str) -> tuple[ctypes.CDLL, list[_Kernel]]:
+    """The simulated module of a CUDA file (built once per source) and its kernels."""
+    text = simulated_source(source)
+    header = (HERE / "gpusim.hpp").read_text()
+    key = hashlib.sha256((text + header).encode()).hexdigest()[:24]
+    _CACHE.mkdir(parents=True, exist_ok=True)
+    library = _CACHE / f"{key}.so"
+    if not library.exists():
+        cpp = _CACHE / f"{key}.cpp"
+        cpp.write_text(text)
+        done = subprocess.run(
+            ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{HERE}", str(cpp),
+             "-o", str(library.with_suffix(".tmp"))],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SimulationError(f"building {cpp} for the simulator failed:\n{done.stderr}")
+        library.with_suffix(".tmp").rename(library)
+    return ctypes.CDLL(str(library)), _kernels(source)
+
+
+class DeviceArray:
+    """An array in the simulated GPU's memory: host memory, so that addresses are real.
+    It shows what CuPy's arrays show a caller (shape, dtype, flags)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self.shape, self.dtype, self.ndim, self.flags = (
+            data.shape,
+            data.dtype,
+            data.ndim,
+            data.flags,
+        )
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self.data.__array_interface__ | {"version": 3, "stream": None}
+
+    def get(self, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return self.data.copy()
+        out[...] = self.data
+        return out
+
+
+class _Launcher:
+    """A kernel of a simulated module, called as CuPy's ``RawKernel`` is."""
+
+    def __init__(self, function: Any, kernel: _Kernel) -> None:
+        function.restype = None
+        function.argtypes = (
+            [ctypes.c_uint] * 4
+            + [ctypes.c_ulonglong]
+            + [ctypes.c_void_p if t.endswith("*") else _SCALARS[t] for t, _ in kernel.params]
+        )
+        self.function = function
+        self.name = kernel.name
+        self.max_dynamic_shared_size_bytes = _DEFAULT_SMEM
+
+    def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
+        if shared_mem > self.max_dynamic_shared_size_bytes:
+            raise RuntimeError(
+                f"{self.name}: {shared_mem} bytes of dynamic shared memory, but the kernel "
+                f"allows {self.max_dynamic_shared_size_bytes}"
+            )
+        values = [a.data.ctypes.data if isinstance(a, DeviceArray) else a.item() for a in args]
+        self.function(*grid, block[0], shared_mem, *values)
+
+
+class _Module:
+    def __init__(self, code: str, options: tuple[str, ...] = (), backend: str = "nvrtc") -> None:
+        library, kernels = build(code)
+        self._launchers = {k.name: _Launcher(getattr(library, f"tsr_sim_{k.name}"), k)
+                           for k in kernels}  # fmt: skip
+
+    def get_function(self, name: str) -> _Launcher:
+        return self._launchers[name]
+
+
+def simulated_cupy(arch: str) -> Any:
+    """The parts of CuPy that Tessera's runtime and loaders use, over the simulator, for
+    a GPU of ``arch``'s compute capability."""
+    capability = arch.removeprefix("sm_").rstrip("a")
+    stream = SimpleNamespace(ptr=0)
+    gpu = SimpleNamespace(id=0, compute_capability=capability)
+    return SimpleNamespace(
+        cuda=SimpleNamespace(get_current_stream=lambda: stream, Device=lambda: gpu),
+        RawModule=_Module,
+        RawKernel=_Launcher,
+        ndarray=DeviceArray,
+        dtype=np.dtype,
+        uint8=np.uint8,
+        int32=np.int32,
+        int64=np.int64,
+        float32=np.float32,
+        asarray=_asarray,
+        empty=lambda shape, dtype: DeviceArray(_poisoned(shape, dtype)),
+    )
+
+
+def _asarray(x: Any) -> DeviceArray:
+    """A copy of a host array on the simulated GPU, or a device array as it is."""
+    if isinstance(x, DeviceArray):
+        return x
+    if isinstance(x, np.ndarray):
+        return DeviceArray(x.copy())
+    raise TypeError(f"the simulated GPU holds no {type(x).__name__}")
+
+
+def _poisoned(shape: Any, dtype: Any) -> np.ndarray:
+    a = np.empty(shape, dtype)
+    a.reshape(-1).view(np.uint8)[...] = 0xFF
+    return a

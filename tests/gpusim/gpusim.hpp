@@ -1,0 +1,486 @@
+// A CUDA thread block, simulated on the CPU, for the generated kernels' tests.
+//
+// The package beside it compiles a CUDA file that tesserac wrote with this header in
+// place of the functions whose bodies are PTX (the numerics' cvt, cp.async, mma.sync,
+// wgmma), so that the kernels run here as written, on host memory, a block at a time.
+// Each thread of a block is a fiber (ucontext): it runs until it must wait for others
+// (a barrier, a warp's shuffle or mma, a warpgroup's wgmma), then the next one runs.
+// What the hardware does for a warp or a warpgroup is computed here from the PTX ISA's
+// definitions, written independently of the emitter that targets them:
+//
+//   mma.sync.m16n8k16.row.col   "Matrix Fragments for mma.m16n8k16 with floating point
+//                               type": lane l = 4 g + t holds a's (g, 2t..2t+1),
+//                               (g+8, ..), (g, 2t+8..), (g+8, 2t+8..); b's (2t..2t+1, g),
+//                               (2t+8.., g); c's (g, 2t..2t+1), (g+8, 2t..2t+1).
+//   wgmma.mma_async m64nNk16    warp w of the warpgroup owns rows 16w..16w+15 of d, in
+//                               the m16n8 layout above repeated along n; a from
+//                               registers is mma.sync's a for those rows; operands in
+//                               shared memory are read through matrix descriptors in
+//                               the canonical layouts of the 128-byte swizzle.
+//
+// The simulation is strict where hardware forgives by luck: shared memory starts as
+// 0xff bytes (NaN in every float format), a cp.async lands only at the wait that
+// covers it and a wgmma only at its wait, and threads of a warp that meet different
+// collectives, or a barrier that not every thread reaches, stop the run with a message.
+
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <math.h>
+
+namespace tsr_sim {
+
+struct Index3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "gpusim: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// A group of threads that meet at a collective (a warp, a warpgroup, the block): each
+// leaves its argument; the last to arrive runs the collective for all of them.
+struct Meeting {
+  int arrived = 0;
+  unsigned generation = 0;
+  const char* kind = nullptr;
+  std::vector<void*> args;
+};
+
+// One cp.async: 16 bytes read when issued, written when a wait covers it.
+struct PendingCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+
+enum class Type { bf16, f16 };
+
+// One thread's part of a wgmma: where its accumulators are, and its a registers.
+struct WgmmaPart {
+  float* d;
+  unsigned a[4];
+};
+
+// A wgmma issued by a warpgroup and not yet waited for.
+struct Wgmma {
+  Type type;
+  int n;
+  bool a_in_registers, trans_a, trans_b;
+  std::uint64_t a_desc, b_desc;
+  std::vector<WgmmaPart> parts;  // by thread of the warpgroup
+};
+
+struct Thread {
+  ucontext_t context;
+  std::unique_ptr<char[]> stack;
+  Index3 index;
+  bool done = false;
+  // cp.async groups: committed ones, oldest first, and the one being issued
+  std::vector<std::vector<PendingCopy>> committed;
+  std::vector<PendingCopy> open;
+};
+
+constexpr std::size_t kStackBytes = 256 * 1024;
+
+struct Block {
+  std::vector<Thread> threads;
+  ucontext_t scheduler;
+  std::function<void()> body;
+  unsigned char* smem = nullptr;  // the dynamic arena, 1024-byte aligned
+  std::size_t smem_bytes = 0;
+  std::map<std::pair<int, int>, Meeting> meetings;  // (group size, group) -> meeting
+  std::map<int, std::vector<Wgmma>> wgmma;          // issued, not waited for, by warpgroup
+  unsigned long long events = 0;                    // arrivals and completions
+};
+
+inline Block* block = nullptr;
+inline Thread* self = nullptr;
+inline Index3 block_index, grid_dim, block_dim;
+
+inline void yield() { swapcontext(&self->context, &block->scheduler); }
+
+inline int thread_id() { return static_cast<int>(self->index.x); }
+
+// The calling thread meets the others of its group of `size` (32: a warp, 128: a
+// warpgroup, the block's thread count: all) at a collective of `kind`; the last to
+// arrive runs `act` over everyone's arguments, then all go on.
+template <class Act>
+void meet(int size, const char* kind, void* arg, Act&& act) {
+  const int id = thread_id();
+  Meeting& m = block->meetings[{size, id / size}];
+  if (m.arrived == 0) {
+    m.kind = kind;
+    m.args.assign(static_cast<std::size_t>(size), nullptr);
+  } else if (std::strcmp(m.kind, kind) != 0) {
+    std::fprintf(stderr, "gpusim: thread %d reaches %s while its group waits at %s\n", id, kind,
+                 m.kind);
+    fail("threads of a group diverged at a collective");
+  }
+  m.args[static_cast<std::size_t>(id % size)] = arg;
+  ++block->events;
+  if (++m.arrived == size) {
+    act(m.args);
+    m.arrived = 0;
+    ++m.generation;
+    return;
+  }
+  const unsigned generation = m.generation;
+  while (m.generation == generation) yield();
+}
+
+inline void trampoline() {
+  block->body();
+  self->done = true;
+  ++block->events;
+}
+
+// Runs `body` as every thread of every block of the grid, blocks one after another.
+inline void launch(Index3 grid, unsigned threads, std::size_t smem_bytes,
+                   const std::function<void()>& body) {
+  if (threads % 32) fail("a block of threads that is not whole warps");
+  std::vector<unsigned char> arena(smem_bytes + 1024);
+  auto base = reinterpret_cast<std::uintptr_t>(arena.data());
+  auto* smem = arena.data() + ((1024 - base % 1024) % 1024);
+  grid_dim = grid;
+  block_dim = Index3{threads, 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block b;
+        b.body = body;
+        b.smem = smem;
+        b.smem_bytes = smem_bytes;
+        std::memset(smem, 0xff, smem_bytes);
+        block = &b;
+        block_index = Index3{x, y, z};
+        b.threads.resize(threads);
+        for (unsigned t = 0; t < threads; ++t) {
+          Thread& th = b.threads[t];
+          th.index = Index3{t, 0, 0};
+          th.stack.reset(new char[kStackBytes]);
+          getcontext(&th.context);
+          th.context.uc_stack.ss_sp = th.stack.get();
+          th.context.uc_stack.ss_size = kStackBytes;
+          th.context.uc_link = &b.scheduler;
+          makecontext(&th.context, trampoline, 0);
+        }
+        for (;;) {
+          const unsigned long long before = b.events;
+          bool live = false;
+          for (Thread& th : b.threads) {
+            if (th.done) continue;
+            live = true;
+            self = &th;
+            swapcontext(&b.scheduler, &th.context);
+          }
+          if (!live) break;
+          if (b.events == before) fail("deadlock: threads wait at collectives that never fill");
+        }
+        block = nullptr;
+        self = nullptr;
+      }
+}
+
+// ------------------------------------------------------------------ CUDA's names
+
+inline void syncthreads() {
+  meet(static_cast<int>(block_dim.x), "__syncthreads", nullptr, [](std::vector<void*>&) {});
+}
+
+template <class T>
+T shfl_xor(unsigned mask, T value, int lane_mask) {
+  if (mask != 0xffffffffu) fail("__shfl_xor_sync with a partial mask");
+  struct Arg {
+    T in, out;
+    int lane_mask;
+  } arg{value, value, lane_mask};
+  meet(32, "__shfl_xor_sync", &arg, [](std::vector<void*>& args) {
+    for (std::size_t l = 0; l < 32; ++l) {
+      auto* a = static_cast<Arg*>(args[l]);
+      a->out = static_cast<Arg*>(args[l ^ static_cast<std::size_t>(a->lane_mask)])->in;
+    }
+  });
+  return arg.out;
+}
+
+inline unsigned cvta_shared(const void* p) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < block->smem || c >= block->smem + block->smem_bytes)
+    fail("a shared-memory address outside the dynamic arena");
+  return static_cast<unsigned>(c - block->smem);
+}
+
+template <class To, class From>
+To bits(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
+// ------------------------------------------------------------------ numbers
+
+inline float bf16_value(std::uint16_t b) {
+  return bits<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+inline float f16_value(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float magnitude;
+  if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  else if (exponent == 31)
+    magnitude = mantissa ? NAN : INFINITY;
+  else
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
+  return bits<float>(bits<std::uint32_t>(magnitude) | sign);
+}
+
+// cvt.rn.f16.f32: round to nearest even, overflow to infinity, subnormals kept.
+inline std::uint16_t f16_bits(float value) {
+  const std::uint32_t sign = (bits<std::uint32_t>(value) >> 16) & 0x8000u;
+  const float a = std::fabs(value);
+  if (std::isnan(value)) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 65520.0f) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  int exponent;
+  std::frexp(a, &exponent);  // a = f * 2^exponent, f in [0.5, 1)
+  const int step = std::max(exponent - 11, -24);  // the spacing of f16 values near a
+  const float units = std::nearbyint(std::ldexp(a, -step));  // ties to even
+  const float rounded = std::ldexp(units, step);
+  int e;
+  std::frexp(rounded, &e);
+  std::uint32_t out;
+  if (rounded == 0.0f)
+    out = 0;
+  else if (e - 1 < -14)  // subnormal
+    out = static_cast<std::uint32_t>(std::ldexp(rounded, 24));
+  else
+    out = static_cast<std::uint32_t>((e - 1 + 15) << 10) |
+          (static_cast<std::uint32_t>(std::ldexp(rounded, 11 - e)) & 0x3ffu);
+  return static_cast<std::uint16_t>(sign | out);
+}
+
+inline float value(Type type, std::uint16_t b) {
+  return type == Type::bf16 ? bf16_value(b) : f16_value(b);
+}
+
+// The two 16-bit elements of a register: the lower index in the low half.
+inline float low(Type type, unsigned pair) {
+  return value(type, static_cast<std::uint16_t>(pair));
+}
+inline float high(Type type, unsigned pair) {
+  return value(type, static_cast<std::uint16_t>(pair >> 16));
+}
+
+// ------------------------------------------------------------------ cp.async
+
+inline void copy_async16(void* dst, const void* src, int bytes) {
+  cvta_shared(dst);
+  PendingCopy c{static_cast<unsigned char*>(dst), {}};
+  if (bytes != 0 && bytes != 16) fail("cp.async with a source size other than 0 or 16");
+  if (bytes) std::memcpy(c.bytes, src, 16);
+  self->open.push_back(c);
+}
+
+inline void copy_commit() {
+  self->committed.push_back(std::move(self->open));
+  self->open.clear();
+}
+
+inline void copy_wait(int pending) {
+  auto& groups = self->committed;
+  while (static_cast<int>(groups.size()) > pending) {
+    for (const PendingCopy& c : groups.front()) std::memcpy(c.dst, c.bytes, 16);
+    groups.erase(groups.begin());
+  }
+}
+
+// ------------------------------------------------------------------ mma.sync
+
+inline void mma_m16n8k16(Type type, float* d, const unsigned* a, const unsigned* b) {
+  struct Arg {
+    float* d;
+    const unsigned* a;
+    const unsigned* b;
+  } arg{d, a, b};
+  meet(32, "mma.sync.m16n8k16", &arg, [type](std::vector<void*>& args) {
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      const int g = l / 4, t = l % 4;
+      for (int q = 0; q < 4; ++q) {
+        const int row = g + (q % 2) * 8, col = 2 * t + (q / 2) * 8;
+        A[row][col] = low(type, x->a[q]);
+        A[row][col + 1] = high(type, x->a[q]);
+      }
+      for (int q = 0; q < 2; ++q) {
+        B[2 * t + q * 8][g] = low(type, x->b[q]);
+        B[2 * t + q * 8 + 1][g] = high(type, x->b[q]);
+      }
+    }
+    for (int l = 0; l < 32; ++l) {
+      auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      const int g = l / 4, t = l % 4;
+      for (int q = 0; q < 4; ++q) {
+        const int row = g + (q / 2) * 8, col = 2 * t + q % 2;
+        float sum = x->d[q];
+        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+        x->d[q] = sum;
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------ wgmma
+
+// The 16-bit element (mn, k) of an operand that a matrix descriptor describes: the
+// operand's start, its leading and stride byte offsets, in the 128-byte swizzle. K-major:
+// rows of the m or n axis 128 bytes apart, eight-row groups `stride` apart, k along the
+// row. MN-major: the other way round, 64 of m or n along a 128-byte row, the next 64
+// `leading` bytes on, eight k rows per 1024 bytes, the next eight `stride` on. The
+// swizzle XORs address bits 4-6 (the 16-byte chunk of a 128-byte row) with bits 7-9.
+inline std::uint16_t described(std::uint64_t desc, bool mn_major, int mn, int k) {
+  const unsigned start = static_cast<unsigned>(desc & 0x3fff) << 4;
+  const unsigned leading = static_cast<unsigned>((desc >> 16) & 0x3fff) << 4;
+  const unsigned stride = static_cast<unsigned>((desc >> 32) & 0x3fff) << 4;
+  if ((desc >> 62) != 1) fail("a matrix descriptor without the 128-byte swizzle");
+  if (((desc >> 49) & 7) != 0) fail("a matrix descriptor with a base offset");
+  const auto u = [](int x) { return static_cast<unsigned>(x); };
+  unsigned address;
+  if (mn_major)
+    address = start + u(mn / 64) * leading + u(mn % 64) * 2 + u(k / 8) * stride + u(k % 8) * 128;
+  else
+    address = start + u(mn / 8) * stride + u(mn % 8) * 128 + u(k) * 2;
+  address ^= ((address >> 7) & 7) << 4;
+  if (address + 2 > block->smem_bytes) fail("a wgmma operand read past the dynamic arena");
+  std::uint16_t element;
+  std::memcpy(&element, block->smem + address, 2);
+  return element;
+}
+
+inline void run(const Wgmma& w) {
+  std::vector<float> A(64 * 16), B(16 * static_cast<std::size_t>(w.n));
+  for (int m = 0; m < 64; ++m)
+    for (int k = 0; k < 16; ++k) {
+      if (w.a_in_registers) {  // mma.sync's a for warp m / 16
+        const int l = (m % 16) % 8 * 4 + (k % 8) / 2, q = (m % 16) / 8 + (k / 8) * 2;
+        const unsigned pair = w.parts[static_cast<std::size_t>(m / 16 * 32 + l)].a[q];
+        A[m * 16 + k] = k % 2 ? high(w.type, pair) : low(w.type, pair);
+      } else {
+        A[m * 16 + k] = value(w.type, described(w.a_desc, w.trans_a, m, k));
+      }
+    }
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < w.n; ++n)
+      B[k * w.n + n] = value(w.type, described(w.b_desc, w.trans_b, n, k));
+  for (int t = 0; t < 128; ++t) {
+    const int warp = t / 32, l = t % 32, g = l / 4, lane_t = l % 4;
+    float* d = w.parts[static_cast<std::size_t>(t)].d;
+    for (int i = 0; i < w.n / 2; ++i) {
+      const int row = warp * 16 + g + ((i % 4) / 2) * 8, col = (i / 4) * 8 + 2 * lane_t + i % 2;
+      float sum = d[i];
+      for (int k = 0; k < 16; ++k) sum += A[row * 16 + k] * B[k * w.n + col];
+      d[i] = sum;
+    }
+  }
+}
+
+inline void wgmma(Type type, int n, float* d, const unsigned* a_registers, std::uint64_t a_desc,
+                  bool trans_a, bool trans_b, std::uint64_t b_desc) {
+  WgmmaPart part{d, {}};
+  if (a_registers) std::copy(a_registers, a_registers + 4, part.a);
+  Wgmma w{type, n, a_registers != nullptr, trans_a, trans_b, a_desc, b_desc, {}};
+  struct Arg {
+    WgmmaPart* part;
+    Wgmma* w;
+  } arg{&part, &w};
+  meet(128, "wgmma.mma_async", &arg, [](std::vector<void*>& args) {
+    auto* first = static_cast<Arg*>(args[0]);
+    Wgmma issue = *first->w;
+    for (void* p : args) {
+      auto* x = static_cast<Arg*>(p);
+      if (x->w->a_desc != issue.a_desc || x->w->b_desc != issue.b_desc)
+        fail("threads of a warpgroup give one wgmma different descriptors");
+      issue.parts.push_back(*x->part);
+    }
+    issue.parts.shrink_to_fit();
+    block->wgmma[thread_id() / 128].push_back(std::move(issue));
+  });
+}
+
+inline void wgmma_wait() {
+  meet(128, "wgmma.wait_group", nullptr, [](std::vector<void*>&) {
+    auto& pending = block->wgmma[thread_id() / 128];
+    for (const Wgmma& w : pending) run(w);
+    pending.clear();
+  });
+}
+
+}  // namespace tsr_sim
+
+// ------------------------------------------------------------------ the kernels' CUDA
+
+#define __global__
+#define __device__
+#define __launch_bounds__(threads)
+#define __align__(bytes) __attribute__((aligned(bytes)))
+#define __shared__ static
+#define threadIdx (tsr_sim::self->index)
+#define blockIdx (tsr_sim::block_index)
+#define blockDim (tsr_sim::block_dim)
+#define gridDim (tsr_sim::grid_dim)
+
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+using std::isinf;
+using std::isnan;
+
+inline void __syncthreads() { tsr_sim::syncthreads(); }
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  return tsr_sim::shfl_xor(mask, value, lane_mask);
+}
+inline unsigned __cvta_generic_to_shared(const void* p) { return tsr_sim::cvta_shared(p); }
+inline float __int_as_float(int x) { return tsr_sim::bits<float>(x); }
+inline float __uint_as_float(unsigned x) { return tsr_sim::bits<float>(x); }
+inline unsigned __float_as_uint(float x) { return tsr_sim::bits<unsigned>(x); }
+inline int __float_as_int(float x) { return tsr_sim::bits<int>(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// The tile primitives whose CUDA bodies are PTX.
+inline float tsr_f16_to_float(unsigned short bits) { return tsr_sim::f16_value(bits); }
+inline unsigned short tsr_float_to_f16(float value) { return tsr_sim::f16_bits(value); }
+inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
+  tsr_sim::copy_async16(dst, src, bytes);
+}
+inline void tsr_copy_commit() { tsr_sim::copy_commit(); }
+template <int Pending>
+void tsr_copy_wait() {
+  tsr_sim::copy_wait(Pending);
+}
+inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
+  tsr_sim::mma_m16n8k16(tsr_sim::Type::bf16, d, a, b);
+}
+inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
+  tsr_sim::mma_m16n8k16(tsr_sim::Type::f16, d, a, b);
+}
+inline void tsr_wgmma_fence() {}
+inline void tsr_wgmma_commit() {}
+inline void tsr_wgmma_wait() { tsr_sim::wgmma_wait(); }
+inline void tsr_fence_async_shared() {}
