@@ -136,13 +136,17 @@ def test_compiles_with_nvrtc_as_it_is(path: str, arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
 def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path) -> None:
-    """sm_80 multiplies on mma.sync (HMMA); sm_90a on wgmma (HGMMA) alone, with steps
-    that add to the accumulator (its input register is its output, not RZ)."""
+    """sm_80 multiplies on mma.sync (HMMA), its operands loaded from shared memory with
+    ldmatrix (LDSM; transposed, MT88, for an operand stored the other way round); sm_90a
+    on wgmma (HGMMA) alone, with steps that add to the accumulator (its input register
+    is its output, not RZ)."""
     cubin, _ = _nvcc(path, arch, tmp_path)
     sass = cuobjdump("-sass", cubin)
     hmma = re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)
     if arch == "sm_80":
         assert hmma, f"{path}: no bf16 HMMA"
+        assert re.search(r"\bLDSM\.16\.M88\.4\b", sass), f"{path}: no ldmatrix of a"
+        assert re.search(r"\bLDSM\.16\.MT88\.2\b", sass), f"{path}: no ldmatrix.trans of b"
         return
     assert not hmma, f"{path}: products left on mma.sync"
     hgmma = re.findall(r"\bHGMMA\.64x\d+x16\.F32\.BF16 (R\d+), ([^;]*);", sass)
@@ -309,6 +313,8 @@ SABOTAGED = {
         "k_tile_smem = (unsigned short*)(tsr_smem + 0)"),
     "a wgmma operand read in the wrong major order": (
         "gemm:gemm", "sm_90a", "_ss<0, 1>", "_ss<0, 0>"),
+    "an ldmatrix of a row-major b without .trans": (
+        "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip
 
 

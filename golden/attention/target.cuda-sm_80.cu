@@ -70,6 +70,33 @@ __device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;"
 template <int Pending>
 __device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
 
+// ---------------------------------------------------------------- matrix loads
+
+// ldmatrix: the warp loads `count` 8x8 matrices of 16-bit elements from shared memory,
+// lane 8j + r giving the address of row r of matrix j (16 contiguous bytes). Register j
+// of lane l holds elements 2 (l % 4) and 2 (l % 4) + 1 of row l / 4 of matrix j; with
+// _trans, those of column l / 4 (rows 2 (l % 4) and 2 (l % 4) + 1).
+__device__ inline void tsr_ldmatrix_x4(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x4_trans(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x2(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x2_trans(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+}
+
 // ---------------------------------------------------------------- tensor cores
 
 // d += a @ b on one warp's m16n8 fragment: `a` is the lane's four registers of the
@@ -226,16 +253,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       unsigned a_frag[1][4];
       #pragma unroll
       for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], q_tile_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x4(a_frag[fm], q_tile_smem + ((wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(k_tile_smem[((nblk) % 2 * 32 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], k_tile_smem[((nblk) % 2 * 32 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        b_frag[1] = tsr_pack_b16(k_tile_smem[((nblk) % 2 * 32 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], k_tile_smem[((nblk) % 2 * 32 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x2(b_frag, k_tile_smem + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
         #pragma unroll
         for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
       }
@@ -324,8 +347,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], v_tile_smem[((nblk) % 2 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
+        tsr_ldmatrix_x2_trans(b_frag, v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }
@@ -476,16 +498,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       unsigned a_frag[1][4];
       #pragma unroll
       for (int fm = 0; fm < 1; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Qb_smem[(wave * 16 + fm * 16 + lane / 4 + 8) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + fm * 16 + lane / 4 + 8) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x4(a_frag[fm], Qb_smem + ((wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(Kb_smem[((nblk) % 2 * 64 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2) % 8], Kb_smem[((nblk) % 2 * 64 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        b_frag[1] = tsr_pack_b16(Kb_smem[((nblk) % 2 * 64 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8) % 8], Kb_smem[((nblk) % 2 * 64 + fn * 8 + lane / 4) * 128 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (fn * 8 + lane / 4) % 8) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x2(b_frag, Kb_smem + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
         #pragma unroll
         for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
@@ -576,8 +594,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 8) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (fn * 8 + lane / 4) % 8], Vb_smem[((nblk) % 2 * 64 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (fn * 8 + lane / 4) % 8]);
+        tsr_ldmatrix_x2_trans(b_frag, Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }

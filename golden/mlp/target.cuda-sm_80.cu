@@ -46,11 +46,6 @@ __device__ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// ---------------------------------------------------------------- operand registers
-
-// Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
-
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -80,6 +75,33 @@ __device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;"
 // then makes every thread's finished copies visible.
 template <int Pending>
 __device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+
+// ---------------------------------------------------------------- matrix loads
+
+// ldmatrix: the warp loads `count` 8x8 matrices of 16-bit elements from shared memory,
+// lane 8j + r giving the address of row r of matrix j (16 contiguous bytes). Register j
+// of lane l holds elements 2 (l % 4) and 2 (l % 4) + 1 of row l / 4 of matrix j; with
+// _trans, those of column l / 4 (rows 2 (l % 4) and 2 (l % 4) + 1).
+__device__ inline void tsr_ldmatrix_x4(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x4_trans(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x2(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+}
+__device__ inline void tsr_ldmatrix_x2_trans(unsigned* r, const void* row) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+}
 
 // ---------------------------------------------------------------- tensor cores
 
@@ -230,16 +252,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
+        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
@@ -387,16 +405,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
+        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
@@ -544,16 +558,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-        a_frag[fm][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-        a_frag[fm][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
-        b_frag[1] = tsr_pack_b16(b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8], b_tile_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 8 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 8 + (wave % 2 * 64 + fn * 8 + lane / 4) % 8]);
+        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }

@@ -1,10 +1,11 @@
 // A CUDA thread block, simulated on the CPU, for the generated kernels' tests.
 //
 // The package beside it compiles a CUDA file that tesserac wrote with this header in
-// place of the functions whose bodies are PTX (the numerics' cvt, cp.async, mma.sync,
-// wgmma), so that the kernels run here as written, on host memory, a block at a time.
-// Each thread of a block is a fiber (ucontext): it runs until it must wait for others
-// (a barrier, a warp's shuffle or mma, a warpgroup's wgmma), then the next one runs.
+// place of the functions whose bodies are PTX (the numerics' cvt, cp.async, ldmatrix,
+// mma.sync, wgmma), so that the kernels run here as written, on host memory, a block at
+// a time. Each thread of a block is a fiber (ucontext): it runs until it must wait for
+// others (a barrier, a warp's shuffle, ldmatrix or mma, a warpgroup's wgmma), then the
+// next one runs.
 // What the hardware does for a warp or a warpgroup is computed here from the PTX ISA's
 // definitions, written independently of the emitter that targets them:
 //
@@ -309,6 +310,33 @@ inline void copy_wait(int pending) {
   }
 }
 
+// ------------------------------------------------------------------ ldmatrix
+
+// ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lane 8j + r gives the address of
+// row r of matrix j; register j of lane l = 4g + t gets elements (g, 2t) and (g, 2t + 1)
+// of matrix j, or with .trans (2t, g) and (2t + 1, g), the lower in the low half.
+inline void ldmatrix(int count, bool trans, unsigned* r, const void* row) {
+  cvta_shared(row);
+  if (reinterpret_cast<std::uintptr_t>(row) % 16) fail("an ldmatrix row not 16-byte aligned");
+  struct Arg {
+    unsigned* r;
+    const void* row;
+  } arg{r, row};
+  meet(32, "ldmatrix", &arg, [count, trans](std::vector<void*>& args) {
+    for (int j = 0; j < count; ++j) {
+      std::uint16_t m[8][8];
+      for (int i = 0; i < 8; ++i)
+        std::memcpy(m[i], static_cast<Arg*>(args[static_cast<std::size_t>(8 * j + i)])->row, 16);
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        const unsigned lo = trans ? m[2 * t][g] : m[g][2 * t];
+        const unsigned hi = trans ? m[2 * t + 1][g] : m[g][2 * t + 1];
+        static_cast<Arg*>(args[static_cast<std::size_t>(l)])->r[j] = lo | hi << 16;
+      }
+    }
+  });
+}
+
 // ------------------------------------------------------------------ mma.sync
 
 inline void mma_m16n8k16(Type type, float* d, const unsigned* a, const unsigned* b) {
@@ -473,6 +501,14 @@ inline void tsr_copy_commit() { tsr_sim::copy_commit(); }
 template <int Pending>
 void tsr_copy_wait() {
   tsr_sim::copy_wait(Pending);
+}
+inline void tsr_ldmatrix_x4(unsigned* r, const void* row) { tsr_sim::ldmatrix(4, false, r, row); }
+inline void tsr_ldmatrix_x4_trans(unsigned* r, const void* row) {
+  tsr_sim::ldmatrix(4, true, r, row);
+}
+inline void tsr_ldmatrix_x2(unsigned* r, const void* row) { tsr_sim::ldmatrix(2, false, r, row); }
+inline void tsr_ldmatrix_x2_trans(unsigned* r, const void* row) {
+  tsr_sim::ldmatrix(2, true, r, row);
 }
 inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
   tsr_sim::mma_m16n8k16(tsr_sim::Type::bf16, d, a, b);

@@ -352,7 +352,8 @@ class TileOps:
         lie there in its layout, else through the operands' elements."""
         a_view, b_view, depth = self.views.get(a.id), self.views.get(b.id), a.type.dims[1]
         if not self.wgmma_ready(op, dist, depth, b_view):
-            self.product(op, self.operand(a, op), self.operand(b, op), depth, acc, dist)
+            views = (self.loadable(op, a_view), self.loadable(op, b_view))
+            self.product(op, self.operand(a, op), self.operand(b, op), depth, acc, dist, views)
             return
         assert b_view is not None and isinstance(dist, Fragments) and depth.constant is not None
         if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
@@ -405,17 +406,20 @@ class TileOps:
         return lambda index: from_float.format(x=element(index))
 
     def product(
-        self, op: Op, a: Element, b: Element, depth: Dim, acc: str, dist: Grid | Fragments
-    ) -> None:
+        self, op: Op, a: Element, b: Element, depth: Dim, acc: str, dist: Grid | Fragments,
+        views: tuple[SmemView | None, SmemView | None] = (None, None),
+    ) -> None:  # fmt: skip
         """``acc += a @ b``; the reduction stops at the live corner, since the operands
-        are zero past it."""
+        are zero past it. ``views`` are the operands that ``mma.sync`` may load with
+        ``ldmatrix``."""
         bound = self.reduction_bound(op, depth)
         inst = op.attr("mma").inst
         if isinstance(dist, Fragments) and inst in _MFMA:
             self.mfma_product(inst, a, b, bound, acc, dist)
             return
         if isinstance(dist, Fragments):
-            self.mma_sync_product(_MMA_SYNC[_mma_sync_dtype(inst) or ""][0], a, b, bound, acc, dist)
+            function = _MMA_SYNC[_mma_sync_dtype(inst) or ""][0]
+            self.mma_sync_product(function, views[0] or a, views[1] or b, bound, acc, dist)
             return
         rm, rn = dist.rm, dist.rn
         self.place_in_grid()
@@ -540,22 +544,24 @@ class TileOps:
         self.close()
 
     def mma_sync_product(
-        self, function: str, a: Element | str, b: Element, bound: str, acc: str, dist: Fragments,
-        steps: int = 1,
+        self, function: str, a: SmemView | Element | str, b: SmemView | Element, bound: str,
+        acc: str, dist: Fragments, steps: int = 1,
     ) -> None:  # fmt: skip
         """Each warp's m16n8 fragments, one ``mma.sync`` m16n8k16 per fragment and ``k``
         step. Lane ``l`` holds pairs of neighbouring ``k`` (packed in 32 bits, the lower
         ``k`` in the low half): of ``a`` rows ``l / 4`` and ``l / 4 + 8`` of its strip, of
         ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. A
         step loads the warp's ``a`` strips once and streams its ``b`` fragments past
-        them: the strips are fewer registers than a warp's ``b`` fragments. ``a`` may
-        be the name of the warp's fragments, loaded already: ``a[s]`` is the one strip's
-        ``s``-th step of ``steps``. A step's registers are chosen by comparing ``kk``,
-        not indexed by it: an array indexed by a variable of a loop that does not unroll
-        (its bound is the live corner's) would live in local memory."""
+        them: the strips are fewer registers than a warp's ``b`` fragments. An operand
+        in shared memory in the instruction's dtype (a ``SmemView``) is loaded with
+        ``ldmatrix``, others element by element. ``a`` may be the name of the warp's
+        fragments, loaded already: ``a[s]`` is the one strip's ``s``-th step of
+        ``steps``. A step's registers are chosen by comparing ``kk``, not indexed by it:
+        an array indexed by a variable of a loop that does not unroll (its bound is the
+        live corner's) would live in local memory."""
         self.place_in_wave()
-        row = f"{dist.warp_row}fm * 16 + lane / 4"
-        col = f"{dist.warp_col}fn * 8 + lane / 4"
+        row = f"{dist.warp_row}fm * 16"
+        col = f"{dist.warp_col}fn * 8"
         k = "kk + lane % 4 * 2"
         assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
         self.open(f"for (int kk = 0; {bound}; kk += 16)")
@@ -570,15 +576,21 @@ class TileOps:
             self.line(f"unsigned a_frag[{dist.fm}][4];")
             self.unroll()
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
-            self.a_fragment("a_frag[fm]", a, row, k)
+            if isinstance(a, SmemView):
+                self.ldmatrix("a_frag[fm]", a, "a", row)
+            else:
+                self.a_fragment("a_frag[fm]", a, f"{row} + lane / 4", k)
             self.close()
         self.unroll()
         self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
         self.line("unsigned b_frag[2];")
-        for q in range(2):
-            kq = f"{k} + 8" if q else k
-            pair = f"{b((kq, col))}, {b((f'{kq} + 1', col))}"
-            self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
+        if isinstance(b, SmemView):
+            self.ldmatrix("b_frag", b, "b", col)
+        else:
+            for q in range(2):
+                kq = f"{k} + 8" if q else k
+                pair = f"{b((kq, f'{col} + lane / 4'))}, {b((f'{kq} + 1', f'{col} + lane / 4'))}"
+                self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
         if isinstance(a, str):
             self.line(f"{function}(&{acc}[fn * 4], a_step, b_frag);")
         else:
@@ -589,6 +601,35 @@ class TileOps:
             )
         self.close()
         self.close()
+
+    def loadable(self, op: Op, view: SmemView | None) -> SmemView | None:
+        """``view`` if ``mma.sync`` can load the operand with ``ldmatrix``: stored in the
+        instruction's dtype, rows of whole 16-byte chunks, which every layout keeps
+        together and 16-byte aligned."""
+        dtype = _mma_sync_dtype(op.attr("mma").inst)
+        if view is None or dtype is None or view.dtype != dtype or view.cols % 8:
+            return None
+        return view
+
+    def ldmatrix(self, frag: str, view: SmemView, role: str, mn0: str) -> None:
+        """The lane's registers of an ``a`` (m16k16, four) or ``b`` (k16n8, two) fragment
+        at ``m`` or ``n`` from ``mn0`` and reduction step ``kk``, as ``ldmatrix`` loads
+        them: one 8x8 matrix per register, in ``a``'s order (rows, then rows + 8, at k,
+        then the same at k + 8) or ``b``'s (k, then k + 8). Lane ``8j + r`` points at row
+        ``r`` of matrix ``j``. Where ``k`` runs along the buffer's rows, a matrix row is
+        one ``m`` or ``n`` and the registers come as ``mma.sync`` takes them; otherwise
+        a row is one ``k`` and ``.trans`` delivers them transposed."""
+        count, mn_block = (4, "lane / 8 % 2") if role == "a" else (2, None)
+        k_block = "lane / 16" if role == "a" else "lane / 8 % 2"
+        mn = f"{mn0} + {mn_block} * 8" if mn_block else mn0
+        k = f"kk + {k_block} * 8"
+        if view.k_major(role):
+            i, j, trans = f"{mn} + lane % 8", k, ""
+        else:
+            i, j, trans = f"{k} + lane % 8", mn, "_trans"
+        dims = (Dim.const(view.rows), Dim.const(view.cols))
+        place = smem_index(view.layout, dims, view.bits, view.slot, i, j)
+        self.line(f"tsr_ldmatrix_x{count}{trans}({frag}, {view.name} + {parenthesized(place)});")
 
     def a_fragment(self, frag: str, a: Element, row: str, k: str) -> None:
         """The lane's four registers of an m16k16 ``a`` operand at rows ``row`` and
@@ -746,7 +787,8 @@ class TileOps:
         value = self.d.round(v.type.dtype.name, scaled) if fma else scaled
         staged, bits = self.stage(self.namer.fresh(f"{p.name or 'p'}_stage"), p_dist, value, dtype)
         a = self.fragment_element(op, staged, bits, dtype)
-        self.product(op, a, self.operand(v, op), p.type.dims[1], acc_form.name, dist)
+        views = (None, self.loadable(op, self.views.get(v.id)))
+        self.product(op, a, self.operand(v, op), p.type.dims[1], acc_form.name, dist, views)
         self.forms[acc_out.id] = acc_form
         self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
 
@@ -785,7 +827,8 @@ class TileOps:
             function = _MMA_SYNC[dtype][0]
             bound = self.reduction_bound(op, depth)
             steps = p_dist.cols // _WGMMA_K
-            self.mma_sync_product(function, frag, self.operand(v, op), bound, acc, dist, steps)
+            b = self.loadable(op, view) or self.operand(v, op)
+            self.mma_sync_product(function, frag, b, bound, acc, dist, steps)
         return True
 
     def row_state(self, x: Value, result: Value, rows: Rows | FragmentRows) -> Form:
