@@ -1,8 +1,10 @@
 """The HIP backend, compiled for gfx90a by hipcc: warning-free, with MFMA for products
-and attention.
+and attention; and run on a simulated GPU.
 
-No AMD GPU runs here, so these tests compile and read the device assembly; the same
-emitter's output runs for real through OpenCL on PoCL (``test_opencl.py``).
+No AMD GPU runs here, so these tests compile and read the device assembly, and run
+every reference case on the CPU simulator of ``tests/gpusim`` (wavefronts of 64, MFMA
+from AMD's matrix-instruction layouts) against float64; most of the same emitter's
+output also runs through OpenCL on PoCL (``test_opencl.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from pathlib import Path
 import pytest
 
 import tessera
+from tessera.runtime import cuda as cuda_runtime
 from tessera.runtime.hip import HipUnavailable
 
 from .conftest import ROOT, SOURCES
+from .gpusim import load_hip, simulated_cupy
+from .reference import CASES, Case, check_case
+from .test_cuda import needs_gxx
 
 HIPCC = shutil.which("hipcc")
 BUILD = ["--offload-arch=gfx90a", "-O3", "-std=c++17"]
@@ -71,3 +77,15 @@ def test_loading_says_that_no_amd_gpu_is_present() -> None:
     program = tessera.compile_file(ROOT / "examples/norms.tsr", target="hip")
     with pytest.raises(HipUnavailable, match="no AMD GPU is present"):
         program.load()
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_runs_to_the_float64_reference_on_the_simulator(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every case, built for gfx90a and launched as the metadata says, on the simulated
+    GPU: MFMA and shuffles over 64-lane wavefronts, shared memory poisoned first."""
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy("sm_80"))
+    check_case(case, "hip", "gfx90a", load=load_hip)

@@ -1,17 +1,20 @@
-"""Generated CUDA kernels run on the CPU: a simulated GPU and a simulated CuPy over it.
+"""Generated CUDA and HIP kernels run on the CPU: a simulated GPU, and CuPy over it.
 
-No GPU runs in CI, and most of the CUDA backend is code no other backend shares: warp
-fragments for mma.sync, wgmma descriptors over swizzled shared memory, shuffles,
-cp.async pipelines. So the tests compile each CUDA file with ``g++`` against
-``gpusim.hpp``, which runs a block's threads as fibers and computes what a warp's or a
-warpgroup's instruction would from the PTX ISA's definitions. The kernels are the
-generated ones, unchanged; only the header functions whose bodies are PTX are replaced
-(and the ``extern __shared__`` arena, which becomes the simulator's).
+No GPU runs in CI, and most of a GPU backend is code no other backend shares: warp
+fragments for mma.sync and MFMA, wgmma descriptors over swizzled shared memory,
+shuffles, cp.async pipelines. So the tests compile each CUDA or HIP file with ``g++``
+against ``gpusim.hpp``, which runs a block's threads as fibers and computes what a
+warp's, wavefront's or warpgroup's instruction would from the vendors' definitions.
+The kernels are the generated ones, unchanged; only the header functions whose bodies
+are PTX are replaced, the shared-memory arena becomes the simulator's (poisoned for
+every block), and HIP's vector types and MFMA built-ins get g++'s spelling.
 
 ``simulated_cupy(arch)`` stands in for CuPy with host memory: ``RawModule`` builds the
 file this way, and a launch runs every block of the grid. ``tessera.runtime.cuda`` and
 the generated loaders run over it unchanged, so a test checks the whole call: the
 runtime's arguments and buffers, the launches the metadata gives, and the numbers.
+``load_hip`` runs a HIP file's functions the same way, through the CUDA runtime's
+launches (the metadata of both backends describes them alike).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["simulated_source", "build", "simulated_cupy", "DeviceArray", "SimulationError"]
+__all__ = ["simulated_source", "build", "simulated_cupy", "load_hip", "DeviceArray",
+           "SimulationError"]  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 _CACHE = Path(tempfile.gettempdir()) / "tessera-gpusim"
@@ -38,7 +42,12 @@ _FUNCTION = re.compile(r"^(?:template <[^\n]*>\n)?__device__ inline [^\n(]*?\b(\
 _KERNEL = re.compile(
     r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\) \{', re.M
 )
-_ARENA = re.compile(r"extern __shared__ __align__\(\d+\) unsigned char tsr_smem\[\];")
+#: The shared-memory arena: CUDA's, sized at launch, and HIP's, of a size the kernel gives.
+_ARENA = re.compile(
+    r"extern __shared__ __align__\(\d+\) unsigned char tsr_smem\[\];"
+    r"|__shared__ unsigned char tsr_smem\[(\d+)\] __attribute__\(\(aligned\(\d+\)\)\);"
+)
+_VECTOR = re.compile(r"typedef (\w+) (\w+) __attribute__\(\(ext_vector_type\((\d+)\)\)\);")
 _WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k16_(bf16|f16)_(ss|rs)")
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
 
@@ -102,24 +111,33 @@ def _wgmma_forward(name: str) -> str:
 class _Kernel:
     name: str
     params: tuple[tuple[str, str], ...]  # (C type, name)
+    #: Bytes of a fixed-size arena (HIP's), which the launch must provide.
+    arena: int
 
 
 def _kernels(source: str) -> list[_Kernel]:
     found = []
-    for name, params in _KERNEL.findall(source):
+    starts = list(_KERNEL.finditer(source))
+    for match, after in zip(starts, [*starts[1:], None], strict=True):
         parsed = []
-        for param in params.split(", "):
+        for param in match.group(2).split(", "):
             ctype, pname = param.replace(" __restrict__", "").rsplit(" ", 1)
             parsed.append((ctype.removeprefix("const "), pname))
-        found.append(_Kernel(name, tuple(parsed)))
+        body = source[match.end() : after.start() if after else len(source)]
+        arena = _ARENA.search(body)
+        size = int(arena.group(1)) if arena and arena.group(1) else 0
+        found.append(_Kernel(match.group(1), tuple(parsed), size))
     return found
 
 
 def simulated_source(source: str) -> str:
-    """A generated CUDA file as C++ for the simulator, with a launcher per kernel:
-    ``tsr_sim_<kernel>(grid x, y, z, threads, dynamic smem bytes, arguments...)``."""
+    """A generated CUDA or HIP file as C++ for the simulator, with a launcher per kernel:
+    ``tsr_sim_<kernel>(grid x, y, z, threads, shared memory bytes, arguments...)``."""
     text, dropped = _without_ptx(source)
     text = _ARENA.sub("unsigned char* const tsr_smem = tsr_sim::block->smem;", text)
+    text = text.replace("#include <hip/hip_runtime.h>\n", "")
+    text = _VECTOR.sub(r"typedef \1 \2 __attribute__((vector_size(\3 * sizeof(\1))));", text)
+    text = text.replace("__builtin_amdgcn_", "tsr_sim_amdgcn_")
     forwards = [_wgmma_forward(name) for name in dropped if _WGMMA.fullmatch(name)]
     launchers = []
     for k in _kernels(source):
@@ -130,15 +148,16 @@ def simulated_source(source: str) -> str:
             f"unsigned threads, unsigned long long smem, {params}) {{\n"
             f"  tsr_sim::launch({{gx, gy, gz}}, threads, smem, [&] {{ {k.name}({args}); }});\n}}\n"
         )
-    head, _, rest = text.partition("\n// end of the Tessera tile primitives")
-    return "\n".join(
-        ['#include "gpusim.hpp"', head, *forwards, "// end of the Tessera tile primitives" + rest,
-         *launchers]
-    )  # fmt: skip
+    end = "// end of the Tessera tile primitives"
+    head, _, rest = text.partition("\n" + end)
+    hip = "#include <hip/hip_runtime.h>" in source
+    dialect = "#define TSR_SIM_HIP" if hip else "#define TSR_SIM_CUDA"
+    return "\n".join([dialect, '#include "gpusim.hpp"', head, *forwards, end + rest, *launchers])
 
 
 def build(source: str) -> tuple[ctypes.CDLL, list[_Kernel]]:
-    """The simulated module of a CUDA file (built once per source) and its kernels."""
+    """The simulated module of a CUDA or HIP file (built once per source) and its
+    kernels."""
     text = simulated_source(source)
     header = (HERE / "gpusim.hpp").read_text()
     key = hashlib.sha256((text + header).encode()).hexdigest()[:24]
@@ -194,6 +213,7 @@ class _Launcher:
         )
         self.function = function
         self.name = kernel.name
+        self.arena = kernel.arena
         self.max_dynamic_shared_size_bytes = _DEFAULT_SMEM
 
     def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
@@ -203,7 +223,7 @@ class _Launcher:
                 f"allows {self.max_dynamic_shared_size_bytes}"
             )
         values = [a.data.ctypes.data if isinstance(a, DeviceArray) else a.item() for a in args]
-        self.function(*grid, block[0], shared_mem, *values)
+        self.function(*grid, block[0], max(shared_mem, self.arena), *values)
 
 
 class _Module:
@@ -250,3 +270,17 @@ def _poisoned(shape: Any, dtype: Any) -> np.ndarray:
     a = np.empty(shape, dtype)
     a.reshape(-1).view(np.uint8)[...] = 0xFF
     return a
+
+
+def load_hip(program: Any) -> Any:
+    """A HIP program's functions over the simulator, launched as ``tessera.runtime.cuda``
+    launches CUDA's (call with the simulated CuPy in place as the runtime's)."""
+    from tessera.runtime.cuda import CudaFunction
+    from tessera.runtime.entry import Library
+
+    meta = program.ir("meta")
+    module = _Module(program.source)
+    # A HIP kernel's shared memory is a fixed-size array: its launches ask for none.
+    functions = [{**f, "launches": [{"dynamic_smem": 0, **k} for k in f["launches"]]}
+                 for f in meta["functions"]]  # fmt: skip
+    return Library(meta, [CudaFunction(module, f) for f in functions])

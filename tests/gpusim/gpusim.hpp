@@ -202,15 +202,16 @@ inline void syncthreads() {
   meet(static_cast<int>(block_dim.x), "__syncthreads", nullptr, [](std::vector<void*>&) {});
 }
 
+// `value` from the lane of the warp (wavefront) of `lanes` whose index differs in the
+// bits of `lane_mask`.
 template <class T>
-T shfl_xor(unsigned mask, T value, int lane_mask) {
-  if (mask != 0xffffffffu) fail("__shfl_xor_sync with a partial mask");
+T shfl_xor(int lanes, T value, int lane_mask) {
   struct Arg {
     T in, out;
     int lane_mask;
   } arg{value, value, lane_mask};
-  meet(32, "__shfl_xor_sync", &arg, [](std::vector<void*>& args) {
-    for (std::size_t l = 0; l < 32; ++l) {
+  meet(lanes, "shuffle", &arg, [lanes](std::vector<void*>& args) {
+    for (std::size_t l = 0; l < static_cast<std::size_t>(lanes); ++l) {
       auto* a = static_cast<Arg*>(args[l]);
       a->out = static_cast<Arg*>(args[l ^ static_cast<std::size_t>(a->lane_mask)])->in;
     }
@@ -458,6 +459,44 @@ inline void wgmma_wait() {
   });
 }
 
+// ------------------------------------------------------------------ AMD wavefronts
+
+// v_mfma_f32_32x32x8{bf16_1k,f16} and v_mfma_f32_32x32x2f32 on a 64-lane wavefront
+// (AMD's CDNA matrix instructions): lane l = 32y + x gives row x of a and column x of b
+// at reduction steps k y + q, its k values per lane; register r of its accumulator is
+// row (r / 4) * 8 + 4y + r % 4, column x.
+template <int K, class Vec, class Acc, class Value>
+Acc mfma(Vec a, Vec b, Acc c, Value value) {
+  constexpr int per_lane = K / 2;
+  struct Arg {
+    float a[per_lane], b[per_lane], c[16];
+  } arg{};
+  for (int q = 0; q < per_lane; ++q) {
+    arg.a[q] = value(a, q);
+    arg.b[q] = value(b, q);
+  }
+  for (int r = 0; r < 16; ++r) arg.c[r] = c[r];
+  meet(64, "mfma", &arg, [](std::vector<void*>& args) {
+    float A[32][K], B[K][32];
+    for (int l = 0; l < 64; ++l) {
+      const auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      for (int q = 0; q < per_lane; ++q) {
+        A[l % 32][per_lane * (l / 32) + q] = x->a[q];
+        B[per_lane * (l / 32) + q][l % 32] = x->b[q];
+      }
+    }
+    for (int l = 0; l < 64; ++l) {
+      auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      for (int r = 0; r < 16; ++r) {
+        const int row = r / 4 * 8 + l / 32 * 4 + r % 4, col = l % 32;
+        for (int k = 0; k < K; ++k) x->c[r] += A[row][k] * B[k][col];
+      }
+    }
+  });
+  for (int r = 0; r < 16; ++r) c[r] = arg.c[r];
+  return c;
+}
+
 }  // namespace tsr_sim
 
 // ------------------------------------------------------------------ the kernels' CUDA
@@ -482,7 +521,8 @@ using std::isnan;
 inline void __syncthreads() { tsr_sim::syncthreads(); }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
-  return tsr_sim::shfl_xor(mask, value, lane_mask);
+  if (mask != 0xffffffffu) tsr_sim::fail("__shfl_xor_sync with a partial mask");
+  return tsr_sim::shfl_xor(32, value, lane_mask);
 }
 inline unsigned __cvta_generic_to_shared(const void* p) { return tsr_sim::cvta_shared(p); }
 inline float __int_as_float(int x) { return tsr_sim::bits<float>(x); }
@@ -491,6 +531,7 @@ inline unsigned __float_as_uint(float x) { return tsr_sim::bits<unsigned>(x); }
 inline int __float_as_int(float x) { return tsr_sim::bits<int>(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
+#ifdef TSR_SIM_CUDA
 // The tile primitives whose CUDA bodies are PTX.
 inline float tsr_f16_to_float(unsigned short bits) { return tsr_sim::f16_value(bits); }
 inline unsigned short tsr_float_to_f16(float value) { return tsr_sim::f16_bits(value); }
@@ -520,3 +561,26 @@ inline void tsr_wgmma_fence() {}
 inline void tsr_wgmma_commit() {}
 inline void tsr_wgmma_wait() { tsr_sim::wgmma_wait(); }
 inline void tsr_fence_async_shared() {}
+#endif
+
+// HIP's names (the CUDA file's are above). The MFMA built-ins are renamed tsr_sim_amdgcn_*
+// in the source: a name that starts with __builtin_ is the compiler's.
+template <class T>
+T __shfl_xor(T value, int lane_mask, int width = 64) {
+  if (width != 64) tsr_sim::fail("__shfl_xor over part of a wavefront");
+  return tsr_sim::shfl_xor(64, value, lane_mask);
+}
+template <class Vec, class Acc>
+Acc tsr_sim_amdgcn_mfma_f32_32x32x8bf16_1k(Vec a, Vec b, Acc c, int, int, int) {
+  return tsr_sim::mfma<8>(a, b, c, [](Vec v, int q) {
+    return tsr_sim::bf16_value(static_cast<std::uint16_t>(v[q]));
+  });
+}
+template <class Vec, class Acc>
+Acc tsr_sim_amdgcn_mfma_f32_32x32x8f16(Vec a, Vec b, Acc c, int, int, int) {
+  return tsr_sim::mfma<8>(a, b, c, [](Vec v, int q) { return static_cast<float>(v[q]); });
+}
+template <class Acc>
+Acc tsr_sim_amdgcn_mfma_f32_32x32x2f32(float a, float b, Acc c, int, int, int) {
+  return tsr_sim::mfma<2>(a, b, c, [](float v, int) { return v; });
+}
