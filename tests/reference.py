@@ -67,6 +67,31 @@ def sgemm(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N"
 """
 
 
+#: The fp8 dtypes and their numpy types.
+FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def low_precision_product_source(dtype: str) -> str:
+    """``A @ B`` of ``dtype`` tensors, accumulated in f32 and rounded once to ``dtype``."""
+    return f"""\
+@kernel
+def f(A: Tensor["M", "K", {dtype}],
+      B: Tensor["K", "N", {dtype}]) -> Tensor["M", "N", {dtype} @accum(f32)]:
+    return A @ B
+"""
+
+
+def assert_rounded_once(have: np.ndarray, exact: np.ndarray) -> None:
+    """Every element of ``have`` is ``exact`` rounded to ``have``'s type: within half a
+    unit in the last place (half the smallest subnormal near zero), with room for an f32
+    accumulation's order."""
+    info = ml_dtypes.finfo(have.dtype)
+    bound = np.maximum(np.abs(exact) * float(info.eps) / 2, float(info.smallest_subnormal) / 2)
+    error = np.abs(f64(have) - exact)
+    assert not np.isnan(f64(have)).any(), "some outputs were never written"
+    assert (error <= bound * (1 + 1e-5) + 1e-6 * np.abs(exact)).all(), error.max()
+
+
 def layernorm(x: Any, w: Any, b: Any, eps: float) -> np.ndarray:
     x = f64(x)
     mean = x.mean(axis=-1, keepdims=True)

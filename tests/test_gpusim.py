@@ -1,10 +1,11 @@
-"""GPU kernels at edge sizes, on the simulated GPU of ``tests/gpusim``.
+"""GPU kernels at edge sizes and in fp8, on the simulated GPU of ``tests/gpusim``.
 
 The reference cases take one ragged size per function. Here a product and attention
 run at the sizes where tiling goes wrong first: one element, exactly one tile, one
 past a tile, a head dim under the tile's, a sequence shorter than a key block, for
-CUDA on both archs and for HIP. Outputs are poisoned first; the reference is float64
-on the same bf16 inputs.
+CUDA on both archs and for HIP. fp8 products, and the fp8 conversions themselves value
+by value against ml_dtypes (on OpenCL too). Outputs are poisoned first; the reference
+is float64 on the same inputs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ import tessera
 from tessera.runtime import cuda as cuda_runtime
 
 from .gpusim import load_hip, simulated_cupy
-from .reference import attention, f64
+from .reference import (
+    FP8,
+    assert_rounded_once,
+    attention,
+    f64,
+    low_precision_product_source,
+)
 from .test_cuda import needs_gxx
+from .test_opencl import _platform
 
 pytestmark = [pytest.mark.execute, needs_gxx]
 
@@ -93,3 +101,79 @@ def test_attention_at_edge_sizes(
     out = np.full((bh, s, d), np.nan, np.float32).astype(ml_dtypes.bfloat16)
     attn(q, k, v, out=out)
     _check(out, attention(q, k, v, causal), 2e-2)
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+@pytest.mark.parametrize("dtype", sorted(FP8))
+def test_fp8_products_widen_exactly_and_round_once(
+    dtype: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA widens fp8 operands to f16 for mma.sync, HIP multiplies them as floats; both
+    round the f32 result once to fp8 (ragged: 37 x 45 x 29)."""
+    f = _function(low_precision_product_source(dtype), target, arch, monkeypatch)
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((37, 45)) * 2).astype(FP8[dtype])
+    b = (rng.standard_normal((45, 29)) * 2).astype(FP8[dtype])
+    out = np.full((37, 29), np.nan).astype(FP8[dtype])
+    f(a, b, out=out)
+    assert_rounded_once(out, f64(a) @ f64(b))
+
+
+def _fp8_values(np_type: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Every finite fp8 value, and f32 values that test narrowing: each fp8 value, the
+    midpoints between neighbours (ties go to the even one) and the floats on either
+    side of them, values past the largest (overflow), and subnormals."""
+    finite = np.arange(256, dtype=np.uint8).view(np_type)
+    finite = np.unique(f64(finite[np.isfinite(f64(finite))]))
+    mid = (finite[1:] + finite[:-1]) / 2
+    below = np.nextafter(mid.astype(np.float32), np.float32(-np.inf))
+    above = np.nextafter(mid.astype(np.float32), np.float32(np.inf))
+    largest = finite.max()
+    beyond = np.array([largest * 1.03, largest * 1.1, largest * 1.2, largest * 4, 1e30])
+    tiny = float(ml_dtypes.finfo(np_type).smallest_subnormal) * np.array([0.25, 0.5, 0.75, 1.5])
+    narrow = np.concatenate([finite, mid, below, above, beyond, -beyond, tiny, -tiny])
+    return finite, narrow.astype(np.float32)
+
+
+def _square(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """``values`` as rows of 16, padded with zeros."""
+    padded = np.zeros(-(-len(values) // 16) * 16, dtype)
+    padded[: len(values)] = values
+    return padded.reshape(-1, 16)
+
+
+@pytest.mark.parametrize(
+    ("target", "arch"), [*TARGETS, ("opencl", None)], ids=[*(a for _, a in TARGETS), "opencl"]
+)
+@pytest.mark.parametrize("dtype", sorted(FP8))
+def test_fp8_conversions_agree_with_ml_dtypes(
+    dtype: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Widening every finite fp8 value and narrowing values around every one of them
+    (through products with the identity, which add nothing but zeros) give ml_dtypes'
+    results, value for value: ties to even, overflow to NaN (e4m3) or infinity (e5m2)."""
+    source = f"""\
+@kernel
+def widen(x: Tensor["R", "C", {dtype}], eye: Tensor["C", "C", {dtype}]) -> Tensor["R", "C", f32]:
+    return x @ eye
+
+@kernel
+def narrow(x: Tensor["R", "C", f32],
+           eye: Tensor["C", "C", f32]) -> Tensor["R", "C", {dtype} @accum(f32)]:
+    return x @ eye
+"""
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    np_type = FP8[dtype]
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(arch or "sm_80"))
+    program = tessera.compile(source, filename="fp8.tsr", target=target, arch=arch)
+    library = load_hip(program) if target == "hip" else program.load()
+    finite, narrow = _fp8_values(np_type)
+    x = _square(finite, np_type)
+    out = np.full(x.shape, np.nan, np.float32)
+    library.widen(x, np.eye(16).astype(np_type), out=out)
+    np.testing.assert_array_equal(out, f64(x))
+    y = _square(narrow, np.float32)
+    out = np.full(y.shape, np.nan).astype(np_type)
+    library.narrow(y, np.eye(16, dtype=np.float32), out=out)
+    np.testing.assert_array_equal(f64(out), f64(y.astype(np_type)))

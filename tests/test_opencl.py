@@ -19,7 +19,19 @@ from tessera.runtime.opencl import OpenclUnavailable, _queue
 
 from .conftest import ROOT
 from .helpers import BRANCH_WITH_STATEMENTS
-from .reference import BF16, CASES, Case, check_case, f64, layernorm, rmsnorm, softmax
+from .reference import (
+    BF16,
+    CASES,
+    FP8,
+    Case,
+    assert_rounded_once,
+    check_case,
+    f64,
+    layernorm,
+    low_precision_product_source,
+    rmsnorm,
+    softmax,
+)
 
 
 def _platform() -> str | None:
@@ -41,6 +53,18 @@ pytestmark = [
 def test_runs_to_the_float64_reference(case: Case) -> None:
     """Every example and library kernel: products, online softmax, norms, rotary."""
     check_case(case, "opencl")
+
+
+@pytest.mark.parametrize("dtype", sorted(FP8))
+def test_fp8_products_widen_exactly_and_round_once(dtype: str) -> None:
+    """fp8 inputs widen exactly, products accumulate in f32, the result rounds once to
+    fp8 (ragged: 37 x 45 x 29)."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((37, 45)) * 2).astype(FP8[dtype])
+    b = (rng.standard_normal((45, 29)) * 2).astype(FP8[dtype])
+    out = np.full((37, 29), np.nan).astype(FP8[dtype])
+    tessera.compile(low_precision_product_source(dtype), target="opencl").load().f(a, b, out=out)
+    assert_rounded_once(out, f64(a) @ f64(b))
 
 
 def test_rows_wider_than_a_work_group() -> None:
