@@ -1,8 +1,14 @@
-"""Small helpers shared by the frontend tests."""
+"""Small helpers shared by the tests."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from tessera.transpiler.frontend import ast
 from tessera.transpiler.frontend.diagnostics import Diagnostics, Severity
@@ -51,3 +57,18 @@ def normalize_if(x: Tensor["R", "C", f32], *, flag: bool) -> Tensor["R", "C", f3
         rows = rows / tile.sum(rows, axis=1)[:, None]
     return rows
 """
+
+
+def run_sanitized(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` in a Python process with AddressSanitizer and UBSan preloaded, so that
+    every allocation, numpy's included, has redzones that a stray access hits; skips
+    where g++ has no sanitizer libraries."""
+    libraries = [subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True,
+                                text=True).stdout.strip()
+                 for name in ("libasan.so", "libubsan.so")]  # fmt: skip
+    if not all(Path(p).is_absolute() and Path(p).exists() for p in libraries):
+        pytest.skip("needs libasan and libubsan (g++)")
+    env = {**os.environ, "LD_PRELOAD": " ".join(libraries),
+           "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}  # fmt: skip
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip

@@ -4,10 +4,8 @@ library kernel to the float64 reference; the runtime checks its arguments."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -19,6 +17,7 @@ from tessera.runtime.cpu import build
 from tessera.transpiler.target.cpu import DEFAULT_FLAGS
 
 from .conftest import EXAMPLES, ROOT
+from .helpers import run_sanitized
 from .reference import (
     CASES,
     F32_MATMUL_SOURCE,
@@ -212,16 +211,8 @@ print("clean")
 """
 
 
-def test_every_case_is_clean_under_address_and_undefined_sanitizers(tmp_path: Path) -> None:
-    asan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True)
-    ubsan = subprocess.run(["g++", "-print-file-name=libubsan.so"], capture_output=True, text=True)
-    preload = [asan.stdout.strip(), ubsan.stdout.strip()]
-    if not all(Path(p).is_absolute() and Path(p).exists() for p in preload):
-        pytest.skip("needs libasan and libubsan (g++)")
-    env = {**os.environ, "LD_PRELOAD": " ".join(preload),
-           "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", SANITIZED.format(root=str(ROOT))], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+def test_every_case_is_clean_under_address_and_undefined_sanitizers() -> None:
+    done = run_sanitized(SANITIZED.format(root=str(ROOT)), ROOT)
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
 
 

@@ -19,7 +19,9 @@ import pytest
 import tessera
 from tessera.runtime import cuda as cuda_runtime
 
+from .conftest import ROOT
 from .gpusim import load_hip, simulated_cupy
+from .helpers import run_sanitized
 from .reference import (
     FP8,
     assert_rounded_once,
@@ -177,3 +179,44 @@ def narrow(x: Tensor["R", "C", f32],
     out = np.full(y.shape, np.nan).astype(np_type)
     library.narrow(y, np.eye(16, dtype=np.float32), out=out)
     np.testing.assert_array_equal(f64(out), f64(y.astype(np_type)))
+
+
+SANITIZED = """
+import re, sys
+sys.path.insert(0, {root!r})
+from tessera.runtime import cuda as cuda_runtime
+from tests.gpusim import load_hip, simulated_cupy
+from tests.reference import CASES, check_case
+cupy = simulated_cupy({arch!r}, sanitize=True)
+real = cupy.RawModule
+def module(code, *args, **kwargs):  # the chunk copies' masks taken away, when asked
+    return real(re.sub(r"const int bytes = [^;]*;", "const int bytes = 16;", code)
+                if {unmasked!r} else code, *args, **kwargs)
+cupy.RawModule = module
+cuda_runtime._cupy = lambda: cupy
+for case in CASES:
+    if {only!r} in (None, case.id):
+        check_case(case, {target!r}, {arch!r}, **({{"load": load_hip}} if {target!r} == "hip"
+                                                     else {{}}))
+print("clean")
+"""
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+def test_every_case_is_clean_under_address_and_undefined_sanitizers(target: str, arch: str) -> None:
+    """Every reference case with the simulated kernels built under AddressSanitizer and
+    UBSan, in a process that preloads them: an access past a tensor, a buffer or the
+    shared-memory arena, or undefined behaviour in the kernel's arithmetic, stops the
+    run (``compute-sanitizer --tool memcheck`` checks the same on a GPU)."""
+    script = SANITIZED.format(root=str(ROOT), arch=arch, target=target, only=None,
+                              unmasked=False)  # fmt: skip
+    done = run_sanitized(script, ROOT)
+    assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
+
+
+def test_the_sanitizers_catch_an_unmasked_copy() -> None:
+    """Chunk copies that read past a ragged edge (their masks taken away) are caught."""
+    script = SANITIZED.format(root=str(ROOT), arch="sm_80", target="cuda", only="gemm:gemm",
+                              unmasked=True)  # fmt: skip
+    done = run_sanitized(script, ROOT)
+    assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr, done.stderr[-4000:]

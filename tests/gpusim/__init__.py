@@ -155,22 +155,26 @@ def simulated_source(source: str) -> str:
     return "\n".join([dialect, '#include "gpusim.hpp"', head, *forwards, end + rest, *launchers])
 
 
-def build(source: str) -> tuple[ctypes.CDLL, list[_Kernel]]:
-    """The simulated module of a CUDA or HIP file (built once per source) and its
-    kernels."""
+#: Flags of a build under AddressSanitizer and UBSan (the process must preload both).
+SANITIZE = ("-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer")  # fmt: skip
+
+
+def build(source: str, sanitize: bool = False) -> tuple[ctypes.CDLL, list[_Kernel]]:
+    """The simulated module of a CUDA or HIP file (built once per source and flags) and
+    its kernels; with ``sanitize``, every access the kernels make is checked."""
     text = simulated_source(source)
     header = (HERE / "gpusim.hpp").read_text()
-    key = hashlib.sha256((text + header).encode()).hexdigest()[:24]
+    flags = ["-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{HERE}",
+             *(SANITIZE if sanitize else ())]  # fmt: skip
+    key = hashlib.sha256("\0".join([text, header, *flags]).encode()).hexdigest()[:24]
     _CACHE.mkdir(parents=True, exist_ok=True)
     library = _CACHE / f"{key}.so"
     if not library.exists():
         cpp = _CACHE / f"{key}.cpp"
         cpp.write_text(text)
-        done = subprocess.run(
-            ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{HERE}", str(cpp),
-             "-o", str(library.with_suffix(".tmp"))],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        done = subprocess.run(["g++", *flags, str(cpp), "-o", str(library.with_suffix(".tmp"))],
+                              capture_output=True, text=True, check=False)  # fmt: skip
         if done.returncode != 0:
             raise SimulationError(f"building {cpp} for the simulator failed:\n{done.stderr}")
         library.with_suffix(".tmp").rename(library)
@@ -227,8 +231,11 @@ class _Launcher:
 
 
 class _Module:
+    #: Whether modules are built under the sanitizers (``simulated_cupy(sanitize=True)``).
+    sanitize = False
+
     def __init__(self, code: str, options: tuple[str, ...] = (), backend: str = "nvrtc") -> None:
-        library, kernels = build(code)
+        library, kernels = build(code, self.sanitize)
         self._launchers = {k.name: _Launcher(getattr(library, f"tsr_sim_{k.name}"), k)
                            for k in kernels}  # fmt: skip
 
@@ -236,15 +243,16 @@ class _Module:
         return self._launchers[name]
 
 
-def simulated_cupy(arch: str) -> Any:
+def simulated_cupy(arch: str, sanitize: bool = False) -> Any:
     """The parts of CuPy that Tessera's runtime and loaders use, over the simulator, for
-    a GPU of ``arch``'s compute capability."""
+    a GPU of ``arch``'s compute capability; with ``sanitize``, modules are built under
+    AddressSanitizer and UBSan, as ``compute-sanitizer`` checks a GPU's."""
     capability = arch.removeprefix("sm_").rstrip("a")
     stream = SimpleNamespace(ptr=0)
     gpu = SimpleNamespace(id=0, compute_capability=capability)
     return SimpleNamespace(
         cuda=SimpleNamespace(get_current_stream=lambda: stream, Device=lambda: gpu),
-        RawModule=_Module,
+        RawModule=type("RawModule", (_Module,), {"sanitize": sanitize}),
         RawKernel=_Launcher,
         ndarray=DeviceArray,
         dtype=np.dtype,
@@ -276,10 +284,11 @@ def load_hip(program: Any) -> Any:
     """A HIP program's functions over the simulator, launched as ``tessera.runtime.cuda``
     launches CUDA's (call with the simulated CuPy in place as the runtime's)."""
     from tessera.runtime.cuda import CudaFunction
+    from tessera.runtime.cuda import _cupy as cuda_runtime_cupy
     from tessera.runtime.entry import Library
 
     meta = program.ir("meta")
-    module = _Module(program.source)
+    module = cuda_runtime_cupy().RawModule(program.source)
     # A HIP kernel's shared memory is a fixed-size array: its launches ask for none.
     functions = [{**f, "launches": [{"dynamic_smem": 0, **k} for k in f["launches"]]}
                  for f in meta["functions"]]  # fmt: skip

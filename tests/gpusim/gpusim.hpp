@@ -41,6 +41,10 @@
 
 #include <math.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace tsr_sim {
 
 struct Index3 {
@@ -112,7 +116,35 @@ inline Block* block = nullptr;
 inline Thread* self = nullptr;
 inline Index3 block_index, grid_dim, block_dim;
 
-inline void yield() { swapcontext(&self->context, &block->scheduler); }
+// Under AddressSanitizer every switch between a thread's stack and the scheduler's is
+// announced, so that it knows which stack is live (a null `fake` for a thread that ends).
+#if defined(__SANITIZE_ADDRESS__)
+inline const void* scheduler_stack = nullptr;
+inline std::size_t scheduler_stack_bytes = 0;
+inline void to_scheduler(void** fake) {
+  __sanitizer_start_switch_fiber(fake, scheduler_stack, scheduler_stack_bytes);
+}
+inline void from_scheduler(void* fake) {
+  __sanitizer_finish_switch_fiber(fake, &scheduler_stack, &scheduler_stack_bytes);
+}
+inline void to_thread(void** fake, Thread& th) {
+  __sanitizer_start_switch_fiber(fake, th.stack.get(), kStackBytes);
+}
+inline void from_thread(void* fake) { __sanitizer_finish_switch_fiber(fake, nullptr, nullptr); }
+#else
+inline void to_scheduler(void**) {}
+inline void from_scheduler(void*) {}
+inline void to_thread(void**, Thread&) {}
+inline void from_thread(void*) {}
+#endif
+
+// The running thread waits: the scheduler runs the next one.
+inline void yield() {
+  void* fake = nullptr;
+  to_scheduler(&fake);
+  swapcontext(&self->context, &block->scheduler);
+  from_scheduler(fake);
+}
 
 inline int thread_id() { return static_cast<int>(self->index.x); }
 
@@ -144,9 +176,11 @@ void meet(int size, const char* kind, void* arg, Act&& act) {
 }
 
 inline void trampoline() {
+  from_scheduler(nullptr);
   block->body();
   self->done = true;
   ++block->events;
+  to_scheduler(nullptr);
 }
 
 // Runs `body` as every thread of every block of the grid, blocks one after another.
@@ -186,7 +220,10 @@ inline void launch(Index3 grid, unsigned threads, std::size_t smem_bytes,
             if (th.done) continue;
             live = true;
             self = &th;
+            void* fake = nullptr;
+            to_thread(&fake, th);
             swapcontext(&b.scheduler, &th.context);
+            from_thread(fake);
           }
           if (!live) break;
           if (b.events == before) fail("deadlock: threads wait at collectives that never fill");
