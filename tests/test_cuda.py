@@ -313,6 +313,8 @@ SABOTAGED = {
         "k_tile_smem = (unsigned short*)(tsr_smem + 0)"),
     "a wgmma operand read in the wrong major order": (
         "gemm:gemm", "sm_90a", "_ss<0, 1>", "_ss<0, 0>"),
+    "a GEMM's last wgmma batch left running": (
+        "gemm:gemm", "sm_90a", "  tsr_wgmma_wait<0>();\n", "\n"),
     "an ldmatrix of a row-major b without .trans": (
         "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip

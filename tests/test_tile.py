@@ -240,6 +240,27 @@ def test_pipelining_on_sm80_prefetches_stages_minus_one_iterations() -> None:
     assert {str(op.attr("slot")) for op in reads} == {"(kb) % 3"}
 
 
+def test_a_gemm_on_wgmma_leaves_one_batch_in_flight() -> None:
+    """sm_90a's GEMM loop accumulates on wgmma and reads nothing else of the product: each
+    batch runs into the next iteration, so the copies run stages - 2 iterations ahead
+    (into the slot the batch before last read), and a wait_mma after the loop waits for
+    the last. Attention, whose products feed the softmax, and sm_80 keep stages - 1."""
+    k = kernel(GEMM, "cuda", "sm_90a")
+    (mma,) = ops_of(k.body, "mma")
+    assert mma.attr("mma").in_flight == 1
+    body = loop(k).regions[0]
+    (wait,) = ops_of(body, "wait")
+    assert wait.attr("pending") == k.stages - 3
+    assert all(str(c.attr("slot")) == f"(kb + {k.stages - 2}) % {k.stages}"
+               for c in ops_of(body, "copy"))  # fmt: skip
+    after = k.body.ops[k.body.ops.index(loop(k)) + 1]
+    assert after.kind == "wait_mma" and after.attr("pending") == 0
+    for src, arch in ((ATTENTION, "sm_90a"), (GEMM, "sm_80")):
+        other = kernel(src, "cuda", arch)
+        assert not ops_of(other.body, "wait_mma")
+        assert all(op.attr("mma").in_flight == 0 for op in walk(other.body) if op.attr("mma"))
+
+
 def test_without_async_copies_staging_is_synchronous() -> None:
     k = kernel(GEMM, "opencl")
     assert [a.result.type.stages for a in ops_of(k.body, "alloc")] == [1, 1]

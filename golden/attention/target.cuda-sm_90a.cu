@@ -83,10 +83,12 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 }
 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
-// written. After it: the batch is one group, and the warpgroup waits for it.
+// written. After it: the batch is one group, and the warpgroup waits until at most
+// `Pending` of its groups are still running.
 __device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int Pending>
+__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
@@ -298,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<0>();
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[64];
     #pragma unroll
@@ -382,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16], tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<0>();
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   #pragma unroll
@@ -533,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<0>();
     const float s = (float)(D);
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
@@ -619,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16], tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<0>();
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   #pragma unroll

@@ -89,10 +89,12 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 }
 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
-// written. After it: the batch is one group, and the warpgroup waits for it.
+// written. After it: the batch is one group, and the warpgroup waits until at most
+// `Pending` of its groups are still running.
 __device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int Pending>
+__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
@@ -210,39 +212,6 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (128 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 128 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (2 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 128 + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[2 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 128 + j + q < K ? A[(128*pid_m + i) * K + 128 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (128 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (2 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((128 + i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[2 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128 + i < K && 128*pid_n + j + q < N ? B[(128 + i) * N + 128*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -254,37 +223,37 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
-    tsr_copy_wait<2>();
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 192 < K) {
+    if (64*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 192 + j) : A, bytes);
+          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 128 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 3) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 192 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (64*kb + 192 < K) {
+    if (64*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 64*kb + 192 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 192 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 128 + i) * N + 128*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 3) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 192 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 192 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
           }
         }
       }
@@ -297,8 +266,10 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
@@ -390,39 +361,6 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (128 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 128 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (2 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 128 + j) : x, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[2 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 128 + j + q < D ? x[(128*pid_m + i) * D + 128 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (128 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_in_aligned) {
-        const int bytes = 128 + i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (2 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((128 + i) * F + 128*pid_n + j) : W_in, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[2 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128 + i < D && 128*pid_n + j + q < F ? W_in[(128 + i) * F + 128*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -434,37 +372,37 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
   }
   for (long long kb = 0; kb * 64 < D; ++kb) {
-    tsr_copy_wait<2>();
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 192 < D) {
+    if (64*kb + 128 < D) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 192 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 64*kb + 192 + j) : x, bytes);
+          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 64*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 3) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 192 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 192 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 128 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (64*kb + 192 < D) {
+    if (64*kb + 128 < D) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
-          const int bytes = 64*kb + 192 + i < D && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((64*kb + 192 + i) * F + 128*pid_n + j) : W_in, bytes);
+          const int bytes = 64*kb + 128 + i < D && 128*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((64*kb + 128 + i) * F + 128*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 3) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 192 + i < D && 128*pid_n + j + q < F ? W_in[(64*kb + 192 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < D && 128*pid_n + j + q < F ? W_in[(64*kb + 128 + i) * F + 128*pid_n + j + q] : 0;
           }
         }
       }
@@ -477,8 +415,10 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
@@ -570,39 +510,6 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (128 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && 128 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (2 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 128 + j) : h, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[2 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 128 + j + q < F ? h[(128*pid_m + i) * F + 128 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (128 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_out_aligned) {
-        const int bytes = 128 + i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (2 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((128 + i) * D + 128*pid_n + j) : W_out, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[2 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128 + i < F && 128*pid_n + j + q < D ? W_out[(128 + i) * D + 128*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -614,37 +521,37 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
   }
   for (long long kb = 0; kb * 64 < F; ++kb) {
-    tsr_copy_wait<2>();
+    tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 192 < F) {
+    if (64*kb + 128 < F) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 192 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 64*kb + 192 + j) : h, bytes);
+          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 64*kb + 128 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 3) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 192 + j + q < F ? h[(128*pid_m + i) * F + 64*kb + 192 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 128 + j + q < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (64*kb + 192 < F) {
+    if (64*kb + 128 < F) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
-          const int bytes = 64*kb + 192 + i < F && 128*pid_n + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((64*kb + 192 + i) * D + 128*pid_n + j) : W_out, bytes);
+          const int bytes = 64*kb + 128 + i < F && 128*pid_n + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((64*kb + 128 + i) * D + 128*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 3) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 192 + i < F && 128*pid_n + j + q < D ? W_out[(64*kb + 192 + i) * D + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < F && 128*pid_n + j + q < D ? W_out[(64*kb + 128 + i) * D + 128*pid_n + j + q] : 0;
           }
         }
       }
@@ -657,8 +564,10 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {

@@ -94,10 +94,12 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 }
 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
-// written. After it: the batch is one group, and the warpgroup waits for it.
+// written. After it: the batch is one group, and the warpgroup waits until at most
+// `Pending` of its groups are still running.
 __device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int Pending>
+__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
@@ -240,39 +242,6 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -284,37 +253,37 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (32*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (32*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
           }
         }
       }
@@ -335,8 +304,10 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // schedules.tsr:12: return A @ B
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
@@ -395,39 +366,6 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 256; e += 128) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
-      if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32 + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32 + j + q < K ? A[(64*pid_m + i) * K + 32 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 256; e += 128) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (B_aligned) {
-        const int bytes = 32 + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 64*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 64*pid_n + j + q < N ? B[(32 + i) * N + 64*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[32];
   #pragma unroll
@@ -439,37 +377,37 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (32*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 64*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = 64*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (32*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 64*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 64*pid_n + j) : B, bytes);
+          const int bytes = 32*kb + 32 + i < K && 64*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 64*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 64*pid_n + j + q] : 0;
           }
         }
       }
@@ -490,8 +428,10 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // schedules.tsr:18: return A @ B
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
@@ -550,39 +490,6 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64 + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64 + j + q < K ? A[(128*pid_m + i) * K + 64 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64 + i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64 + i < K && 128*pid_n + j + q < N ? B[(64 + i) * N + 128*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -594,37 +501,37 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 128 < K) {
+    if (64*kb + 64 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 128 + j) : A, bytes);
+          const int bytes = 128*pid_m + i < M && 64*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (64*kb + 128 < K) {
+    if (64*kb + 64 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 128 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = 64*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
           }
         }
       }
@@ -637,8 +544,10 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
     }
     tsr_wgmma_commit();
-    tsr_wgmma_wait();
+    tsr_wgmma_wait<1>();
   }
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  tsr_wgmma_wait<0>();
   // schedules.tsr:27: return relu(A @ B + bias)
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {

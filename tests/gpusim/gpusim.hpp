@@ -21,7 +21,7 @@
 //
 // The simulation is strict where hardware forgives by luck: shared memory starts as
 // 0xff bytes (NaN in every float format), a cp.async lands only at the wait that
-// covers it and a wgmma only at its wait, and threads of a warp that meet different
+// covers it and a wgmma group only at the wait that covers it, and threads of a warp that meet different
 // collectives, or a barrier that not every thread reaches, stop the run with a message.
 
 #pragma once
@@ -89,6 +89,13 @@ struct Wgmma {
   std::vector<WgmmaPart> parts;  // by thread of the warpgroup
 };
 
+// A warpgroup's wgmma not yet waited for: those issued since the last commit, and the
+// committed groups, oldest first.
+struct WgmmaQueue {
+  std::vector<Wgmma> open;
+  std::vector<std::vector<Wgmma>> groups;
+};
+
 struct Thread {
   ucontext_t context;
   std::unique_ptr<char[]> stack;
@@ -108,7 +115,7 @@ struct Block {
   unsigned char* smem = nullptr;  // the dynamic arena, 1024-byte aligned
   std::size_t smem_bytes = 0;
   std::map<std::pair<int, int>, Meeting> meetings;  // (group size, group) -> meeting
-  std::map<int, std::vector<Wgmma>> wgmma;          // issued, not waited for, by warpgroup
+  std::map<int, WgmmaQueue> wgmma;                  // by warpgroup
   unsigned long long events = 0;                    // arrivals and completions
 };
 
@@ -484,15 +491,28 @@ inline void wgmma(Type type, int n, float* d, const unsigned* a_registers, std::
       issue.parts.push_back(*x->part);
     }
     issue.parts.shrink_to_fit();
-    block->wgmma[thread_id() / 128].push_back(std::move(issue));
+    block->wgmma[thread_id() / 128].open.push_back(std::move(issue));
   });
 }
 
-inline void wgmma_wait() {
-  meet(128, "wgmma.wait_group", nullptr, [](std::vector<void*>&) {
-    auto& pending = block->wgmma[thread_id() / 128];
-    for (const Wgmma& w : pending) run(w);
-    pending.clear();
+// wgmma.commit_group: the warpgroup's wgmma since the last commit become one group.
+inline void wgmma_commit() {
+  meet(128, "wgmma.commit_group", nullptr, [](std::vector<void*>&) {
+    WgmmaQueue& q = block->wgmma[thread_id() / 128];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+  });
+}
+
+// wgmma.wait_group: the warpgroup's groups run, oldest first, until `pending` are left.
+inline void wgmma_wait(int pending) {
+  meet(128, "wgmma.wait_group", &pending, [](std::vector<void*>& args) {
+    WgmmaQueue& q = block->wgmma[thread_id() / 128];
+    const int keep = *static_cast<int*>(args[0]);
+    while (static_cast<int>(q.groups.size()) > keep) {
+      for (const Wgmma& w : q.groups.front()) run(w);
+      q.groups.erase(q.groups.begin());
+    }
   });
 }
 
@@ -595,8 +615,11 @@ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b)
   tsr_sim::mma_m16n8k16(tsr_sim::Type::f16, d, a, b);
 }
 inline void tsr_wgmma_fence() {}
-inline void tsr_wgmma_commit() {}
-inline void tsr_wgmma_wait() { tsr_sim::wgmma_wait(); }
+inline void tsr_wgmma_commit() { tsr_sim::wgmma_commit(); }
+template <int Pending>
+void tsr_wgmma_wait() {
+  tsr_sim::wgmma_wait(Pending);
+}
 inline void tsr_fence_async_shared() {}
 #endif
 

@@ -119,6 +119,7 @@ class _Emitter(TileOps):
         self.views: dict[int, SmemView] = {}
         self.wgmma: set[tuple[str, int, str]] = set()
         self.async_reads = kernel.uses_wgmma
+        self.in_flight = False
         self.aligned: dict[int, str] = {}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}

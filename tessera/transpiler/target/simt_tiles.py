@@ -137,6 +137,8 @@ class TileOps:
     wgmma: set[tuple[str, int, str]]
     #: Whether products may read shared memory through ``wgmma``.
     async_reads: bool
+    #: Whether a ``wgmma`` product left batches running past its loop's iteration.
+    in_flight: bool
     #: The flag that says a tensor's rows are aligned for 16-byte copies, by value id.
     aligned: dict[int, str]
 
@@ -490,8 +492,9 @@ class TileOps:
         from registers when it is a name ("rs": ``name[kk / 16]`` holds the lane's four
         packed pairs, as ``mma.sync`` takes them). The accumulator is the warp's m16n8
         fragments along its columns, as the instruction keeps it. The steps are issued
-        back to back and waited for together; the fence before them orders the
-        registers they read."""
+        back to back as one group; the fence before them orders the registers they
+        read. The warpgroup then waits until the product's ``in_flight`` groups are
+        left running: none, or in a pipelined GEMM loop, this one."""
         dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
         form = "ss" if isinstance(a, SmemView) else "rs"
         n = dist.cols
@@ -512,7 +515,15 @@ class TileOps:
             self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {_WGMMA_K}], {b_desc});")
         self.close()
         self.line("tsr_wgmma_commit();")
-        self.line("tsr_wgmma_wait();")
+        in_flight = op.attr("mma").in_flight
+        self.line(f"tsr_wgmma_wait<{in_flight}>();")
+        self.in_flight = self.in_flight or in_flight > 0
+
+    def op_wait_mma(self, op: Op) -> None:
+        """Wait for the batches of an asynchronous product left running (``wgmma``);
+        where the product ran on another instruction, none were."""
+        if self.in_flight:
+            self.line(f"tsr_wgmma_wait<{op.attr('pending')}>();")
 
     def mfma_product(
         self, inst: str, a: Element, b: Element, bound: str, acc: str, dist: Fragments

@@ -212,6 +212,9 @@ class _Program:
             for buf, slot, data in group:
                 buf[slot] = data
 
+    def op_wait_mma(self, op: Op) -> None:
+        """Products run when they are issued here: nothing is left in flight."""
+
     def op_read(self, op: Op, buf: np.ndarray) -> np.ndarray:
         return buf[self._slot(op.attr("slot"))].copy()
 

@@ -13,6 +13,7 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``store``            register tile -> global tensor, at an ``Access``
 ``copy``             global -> shared (``async`` on targets with cp.async or TMA)
 ``commit``/``wait``  close a group of async copies / wait until ``pending`` remain
+``wait_mma``         wait until ``pending`` batches of an asynchronous product remain
 ``read``             shared -> register tile (one stage of a buffer)
 ``barrier``          all threads of the program
 ``mma``              ``acc + a @ b`` on the instruction legalization chose
@@ -167,12 +168,19 @@ class Mma:
     #: Where the product reads its operands as it runs: "shared" on GPUs (the ``read``
     #: of a staged operand happens at the product), "registers" on CPUs (at the ``read``).
     operands: str = "registers"
+    #: How many of its batches an asynchronous product (``wgmma``) leaves running when
+    #: the program goes on: 1 in a pipelined loop that accumulates and reads nothing
+    #: else of the product, so the next iteration's copies and barrier overlap it. A
+    #: ``wait_mma`` after the loop waits for the last one.
+    in_flight: int = 0
 
     def __str__(self) -> str:
         m, n, k = self.shape
         wm, wn = self.warps
         tm, tn = self.warp_tile
-        return f"{self.inst} m{m}n{n}k{k}  warps {wm}x{wn} of {tm}x{tn}  operands {self.operands}"
+        flight = f"  in flight {self.in_flight}" if self.in_flight else ""
+        return (f"{self.inst} m{m}n{n}k{k}  warps {wm}x{wn} of {tm}x{tn}  operands "
+                f"{self.operands}{flight}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,13 @@ stage and the loop is pipelined: a prologue issues the copies of the first
 the copies of iteration ``i + stages - 1`` into the slot read last
 iteration, and reads slot ``i % stages``. Copies for iterations past the end
 are skipped (``when``). Elsewhere a copy is synchronous and single-slot.
+
+A loop whose one product is an asynchronous ``wgmma`` that only accumulates
+(a GEMM's main loop) leaves each iteration's batch running into the next
+(``in_flight = 1``), with ``stages >= 3``: the copies run ``stages - 2``
+iterations ahead, into the slot the batch before last read, which every
+warpgroup has waited for by the barrier at the top of the iteration. A
+``wait_mma`` after the loop waits for the last batch.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Block, Op, Value, new_value, walk
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
-from .ir import Access, SharedType, Slot, TileKernel, When
+from .ir import Access, Mma, SharedType, Slot, TileKernel, When
 from .rewrite import producers, shift
 
 __all__ = ["stage_operands", "ENGINES"]
@@ -108,18 +115,20 @@ class _Stager:
         loads = self._loads(body)
         buffers = [self.buffer(load, self.stages) for load in loads]
         s = self.stages
+        overlapped = _accumulating_wgmma(body) if s >= 3 else None
+        ahead_by = s - 2 if overlapped is not None else s - 1
         prologue: list[Op] = []
-        for j in range(s - 1):
+        for j in range(ahead_by):
             for load, buf in zip(loads, buffers, strict=True):
                 first = functools.partial(_at_iteration, counter=counter, iteration=j)
                 prologue.append(
                     _copy(load, buf, Slot(Dim.const(j), s), first, self.engine, counter)
                 )
             prologue.append(Op("commit", (), ()))
-        ahead = Dim.sym(counter) + Dim.const(s - 1)
-        inner: list[Op] = [Op("wait", (), (), (("pending", s - 2),))]
+        ahead = Dim.sym(counter) + Dim.const(ahead_by)
+        inner: list[Op] = [Op("wait", (), (), (("pending", ahead_by - 1),))]
         for load, buf in zip(loads, buffers, strict=True):
-            later = functools.partial(shift, counter=counter, delta=s - 1)
+            later = functools.partial(shift, counter=counter, delta=ahead_by)
             inner.append(_copy(load, buf, Slot(ahead, s), later, self.engine, counter))
         inner.append(Op("commit", (), ()))
         current = Slot(Dim.sym(counter), s)
@@ -127,11 +136,37 @@ class _Stager:
         for op in body.ops:
             if op.kind == "load" and op.result.id in by_load:
                 inner.append(_read(op, by_load[op.result.id], current))
+            elif op is overlapped:
+                mma = replace(op.attr("mma"), in_flight=1)
+                attrs = tuple((k, mma if k == "mma" else v) for k, v in op.attrs)
+                inner.append(replace(op, attrs=attrs))
             elif op.regions:
                 inner.append(replace(op, regions=tuple(self.block(r) for r in op.regions)))
             else:
                 inner.append(op)
-        return [*prologue, replace(loop, regions=(replace(body, ops=tuple(inner)),))]
+        pipelined = replace(loop, regions=(replace(body, ops=tuple(inner)),))
+        if overlapped is None:
+            return [*prologue, pipelined]
+        return [*prologue, pipelined, Op("wait_mma", (), (), (("pending", 0),), (), (), loop.span)]
+
+
+def _accumulating_wgmma(body: Block) -> Op | None:
+    """The loop body's one product, if it is a ``wgmma`` that only accumulates into a
+    value the loop carries: nothing else in the body reads its accumulator or its
+    result, which the body yields in the accumulator's place."""
+    products = [op for op in walk(body) if op.kind in ("dot", "mma", "softmax_accumulate")]
+    if len(products) != 1 or products[0].kind != "mma" or products[0] not in body.ops:
+        return None
+    op = products[0]
+    plan = op.attr("mma")
+    if not isinstance(plan, Mma) or not plan.inst.startswith("wgmma"):
+        return None
+    acc, carried = op.operands[2], body.args[1:]
+    if acc not in carried or body.yields[carried.index(acc)] is not op.result:
+        return None
+    readers = [other for other in walk(body) if other is not op
+               and (acc in other.operands or op.result in other.operands)]  # fmt: skip
+    return None if readers else op
 
 
 def _copy(
