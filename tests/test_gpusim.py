@@ -10,6 +10,7 @@ is float64 on the same inputs.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_dtypes
@@ -52,13 +53,19 @@ def attn(q: Tensor["BH", "S", "D", bf16], k: Tensor["BH", "S", "D", bf16],
 """
 
 
+def _library(source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The source's functions, built for ``target``: CUDA and HIP on the simulated GPU
+    (HIP launched as CUDA is), OpenCL on PoCL."""
+    gpu = arch if target == "cuda" else "sm_80"
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(gpu))
+    program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch)
+    return load_hip(program) if target == "hip" else program.load()
+
+
 def _function(source: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The source's one function, built for ``target`` and run on the simulated GPU."""
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(arch))
-    program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch)
-    library = load_hip(program) if target == "hip" else program.load()
-    (name,) = (f["name"] for f in program.ir("meta")["functions"])
-    return getattr(library, name)
+    (name,) = (m.group(1) for m in re.finditer(r"^def (\w+)\(", source, re.M))
+    return getattr(_library(source, target, arch, monkeypatch), name)
 
 
 def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -167,9 +174,7 @@ def narrow(x: Tensor["R", "C", f32],
     if target == "opencl" and _platform() is not None:
         pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
     np_type = FP8[dtype]
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(arch or "sm_80"))
-    program = tessera.compile(source, filename="fp8.tsr", target=target, arch=arch)
-    library = load_hip(program) if target == "hip" else program.load()
+    library = _library(source, target, arch, monkeypatch)
     finite, narrow = _fp8_values(np_type)
     x = _square(finite, np_type)
     out = np.full(x.shape, np.nan, np.float32)

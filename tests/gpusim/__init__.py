@@ -20,6 +20,7 @@ launches (the metadata of both backends describes them alike).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 import subprocess
@@ -231,11 +232,11 @@ class _Launcher:
 
 
 class _Module:
-    #: Whether modules are built under the sanitizers (``simulated_cupy(sanitize=True)``).
-    sanitize = False
-
-    def __init__(self, code: str, options: tuple[str, ...] = (), backend: str = "nvrtc") -> None:
-        library, kernels = build(code, self.sanitize)
+    def __init__(
+        self, code: str, options: tuple[str, ...] = (), backend: str = "nvrtc",
+        sanitize: bool = False,
+    ) -> None:  # fmt: skip
+        library, kernels = build(code, sanitize)
         self._launchers = {k.name: _Launcher(getattr(library, f"tsr_sim_{k.name}"), k)
                            for k in kernels}  # fmt: skip
 
@@ -252,7 +253,7 @@ def simulated_cupy(arch: str, sanitize: bool = False) -> Any:
     gpu = SimpleNamespace(id=0, compute_capability=capability)
     return SimpleNamespace(
         cuda=SimpleNamespace(get_current_stream=lambda: stream, Device=lambda: gpu),
-        RawModule=type("RawModule", (_Module,), {"sanitize": sanitize}),
+        RawModule=functools.partial(_Module, sanitize=sanitize),
         RawKernel=_Launcher,
         ndarray=DeviceArray,
         dtype=np.dtype,
