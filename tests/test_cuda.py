@@ -29,7 +29,7 @@ from tessera.runtime.cuda import CudaUnavailable, _cupy, check_arch
 from tessera.runtime.foreign import BIT_CARRIERS
 
 from .conftest import ROOT, SOURCES
-from .gpusim import simulated_cupy
+from .gpusim import simulated_cupy, use_simulator
 from .reference import CASES, Case, Placement, check_case, f64
 
 NVCC = shutil.which("nvcc")
@@ -160,14 +160,23 @@ def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path)
 @needs_sass_tools
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
-def test_copies_ahead_run_on_cp_async(path: str, arch: str, tmp_path: Path) -> None:
-    """A pipelined loop copies the operands of later iterations with cp.async, 16 bytes
-    a thread (LDGSTS), and waits for them (DEPBAR); attention's query tile, copied once
-    before its loop, moves in 16-byte loads (LDG.E.128)."""
+def test_copies_ahead_run_on_cp_async_or_tma(path: str, arch: str, tmp_path: Path) -> None:
+    """A pipelined loop copies the operands of later iterations ahead: on sm_80 with
+    cp.async, 16 bytes a thread (LDGSTS), waiting for them (DEPBAR); on sm_90a with TMA
+    (UTMALDG), waiting on an mbarrier (SYNCS.PHASECHK), and no cp.async. Attention's query
+    tile, copied once before its loop, moves in 16-byte loads (LDG.E.128)."""
     cubin, _ = _nvcc(path, arch, tmp_path)
     sass = cuobjdump("-sass", cubin)
-    assert re.search(r"\bLDGSTS\.E\.BYPASS\.128\b", sass), f"{path}: no 16-byte cp.async"
-    assert re.search(r"\bLDGDEPBAR\b", sass) and re.search(r"\bDEPBAR\.LE\b", sass)
+    cp_async = re.search(r"\bLDGSTS\.E\.BYPASS\.128\b", sass)
+    if arch == "sm_90a":
+        assert re.search(r"\bUTMALDG\.[2-5]D\b", sass), f"{path}: no TMA copy"
+        assert re.search(
+            r"\bSYNCS\.PHASECHK\.TRANS64\.TRYWAIT\b", sass
+        ), f"{path}: no mbarrier wait"
+        assert not cp_async, f"{path}: cp.async left beside TMA"
+    else:
+        assert cp_async, f"{path}: no 16-byte cp.async"
+        assert re.search(r"\bLDGDEPBAR\b", sass) and re.search(r"\bDEPBAR\.LE\b", sass)
     if "attention" in path:
         assert re.search(r"\bLDG\.E\.128\b", sass), f"{path}: no 16-byte loads"
 
@@ -255,7 +264,7 @@ def test_arguments_reach_the_launches_as_the_metadata_orders_them(
     addresses and the result is allocated beside them (bf16 as its bits, in CuPy);
     numpy arrays travel as bytes and what the kernels wrote comes back."""
     launches: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: _stand_in_cupy(launches))
+    use_simulator(monkeypatch, _stand_in_cupy(launches))  # its driver encodes tensor maps
     program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch="sm_90a")
     mlp = program.load().mlp
     meta = mlp.meta
@@ -270,9 +279,15 @@ def test_arguments_reach_the_launches_as_the_metadata_orders_them(
     named = {**device, "out": out}
     assert [name for name, _ in launches] == [k["kernel"] for k in meta["launches"]]
     for (_, args), launch in zip(launches, meta["launches"], strict=True):
+        maps = {m["name"]: m["tensor"] for m in launch.get("tensor_maps", ())}
+        assert maps, "sm_90a's GEMMs copy through TMA"
         for arg, name in zip(args, launch["args"], strict=True):
             if name in named:
                 assert arg == named[name].data.ctypes.data and isinstance(arg, np.uint64), name
+            elif name in maps:  # 128 bytes by value, describing its tensor where it lies
+                assert isinstance(arg, np.ndarray) and arg.dtype.itemsize == 128, name
+                where = named[maps[name]].data if maps[name] in named else None
+                assert where is None or arg.view(np.uint64)[1] == where.ctypes.data, name
             elif name in sizes:
                 assert arg == sizes[name] and isinstance(arg, np.int64), name
             else:
@@ -295,7 +310,7 @@ def test_runs_to_the_float64_reference_on_the_simulator(
     """Every case as ``tessera.runtime.cuda`` runs it, with the GPU simulated on the CPU
     (``tests/gpusim``): mma.sync and wgmma as the PTX ISA defines them, cp.async landing
     only at its wait, shared memory and buffers poisoned first."""
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(arch))
+    use_simulator(monkeypatch, simulated_cupy(arch))
     check_case(case, "cuda", arch)
 
 
@@ -315,6 +330,15 @@ SABOTAGED = {
         "gemm:gemm", "sm_90a", "_ss<0, 1>", "_ss<0, 0>"),
     "a GEMM's last wgmma batch left running": (
         "gemm:gemm", "sm_90a", "  tsr_wgmma_wait<0>();\n", "\n"),
+    "a TMA stage's wait on the phase before": (
+        "gemm:gemm", "sm_90a", "kb / 4 % 2);", "(kb / 4 + 1) % 2);"),
+    "TMA copies whose bytes the barrier is not told of": (
+        "gemm:gemm", "sm_90a",
+        "tsr_landed + 1, (64 < K && a_aligned ? 16384 : 0) + (64 < K && b_aligned ? 16384 : 0));",
+        "tsr_landed + 1, 0);"),
+    "a TMA box's coordinates outermost first": (
+        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 128*pid_n, 0)",
+        "&b_map, tsr_landed + 0, 0, 128*pid_n)"),
     "an ldmatrix of a row-major b without .trans": (
         "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip
@@ -332,7 +356,7 @@ def test_the_simulator_catches_a_broken_kernel(
     cupy = simulated_cupy(arch)
     real = cupy.RawModule
     cupy.RawModule = lambda code, *args, **kw: real(_sabotage(code, old, new), *args, **kw)
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: cupy)
+    use_simulator(monkeypatch, cupy)
     with pytest.raises(AssertionError, match=r"relative error|never written"):
         check_case(case, "cuda", arch)
 

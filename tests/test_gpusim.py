@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.runtime import cuda as cuda_runtime
 
 from .conftest import ROOT
-from .gpusim import load_hip, simulated_cupy
+from .gpusim import load_hip, simulated_cupy, use_simulator
 from .helpers import run_sanitized
 from .reference import (
     FP8,
@@ -57,7 +56,7 @@ def _library(source: str, target: str, arch: str | None, monkeypatch: pytest.Mon
     """The source's functions, built for ``target``: CUDA and HIP on the simulated GPU
     (HIP launched as CUDA is), OpenCL on PoCL."""
     gpu = arch if target == "cuda" else "sm_80"
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy(gpu))
+    use_simulator(monkeypatch, simulated_cupy(gpu))
     program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch)
     return load_hip(program) if target == "hip" else program.load()
 
@@ -81,8 +80,12 @@ def _check(have: np.ndarray, want: np.ndarray, rtol: float) -> None:
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
 @pytest.mark.parametrize(
-    ("m", "n", "k"), [(1, 1, 1), (16, 8, 16), (33, 65, 17), (128, 128, 64), (129, 257, 80)]
-)
+    ("m", "n", "k"),
+    # ... and K long enough for the pipelines' steady state: rows of whole 16 bytes (TMA
+    # on sm_90a) and not (element copies)
+    [(1, 1, 1), (16, 8, 16), (33, 65, 17), (128, 128, 64), (129, 257, 80), (70, 136, 600),
+     (33, 65, 301)],
+)  # fmt: skip
 def test_products_at_edge_sizes(
     m: int, n: int, k: int, target: str, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,7 +193,7 @@ SANITIZED = """
 import re, sys
 sys.path.insert(0, {root!r})
 from tessera.runtime import cuda as cuda_runtime
-from tests.gpusim import load_hip, simulated_cupy
+from tests.gpusim import load_hip, simulated_cupy, simulated_driver
 from tests.reference import CASES, check_case
 cupy = simulated_cupy({arch!r}, sanitize=True)
 real = cupy.RawModule
@@ -199,6 +202,7 @@ def module(code, *args, **kwargs):  # the chunk copies' masks taken away, when a
                 if {unmasked!r} else code, *args, **kwargs)
 cupy.RawModule = module
 cuda_runtime._cupy = lambda: cupy
+cuda_runtime._driver = lambda: simulated_driver(sanitize=True)
 for case in CASES:
     if {only!r} in (None, case.id):
         check_case(case, {target!r}, {arch!r}, **({{"load": load_hip}} if {target!r} == "hip"

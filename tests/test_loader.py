@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.runtime import cuda as cuda_runtime
 from tessera.runtime.cuda import _cupy
 from tessera.runtime.entry import evaluate
 from tessera.runtime.foreign import BIT_CARRIERS
@@ -29,7 +28,7 @@ from tessera.transpiler.pipeline import Program
 from tessera.transpiler.target.cupy_loader import python_loader
 
 from .conftest import EXAMPLES, ROOT, SOURCES
-from .gpusim import simulated_cupy
+from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import CASES, Case, check_case
 from .test_cuda import ARCHS, GPU_TENSOR_CASES, ON_GPU, needs_gxx, no_gpu
 
@@ -263,13 +262,17 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
 
 
 def _loader_module(
-    program: Program, tmp_path: Path, cupy: Any, monkeypatch: pytest.MonkeyPatch
-) -> Any:
+    program: Program, tmp_path: Path, cupy: Any, monkeypatch: pytest.MonkeyPatch,
+    driver: Any = None,
+) -> Any:  # fmt: skip
     """A program's CUDA file and loader, written as a project checks them in, and the
-    loader imported over ``cupy``."""
+    loader imported over ``cupy`` (and ``driver``, where given, for the CUDA driver)."""
     (tmp_path / "k.cu").write_text(program.source)
     (tmp_path / "k_loader.py").write_text(python_loader(program.ir("meta"), "k.cu"))
-    return _import(tmp_path / "k_loader.py", cupy, monkeypatch)
+    module = _import(tmp_path / "k_loader.py", cupy, monkeypatch)
+    if driver is not None and hasattr(module, "_driver"):
+        monkeypatch.setattr(module, "_driver", lambda: driver)
+    return module
 
 
 @pytest.mark.execute
@@ -282,8 +285,9 @@ def test_loader_runs_to_the_float64_reference_on_the_simulator(
     """The files a downstream project checks in, run with nothing but (a simulated)
     CuPy on cupy arrays, outputs poisoned first."""
     cupy = simulated_cupy(arch)
-    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: cupy)
-    load = functools.partial(_loader_module, tmp_path=tmp_path, cupy=cupy, monkeypatch=monkeypatch)
+    use_simulator(monkeypatch, cupy)
+    load = functools.partial(_loader_module, tmp_path=tmp_path, cupy=cupy,
+                             monkeypatch=monkeypatch, driver=simulated_driver())  # fmt: skip
     check_case(case, "cuda", arch, placement=ON_GPU["cupy"], load=load)
 
 

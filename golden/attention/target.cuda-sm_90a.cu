@@ -93,6 +93,64 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// ---------------------------------------------------------------- tensor memory access
+
+// sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The
+// host describes the tensor in a tensor map (cuTensorMapEncodeTiled: address, sizes, row
+// strides, the box, the 128-byte swizzle) passed as a __grid_constant__ parameter; the
+// box's elements past the tensor's edges arrive as zeros. A pipeline stage's copies
+// complete a phase of the stage's mbarrier, in shared memory: the thread that issues
+// them arrives there announcing the bytes they bring (expect_tx), and the phase
+// completes when all have landed.
+struct alignas(64) tsr_tensor_map { unsigned long long opaque[16]; };
+
+__device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+}
+
+// Initialized barriers are seen by the copies that complete them (the async proxy) once
+// the block's barrier after this fence has been passed.
+__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// One arrival, announcing `bytes` more to land before the phase completes.
+__device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+}
+
+// Waits until the barrier's phase of parity `parity` has completed: the copies it
+// counted have landed, and are visible to the waiting thread.
+__device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n"
+                 "}\n"
+                 : "=r"(done) : "r"(address), "r"(parity) : "memory");
+  }
+}
+
+// The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
+// `dst`, completing bytes on `bar`.
+__device__ inline void tsr_tma_load_3d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1, int c2) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5}], [%2];"
+               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+__device__ inline void tsr_tma_load_4d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1, int c2, int c3) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
 
 // d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
 // accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor; `a` is
@@ -163,14 +221,15 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const __grid_constant__ tsr_tensor_map K_map, const __grid_constant__ tsr_tensor_map V_map) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163840 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163856 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // one mbarrier per stage
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -194,38 +253,45 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-  if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (K_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          k_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
-        }
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (0 < S && 0 < 128*pid_m + 128) {
+    if (K_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_4d(k_tile_smem, &K_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
+        tsr_tma_load_4d(k_tile_smem + 8192, &K_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 16384; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
       }
     }
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-  if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (V_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          v_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
-        }
+  if (0 < S && 0 < 128*pid_m + 128) {
+    if (V_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_4d(v_tile_smem, &V_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
+        tsr_tma_load_4d(v_tile_smem + 8192, &V_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 16384; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < S && 0 < 128*pid_m + 128 && K_aligned ? 32768 : 0) + (0 < S && 0 < 128*pid_m + 128 && V_aligned ? 32768 : 0));
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -255,42 +321,42 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
-    tsr_copy_wait<0>();
+    tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (K_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j) : K, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j + q] : 0;
-          }
+    if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+      if (K_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
+          tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 16384; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (V_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j) : V, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j + q] : 0;
-          }
+    if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+      if (V_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
+          tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 16384; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128 && K_aligned ? 32768 : 0) + (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128 && V_aligned ? 32768 : 0));
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
@@ -401,14 +467,15 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < BH], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const __grid_constant__ tsr_tensor_map k_map, const __grid_constant__ tsr_tensor_map v_map) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163840 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163856 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // one mbarrier per stage
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -429,38 +496,45 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     }
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
   if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (k_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Kb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          Kb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
-        }
+    if (k_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_3d(Kb_smem, &k_map, tsr_landed + 0, 0, 0, pid_b0);
+        tsr_tma_load_3d(Kb_smem + 8192, &k_map, tsr_landed + 0, 64, 0, pid_b0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 16384; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
       }
     }
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (v_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Vb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          Vb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
-        }
+    if (v_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_3d(Vb_smem, &v_map, tsr_landed + 0, 0, 0, pid_b0);
+        tsr_tma_load_3d(Vb_smem + 8192, &v_map, tsr_landed + 0, 64, 0, pid_b0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 16384; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < S && k_aligned ? 32768 : 0) + (0 < S && v_aligned ? 32768 : 0));
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -490,42 +564,42 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     }
   }
   for (long long nblk = 0; nblk * 128 < S; ++nblk) {
-    tsr_copy_wait<0>();
+    tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (k_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 128*nblk + 128 + i) * D + j) : k, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j + q] : 0;
-          }
+      if (k_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
+          tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 16384; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (v_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 128*nblk + 128 + i) * D + j) : v, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2) * 16384 + (j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*nblk + 128 + i < S && j + q < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j + q] : 0;
-          }
+      if (v_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
+          tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 16384; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, (128*nblk + 128 < S && k_aligned ? 32768 : 0) + (128*nblk + 128 < S && v_aligned ? 32768 : 0));
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;

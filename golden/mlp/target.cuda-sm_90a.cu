@@ -99,6 +99,56 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// ---------------------------------------------------------------- tensor memory access
+
+// sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The
+// host describes the tensor in a tensor map (cuTensorMapEncodeTiled: address, sizes, row
+// strides, the box, the 128-byte swizzle) passed as a __grid_constant__ parameter; the
+// box's elements past the tensor's edges arrive as zeros. A pipeline stage's copies
+// complete a phase of the stage's mbarrier, in shared memory: the thread that issues
+// them arrives there announcing the bytes they bring (expect_tx), and the phase
+// completes when all have landed.
+struct alignas(64) tsr_tensor_map { unsigned long long opaque[16]; };
+
+__device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+}
+
+// Initialized barriers are seen by the copies that complete them (the async proxy) once
+// the block's barrier after this fence has been passed.
+__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// One arrival, announcing `bytes` more to land before the phase completes.
+__device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+}
+
+// Waits until the barrier's phase of parity `parity` has completed: the copies it
+// counted have landed, and are visible to the waiting thread.
+__device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n"
+                 "}\n"
+                 : "=r"(done) : "r"(address), "r"(parity) : "memory");
+  }
+}
+
+// The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
+// `dst`, completing bytes on `bar`.
+__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
+}
 
 // d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
 // accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
@@ -136,82 +186,90 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131104 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // one mbarrier per stage
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 2, 1);
+    tsr_mbarrier_init(tsr_landed + 3, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
-        }
+    if (A_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
-        }
+    if (B_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
+        tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < K && A_aligned ? 16384 : 0) + (0 < K && B_aligned ? 16384 : 0));
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64 + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64 + j + q < K ? A[(128*pid_m + i) * K + 64 + j + q] : 0;
-        }
+    if (A_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64 + i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64 + i < K && 128*pid_n + j + q < N ? B[(64 + i) * N + 128*pid_n + j + q] : 0;
-        }
+    if (B_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 1, 128*pid_n, 64);
+        tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 1, 128*pid_n + 64, 64);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 128*pid_n + j < N ? B[(64 + i) * N + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, (64 < K && A_aligned ? 16384 : 0) + (64 < K && B_aligned ? 16384 : 0));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -223,42 +281,41 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
-        if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 128 + j) : A, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
-          }
+      if (A_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (64*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (B_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 128 + i) * N + 128*pid_n + j) : B, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
-          }
+      if (B_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &B_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 128*pid_n + j < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, (64*kb + 128 < K && A_aligned ? 16384 : 0) + (64*kb + 128 < K && B_aligned ? 16384 : 0));
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     tsr_wgmma_fence();
     #pragma unroll
@@ -285,82 +342,90 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map W_in_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131104 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // one mbarrier per stage
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 2, 1);
+    tsr_mbarrier_init(tsr_landed + 3, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
-        }
+    if (x_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_in_aligned) {
-        const int bytes = i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + 128*pid_n + j) : W_in, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && 128*pid_n + j + q < F ? W_in[(i) * F + 128*pid_n + j + q] : 0;
-        }
+    if (W_in_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 128*pid_n, 0);
+        tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 128*pid_n + 64, 0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 128*pid_n + j < F ? W_in[(i) * F + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < D && x_aligned ? 16384 : 0) + (0 < D && W_in_aligned ? 16384 : 0));
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 64 + j) : x, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64 + j + q < D ? x[(128*pid_m + i) * D + 64 + j + q] : 0;
-        }
+    if (x_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < D ? x[(128*pid_m + i) * D + 64 + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_in_aligned) {
-        const int bytes = 64 + i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((64 + i) * F + 128*pid_n + j) : W_in, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64 + i < D && 128*pid_n + j + q < F ? W_in[(64 + i) * F + 128*pid_n + j + q] : 0;
-        }
+    if (W_in_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 1, 128*pid_n, 64);
+        tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 1, 128*pid_n + 64, 64);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 128*pid_n + j < F ? W_in[(64 + i) * F + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, (64 < D && x_aligned ? 16384 : 0) + (64 < D && W_in_aligned ? 16384 : 0));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -372,42 +437,41 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
   }
   for (long long kb = 0; kb * 64 < D; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 128 < D) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
-        if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 64*kb + 128 + j) : x, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 128 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j + q] : 0;
-          }
+      if (x_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (64*kb + 128 < D) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (W_in_aligned) {
-          const int bytes = 64*kb + 128 + i < D && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((64*kb + 128 + i) * F + 128*pid_n + j) : W_in, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < D && 128*pid_n + j + q < F ? W_in[(64*kb + 128 + i) * F + 128*pid_n + j + q] : 0;
-          }
+      if (W_in_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 128*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 128*pid_n + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, (64*kb + 128 < D && x_aligned ? 16384 : 0) + (64*kb + 128 < D && W_in_aligned ? 16384 : 0));
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     tsr_wgmma_fence();
     #pragma unroll
@@ -434,82 +498,90 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D, const __grid_constant__ tsr_tensor_map h_map, const __grid_constant__ tsr_tensor_map W_out_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131104 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // one mbarrier per stage
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 2, 1);
+    tsr_mbarrier_init(tsr_landed + 3, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
   if (0 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + j) : h, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < F ? h[(128*pid_m + i) * F + j + q] : 0;
-        }
+    if (h_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_out_aligned) {
-        const int bytes = i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + 128*pid_n + j) : W_out, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && 128*pid_n + j + q < D ? W_out[(i) * D + 128*pid_n + j + q] : 0;
-        }
+    if (W_out_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 128*pid_n, 0);
+        tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 128*pid_n + 64, 0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 128*pid_n + j < D ? W_out[(i) * D + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < F && h_aligned ? 16384 : 0) + (0 < F && W_out_aligned ? 16384 : 0));
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && 64 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 64 + j) : h, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64 + j + q < F ? h[(128*pid_m + i) * F + 64 + j + q] : 0;
-        }
+    if (h_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < F ? h[(128*pid_m + i) * F + 64 + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < F) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (W_out_aligned) {
-        const int bytes = 64 + i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((64 + i) * D + 128*pid_n + j) : W_out, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[1 * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64 + i < F && 128*pid_n + j + q < D ? W_out[(64 + i) * D + 128*pid_n + j + q] : 0;
-        }
+    if (W_out_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 1, 128*pid_n, 64);
+        tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 1, 128*pid_n + 64, 64);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 128*pid_n + j < D ? W_out[(64 + i) * D + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, (64 < F && h_aligned ? 16384 : 0) + (64 < F && W_out_aligned ? 16384 : 0));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -521,42 +593,41 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
   }
   for (long long kb = 0; kb * 64 < F; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 128 < F) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
-        if (h_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 64*kb + 128 + j) : h, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < T && 64*kb + 128 + j + q < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j + q] : 0;
-          }
+      if (h_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (64*kb + 128 < F) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (W_out_aligned) {
-          const int bytes = 64*kb + 128 + i < F && 128*pid_n + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((64*kb + 128 + i) * D + 128*pid_n + j) : W_out, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 4) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 128 + i < F && 128*pid_n + j + q < D ? W_out[(64*kb + 128 + i) * D + 128*pid_n + j + q] : 0;
-          }
+      if (W_out_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
+          tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 128*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 128*pid_n + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, (64*kb + 128 < F && h_aligned ? 16384 : 0) + (64*kb + 128 < F && W_out_aligned ? 16384 : 0));
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     tsr_wgmma_fence();
     #pragma unroll

@@ -104,6 +104,56 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// ---------------------------------------------------------------- tensor memory access
+
+// sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The
+// host describes the tensor in a tensor map (cuTensorMapEncodeTiled: address, sizes, row
+// strides, the box, the 128-byte swizzle) passed as a __grid_constant__ parameter; the
+// box's elements past the tensor's edges arrive as zeros. A pipeline stage's copies
+// complete a phase of the stage's mbarrier, in shared memory: the thread that issues
+// them arrives there announcing the bytes they bring (expect_tx), and the phase
+// completes when all have landed.
+struct alignas(64) tsr_tensor_map { unsigned long long opaque[16]; };
+
+__device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+}
+
+// Initialized barriers are seen by the copies that complete them (the async proxy) once
+// the block's barrier after this fence has been passed.
+__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// One arrival, announcing `bytes` more to land before the phase completes.
+__device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+}
+
+// Waits until the barrier's phase of parity `parity` has completed: the copies it
+// counted have landed, and are visible to the waiting thread.
+__device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n"
+                 "}\n"
+                 : "=r"(done) : "r"(address), "r"(parity) : "memory");
+  }
+}
+
+// The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
+// `dst`, completing bytes on `bar`.
+__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+  const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
+}
 
 // d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
 // accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
@@ -447,49 +497,57 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98304 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98328 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 98304);  // one mbarrier per stage
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 1);
+    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 2, 1);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
-      if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
-        }
+    if (A_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 64;
+        const long long j = e - i * 64;
+        a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
-      if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
-        }
+    if (B_aligned) {
+      if (lid == 0) {
+        tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
+        tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+      }
+    } else {
+      #pragma unroll 1
+      for (long long e = lid; e < 8192; e += 256) {
+        const long long i = e / 128;
+        const long long j = e - i * 128;
+        b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
       }
     }
   }
-  tsr_copy_commit();
+  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < K && A_aligned ? 16384 : 0) + (0 < K && B_aligned ? 16384 : 0));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
@@ -501,42 +559,41 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     }
   }
   for (long long kb = 0; kb * 64 < K; ++kb) {
-    tsr_copy_wait<0>();
+    tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
-        if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 64*kb + 64 + j) : A, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j + q] : 0;
-          }
+      if (A_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 1024; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
-        if (B_aligned) {
-          const int bytes = 64*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((64*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 8192 + (j + q) / 64 * 4096 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
-          }
+      if (B_aligned) {
+        if (lid == 0) {
+          tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
+          tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = lid; e < 8192; e += 256) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3, (64*kb + 64 < K && A_aligned ? 16384 : 0) + (64*kb + 64 < K && B_aligned ? 16384 : 0));
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     tsr_wgmma_fence();
     #pragma unroll

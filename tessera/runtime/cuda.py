@@ -23,6 +23,7 @@ one line.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .entry import Entry, Library, argument
+from ..transpiler.graph.dtypes import DTYPES
+from . import tensor_map
+from .entry import Entry, Library, argument, evaluate
 from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
@@ -58,6 +61,17 @@ def _cupy() -> Any:
     if count == 0:
         raise CudaUnavailable("cannot run CUDA code: no NVIDIA GPU is present")
     return cupy
+
+
+@functools.cache
+def _driver() -> Any:
+    """The CUDA driver, which encodes the TMA tensor maps of sm_90a kernels."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise CudaUnavailable(
+            "cannot encode TMA tensor maps: no CUDA driver (libcuda.so.1)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,8 @@ class CudaFunction(Entry):
             grid = self._programs(launch, sizes)
             if 0 in grid:
                 continue  # an empty tensor: no program to run
+            for m in launch.get("tensor_maps", ()):
+                device[m["name"]] = _tensor_map(m, device[m["tensor"]], sizes)
             args = tuple(argument(a, device, scalars, sizes) for a in launch["args"])
             grid += [1] * (3 - len(grid))
             self._kernels[launch["kernel"]](
@@ -161,6 +177,15 @@ class CudaFunction(Entry):
         for p in self._params:
             if p["kind"] == "tensor" and p["io"] != "in":
                 device[p["name"]].get(out=_bytes(arrays[p["name"]]))
+
+
+def _tensor_map(m: Mapping[str, Any], x: Any, sizes: Mapping[str, int]) -> np.ndarray:
+    """The tensor map ``m`` of the metadata, for the tensor ``x`` (a device array, or the
+    address of a GPU tensor's first element)."""
+    address = int(x) if isinstance(x, np.integer) else x.__cuda_array_interface__["data"][0]
+    dims = [evaluate(d, sizes, m["tensor"]) for d in m["dims"]]
+    element_bytes = DTYPES[m["dtype"]].bits // 8
+    return tensor_map.encode(_driver(), address, element_bytes, dims, m["box"])
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["simulated_source", "build", "simulated_cupy", "load_hip", "DeviceArray",
-           "SimulationError"]  # fmt: skip
+__all__ = ["simulated_source", "build", "simulated_cupy", "simulated_driver", "use_simulator",
+           "load_hip", "DeviceArray", "SimulationError"]  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 _CACHE = Path(tempfile.gettempdir()) / "tessera-gpusim"
@@ -51,6 +51,7 @@ _ARENA = re.compile(
 _VECTOR = re.compile(r"typedef (\w+) (\w+) __attribute__\(\(ext_vector_type\((\d+)\)\)\);")
 _WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k16_(bf16|f16)_(ss|rs)")
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
+_MAP = "tsr_tensor_map"
 
 
 class SimulationError(RuntimeError):
@@ -122,7 +123,8 @@ def _kernels(source: str) -> list[_Kernel]:
     for match, after in zip(starts, [*starts[1:], None], strict=True):
         parsed = []
         for param in match.group(2).split(", "):
-            ctype, pname = param.replace(" __restrict__", "").rsplit(" ", 1)
+            plain = param.replace(" __restrict__", "").replace("__grid_constant__ ", "")
+            ctype, pname = plain.rsplit(" ", 1)
             parsed.append((ctype.removeprefix("const "), pname))
         body = source[match.end() : after.start() if after else len(source)]
         arena = _ARENA.search(body)
@@ -142,8 +144,9 @@ def simulated_source(source: str) -> str:
     forwards = [_wgmma_forward(name) for name in dropped if _WGMMA.fullmatch(name)]
     launchers = []
     for k in _kernels(source):
-        params = ", ".join(f"{t} {n}" for t, n in k.params)
-        args = ", ".join(n for _, n in k.params)
+        # A tensor map, which a launch passes by value, comes to the launcher by address.
+        params = ", ".join(f"const {t}* {n}" if t == _MAP else f"{t} {n}" for t, n in k.params)
+        args = ", ".join(f"*{n}" if t == _MAP else n for t, n in k.params)
         launchers.append(
             f'extern "C" void tsr_sim_{k.name}(unsigned gx, unsigned gy, unsigned gz, '
             f"unsigned threads, unsigned long long smem, {params}) {{\n"
@@ -164,7 +167,11 @@ SANITIZE = ("-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 def build(source: str, sanitize: bool = False) -> tuple[ctypes.CDLL, list[_Kernel]]:
     """The simulated module of a CUDA or HIP file (built once per source and flags) and
     its kernels; with ``sanitize``, every access the kernels make is checked."""
-    text = simulated_source(source)
+    return _compiled(simulated_source(source), sanitize), _kernels(source)
+
+
+def _compiled(text: str, sanitize: bool) -> ctypes.CDLL:
+    """C++ for the simulator as a loaded shared library, built once per text and flags."""
     header = (HERE / "gpusim.hpp").read_text()
     flags = ["-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{HERE}",
              *(SANITIZE if sanitize else ())]  # fmt: skip
@@ -179,7 +186,21 @@ def build(source: str, sanitize: bool = False) -> tuple[ctypes.CDLL, list[_Kerne
         if done.returncode != 0:
             raise SimulationError(f"building {cpp} for the simulator failed:\n{done.stderr}")
         library.with_suffix(".tmp").rename(library)
-    return ctypes.CDLL(str(library)), _kernels(source)
+    return ctypes.CDLL(str(library))
+
+
+def simulated_driver(sanitize: bool = False) -> ctypes.CDLL:
+    """The CUDA driver's ``cuTensorMapEncodeTiled``, writing the tensor maps that the
+    simulated TMA copies read."""
+    return _compiled('#define TSR_SIM_DRIVER\n#include "gpusim.hpp"\n', sanitize)
+
+
+def use_simulator(monkeypatch: Any, cupy: Any, sanitize: bool = False) -> None:
+    """Run ``tessera.runtime.cuda`` over a simulated CuPy and the simulated driver."""
+    from tessera.runtime import cuda as cuda_runtime
+
+    monkeypatch.setattr(cuda_runtime, "_cupy", lambda: cupy)
+    monkeypatch.setattr(cuda_runtime, "_driver", lambda: simulated_driver(sanitize))
 
 
 class DeviceArray:
@@ -206,6 +227,12 @@ class DeviceArray:
         return out
 
 
+def _by_address(ctype: str) -> bool:
+    """Whether a kernel parameter reaches the launcher as an address: a pointer, or a
+    tensor map (passed by value to the kernel)."""
+    return ctype.endswith("*") or ctype == _MAP
+
+
 class _Launcher:
     """A kernel of a simulated module, called as CuPy's ``RawKernel`` is."""
 
@@ -214,7 +241,7 @@ class _Launcher:
         function.argtypes = (
             [ctypes.c_uint] * 4
             + [ctypes.c_ulonglong]
-            + [ctypes.c_void_p if t.endswith("*") else _SCALARS[t] for t, _ in kernel.params]
+            + [ctypes.c_void_p if _by_address(t) else _SCALARS[t] for t, _ in kernel.params]
         )
         self.function = function
         self.name = kernel.name
@@ -227,7 +254,9 @@ class _Launcher:
                 f"{self.name}: {shared_mem} bytes of dynamic shared memory, but the kernel "
                 f"allows {self.max_dynamic_shared_size_bytes}"
             )
-        values = [a.data.ctypes.data if isinstance(a, DeviceArray) else a.item() for a in args]
+        values = [a.data.ctypes.data if isinstance(a, DeviceArray)
+                  else a.ctypes.data if isinstance(a, np.ndarray)  # passed by value: a map
+                  else a.item() for a in args]  # fmt: skip
         self.function(*grid, block[0], max(shared_mem, self.arena), *values)
 
 

@@ -96,6 +96,36 @@ struct WgmmaQueue {
   std::vector<std::vector<Wgmma>> groups;
 };
 
+// The 128 bytes of a TMA tensor map, as the simulated driver encodes them (the real
+// layout is the driver's own): what cuTensorMapEncodeTiled was given, strides in bytes
+// for every axis, innermost first.
+struct TensorMap {
+  std::uint64_t magic;
+  const unsigned char* address;
+  std::uint32_t rank, element_bytes;
+  std::uint64_t dims[5], strides[5];
+  std::uint32_t box[5], swizzle;
+};
+static_assert(sizeof(TensorMap) == 128, "a tensor map is 128 bytes");
+constexpr std::uint64_t kTensorMapMagic = 0x70616d726f736e65ull;
+
+// One TMA copy issued and not landed: the box at `coords` of the tensor `map` describes.
+struct TmaCopy {
+  unsigned char* dst;
+  TensorMap map;
+  long long coords[5];
+};
+
+// An mbarrier: arrivals expected per phase and still pending, the transaction bytes
+// still to land (announced by expect_tx less those landed), the phases completed, and
+// the TMA copies that complete bytes on it and have not landed.
+struct MBarrier {
+  int arrivals = 0, pending = 0;
+  long long tx = 0;
+  unsigned phase = 0;
+  std::vector<TmaCopy> copies;
+};
+
 struct Thread {
   ucontext_t context;
   std::unique_ptr<char[]> stack;
@@ -116,6 +146,7 @@ struct Block {
   std::size_t smem_bytes = 0;
   std::map<std::pair<int, int>, Meeting> meetings;  // (group size, group) -> meeting
   std::map<int, WgmmaQueue> wgmma;                  // by warpgroup
+  std::map<const void*, MBarrier> barriers;         // by address in shared memory
   unsigned long long events = 0;                    // arrivals and completions
 };
 
@@ -355,6 +386,148 @@ inline void copy_wait(int pending) {
   }
 }
 
+// ------------------------------------------------------------------ TMA and mbarriers
+//
+// cp.async.bulk.tensor copies a box of a tensor map into shared memory: element (e0, e1,
+// ...) of the box, innermost first, comes from the tensor at coords + e, or is zero past
+// the tensor's edges; the box's rows (box[0] elements) lie one after another, and with
+// the 128-byte swizzle, 16-byte chunk c of each 128-byte row r lies at chunk c ^ (r % 8)
+// (address bits 4-6 XOR bits 7-9, from a destination aligned to 1024 bytes). Its bytes
+// complete on an mbarrier, whose phase completes when its pending arrivals and its
+// announced bytes (mbarrier.arrive.expect_tx) are all in. A copy lands only when a
+// thread waits on its barrier, so a read of a stage that skipped the wait sees poison.
+
+inline MBarrier& barrier_at(const void* bar) {
+  cvta_shared(bar);
+  auto found = block->barriers.find(bar);
+  if (found == block->barriers.end()) fail("an mbarrier used before mbarrier.init");
+  return found->second;
+}
+
+inline void mbarrier_init(void* bar, unsigned arrivals) {
+  cvta_shared(bar);
+  if (reinterpret_cast<std::uintptr_t>(bar) % 8) fail("an mbarrier not 8-byte aligned");
+  MBarrier& b = block->barriers[bar];
+  b = MBarrier{};
+  b.arrivals = b.pending = static_cast<int>(arrivals);
+  ++block->events;
+}
+
+inline void complete_if_done(MBarrier& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.phase;
+    b.pending = b.arrivals;
+    ++block->events;
+  }
+}
+
+inline void mbarrier_arrive_expect_tx(void* bar, unsigned bytes) {
+  MBarrier& b = barrier_at(bar);
+  b.tx += bytes;
+  --b.pending;
+  ++block->events;
+  complete_if_done(b);
+}
+
+inline void tma_land(const TmaCopy& c) {
+  const TensorMap& m = c.map;
+  const std::uint32_t row_bytes = m.box[0] * m.element_bytes;
+  std::uint64_t rows = 1;
+  for (std::uint32_t k = 1; k < m.rank; ++k) rows *= m.box[k];
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    long long at[5] = {0, 0, 0, 0, 0};
+    bool inside = true;
+    std::uint64_t rest = r;
+    for (std::uint32_t k = 1; k < m.rank; ++k) {
+      at[k] = c.coords[k] + static_cast<long long>(rest % m.box[k]);
+      rest /= m.box[k];
+      inside = inside && at[k] >= 0 && at[k] < static_cast<long long>(m.dims[k]);
+    }
+    for (std::uint32_t e = 0; e < m.box[0]; ++e) {
+      at[0] = c.coords[0] + e;
+      const bool live = inside && at[0] >= 0 && at[0] < static_cast<long long>(m.dims[0]);
+      std::uint64_t offset = r * row_bytes + e * m.element_bytes;
+      if (m.swizzle == 128) offset ^= ((offset >> 7) & 7) << 4;
+      unsigned char* to = c.dst + offset;
+      if (!live) {
+        std::memset(to, 0, m.element_bytes);
+        continue;
+      }
+      const unsigned char* from = m.address;
+      for (std::uint32_t k = 0; k < m.rank; ++k) from += at[k] * static_cast<long long>(m.strides[k]);
+      std::memcpy(to, from, m.element_bytes);
+    }
+  }
+}
+
+inline void tma_load(void* dst, const void* map, void* bar, const long long* coords) {
+  TmaCopy c{static_cast<unsigned char*>(dst), {}, {}};
+  std::memcpy(&c.map, map, sizeof c.map);
+  if (c.map.magic != kTensorMapMagic) fail("a TMA copy through a tensor map the host did not encode");
+  const unsigned at = cvta_shared(dst);
+  std::uint64_t bytes = c.map.element_bytes;
+  for (std::uint32_t k = 0; k < c.map.rank; ++k) bytes *= c.map.box[k];
+  if (at % (c.map.swizzle == 128 ? 1024 : 128)) fail("a TMA destination not aligned for its swizzle");
+  if (at + bytes > block->smem_bytes) fail("a TMA copy past the shared-memory arena");
+  for (std::uint32_t k = 0; k < c.map.rank; ++k) c.coords[k] = coords[k];
+  barrier_at(bar).copies.push_back(c);
+}
+
+// mbarrier.try_wait.parity, until it succeeds: the phase of parity `parity` has completed
+// when the barrier's phase count has passed it. The copies on the barrier land first.
+inline void mbarrier_wait(void* bar, unsigned parity) {
+  for (;;) {
+    MBarrier& b = barrier_at(bar);
+    if ((b.phase & 1u) != parity) return;
+    for (const TmaCopy& c : b.copies) {
+      tma_land(c);
+      std::uint64_t bytes = c.map.element_bytes;
+      for (std::uint32_t k = 0; k < c.map.rank; ++k) bytes *= c.map.box[k];
+      b.tx -= static_cast<long long>(bytes);
+    }
+    if (!b.copies.empty()) ++block->events;
+    b.copies.clear();
+    if (b.tx < 0 && b.pending == 0) fail("TMA copies brought more bytes than their mbarrier was told of");
+    complete_if_done(b);
+    if ((b.phase & 1u) != parity) return;
+    yield();
+  }
+}
+
+// The driver's cuTensorMapEncodeTiled, as its documentation constrains it: a 64-byte
+// aligned map, 1 to 5 axes, a 16-byte aligned address, strides of whole 16 bytes, boxes
+// of 1 to 256 elements, the inner one of whole 16 bytes, and with the 128-byte swizzle
+// at most 128 bytes (the simulator takes exactly 128). Returns CUDA_ERROR_INVALID_VALUE
+// (1) for anything else, or for what the simulator does not model.
+inline int encode_tensor_map(void* map, int type, unsigned rank, void* address,
+                             const std::uint64_t* dims, const std::uint64_t* strides,
+                             const std::uint32_t* box, const std::uint32_t* element_strides,
+                             int interleave, int swizzle, int, int fill) {
+  static const int sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  if (type < 0 || type > 12 || rank < 1 || rank > 5 || interleave != 0 || fill != 0) return 1;
+  if (reinterpret_cast<std::uintptr_t>(map) % 64 || reinterpret_cast<std::uintptr_t>(address) % 16)
+    return 1;
+  TensorMap m{};
+  m.magic = kTensorMapMagic;
+  m.address = static_cast<const unsigned char*>(address);
+  m.rank = rank;
+  m.element_bytes = static_cast<std::uint32_t>(sizes[type]);
+  m.swizzle = swizzle == 3 ? 128 : 0;
+  if (swizzle != 0 && swizzle != 3) return 1;
+  for (unsigned k = 0; k < rank; ++k) {
+    if (dims[k] == 0 || dims[k] > (1ull << 32) || box[k] == 0 || box[k] > 256) return 1;
+    if (element_strides[k] != 1) return 1;
+    m.dims[k] = dims[k];
+    m.box[k] = box[k];
+    m.strides[k] = k == 0 ? m.element_bytes : strides[k - 1];
+    if (k > 0 && (m.strides[k] % 16 || m.strides[k] >= (1ull << 40))) return 1;
+  }
+  const std::uint32_t inner = box[0] * m.element_bytes;
+  if (inner % 16 || (m.swizzle == 128 && inner != 128)) return 1;
+  std::memcpy(map, &m, sizeof m);
+  return 0;
+}
+
 // ------------------------------------------------------------------ ldmatrix
 
 // ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lane 8j + r gives the address of
@@ -563,6 +736,7 @@ Acc mfma(Vec a, Vec b, Acc c, Value value) {
 #define __launch_bounds__(threads)
 #define __align__(bytes) __attribute__((aligned(bytes)))
 #define __shared__ static
+#define __grid_constant__
 #define threadIdx (tsr_sim::self->index)
 #define blockIdx (tsr_sim::block_index)
 #define blockDim (tsr_sim::block_dim)
@@ -621,6 +795,48 @@ void tsr_wgmma_wait() {
   tsr_sim::wgmma_wait(Pending);
 }
 inline void tsr_fence_async_shared() {}
+inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
+  tsr_sim::mbarrier_init(bar, arrivals);
+}
+inline void tsr_fence_mbarrier_init() {}
+inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  tsr_sim::mbarrier_arrive_expect_tx(bar, bytes);
+}
+inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  tsr_sim::mbarrier_wait(bar, parity);
+}
+template <class... Coords>
+void tsr_sim_tma_load(void* dst, const void* map, unsigned long long* bar, Coords... coords) {
+  const long long at[] = {static_cast<long long>(coords)...};
+  tsr_sim::tma_load(dst, map, bar, at);
+}
+inline void tsr_tma_load_2d(void* dst, const void* map, unsigned long long* bar, int c0, int c1) {
+  tsr_sim_tma_load(dst, map, bar, c0, c1);
+}
+inline void tsr_tma_load_3d(void* dst, const void* map, unsigned long long* bar, int c0, int c1,
+                            int c2) {
+  tsr_sim_tma_load(dst, map, bar, c0, c1, c2);
+}
+inline void tsr_tma_load_4d(void* dst, const void* map, unsigned long long* bar, int c0, int c1,
+                            int c2, int c3) {
+  tsr_sim_tma_load(dst, map, bar, c0, c1, c2, c3);
+}
+inline void tsr_tma_load_5d(void* dst, const void* map, unsigned long long* bar, int c0, int c1,
+                            int c2, int c3, int c4) {
+  tsr_sim_tma_load(dst, map, bar, c0, c1, c2, c3, c4);
+}
+#endif
+
+#ifdef TSR_SIM_DRIVER
+// The simulated driver's one entry point, under the real one's name.
+extern "C" int cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* address,
+                                      const std::uint64_t* dims, const std::uint64_t* strides,
+                                      const std::uint32_t* box,
+                                      const std::uint32_t* element_strides, int interleave,
+                                      int swizzle, int l2, int fill) {
+  return tsr_sim::encode_tensor_map(map, type, rank, address, dims, strides, box,
+                                    element_strides, interleave, swizzle, l2, fill);
+}
 #endif
 
 // HIP's names (the CUDA file's are above). The MFMA built-ins are renamed tsr_sim_amdgcn_*

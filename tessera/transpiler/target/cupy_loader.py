@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..graph.dims import parse_dim
+from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
 from .render import environment
 
@@ -32,9 +33,11 @@ _WIDTH = 88  # black's default line length
 def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     """The loader module for the CUDA file named ``cuda_file`` (next to the module)."""
     functions = [_function(f) for f in meta["functions"]]
+    tma = any("tensor_maps" in launch for f in meta["functions"] for launch in f["launches"])
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
+        tma=tma,
     )  # fmt: skip
 
 
@@ -92,6 +95,11 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
             )
         )
     for launch in f["launches"]:
+        for m in launch.get("tensor_maps", ()):
+            dims = _tuple([_py_size(d) for d in m["dims"]])
+            element_bytes = str(DTYPES[m["dtype"]].bits // 8)
+            args = [m["tensor"], element_bytes, dims, _tuple([str(b) for b in m["box"]])]
+            body.extend(_wrap(4, f"{m['name']} = _tensor_map(", args, ")"))
         body.extend(_wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
     if result is not None:
         body.append(f"    return {result['name']}")

@@ -55,6 +55,7 @@ from .simt_layout import (
     rows_of,
 )
 from .simt_tiles import SmemView, TileOps
+from .simt_tma import TensorMap, TmaCopies, tma_stages
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -66,7 +67,7 @@ _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
                        "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
-                       "b_frag", "frag_acc", "rs", "bytes", "a_step"})  # fmt: skip
+                       "b_frag", "frag_acc", "rs", "bytes", "a_step", "tsr_landed"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class SimtKernel:
     body: tuple[str, ...]
     #: The ``wgmma`` forms it issues, for the header: (dtype, n, "ss" or "rs").
     wgmma: frozenset[tuple[str, int, str]] = frozenset()
+    #: Bytes of shared memory its arena needs (the planned buffers, TMA's barriers).
+    smem_bytes: int = 0
+    #: The tensor maps it takes after its sizes, and the ranks its TMA copies move.
+    tensor_maps: tuple[TensorMap, ...] = ()
+    tma_ranks: frozenset[int] = frozenset()
 
 
 def emit_simt_kernel(
@@ -99,7 +105,7 @@ def emit_simt_kernel(
     return _Emitter(kernel, dialect, dims, lanes).run()
 
 
-class _Emitter(TileOps):
+class _Emitter(TileOps, TmaCopies):
     def __init__(
         self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int
     ) -> None:
@@ -121,6 +127,14 @@ class _Emitter(TileOps):
         self.async_reads = kernel.uses_wgmma
         self.in_flight = False
         self.aligned: dict[int, str] = {}
+        self.tma = tma_stages(kernel) if dialect.name == "cuda" else None
+        planned = max((s.offset + s.bytes for s in kernel.smem), default=0)
+        self.barrier_offset = -(-planned // 8) * 8
+        self.smem_bytes = self.barrier_offset + self.barriers_bytes() if self.tma else planned
+        self.tensor_maps: dict[tuple[int, tuple[int, ...]], TensorMap] = {}
+        self.tma_group: list[str] = []
+        self.tma_slot = "0"
+        self.tma_ranks: set[int] = set()
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1
@@ -174,7 +188,8 @@ class _Emitter(TileOps):
         grid = tuple((a.name, a.extent, a.block) for a in self.kernel.grid)
         return SimtKernel(self.kernel.name, tuple(params), grid, self.kernel.threads,
                           tuple(self.prologue.values()), tuple(self.lines),
-                          frozenset(self.wgmma))  # fmt: skip
+                          frozenset(self.wgmma), self.smem_bytes,
+                          tuple(self.tensor_maps.values()), frozenset(self.tma_ranks))  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next

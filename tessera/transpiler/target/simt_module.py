@@ -58,6 +58,12 @@ class _KernelView:
         self.dims = symbols([p.type for p in kernel.params])
         self.params = [_param_decl(p, d) for p in simt.params]
         self.params += [f"const {d.index_type} {dim}" for dim in self.dims]
+        self.params += [
+            f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
+        ]
+        self.tensor_maps = simt.tensor_maps
+        self.tma_ranks = simt.tma_ranks
+        self.smem_bytes = simt.smem_bytes
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
         text = "\n".join(simt.body)
         self.pids = [
@@ -103,7 +109,9 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
                 ) from None
     env = environment("simt")
     wgmma = sorted({form for view in views.values() for form in view.wgmma})
-    primitives = env.get_template("tessera_tile.j2").render(d=d, wgmma=wgmma).strip()
+    tma_ranks = sorted({rank for view in views.values() for rank in view.tma_ranks})
+    primitives = env.get_template("tessera_tile.j2").render(d=d, wgmma=wgmma, tma_ranks=tma_ranks)
+    primitives = primitives.strip()
     template = env.get_template("module.j2")
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))
     code = template.render(header="", **context)
@@ -150,12 +158,15 @@ def _buffers(program: TileProgram) -> list[dict[str, str]]:
 
 
 def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]:
-    launch = {
+    maps = [m.name for m in view.tensor_maps]
+    launch: dict[str, Any] = {
         "kernel": view.name,
-        "args": [p.name for p in kernel.params] + list(view.dims),
+        "args": [p.name for p in kernel.params] + list(view.dims) + maps,
         "grid": [{"extent": str(a.extent), "block": a.block} for a in kernel.grid],
         "threads": view.threads,
     }
     if d.dynamic_arena:
-        launch["dynamic_smem"] = max((s.offset + s.bytes for s in kernel.smem), default=0)
+        launch["dynamic_smem"] = view.smem_bytes
+    if view.tensor_maps:
+        launch["tensor_maps"] = [m.meta() for m in view.tensor_maps]
     return launch

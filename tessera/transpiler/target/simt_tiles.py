@@ -148,7 +148,7 @@ class TileOps:
         buf = op.result
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
-        total = max(s.offset + s.bytes for s in self.kernel.smem)
+        total = self.smem_bytes
         align = max(SW128_ALIGN if s.layout == "sw128" else 16 for s in self.kernel.smem)
         self.declare("smem", self.d.local_bytes("tsr_smem", total, align))
         name = self.namer.fresh(buf.name, "smem")
@@ -178,15 +178,25 @@ class TileOps:
         """A copy of a tile from global into shared memory, in 16-byte chunks where its
         shape allows. A copy ahead runs asynchronously where the dialect can
         (``async_copy``)."""
+        tma = self.tma is not None and op.attr("async") == "tma"
+        if tma:
+            self.init_barriers()
         when = op.attr("when")
+        live = None
         if when is not None:
-            self.open(f"if ({self.c(when.start)} < {self.c(when.extent)})")
+            live = f"{self.c(when.start)} < {self.c(when.extent)}"
+            if when.stop is not None:
+                live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
+        if live is not None:
+            self.open(f"if ({live})")
         aligned = self.chunks_aligned(op)
         if aligned is None:
             self.copy_elements(op)
+        elif tma:
+            self.copy_tma(op, aligned, live)
         else:
             self.copy_chunks(op, aligned)
-        if when is not None:
+        if live is not None:
             self.close()
 
     def copy_elements(self, op: Op) -> None:
@@ -265,13 +275,17 @@ class TileOps:
 
     def op_commit(self, op: Op) -> None:
         """The copies ahead issued so far are one group; synchronous copies need nothing."""
-        if self.d.async_copy:
+        if self.tma is not None:
+            self.commit_tma()
+        elif self.d.async_copy:
             self.line("tsr_copy_commit();")
 
     def op_wait(self, op: Op) -> None:
         """Wait for all but the newest ``pending`` groups: the copies of the iteration about
         to read. The barrier after it makes them visible to every thread."""
-        if self.d.async_copy:
+        if self.tma is not None:
+            self.wait_tma(op)
+        elif self.d.async_copy:
             self.line(f"tsr_copy_wait<{op.attr('pending')}>();")
 
     def op_read(self, op: Op) -> None:

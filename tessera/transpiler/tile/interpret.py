@@ -192,7 +192,10 @@ class _Program:
 
     def op_copy(self, op: Op, tensor: np.ndarray, buf: np.ndarray) -> None:
         when: When | None = op.attr("when")
-        if when is not None and not _eval(when.start, self.env) < _eval(when.extent, self.env):
+        if when is not None and not (
+            _eval(when.start, self.env) < _eval(when.extent, self.env)
+            and (when.stop is None or _eval(when.stop[0], self.env) < _eval(when.stop[1], self.env))
+        ):
             return
         data = self._gather(tensor, op.attr("at"))
         if op.attr("async") is None:

@@ -102,13 +102,17 @@ class Slot:
 
 @dataclass(frozen=True)
 class When:
-    """A copy that runs only while ``start < extent`` (pipelined loads past the loop)."""
+    """A copy that runs only while ``start < extent`` (pipelined loads past the loop)
+    and, in a loop that stops early (causal attention's), while the iteration it copies
+    for runs: ``stop[0] < stop[1]``. A copy past either would never be waited for."""
 
     start: Dim
     extent: Dim
+    stop: tuple[Dim, Dim] | None = None
 
     def __str__(self) -> str:
-        return f"{self.start} < {self.extent}"
+        text = f"{self.start} < {self.extent}"
+        return text if self.stop is None else f"{text} && {self.stop[0]} < {self.stop[1]}"
 
 
 @dataclass(frozen=True)

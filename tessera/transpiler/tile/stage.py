@@ -121,17 +121,17 @@ class _Stager:
         for j in range(ahead_by):
             for load, buf in zip(loads, buffers, strict=True):
                 first = functools.partial(_at_iteration, counter=counter, iteration=j)
-                prologue.append(
-                    _copy(load, buf, Slot(Dim.const(j), s), first, self.engine, counter)
-                )
+                prologue.append(_copy(load, buf, Slot(Dim.const(j), s), first, self.engine, loop))
             prologue.append(Op("commit", (), ()))
         ahead = Dim.sym(counter) + Dim.const(ahead_by)
-        inner: list[Op] = [Op("wait", (), (), (("pending", ahead_by - 1),))]
+        current = Slot(Dim.sym(counter), s)
+        # TMA's copies complete a barrier per stage, so its wait names the stage it reads.
+        waits_on = (("slot", current),) if self.engine == "tma" else ()
+        inner: list[Op] = [Op("wait", (), (), (("pending", ahead_by - 1), *waits_on))]
         for load, buf in zip(loads, buffers, strict=True):
             later = functools.partial(shift, counter=counter, delta=ahead_by)
-            inner.append(_copy(load, buf, Slot(ahead, s), later, self.engine, counter))
+            inner.append(_copy(load, buf, Slot(ahead, s), later, self.engine, loop))
         inner.append(Op("commit", (), ()))
-        current = Slot(Dim.sym(counter), s)
         by_load = {load.result.id: buf for load, buf in zip(loads, buffers, strict=True)}
         for op in body.ops:
             if op.kind == "load" and op.result.id in by_load:
@@ -171,14 +171,18 @@ def _accumulating_wgmma(body: Block) -> Op | None:
 
 def _copy(
     load: Op, buf: Value, slot: Slot, move: Callable[[Dim], Dim] | None = None,
-    engine: str | None = None, counter: str | None = None,
+    engine: str | None = None, loop: Op | None = None,
 ) -> Op:  # fmt: skip
-    """A copy of ``load``'s place into ``buf``; ``move`` advances its loop counter."""
+    """A copy of ``load``'s place into ``buf``; ``move`` advances the counter of
+    ``loop``, the loop the copy runs ahead in."""
     at: Access = load.attr("at")
     attrs: tuple = ()
-    if move is not None:
+    if move is not None and loop is not None:
+        counter = loop.regions[0].args[0].name
         moving = next(a for a in at.axes if counter in a.offset.symbols())
-        attrs = (("when", When(move(moving.offset), moving.extent)),)
+        stop = loop.attr("stop")
+        runs = None if stop is None else (move(Dim.sym(counter) * loop.attr("step")), stop)
+        attrs = (("when", When(move(moving.offset), moving.extent, runs)),)
         at = Access(tuple(replace(a, offset=move(a.offset)) for a in at.axes))
     attrs = (("at", at), ("slot", slot), *((("async", engine),) if engine else ()), *attrs)
     return Op("copy", (load.operands[0], buf), (), attrs, ("write",), (), load.span)
