@@ -334,8 +334,9 @@ SABOTAGED = {
         "gemm:gemm", "sm_90a", "kb / 4 % 2);", "(kb / 4 + 1) % 2);"),
     "TMA copies whose bytes the barrier is not told of": (
         "gemm:gemm", "sm_90a",
-        "tsr_landed + 1, (64 < K && a_aligned ? 16384 : 0) + (64 < K && b_aligned ? 16384 : 0));",
+        "tsr_landed + 1, ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 16384 : 0) : 0);",
         "tsr_landed + 1, 0);"),
+
     "a TMA box's coordinates outermost first": (
         "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 128*pid_n, 0)",
         "&b_map, tsr_landed + 0, 0, 128*pid_n)"),

@@ -10,7 +10,9 @@ is float64 on the same inputs.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -52,19 +54,30 @@ def attn(q: Tensor["BH", "S", "D", bf16], k: Tensor["BH", "S", "D", bf16],
 """
 
 
-def _library(source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _library(
+    source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
+    edit: Callable[[str], str] | None = None,
+) -> Any:  # fmt: skip
     """The source's functions, built for ``target``: CUDA and HIP on the simulated GPU
-    (HIP launched as CUDA is), OpenCL on PoCL."""
+    (HIP launched as CUDA is; the generated file changed by ``edit`` where given),
+    OpenCL on PoCL."""
     gpu = arch if target == "cuda" else "sm_80"
-    use_simulator(monkeypatch, simulated_cupy(gpu))
+    cupy = simulated_cupy(gpu)
+    if edit is not None:
+        cupy.RawModule = functools.partial(lambda real, code, **kw: real(edit(code), **kw),
+                                           cupy.RawModule)  # fmt: skip
+    use_simulator(monkeypatch, cupy)
     program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch)
     return load_hip(program) if target == "hip" else program.load()
 
 
-def _function(source: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _function(
+    source: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch,
+    edit: Callable[[str], str] | None = None,
+) -> Any:  # fmt: skip
     """The source's one function, built for ``target`` and run on the simulated GPU."""
     (name,) = (m.group(1) for m in re.finditer(r"^def (\w+)\(", source, re.M))
-    return getattr(_library(source, target, arch, monkeypatch), name)
+    return getattr(_library(source, target, arch, monkeypatch, edit), name)
 
 
 def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -95,6 +108,26 @@ def test_products_at_edge_sizes(
     out = np.full((m, n), np.nan, np.float32)
     mm(a, b, out=out)
     _check(out, f64(a) @ f64(b), 1e-5)
+
+
+def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sm_90a's GEMM, its computing warpgroups freeing the stage of the batch they left
+    running instead of the one before: the producer's next copy into it poisons the
+    operands that batch has yet to read."""
+    release = "if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);"
+
+    def early(code: str) -> str:
+        assert release in code
+        return code.replace(release, "if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + kb % 4);")
+
+    mm = _function(GEMM, "cuda", "sm_90a", monkeypatch, edit=early)
+    rng = np.random.default_rng(0)
+    a, b = _bf16(rng, 70, 600), _bf16(rng, 600, 136)
+    out = np.full((70, 136), np.nan, np.float32)
+    mm(a, b, out=out)
+    assert np.isnan(out).any()
 
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])

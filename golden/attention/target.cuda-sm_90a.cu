@@ -102,7 +102,7 @@ __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.asyn
 // complete a phase of the stage's mbarrier, in shared memory: the thread that issues
 // them arrives there announcing the bytes they bring (expect_tx), and the phase
 // completes when all have landed.
-struct alignas(64) tsr_tensor_map { unsigned long long opaque[16]; };
+struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
@@ -133,6 +133,8 @@ __device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parit
                  : "=r"(done) : "r"(address), "r"(parity) : "memory");
   }
 }
+
+// ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
@@ -229,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // one mbarrier per stage
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -475,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // one mbarrier per stage
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;

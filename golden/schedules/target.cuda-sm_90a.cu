@@ -113,7 +113,7 @@ __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.asyn
 // complete a phase of the stage's mbarrier, in shared memory: the thread that issues
 // them arrives there announcing the bytes they bring (expect_tx), and the phase
 // completes when all have landed.
-struct alignas(64) tsr_tensor_map { unsigned long long opaque[16]; };
+struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
@@ -144,6 +144,23 @@ __device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parit
                  : "=r"(done) : "r"(address), "r"(parity) : "memory");
   }
 }
+
+// ---------------------------------------------------------------- warp specialization
+
+// A warpgroup frees a stage: one arrival, no bytes.
+__device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(address) : "memory");
+}
+
+// The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
+// its spare registers back, the computing warpgroups take them.
+template <int Registers>
+__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+template <int Registers>
+__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+
+// ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
@@ -496,124 +513,138 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 }
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
+// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 384 threads per program
+extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98328 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 98304);  // one mbarrier per stage
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 98304);  // per stage: its copies have landed
+  unsigned long long* const tsr_free = tsr_landed + 3;  // per stage: the computing warpgroups are done with it
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  // a stage's copies land once its 128 producer threads have arrived and the bytes
+  // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 1);
-    tsr_mbarrier_init(tsr_landed + 1, 1);
-    tsr_mbarrier_init(tsr_landed + 2, 1);
+    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_free + 0, 2);
+    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_free + 1, 2);
+    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_free + 2, 2);
     tsr_fence_mbarrier_init();
   }
   __syncthreads();
-  if (0 < K) {
-    if (A_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
-      }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 8192; e += 256) {
-        const long long i = e / 64;
-        const long long j = e - i * 64;
-        a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
-      }
-    }
-  }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < K) {
-    if (B_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
-        tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
-      }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 8192; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
-      }
-    }
-  }
-  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < K && A_aligned ? 16384 : 0) + (0 < K && B_aligned ? 16384 : 0));
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  float acc[64];
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
-    }
-  }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
-    tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
-    tsr_fence_async_shared();
-    __syncthreads();
-    // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 64 < K) {
+  // warpgroup 2: the producer, which only copies
+  if (lid >= 256) {
+    tsr_setmaxnreg_dec<40>();
+    const int ptid = lid - 256;
+    if (0 < K) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 8192; e += 256) {
+        for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
         }
+        tsr_fence_async_shared();
       }
-    }
-    // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (64*kb + 64 < K) {
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
-          tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 8192; e += 256) {
+        for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
         }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      if (64*kb + 64 < K) {
+        if ((kb + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + 1) % 3, ((kb + 1) / 3 + 1) % 2);
+        // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+        if (A_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 8192; e += 128) {
+            const long long i = e / 64;
+            const long long j = e - i * 64;
+            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+        if (B_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 8192; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
       }
     }
-    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3, (64*kb + 64 < K && A_aligned ? 16384 : 0) + (64*kb + 64 < K && B_aligned ? 16384 : 0));
-    // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    tsr_wgmma_fence();
+  } else {
+    tsr_setmaxnreg_inc<232>();
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    float acc[64];
     #pragma unroll
-    for (int kk = 0; kk < 64; kk += 16) {
-      tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = (0.0f);
+      }
     }
-    tsr_wgmma_commit();
-    tsr_wgmma_wait<1>();
-  }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
-  tsr_wgmma_wait<0>();
-  // schedules.tsr:27: return relu(A @ B + bias)
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
+      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 64; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
+    }
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // schedules.tsr:27: return relu(A @ B + bias)
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+        const int t = frag * 4 + reg;
+        if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      }
     }
   }
 }

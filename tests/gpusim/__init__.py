@@ -41,7 +41,7 @@ _CACHE = Path(tempfile.gettempdir()) / "tessera-gpusim"
 _DEFAULT_SMEM = 48 * 1024
 _FUNCTION = re.compile(r"^(?:template <[^\n]*>\n)?__device__ inline [^\n(]*?\b(\w+)\(", re.M)
 _KERNEL = re.compile(
-    r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\) \{', re.M
+    r'^extern "C" __global__ void __launch_bounds__\([\d, ]+\) (\w+)\(([^)]*)\) \{', re.M
 )
 #: The shared-memory arena: CUDA's, sized at launch, and HIP's, of a size the kernel gives.
 _ARENA = re.compile(

@@ -370,6 +370,7 @@ inline void copy_async16(void* dst, const void* src, int bytes) {
   PendingCopy c{static_cast<unsigned char*>(dst), {}};
   if (bytes != 0 && bytes != 16) fail("cp.async with a source size other than 0 or 16");
   if (bytes) std::memcpy(c.bytes, src, 16);
+  std::memset(dst, 0xff, 16);  // the old contents are gone from the issue on
   self->open.push_back(c);
 }
 
@@ -395,7 +396,9 @@ inline void copy_wait(int pending) {
 // (address bits 4-6 XOR bits 7-9, from a destination aligned to 1024 bytes). Its bytes
 // complete on an mbarrier, whose phase completes when its pending arrivals and its
 // announced bytes (mbarrier.arrive.expect_tx) are all in. A copy lands only when a
-// thread waits on its barrier, so a read of a stage that skipped the wait sees poison.
+// thread waits on its barrier, so a read of a stage that skipped the wait sees poison;
+// and the destination is poisoned when the copy is issued, so a read of the stage's old
+// contents after that (a slot refilled too early) sees poison too.
 
 inline MBarrier& barrier_at(const void* bar) {
   cvta_shared(bar);
@@ -470,6 +473,7 @@ inline void tma_load(void* dst, const void* map, void* bar, const long long* coo
   if (at % (c.map.swizzle == 128 ? 1024 : 128)) fail("a TMA destination not aligned for its swizzle");
   if (at + bytes > block->smem_bytes) fail("a TMA copy past the shared-memory arena");
   for (std::uint32_t k = 0; k < c.map.rank; ++k) c.coords[k] = coords[k];
+  std::memset(c.dst, 0xff, bytes);  // the old contents are gone from the issue on
   barrier_at(bar).copies.push_back(c);
 }
 
@@ -733,7 +737,7 @@ Acc mfma(Vec a, Vec b, Acc c, Value value) {
 
 #define __global__
 #define __device__
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 #define __align__(bytes) __attribute__((aligned(bytes)))
 #define __shared__ static
 #define __grid_constant__
@@ -805,6 +809,14 @@ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned byte
 inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
   tsr_sim::mbarrier_wait(bar, parity);
 }
+inline void tsr_mbarrier_arrive(unsigned long long* bar) {
+  tsr_sim::mbarrier_arrive_expect_tx(bar, 0);
+}
+// setmaxnreg moves registers between warpgroups; here every thread has what it needs.
+template <int Registers>
+void tsr_setmaxnreg_dec() {}
+template <int Registers>
+void tsr_setmaxnreg_inc() {}
 template <class... Coords>
 void tsr_sim_tma_load(void* dst, const void* map, unsigned long long* bar, Coords... coords) {
   const long long at[] = {static_cast<long long>(coords)...};

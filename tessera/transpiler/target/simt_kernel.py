@@ -32,8 +32,9 @@ from ..graph.dims import Dim
 from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
-from ..tile.ir import Access, Mma, TileKernel
+from ..tile.ir import Access, Mma, Slot, TileKernel
 from ..tile.rewrite import producers, use_counts
+from ..tile.tma import tma_stages
 from .cexpr import c_dim
 from .naming import Namer
 from .render import SourceLines
@@ -55,7 +56,7 @@ from .simt_layout import (
     rows_of,
 )
 from .simt_tiles import SmemView, TileOps
-from .simt_tma import TensorMap, TmaCopies, tma_stages
+from .simt_tma import TensorMap, TmaCopies
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -96,6 +97,9 @@ class SimtKernel:
     #: The tensor maps it takes after its sizes, and the ranks its TMA copies move.
     tensor_maps: tuple[TensorMap, ...] = ()
     tma_ranks: frozenset[int] = frozenset()
+    #: Whether it is compiled for one block per multiprocessor (``__launch_bounds__(n,
+    #: 1)``), which ``setmaxnreg`` needs: a register budget known at entry.
+    one_block: bool = False
 
 
 def emit_simt_kernel(
@@ -135,6 +139,10 @@ class _Emitter(TileOps, TmaCopies):
         self.tma_group: list[str] = []
         self.tma_slot = "0"
         self.tma_ranks: set[int] = set()
+        #: The threads a Flat walk spreads over: their index and count.
+        self.team = ("lid", kernel.threads)
+        self.role: str | None = None
+        self.released: Slot | None = None
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1
@@ -184,12 +192,17 @@ class _Emitter(TileOps, TmaCopies):
             else:
                 self.forms[p.id] = Form("scalar", (), name)
                 params.append(SimtParam(name, "scalar", p.type.kind))
-        self.block(self.kernel.body)
+        if self.kernel.producer:
+            self.specialized(self.kernel.body)
+        else:
+            self.block(self.kernel.body)
         grid = tuple((a.name, a.extent, a.block) for a in self.kernel.grid)
-        return SimtKernel(self.kernel.name, tuple(params), grid, self.kernel.threads,
+        threads = self.kernel.threads + self.kernel.producer
+        return SimtKernel(self.kernel.name, tuple(params), grid, threads,
                           tuple(self.prologue.values()), tuple(self.lines),
                           frozenset(self.wgmma), self.smem_bytes,
-                          tuple(self.tensor_maps.values()), frozenset(self.tma_ranks))  # fmt: skip
+                          tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
+                          one_block=bool(self.kernel.producer))  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next
@@ -289,17 +302,17 @@ class _Emitter(TileOps, TmaCopies):
         if isinstance(dist, Flat) and _row_walk(dist.dims):
             # Rows of a constant count: a loop over them that unrolls, so that a row's
             # vectors (a norm's mean, a softmax's max) are read at constant slots.
-            i64, threads = self.d.index_type, self.kernel.threads
+            i64, (tid, threads) = self.d.index_type, self.team
             self.unroll()
             self.open(f"for (int i = 0; i < {dist.dims[0].constant}; ++i)")
-            self.open(f"for ({i64} j = lid; j < {self.c(dist.dims[1])}; j += {threads})")
+            self.open(f"for ({i64} j = {tid}; j < {self.c(dist.dims[1])}; j += {threads})")
             index = ("i", "j")
         elif isinstance(dist, Flat):
             total = Dim.const(1)
             for d in dist.dims:
                 total = total * d
-            i64, threads = self.d.index_type, self.kernel.threads
-            self.open(f"for ({i64} e = lid, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
+            i64, (tid, threads) = self.d.index_type, self.team
+            self.open(f"for ({i64} e = {tid}, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
             index = self.split_flat(dist.dims)
         elif isinstance(dist, Fragments):
             self.place_in_wave()
@@ -639,7 +652,7 @@ class _Emitter(TileOps, TmaCopies):
 
     def op_for(self, op: Op) -> None:
         body = op.regions[0]
-        counter, *args = body.args
+        _, *args = body.args
         arrays = []
         for init, arg, result in zip(op.operands, args, op.results, strict=True):
             name = self.namer.fresh(result.name or arg.name, "v")
@@ -652,14 +665,18 @@ class _Emitter(TileOps, TmaCopies):
                 form = self.materialize(init, dist, name)
             self.forms[arg.id] = self.forms[result.id] = form
             arrays.append(form)
-        step, end = self.c(op.attr("step")), self.c(op.attr("extent"))
-        bound = f"{counter.name} * {step} < {end}"
-        if op.attr("stop") is not None:
-            bound += f" && {counter.name} * {step} < {self.c(op.attr('stop'))}"
-        self.open(f"for ({self.d.index_type} {counter.name} = 0; {bound}; ++{counter.name})")
+        self.open(self.loop_header(op))
         self.block(body)
         self.carry(body.yields, arrays)
         self.close()
+
+    def loop_header(self, op: Op) -> str:
+        counter = op.regions[0].args[0].name
+        step, end = self.c(op.attr("step")), self.c(op.attr("extent"))
+        bound = f"{counter} * {step} < {end}"
+        if op.attr("stop") is not None:
+            bound += f" && {counter} * {step} < {self.c(op.attr('stop'))}"
+        return f"for ({self.d.index_type} {counter} = 0; {bound}; ++{counter})"
 
     def carry(self, yields: tuple[Value, ...], arrays: list[Form]) -> None:
         """Assign a loop's yields to the arrays it carries, through temporaries when a

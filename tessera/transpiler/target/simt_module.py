@@ -47,6 +47,7 @@ class _KernelView:
     def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect) -> None:
         self.name = simt.name
         self.threads = simt.threads
+        self.bounds = f"{simt.threads}, 1" if simt.one_block else str(simt.threads)
         self.wgmma = simt.wgmma
         self.prologue = simt.prologue
         self.body = simt.body

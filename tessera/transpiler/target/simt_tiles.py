@@ -141,6 +141,10 @@ class TileOps:
     in_flight: bool
     #: The flag that says a tensor's rows are aligned for 16-byte copies, by value id.
     aligned: dict[int, str]
+    #: In a kernel with a producer warpgroup, the role being emitted: "producer" or
+    #: "consumer" (None elsewhere), and the threads a Flat walk spreads over.
+    role: str | None
+    team: tuple[str, int]
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -179,9 +183,12 @@ class TileOps:
         shape allows. A copy ahead runs asynchronously where the dialect can
         (``async_copy``)."""
         tma = self.tma is not None and op.attr("async") == "tma"
+        if tma and self.role == "consumer":
+            return  # the producer warpgroup copies
         if tma:
             self.init_barriers()
-        when = op.attr("when")
+        # A producer's group of copies is already under the iteration's condition.
+        when = None if self.role == "producer" else op.attr("when")
         live = None
         if when is not None:
             live = f"{self.c(when.start)} < {self.c(when.extent)}"
@@ -275,6 +282,8 @@ class TileOps:
 
     def op_commit(self, op: Op) -> None:
         """The copies ahead issued so far are one group; synchronous copies need nothing."""
+        if self.role == "consumer":
+            return
         if self.tma is not None:
             self.commit_tma()
         elif self.d.async_copy:
@@ -362,6 +371,8 @@ class TileOps:
         assert isinstance(form.dist, (Grid, Fragments))
         self.multiply(op, a, b, form.name, form.dist)
         self.forms[op.result.id] = form
+        if self.kernel.producer and op.attr("mma").in_flight:
+            self.release_stage()
 
     def multiply(self, op: Op, a: Value, b: Value, acc: str, dist: Grid | Fragments) -> None:
         """``acc += a @ b``: on ``wgmma`` straight from shared memory where both operands

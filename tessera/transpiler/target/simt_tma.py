@@ -1,7 +1,7 @@
 """TMA copies on sm_90a: tensor maps, one mbarrier per pipeline stage, and the copies.
 
 The Tile IR marks a pipelined loop's copies on sm_90a ``async = tma``. Where every such
-copy of a kernel fits TMA (``tma_stages``), each becomes one ``cp.async.bulk.tensor``
+copy of a kernel fits TMA (``tile/tma.py``), each becomes one ``cp.async.bulk.tensor``
 per 128-byte panel of its ``sw128`` buffer, issued by thread 0: the instruction writes
 the panel in the 128-byte swizzle that ``wgmma`` reads, and fills the box's elements
 past the tensor's edges with zeros, which is the edge masking. The host encodes one
@@ -24,18 +24,31 @@ axes, more than one pipelined loop) keeps ``cp.async`` for all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..graph.ir import Op, Value, walk
-from ..tile.ir import Access, SharedType, Slot, TileKernel
+from ..graph.dims import Dim
+from ..graph.ir import Block, Op, Value
+from ..tile.ir import Access, Slot
 from .simt_layout import parenthesized, sw128_panel
 
-__all__ = ["TensorMap", "TmaCopies", "tma_stages"]
+__all__ = ["TensorMap", "TmaCopies"]
 
-#: TMA's limits: a box has at most 256 elements along each axis, a tensor five axes.
-_MAX_BOX, _MAX_RANK = 256, 5
 #: Bytes of one mbarrier.
 _BARRIER_BYTES = 8
+#: Registers per thread of a specialized kernel's roles (setmaxnreg, in steps of 8):
+#: the producer needs few, and gives them to the computing warpgroups' accumulators.
+_PRODUCER_REGISTERS, _COMPUTE_REGISTERS = 40, 232
+
+
+def _groups(ops: tuple[Op, ...]) -> list[list[Op]]:
+    """The copies before a loop, as the groups their commits close."""
+    groups: list[list[Op]] = [[]]
+    for op in ops:
+        if op.kind in ("copy", "commit"):
+            groups[-1].append(op)
+            if op.kind == "commit":
+                groups.append([])
+    return [g for g in groups if any(op.kind == "copy" for op in g)]
 
 
 @dataclass(frozen=True)
@@ -56,34 +69,6 @@ class TensorMap:
                 "dims": list(self.dims), "box": list(self.box), "swizzle": "128B"}  # fmt: skip
 
 
-def tma_stages(kernel: TileKernel) -> int | None:
-    """The stages of the kernel's one pipelined loop, if all its copies fit TMA."""
-    copies = [op for op in walk(kernel.body) if op.kind == "copy" and op.attr("async") == "tma"]
-    loops = [op for op in walk(kernel.body) if op.kind == "for"
-             and any(inner.kind == "wait" for inner in op.regions[0].ops)]  # fmt: skip
-    if not copies or len(loops) != 1 or loops[0] not in kernel.body.ops:
-        return None
-    layouts = {s.buffer: s.layout for s in kernel.smem}
-    stages = {op.operands[1].type.stages for op in copies}
-    if len(stages) != 1 or not all(_fits(op, layouts) for op in copies):
-        return None
-    return stages.pop()
-
-
-def _fits(copy: Op, layouts: dict[str, str]) -> bool:
-    buf = copy.operands[1]
-    t: SharedType = buf.type
-    at: Access = copy.attr("at")
-    tile_axes = [not a.index for a in at.axes]
-    return (
-        layouts.get(buf.name or "smem") == "sw128"
-        and len(t.dims) == 2
-        and all(d.constant is not None and d.constant <= _MAX_BOX for d in t.dims)
-        and len(at.axes) <= _MAX_RANK
-        and tile_axes == [False] * (len(at.axes) - 2) + [True, True]
-    )
-
-
 class TmaCopies:
     """The TMA forms of ``copy``, ``commit`` and ``wait``; mixed into the SIMT emitter."""
 
@@ -98,26 +83,104 @@ class TmaCopies:
     tma_slot: str
     #: The ranks of the tensors copied, for the header's copy functions.
     tma_ranks: set[int]
+    #: The stage the computing warpgroups' current iteration reads (a specialized
+    #: kernel's, to free once the batch after it has been waited for).
+    released: Slot | None
 
     def barriers_bytes(self) -> int:
-        return _BARRIER_BYTES * (self.tma or 0)
+        """The stages' barriers: one each, two with a producer warpgroup."""
+        return _BARRIER_BYTES * (self.tma or 0) * (2 if self.kernel.producer else 1)
 
     def init_barriers(self) -> None:
         """The stages' barriers, initialized once before the first copy."""
         if "tsr_landed" in self.prologue:
             return
+        stages, producer = self.tma or 0, self.kernel.producer
         self.declare(
             "tsr_landed",
             "unsigned long long* const tsr_landed = (unsigned long long*)"
-            f"(tsr_smem + {self.barrier_offset});  // one mbarrier per stage",
+            f"(tsr_smem + {self.barrier_offset});  // per stage: its copies have landed",
         )
-        self.line("// one arrival per stage: thread 0's, announcing the bytes its copies bring")
+        if producer:
+            self.declare(
+                "tsr_free",
+                f"unsigned long long* const tsr_free = tsr_landed + {stages};"
+                "  // per stage: the computing warpgroups are done with it",
+            )
+            self.line(f"// a stage's copies land once its {producer} producer threads have "
+                      "arrived and the bytes")  # fmt: skip
+            self.line("// thread 0 announced are in; it is free once every computing warpgroup "
+                      "has arrived")  # fmt: skip
+        else:
+            self.line("// one arrival per stage: thread 0's, announcing the bytes its copies bring")
         self.open("if (lid == 0)")
-        for stage in range(self.tma or 0):
-            self.line(f"tsr_mbarrier_init(tsr_landed + {stage}, 1);")
+        for stage in range(stages):
+            self.line(f"tsr_mbarrier_init(tsr_landed + {stage}, {producer or 1});")
+            if producer:
+                self.line(f"tsr_mbarrier_init(tsr_free + {stage}, {self.kernel.threads // 128});")
         self.line("tsr_fence_mbarrier_init();")
         self.close()
         self.line(self.d.barrier)
+
+    def specialized(self, body: Block) -> None:
+        """A kernel with a producer warpgroup (``tile/specialize.py``), after the
+        computing threads: it issues every stage's copies, the prologue's and then the
+        loop's, each group once the computing warpgroups have freed its stage. The
+        computing threads run everything else, the loop without its copies."""
+        loop = next(op for op in body.ops if op.kind == "for")
+        at = body.ops.index(loop)
+        moves = ("alloc", "copy", "commit")
+        self.block(replace(body, ops=tuple(op for op in body.ops if op.kind == "alloc")))
+        self.init_barriers()
+        threads = self.kernel.threads
+        self.line(f"// warpgroup {threads // 128}: the producer, which only copies")
+        self.open(f"if (lid >= {threads})")
+        self.line(f"tsr_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
+        self.line(f"const int ptid = lid - {threads};")
+        self.role, self.team = "producer", ("ptid", self.kernel.producer)
+        for group in _groups(body.ops[:at]):
+            self.producer_group(group)
+        self.open(self.loop_header(loop))
+        self.producer_group([op for op in loop.regions[0].ops if op.kind in moves], ahead=True)
+        self.close()
+        self.close()
+        self.otherwise()
+        self.line(f"tsr_setmaxnreg_inc<{_COMPUTE_REGISTERS}>();")
+        self.role, self.team = "consumer", ("lid", threads)
+        rest = [op for op in body.ops[:at] if op.kind not in moves] + list(body.ops[at:])
+        self.block(replace(body, ops=tuple(rest)))
+        self.close()
+        self.role = None
+
+    def producer_group(self, ops: list[Op], ahead: bool = False) -> None:
+        """One stage's copies and their commit, for an iteration that runs; a copy ahead
+        in the loop first waits for the computing warpgroups to free the stage it fills
+        (its previous use, ``stages`` iterations before)."""
+        first = next(op for op in ops if op.kind == "copy")
+        when = first.attr("when")
+        if when is not None:
+            live = f"{self.c(when.start)} < {self.c(when.extent)}"
+            if when.stop is not None:
+                live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
+            self.open(f"if ({live})")
+        if ahead:
+            slot: Slot = first.attr("slot")
+            index, stages = parenthesized(self.c(slot.index)), slot.stages
+            self.line(f"if ({index} >= {stages}) tsr_mbarrier_wait(tsr_free + "
+                      f"{self.stage_index(slot)}, ({index} / {stages} + 1) % 2);")  # fmt: skip
+        self.block(replace(self.kernel.body, ops=tuple(ops)))
+        if when is not None:
+            self.close()
+
+    def release_stage(self) -> None:
+        """After a computing warpgroup's wait for its previous batch: that batch's stage
+        is free again (one arrival per warpgroup)."""
+        slot = self.released
+        if slot is None or self.role != "consumer":
+            return
+        index = self.c(slot.index)
+        previous = self.stage_index(Slot(slot.index - Dim.const(1), slot.stages))
+        self.line(f"if ({index} > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + {previous});")
 
     def copy_tma(self, op: Op, aligned: str, when: str | None) -> None:
         """Thread 0 copies each 128-byte panel of the tile with one TMA instruction where
@@ -136,8 +199,9 @@ class TmaCopies:
             f"{dst} + {parenthesized(slot)} * {rows * cols}", 0)  # fmt: skip
         row, col = (self.c(a.offset) for a in at.axes[-2:])
         index = [self.c(a.offset) for a in reversed(at.axes[:-2])]
+        tid = self.team[0]
         self.open(f"if ({aligned})")
-        self.open("if (lid == 0)")
+        self.open(f"if ({tid} == 0)")
         for p in range(cols // panel):
             offset = first + p * rows * panel
             start = f"{base} + {offset}" if offset else base
@@ -153,20 +217,30 @@ class TmaCopies:
         # the loop the copy runs ahead in.
         self.line("#pragma unroll 1")
         self.copy_elements(op)
+        if self.role == "producer":  # the computing threads read them through wgmma
+            self.line("tsr_fence_async_shared();")
         self.close()
         live = aligned if when is None else f"{when} && {aligned}"
         self.tma_group.append(f"{live} ? {rows * cols * buf.type.dtype.bits // 8} : 0")
 
     def commit_tma(self) -> None:
-        """Thread 0 arrives on the stage's barrier with the bytes of the group's copies."""
+        """Thread 0 arrives on the stage's barrier with the bytes of the group's copies;
+        in a producer warpgroup, every thread arrives (after its element copies, where a
+        tensor needs them), thread 0 with the bytes."""
         announced = " + ".join(f"({term})" for term in self.tma_group) or "0"
-        self.line(f"if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + {self.tma_slot}, "
-                  f"{announced});")  # fmt: skip
+        slot = self.tma_slot
+        if self.role == "producer":
+            bytes_ = f"ptid == 0 ? {announced} : 0"
+            self.line(f"tsr_mbarrier_arrive_expect_tx(tsr_landed + {slot}, {bytes_});")
+        else:
+            self.line(f"if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + {slot}, "
+                      f"{announced});")  # fmt: skip
         self.tma_group.clear()
 
     def wait_tma(self, op: Op) -> None:
         """Wait for the phase of the stage's barrier that the iteration's copies complete."""
         slot: Slot = op.attr("slot")
+        self.released = slot
         parity = f"{parenthesized(self.c(slot.index))} / {slot.stages} % 2"
         self.line(f"tsr_mbarrier_wait(tsr_landed + {self.stage_index(slot)}, {parity});")
 

@@ -242,6 +242,9 @@ class TileKernel:
     body: Block
     #: Filled by the shared-memory planning pass.
     smem: tuple[SmemSlot, ...] = ()
+    #: Threads of a producer warpgroup beside ``threads``, which only issues the copies
+    #: of the pipelined loop (warp specialization); 0 where every thread computes.
+    producer: int = 0
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property

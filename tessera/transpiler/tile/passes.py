@@ -9,6 +9,7 @@
                    move down to the instruction
 ``barriers``       barriers where threads hand shared memory to each other
 ``plan-smem``      offsets, padding or swizzle, reuse across lifetimes
+``specialize``     a producer warpgroup for the copies of a GEMM's loop (sm_90a)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .edge_mask import mask_edges
 from .ir import TileKernel
 from .legalize import legalize
 from .smem import plan_smem
+from .specialize import specialize_warps
 from .stage import stage_operands
 from .verify import verify_kernel
 
@@ -44,6 +46,7 @@ TILE_PASSES: tuple[TilePass, ...] = (
     TilePass("defer-reads", defer_reads),
     TilePass("barriers", insert_barriers),
     TilePass("plan-smem", plan_smem),
+    TilePass("specialize", specialize_warps),
 )
 
 

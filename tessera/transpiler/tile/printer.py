@@ -37,8 +37,9 @@ def print_kernel(kernel: TileKernel) -> list[str]:
     out = [f"kernel @{kernel.name} ({kernel.kind}{template}) {{"]
     out.append("  grid [" + ", ".join(str(a) for a in kernel.grid) + "]")
     tiles = " ".join(f"{name}={size}" for name, size in kernel.tiles)
+    producer = f" + {kernel.producer} producer" if kernel.producer else ""
     out.append(
-        f"  tiles {tiles}  threads {kernel.threads}  warps {kernel.warps}"
+        f"  tiles {tiles}  threads {kernel.threads}{producer}  warps {kernel.warps}"
         f"  stages {kernel.stages}  vector {kernel.vector}"
     )
     for param in kernel.params:
