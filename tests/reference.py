@@ -81,6 +81,23 @@ def f(A: Tensor["M", "K", {dtype}],
 """
 
 
+def tf32(x: Any) -> np.ndarray:
+    """``x`` rounded to tf32 (11 significant bits), to nearest even, as float64."""
+    mantissa, exponent = np.frexp(f64(x))
+    return np.ldexp(np.round(mantissa * 2**11) / 2**11, exponent)
+
+
+def assert_tf32_product(have: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``have`` is ``a @ b`` of tf32 inputs (the f32s rounded to tf32 as they are read),
+    accumulated in f32 and rounded once to tf32: within half a tf32 unit in the last
+    place, with room for an f32 accumulation's order."""
+    exact = tf32(a) @ tf32(b)
+    assert not np.isnan(have).any(), "some outputs were never written"
+    assert (f64(have) == tf32(have)).all(), "a result that is not a tf32 value"
+    slack = np.abs(tf32(a)) @ np.abs(tf32(b)) * 2.0**-22
+    assert (np.abs(f64(have) - exact) <= np.abs(exact) * 2.0**-11 + slack).all()
+
+
 def assert_rounded_once(have: np.ndarray, exact: np.ndarray) -> None:
     """Every element of ``have`` is ``exact`` rounded to ``have``'s type: within half a
     unit in the last place (half the smallest subnormal near zero), with room for an f32

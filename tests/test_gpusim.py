@@ -27,6 +27,7 @@ from .helpers import run_sanitized
 from .reference import (
     FP8,
     assert_rounded_once,
+    assert_tf32_product,
     attention,
     f64,
     low_precision_product_source,
@@ -116,7 +117,7 @@ def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(
     """sm_90a's GEMM, its computing warpgroups freeing the stage of the batch they left
     running instead of the one before: the producer's next copy into it poisons the
     operands that batch has yet to read."""
-    release = "if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);"
+    release = "if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);"
 
     def early(code: str) -> str:
         assert release in code
@@ -128,6 +129,27 @@ def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(
     out = np.full((70, 136), np.nan, np.float32)
     mm(a, b, out=out)
     assert np.isnan(out).any()
+
+
+def test_attention_freeing_a_stage_before_its_products_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sm_90a's attention, its computing warpgroups freeing a stage as soon as its copies
+    have landed instead of after the products that read it: the producer's next copy
+    into it poisons the keys and values they have yet to read."""
+    wait = "tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);"
+    release = "if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);"
+
+    def early(code: str) -> str:
+        assert wait in code and release in code
+        return code.replace(release, "").replace(wait, wait + "\n" + release)
+
+    attn = _function(_attention_source(False), "cuda", "sm_90a", monkeypatch, edit=early)
+    rng = np.random.default_rng(0)
+    q, k, v = (_bf16(rng, 1, 600, 64) for _ in range(3))
+    out = np.full(q.shape, np.nan).astype(ml_dtypes.bfloat16)
+    attn(q, k, v, out=out)
+    assert np.isnan(f64(out)).any()
 
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
@@ -162,6 +184,22 @@ def test_fp8_products_widen_exactly_and_round_once(
     out = np.full((37, 29), np.nan).astype(FP8[dtype])
     f(a, b, out=out)
     assert_rounded_once(out, f64(a) @ f64(b))
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+def test_tf32_products_read_tf32_and_round_once(
+    target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tf32 tensors filled with f32s that are not tf32 values: CUDA multiplies them on
+    mma.sync m16n8k8 as tf32, HIP as floats, after rounding each as it is read; the f32
+    result rounds once to tf32 (ragged: 37 x 45 x 29)."""
+    f = _function(low_precision_product_source("tf32"), target, arch, monkeypatch)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((37, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 29)).astype(np.float32)
+    out = np.full((37, 29), np.nan, np.float32)
+    f(a, b, out=out)
+    assert_tf32_product(out, a, b)
 
 
 def _fp8_values(np_type: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ from .reference import (
     FP8,
     Case,
     assert_rounded_once,
+    assert_tf32_product,
     check_case,
     f64,
     layernorm,
@@ -65,6 +66,17 @@ def test_fp8_products_widen_exactly_and_round_once(dtype: str) -> None:
     out = np.full((37, 29), np.nan).astype(FP8[dtype])
     tessera.compile(low_precision_product_source(dtype), target="opencl").load().f(a, b, out=out)
     assert_rounded_once(out, f64(a) @ f64(b))
+
+
+def test_tf32_products_read_tf32_and_round_once() -> None:
+    """tf32 tensors filled with f32s that are not tf32 values are read as tf32; the f32
+    result rounds once to tf32 (ragged: 37 x 45 x 29)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((37, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 29)).astype(np.float32)
+    out = np.full((37, 29), np.nan, np.float32)
+    tessera.compile(low_precision_product_source("tf32"), target="opencl").load().f(a, b, out=out)
+    assert_tf32_product(out, a, b)
 
 
 def test_rows_wider_than_a_work_group() -> None:

@@ -28,7 +28,7 @@ from tessera.transpiler.tile.smem import SW128_ALIGN
 from tessera.transpiler.tile.verify import TileVerifyError, verify_kernel
 
 from .conftest import ROOT
-from .reference import BF16, CASES, Case, K, M, N, attention, f64
+from .reference import BF16, CASES, Case, K, M, N, attention, f64, tf32
 
 CONFIGS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
            ("opencl", "generic")]  # fmt: skip
@@ -425,12 +425,6 @@ def test_gemm_instantiates_for_each_input_dtype_with_its_epilogue(
     have = f64(out)
     assert not np.isnan(have).any()
     assert np.abs(have - want).max() / np.abs(want).max() < 1e-2
-
-
-def tf32(x: np.ndarray) -> np.ndarray:
-    """``x`` rounded to 11 significant bits, to nearest even."""
-    mantissa, exponent = np.frexp(f64(x))
-    return np.ldexp(np.round(mantissa * 2**11) / 2**11, exponent)
 
 
 @pytest.mark.parametrize("causal", [True, False])

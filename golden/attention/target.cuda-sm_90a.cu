@@ -134,6 +134,21 @@ __device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parit
   }
 }
 
+// ---------------------------------------------------------------- warp specialization
+
+// A warpgroup frees a stage: one arrival, no bytes.
+__device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(address) : "memory");
+}
+
+// The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
+// its spare registers back, the computing warpgroups take them.
+template <int Registers>
+__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+template <int Registers>
+__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+
 // ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
@@ -222,155 +237,252 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const __grid_constant__ tsr_tensor_map K_map, const __grid_constant__ tsr_tensor_map V_map) {
+// grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 384 threads per program
+extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const __grid_constant__ tsr_tensor_map Q_map, const __grid_constant__ tsr_tensor_map K_map, const __grid_constant__ tsr_tensor_map V_map) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163856 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
-  const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
+  unsigned long long* const tsr_free = tsr_landed + 2;  // per stage: the computing warpgroups are done with it
+  const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  const float s = (float)(D);
-  const float scale = rsqrtf(s);
-  // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
-    if (Q_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j) : Q, bytes);
-    } else {
-      #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        q_tile_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j + q] : 0;
-      }
-    }
-  }
-  // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  // a stage's copies land once its 128 producer threads have arrived and the bytes
+  // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 1);
-    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_free + 0, 2);
+    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_free + 1, 2);
     tsr_fence_mbarrier_init();
   }
   __syncthreads();
-  if (0 < S && 0 < 128*pid_m + 128) {
-    if (K_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_4d(k_tile_smem, &K_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
-        tsr_tma_load_4d(k_tile_smem + 8192, &K_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
+  // warpgroup 2: the producer, which only copies
+  if (lid >= 256) {
+    tsr_setmaxnreg_dec<40>();
+    const int ptid = lid - 256;
+    if (0 < S && 0 < 128*pid_m + 128) {
+      // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
+      if (Q_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, 128*pid_m, pid_b1, pid_b0);
+          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, 128*pid_m, pid_b1, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
       }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
-      }
-    }
-  }
-  // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-  if (0 < S && 0 < 128*pid_m + 128) {
-    if (V_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_4d(v_tile_smem, &V_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
-        tsr_tma_load_4d(v_tile_smem + 8192, &V_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
-      }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
-      }
-    }
-  }
-  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < S && 0 < 128*pid_m + 128 && K_aligned ? 32768 : 0) + (0 < S && 0 < 128*pid_m + 128 && V_aligned ? 32768 : 0));
-  // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
-    }
-  }
-  float m[2];
-  #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      m[r] = (-__int_as_float(0x7f800000));
-    }
-  }
-  float l[2];
-  #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      l[r] = (0.0f);
-    }
-  }
-  for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
-    tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
-    tsr_fence_async_shared();
-    __syncthreads();
-    // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+      // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
       if (K_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-          tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+        if (ptid == 0) {
+          tsr_tma_load_4d(k_tile_smem, &K_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
+          tsr_tma_load_4d(k_tile_smem + 8192, &K_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 16384; e += 256) {
+        for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+          k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
         }
+        tsr_fence_async_shared();
       }
-    }
-    // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+      // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
       if (V_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-          tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+        if (ptid == 0) {
+          tsr_tma_load_4d(v_tile_smem, &V_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
+          tsr_tma_load_4d(v_tile_smem + 8192, &V_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 16384; e += 256) {
+        for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+          v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
         }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
+    }
+    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+      if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
+        // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
+        if (K_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
+        if (V_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, ptid == 0 ? (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
       }
     }
-    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128 && K_aligned ? 32768 : 0) + (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128 && V_aligned ? 32768 : 0));
-    // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[64];
-    for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    tsr_wgmma_fence();
+  } else {
+    tsr_setmaxnreg_inc<232>();
+    const float s = (float)(D);
+    const float scale = rsqrtf(s);
+    // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+    float acc[64];
     #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = (0.0f);
+      }
     }
-    tsr_wgmma_commit();
-    tsr_wgmma_wait<0>();
-    // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[64];
+    float m[2];
+    #pragma unroll
+    for (int fm = 0; fm < 1; ++fm) {
+      #pragma unroll
+      for (int rs = 0; rs < 2; ++rs) {
+        const int r = fm * 2 + rs;
+        m[r] = (-__int_as_float(0x7f800000));
+      }
+    }
+    float l[2];
+    #pragma unroll
+    for (int fm = 0; fm < 1; ++fm) {
+      #pragma unroll
+      for (int rs = 0; rs < 2; ++rs) {
+        const int r = fm * 2 + rs;
+        l[r] = (0.0f);
+      }
+    }
+    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+      tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
+      // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+      float dot[64];
+      for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<0>();
+      // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
+      float p[64];
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+          const int t = frag * 4 + reg;
+          p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+        }
+      }
+      float m_c[2];
+      for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], p[t]);
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
+        m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
+      }
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          p[t] = expf(p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
+        }
+      }
+      float l_c[2];
+      for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + p[t];
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
+        l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
+      }
+      // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
+      float alpha[2], beta[2];
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], m_c[r]);
+        const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+        alpha[r] = expf(m[r] - m_fin);
+        beta[r] = expf(m_c[r] - m_fin);
+        l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
+        m[r] = m_new;
+      }
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+        }
+      }
+      unsigned p_frag[8][4];
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+        p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+        p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+        p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
+      }
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16], tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<0>();
+      if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
+    }
+    // flash_attention.tsr:26: return acc / l[:, None]
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
@@ -378,244 +490,258 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
         const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
         const int t = frag * 4 + reg;
-        p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+        if (128*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
       }
-    }
-    float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], p[t]);
-      }
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
-      m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
-    }
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        p[t] = expf(p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
-      }
-    }
-    float l_c[2];
-    for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + p[t];
-      }
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
-      l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
-    }
-    // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[2], beta[2];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
-      l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
-      m[r] = m_new;
-    }
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
-      }
-    }
-    unsigned p_frag[8][4];
-    #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
-    }
-    tsr_wgmma_fence();
-    #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16], tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
-    }
-    tsr_wgmma_commit();
-    tsr_wgmma_wait<0>();
-  }
-  // flash_attention.tsr:26: return acc / l[:, None]
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
     }
   }
 }
 
 // ---- flash_attention: tile kernel flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < BH], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const __grid_constant__ tsr_tensor_map k_map, const __grid_constant__ tsr_tensor_map v_map) {
+// grid [pid_m < ceil(S/128), pid_b0 < BH], 384 threads per program
+extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const __grid_constant__ tsr_tensor_map q_1_map, const __grid_constant__ tsr_tensor_map k_map, const __grid_constant__ tsr_tensor_map v_map) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163856 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
-  const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
+  unsigned long long* const tsr_free = tsr_landed + 2;  // per stage: the computing warpgroups are done with it
+  const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
-  // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
-    if (q_1_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 128*pid_m + i) * D + j) : q_1, bytes);
-    } else {
-      #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        Qb_smem[(j + q) / 64 * 8192 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j + q] : 0;
-      }
-    }
-  }
-  // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-  // one arrival per stage: thread 0's, announcing the bytes its copies bring
+  // a stage's copies land once its 128 producer threads have arrived and the bytes
+  // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 1);
-    tsr_mbarrier_init(tsr_landed + 1, 1);
+    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_free + 0, 2);
+    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_free + 1, 2);
     tsr_fence_mbarrier_init();
   }
   __syncthreads();
-  if (0 < S) {
-    if (k_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_3d(Kb_smem, &k_map, tsr_landed + 0, 0, 0, pid_b0);
-        tsr_tma_load_3d(Kb_smem + 8192, &k_map, tsr_landed + 0, 64, 0, pid_b0);
+  // warpgroup 2: the producer, which only copies
+  if (lid >= 256) {
+    tsr_setmaxnreg_dec<40>();
+    const int ptid = lid - 256;
+    if (0 < S) {
+      // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
+      if (q_1_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, 128*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, 128*pid_m, pid_b0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
       }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
-      }
-    }
-  }
-  // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-  if (0 < S) {
-    if (v_aligned) {
-      if (lid == 0) {
-        tsr_tma_load_3d(Vb_smem, &v_map, tsr_landed + 0, 0, 0, pid_b0);
-        tsr_tma_load_3d(Vb_smem + 8192, &v_map, tsr_landed + 0, 64, 0, pid_b0);
-      }
-    } else {
-      #pragma unroll 1
-      for (long long e = lid; e < 16384; e += 256) {
-        const long long i = e / 128;
-        const long long j = e - i * 128;
-        Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
-      }
-    }
-  }
-  if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, (0 < S && k_aligned ? 32768 : 0) + (0 < S && v_aligned ? 32768 : 0));
-  // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
-    }
-  }
-  float m[2];
-  #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      m[r] = (-__int_as_float(0x7f800000));
-    }
-  }
-  float l[2];
-  #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      l[r] = (0.0f);
-    }
-  }
-  for (long long nblk = 0; nblk * 128 < S; ++nblk) {
-    tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
-    tsr_fence_async_shared();
-    __syncthreads();
-    // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
+      // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
       if (k_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-          tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+        if (ptid == 0) {
+          tsr_tma_load_3d(Kb_smem, &k_map, tsr_landed + 0, 0, 0, pid_b0);
+          tsr_tma_load_3d(Kb_smem + 8192, &k_map, tsr_landed + 0, 64, 0, pid_b0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 16384; e += 256) {
+        for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+          Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
         }
+        tsr_fence_async_shared();
       }
-    }
-    // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
+      // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
       if (v_aligned) {
-        if (lid == 0) {
-          tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-          tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+        if (ptid == 0) {
+          tsr_tma_load_3d(Vb_smem, &v_map, tsr_landed + 0, 0, 0, pid_b0);
+          tsr_tma_load_3d(Vb_smem + 8192, &v_map, tsr_landed + 0, 64, 0, pid_b0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = lid; e < 16384; e += 256) {
+        for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+          Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
         }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (q_1_aligned ? 32768 : 0) + (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
+    }
+    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+      if (128*nblk + 128 < S) {
+        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
+        // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
+        if (k_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
+        if (v_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, ptid == 0 ? (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
       }
     }
-    if (lid == 0) tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, (128*nblk + 128 < S && k_aligned ? 32768 : 0) + (128*nblk + 128 < S && v_aligned ? 32768 : 0));
-    // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    float dot[64];
-    for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    tsr_wgmma_fence();
+  } else {
+    tsr_setmaxnreg_inc<232>();
+    // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+    float acc[64];
     #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = (0.0f);
+      }
     }
-    tsr_wgmma_commit();
-    tsr_wgmma_wait<0>();
-    const float s = (float)(D);
-    const float s_1 = rsqrtf(s);
-    // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-    float P[64];
+    float m[2];
+    #pragma unroll
+    for (int fm = 0; fm < 1; ++fm) {
+      #pragma unroll
+      for (int rs = 0; rs < 2; ++rs) {
+        const int r = fm * 2 + rs;
+        m[r] = (-__int_as_float(0x7f800000));
+      }
+    }
+    float l[2];
+    #pragma unroll
+    for (int fm = 0; fm < 1; ++fm) {
+      #pragma unroll
+      for (int rs = 0; rs < 2; ++rs) {
+        const int r = fm * 2 + rs;
+        l[r] = (0.0f);
+      }
+    }
+    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+      tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
+      // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
+      float dot[64];
+      for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<0>();
+      const float s = (float)(D);
+      const float s_1 = rsqrtf(s);
+      // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
+      float P[64];
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+          const int t = frag * 4 + reg;
+          P[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
+      }
+      float m_c[2];
+      for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], P[t]);
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
+        m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
+      }
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          P[t] = expf(P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
+        }
+      }
+      float l_c[2];
+      for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + P[t];
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
+        l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
+      }
+      // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
+      float alpha[2], beta[2];
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], m_c[r]);
+        const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+        alpha[r] = expf(m[r] - m_fin);
+        beta[r] = expf(m_c[r] - m_fin);
+        l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
+        m[r] = m_new;
+      }
+      #pragma unroll
+      for (int frag = 0; frag < 16; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+        }
+      }
+      unsigned P_frag[8][4];
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+        P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+        P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+        P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
+      }
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16], tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<0>();
+      if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
+    }
+    // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
@@ -623,91 +749,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
         const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
         const int t = frag * 4 + reg;
-        P[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+        if (128*pid_m + i < S && j < D) out[((pid_b0) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
       }
-    }
-    float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], P[t]);
-      }
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
-      m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
-    }
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        P[t] = expf(P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
-      }
-    }
-    float l_c[2];
-    for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + P[t];
-      }
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
-      l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
-    }
-    // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float alpha[2], beta[2];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
-      l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
-      m[r] = m_new;
-    }
-    #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
-        acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
-      }
-    }
-    unsigned P_frag[8][4];
-    #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
-    }
-    tsr_wgmma_fence();
-    #pragma unroll
-    for (int kk = 0; kk < 128; kk += 16) {
-      tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16], tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
-    }
-    tsr_wgmma_commit();
-    tsr_wgmma_wait<0>();
-  }
-  // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
-  #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < S && j < D) out[((pid_b0) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
     }
   }
 }

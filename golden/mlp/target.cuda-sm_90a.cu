@@ -354,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
@@ -525,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();

@@ -631,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();

@@ -10,8 +10,10 @@ are PTX are replaced, the shared-memory arena becomes the simulator's (poisoned 
 every block), and HIP's vector types and MFMA built-ins get g++'s spelling.
 
 ``simulated_cupy(arch)`` stands in for CuPy with host memory: ``RawModule`` builds the
-file this way, and a launch runs every block of the grid. ``tessera.runtime.cuda`` and
-the generated loaders run over it unchanged, so a test checks the whole call: the
+file this way, and a launch runs every block of the grid. ``simulated_driver()`` stands
+in for the CUDA driver's ``cuTensorMapEncodeTiled``, whose tensor maps the simulated
+TMA copies read; ``use_simulator`` puts both under ``tessera.runtime.cuda``. The runtime
+and the generated loaders run over them unchanged, so a test checks the whole call: the
 runtime's arguments and buffers, the launches the metadata gives, and the numbers.
 ``load_hip`` runs a HIP file's functions the same way, through the CUDA runtime's
 launches (the metadata of both backends describes them alike).

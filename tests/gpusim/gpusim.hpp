@@ -561,16 +561,35 @@ inline void ldmatrix(int count, bool trans, unsigned* r, const void* row) {
 
 // ------------------------------------------------------------------ mma.sync
 
+// One lane's part of an mma.sync: its accumulators and its a and b registers.
+struct MmaPart {
+  float* d;
+  const unsigned* a;
+  const unsigned* b;
+};
+
+// d += A @ B on a warp's m16n8 fragment: lane l = 4g + t holds d's (g, 2t..2t+1) and
+// (g+8, 2t..2t+1), for every k of the instruction.
+template <int K>
+void accumulate_m16n8(std::vector<void*>& args, const float (&A)[16][K], const float (&B)[K][8]) {
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<MmaPart*>(args[static_cast<std::size_t>(l)]);
+    const int g = l / 4, t = l % 4;
+    for (int q = 0; q < 4; ++q) {
+      const int row = g + (q / 2) * 8, col = 2 * t + q % 2;
+      float sum = x->d[q];
+      for (int k = 0; k < K; ++k) sum += A[row][k] * B[k][col];
+      x->d[q] = sum;
+    }
+  }
+}
+
 inline void mma_m16n8k16(Type type, float* d, const unsigned* a, const unsigned* b) {
-  struct Arg {
-    float* d;
-    const unsigned* a;
-    const unsigned* b;
-  } arg{d, a, b};
-  meet(32, "mma.sync.m16n8k16", &arg, [type](std::vector<void*>& args) {
+  MmaPart part{d, a, b};
+  meet(32, "mma.sync.m16n8k16", &part, [type](std::vector<void*>& args) {
     float A[16][16], B[16][8];
     for (int l = 0; l < 32; ++l) {
-      const auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      const auto* x = static_cast<MmaPart*>(args[static_cast<std::size_t>(l)]);
       const int g = l / 4, t = l % 4;
       for (int q = 0; q < 4; ++q) {
         const int row = g + (q % 2) * 8, col = 2 * t + (q / 2) * 8;
@@ -582,16 +601,26 @@ inline void mma_m16n8k16(Type type, float* d, const unsigned* a, const unsigned*
         B[2 * t + q * 8 + 1][g] = high(type, x->b[q]);
       }
     }
+    accumulate_m16n8(args, A, B);
+  });
+}
+
+// mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32 ("Matrix Fragments for mma.m16n8k8", .tf32):
+// lane l = 4g + t holds a's (g, t), (g+8, t), (g, t+4), (g+8, t+4) and b's (t, g),
+// (t+4, g), one 32-bit element each, of which the instruction reads the tf32 bits (the
+// low 13 bits of the mantissa are ignored); c and d as for m16n8k16.
+inline void mma_m16n8k8_tf32(float* d, const unsigned* a, const unsigned* b) {
+  MmaPart part{d, a, b};
+  meet(32, "mma.sync.m16n8k8", &part, [](std::vector<void*>& args) {
+    const auto tf32 = [](unsigned bits) { return tsr_sim::bits<float>(bits & 0xffffe000u); };
+    float A[16][8], B[8][8];
     for (int l = 0; l < 32; ++l) {
-      auto* x = static_cast<Arg*>(args[static_cast<std::size_t>(l)]);
+      const auto* x = static_cast<MmaPart*>(args[static_cast<std::size_t>(l)]);
       const int g = l / 4, t = l % 4;
-      for (int q = 0; q < 4; ++q) {
-        const int row = g + (q / 2) * 8, col = 2 * t + q % 2;
-        float sum = x->d[q];
-        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
-        x->d[q] = sum;
-      }
+      for (int q = 0; q < 4; ++q) A[g + (q % 2) * 8][t + (q / 2) * 4] = tf32(x->a[q]);
+      for (int q = 0; q < 2; ++q) B[t + q * 4][g] = tf32(x->b[q]);
     }
+    accumulate_m16n8(args, A, B);
   });
 }
 
@@ -791,6 +820,9 @@ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b
 }
 inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
   tsr_sim::mma_m16n8k16(tsr_sim::Type::f16, d, a, b);
+}
+inline void tsr_mma_m16n8k8_tf32(float* d, const unsigned* a, const unsigned* b) {
+  tsr_sim::mma_m16n8k8_tf32(d, a, b);
 }
 inline void tsr_wgmma_fence() {}
 inline void tsr_wgmma_commit() { tsr_sim::wgmma_commit(); }

@@ -130,6 +130,8 @@ class Dialect:
 
 _BITS = {
     "f32": ("{p}[{o}]", "{p}[{o}] = {v};"),
+    # A tf32 tensor's elements are read as tf32, however the caller filled the f32s.
+    "tf32": ("tsr_round_tf32({p}[{o}])", "{p}[{o}] = tsr_round_tf32({v});"),
     "bf16": ("tsr_bf16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_bf16({v});"),
     "f16": ("tsr_f16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_f16({v});"),
     **{fp8: (f"tsr_{fp8}_to_float({{p}}[{{o}}])", f"{{p}}[{{o}}] = tsr_float_to_{fp8}({{v}});")
@@ -140,8 +142,8 @@ OPENCL = Dialect(
     name="opencl",
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
-    storage={"f32": "float", "f16": "half", "bf16": "ushort", "fp8_e4m3": "uchar",
-             "fp8_e5m2": "uchar"},
+    storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",
+             "fp8_e4m3": "uchar", "fp8_e5m2": "uchar"},
     reads={**{k: r for k, (r, _) in _BITS.items()}, "f16": "vload_half({o}, {p})"},
     writes={**{k: w for k, (_, w) in _BITS.items()}, "f16": "vstore_half_rte({v}, {o}, {p});"},
     local_qualifier="__local",
@@ -179,8 +181,8 @@ HIP = Dialect(
     name="hip",
     index_type="long long",
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
-    storage={"f32": "float", "f16": "unsigned short", "bf16": "unsigned short",
-             "fp8_e4m3": "unsigned char", "fp8_e5m2": "unsigned char"},
+    storage={"f32": "float", "tf32": "float", "f16": "unsigned short",
+             "bf16": "unsigned short", "fp8_e4m3": "unsigned char", "fp8_e5m2": "unsigned char"},
     reads={k: r for k, (r, _) in _BITS.items()},
     writes={k: w for k, (_, w) in _BITS.items()},
     local_qualifier="__shared__",

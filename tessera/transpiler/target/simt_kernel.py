@@ -32,7 +32,7 @@ from ..graph.dims import Dim
 from ..graph.graph_ops import binary_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
-from ..tile.ir import Access, Mma, Slot, TileKernel
+from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import c_dim
@@ -142,7 +142,7 @@ class _Emitter(TileOps, TmaCopies):
         #: The threads a Flat walk spreads over: their index and count.
         self.team = ("lid", kernel.threads)
         self.role: str | None = None
-        self.released: Slot | None = None
+        self.planned = {s.buffer: s.layout for s in kernel.smem}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
         self.depth = 1

@@ -20,6 +20,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Access, Mma, SharedType, Slot
 from ..tile.smem import SW128_ALIGN
+from ..tile.tma import fits_tma
 from .simt_layout import (
     CHUNK_BYTES,
     MFMA_32X32,
@@ -58,6 +59,7 @@ _MFMA = {
 _MMA_SYNC = {
     "bf16": ("tsr_mma_m16n8k16_bf16", "tsr_float_to_bf16({x})"),
     "f16": ("tsr_mma_m16n8k16_f16", "tsr_float_to_f16({x})"),
+    "tf32": ("tsr_mma_m16n8k8_tf32", "__float_as_uint({x})"),
 }
 #: Warps of a ``wgmma`` warpgroup, which the Tile IR counts as one.
 _WARPGROUP = 4
@@ -141,6 +143,8 @@ class TileOps:
     in_flight: bool
     #: The flag that says a tensor's rows are aligned for 16-byte copies, by value id.
     aligned: dict[int, str]
+    #: The planned layout of each shared buffer, by buffer name.
+    planned: dict[str, str]
     #: In a kernel with a producer warpgroup, the role being emitted: "producer" or
     #: "consumer" (None elsewhere), and the threads a Flat walk spreads over.
     role: str | None
@@ -182,18 +186,16 @@ class TileOps:
         """A copy of a tile from global into shared memory, in 16-byte chunks where its
         shape allows. A copy ahead runs asynchronously where the dialect can
         (``async_copy``)."""
-        tma = self.tma is not None and op.attr("async") == "tma"
-        if tma and self.role == "consumer":
+        if self.role == "consumer":
             return  # the producer warpgroup copies
+        # A producer also moves the copies that do not run ahead through TMA if it can.
+        tma = self.tma is not None and (
+            op.attr("async") == "tma" or (self.role == "producer" and fits_tma(op, self.planned))
+        )
         if tma:
             self.init_barriers()
         # A producer's group of copies is already under the iteration's condition.
-        when = None if self.role == "producer" else op.attr("when")
-        live = None
-        if when is not None:
-            live = f"{self.c(when.start)} < {self.c(when.extent)}"
-            if when.stop is not None:
-                live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
+        live = None if self.role == "producer" else self.runs(op)
         if live is not None:
             self.open(f"if ({live})")
         aligned = self.chunks_aligned(op)
@@ -205,6 +207,16 @@ class TileOps:
             self.copy_chunks(op, aligned)
         if live is not None:
             self.close()
+
+    def runs(self, copy: Op) -> str | None:
+        """The condition under which a copy ahead runs (its ``when``), or None."""
+        when = copy.attr("when")
+        if when is None:
+            return None
+        live = f"{self.c(when.start)} < {self.c(when.extent)}"
+        if when.stop is not None:
+            live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
+        return live
 
     def copy_elements(self, op: Op) -> None:
         tensor, buf = op.operands
@@ -371,8 +383,6 @@ class TileOps:
         assert isinstance(form.dist, (Grid, Fragments))
         self.multiply(op, a, b, form.name, form.dist)
         self.forms[op.result.id] = form
-        if self.kernel.producer and op.attr("mma").in_flight:
-            self.release_stage()
 
     def multiply(self, op: Op, a: Value, b: Value, acc: str, dist: Grid | Fragments) -> None:
         """``acc += a @ b``: on ``wgmma`` straight from shared memory where both operands
@@ -428,7 +438,8 @@ class TileOps:
         else:
             want = _mma_sync_dtype(inst) or ""
             from_float, from_bits = _MMA_SYNC[want][1], "{x}"
-        if bits is not None and dtype == want:
+        # tf32's stored bits are an f32's: they go into the register as floats do.
+        if bits is not None and dtype == want and want != "tf32":
             return lambda index: from_bits.format(x=bits(index))
         return lambda index: from_float.format(x=element(index))
 
@@ -586,7 +597,8 @@ class TileOps:
         """Each warp's m16n8 fragments, one ``mma.sync`` m16n8k16 per fragment and ``k``
         step. Lane ``l`` holds pairs of neighbouring ``k`` (packed in 32 bits, the lower
         ``k`` in the low half): of ``a`` rows ``l / 4`` and ``l / 4 + 8`` of its strip, of
-        ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. A
+        ``b`` column ``l / 4``, at ``k`` steps ``2 (l % 4)`` and ``2 (l % 4) + 8``. tf32
+        runs m16n8k8, one element a register, at ``k`` steps ``l % 4`` and ``l % 4 + 4``. A
         step loads the warp's ``a`` strips once and streams its ``b`` fragments past
         them: the strips are fewer registers than a warp's ``b`` fragments. An operand
         in shared memory in the instruction's dtype (a ``SmemView``) is loaded with
@@ -598,9 +610,12 @@ class TileOps:
         self.place_in_wave()
         row = f"{dist.warp_row}fm * 16"
         col = f"{dist.warp_col}fn * 8"
-        k = "kk + lane % 4 * 2"
+        tf32 = function == _MMA_SYNC["tf32"][0]
+        k = "kk + lane % 4" if tf32 else "kk + lane % 4 * 2"
         assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
-        self.open(f"for (int kk = 0; {bound}; kk += 16)")
+        if tf32 and isinstance(a, str):
+            raise NotLowered("a tf32 product of probabilities held in registers")
+        self.open(f"for (int kk = 0; {bound}; kk += {8 if tf32 else 16})")
         if isinstance(a, str):
             choice = f"{a}[0][q]"
             for step in range(1, steps):
@@ -614,6 +629,8 @@ class TileOps:
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
             if isinstance(a, SmemView):
                 self.ldmatrix("a_frag[fm]", a, "a", row)
+            elif tf32:
+                self.tf32_fragment("a_frag[fm]", a, f"{row} + lane / 4", k)
             else:
                 self.a_fragment("a_frag[fm]", a, f"{row} + lane / 4", k)
             self.close()
@@ -622,6 +639,10 @@ class TileOps:
         self.line("unsigned b_frag[2];")
         if isinstance(b, SmemView):
             self.ldmatrix("b_frag", b, "b", col)
+        elif tf32:
+            for q in range(2):
+                kq = f"{k} + 4" if q else k
+                self.line(f"b_frag[{q}] = {b((kq, f'{col} + lane / 4'))};")
         else:
             for q in range(2):
                 kq = f"{k} + 8" if q else k
@@ -640,11 +661,11 @@ class TileOps:
 
     def loadable(self, op: Op, view: SmemView | None) -> SmemView | None:
         """``view`` if ``mma.sync`` can load the operand with ``ldmatrix``: stored in the
-        instruction's dtype, rows of whole 16-byte chunks, which every layout keeps
+        instruction's 16-bit dtype, rows of whole 16-byte chunks, which every layout keeps
         together and 16-byte aligned."""
         dtype = _mma_sync_dtype(op.attr("mma").inst)
-        if view is None or dtype is None or view.dtype != dtype or view.cols % 8:
-            return None
+        if view is None or dtype in (None, "tf32") or view.dtype != dtype or view.cols % 8:
+            return None  # ldmatrix moves 16-bit elements
         return view
 
     def ldmatrix(self, frag: str, view: SmemView, role: str, mn0: str) -> None:
@@ -676,6 +697,14 @@ class TileOps:
             kq = f"{k} + 8" if q // 2 else k
             pair = f"{a((rq, kq))}, {a((rq, f'{kq} + 1'))}"
             self.line(f"{frag}[{q}] = tsr_pack_b16({pair});")
+
+    def tf32_fragment(self, frag: str, a: Element, row: str, k: str) -> None:
+        """The lane's four registers of an m16k8 tf32 ``a`` operand: rows ``row`` and
+        ``row + 8``, ``k`` steps ``k`` and ``k + 4``, one element each."""
+        for q in range(4):
+            rq = f"{row} + 8" if q % 2 else row
+            kq = f"{k} + 4" if q // 2 else k
+            self.line(f"{frag}[{q}] = {a((rq, kq))};")
 
     def fragment(self, name: str, vector: str, per_lane: int, value: str) -> None:
         if per_lane == 1:

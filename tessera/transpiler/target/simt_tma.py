@@ -20,13 +20,19 @@ of the 16-byte chunk copies (``chunks_aligned``); where a call's tensor misses i
 same copy runs element by element, synchronously, and announces no bytes. A kernel
 whose copies do not all fit (another layout, a tile that is not the tensor's last two
 axes, more than one pipelined loop) keeps ``cp.async`` for all of them.
+
+A kernel with a producer warpgroup (``tile/specialize.py``) is emitted as two roles
+(``specialized``): the producer issues every group of copies, after waiting on a second
+barrier per stage for the computing warpgroups to free it, and all its threads arrive
+on the first; the computing threads run the rest, and free a stage once the batch that
+read it has been waited for. There is then no barrier at the top of the loop.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
-from ..graph.dims import Dim
 from ..graph.ir import Block, Op, Value
 from ..tile.ir import Access, Slot
 from .simt_layout import parenthesized, sw128_panel
@@ -38,6 +44,10 @@ _BARRIER_BYTES = 8
 #: Registers per thread of a specialized kernel's roles (setmaxnreg, in steps of 8):
 #: the producer needs few, and gives them to the computing warpgroups' accumulators.
 _PRODUCER_REGISTERS, _COMPUTE_REGISTERS = 40, 232
+
+
+#: What only the whole block may run: the producer has left by then.
+_BLOCK_WIDE = re.compile(r"\b(__syncthreads|tsr_group_\w+)\(")
 
 
 def _groups(ops: tuple[Op, ...]) -> list[list[Op]]:
@@ -83,9 +93,6 @@ class TmaCopies:
     tma_slot: str
     #: The ranks of the tensors copied, for the header's copy functions.
     tma_ranks: set[int]
-    #: The stage the computing warpgroups' current iteration reads (a specialized
-    #: kernel's, to free once the batch after it has been waited for).
-    released: Slot | None
 
     def barriers_bytes(self) -> int:
         """The stages' barriers: one each, two with a producer warpgroup."""
@@ -148,7 +155,10 @@ class TmaCopies:
         self.line(f"tsr_setmaxnreg_inc<{_COMPUTE_REGISTERS}>();")
         self.role, self.team = "consumer", ("lid", threads)
         rest = [op for op in body.ops[:at] if op.kind not in moves] + list(body.ops[at:])
+        start = len(self.lines)
         self.block(replace(body, ops=tuple(rest)))
+        blocking = [line for line in self.lines[start:] if _BLOCK_WIDE.search(line)]
+        assert not blocking, f"a specialized kernel's computing threads wait for all: {blocking}"
         self.close()
         self.role = None
 
@@ -156,12 +166,12 @@ class TmaCopies:
         """One stage's copies and their commit, for an iteration that runs; a copy ahead
         in the loop first waits for the computing warpgroups to free the stage it fills
         (its previous use, ``stages`` iterations before)."""
-        first = next(op for op in ops if op.kind == "copy")
-        when = first.attr("when")
-        if when is not None:
-            live = f"{self.c(when.start)} < {self.c(when.extent)}"
-            if when.stop is not None:
-                live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
+        first = next(op for op in ops if op.kind == "copy" and op.attr("async"))
+        # Copies before the loop that do not run ahead (attention's query tile) join the
+        # first stage's group: its barrier covers them.
+        self.tma_slot = self.stage_index(first.attr("slot"))
+        live = self.runs(first)
+        if live is not None:
             self.open(f"if ({live})")
         if ahead:
             slot: Slot = first.attr("slot")
@@ -169,18 +179,16 @@ class TmaCopies:
             self.line(f"if ({index} >= {stages}) tsr_mbarrier_wait(tsr_free + "
                       f"{self.stage_index(slot)}, ({index} / {stages} + 1) % 2);")  # fmt: skip
         self.block(replace(self.kernel.body, ops=tuple(ops)))
-        if when is not None:
+        if live is not None:
             self.close()
 
-    def release_stage(self) -> None:
-        """After a computing warpgroup's wait for its previous batch: that batch's stage
-        is free again (one arrival per warpgroup)."""
-        slot = self.released
-        if slot is None or self.role != "consumer":
-            return
-        index = self.c(slot.index)
-        previous = self.stage_index(Slot(slot.index - Dim.const(1), slot.stages))
-        self.line(f"if ({index} > 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + {previous});")
+    def op_release(self, op: Op) -> None:
+        """A computing warpgroup is done with a stage: one arrival per warpgroup (a
+        ``lag`` of 1 frees the stage the iteration before read, none before the first)."""
+        slot: Slot = op.attr("slot")
+        guard = f"{self.c(slot.index)} >= 0 && " if op.attr("lag") else ""
+        self.line(f"if ({guard}lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + "
+                  f"{self.stage_index(slot)});")  # fmt: skip
 
     def copy_tma(self, op: Op, aligned: str, when: str | None) -> None:
         """Thread 0 copies each 128-byte panel of the tile with one TMA instruction where
@@ -193,7 +201,9 @@ class TmaCopies:
         rank = len(at.axes)
         self.tma_ranks.add(rank)
         tmap = self.tensor_map(tensor, (panel, rows) + (1,) * (rank - 2))
-        self.tma_slot = slot = self.stage_index(op.attr("slot"))
+        slot = self.stage_index(op.attr("slot"))
+        if op.attr("async"):
+            self.tma_slot = slot
         dst = self.forms[buf.id].name
         base, first = (dst, int(slot) * rows * cols) if slot.isdigit() else (
             f"{dst} + {parenthesized(slot)} * {rows * cols}", 0)  # fmt: skip
@@ -207,9 +217,8 @@ class TmaCopies:
             start = f"{base} + {offset}" if offset else base
             x = col if p == 0 else str(p * panel) if col == "0" else f"{col} + {p * panel}"
             coords = ", ".join([x, row, *index])
-            self.line(
-                f"tsr_tma_load_{rank}d({start}, &{tmap.name}, tsr_landed + {slot}, {coords});"
-            )
+            bar = f"tsr_landed + {self.tma_slot}"
+            self.line(f"tsr_tma_load_{rank}d({start}, &{tmap.name}, {bar}, {coords});")
         self.close()
         self.close()
         self.otherwise()

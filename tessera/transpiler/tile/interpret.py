@@ -218,6 +218,9 @@ class _Program:
     def op_wait_mma(self, op: Op) -> None:
         """Products run when they are issued here: nothing is left in flight."""
 
+    def op_release(self, op: Op) -> None:
+        """A stage handed back to a producer warpgroup: here copies land at their wait."""
+
     def op_read(self, op: Op, buf: np.ndarray) -> np.ndarray:
         return buf[self._slot(op.attr("slot"))].copy()
 

@@ -16,6 +16,7 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``wait_mma``         wait until ``pending`` batches of an asynchronous product remain
 ``read``             shared -> register tile (one stage of a buffer)
 ``barrier``          all threads of the program
+``release``          free a pipeline stage for a producer warpgroup's next copies into it
 ``mma``              ``acc + a @ b`` on the instruction legalization chose
 ``mask_edge``        set a tile's elements past a ragged edge to a fill value
 ``for`` / ``if``     structured control flow, as in the Graph IR

@@ -30,14 +30,16 @@ _INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, tuple[int, int, int]]] = {
     ("cuda", "sm_80", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16)),
     ("cuda", "sm_90a", "bf16"): ("wgmma.bf16", (64, 0, 16)),
     ("cuda", "sm_90a", "f16"): ("wgmma.f16", (64, 0, 16)),
-    ("cuda", "sm_90a", "tf32"): ("wgmma.tf32", (64, 0, 8)),
-    # wgmma takes fp8 operands K-major only, and a GEMM's b is N-major in memory: until
-    # the copies can transpose, fp8 is widened to f16 in registers here too.
+    # wgmma takes tf32 and fp8 operands K-major only, and a GEMM's b is N-major in memory:
+    # until the copies can transpose, tf32 runs on mma.sync, and fp8 is widened to f16
+    # in registers for it, here too.
+    ("cuda", "sm_90a", "tf32"): ("mma.sync.tf32", (16, 8, 8)),
     ("cuda", "sm_90a", "fp8_e4m3"): ("mma.sync.f16", (16, 8, 16)),
     ("cuda", "sm_90a", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16)),
     ("hip", "*", "bf16"): ("mfma_f32_32x32x8bf16_1k", (32, 32, 8)),
     ("hip", "*", "f16"): ("mfma_f32_32x32x8f16", (32, 32, 8)),
     ("hip", "*", "f32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),
+    ("hip", "*", "tf32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),  # tf32 values are f32s
     ("hip", "gfx942", "fp8_e4m3"): ("mfma_f32_32x32x16_fp8_fp8", (32, 32, 16)),
 }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..graph.ir import Op, walk
 from .ir import Access, SharedType, TileKernel
 
-__all__ = ["tma_stages", "pipelined_loop"]
+__all__ = ["tma_stages", "pipelined_loop", "fits_tma"]
 
 #: TMA's limits: a box has at most 256 elements along each axis, a tensor five axes.
 _MAX_BOX, _MAX_RANK = 256, 5
@@ -34,12 +34,14 @@ def tma_stages(kernel: TileKernel) -> int | None:
         return None
     layouts = {s.buffer: s.layout for s in kernel.smem}
     stages = {op.operands[1].type.stages for op in copies}
-    if len(stages) != 1 or not all(_fits(op, layouts) for op in copies):
+    if len(stages) != 1 or not all(fits_tma(op, layouts) for op in copies):
         return None
     return stages.pop()
 
 
-def _fits(copy: Op, layouts: dict[str, str]) -> bool:
+def fits_tma(copy: Op, layouts: dict[str, str]) -> bool:
+    """Whether TMA can make ``copy``: its buffer's layout (by buffer name) is ``sw128``,
+    its tile the tensor's last two axes, within TMA's limits."""
     buf = copy.operands[1]
     t: SharedType = buf.type
     at: Access = copy.attr("at")
