@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.transpiler.tile import passes
 
 from .conftest import ROOT
 from .gpusim import load_hip, simulated_cupy, use_simulator
@@ -109,6 +110,36 @@ def test_products_at_edge_sizes(
     out = np.full((m, n), np.nan, np.float32)
     mm(a, b, out=out)
     _check(out, f64(a) @ f64(b), 1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["gemm", "attention"])
+def test_tma_pipelines_without_a_producer_warpgroup(
+    kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sm_90a's TMA pipelines where every thread computes and thread 0 also copies (what a
+    kernel the specialize pass leaves alone runs): GEMM and attention, long enough for
+    the steady state, with rows that TMA takes and rows that it does not."""
+    monkeypatch.setattr(passes, "TILE_PASSES",
+                        tuple(p for p in passes.TILE_PASSES if p.name != "specialize"))  # fmt: skip
+    rng = np.random.default_rng(7)
+
+    def unspecialized(code: str) -> str:
+        assert "tsr_tma_load" in code and "tsr_free" not in code
+        return code
+
+    if kernel == "gemm":
+        mm = _function(GEMM, "cuda", "sm_90a", monkeypatch, edit=unspecialized)
+        for k in (600, 301):
+            a, b = _bf16(rng, 70, k), _bf16(rng, k, 136)
+            out = np.full((70, 136), np.nan, np.float32)
+            mm(a, b, out=out)
+            _check(out, f64(a) @ f64(b), 1e-5)
+        return
+    attn = _function(_attention_source(True), "cuda", "sm_90a", monkeypatch, edit=unspecialized)
+    q, k, v = (_bf16(rng, 2, 300, 64) for _ in range(3))
+    out = np.full(q.shape, np.nan).astype(ml_dtypes.bfloat16)
+    attn(q, k, v, out=out)
+    _check(out, attention(q, k, v, True), 2e-2)
 
 
 def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(
