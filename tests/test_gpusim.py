@@ -58,7 +58,7 @@ def attn(q: Tensor["BH", "S", "D", bf16], k: Tensor["BH", "S", "D", bf16],
 
 def _library(
     source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
-    edit: Callable[[str], str] | None = None,
+    edit: Callable[[str], str] | None = None, defines: dict[str, int] | None = None,
 ) -> Any:  # fmt: skip
     """The source's functions, built for ``target``: CUDA and HIP on the simulated GPU
     (HIP launched as CUDA is; the generated file changed by ``edit`` where given),
@@ -69,17 +69,18 @@ def _library(
         cupy.RawModule = functools.partial(lambda real, code, **kw: real(edit(code), **kw),
                                            cupy.RawModule)  # fmt: skip
     use_simulator(monkeypatch, cupy)
-    program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch)
+    program = tessera.compile(source, filename="edge.tsr", target=target, arch=arch,
+                              defines=defines)  # fmt: skip
     return load_hip(program) if target == "hip" else program.load()
 
 
 def _function(
     source: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch,
-    edit: Callable[[str], str] | None = None,
+    edit: Callable[[str], str] | None = None, defines: dict[str, int] | None = None,
 ) -> Any:  # fmt: skip
     """The source's one function, built for ``target`` and run on the simulated GPU."""
     (name,) = (m.group(1) for m in re.finditer(r"^def (\w+)\(", source, re.M))
-    return getattr(_library(source, target, arch, monkeypatch, edit), name)
+    return getattr(_library(source, target, arch, monkeypatch, edit, defines), name)
 
 
 def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -140,6 +141,26 @@ def test_tma_pipelines_without_a_producer_warpgroup(
     out = np.full(q.shape, np.nan).astype(ml_dtypes.bfloat16)
     attn(q, k, v, out=out)
     _check(out, attention(q, k, v, True), 2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_of_a_fixed_head_dim_runs_with_a_producer(
+    causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention compiled for one head dim (``-D D=64``, as the GPU benchmark compiles
+    it), whose scale is a constant, on sm_90a: with a producer warpgroup, ragged S."""
+
+    def specialized(code: str) -> str:
+        assert "tsr_free" in code
+        return code
+
+    attn = _function(_attention_source(causal), "cuda", "sm_90a", monkeypatch,
+                     edit=specialized, defines={"D": 64})  # fmt: skip
+    rng = np.random.default_rng(9)
+    q, k, v = (_bf16(rng, 2, 300, 64) for _ in range(3))
+    out = np.full(q.shape, np.nan).astype(ml_dtypes.bfloat16)
+    attn(q, k, v, out=out)
+    _check(out, attention(q, k, v, causal), 2e-2)
 
 
 def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(

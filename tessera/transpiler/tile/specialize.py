@@ -36,7 +36,7 @@ PRODUCER_THREADS = 128
 #: Ops outside the loop that every thread runs on its own elements, with no barrier.
 _PER_THREAD = frozenset({
     "alloc", "copy", "commit", "wait_mma", "full", "load", "store", "cast", "expand_dims",
-    "dim_to_float",
+    "dim_to_float", "const",
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "gelu", "silu", "relu", "abs",
 })  # fmt: skip
