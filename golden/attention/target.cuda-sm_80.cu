@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-  if (0 < S && 0 < 128*pid_m + 128) {
+  if (0 < S) {
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 16;
       const int j = e % 16 * 8;
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-  if (0 < S && 0 < 128*pid_m + 128) {
+  if (0 < S) {
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 16;
       const int j = e % 16 * 8;

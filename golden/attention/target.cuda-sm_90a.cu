@@ -268,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    if (0 < S && 0 < 128*pid_m + 128) {
+    if (0 < S) {
       // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
       if (Q_aligned) {
         if (ptid == 0) {

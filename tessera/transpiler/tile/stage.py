@@ -180,8 +180,9 @@ def _copy(
     if move is not None and loop is not None:
         counter = loop.regions[0].args[0].name
         moving = next(a for a in at.axes if counter in a.offset.symbols())
-        stop = loop.attr("stop")
-        runs = None if stop is None else (move(Dim.sym(counter) * loop.attr("step")), stop)
+        stop, position = loop.attr("stop"), move(Dim.sym(counter) * loop.attr("step"))
+        # A causal stop lies past the program's first row: the first iteration always runs.
+        runs = None if stop is None or position == Dim.const(0) else (position, stop)
         attrs = (("when", When(move(moving.offset), moving.extent, runs)),)
         at = Access(tuple(replace(a, offset=move(a.offset)) for a in at.axes))
     attrs = (("at", at), ("slot", slot), *((("async", engine),) if engine else ()), *attrs)
