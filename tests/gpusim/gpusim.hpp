@@ -432,6 +432,13 @@ inline void mbarrier_arrive_expect_tx(void* bar, unsigned bytes) {
   complete_if_done(b);
 }
 
+// The bytes a copy of the map's box brings.
+inline std::uint64_t box_bytes(const TensorMap& m) {
+  std::uint64_t bytes = m.element_bytes;
+  for (std::uint32_t k = 0; k < m.rank; ++k) bytes *= m.box[k];
+  return bytes;
+}
+
 inline void tma_land(const TmaCopy& c) {
   const TensorMap& m = c.map;
   const std::uint32_t row_bytes = m.box[0] * m.element_bytes;
@@ -468,8 +475,7 @@ inline void tma_load(void* dst, const void* map, void* bar, const long long* coo
   std::memcpy(&c.map, map, sizeof c.map);
   if (c.map.magic != kTensorMapMagic) fail("a TMA copy through a tensor map the host did not encode");
   const unsigned at = cvta_shared(dst);
-  std::uint64_t bytes = c.map.element_bytes;
-  for (std::uint32_t k = 0; k < c.map.rank; ++k) bytes *= c.map.box[k];
+  const std::uint64_t bytes = box_bytes(c.map);
   if (at % (c.map.swizzle == 128 ? 1024 : 128)) fail("a TMA destination not aligned for its swizzle");
   if (at + bytes > block->smem_bytes) fail("a TMA copy past the shared-memory arena");
   for (std::uint32_t k = 0; k < c.map.rank; ++k) c.coords[k] = coords[k];
@@ -485,9 +491,7 @@ inline void mbarrier_wait(void* bar, unsigned parity) {
     if ((b.phase & 1u) != parity) return;
     for (const TmaCopy& c : b.copies) {
       tma_land(c);
-      std::uint64_t bytes = c.map.element_bytes;
-      for (std::uint32_t k = 0; k < c.map.rank; ++k) bytes *= c.map.box[k];
-      b.tx -= static_cast<long long>(bytes);
+      b.tx -= static_cast<long long>(box_bytes(c.map));
     }
     if (!b.copies.empty()) ++block->events;
     b.copies.clear();

@@ -166,10 +166,13 @@ class TileOps:
         self.layouts[buf.id] = plan.layout
 
     def slot_index(self, buf: Value, slot: Slot) -> str:
-        t: SharedType = buf.type
-        if t.stages == 1 or slot.index.constant is not None:
-            return str((slot.index.constant or 0) % t.stages)
-        return f"({self.c(slot.index)}) % {t.stages}"
+        return self.stage_index(replace(slot, stages=buf.type.stages))
+
+    def stage_index(self, slot: Slot) -> str:
+        """The pipeline stage (a buffer's slot, a stage's barrier) an iteration uses."""
+        if slot.stages == 1 or slot.index.constant is not None:
+            return str((slot.index.constant or 0) % slot.stages)
+        return f"({self.c(slot.index)}) % {slot.stages}"
 
     def smem_element(self, buf: Value, slot: Slot) -> Element:
         t: SharedType = buf.type

@@ -253,11 +253,6 @@ class TmaCopies:
         parity = f"{parenthesized(self.c(slot.index))} / {slot.stages} % 2"
         self.line(f"tsr_mbarrier_wait(tsr_landed + {self.stage_index(slot)}, {parity});")
 
-    def stage_index(self, slot: Slot) -> str:
-        if slot.index.constant is not None:
-            return str(slot.index.constant % slot.stages)
-        return f"({self.c(slot.index)}) % {slot.stages}"
-
     def tensor_map(self, tensor: Value, box: tuple[int, ...]) -> TensorMap:
         key = (tensor.id, box)
         if key not in self.tensor_maps:

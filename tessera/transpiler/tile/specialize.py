@@ -45,8 +45,8 @@ _THROUGH = ("transpose", "cast")
 
 
 def specialize_warps(kernel: TileKernel, hw: Hardware) -> TileKernel:
-    loop = pipelined_loop(kernel)
-    if hw.arch != "sm_90a" or loop is None or tma_stages(kernel) is None:
+    loop, stages = pipelined_loop(kernel), tma_stages(kernel)
+    if hw.arch != "sm_90a" or loop is None or stages is None:
         return kernel
     outside = [op for top in kernel.body.ops if top is not loop for op in _walk_op(top)]
     body = loop.regions[0]
@@ -59,7 +59,6 @@ def specialize_warps(kernel: TileKernel, hw: Hardware) -> TileKernel:
     if last is None:
         return kernel
     counter = Dim.sym(body.args[0].name or "")
-    stages = tma_stages(kernel) or 1
     release = Op("release", (), (), (("slot", Slot(counter - Dim.const(lag), stages)),
                                      ("lag", lag)))  # fmt: skip
     ops: list[Op] = []
