@@ -342,11 +342,22 @@ inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
   transpose(out, x, rows, cols, rows, cols);
 }
 
-// A per-thread scratch area for a program's tiles: grown once, reused by every program.
+// Scratch tiles start on cache lines (the compiler places each at a multiple of
+// kLineFloats), so that no vector load of a tile row splits over two lines.
+constexpr i64 kLineFloats = 64 / sizeof(float);
+inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
+
+// A per-thread scratch area for a program's tiles: grown once, reused by every program,
+// and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
+// split over two lines: SGEMM 2048 ran 4-7% slower. A page measured 1-2% faster than a
+// line.)
 inline float* scratch(i64 floats) {
+  constexpr i64 kPageFloats = 4096 / sizeof(float);
   static thread_local std::vector<float> area;
-  if (static_cast<i64>(area.size()) < floats) area.resize(static_cast<std::size_t>(floats));
-  return area.data();
+  const i64 size = floats + kPageFloats;
+  if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
+  const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
+  return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
 // ---------------------------------------------------------------- dot

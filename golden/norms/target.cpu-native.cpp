@@ -342,11 +342,22 @@ inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
   transpose(out, x, rows, cols, rows, cols);
 }
 
-// A per-thread scratch area for a program's tiles: grown once, reused by every program.
+// Scratch tiles start on cache lines (the compiler places each at a multiple of
+// kLineFloats), so that no vector load of a tile row splits over two lines.
+constexpr i64 kLineFloats = 64 / sizeof(float);
+inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
+
+// A per-thread scratch area for a program's tiles: grown once, reused by every program,
+// and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
+// split over two lines: SGEMM 2048 ran 4-7% slower. A page measured 1-2% faster than a
+// line.)
 inline float* scratch(i64 floats) {
+  constexpr i64 kPageFloats = 4096 / sizeof(float);
   static thread_local std::vector<float> area;
-  if (static_cast<i64>(area.size()) < floats) area.resize(static_cast<std::size_t>(floats));
-  return area.data();
+  const i64 size = floats + kPageFloats;
+  if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
+  const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
+  return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
 }  // namespace tsr
@@ -354,12 +365,12 @@ inline float* scratch(i64 floats) {
 // ---- row_softmax: one program instance (launch k0 of row_softmax: the library's softmax)
 
 static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(4*C + 4 + 4*C + 4 + 4*C);
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
-  float* const t = area + 4*C;
-  float* const e = area + 4*C + 4;
-  float* const t_3 = area + 4*C + 4 + 4*C;
-  float* const t_5 = area + 4*C + 4 + 4*C + 4;
+  float* const t = area + tsr::whole_lines(4*C);
+  float* const e = area + tsr::whole_lines(4*C) + 16;
+  float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
+  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -404,15 +415,15 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 // ---- pre_norm: one program instance (launch k0 of pre_norm: the library's layernorm)
 
 static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(4*D + 4 + 4*D + 4 + 4 + D + D + 4*D);
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t = area + 0;
-  float* const t_1 = area + 4*D;
-  float* const centered = area + 4*D + 4;
-  float* const t_5 = area + 4*D + 4 + 4*D;
-  float* const t_7 = area + 4*D + 4 + 4*D + 4;
-  float* const t_9 = area + 4*D + 4 + 4*D + 4 + 4;
-  float* const t_12 = area + 4*D + 4 + 4*D + 4 + 4 + D;
-  float* const t_15 = area + 4*D + 4 + 4*D + 4 + 4 + D + D;
+  float* const t_1 = area + tsr::whole_lines(4*D);
+  float* const centered = area + tsr::whole_lines(4*D) + 16;
+  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
+  float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
+  float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
+  float* const t_12 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_15 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
@@ -482,12 +493,12 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 // ---- rms: one program instance (launch k0 of rms: the library's rmsnorm)
 
 static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(4*D + 4 + 4 + D + 4*D);
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const rows_edge = area + 0;
-  float* const t_1 = area + 4*D;
-  float* const t_3 = area + 4*D + 4;
-  float* const t_6 = area + 4*D + 4 + 4;
-  float* const t_8 = area + 4*D + 4 + 4 + D;
+  float* const t_1 = area + tsr::whole_lines(4*D);
+  float* const t_3 = area + tsr::whole_lines(4*D) + 16;
+  float* const t_6 = area + tsr::whole_lines(4*D) + 16 + 16;
+  float* const t_8 = area + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:7: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);

@@ -78,6 +78,17 @@ def emit_kernel(kernel: TileKernel, dims: tuple[str, ...]) -> CKernel:
     return _Emitter(kernel, dims).run()
 
 
+_LINE_FLOATS = 16  # floats in a 64-byte cache line, as tsr::kLineFloats
+
+
+def _whole_lines(size: str) -> str:
+    """A buffer's size in floats rounded up to whole cache lines, so that the next
+    buffer in the scratch area starts on a line as the first does."""
+    if size.isdigit():
+        return str(-(-int(size) // _LINE_FLOATS) * _LINE_FLOATS)
+    return f"tsr::whole_lines({size})"
+
+
 def _shape(t: Any) -> tuple[Dim, ...]:
     return tuple(getattr(t, "dims", ()))
 
@@ -208,6 +219,7 @@ class _Emitter:
         total = "0"
         for name, size in self.storage:
             offsets.append(f"float* const {name} = area + {total};")
+            size = _whole_lines(size)
             total = size if total == "0" else f"{total} + {size}"
         return CKernel(
             self.kernel.name, self.kernel.function, tuple(params), grid, total, tuple(offsets),
