@@ -40,6 +40,21 @@ __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr
 // Two 16-bit operand elements in one register, the lower index in the low half.
 __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
+// ---------------------------------------------------------------- pair stores
+
+// An mma fragment holds two neighbouring columns of a row: where both are in bounds and
+// the first one's address is aligned to the pair, they leave in one store (half the
+// store instructions of an epilogue), the lower column in the lower half.
+template <typename T>
+__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline void tsr_store_pair(float* p, float lo, float hi) {
+  *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
+}
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
+  *(unsigned short*)p = (unsigned short)(lo | hi << 8);
+}
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -356,11 +371,21 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
+    for (int reg = 0; reg < 4; reg += 2) {
       const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
+      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+      }
+      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      } else {
+        if (128*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (128*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+      }
     }
   }
 }
@@ -603,11 +628,21 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
+    for (int reg = 0; reg < 4; reg += 2) {
       const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < S && j < D) out[((pid_b0) * S + 128*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)]))));
+      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+      }
+      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + 128*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[((pid_b0) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      } else {
+        if (128*pid_m + i < S && j0 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (128*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+      }
     }
   }
 }

@@ -46,6 +46,26 @@ __device__ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- operand registers
+
+// Two 16-bit operand elements in one register, the lower index in the low half.
+__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+
+// ---------------------------------------------------------------- pair stores
+
+// An mma fragment holds two neighbouring columns of a row: where both are in bounds and
+// the first one's address is aligned to the pair, they leave in one store (half the
+// store instructions of an epilogue), the lower column in the lower half.
+template <typename T>
+__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline void tsr_store_pair(float* p, float lo, float hi) {
+  *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
+}
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
+  *(unsigned short*)p = (unsigned short)(lo | hi << 8);
+}
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -362,11 +382,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
+      for (int reg = 0; reg < 4; reg += 2) {
         const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        float pair[2];
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+        }
+        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        }
       }
     }
   }
@@ -533,11 +564,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
+      for (int reg = 0; reg < 4; reg += 2) {
         const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        if (128*pid_m + i < T && 128*pid_n + j < F) h[(128*pid_m + i) * F + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f)))))));
+        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        float pair[2];
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f))))));
+        }
+        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 128*pid_n + j0])) {
+          tsr_store_pair(&h[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 128*pid_n + j0 < F) h[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        }
       }
     }
   }
@@ -704,11 +746,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
+      for (int reg = 0; reg < 4; reg += 2) {
         const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        if (128*pid_m + i < T && 128*pid_n + j < D) out[(128*pid_m + i) * D + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f))))));
+        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        float pair[2];
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f)))));
+        }
+        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 128*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * D + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        }
       }
     }
   }

@@ -46,6 +46,26 @@ __device__ inline float tsr_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- operand registers
+
+// Two 16-bit operand elements in one register, the lower index in the low half.
+__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+
+// ---------------------------------------------------------------- pair stores
+
+// An mma fragment holds two neighbouring columns of a row: where both are in bounds and
+// the first one's address is aligned to the pair, they leave in one store (half the
+// store instructions of an epilogue), the lower column in the lower half.
+template <typename T>
+__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline void tsr_store_pair(float* p, float lo, float hi) {
+  *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
+}
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
+  *(unsigned short*)p = (unsigned short)(lo | hi << 8);
+}
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -267,11 +287,21 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
+    for (int reg = 0; reg < 4; reg += 2) {
       const int i = wave / 4 * 64 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = wave % 4 * 32 + frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      const int j0 = wave % 4 * 32 + frag % 4 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_f16(acc[t]));
+      }
+      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
+        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      } else {
+        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+      }
     }
   }
 }
@@ -420,11 +450,21 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
+    for (int reg = 0; reg < 4; reg += 2) {
       const int i = wave / 2 * 32 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = wave % 2 * 32 + frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      const int j0 = wave % 2 * 32 + frag % 4 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_f16(acc[t]));
+      }
+      if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(64*pid_m + i) * N + 64*pid_n + j0])) {
+        tsr_store_pair(&out[(64*pid_m + i) * N + 64*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      } else {
+        if (64*pid_m + i < M && 64*pid_n + j0 < N) out[(64*pid_m + i) * N + 64*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N) out[(64*pid_m + i) * N + 64*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+      }
     }
   }
 }
@@ -573,11 +613,22 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
+    for (int reg = 0; reg < 4; reg += 2) {
       const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-      const int t = frag * 4 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = j0 + half;
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+      }
+      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
+        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      } else {
+        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+      }
     }
   }
 }

@@ -75,6 +75,9 @@ class Dialect:
     #: asynchronously, its 16-byte chunks waited for before the barrier (CUDA's
     #: ``cp.async``). Elsewhere copies are loads and stores, done when they are issued.
     async_copy: bool = False
+    #: Statements that store two neighbouring elements of a dtype as one access, from
+    #: floats ``{lo}`` and ``{hi}`` (empty where the emitter never pairs stores).
+    pair_writes: dict[str, str] = field(default_factory=dict)
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -83,6 +86,11 @@ class Dialect:
     def write(self, dtype: str, pointer: str, offset: str, value: str) -> str:
         """A statement that stores a float into a tensor element, rounded to nearest even."""
         return self.writes[dtype].format(p=pointer, o=offset, v=value)
+
+    def write_pair(self, dtype: str, pointer: str, offset: str, lo: str, hi: str) -> str:
+        """A statement that stores elements ``offset`` and ``offset + 1`` as one access;
+        the caller checks that the address is aligned to the pair."""
+        return self.pair_writes[dtype].format(p=pointer, o=offset, lo=lo, hi=hi)
 
     def copy(self, dtype: str, dst: str, at: str, src: str, offset: str, condition: str) -> str:
         """A statement that copies a tensor element as it is stored (zero past a masked
@@ -128,15 +136,27 @@ class Dialect:
         return f"{pointer} const {name} = ({pointer})({arena} + {offset});"
 
 
-_BITS = {
-    "f32": ("{p}[{o}]", "{p}[{o}] = {v};"),
-    # A tf32 tensor's elements are read as tf32, however the caller filled the f32s.
-    "tf32": ("tsr_round_tf32({p}[{o}])", "{p}[{o}] = tsr_round_tf32({v});"),
-    "bf16": ("tsr_bf16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_bf16({v});"),
-    "f16": ("tsr_f16_to_float({p}[{o}])", "{p}[{o}] = tsr_float_to_f16({v});"),
-    **{fp8: (f"tsr_{fp8}_to_float({{p}}[{{o}}])", f"{{p}}[{{o}}] = tsr_float_to_{fp8}({{v}});")
-       for fp8 in ("fp8_e4m3", "fp8_e5m2")},
+#: A stored element as a float, and a float as a stored element (rounded to nearest
+#: even), by dtype. A tf32 tensor's elements are read as tf32, however the caller filled
+#: the f32s.
+_READS = {
+    "f32": "{p}[{o}]", "tf32": "tsr_round_tf32({p}[{o}])", "bf16": "tsr_bf16_to_float({p}[{o}])",
+    "f16": "tsr_f16_to_float({p}[{o}])", "fp8_e4m3": "tsr_fp8_e4m3_to_float({p}[{o}])",
+    "fp8_e5m2": "tsr_fp8_e5m2_to_float({p}[{o}])",
 }  # fmt: skip
+_STORED = {
+    "f32": "{v}", "tf32": "tsr_round_tf32({v})", "bf16": "tsr_float_to_bf16({v})",
+    "f16": "tsr_float_to_f16({v})", "fp8_e4m3": "tsr_float_to_fp8_e4m3({v})",
+    "fp8_e5m2": "tsr_float_to_fp8_e5m2({v})",
+}  # fmt: skip
+_WRITES = {dtype: "{p}[{o}] = " + stored + ";" for dtype, stored in _STORED.items()}
+#: Two neighbouring elements in one store (the header's ``tsr_store_pair``).
+_PAIRS = {
+    dtype: "tsr_store_pair(&{p}[{o}], "
+    + ", ".join(stored.replace("{v}", half) for half in ("{lo}", "{hi}"))
+    + ");"
+    for dtype, stored in _STORED.items()
+}
 
 OPENCL = Dialect(
     name="opencl",
@@ -144,8 +164,8 @@ OPENCL = Dialect(
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",
              "fp8_e4m3": "uchar", "fp8_e5m2": "uchar"},
-    reads={**{k: r for k, (r, _) in _BITS.items()}, "f16": "vload_half({o}, {p})"},
-    writes={**{k: w for k, (_, w) in _BITS.items()}, "f16": "vstore_half_rte({v}, {o}, {p});"},
+    reads={**_READS, "f16": "vload_half({o}, {p})"},
+    writes={**_WRITES, "f16": "vstore_half_rte({v}, {o}, {p});"},
     local_qualifier="__local",
     local_pointer="__local ",
     byte_type="uchar",
@@ -183,8 +203,8 @@ HIP = Dialect(
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
     storage={"f32": "float", "tf32": "float", "f16": "unsigned short",
              "bf16": "unsigned short", "fp8_e4m3": "unsigned char", "fp8_e5m2": "unsigned char"},
-    reads={k: r for k, (r, _) in _BITS.items()},
-    writes={k: w for k, (_, w) in _BITS.items()},
+    reads=_READS,
+    writes=_WRITES,
     local_qualifier="__shared__",
     local_pointer="",
     byte_type="unsigned char",
@@ -235,6 +255,7 @@ CUDA = replace(
     nan="__int_as_float(0x7fffffff)",
     dynamic_arena=True,
     async_copy=True,
+    pair_writes=_PAIRS,
 )
 
 DIALECTS = {d.name: d for d in (OPENCL, HIP, CUDA)}

@@ -68,7 +68,8 @@ _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
                        "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
-                       "b_frag", "frag_acc", "rs", "bytes", "a_step", "tsr_landed"})  # fmt: skip
+                       "b_frag", "frag_acc", "rs", "bytes", "a_step", "tsr_landed", "j0",
+                       "pair", "half"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -641,12 +642,61 @@ class _Emitter(TileOps, TmaCopies):
         dist = self.forms[tile.id].dist or Flat(out)
         if isinstance(dist, Rows):
             raise NotLowered("a store of a row vector held in registers")
+        if (
+            isinstance(dist, Fragments)
+            and dist.shape.pair_col
+            and self.d.pair_writes
+            and not at.axes[-1].index
+        ):
+            self.store_pairs(tensor, tile, at, dist)
+            return
         index = self.walk(dist)
         offset, condition = self.address(tensor, at, index)
         value = self.at(tile, index, out)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
         self.close_walk()
+
+    def store_pairs(self, tensor: Value, tile: Value, at: Access, dist: Fragments) -> None:
+        """Store a fragment tile two neighbouring columns at a time. The tile's columns
+        are the tensor's last axis, so the two are neighbours in memory too: where both
+        are in bounds and the first's address is aligned to the pair, one access writes
+        them; at a ragged edge, or in a tensor whose rows do not keep the alignment, each
+        element goes alone."""
+        shape, out = dist.shape, tuple(tile.type.dims)
+        self.walking = dist
+        value = self.at(tile, ("i", "j"), out)
+        self.walking = None
+        self.place_in_wave()
+        self.unroll()
+        self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
+        self.unroll()
+        self.open(f"for (int reg = 0; reg < {shape.regs}; reg += 2)")
+        self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
+        self.line(f"const int j0 = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.pair_col};")
+        self.line("float pair[2];")
+        self.unroll()
+        self.open("for (int half = 0; half < 2; ++half)")
+        if re.search(r"\bj\b", value):
+            self.line("const int j = j0 + half;")
+        if re.search(r"\bt\b", value):
+            self.line(f"const int t = frag * {shape.regs} + reg + half;")
+        self.line(f"pair[half] = {value};")
+        self.close()
+        dtype, pointer = tensor.type.dtype.name, self.forms[tensor.id].name
+        elements = [self.address(tensor, at, ("i", j)) for j in ("j0", "j0 + 1")]
+        first, last_in = elements[0][0], elements[1][1]
+        whole = " && ".join(c for c in (last_in, f"tsr_pair_aligned(&{pointer}[{first}])") if c)
+        self.open(f"if ({whole})")
+        self.line(self.d.write_pair(dtype, pointer, first, "pair[0]", "pair[1]"))
+        self.close()
+        self.otherwise()
+        for half, (offset, condition) in enumerate(elements):
+            store = self.d.write(dtype, pointer, offset, f"pair[{half}]")
+            self.line(f"if ({condition}) {store}" if condition else store)
+        self.close()
+        self.close()
+        self.close()
 
     # -- control flow ----------------------------------------------------------------------
 

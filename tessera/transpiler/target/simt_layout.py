@@ -89,7 +89,9 @@ class FragmentShape:
     n`` elements, ``regs`` per lane. A lane holds ``row_slots`` rows of a fragment:
     register ``reg`` is in row slot ``row_slot``, and row slot ``rs`` is row ``slot_row``
     of the fragment; ``col`` is the column of register ``reg``. The lanes that hold one
-    row differ in the bits of ``row_lanes``."""
+    row differ in the bits of ``row_lanes``. Where registers ``reg`` and ``reg + 1`` (``reg``
+    even) hold neighbouring columns of one row, ``pair_col`` is the first one's column
+    ("" where they do not)."""
 
     m: int
     n: int
@@ -99,6 +101,7 @@ class FragmentShape:
     slot_row: str
     col: str
     row_lanes: tuple[int, ...]
+    pair_col: str = ""
 
     @property
     def row(self) -> str:
@@ -114,7 +117,7 @@ MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / 32 * 4 + 
 #: rows ``lane / 4`` and ``lane / 4 + 8``, two neighbouring columns in each. A ``wgmma``
 #: accumulator is the same fragment repeated along its columns.
 MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 * 2 + reg % 2",
-                         (1, 2))  # fmt: skip
+                         (1, 2), "lane % 4 * 2")  # fmt: skip
 
 
 @dataclass(frozen=True)
