@@ -142,9 +142,11 @@ def test_bf16_products_run_on_tensor_cores(path: str, arch: str, tmp_path: Path)
     """sm_80 multiplies on mma.sync (HMMA), its operands loaded from shared memory with
     ldmatrix (LDSM; transposed, MT88, for an operand stored the other way round); sm_90a
     on wgmma (HGMMA) alone, with steps that add to the accumulator (its input register
-    is its output, not RZ)."""
+    is its output, not RZ). On both, the bf16 results leave the fragments two columns a
+    store (32-bit STG.E beside the 16-bit STG.E.U16 of the edges)."""
     cubin, _ = _nvcc(path, arch, tmp_path)
     sass = cuobjdump("-sass", cubin)
+    assert re.search(r"\bSTG\.E\s", sass), f"{path}: no paired stores"
     hmma = re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)
     if arch == "sm_80":
         assert hmma, f"{path}: no bf16 HMMA"
