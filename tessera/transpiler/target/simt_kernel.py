@@ -316,13 +316,8 @@ class _Emitter(TileOps, TmaCopies):
             self.open(f"for ({i64} e = {tid}, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
             index = self.split_flat(dist.dims)
         elif isinstance(dist, Fragments):
-            self.place_in_wave()
-            self.unroll()
-            self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
-            self.unroll()
             shape = dist.shape
-            self.open(f"for (int reg = 0; reg < {shape.regs}; ++reg)")
-            self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
+            self.open_fragments(dist, 1)
             self.line(f"const int j = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.col};")
             self.line(f"const int t = frag * {shape.regs} + reg;")
             index = ("i", "j")
@@ -352,6 +347,18 @@ class _Emitter(TileOps, TmaCopies):
         self.walking = dist
         self.walk_start = len(self.lines)
         return index
+
+    def open_fragments(self, dist: Fragments, step: int) -> None:
+        """Open the loops over this thread's registers of a fragment tile, ``step`` at a
+        time, and declare the row ``i`` of register ``reg``."""
+        shape = dist.shape
+        self.place_in_wave()
+        self.unroll()
+        self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
+        self.unroll()
+        increment = "++reg" if step == 1 else f"reg += {step}"
+        self.open(f"for (int reg = 0; reg < {shape.regs}; {increment})")
+        self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
 
     def close_walk(self) -> None:
         """Close a walk; the slot counter and the indices that nothing used go."""
@@ -667,12 +674,7 @@ class _Emitter(TileOps, TmaCopies):
         self.walking = dist
         value = self.at(tile, ("i", "j"), out)
         self.walking = None
-        self.place_in_wave()
-        self.unroll()
-        self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
-        self.unroll()
-        self.open(f"for (int reg = 0; reg < {shape.regs}; reg += 2)")
-        self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
+        self.open_fragments(dist, 2)
         self.line(f"const int j0 = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.pair_col};")
         self.line("float pair[2];")
         self.unroll()
