@@ -66,6 +66,26 @@ def test_runs_to_the_float64_reference(case: Case) -> None:
     check_case(case, "cpu")
 
 
+def test_names_that_cpp_or_the_generated_code_takes_still_run() -> None:
+    """Tensors named `area` (each program's scratch), `finished` (each launch's count of
+    threads done) and `new` (a C++ keyword), and an intermediate named like the entry's
+    first buffer slot, all get new names in C++, the same at the entry and its launches
+    (before, a launch was passed `area_1`, which the entry had not declared)."""
+    src = """\
+@kernel
+def f(area: Tensor["T", "D", f32], new: Tensor["D", "F", f32],
+      finished: Tensor["F", "D", f32]) -> Tensor["T", "D", f32]:
+    slot0 = relu(area @ new)
+    return slot0 @ finished
+"""
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.standard_normal(s, dtype=np.float32) for s in ((37, 29), (29, 41), (41, 29)))
+    out = np.full((37, 29), np.nan, dtype=np.float32)
+    tessera.compile(src, target="cpu").load().f(a, b, c, out=out)
+    expected = np.maximum(f64(a) @ f64(b), 0.0) @ f64(c)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_outputs_past_the_streaming_threshold_are_whole() -> None:
     """An f32 output of 16 MiB or more leaves through non-temporal stores, which only a
     large case reaches: 4099 x 1029 is ragged under both the row tile and the vector."""

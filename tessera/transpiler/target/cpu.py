@@ -22,6 +22,7 @@ from .cexpr import c_dim
 from .cpu_kernel import C_TYPES, CKernel, emit_kernel
 from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
+from .naming import Namer
 from .render import environment, header
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS"]
@@ -74,7 +75,9 @@ class _KernelView:
         self.program_params = [*tensors, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
         self.program_args = [p.name for p in self.c.params] + used_dims + pids
         self.launch_params = [*tensors, *(f"const tsr::i64 {d}" for d in launch_dims)]
-        self.launch_args = [p.name for p in self.c.params] + launch_dims
+        #: The launch's arguments as its caller names them: parameters by their Tile IR
+        #: names, then the sizes.
+        self.launch_args = [p.source for p in self.c.params] + launch_dims
 
 
 def _origin(kernel: TileKernel) -> str:
@@ -90,39 +93,42 @@ class _FunctionView:
         self.symbol = f"tessera_{host.function}"
         params = entry_params(program)
         self.dims = symbols([t for _, t in params])
-        decls = []
-        for name, t in params:
-            if isinstance(t, TensorType):
-                const = "" if name == "out" or written(program, name) else "const "
-                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {name}")
-            else:
-                decls.append(f"const {_scalar(t)} {name}")
-        self.params = decls + [f"const tsr::i64 {d}" for d in self.dims]
-        body: list[str] = []
         buffers = {b.name.removeprefix("%"): b for b in host.buffers}
         slots: dict[int, Dim] = {}
         for b in host.buffers:
             size = slots.get(b.slot)
             slots[b.slot] = b.bytes if size is None else _larger(size, b.bytes)
+        # The entry's own names for the tensors and buffers it passes on: the caller's,
+        # unless C++ or the names this function uses (sizes, slots, launches) take them.
+        taken = {*self.dims, *(f"slot{s}" for s in slots)}
+        taken |= {f"{k.name}_launch" for k in program.kernels}
+        namer = Namer(frozenset(taken))
+        c_name = {name: namer.fresh(name, "arg") for name, _ in params}
+        c_name |= {name: namer.fresh(f"{name}_buffer") for name in buffers}
+        decls = []
+        for name, t in params:
+            if isinstance(t, TensorType):
+                const = "" if name == "out" or written(program, name) else "const "
+                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {c_name[name]}")
+            else:
+                decls.append(f"const {_scalar(t)} {c_name[name]}")
+        self.params = decls + [f"const tsr::i64 {d}" for d in self.dims]
+        body: list[str] = []
         for slot, size in sorted(slots.items()):
             body.append(f"std::vector<unsigned char> slot{slot}({c_dim(size)});")
         for name, b in buffers.items():
             body.append(
-                f"{C_TYPES[b.type.dtype.name]}* const {_intermediate(name)} = "
+                f"{C_TYPES[b.type.dtype.name]}* const {c_name[name]} = "
                 f"reinterpret_cast<{C_TYPES[b.type.dtype.name]}*>(slot{b.slot}.data());"
             )
         for kernel in program.kernels:
             view = views[kernel.name]
-            args = [_intermediate(a) if a in buffers else a for a in view.launch_args]
+            args = [c_name.get(a, a) for a in view.launch_args]
             body.append(f"{kernel.name}_launch({', '.join(args)});")
         text = "\n".join(body)
         body += [f"static_cast<void>({d});" for d in self.dims if not _used(d, text)]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
-
-
-def _intermediate(name: str) -> str:
-    return f"{name}_buffer"
 
 
 def _larger(a: Dim, b: Dim) -> Dim:

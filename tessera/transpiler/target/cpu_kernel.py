@@ -53,6 +53,8 @@ class CParam:
     c_type: str
     kind: str  # "tensor", "scalar" or "dim"
     written: bool = False
+    #: The Tile IR's name (the caller's), where ``name`` had to change for C++.
+    source: str = ""
 
     @property
     def decl(self) -> str:
@@ -210,9 +212,10 @@ class _Emitter:
             name = self.namer.fresh(p.name, "arg")
             self.names[p.id] = name
             if isinstance(p.type, TensorType):
-                params.append(CParam(name, C_TYPES[p.type.dtype.name], "tensor", p.id in written))
+                tensor = C_TYPES[p.type.dtype.name]
+                params.append(CParam(name, tensor, "tensor", p.id in written, p.name))
             else:
-                params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar"))
+                params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar", source=p.name))
         self.block(self.kernel.body)
         grid = tuple((a.name, self._extent(a.extent, a.block)) for a in self.kernel.grid)
         offsets = []
