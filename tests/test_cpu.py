@@ -67,16 +67,16 @@ def test_runs_to_the_float64_reference(case: Case) -> None:
 
 
 def test_names_that_cpp_or_the_generated_code_takes_still_run() -> None:
-    """Tensors named `area` (each program's scratch), `finished` (each launch's count of
-    threads done) and `new` (a C++ keyword), and an intermediate named like the entry's
-    first buffer slot, all get new names in C++, the same at the entry and its launches
-    (before, a launch was passed `area_1`, which the entry had not declared)."""
+    """Tensors named `area` (each program's scratch) and `new` (a C++ keyword), and an
+    intermediate named like the entry's first buffer slot, get new names in C++, the
+    same at the entry and its launches (before, a launch was passed `area_1`, which the
+    entry had not declared)."""
     src = """\
 @kernel
 def f(area: Tensor["T", "D", f32], new: Tensor["D", "F", f32],
-      finished: Tensor["F", "D", f32]) -> Tensor["T", "D", f32]:
+      c: Tensor["F", "D", f32]) -> Tensor["T", "D", f32]:
     slot0 = relu(area @ new)
-    return slot0 @ finished
+    return slot0 @ c
 """
     rng = np.random.default_rng(5)
     a, b, c = (rng.standard_normal(s, dtype=np.float32) for s in ((37, 29), (29, 41), (41, 29)))

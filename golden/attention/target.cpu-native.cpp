@@ -10,18 +10,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -31,23 +26,6 @@ namespace tsr {
 using i64 = std::int64_t;
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------- threads
-
-// The end of a launch's parallel region: each thread counts itself out, then gives its
-// CPU away until the whole team has. libgomp's closing barrier spins instead, and on a
-// machine with few cores a team thread that the kernel woke onto the calling thread's
-// CPU waits behind that spin for milliseconds before it can even find that no program
-// is left for it (SGEMM 512 after a pause: 5 ms, against 1.4 ms when it runs at once).
-inline void finish(std::atomic<int>& finished) {
-#if defined(_OPENMP)
-  const int team = omp_get_num_threads();
-#else
-  const int team = 1;
-#endif
-  finished.fetch_add(1, std::memory_order_acq_rel);
-  while (finished.load(std::memory_order_acquire) < team) std::this_thread::yield();
-}
 
 // ---------------------------------------------------------------- numerics
 
@@ -657,16 +635,11 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(3) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-        for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
-          attention_program(Q, K, V, out, H, S, D, pid_m, pid_b0, pid_b1);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        attention_program(Q, K, V, out, H, S, D, pid_m, pid_b0, pid_b1);
 }
 // ---- flash_attention: one program instance (tile kernel flash_attention)
 
@@ -752,15 +725,10 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = BH;
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-        flash_attention_program(q, k, v, causal, out, S, D, pid_m, pid_b0);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      flash_attention_program(q, k, v, causal, out, S, D, pid_m, pid_b0);
 }
 
 // ---- attention: k0 -> attention

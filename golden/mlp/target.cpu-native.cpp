@@ -10,18 +10,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -31,23 +26,6 @@ namespace tsr {
 using i64 = std::int64_t;
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------- threads
-
-// The end of a launch's parallel region: each thread counts itself out, then gives its
-// CPU away until the whole team has. libgomp's closing barrier spins instead, and on a
-// machine with few cores a team thread that the kernel woke onto the calling thread's
-// CPU waits behind that spin for milliseconds before it can even find that no program
-// is left for it (SGEMM 512 after a pause: 5 ms, against 1.4 ms when it runs at once).
-inline void finish(std::atomic<int>& finished) {
-#if defined(_OPENMP)
-  const int team = omp_get_num_threads();
-#else
-  const int team = 1;
-#endif
-  finished.fetch_add(1, std::memory_order_acq_rel);
-  while (finished.load(std::memory_order_acquire) < team) std::this_thread::yield();
-}
 
 // ---------------------------------------------------------------- numerics
 
@@ -520,15 +498,10 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        linear_gelu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      linear_gelu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
 }
 // ---- mlp_k0: one program instance (launch k0 of mlp: the library's gemm)
 
@@ -568,15 +541,10 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        mlp_k0_program(x, W_in, b_in, h, T, D, F, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      mlp_k0_program(x, W_in, b_in, h, T, D, F, pid_n, pid_m);
 }
 // ---- mlp_k1: one program instance (launch k1 of mlp: the library's gemm)
 
@@ -618,15 +586,10 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        mlp_k1_program(h, W_out, b_out, x, out, T, F, D, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      mlp_k1_program(h, W_out, b_out, x, out, T, F, D, pid_n, pid_m);
 }
 
 // ---- linear_gelu: k0 -> linear_gelu

@@ -10,18 +10,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -31,23 +26,6 @@ namespace tsr {
 using i64 = std::int64_t;
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------- threads
-
-// The end of a launch's parallel region: each thread counts itself out, then gives its
-// CPU away until the whole team has. libgomp's closing barrier spins instead, and on a
-// machine with few cores a team thread that the kernel woke onto the calling thread's
-// CPU waits behind that spin for milliseconds before it can even find that no program
-// is left for it (SGEMM 512 after a pause: 5 ms, against 1.4 ms when it runs at once).
-inline void finish(std::atomic<int>& finished) {
-#if defined(_OPENMP)
-  const int team = omp_get_num_threads();
-#else
-  const int team = 1;
-#endif
-  finished.fetch_add(1, std::memory_order_acq_rel);
-  while (finished.load(std::memory_order_acquire) < team) std::this_thread::yield();
-}
 
 // ---------------------------------------------------------------- numerics
 
@@ -430,14 +408,9 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(R, 4);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(1) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      row_softmax_program(x, out, R, C, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    row_softmax_program(x, out, R, C, pid_m);
 }
 // ---- pre_norm: one program instance (launch k0 of pre_norm: the library's layernorm)
 
@@ -513,14 +486,9 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(1) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      pre_norm_program(x, gamma, beta, out, T, D, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    pre_norm_program(x, gamma, beta, out, T, D, pid_m);
 }
 // ---- rms: one program instance (launch k0 of rms: the library's rmsnorm)
 
@@ -562,14 +530,9 @@ static void rms_program(const float* x, const float* weight, float* out, const t
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(1) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      rms_program(x, weight, out, T, D, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    rms_program(x, weight, out, T, D, pid_m);
 }
 
 // ---- row_softmax: k0 -> row_softmax

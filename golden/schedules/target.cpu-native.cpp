@@ -10,18 +10,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -31,23 +26,6 @@ namespace tsr {
 using i64 = std::int64_t;
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------- threads
-
-// The end of a launch's parallel region: each thread counts itself out, then gives its
-// CPU away until the whole team has. libgomp's closing barrier spins instead, and on a
-// machine with few cores a team thread that the kernel woke onto the calling thread's
-// CPU waits behind that spin for milliseconds before it can even find that no program
-// is left for it (SGEMM 512 after a pause: 5 ms, against 1.4 ms when it runs at once).
-inline void finish(std::atomic<int>& finished) {
-#if defined(_OPENMP)
-  const int team = omp_get_num_threads();
-#else
-  const int team = 1;
-#endif
-  finished.fetch_add(1, std::memory_order_acq_rel);
-  while (finished.load(std::memory_order_acquire) < team) std::this_thread::yield();
-}
 
 // ---------------------------------------------------------------- numerics
 
@@ -517,15 +495,10 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
 static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        gemm_program(A, B, out, M, K, N, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      gemm_program(A, B, out, M, K, N, pid_n, pid_m);
 }
 // ---- skinny_gemm: one program instance (launch k0 of skinny_gemm: the library's gemm)
 
@@ -562,15 +535,10 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
 static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 64);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
 }
 // ---- gemm_bias_relu: one program instance (launch k0 of gemm_bias_relu: the library's gemm)
 
@@ -610,15 +578,10 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
-  std::atomic<int> finished{0};
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
-    for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
-      for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-        gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
-    tsr::finish(finished);
-  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
 }
 
 // ---- gemm: k0 -> gemm

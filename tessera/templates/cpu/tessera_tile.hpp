@@ -7,18 +7,13 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -28,23 +23,6 @@ namespace tsr {
 using i64 = std::int64_t;
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------- threads
-
-// The end of a launch's parallel region: each thread counts itself out, then gives its
-// CPU away until the whole team has. libgomp's closing barrier spins instead, and on a
-// machine with few cores a team thread that the kernel woke onto the calling thread's
-// CPU waits behind that spin for milliseconds before it can even find that no program
-// is left for it (SGEMM 512 after a pause: 5 ms, against 1.4 ms when it runs at once).
-inline void finish(std::atomic<int>& finished) {
-#if defined(_OPENMP)
-  const int team = omp_get_num_threads();
-#else
-  const int team = 1;
-#endif
-  finished.fetch_add(1, std::memory_order_acq_rel);
-  while (finished.load(std::memory_order_acquire) < team) std::this_thread::yield();
-}
 
 // ---------------------------------------------------------------- numerics
 

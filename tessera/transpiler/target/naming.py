@@ -17,8 +17,7 @@ _WORDS = """alignas alignof and asm auto bool break case catch char class const 
     noexcept not nullptr operator or private protected public register reinterpret_cast
     return short signed sizeof static static_assert static_cast struct switch template this
     thread_local throw true try typedef typeid typename union unsigned using virtual void
-    volatile wchar_t while xor area finished std tsr i64 kernel local global private constant
-    i j r"""
+    volatile wchar_t while xor area std tsr i64 kernel local global private constant i j r"""
 C_KEYWORDS = frozenset(_WORDS.split())
 
 
