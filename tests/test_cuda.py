@@ -30,7 +30,15 @@ from tessera.runtime.foreign import BIT_CARRIERS
 
 from .conftest import ROOT, SOURCES
 from .gpusim import simulated_cupy, use_simulator
-from .reference import CASES, Case, Placement, check_case, f64, low_precision_product_source
+from .reference import (
+    CASES,
+    F32_MATMUL_SOURCE,
+    Case,
+    Placement,
+    check_case,
+    f64,
+    low_precision_product_source,
+)
 
 NVCC = shutil.which("nvcc")
 ARCHS = ["sm_80", "sm_90a"]
@@ -110,6 +118,16 @@ def test_compiles_with_nvcc_warning_free_without_spills(path: str, arch: str, tm
     )
     assert frames, report
     assert {f for frame in frames for f in frame} == {"0"}, report
+
+
+@pytest.mark.compile
+@needs_nvcc
+def test_swizzled_and_plain_arenas_in_one_file_compile_warning_free(tmp_path: Path) -> None:
+    """The dynamic shared-memory arena is one symbol in the file: a kernel with swizzled
+    buffers (TMA's, aligned to 1024 bytes) and one without declare it alike. nvcc
+    warned of the second alignment when they did not."""
+    bf16 = F32_MATMUL_SOURCE.replace("f32", "bf16").replace("sgemm", "gemm")
+    _nvcc("mixed.tsr", "sm_90a", tmp_path, text=F32_MATMUL_SOURCE + "\n" + bf16)
 
 
 @pytest.mark.compile

@@ -23,7 +23,7 @@ from tessera.runtime.hip import HipUnavailable
 
 from .conftest import ROOT, SOURCES
 from .gpusim import load_hip, simulated_cupy
-from .reference import CASES, Case, check_case
+from .reference import CASES, Case, check_case, f32_attention_source
 from .test_cuda import needs_gxx
 
 HIPCC = shutil.which("hipcc")
@@ -89,3 +89,13 @@ def test_runs_to_the_float64_reference_on_the_simulator(
     GPU: MFMA and shuffles over 64-lane wavefronts, shared memory poisoned first."""
     monkeypatch.setattr(cuda_runtime, "_cupy", lambda: simulated_cupy("sm_80"))
     check_case(case, "hip", "gfx90a", load=load_hip)
+
+
+@needs_hipcc
+def test_f32_attention_fits_the_lds(tmp_path: Path) -> None:
+    """On HIP the probabilities reach their product with the values through LDS, and the
+    schedule counts them: f32 attention with a 128-wide head asked for 73984 bytes of
+    the 65536 there are, and did not build."""
+    source = tessera.compile(f32_attention_source(False), "attention.tsr", target="hip").source
+    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
+    assert done.returncode == 0, done.stderr

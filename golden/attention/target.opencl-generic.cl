@@ -225,141 +225,141 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
 }
 
 // ---- flash_attention: tile kernel flash_attention
-// grid [pid_m < ceil(S/64), pid_b0 < BH], 128 threads per program
+// grid [pid_m < ceil(S/32), pid_b0 < BH], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void flash_attention(__global const ushort* restrict q_1, __global const ushort* restrict k, __global const ushort* restrict v, const int causal, __global ushort* restrict out, const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
   (void)BH;  // the grid's extent only
-  __local uchar tsr_smem[49152] __attribute__((aligned(16)));
+  __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
-  __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 16384);
-  __local ushort* const Vb_smem = (__local ushort*)(tsr_smem + 32768);
+  __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 8192);
+  __local ushort* const Vb_smem = (__local ushort*)(tsr_smem + 16384);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const int tx = lid % 16, ty = lid / 16;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
-  __local float tsr_rows[1024];
-  __local float P_stage[4160];
+  __local float tsr_rows[512];
+  __local float P_stage[1056];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 512; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * D + j) : q_1, bytes);
+      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[32];
+  for (int r = 0; r < 4; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = (0.0f);
     }
   }
-  float m[8];
-  for (int r = 0; r < 8; ++r) {
+  float m[4];
+  for (int r = 0; r < 4; ++r) {
     m[r] = (-INFINITY);
   }
-  float l[8];
-  for (int r = 0; r < 8; ++r) {
+  float l[4];
+  for (int r = 0; r < 4; ++r) {
     l[r] = (0.0f);
   }
-  for (long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long nblk = 0; nblk * 32 < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + i) * D + j) : k, bytes);
+        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + i) * D + j) : v, bytes);
+        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
+    float dot[8];
+    for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
-      for (int r = 0; r < 8; ++r) {
-        for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fma(a_k[r], b_k[c], dot[r * 4 + c]);
+      float a_k[4], b_k[2];
+      for (int r = 0; r < 4; ++r) a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
+      for (int c = 0; c < 2; ++c) b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
     const float s = (float)(D);
     const float s_1 = rsqrt(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-    float P[32];
-    for (int r = 0; r < 8; ++r) {
+    float P[8];
+    for (int r = 0; r < 4; ++r) {
       const int i = ty + r * 8;
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < 2; ++c) {
         const int j = tx + c * 16;
-        const int t = r * 4 + c;
-        P[t] = (64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+        const int t = r * 2 + c;
+        P[t] = (32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
       }
     }
-    float m_c[8];
-    for (int r = 0; r < 8; ++r) {
+    float m_c[4];
+    for (int r = 0; r < 4; ++r) {
       float part = -INFINITY;
-      for (int c = 0; c < 4; ++c) part = fmax(part, P[r * 4 + c]);
+      for (int c = 0; c < 2; ++c) part = fmax(part, P[r * 2 + c]);
       m_c[r] = part;
     }
-    for (int r = 0; r < 8; ++r) tsr_rows[r * 128 + lid] = m_c[r];
+    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = m_c[r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < 4; ++r) {
       float part = tsr_rows[r * 128 + ty * 16];
       for (int peer = 1; peer < 16; ++peer) part = fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
       m_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 8; ++r) {
-      for (int c = 0; c < 4; ++c) {
-        const int t = r * 4 + c;
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 2; ++c) {
+        const int t = r * 2 + c;
         P[t] = exp(P[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r]));
       }
     }
-    float l_c[8];
-    for (int r = 0; r < 8; ++r) {
+    float l_c[4];
+    for (int r = 0; r < 4; ++r) {
       float part = 0.0f;
-      for (int c = 0; c < 4; ++c) part = part + P[r * 4 + c];
+      for (int c = 0; c < 2; ++c) part = part + P[r * 2 + c];
       l_c[r] = part;
     }
-    for (int r = 0; r < 8; ++r) tsr_rows[r * 128 + lid] = l_c[r];
+    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = l_c[r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < 4; ++r) {
       float part = tsr_rows[r * 128 + ty * 16];
       for (int peer = 1; peer < 16; ++peer) part = part + tsr_rows[r * 128 + ty * 16 + peer];
       l_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float alpha[8], beta[8];
-    for (int r = 0; r < 8; ++r) {
+    float alpha[4], beta[4];
+    for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
       alpha[r] = exp(m[r] - m_fin);
@@ -367,38 +367,38 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         acc[t] *= alpha[r];
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < 4; ++r) {
       const int i = ty + r * 8;
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < 2; ++c) {
         const int j = tx + c * 16;
-        const int t = r * 4 + c;
-        P_stage[i * 65 + j] = tsr_round_bf16(P[t] * beta[r]);
+        const int t = r * 2 + c;
+        P_stage[i * 33 + j] = tsr_round_bf16(P[t] * beta[r]);
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = P_stage[(ty + r * 8) * 65 + kk];
+    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+      float a_k[4], b_k[8];
+      for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < 4; ++r) {
     const int i = ty + r * 8;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (64*pid_m + i < S && j < D) out[((pid_b0) * S + 64*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
+      if (32*pid_m + i < S && j < D) out[((pid_b0) * S + 32*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
 }

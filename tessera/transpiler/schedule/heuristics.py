@@ -78,13 +78,17 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         table = _ATTENTION[_family(hw)]
         m, n, w, s = table[next(limit for limit in sorted(table) if d <= limit or limit == 256)]
         # The table's entry first, then smaller variants for when it does not fit:
-        # fewer stages, then fewer keys per step, then fewer queries per program.
-        variants = [(m, n, st) for st in range(s, 0, -1)]
-        variants += [(m, bn, 1) for bn in (n // 2, n // 4) if bn >= 16]
-        variants += [(bm, 16, 1) for bm in (m // 2, m // 4) if bm >= 16]
+        # fewer stages, then fewer keys per step, then fewer queries per program (and
+        # warps in proportion) with each of those key steps (one under the mma's n
+        # does not fit).
+        keys = [n] + [bn for bn in (n // 2, n // 4) if bn >= 16]
+        variants = [(m, n, st, w) for st in range(s, 0, -1)]
+        variants += [(m, bn, 1, w) for bn in keys[1:]]
+        variants += [(bm, bn, 1, max(1, w * bm // m))
+                     for bm in (m // 2, m // 4) if bm >= 16 for bn in keys]  # fmt: skip
         return [
-            {**base, "block_m": bm, "block_n": bn, "block_d": d, "warps": w, "stages": st}
-            for bm, bn, st in variants
+            {**base, "block_m": bm, "block_n": bn, "block_d": d, "warps": wv, "stages": st}
+            for bm, bn, st, wv in variants
         ]
     if kind == "reduction":
         # CPU: 4 rows of a 4096-wide f32 tensor are 64 KiB, so a program's few tiles stay in L2

@@ -39,6 +39,12 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         accumulators = bm * bn // threads
     elif kind == "attention":
         smem = (bm * bd + stages * 2 * bn * bd) * size
+        if hw.kind == "gpu" and hw.target != "cuda":
+            # Without mma.sync's fragments, the probabilities reach their product with
+            # the values through shared memory: a bm x bn tile, rows padded by 4 bytes,
+            # in the values' dtype for the matrix cores and in f32 for FMA loops.
+            p_size = 4 if hw.mma == "simt" else size
+            smem += bm * (bn + 4 // p_size) * p_size
         accumulators = (bm * bd + bm * bn) // threads
     else:
         smem = 0

@@ -104,17 +104,20 @@ class SimtKernel:
 
 
 def emit_simt_kernel(
-    kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int
+    kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int, arena_align: int
 ) -> SimtKernel:
-    """``kernel`` in ``dialect``; ``lanes`` is the target's warp or wavefront width."""
-    return _Emitter(kernel, dialect, dims, lanes).run()
+    """``kernel`` in ``dialect``; ``lanes`` is the target's warp or wavefront width, and
+    ``arena_align`` the alignment its shared-memory arena is declared with."""
+    return _Emitter(kernel, dialect, dims, lanes, arena_align).run()
 
 
 class _Emitter(TileOps, TmaCopies):
     def __init__(
-        self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int
-    ) -> None:
+        self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int,
+        arena_align: int,
+    ) -> None:  # fmt: skip
         self.kernel = kernel
+        self.arena_align = arena_align
         self.d = dialect
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
@@ -294,7 +297,9 @@ class _Emitter(TileOps, TmaCopies):
         self.declare("grid", f"const int tx = lid % {tx}, ty = lid / {tx};")
 
     def place_in_wave(self) -> None:
-        self.declare("wave", f"const int lane = lid % {self.lanes}, wave = lid / {self.lanes};")
+        """The thread's lane, and its warp where the program has more than one."""
+        wave = f", wave = lid / {self.lanes}" if self.kernel.threads > self.lanes else ""
+        self.declare("wave", f"const int lane = lid % {self.lanes}{wave};")
 
     def walk(self, dist: Distribution) -> tuple[str, ...]:
         """Open the loops over this thread's elements of ``dist``; ``close_walk`` closes

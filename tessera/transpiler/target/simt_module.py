@@ -17,6 +17,7 @@ from typing import Any
 from ..graph.types import TensorType
 from ..schedule.hardware import hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
+from ..tile.smem import arena_alignment
 from .entry import signature_meta, symbols
 from .header import C_SYMBOL, needed
 from .render import environment
@@ -94,13 +95,18 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     it is defined, when a kernel uses an operation the emitter does not lower yet."""
     views: dict[str, _KernelView] = {}
     lanes = hardware_for(module.target, module.arch).lanes
+    # A dynamic arena (CUDA's) is one symbol in the whole file, declared alike in all
+    # its kernels; a static one is each kernel's own.
+    every = [k for p in module.programs for k in p.kernels]
+    file_align = arena_alignment(every)
     for program in module.programs:
         for kernel in program.kernels:
             try:
                 _check_dtypes(kernel, d)
                 dims = symbols([p.type for p in kernel.params])
+                align = file_align if d.dynamic_arena else arena_alignment([kernel])
                 views[kernel.name] = _KernelView(
-                    kernel, emit_simt_kernel(kernel, d, dims, lanes), d
+                    kernel, emit_simt_kernel(kernel, d, dims, lanes, align), d
                 )
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Access, Mma, SharedType, Slot
-from ..tile.smem import SW128_ALIGN
 from ..tile.tma import fits_tma
 from .simt_layout import (
     CHUNK_BYTES,
@@ -149,6 +148,8 @@ class TileOps:
     #: "consumer" (None elsewhere), and the threads a Flat walk spreads over.
     role: str | None
     team: tuple[str, int]
+    #: The alignment of the shared-memory arena, in bytes.
+    arena_align: int
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -157,8 +158,7 @@ class TileOps:
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
         total = self.smem_bytes
-        align = max(SW128_ALIGN if s.layout == "sw128" else 16 for s in self.kernel.smem)
-        self.declare("smem", self.d.local_bytes("tsr_smem", total, align))
+        self.declare("smem", self.d.local_bytes("tsr_smem", total, self.arena_align))
         name = self.namer.fresh(buf.name, "smem")
         storage = self.d.storage[t.dtype.name]
         self.declare(name, self.d.local_view(storage, name, "tsr_smem", plan.offset))

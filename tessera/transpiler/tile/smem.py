@@ -15,19 +15,27 @@ loop, gives its bytes to nothing later, but two GEMM operands live together.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from ..graph.ir import Block, Op
 from ..schedule.hardware import Hardware
 from .ir import SharedType, SmemSlot, TileKernel
 
-__all__ = ["plan_smem", "ALIGN", "SW128_ALIGN"]
+__all__ = ["plan_smem", "arena_alignment", "ALIGN", "SW128_ALIGN"]
 
 ALIGN = 128
 #: The 128-byte swizzle repeats every 8 rows of 128 bytes; wgmma reads it from a base
 #: aligned to the repeat.
 SW128_ALIGN = 1024
 _BANK_ROW = 128  # bytes: 32 banks of 4 bytes
+
+
+def arena_alignment(kernels: Iterable[TileKernel]) -> int:
+    """The alignment of a shared-memory arena that these kernels' buffers are planned
+    in: the swizzle's repeat where a buffer is swizzled, else 16 bytes."""
+    layouts = {s.layout for k in kernels for s in k.smem}
+    return SW128_ALIGN if "sw128" in layouts else 16
 
 
 def plan_smem(kernel: TileKernel, hw: Hardware) -> TileKernel:
