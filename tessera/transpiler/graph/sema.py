@@ -458,8 +458,10 @@ class _FunctionAnalyzer:
             for dim in getattr(t, "dims", None) or ():
                 if dim.symbol is not None:
                     bare.add(dim.symbol)
+        # An int parameter may give a size its value; any other parameter's name is its own.
+        others = {p.value.name for p in params if p.value.type != ScalarType("int")}
         for param in params:
-            self._check_param_dims(param.value, bare)
+            self._check_param_dims(param.value, bare, others)
         return tuple(params)
 
     def _default(self, p: ast.Param, t: ValueType) -> bool | int | float:
@@ -481,11 +483,18 @@ class _FunctionAnalyzer:
             )
         return float(value.value) if t.kind == "float" else value.value
 
-    def _check_param_dims(self, value: Value, bare: set[str]) -> None:
+    def _check_param_dims(self, value: Value, bare: set[str], others: set[str]) -> None:
         name, span = self.param_spans[value.id]
         for dim in getattr(value.type, "dims", None) or ():
             unknown = sorted(dim.symbols() - bare)
-            if unknown:
+            taken = sorted(dim.symbols() & others)
+            if taken:
+                self.diags.error(
+                    f"the size '{taken[0]}' of '{name}' has the name of the parameter "
+                    f"'{taken[0]}': sizes and parameters share one namespace, so rename one",
+                    span,
+                )
+            elif unknown:
                 self.diags.error(
                     f"the size '{unknown[0]}' of '{name}' cannot be known when the kernel runs: "
                     f'it appears only inside "{dim}"; declare it alone in some parameter, '

@@ -22,7 +22,7 @@ from .cexpr import c_dim
 from .cpu_kernel import C_TYPES, CKernel, emit_kernel
 from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
-from .naming import Namer
+from .naming import Namer, symbol_names
 from .render import environment, header
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS"]
@@ -68,15 +68,16 @@ class _KernelView:
         self.body = self.c.body
         self.storage = self.c.storage
         self.scratch = self.c.scratch
-        used_dims = [d for d in dims if _used(d, body_text)]
-        launch_dims = [d for d in dims if _used(d, body_text + " " + grid_text)]
+        sizes = self.c.sizes
+        used_dims = [sizes[d] for d in dims if _used(sizes[d], body_text)]
+        launch_dims = [d for d in dims if _used(sizes[d], body_text + " " + grid_text)]
         pids = [pid for pid, _ in self.c.grid if _used(pid, body_text)]
         tensors = [p.decl for p in self.c.params]
         self.program_params = [*tensors, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
         self.program_args = [p.name for p in self.c.params] + used_dims + pids
-        self.launch_params = [*tensors, *(f"const tsr::i64 {d}" for d in launch_dims)]
+        self.launch_params = [*tensors, *(f"const tsr::i64 {sizes[d]}" for d in launch_dims)]
         #: The launch's arguments as its caller names them: parameters by their Tile IR
-        #: names, then the sizes.
+        #: names, then the sizes by theirs.
         self.launch_args = [p.source for p in self.c.params] + launch_dims
 
 
@@ -98,13 +99,15 @@ class _FunctionView:
         for b in host.buffers:
             size = slots.get(b.slot)
             slots[b.slot] = b.bytes if size is None else _larger(size, b.bytes)
-        # The entry's own names for the tensors and buffers it passes on: the caller's,
-        # unless C++ or the names this function uses (sizes, slots, launches) take them.
-        taken = {*self.dims, *(f"slot{s}" for s in slots)}
-        taken |= {f"{k.name}_launch" for k in program.kernels}
-        namer = Namer(frozenset(taken))
+        # The entry's own names for its sizes, and for the tensors and buffers it passes
+        # on: the caller's, unless C++ or the names this function uses (slots, launches)
+        # take them.
+        reserved = {f"slot{s}" for s in slots} | {f"{k.name}_launch" for k in program.kernels}
+        sizes = symbol_names(self.dims, frozenset(reserved))
+        namer = Namer(frozenset(reserved) | frozenset(sizes.values()))
         c_name = {name: namer.fresh(name, "arg") for name, _ in params}
         c_name |= {name: namer.fresh(f"{name}_buffer") for name in buffers}
+        c_name |= sizes
         decls = []
         for name, t in params:
             if isinstance(t, TensorType):
@@ -112,10 +115,10 @@ class _FunctionView:
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {c_name[name]}")
             else:
                 decls.append(f"const {_scalar(t)} {c_name[name]}")
-        self.params = decls + [f"const tsr::i64 {d}" for d in self.dims]
+        self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]
         body: list[str] = []
         for slot, size in sorted(slots.items()):
-            body.append(f"std::vector<unsigned char> slot{slot}({c_dim(size)});")
+            body.append(f"std::vector<unsigned char> slot{slot}({c_dim(size, sizes)});")
         for name, b in buffers.items():
             body.append(
                 f"{C_TYPES[b.type.dtype.name]}* const {c_name[name]} = "
@@ -126,7 +129,7 @@ class _FunctionView:
             args = [c_name.get(a, a) for a in view.launch_args]
             body.append(f"{kernel.name}_launch({', '.join(args)});")
         text = "\n".join(body)
-        body += [f"static_cast<void>({d});" for d in self.dims if not _used(d, text)]
+        body += [f"static_cast<void>({d});" for d in sizes.values() if not _used(d, text)]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
 

@@ -22,7 +22,7 @@ from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import c_dim, c_float
-from .naming import Namer
+from .naming import Namer, symbol_names
 from .render import SourceLines
 
 __all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
@@ -68,6 +68,9 @@ class CKernel:
     name: str
     source: str
     params: tuple[CParam, ...]
+    #: The printed name of each size symbol (a keyword or a name of the generated
+    #: code's own takes a suffix).
+    sizes: dict[str, str]
     #: Program ids and their extents (C expressions), outermost first.
     grid: tuple[tuple[str, str], ...]
     #: Floats of scratch one program needs (a C expression) and the pointers into it.
@@ -100,7 +103,8 @@ class _Emitter:
         self.kernel = kernel
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
-        self.namer = Namer(frozenset(dims) | frozenset(pids))
+        self.symbols = symbol_names((*dims, *pids))
+        self.namer = Namer(frozenset(self.symbols.values()))
         self.names: dict[int, str] = {}
         self.roots: dict[int, str] = {}
         self.private: set[str] = set()
@@ -128,7 +132,8 @@ class _Emitter:
         self.lines: list[str] = []
         self.depth = 1
         self.local: list[set[int]] = []
-        self.counters: dict[str, str] = {p: p for p in pids}
+        #: Printed names of the symbols in sizes and offsets; loops add their counters.
+        self.counters: dict[str, str] = dict(self.symbols)
         self.sources = SourceLines()
 
     # -- naming and storage -------------------------------------------------------
@@ -217,7 +222,8 @@ class _Emitter:
             else:
                 params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar", source=p.name))
         self.block(self.kernel.body)
-        grid = tuple((a.name, self._extent(a.extent, a.block)) for a in self.kernel.grid)
+        grid = tuple((self.symbols[a.name], self._extent(a.extent, a.block))
+                     for a in self.kernel.grid)  # fmt: skip
         offsets = []
         total = "0"
         for name, size in self.storage:
@@ -225,7 +231,8 @@ class _Emitter:
             size = _whole_lines(size)
             total = size if total == "0" else f"{total} + {size}"
         return CKernel(
-            self.kernel.name, self.kernel.function, tuple(params), grid, total, tuple(offsets),
+            self.kernel.name, self.kernel.function, tuple(params),
+            {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),
             tuple(self.lines),
         )  # fmt: skip
 

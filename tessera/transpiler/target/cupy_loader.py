@@ -11,6 +11,7 @@ example and library file.
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,10 @@ _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
 _RELATIONS = {"equal": "==", "at_most": "<="}
 _WIDTH = 88  # black's default line length
+#: The module's own names, which a function's body reads: a size does not take them.
+_MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
+    _DEFAULT_SMEM _module _kernel _launch _driver _tensor_map _tensor _shape"""
+_MODULE = frozenset(_MODULE_NAMES.split())
 
 
 def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
@@ -41,11 +46,34 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     )  # fmt: skip
 
 
-def _py_size(text: str) -> str:
+def _size_names(f: Mapping[str, Any]) -> dict[str, str]:
+    """Each size symbol's Python name: its own, unless it is a keyword or a parameter,
+    buffer or tensor map of the function, or a name of the module, which it would hide
+    (a size ``x`` would overwrite the tensor ``x``); then underscores are appended."""
+    # An int parameter named like a size gives the size its value: the two are one name.
+    params = {p["name"] for p in f["params"] if p.get("type") != "int"}
+    taken = set(_MODULE) | params | {b["name"] for b in f["buffers"]}
+    taken |= {m["name"] for launch in f["launches"] for m in launch.get("tensor_maps", ())}
+    free = [d for d in f["dims"] if d not in taken and not keyword.iskeyword(d)]
+    taken |= set(free)
+    names = {}
+    for d in f["dims"]:
+        name = d
+        while d not in free and (name in taken or keyword.iskeyword(name)):
+            name += "_"
+        taken.add(name)
+        names[d] = name
+    return names
+
+
+def _py_size(text: str, names: Mapping[str, str]) -> str:
     """A size the metadata writes as a dim (``"B*H"``, ``"S/2"``) as a Python integer
-    expression: the C printer's, with Python's floor division and black's spacing."""
+    expression, its symbols by their ``names``: the C printer's, with Python's floor
+    division and black's spacing."""
     spaced = re.sub(
-        r"[*/]", lambda m: " * " if m.group() == "*" else " // ", c_dim(parse_dim(text))
+        r"[*/]",
+        lambda m: " * " if m.group() == "*" else " // ",
+        c_dim(parse_dim(text), dict(names)),
     )
     return re.sub(r"\((\w+)\)", r"\1", spaced)
 
@@ -69,38 +97,39 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     name = f["name"]
     inputs = [p for p in f["params"] if p.get("io") != "out"]
     result = next((p for p in f["params"] if p["name"] == f["result"]), None)
+    names = _size_names(f)
     bound: set[str] = set()
     body: list[str] = []
     for p in inputs:
         if p["kind"] == "scalar":
             body.append(f"    {p['name']} = cupy.{_SCALARS[p['type']]}({p['name']})")
         else:
-            body.extend(_tensor_checks(4, name, p, bound))
+            body.extend(_tensor_checks(4, name, p, bound, names))
     for g in f["guards"]:
-        body.extend(_guard(name, g))
+        body.extend(_guard(name, g, names))
     if result is not None:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
-        shape = _tuple([_py_size(d) for d in result["dims"]])
+        shape = _tuple([_py_size(d, names) for d in result["dims"]])
         body.append(f"    if {out} is None:")
         body.extend(_wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
         body.append("    else:")
-        body.extend(_tensor_checks(8, name, result, set(bound)))
+        body.extend(_tensor_checks(8, name, result, set(bound), names))
     for b in f["buffers"]:
         body.extend(
             _wrap(
                 4,
                 f"{b['name']} = cupy.empty(",
-                [f"max(1, {_py_size(b['bytes'])})", 'dtype="uint8"'],
+                [f"max(1, {_py_size(b['bytes'], names)})", 'dtype="uint8"'],
                 ")",
             )
         )
     for launch in f["launches"]:
         for m in launch.get("tensor_maps", ()):
-            dims = _tuple([_py_size(d) for d in m["dims"]])
+            dims = _tuple([_py_size(d, names) for d in m["dims"]])
             element_bytes = str(DTYPES[m["dtype"]].bits // 8)
             args = [m["tensor"], element_bytes, dims, _tuple([str(b) for b in m["box"]])]
             body.extend(_wrap(4, f"{m['name']} = _tensor_map(", args, ")"))
-        body.extend(_wrap(4, "_launch(", _launch(launch, set(f["dims"])), ")"))
+        body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))
     if result is not None:
         body.append(f"    return {result['name']}")
     # Defaults as the .tsr file gives them, where Python allows them: on the parameters
@@ -119,37 +148,39 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _launch(launch: Mapping[str, Any], sizes: set[str]) -> list[str]:
+def _launch(launch: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
     """The arguments of ``_launch``: kernel, grid in blocks, threads, shared memory, and
     the kernel's arguments (sizes as 64-bit integers, as the kernels declare them)."""
-    grid = [_blocks(_py_size(g["extent"]), g["block"]) for g in launch["grid"]]
-    args = [f"cupy.int64({a})" if a in sizes else a for a in launch["args"]]
+    grid = [_blocks(_py_size(g["extent"], names), g["block"]) for g in launch["grid"]]
+    args = [f"cupy.int64({names[a]})" if a in names else a for a in launch["args"]]
     return [f'"{launch["kernel"]}"', _tuple(grid), str(launch["threads"]),
             str(launch["dynamic_smem"]), _tuple(args)]  # fmt: skip
 
 
-def _tensor_checks(indent: int, function: str, p: Mapping[str, Any], bound: set[str]) -> list[str]:
+def _tensor_checks(
+    indent: int, function: str, p: Mapping[str, Any], bound: set[str], names: Mapping[str, str]
+) -> list[str]:
     """Check one tensor argument, binding the size symbols its shape gives first."""
     name, dims, pad = p["name"], p["dims"], " " * indent
     check = [f'"{function}"', f'"{name}"', name, f'"{_STORAGE[p["dtype"]]}"', str(len(dims))]
     lines = _wrap(indent, f"{name} = _tensor(", check, ")")
     fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
     if fresh == dims and len(dims) == 1:
-        lines.append(f"{pad}{dims[0]} = {name}.shape[0]")
+        lines.append(f"{pad}{names[dims[0]]} = {name}.shape[0]")
     elif fresh == dims and len(set(dims)) == len(dims):
-        lines.append(f"{pad}{', '.join(dims)} = {name}.shape")
+        lines.append(f"{pad}{', '.join(names[d] for d in dims)} = {name}.shape")
     else:
-        lines += [f"{pad}{d} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
-        shown, want = f'"[{", ".join(dims)}]"', _tuple([_py_size(d) for d in dims])
+        lines += [f"{pad}{names[d]} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
+        shown, want = f'"[{", ".join(dims)}]"', _tuple([_py_size(d, names) for d in dims])
         lines += _wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
     bound.update(dims)
     return lines
 
 
-def _guard(function: str, g: Mapping[str, Any]) -> list[str]:
+def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
     """The guard's test and the runtime's message, split before the reason when the
     message does not fit on a line."""
-    left, right = _paren(_py_size(g["left"])), _paren(_py_size(g["right"]))
+    left, right = _paren(_py_size(g["left"], names)), _paren(_py_size(g["right"], names))
     if g["kind"] == "divisible":
         nonzero = "" if right.isdigit() and int(right) else f"{right} == 0 or "
         test, relation = f"{nonzero}{left} % {right} != 0", "% ... == 0 with"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Namer", "C_KEYWORDS"]
+__all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "symbol_names"]
 
 _WORDS = """alignas alignof and asm auto bool break case catch char class const constexpr
     const_cast continue decltype default delete do double dynamic_cast else enum explicit
@@ -19,6 +19,25 @@ _WORDS = """alignas alignof and asm auto bool break case catch char class const 
     thread_local throw true try typedef typeid typename union unsigned using virtual void
     volatile wchar_t while xor area std tsr i64 kernel local global private constant i j r"""
 C_KEYWORDS = frozenset(_WORDS.split())
+
+_MATH = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp
+    exp2 expm1 fabs fdim floor fma fmax fmin fmod frexp hypot ilogb ldexp lgamma llrint
+    llround log log10 log1p log2 logb lrint lround modf nan nearbyint nextafter pow
+    remainder remquo rint round scalbln scalbn sin sinh sqrt tan tanh tgamma trunc"""
+_LIBRARY = """norm normf norm3d norm3df norm4d norm4df rnorm rnormf rnorm3d rnorm3df rnorm4d
+    rnorm4df rhypot rhypotf rcbrt rcbrtf normcdf normcdff normcdfinv normcdfinvf erfinv
+    erfinvf erfcinv erfcinvf erfcx erfcxf sincos sincosf sincospi sincospif sinpi sinpif
+    cospi cospif exp10 exp10f rsqrt rsqrtf j0 j0f j1 j1f jn jnf y0 y0f y1 y1f yn ynf
+    cyl_bessel_i0 cyl_bessel_i0f cyl_bessel_i1 cyl_bessel_i1f fdivide fdividef max min
+    abs labs llabs div ldiv printf fprintf sprintf snprintf puts malloc calloc realloc
+    free memcpy memmove memset memcmp strlen strcmp abort exit atexit assert clock time
+    rand srand select poll read write open close sleep usleep signal qsort"""
+#: Functions a GPU file's headers declare with C linkage (the C math library, in its
+#: float and long double forms too, CUDA's additions, and what the host headers of
+#: nvcc and hipcc bring), which an ``extern "C"`` kernel cannot be named.
+C_LIBRARY = frozenset(
+    [f"{name}{form}" for name in _MATH.split() for form in ("", "f", "l")] + _LIBRARY.split()
+)
 
 
 class Namer:
@@ -36,3 +55,15 @@ class Namer:
             n += 1
         self.used.add(name)
         return name
+
+
+def symbol_names(
+    symbols: tuple[str, ...], reserved: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """The printed name of each symbol of a kernel's sizes and offsets (sizes, program
+    ids, loop counters): its own, unless it is a keyword, a C library function the code
+    may call (``max``), or one of the ``reserved`` names the generated code declares
+    itself (a loop's ``i``), which would hide it."""
+    taken = C_KEYWORDS | C_LIBRARY | reserved
+    namer = Namer(reserved | {s for s in symbols if s not in taken})
+    return {s: s if s not in taken else namer.fresh(s) for s in symbols}

@@ -36,7 +36,7 @@ from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import c_dim
-from .naming import Namer
+from .naming import Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
 from .simt_layout import (
@@ -85,6 +85,8 @@ class SimtParam:
 class SimtKernel:
     name: str
     params: tuple[SimtParam, ...]
+    #: The printed name of each size symbol.
+    sizes: dict[str, str]
     #: Program ids with their extents and blocks, first axis fastest.
     grid: tuple[tuple[str, Dim, int], ...]
     threads: int
@@ -121,9 +123,12 @@ class _Emitter(TileOps, TmaCopies):
         self.d = dialect
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
-        # Loop counters keep their names: offsets in the Tile IR are written in them.
-        counters = {op.regions[0].args[0].name for op in walk(kernel.body) if op.kind == "for"}
-        self.namer = Namer(frozenset(dims) | frozenset(pids) | _RESERVED | counters - {None})
+        counters = tuple(op.regions[0].args[0].name for op in walk(kernel.body)
+                         if op.kind == "for")  # fmt: skip
+        #: Printed names of the symbols in sizes and offsets: sizes, program ids and loop
+        #: counters keep theirs unless C or the loops this emitter writes take them.
+        self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
+        self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED)
         self.forms: dict[int, Form] = {}
         self.uses = use_counts(kernel.body)
         self.producers = producers(kernel.body)
@@ -184,7 +189,7 @@ class _Emitter(TileOps, TmaCopies):
         self.prologue.setdefault(key, text)
 
     def c(self, dim: Dim) -> str:
-        return c_dim(dim, {})
+        return c_dim(dim, self.symbols)
 
     def run(self) -> SimtKernel:
         params = []
@@ -200,9 +205,10 @@ class _Emitter(TileOps, TmaCopies):
             self.specialized(self.kernel.body)
         else:
             self.block(self.kernel.body)
-        grid = tuple((a.name, a.extent, a.block) for a in self.kernel.grid)
+        grid = tuple((self.symbols[a.name], a.extent, a.block) for a in self.kernel.grid)
         threads = self.kernel.threads + self.kernel.producer
-        return SimtKernel(self.kernel.name, tuple(params), grid, threads,
+        sizes = {d: self.symbols[d] for d in self.dims}
+        return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
                           tuple(self.prologue.values()), tuple(self.lines),
                           frozenset(self.wgmma), self.smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
@@ -728,7 +734,7 @@ class _Emitter(TileOps, TmaCopies):
         self.close()
 
     def loop_header(self, op: Op) -> str:
-        counter = op.regions[0].args[0].name
+        counter = self.symbols[op.regions[0].args[0].name]
         step, end = self.c(op.attr("step")), self.c(op.attr("extent"))
         bound = f"{counter} * {step} < {end}"
         if op.attr("stop") is not None:

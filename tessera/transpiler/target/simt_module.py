@@ -20,6 +20,7 @@ from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .entry import signature_meta, symbols
 from .header import C_SYMBOL, needed
+from .naming import C_LIBRARY, Namer
 from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
@@ -45,8 +46,8 @@ class SimtModule:
 class _KernelView:
     """A kernel's source as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect) -> None:
-        self.name = simt.name
+    def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect, name: str) -> None:
+        self.name = name
         self.threads = simt.threads
         self.bounds = f"{simt.threads}, 1" if simt.one_block else str(simt.threads)
         self.wgmma = simt.wgmma
@@ -59,7 +60,7 @@ class _KernelView:
         )
         self.dims = symbols([p.type for p in kernel.params])
         self.params = [_param_decl(p, d) for p in simt.params]
-        self.params += [f"const {d.index_type} {dim}" for dim in self.dims]
+        self.params += [f"const {d.index_type} {simt.sizes[dim]}" for dim in self.dims]
         self.params += [
             f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
         ]
@@ -76,7 +77,7 @@ class _KernelView:
         # A size that only the grid's extent needs is still a parameter, so that every
         # launch passes the function's sizes alike.
         code = "\n".join((*simt.prologue, text))
-        self.unused = [dim for dim in self.dims if not re.search(rf"\b{dim}\b", code)]
+        self.unused = [s for s in simt.sizes.values() if not re.search(rf"\b{s}\b", code)]
 
 
 def _param_decl(p: Any, d: Dialect) -> str:
@@ -95,6 +96,8 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     it is defined, when a kernel uses an operation the emitter does not lower yet."""
     views: dict[str, _KernelView] = {}
     lanes = hardware_for(module.target, module.arch).lanes
+    # Kernels are extern "C": their names share one namespace with the C library's.
+    namer = Namer(C_LIBRARY)
     # A dynamic arena (CUDA's) is one symbol in the whole file, declared alike in all
     # its kernels; a static one is each kernel's own.
     every = [k for p in module.programs for k in p.kernels]
@@ -105,9 +108,8 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
                 _check_dtypes(kernel, d)
                 dims = symbols([p.type for p in kernel.params])
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
-                views[kernel.name] = _KernelView(
-                    kernel, emit_simt_kernel(kernel, d, dims, lanes, align), d
-                )
+                simt = emit_simt_kernel(kernel, d, dims, lanes, align)
+                views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(kernel.name))
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""
                 raise NotLowered(

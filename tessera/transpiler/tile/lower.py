@@ -72,11 +72,15 @@ class _Lowering:
         self.tiles = tuple(sorted(self.sizes.items()))
         self.values: dict[int, Value] = {}
         self.ops: list[Op] = []
-        self.loop_names: set[str] = set()
+        # Offsets and extents write sizes, program ids and loop counters alike as
+        # symbols: ids and counters take names that no size of the kernel has.
+        self.taken = {s for p in given.params if isinstance(p.type, TensorType)
+                      for d in p.type.dims for s in d.symbols()}  # fmt: skip
         out = given.output.type if given.output is not None else _stored_type(function)
         self.batch = tuple(out.dims[:-2]) if out.rank > 2 else ()
+        #: Each program id's name, by its role (``pid_m``, ``pid_n``, ``pid_b0``...).
+        self.pid_names: dict[str, str] = {}
         self.grid = self._grid(out)
-        self.pids = {a.name for a in self.grid}
 
     # -- grid ------------------------------------------------------------------------
 
@@ -91,7 +95,17 @@ class _Lowering:
         if len(axes) == len(names) + 1:
             names = ["pid_n", *names]
         assert len(axes) == len(names), f"grid {axes} for output {out}"
-        return tuple(GridAxis(n, a.extent, a.block) for n, a in zip(names, axes, strict=True))
+        self.pid_names = {role: self.unique(role) for role in names}
+        return tuple(GridAxis(self.pid_names[n], a.extent, a.block)
+                     for n, a in zip(names, axes, strict=True))  # fmt: skip
+
+    def unique(self, name: str) -> str:
+        """``name``, or ``name`` with underscores appended where a size or an earlier
+        id or counter has it; taken from then on."""
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        return name
 
     # -- values and types -----------------------------------------------------------
 
@@ -204,15 +218,15 @@ class _Lowering:
 
     def _batch_pids(self, count: int) -> list[str]:
         """Leading tensor dims line up, from the right, with the grid's batch axes."""
-        names = [f"pid_b{i}" for i in range(len(self.batch))]
+        names = [self.pid_names[f"pid_b{i}"] for i in range(len(self.batch))]
         assert count <= len(names), "a tensor with more leading dims than the output"
         return names[len(names) - count :]
 
     def _program_offset(self, axis: str, size: Dim) -> Dim:
         """A program-sized block: the program's row block, its column block (gemm-like
         grids), or the single block of a dim the tile spans (the head dim)."""
-        pid = "pid_m" if axis == "rows" else "pid_n"
-        if pid in self.pids and size.constant == self._pid_block(pid):
+        pid = self.pid_names.get("pid_m" if axis == "rows" else "pid_n")
+        if pid is not None and size.constant == self._pid_block(pid):
             return Dim.sym(pid) * size
         return Dim.const(0)
 
@@ -236,11 +250,7 @@ class _Lowering:
 
     def op_tile_for(self, op: Op) -> None:
         block_arg = op.regions[0].args[0]
-        name = block_arg.name or "i"
-        while name in self.loop_names:
-            name += "_"
-        self.loop_names.add(name)
-        counter = new_value(INDEX, name)
+        counter = new_value(INDEX, self.unique(block_arg.name or "i"))
         carried = tuple(new_value(self.type(a.type), a.name) for a in op.regions[0].args[1:])
         body = self.region(op.regions[0], (counter, *carried))
         step = self.dim(op.attr("block"))

@@ -1,0 +1,168 @@
+"""Names from the source that C, the C library or the generated code already have.
+
+A size, a loop counter or a kernel may be named anything Python allows. Sizes and
+offsets share one namespace in the Tile IR (``pid_m``, a loop's ``kb``), and the
+generated code declares names of its own (a loop's ``i``, a lane's ``e``): a size or
+counter that took one of them was hidden by it, and the kernel computed with the wrong
+value (rmsnorm over sizes ``r`` and ``i`` was off by 10 on the CPU; a tile kernel whose
+loop counter was ``e`` or ``i`` was wrong on OpenCL). A kernel named like a C library
+function (``norm``, ``exp``, ``printf``) did not compile for CUDA or HIP. Each case
+runs on every backend, against the float64 reference, outputs poisoned first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera
+
+from .gpusim import simulated_cupy, simulated_driver, use_simulator
+from .reference import attention, f64
+from .test_cuda import ARCHS, _cupy_put, _cupy_take, _nvcc, needs_gxx, needs_nvcc
+from .test_gpusim import _library
+from .test_hip import WARNINGS, _hipcc, needs_hipcc
+from .test_loader import _loader_module
+from .test_opencl import _platform
+
+SOURCE = """\
+@kernel
+def norm(x: Tensor["new", "i", f32], w: Tensor["i", f32]) -> Tensor["new", "i", f32]:
+    return rmsnorm(x, w, eps=1e-6)
+
+@kernel
+def exp(A: Tensor["pid_m", "kb", bf16],
+        B: Tensor["kb", "max", bf16]) -> Tensor["pid_m", "max", f32]:
+    return A @ B
+
+@kernel
+def printf(q: Tensor["lambda", "t", "cupy", bf16 @accum(f32)],
+           k: Tensor["lambda", "t", "cupy", bf16], v: Tensor["lambda", "t", "cupy", bf16],
+           *, causal: bool) -> Tensor["lambda", "t", "cupy", bf16]:
+    T = tile.context()
+    Qb = tile.load(q, rows=T.m, cols=T.d)
+    acc = tile.zeros((T.m, T.d), f32)
+    m = tile.full((T.m,), -INF)
+    l = tile.zeros((T.m,), f32)
+    for e in tile.range_n(k.shape, T.n, prefetch=2):
+        Kb = tile.load(k, e, cols=T.d)
+        Vb = tile.load(v, e, cols=T.d)
+        S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
+        if causal:
+            tile.mask_causal(S, tile.row_index(), tile.col_index(e))
+        P, m_c, l_c = tile.softmax_online(S)
+        acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
+    return tile.cast(acc / l[:, None], bf16)
+"""
+
+TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
+           ("hip", "gfx90a"), ("loader", "sm_80"), ("loader", "sm_90a")]  # fmt: skip
+
+
+@pytest.mark.compile
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiles_with_nvcc_warning_free(arch: str, tmp_path: Path) -> None:
+    _nvcc("names.tsr", arch, tmp_path, text=SOURCE)
+
+
+@pytest.mark.compile
+@needs_hipcc
+def test_compiles_with_hipcc_warning_free(tmp_path: Path) -> None:
+    source = tessera.compile(SOURCE, "names.tsr", target="hip").source
+    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(params=TARGETS, ids=[f"{t}-{a}" if a else t for t, a in TARGETS])
+def library(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The functions on a backend: CUDA and HIP on the simulated GPU, directly and (CUDA)
+    through the ``--python-loader`` module, whose sizes are Python names."""
+    target, arch = request.param
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    if target == "loader":
+        cupy = simulated_cupy(arch)
+        use_simulator(monkeypatch, cupy)
+        program = tessera.compile(SOURCE, "names.tsr", target="cuda", arch=arch)
+        return _Device(_loader_module(program, tmp_path, cupy, monkeypatch, simulated_driver()))
+    functions = _library(SOURCE, target, arch, monkeypatch)
+    return functions if target in ("cuda", "hip") else _Host(functions)
+
+
+def _result(name: str, args: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of a function's result, from its arguments."""
+    if name == "exp":
+        return (args[0].shape[0], args[1].shape[1]), np.dtype(np.float32)
+    return args[0].shape, args[0].dtype
+
+
+class _Host:
+    """Host functions called with a result array of NaNs (the simulated GPU poisons
+    the arrays it allocates itself)."""
+
+    def __init__(self, functions: Any) -> None:
+        self.functions = functions
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: np.ndarray, **scalars: Any) -> np.ndarray:
+            shape, dtype = _result(name, args)
+            out = np.full(shape, np.nan, dtype=dtype)
+            getattr(self.functions, name)(*args, out=out, **scalars)
+            return out
+
+        return call
+
+
+class _Device:
+    """The loader's functions, called on cupy arrays as a project calls them."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: np.ndarray, **scalars: Any) -> np.ndarray:
+            out = getattr(self.module, name)(*(_cupy_put(a) for a in args), **scalars)
+            return _cupy_take(out, _result(name, args)[1])
+
+        return call
+
+
+def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_sizes_named_like_keywords_and_the_generated_codes_own_names(library: Any) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((37, 53), dtype=np.float32)
+    w = rng.standard_normal(53, dtype=np.float32)
+    out = library.norm(x, w)
+    assert not np.isnan(f64(out)).any()
+    want = f64(x) / np.sqrt((f64(x) ** 2).mean(axis=1, keepdims=True) + 1e-6) * f64(w)
+    np.testing.assert_allclose(f64(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_sizes_named_like_program_ids_and_loop_counters(library: Any) -> None:
+    rng = np.random.default_rng(12)
+    a, b = _bf16(rng, 133, 301), _bf16(rng, 301, 70)
+    out = library.exp(a, b)
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_loop_counter_named_like_the_generated_codes_own(library: Any, causal: bool) -> None:
+    rng = np.random.default_rng(13)
+    q, k, v = (_bf16(rng, 2, 77, 64) for _ in range(3))
+    out = library.printf(q, k, v, causal=causal)
+    want = attention(f64(q), f64(k), f64(v), causal=causal)
+    assert np.abs(f64(out) - want).max() < 2e-2
