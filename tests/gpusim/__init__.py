@@ -152,7 +152,9 @@ def simulated_source(source: str) -> str:
         launchers.append(
             f'extern "C" void tsr_sim_{k.name}(unsigned gx, unsigned gy, unsigned gz, '
             f"unsigned threads, unsigned long long smem, {params}) {{\n"
-            f"  tsr_sim::launch({{gx, gy, gz}}, threads, smem, [&] {{ {k.name}({args}); }});\n}}\n"
+            # ::name: a parameter may have the kernel's name
+            f"  tsr_sim::launch({{gx, gy, gz}}, threads, smem,\n"
+            f"                  [&] {{ ::{k.name}({args}); }});\n}}\n"
         )
     end = "// end of the Tessera tile primitives"
     head, _, rest = text.partition("\n" + end)

@@ -449,6 +449,12 @@ class _FunctionAnalyzer:
                 self.diags.error(exc.message, exc.span, exc.notes)
                 self.env[p.name] = POISON
                 continue
+            if p.name == "out" and self.node.returns is not None:
+                self.diags.error(
+                    f"a parameter of '{self.node.name}' cannot be named 'out': that is the "
+                    "name its result is passed under (a call's out=); rename the parameter",
+                    p.span,
+                )
             value = new_value(t, p.name, p.span)
             self.env[p.name] = value
             self.param_spans[value.id] = (p.name, p.span)

@@ -103,8 +103,11 @@ class _Emitter:
         self.kernel = kernel
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
-        self.symbols = symbol_names((*dims, *pids))
-        self.namer = Namer(frozenset(self.symbols.values()))
+        # The program and launch functions are called by these names where the
+        # kernel's parameters are in scope.
+        functions = frozenset({f"{kernel.name}_program", f"{kernel.name}_launch"})
+        self.symbols = symbol_names((*dims, *pids), functions)
+        self.namer = Namer(frozenset(self.symbols.values()) | functions)
         self.names: dict[int, str] = {}
         self.roots: dict[int, str] = {}
         self.private: set[str] = set()
