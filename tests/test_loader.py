@@ -261,6 +261,24 @@ def test_loader_needs_cuda_output(tmp_path: Path) -> None:
     assert not (tmp_path / "mlp.py").exists()
 
 
+def test_loader_refuses_a_parameter_named_like_its_own_names(tmp_path: Path) -> None:
+    """A parameter named ``cupy`` would hide the module the function's body allocates
+    with; the CUDA file alone is fine."""
+    source = tmp_path / "k.tsr"
+    source.write_text(
+        "@kernel\n"
+        'def g(A: Tensor["M", "K", f32], cupy: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:\n'
+        "    return A @ cupy\n"
+    )
+    command = [sys.executable, "-m", "tessera", str(source), "-o", str(tmp_path / "k.cu")]
+    done = subprocess.run([*command, "--python-loader", str(tmp_path / "k.py")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1
+    assert "function 'g': the loader module cannot take a parameter named 'cupy'" in done.stderr
+    assert not (tmp_path / "k.py").exists() and not (tmp_path / "k.cu").exists()
+    assert subprocess.run(command, capture_output=True).returncode == 0
+
+
 def _loader_module(
     program: Program, tmp_path: Path, cupy: Any, monkeypatch: pytest.MonkeyPatch,
     driver: Any = None,

@@ -6,8 +6,11 @@ generated code declares names of its own (a loop's ``i``, a lane's ``e``): a siz
 counter that took one of them was hidden by it, and the kernel computed with the wrong
 value (rmsnorm over sizes ``r`` and ``i`` was off by 10 on the CPU; a tile kernel whose
 loop counter was ``e`` or ``i`` was wrong on OpenCL). A kernel named like a C library
-function (``norm``, ``exp``, ``printf``) did not compile for CUDA or HIP. Each case
-runs on every backend, against the float64 reference, outputs poisoned first.
+function (``norm``, ``exp``, ``printf``) did not compile for CUDA or HIP, nor one named
+like an OpenCL built-in (``barrier``) for OpenCL; a parameter named like CUDA's thread
+index or a size named like a C macro (``INFINITY``) did not compile anywhere, and a name
+reserved to the implementation (``__shared__``) hung the compiler. Each case runs on
+every backend, against the float64 reference, outputs poisoned first.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ def printf(q: Tensor["lambda", "t", "cupy", bf16 @accum(f32)],
         P, m_c, l_c = tile.softmax_online(S)
         acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
     return tile.cast(acc / l[:, None], bf16)
+
+@kernel
+def barrier(threadIdx: Tensor["INFINITY", "__shared__", f32],
+            smem: Tensor["__shared__", f32]) -> Tensor["INFINITY", "__shared__", f32]:
+    return rmsnorm(threadIdx, smem, eps=1e-6)
 """
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -136,16 +144,26 @@ def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
 
 
-@pytest.mark.execute
-@needs_gxx
-def test_sizes_named_like_keywords_and_the_generated_codes_own_names(library: Any) -> None:
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((37, 53), dtype=np.float32)
-    w = rng.standard_normal(53, dtype=np.float32)
-    out = library.norm(x, w)
+def _check_rmsnorm(function: Any, rows: int, cols: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    w = rng.standard_normal(cols, dtype=np.float32)
+    out = function(x, w)
     assert not np.isnan(f64(out)).any()
     want = f64(x) / np.sqrt((f64(x) ** 2).mean(axis=1, keepdims=True) + 1e-6) * f64(w)
     np.testing.assert_allclose(f64(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_sizes_named_like_keywords_and_the_generated_codes_own_names(library: Any) -> None:
+    _check_rmsnorm(library.norm, 37, 53, seed=11)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_names_the_dialects_and_their_headers_declare(library: Any) -> None:
+    _check_rmsnorm(library.barrier, 29, 45, seed=14)
 
 
 @pytest.mark.execute

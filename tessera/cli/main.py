@@ -25,7 +25,7 @@ from ..transpiler.pipeline import (
     compile_file,
     print_meta,
 )
-from ..transpiler.target.cupy_loader import python_loader
+from ..transpiler.target.cupy_loader import LoaderError, python_loader
 from ..transpiler.target.nvrtc import with_resources
 from ..tune.cachefile import CacheWarning
 from .tune import cache_main, tune_main
@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     files = {args.output: text}
     if args.python_loader:
-        files[args.python_loader] = python_loader(program.ir("meta"), Path(args.output).name)
+        try:
+            files[args.python_loader] = python_loader(program.ir("meta"), Path(args.output).name)
+        except LoaderError as exc:
+            print(f"tesserac: error: {args.file}: --python-loader: {exc}", file=sys.stderr)
+            return 1
     for path, content in files.items():
         try:
             _write_atomically(Path(path), content)

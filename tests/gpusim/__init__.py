@@ -150,10 +150,13 @@ def simulated_source(source: str) -> str:
         params = ", ".join(f"const {t}* {n}" if t == _MAP else f"{t} {n}" for t, n in k.params)
         args = ", ".join(f"*{n}" if t == _MAP else n for t, n in k.params)
         launchers.append(
-            f'extern "C" void tsr_sim_{k.name}(unsigned gx, unsigned gy, unsigned gz, '
-            f"unsigned threads, unsigned long long smem, {params}) {{\n"
-            # ::name: a parameter may have the kernel's name
-            f"  tsr_sim::launch({{gx, gy, gz}}, threads, smem,\n"
+            # The launch's own parameters are prefixed: the kernel's may be named `smem`;
+            # ::name: a parameter may have the kernel's name.
+            f'extern "C" void tsr_sim_{k.name}(unsigned tsr_sim_gx, unsigned tsr_sim_gy, '
+            f"unsigned tsr_sim_gz, unsigned tsr_sim_threads, unsigned long long tsr_sim_smem, "
+            f"{params}) {{\n"
+            f"  tsr_sim::launch({{tsr_sim_gx, tsr_sim_gy, tsr_sim_gz}}, tsr_sim_threads, "
+            f"tsr_sim_smem,\n"
             f"                  [&] {{ ::{k.name}({args}); }});\n}}\n"
         )
     end = "// end of the Tessera tile primitives"

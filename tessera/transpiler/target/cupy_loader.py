@@ -21,7 +21,7 @@ from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
 from .render import environment
 
-__all__ = ["python_loader"]
+__all__ = ["LoaderError", "python_loader"]
 
 #: The cupy dtype that holds each Tessera dtype: bf16 and fp8 travel as their bits.
 _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
@@ -29,14 +29,28 @@ _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
 _RELATIONS = {"equal": "==", "at_most": "<="}
 _WIDTH = 88  # black's default line length
-#: The module's own names, which a function's body reads: a size does not take them.
+#: The module's own names, which a function's body reads: a size does not take them, and
+#: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
     _DEFAULT_SMEM _module _kernel _launch _driver _tensor_map _tensor _shape"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
+class LoaderError(ValueError):
+    """A function of the file that the loader module cannot offer as written."""
+
+
 def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
-    """The loader module for the CUDA file named ``cuda_file`` (next to the module)."""
+    """The loader module for the CUDA file named ``cuda_file`` (next to the module).
+    Raises ``LoaderError`` for a parameter named like one of the module's own names:
+    the function's body, which reads that name, would see the argument instead."""
+    for f in meta["functions"]:
+        for p in f["params"]:
+            if p["name"] in _MODULE:
+                raise LoaderError(
+                    f"function '{f['name']}': the loader module cannot take a parameter "
+                    f"named '{p['name']}', a name it uses itself; rename the parameter"
+                )
     functions = [_function(f) for f in meta["functions"]]
     tma = any("tensor_maps" in launch for f in meta["functions"] for launch in f["launches"])
     return environment("loader").get_template("cupy_loader.py.j2").render(

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "symbol_names"]
+__all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "GPU_BUILTINS", "symbol_names"]
 
+#: C and C++ keywords, the standard types and macros of the headers a generated file
+#: includes, and names the generated code declares itself.
 _WORDS = """alignas alignof and asm auto bool break case catch char class const constexpr
     const_cast continue decltype default delete do double dynamic_cast else enum explicit
     export extern false float for friend goto if inline int long mutable namespace new
     noexcept not nullptr operator or private protected public register reinterpret_cast
     return short signed sizeof static static_assert static_cast struct switch template this
     thread_local throw true try typedef typeid typename union unsigned using virtual void
-    volatile wchar_t while xor area std tsr i64 kernel local global private constant i j r"""
+    volatile wchar_t while xor area std tsr i64 kernel local global private constant i j r
+    size_t ptrdiff_t intptr_t uintptr_t int8_t int16_t int32_t int64_t uint8_t uint16_t
+    uint32_t uint64_t NULL NAN INFINITY HUGE_VAL HUGE_VALF FLT_MAX FLT_MIN FLT_EPSILON
+    DBL_MAX DBL_MIN DBL_EPSILON INT_MAX INT_MIN UINT_MAX LONG_MAX LONG_MIN LLONG_MAX
+    LLONG_MIN M_PI M_E MAXFLOAT EOF errno stdin stdout stderr CLK_LOCAL_MEM_FENCE
+    CLK_GLOBAL_MEM_FENCE"""
 C_KEYWORDS = frozenset(_WORDS.split())
 
 _MATH = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp
@@ -40,17 +47,36 @@ C_LIBRARY = frozenset(
 )
 
 
+_GPU = """threadIdx blockIdx blockDim gridDim warpSize dim3 atomicAdd atomicSub atomicMax
+    atomicMin atomicExch atomicCAS get_global_id get_local_id get_group_id get_local_size
+    get_global_size get_num_groups get_work_dim barrier mem_fence read_mem_fence
+    write_mem_fence mad mad24 mul24 clamp mix step smoothstep sign degrees radians
+    vload_half vstore_half half uchar ushort uint ulong"""
+_SCALARS = "char uchar short ushort int uint long ulong longlong ulonglong float double half"
+#: What CUDA, HIP and OpenCL C declare in every kernel's scope: the thread indices,
+#: OpenCL's work-item functions and conversions, the vector types. A source name that
+#: is one of them would hide it from the code around it.
+GPU_BUILTINS = frozenset(
+    _GPU.split()
+    + [f"{t}{n}" for t in _SCALARS.split() for n in (1, 2, 3, 4, 8, 16)]
+    + [f"{op}_{t}" for op in ("as", "convert") for t in _SCALARS.split()]
+    + [f"{form}_{m}" for form in ("native", "half") for m in _MATH.split()]
+    + [f"{op}{n}" for op in ("vload", "vstore") for n in (2, 3, 4, 8, 16)]
+)
+
+
 class Namer:
     def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
         self.used: set[str] = set(C_KEYWORDS) | set(reserved)
 
     def fresh(self, wanted: str | None, fallback: str = "t") -> str:
-        base = re.sub(r"\W", "_", wanted or fallback)
+        base = re.sub(r"\W", "_", wanted or fallback).rstrip("_")
+        if base.startswith("__"):  # reserved to the implementation (``__shared__``)
+            base = base.lstrip("_")
         if not base or base[0].isdigit():
             base = f"{fallback}{base}"
-        base = base.rstrip("_") or fallback
         name, n = base, 1
-        while name in self.used or name.startswith("__"):
+        while name in self.used:
             name = f"{base}_{n}"
             n += 1
         self.used.add(name)
@@ -65,5 +91,9 @@ def symbol_names(
     may call (``max``), or one of the ``reserved`` names the generated code declares
     itself (a loop's ``i``), which would hide it."""
     taken = C_KEYWORDS | C_LIBRARY | reserved
-    namer = Namer(reserved | {s for s in symbols if s not in taken})
-    return {s: s if s not in taken else namer.fresh(s) for s in symbols}
+
+    def kept(s: str) -> bool:
+        return s not in taken and not s.startswith("__")
+
+    namer = Namer(reserved | {s for s in symbols if kept(s)})
+    return {s: s if kept(s) else namer.fresh(s) for s in symbols}

@@ -36,7 +36,7 @@ from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import c_dim
-from .naming import Namer, symbol_names
+from .naming import GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
 from .simt_layout import (
@@ -64,12 +64,13 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
           "sin", "cos", "neg")  # fmt: skip
 _ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
-#: Variables of the generated code; no value is named after them.
+#: Variables of the generated code and names every dialect declares; no value is named
+#: after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
                        "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
                        "b_frag", "frag_acc", "rs", "bytes", "a_step", "tsr_landed", "j0",
-                       "pair", "half"})  # fmt: skip
+                       "pair", "half"}) | GPU_BUILTINS  # fmt: skip
 
 
 @dataclass(frozen=True)
