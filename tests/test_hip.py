@@ -48,12 +48,16 @@ def _hipcc(source: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProc
     )
 
 
+def _hipcc_warning_free(source: str, tmp_path: Path) -> None:
+    """Compile generated HIP for gfx90a with every warning an error."""
+    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
+    assert done.returncode == 0, done.stderr
+
+
 @needs_hipcc
 @pytest.mark.parametrize("path", SOURCES)
 def test_compiles_warning_free_for_gfx90a(path: str, tmp_path: Path) -> None:
-    source = tessera.compile_file(ROOT / path, target="hip").source
-    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
-    assert done.returncode == 0, done.stderr
+    _hipcc_warning_free(tessera.compile_file(ROOT / path, target="hip").source, tmp_path)
 
 
 @needs_hipcc
@@ -97,5 +101,4 @@ def test_f32_attention_fits_the_lds(tmp_path: Path) -> None:
     schedule counts them: f32 attention with a 128-wide head asked for 73984 bytes of
     the 65536 there are, and did not build."""
     source = tessera.compile(f32_attention_source(False), "attention.tsr", target="hip").source
-    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
-    assert done.returncode == 0, done.stderr
+    _hipcc_warning_free(source, tmp_path)

@@ -28,7 +28,7 @@ from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import attention, f64
 from .test_cuda import ARCHS, _cupy_put, _cupy_take, _nvcc, needs_gxx, needs_nvcc
 from .test_gpusim import _library
-from .test_hip import WARNINGS, _hipcc, needs_hipcc
+from .test_hip import _hipcc_warning_free, needs_hipcc
 from .test_loader import _loader_module
 from .test_opencl import _platform
 
@@ -81,9 +81,7 @@ def test_compiles_with_nvcc_warning_free(arch: str, tmp_path: Path) -> None:
 @pytest.mark.compile
 @needs_hipcc
 def test_compiles_with_hipcc_warning_free(tmp_path: Path) -> None:
-    source = tessera.compile(SOURCE, "names.tsr", target="hip").source
-    done = _hipcc(source, tmp_path, *WARNINGS, "-c", "-o", "kernels.o")
-    assert done.returncode == 0, done.stderr
+    _hipcc_warning_free(tessera.compile(SOURCE, "names.tsr", target="hip").source, tmp_path)
 
 
 @pytest.fixture(params=TARGETS, ids=[f"{t}-{a}" if a else t for t, a in TARGETS])

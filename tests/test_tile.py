@@ -373,6 +373,24 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
         program.ir("tile")
 
 
+@pytest.mark.parametrize(
+    "shape, call, message",
+    [
+        ('"C"', "softmax(x, axis=-1)", "softmax of a 1-D tensor has no tile kernel yet"),
+        ('"R", "C"', "layernorm(x, w)", "layernorm without bias has no tile kernel yet"),
+        ('"R", "C"', "layernorm(x)", "layernorm without weight and bias has no tile kernel"),
+    ],
+)
+def test_what_the_row_kernels_do_not_take_is_an_error_at_the_call(
+    shape: str, call: str, message: str
+) -> None:
+    x = f"Tensor[{shape}, f32]"
+    src = f'@kernel\ndef f(x: {x}, w: Tensor["C", f32]) -> {x}:\n    return {call}\n'
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(src, target="cpu")
+    assert f"3:12: error: {message}" in str(caught.value)
+
+
 def test_every_pass_keeps_the_kernel_valid() -> None:
     for target, arch in CONFIGS:
         hw = hardware_for(target, arch)

@@ -471,7 +471,7 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   float* const t_4 = area + 131072 + 131072 + 65536 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 256, 512, A, K, 256*pid_m, 512*kb, M, K);
@@ -514,7 +514,7 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
   float* const h_1 = area + 131072 + 131072 + 65536 + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 256, 512, x, D, 256*pid_m, 512*kb, T, D);
@@ -558,7 +558,7 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   float* const t_5 = area + 131072 + 131072 + 65536 + 256 + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 256, 512, h, F, 256*pid_m, 512*kb, T, F);

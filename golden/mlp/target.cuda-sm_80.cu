@@ -221,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[128];
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
@@ -385,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[128];
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
@@ -549,7 +549,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[128];
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {

@@ -354,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     float acc[64];
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
@@ -376,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       tsr_wgmma_wait<1>();
       if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
     // mlp.tsr:13: return gelu(matmul(A, B) + bias)
     #pragma unroll
@@ -536,7 +536,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     float acc[64];
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
@@ -558,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       tsr_wgmma_wait<1>();
       if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
     // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
     #pragma unroll
@@ -718,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     float acc[64];
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
@@ -740,7 +740,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       tsr_wgmma_wait<1>();
       if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
     // mlp.tsr:21: return residual(x, h @ W_out + b_out)
     #pragma unroll

@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
@@ -226,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
@@ -345,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {

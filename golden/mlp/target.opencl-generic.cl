@@ -68,7 +68,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -139,7 +139,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -210,7 +210,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {

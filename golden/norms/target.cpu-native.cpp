@@ -434,7 +434,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
       rows[i * D + j] = t[i * D + j];
     }
   }
-  // layernorm.tsr:9: n = float(x.shape[1])
+  // layernorm.tsr:9: n = float(x.shape[-1])
   const float n = static_cast<float>(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -502,7 +502,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   const float eps = 1e-06f;
   // rmsnorm.tsr:7: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
+  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)

@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-05f;
-  // layernorm.tsr:9: n = float(x.shape[1])
+  // layernorm.tsr:9: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   float v[4];
@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
+  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {

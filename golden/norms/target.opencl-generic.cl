@@ -95,7 +95,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
-  // layernorm.tsr:9: n = float(x.shape[1])
+  // layernorm.tsr:9: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   float v[4];
@@ -144,7 +144,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[1])
+  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;

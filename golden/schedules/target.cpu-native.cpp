@@ -469,7 +469,7 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
   float* const acc = area + 4096 + 4096;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 128, 32, A, K, 128*pid_m, 32*kb, M, K);
@@ -509,7 +509,7 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
   float* const acc = area + 2048 + 2048;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 4096, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 64, 32, A, K, 64*pid_m, 32*kb, M, K);
@@ -551,7 +551,7 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   float* const t_4 = area + 8192 + 8192 + 16384 + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     tsr::load_tile(a_tile_smem, 128, 64, A, K, 128*pid_m, 64*kb, M, K);

@@ -221,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
@@ -384,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
@@ -547,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[128];
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {

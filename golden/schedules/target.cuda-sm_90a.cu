@@ -324,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
@@ -388,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   tsr_wgmma_wait<0>();
   // schedules.tsr:12: return A @ B
   #pragma unroll
@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     }
   }
   tsr_copy_commit();
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
@@ -522,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   tsr_wgmma_wait<0>();
   // schedules.tsr:18: return A @ B
   #pragma unroll
@@ -646,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     float acc[64];
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
@@ -668,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
       tsr_wgmma_wait<1>();
       if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
     }
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
     // schedules.tsr:27: return relu(A @ B + bias)
     #pragma unroll

@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[32];
   #pragma unroll
   for (int frag = 0; frag < 2; ++frag) {
@@ -290,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[16];
   #pragma unroll
   for (int frag = 0; frag < 1; ++frag) {
@@ -409,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       }
     }
   }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[1], T.k, prefetch=2):
+  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[64];
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {

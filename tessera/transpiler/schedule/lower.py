@@ -291,9 +291,14 @@ class _Scheduler:
                            d=q.type.dims[-1], batch=q.type.dims[:-2])  # fmt: skip
         if kind == "reduction":
             x = anchor.operands[0]
-            axis = anchor.attr("axis", x.type.rank - 1)
-            rows = _product(d for i, d in enumerate(x.type.dims) if i != axis)
-            return Problem(kind, x.type.dtype, rows, x.type.dims[axis])
+            axis = anchor.attr("axis", x.type.rank - 1) % x.type.rank
+            dims = x.type.dims
+            if axis == x.type.rank - 1 and x.type.rank > 2:
+                # Row blocks of the last two axes, one grid axis per leading one, as the
+                # tile stage lays out a kernel's programs over a result of rank > 2.
+                return Problem(kind, x.type.dtype, dims[-2], dims[-1], batch=dims[:-2])
+            rows = _product(d for i, d in enumerate(dims) if i != axis)
+            return Problem(kind, x.type.dtype, rows, dims[axis])
         if kind == "tile":
             return self._tile_problem()
         out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type

@@ -29,6 +29,8 @@ ANCHORS = {
     "softmax_safe": "softmax", "layernorm": "layernorm", "layernorm_safe": "layernorm",
     "rmsnorm": "rmsnorm", "rmsnorm_safe": "rmsnorm", "rotary_embedding": "rotary_embedding",
 }  # fmt: skip
+#: The library kernels that take their operand a block of whole rows at a time.
+_ROWS = frozenset({"softmax", "layernorm", "rmsnorm"})
 _RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
 
 
@@ -110,8 +112,14 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
-    if anchor.kind.startswith("layernorm") and not (anchor.attr("weight") and anchor.attr("bias")):
-        return "layernorm without weight and bias has no tile kernel yet"
+    if ANCHORS[anchor.kind] in _ROWS and x.rank < 2:
+        return (
+            f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
+            "normalizes rows, of a tensor of rank 2 or more"
+        )
+    missing = [name for name in ("weight", "bias") if not anchor.attr(name)]
+    if anchor.kind.startswith("layernorm") and missing:
+        return f"layernorm without {' and '.join(missing)} has no tile kernel yet"
     if anchor.kind.startswith("rmsnorm") and not anchor.attr("weight"):
         return "rmsnorm without weight has no tile kernel yet"
     if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
