@@ -15,6 +15,7 @@ every backend, against the float64 reference, outputs poisoned first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 import tessera
 
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
-from .reference import attention, f64
+from .reference import attention, f64, rmsnorm
 from .test_cuda import ARCHS, _cupy_put, _cupy_take, _nvcc, needs_gxx, needs_nvcc
 from .test_gpusim import _library
 from .test_hip import _hipcc_warning_free, needs_hipcc
@@ -95,9 +96,14 @@ def library(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp
         cupy = simulated_cupy(arch)
         use_simulator(monkeypatch, cupy)
         program = tessera.compile(SOURCE, "names.tsr", target="cuda", arch=arch)
-        return _Device(_loader_module(program, tmp_path, cupy, monkeypatch, simulated_driver()))
+        module = _loader_module(program, tmp_path, cupy, monkeypatch, simulated_driver())
+        return LoaderCalls(module, _result)
     functions = _library(SOURCE, target, arch, monkeypatch)
-    return functions if target in ("cuda", "hip") else _Host(functions)
+    return functions if target in ("cuda", "hip") else HostCalls(functions, _result)
+
+
+#: The shape and dtype of a function's result, from its name and arguments.
+Result = Callable[[str, tuple[Any, ...]], tuple[tuple[int, ...], np.dtype]]
 
 
 def _result(name: str, args: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], np.dtype]:
@@ -107,16 +113,18 @@ def _result(name: str, args: tuple[np.ndarray, ...]) -> tuple[tuple[int, ...], n
     return args[0].shape, args[0].dtype
 
 
-class _Host:
+class HostCalls:
     """Host functions called with a result array of NaNs (the simulated GPU poisons
-    the arrays it allocates itself)."""
+    the arrays it allocates itself); ``result`` gives its shape and dtype from the
+    function's name and arguments."""
 
-    def __init__(self, functions: Any) -> None:
+    def __init__(self, functions: Any, result: Result) -> None:
         self.functions = functions
+        self.result = result
 
     def __getattr__(self, name: str) -> Any:
-        def call(*args: np.ndarray, **scalars: Any) -> np.ndarray:
-            shape, dtype = _result(name, args)
+        def call(*args: Any, **scalars: Any) -> np.ndarray:
+            shape, dtype = self.result(name, args)
             out = np.full(shape, np.nan, dtype=dtype)
             getattr(self.functions, name)(*args, out=out, **scalars)
             return out
@@ -124,16 +132,19 @@ class _Host:
         return call
 
 
-class _Device:
+class LoaderCalls:
     """The loader's functions, called on cupy arrays as a project calls them."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, result: Result) -> None:
         self.module = module
+        self.result = result
 
     def __getattr__(self, name: str) -> Any:
-        def call(*args: np.ndarray, **scalars: Any) -> np.ndarray:
-            out = getattr(self.module, name)(*(_cupy_put(a) for a in args), **scalars)
-            return _cupy_take(out, _result(name, args)[1])
+        def call(*args: Any, **scalars: Any) -> np.ndarray:
+            put = [_cupy_put(a) if isinstance(a, np.ndarray) else a for a in args]
+            return _cupy_take(
+                getattr(self.module, name)(*put, **scalars), self.result(name, args)[1]
+            )
 
         return call
 
@@ -148,8 +159,7 @@ def _check_rmsnorm(function: Any, rows: int, cols: int, seed: int) -> None:
     w = rng.standard_normal(cols, dtype=np.float32)
     out = function(x, w)
     assert not np.isnan(f64(out)).any()
-    want = f64(x) / np.sqrt((f64(x) ** 2).mean(axis=1, keepdims=True) + 1e-6) * f64(w)
-    np.testing.assert_allclose(f64(out), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f64(out), rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.execute

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.unit
 STDLIB = sorted((ROOT / "tessera" / "stdlib").glob("*.tsr"))
 #: Each kernel, what it works like, and its grid.
 EXPECTED = {
+    "elementwise": ("reduction", ["ceil(R/4)"]),
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),

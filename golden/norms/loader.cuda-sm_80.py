@@ -157,3 +157,36 @@ def rms(
         (x, weight, out, cupy.int64(T), cupy.int64(D)),
     )
     return out
+
+
+def add_rms(
+    x: cupy.ndarray,
+    residual: cupy.ndarray,
+    weight: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """add_rms(
+        x: f32[B, S, D],
+        residual: f32[B, S, D],
+        weight: f32[D],
+    ) -> f32[B, S, D]"""
+    x = _tensor("add_rms", "x", x, "float32", 3)
+    B, S, D = x.shape
+    residual = _tensor("add_rms", "residual", residual, "float32", 3)
+    _shape("add_rms", "residual", residual, "[B, S, D]", (B, S, D))
+    weight = _tensor("add_rms", "weight", weight, "float32", 1)
+    _shape("add_rms", "weight", weight, "[D]", (D,))
+    if out is None:
+        out = cupy.empty((B, S, D), dtype="float32")
+    else:
+        out = _tensor("add_rms", "out", out, "float32", 3)
+        _shape("add_rms", "out", out, "[B, S, D]", (B, S, D))
+    _launch(
+        "add_rms",
+        (-(-S // 4), B),
+        128,
+        0,
+        (x, residual, weight, out, cupy.int64(B), cupy.int64(S), cupy.int64(D)),
+    )
+    return out

@@ -191,3 +191,45 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
     }
   }
 }
+
+// ---- add_rms: launch k0 of add_rms: the library's rmsnorm
+// grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
+extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight, float* __restrict__ out, const long long B, const long long S, const long long D) {
+  const int lid = (int)threadIdx.x;
+  (void)B;  // the grid's extent only
+  __shared__ float tsr_scratch[128];
+  const long long pid_m = blockIdx.x;
+  const long long pid_b0 = blockIdx.y;
+  const float eps = 1e-06f;
+  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  float v[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float r = 0.0f;
+    for (long long j = lid; j < D; j += 128) r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+    v[i] = tsr_group_sum(tsr_scratch, r);
+  }
+  const float s = (float)(D);
+  float mean_square[4];
+  #pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    mean_square[e] = v[e] / s;
+  }
+  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  float v_1[4];
+  #pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v_1[e] = mean_square[e] + eps;
+  }
+  float v_2[4];
+  #pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v_2[e] = rsqrtf(v_1[e]);
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    for (long long j = lid; j < D; j += 128) {
+      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+    }
+  }
+}

@@ -171,3 +171,41 @@ void rms(__global const float* restrict x, __global const float* restrict weight
     }
   }
 }
+
+// ---- add_rms: launch k0 of add_rms: the library's rmsnorm
+// grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
+__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
+void add_rms(__global const float* restrict x, __global const float* restrict residual, __global const float* restrict weight, __global float* restrict out, const long B, const long S, const long D) {
+  const int lid = get_local_id(0);
+  (void)B;  // the grid's extent only
+  __local float tsr_scratch[128];
+  const long pid_m = get_group_id(0);
+  const long pid_b0 = get_group_id(1);
+  const float eps = 1e-06f;
+  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  float v[4];
+  for (int i = 0; i < 4; ++i) {
+    float r = 0.0f;
+    for (long j = lid; j < D; j += 128) r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+    v[i] = tsr_group_sum(tsr_scratch, r);
+  }
+  const float s = (float)(D);
+  float mean_square[4];
+  for (int e = 0; e < 4; ++e) {
+    mean_square[e] = v[e] / s;
+  }
+  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  float v_1[4];
+  for (int e = 0; e < 4; ++e) {
+    v_1[e] = mean_square[e] + eps;
+  }
+  float v_2[4];
+  for (int e = 0; e < 4; ++e) {
+    v_2[e] = rsqrt(v_1[e]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (long j = lid; j < D; j += 128) {
+      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+    }
+  }
+}

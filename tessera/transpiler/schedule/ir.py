@@ -60,9 +60,18 @@ class Launch:
     source: str
     reads: tuple[str, ...]
     writes: tuple[str, ...]
+    #: The fused ops that compute the template's first operand where it is loaded.
+    prologue: tuple[str, ...] = ()
 
     def tile(self, name: str) -> int | None:
         return dict(self.tiles).get(name)
+
+
+def param_name(printed: str) -> str:
+    """The name a kernel takes a Graph IR value by: its source name (``h`` for ``%h``
+    and for a later definition ``%h.1``), ``t3`` for an unnamed ``%3``."""
+    name = printed.removeprefix("%").split(".")[0]
+    return f"t{name}" if name[:1].isdigit() else name
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,11 @@ class Buffer:
     slot: int
     first: int
     last: int
+
+    @property
+    def param(self) -> str:
+        """The name the launches that write and read it take it by."""
+        return param_name(self.name)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ _TEMPLATES = {
     "rmsnorm_safe": "rmsnorm", "sum": "reduce", "max": "reduce", "mean": "reduce",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "split_qkv": "split_qkv", "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
+    "rotary_embedding": "rotary_embedding",
 }  # fmt: skip
 
 
@@ -155,7 +156,7 @@ class _Scheduler:
         template = (
             "tile_kernel" if group.kind == "tile" else _TEMPLATES.get(anchor.kind, group.kind)
         )
-        epilogue = () if group.kind == "tile" else tuple(op.kind for op in ops if op is not anchor)
+        prologue, epilogue = _around(group.kind, ops, anchor)
         if group.kind in _NOT_LAUNCHED:
             return Launch(
                 group.name, group.kind, index, template, epilogue, (), 0, 0, 0, "none", 1, (),
@@ -174,10 +175,11 @@ class _Scheduler:
         )
         return Launch(
             group.name, group.kind, index, template, epilogue,
-            _tiles(group.kind, knobs, self._tile_dims()),
+            _tiles(group.kind if group.kind == "tile" else problem.works_like, knobs,
+                   self._tile_dims()),
             int(knobs["warps"]), int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
-            self.hw.mma if dot else None, source, reads, writes,
+            self.hw.mma if dot else None, source, reads, writes, prologue,
         )  # fmt: skip
 
     def _spec(self, anchor: Op) -> ScheduleSpec | None:
@@ -302,6 +304,11 @@ class _Scheduler:
         if kind == "tile":
             return self._tile_problem()
         out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type
+        if kind == "elementwise" and out.rank >= 2:
+            # The library kernel takes row blocks, as a norm does, so that an operand
+            # broadcast along the rows (a bias) is loaded as the rows' columns.
+            return Problem("reduction", out.dtype, out.dims[-2], out.dims[-1],
+                           batch=out.dims[:-2])  # fmt: skip
         return Problem(kind, out.dtype, _product(out.dims))
 
     def _tile_problem(self) -> Problem:
@@ -382,6 +389,18 @@ class _Scheduler:
             if i not in returned and isinstance(values[i].type, TensorType)
         ]
         return plan_buffers(intervals)
+
+
+def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The kinds of the fused ops before the template's op (computed where it loads its
+    operand) and after it (applied to its result). A group of elementwise ops alone is
+    all prologue: the ``elementwise`` kernel only loads what they compute."""
+    if kind == "tile":
+        return (), ()
+    if kind == "elementwise" and anchor.kind not in _TEMPLATES:
+        return tuple(op.kind for op in ops), ()
+    at = ops.index(anchor)
+    return tuple(op.kind for op in ops[:at]), tuple(op.kind for op in ops[at + 1 :])
 
 
 def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:

@@ -37,6 +37,8 @@ def _program(p: HostProgram) -> list[str]:
 def _launch(k: Launch) -> list[str]:
     head = f"  launch {k.name} {k.kind}  schedule {k.source}"
     template = f"    template {k.template}"
+    if k.prologue:
+        template += f"  prologue [{', '.join(k.prologue)}]"
     if k.epilogue:
         template += f"  epilogue [{', '.join(k.epilogue)}]"
     io = f"    reads {', '.join(k.reads) or '-'}  writes {', '.join(k.writes) or '-'}"

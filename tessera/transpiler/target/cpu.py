@@ -94,7 +94,7 @@ class _FunctionView:
         self.symbol = f"tessera_{host.function}"
         params = entry_params(program)
         self.dims = symbols([t for _, t in params])
-        buffers = {b.name.removeprefix("%"): b for b in host.buffers}
+        buffers = {b.param: b for b in host.buffers}
         slots: dict[int, Dim] = {}
         for b in host.buffers:
             size = slots.get(b.slot)

@@ -163,7 +163,7 @@ def _build_options(target: str, arch: str) -> list[str]:
 
 def _buffers(program: TileProgram) -> list[dict[str, str]]:
     """Intermediates between launches: one device allocation each, by name and size."""
-    return [{"name": b.name.removeprefix("%"), "bytes": str(b.bytes)}
+    return [{"name": b.param, "bytes": str(b.bytes)}
             for b in program.host.buffers]  # fmt: skip
 
 

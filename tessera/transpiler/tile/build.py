@@ -15,7 +15,7 @@ from ..graph.printer import value_names
 from ..graph.types import TensorType
 from ..options import Options
 from ..schedule.hardware import hardware_for
-from ..schedule.ir import HostProgram, Launch, ScheduleModule
+from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
 from .instantiate import instantiate
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, lower_tile_function
@@ -29,6 +29,9 @@ ANCHORS = {
     "softmax_safe": "softmax", "layernorm": "layernorm", "layernorm_safe": "layernorm",
     "rmsnorm": "rmsnorm", "rmsnorm_safe": "rmsnorm", "rotary_embedding": "rotary_embedding",
 }  # fmt: skip
+#: Elementwise ops that a kernel computes where it loads an operand (a prologue).
+_CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
+                    "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
 #: The library kernels that take their operand a block of whole rows at a time.
 _ROWS = frozenset({"softmax", "layernorm", "rmsnorm"})
 _RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
@@ -91,8 +94,7 @@ def _lower_launch(
     if problem is not None:
         diags.error(problem, (anchor or ops[0]).span)
         return None
-    assert anchor is not None
-    template = ANCHORS[anchor.kind]
+    template = ANCHORS[anchor.kind] if anchor is not None else "elementwise"
     fn, given = instantiate(ops, anchor, template, params, rename, name, function.name, group.kind)
     return lower_tile_function(fn, launch, given)
 
@@ -100,11 +102,21 @@ def _lower_launch(
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     """Why no library kernel can run this group, or None."""
     if anchor is None:
+        if _chain(ops, ops[-1].result):
+            return None  # the elementwise kernel's prologue
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
         return (
             f"no tile kernel implements a kernel of {kinds} yet; "
             "'--emit sched' shows its schedule"
         )
+    prologue = ops[: ops.index(anchor)]
+    computed = {op.result.id for op in prologue}
+    if prologue and (
+        not _chain(prologue, anchor.operands[0])
+        or any(v.id in computed for v in anchor.operands[1:])
+    ):
+        kinds = ", ".join(dict.fromkeys(op.kind for op in prologue))
+        return f"{anchor.kind} of the result of {kinds} has no tile kernel yet"
     x = anchor.operands[0].type
     if anchor.attr("axis", x.rank - 1) != x.rank - 1:
         return (
@@ -127,12 +139,20 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     return None
 
 
+def _chain(ops: list[Op], result: Value) -> bool:
+    """Whether ``ops`` are a chain of elementwise ops that a kernel can compute where it
+    loads ``result``, which the last one gives: arithmetic, activations and casts,
+    every one of the result's shape (their other operands may broadcast)."""
+    return ops[-1].result is result and all(
+        op.kind in _CHAIN and op.result.type.dims == result.type.dims for op in ops
+    )
+
+
 def _param_name(value: Value, result: Value | None, printed: str) -> str:
-    """A kernel parameter's name: the value's source name, ``out`` for the function's
-    unnamed result, ``t3`` for another unnamed intermediate ``%3``."""
-    if value.name is not None:
-        return value.name
-    return "out" if value is result else "t" + printed.removeprefix("%")
+    """A kernel parameter's name: ``out`` for the function's unnamed result, else the
+    name every launch takes the value by (``param_name``: an intermediate buffer is
+    passed under it)."""
+    return "out" if value.name is None and value is result else param_name(printed)
 
 
 def _named_values(function: Function) -> list[tuple[Value, str]]:

@@ -8,7 +8,10 @@ the operands' actual types (dims, dtype, policies) and the result's by the
 anchor's, and the kernel goes through semantic analysis again, so every
 dtype rule applies as if the user had written it. The group's other ops
 (bias, activation, residual, cast) become the epilogue, applied to the
-result tile before it is stored.
+result tile before it is stored. Elementwise ops that compute the anchor's
+first operand (``softmax(x * scale)``) become its prologue, applied where
+the kernel loads that operand; a group of elementwise ops alone is the
+prologue of the ``elementwise`` kernel, which only loads it.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, 
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
-from ..graph.ir import Function, Op, Value
+from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType
 from ..options import Options
 from .ir import Access, Axis
-from .lower import KernelInput
+from .lower import KernelInput, Prologue
 
-__all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "epilogue_builder"]
+__all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder"]
 
 #: The library kernel each anchor op instantiates: (file, tensor parameters).
 TEMPLATE_PARAMS = {
@@ -41,6 +44,7 @@ TEMPLATE_PARAMS = {
     "layernorm": ("x", "weight", "bias"),
     "rmsnorm": ("x", "weight"),
     "rotary_embedding": ("x", "cos", "sin"),
+    "elementwise": ("x",),
 }
 
 
@@ -94,26 +98,39 @@ def stdlib_kernel(
 
 
 def instantiate(
-    group_ops: list[Op], anchor: Op, template: str, params: tuple[Value, ...],
+    group_ops: list[Op], anchor: Op | None, template: str, params: tuple[Value, ...],
     rename: dict[int, Value], name: str, function: str, kind: str,
 ) -> tuple[Function, KernelInput]:  # fmt: skip
     """The typed library kernel for a group, and how to lower it. ``rename`` maps the
     graph values the group reads and writes to the kernel's parameters; the last
-    parameter is the output."""
-    tensors = anchor.operands[: len(TEMPLATE_PARAMS[template])]
-    fn = stdlib_kernel(template, tuple(v.type for v in tensors), anchor.result.type, anchor.span)
+    parameter is the output. Without an ``anchor`` (a group of elementwise ops) the
+    kernel is ``elementwise`` and every op is its prologue."""
+    split = group_ops.index(anchor) if anchor is not None else len(group_ops)
+    prologue, epilogue = group_ops[:split], group_ops[split + 1 :]
+    if anchor is None:
+        tensors: tuple[Value, ...] = (group_ops[-1].result,)
+        result = group_ops[-1].result.type
+    else:
+        tensors = anchor.operands[: len(TEMPLATE_PARAMS[template])]
+        result = anchor.result.type
+    span = (anchor or group_ops[-1]).span
+    fn = stdlib_kernel(template, tuple(v.type for v in tensors), result, span)
     bind: dict[int, Any] = {}
     for param in fn.params:
-        if param.value.name in TEMPLATE_PARAMS[template]:
-            bind[param.value.id] = rename[
-                tensors[TEMPLATE_PARAMS[template].index(param.value.name)].id
-            ]
-        else:
+        if param.value.name not in TEMPLATE_PARAMS[template]:
+            assert anchor is not None
             bind[param.value.id] = _keyword(anchor, param.value.name, tensors)
-    epilogue = [op for op in group_ops if op is not anchor]
+            continue
+        tensor = tensors[TEMPLATE_PARAMS[template].index(param.value.name)]
+        if prologue and prologue[-1].result is tensor:  # computed where it is loaded
+            build = chain_builder(prologue, rename)
+            bind[param.value.id] = Prologue(new_value(tensor.type, param.value.name), build)
+        else:
+            bind[param.value.id] = rename[tensor.id]
     given = KernelInput(
         name, function, params, bind, params[-1],
-        epilogue_builder(anchor.result, epilogue, rename) if epilogue else None, template, kind,
+        chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
+        template, kind,
     )  # fmt: skip
     return fn, given
 
@@ -130,11 +147,14 @@ def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...]) -> Any:
     return value
 
 
-def epilogue_builder(first: Value, ops: list[Op], rename: dict[int, Value]) -> Any:
-    """A function that applies the group's remaining ops to the result tile."""
+def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None = None) -> Any:
+    """A function that applies a chain of the group's elementwise ops at a place: to
+    the kernel's result tile, the value ``first`` (an epilogue), or, without one, to
+    the tensors the ops read, loaded there (a prologue)."""
 
-    def build(lowering: Any, tile: Value, access: Access) -> Value:
-        inside: dict[int, Value] = {first.id: tile}
+    def build(lowering: Any, tile: Value | None, access: Access) -> Value:
+        inside = {first.id: tile} if first is not None and tile is not None else {}
+        dims = tile.type.dims if tile is not None else tuple(a.size for a in access.tile_axes)
         current = tile
         for op in ops:
             operands = tuple(
@@ -145,12 +165,13 @@ def epilogue_builder(first: Value, ops: list[Op], rename: dict[int, Value]) -> A
                 )
                 for v in op.operands
             )
-            result_type = TileType(current.type.dims, op.result.type.dtype)
+            result_type = TileType(dims, op.result.type.dtype)
             (current,) = lowering.emit(
                 op.kind, operands, (result_type,), op.attrs, op.effects, (), op.span,
                 (op.result.name,),
             )  # fmt: skip
             inside[op.result.id] = current
+        assert current is not None
         return current
 
     return build

@@ -24,7 +24,7 @@ from ..schedule.ir import Launch
 from .ir import Access, Axis, GridAxis, TileKernel
 from .rewrite import use_counts
 
-__all__ = ["KernelInput", "lower_tile_function", "TILE_NAMES"]
+__all__ = ["KernelInput", "Prologue", "lower_tile_function", "TILE_NAMES"]
 
 #: The schedule's tile names, as a tile kernel's context calls them.
 TILE_NAMES = {
@@ -34,19 +34,30 @@ INDEX = ScalarType("index")
 
 
 @dataclass(frozen=True)
+class Prologue:
+    """A kernel operand that no tensor holds: the group's ops compute it where the
+    kernel loads it. ``tensor`` has its type (for the place a load covers); ``build``
+    computes the loaded tile there from the tensors the ops read."""
+
+    tensor: Value
+    build: Callable[[_Lowering, Value | None, Access], Value]
+
+
+@dataclass(frozen=True)
 class KernelInput:
     """What a tile function is lowered with.
 
     ``bind`` maps each parameter of the tile function (by value id) to the
-    kernel parameter it reads, or to a constant for scalars fixed by a graph
-    op; ``output`` is where the returned tile goes; ``epilogue`` builds the
-    fused ops between the returned tile and the store.
+    kernel parameter it reads, to a constant for scalars fixed by a graph op,
+    or to a ``Prologue`` that computes the operand where it is loaded;
+    ``output`` is where the returned tile goes; ``epilogue`` builds the fused
+    ops between the returned tile and the store.
     """
 
     name: str
     function: str
     params: tuple[Value, ...]
-    bind: dict[int, Value | bool | int | float]
+    bind: dict[int, Any]
     output: Value | None
     epilogue: Callable[[_Lowering, Value, Access], Value] | None = None
     template: str = "tile_kernel"
@@ -141,6 +152,8 @@ class _Lowering:
     def run(self) -> Block:
         for param in self.function.params:
             bound = self.given.bind[param.value.id]
+            if isinstance(bound, Prologue):  # computed where it is loaded
+                continue
             if isinstance(bound, Value):
                 self.values[param.value.id] = bound
             elif callable(bound):
@@ -234,8 +247,13 @@ class _Lowering:
         return next(a.block for a in self.grid if a.name == pid)
 
     def op_tile_load(self, op: Op) -> None:
-        src = self.value(op.operands[0])
         t = self.type(op.result.type)
+        computed = self.given.bind.get(op.operands[0].id)
+        if isinstance(computed, Prologue):
+            access = self.access(computed.tensor, t.dims, op)
+            self.values[op.result.id] = computed.build(self, None, access)
+            return
+        src = self.value(op.operands[0])
         access = self.access(src, t.dims, op)
         (self.values[op.result.id],) = self.emit(
             "load", (src,), (t,), (("at", access),), (), (), op.span, (op.result.name,)

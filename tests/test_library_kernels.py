@@ -1,0 +1,302 @@
+"""Library kernels over the shapes and fusions a model has, on every backend.
+
+A transformer's activations are ``[B, S, C]`` and its attention scores ``[B, H, S, S]``;
+the library's kernels are written for one matrix (``[M, K] @ [K, N]``, rows of ``[R, C]``)
+and take such operands with one program-grid axis per leading dim. The kernels read the
+reduction length as the operand's last axis: a batched matmul read its second
+(``M``), and did not compile; a softmax, layernorm or rmsnorm over a rank-3 tensor
+stopped the compiler, and so did rotary embedding over ``[B, S, D]``.
+
+Elementwise ops that feed a softmax or a norm are computed where the kernel loads its
+operand (``softmax(x * t)`` stopped the compiler), and a chain of elementwise ops alone
+(``gelu(x + b) + r``) is a kernel of its own (it had none).
+
+Each case runs against the float64 reference at sizes that are not multiples of the
+tiles, outputs poisoned first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera
+
+from .gpusim import simulated_cupy, simulated_driver, use_simulator
+from .reference import f64, gelu, layernorm, rmsnorm, rotary, softmax
+from .test_cuda import ARCHS, _nvcc, needs_gxx, needs_nvcc
+from .test_gpusim import _library
+from .test_hip import _hipcc_warning_free, needs_hipcc
+from .test_loader import _loader_module
+from .test_names import HostCalls, LoaderCalls
+from .test_opencl import _platform
+
+SOURCE = """\
+@kernel
+def bmm(a: Tensor["B", "M", "K", f32], b: Tensor["B", "K", "N", f32],
+        bias: Tensor["N", f32]) -> Tensor["B", "M", "N", f32]:
+    return a @ b + bias
+
+@kernel
+def bmm_bf16(a: Tensor["B", "M", "K", bf16],
+             b: Tensor["B", "K", "N", bf16]) -> Tensor["B", "M", "N", f32]:
+    return a @ b
+
+@kernel
+def scores_softmax(x: Tensor["B", "H", "S", "T", f32]) -> Tensor["B", "H", "S", "T", f32]:
+    return softmax(x, axis=-1)
+
+@kernel
+def layer_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
+               b: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return layernorm(x, w, b, eps=1e-5)
+
+@kernel
+def rms_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return rmsnorm(x, w, eps=1e-6) * 0.5
+
+@kernel
+def rope(x: Tensor["B", "S", "D", f32], cos: Tensor["S", "D/2", f32],
+         sin: Tensor["S", "D/2", f32]) -> Tensor["B", "S", "D", f32]:
+    return rotary_embedding(x, cos, sin)
+
+@kernel
+def scaled_softmax(x: Tensor["B", "H", "S", "T", f32], t: float) -> Tensor["B", "H", "S", "T", f32]:
+    return softmax(x * t, axis=-1)
+
+@kernel
+def add_rms_norm(x: Tensor["B", "S", "C", f32], r: Tensor["B", "S", "C", f32],
+                 w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return rmsnorm(x + r, w, eps=1e-6)
+
+@kernel
+def bias_gelu_residual(x: Tensor["B", "S", "C", f32], b: Tensor["C", f32],
+                       r: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", "C", f32]:
+    return gelu(x + b) + r
+
+@kernel
+def gated(x: Tensor["R", "C", bf16], g: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return silu(x) * g
+
+@kernel
+def axpy(x: Tensor["N", f32], y: Tensor["N", f32], alpha: float) -> Tensor["N", f32]:
+    return x * alpha + y
+
+@kernel
+def row_scale(x: Tensor["R", "C", f32], s: Tensor["R", 1, f32]) -> Tensor["R", "C", f32]:
+    return 2.0 - x * s
+
+@kernel
+def twice_used(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    y = x * 2.0
+    return relu(y) + y
+
+@kernel
+def scaled_matmul(x: Tensor["M", "K", f32], s: Tensor["K", f32],
+                  w: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    return (x * s) @ w
+
+@kernel
+def matmul_norm(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32],
+                g: Tensor["N", f32]) -> Tensor["M", "N", f32]:
+    return rmsnorm((x @ w) * 2.0, g, eps=1e-6)
+"""
+
+TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
+           ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
+#: The functions whose result is a product, and which argument is its right operand.
+PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1}
+
+
+@pytest.mark.compile
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiles_with_nvcc_warning_free(arch: str, tmp_path: Path) -> None:
+    _nvcc("library.tsr", arch, tmp_path, text=SOURCE)
+
+
+@pytest.mark.compile
+@needs_hipcc
+def test_compiles_with_hipcc_warning_free(tmp_path: Path) -> None:
+    _hipcc_warning_free(tessera.compile(SOURCE, "library.tsr", target="hip").source, tmp_path)
+
+
+@pytest.fixture(scope="module", params=TARGETS, ids=[f"{t}-{a}" if a else t for t, a in TARGETS])
+def library(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The functions on a backend: CUDA and HIP on the simulated GPU, directly and
+    (CUDA) through the ``--python-loader`` module."""
+    target, arch = request.param
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if target == "loader":
+            cupy = simulated_cupy(arch)
+            use_simulator(monkeypatch, cupy)
+            program = tessera.compile(SOURCE, "library.tsr", target="cuda", arch=arch)
+            tmp_path = tmp_path_factory.mktemp("loader")
+            module = _loader_module(program, tmp_path, cupy, monkeypatch, simulated_driver())
+            yield LoaderCalls(module, _result)
+        else:
+            functions = _library(SOURCE, target, arch, monkeypatch)
+            yield functions if target in ("cuda", "hip") else HostCalls(functions, _result)
+
+
+def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype]:
+    """Every function's result is f32; a product's has its right operand's columns."""
+    right = PRODUCTS.get(name)
+    shape = args[0].shape
+    if right is not None:
+        shape = (*shape[:-1], args[right].shape[-1])
+    return shape, np.dtype(np.float32)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_batched_matmul_with_a_bias(library: Any) -> None:
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((3, 37, 150), dtype=np.float32)
+    b = rng.standard_normal((3, 150, 29), dtype=np.float32)
+    bias = rng.standard_normal(29, dtype=np.float32)
+    out = f64(library.bmm(a, b, bias))
+    np.testing.assert_allclose(out, f64(a) @ f64(b) + f64(bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_batched_bf16_matmul(library: Any) -> None:
+    rng = np.random.default_rng(22)
+    a = rng.standard_normal((2, 70, 45)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((2, 45, 33)).astype(ml_dtypes.bfloat16)
+    out = f64(library.bmm_bf16(a, b))
+    np.testing.assert_allclose(out, f64(a) @ f64(b), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_softmax_over_attention_scores(library: Any) -> None:
+    x = np.random.default_rng(23).standard_normal((2, 3, 19, 45), dtype=np.float32) * 4
+    np.testing.assert_allclose(f64(library.scores_softmax(x)), softmax(f64(x)), atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_layernorm_over_a_batch_of_sequences(library: Any) -> None:
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((3, 21, 53), dtype=np.float32)
+    w, b = rng.standard_normal((2, 53), dtype=np.float32)
+    want = layernorm(x, w, b, 1e-5)
+    np.testing.assert_allclose(f64(library.layer_norm(x, w, b)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_rmsnorm_over_a_batch_of_sequences(library: Any) -> None:
+    rng = np.random.default_rng(25)
+    x = rng.standard_normal((3, 21, 53), dtype=np.float32)
+    w = rng.standard_normal(53, dtype=np.float32)
+    want = 0.5 * rmsnorm(x, w, 1e-6)
+    np.testing.assert_allclose(f64(library.rms_norm(x, w)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_rotary_embedding_over_a_batch(library: Any) -> None:
+    rng = np.random.default_rng(26)
+    x = rng.standard_normal((2, 19, 64), dtype=np.float32)
+    angle = rng.uniform(0, 6.3, (19, 32))
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    np.testing.assert_allclose(f64(library.rope(x, cos, sin)), rotary(x, cos, sin), atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_scaled_softmax_computes_its_operand_where_it_loads_it(library: Any) -> None:
+    x = np.random.default_rng(27).standard_normal((2, 3, 19, 45), dtype=np.float32)
+    out = f64(library.scaled_softmax(x, 0.37))
+    np.testing.assert_allclose(out, softmax(f64(x) * np.float32(0.37)), atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_norm_of_a_residual_sum(library: Any) -> None:
+    rng = np.random.default_rng(28)
+    x, r = rng.standard_normal((2, 3, 21, 53), dtype=np.float32)
+    w = rng.standard_normal(53, dtype=np.float32)
+    want = rmsnorm(x + r, w, 1e-6)  # the sum in f32, as the kernel adds
+    np.testing.assert_allclose(f64(library.add_rms_norm(x, r, w)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_elementwise_chain_is_a_kernel_of_its_own(library: Any) -> None:
+    rng = np.random.default_rng(29)
+    x, r = rng.standard_normal((2, 3, 21, 53), dtype=np.float32)
+    b = rng.standard_normal(53, dtype=np.float32)
+    want = gelu(f64(x) + f64(b)) + f64(r)
+    out = f64(library.bias_gelu_residual(x, b, r))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_elementwise_chain_widens_a_bf16_operand(library: Any) -> None:
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal((37, 45)).astype(ml_dtypes.bfloat16)
+    g = rng.standard_normal((37, 45), dtype=np.float32)
+    # silu keeps its operand's dtype: its result is rounded to bf16 before the product
+    silu = (f64(x) / (1 + np.exp(-f64(x)))).astype(ml_dtypes.bfloat16)
+    want = f64(silu) * f64(g)
+    np.testing.assert_allclose(f64(library.gated(x, g)), want, rtol=2**-8, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_elementwise_chain_over_a_vector(library: Any) -> None:
+    rng = np.random.default_rng(31)
+    x, y = rng.standard_normal((2, 10007), dtype=np.float32)
+    want = f64(x) * np.float32(1.5) + f64(y)
+    np.testing.assert_allclose(f64(library.axpy(x, y, 1.5)), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_elementwise_chain_with_an_operand_broadcast_along_the_columns(library: Any) -> None:
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((37, 45), dtype=np.float32)
+    s = rng.standard_normal((37, 1), dtype=np.float32)
+    want = 2.0 - f64(x) * f64(s)
+    np.testing.assert_allclose(f64(library.row_scale(x, s)), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_value_used_twice_ends_one_elementwise_kernel_and_feeds_the_next(library: Any) -> None:
+    x = np.random.default_rng(33).standard_normal((37, 45), dtype=np.float32)
+    want = np.maximum(2 * f64(x), 0) + 2 * f64(x)
+    np.testing.assert_allclose(f64(library.twice_used(x)), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_elementwise_kernel_hands_a_product_its_operand_through_memory(library: Any) -> None:
+    rng = np.random.default_rng(34)
+    x = rng.standard_normal((37, 45), dtype=np.float32)
+    s = rng.standard_normal(45, dtype=np.float32)
+    w = rng.standard_normal((45, 29), dtype=np.float32)
+    want = f64(x * s) @ f64(w)  # the scaled operand in f32, as the kernel writes it
+    np.testing.assert_allclose(f64(library.scaled_matmul(x, s, w)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_unnamed_intermediate_between_a_product_and_a_norm(library: Any) -> None:
+    rng = np.random.default_rng(35)
+    x = rng.standard_normal((37, 45), dtype=np.float32)
+    w = rng.standard_normal((45, 29), dtype=np.float32)
+    g = rng.standard_normal(29, dtype=np.float32)
+    want = rmsnorm(2 * (f64(x) @ f64(w)), g, 1e-6)
+    np.testing.assert_allclose(f64(library.matmul_norm(x, w, g)), want, rtol=1e-4, atol=1e-4)
