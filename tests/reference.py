@@ -121,6 +121,12 @@ def rmsnorm(x: Any, w: Any, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * f64(w)
 
 
+def logsumexp(x: Any) -> np.ndarray:
+    x = f64(x)
+    m = x.max(axis=-1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[..., 0]
+
+
 def rotary(x: Any, cos: Any, sin: Any) -> np.ndarray:
     x, c, s = f64(x), f64(cos), f64(sin)
     half = x.shape[-1] // 2
@@ -227,6 +233,15 @@ CASES = (
          lambda a: {"out": rotary(a["x"], a["cos"], a["sin"])}, 1e-5),
     Case("tessera/stdlib/elementwise.tsr", "elementwise",
          lambda rng: {"x": _normal(rng, (R, C))}, lambda a: {"out": f64(a["x"])}, 1e-7),
+    Case("tessera/stdlib/row_sum.tsr", "row_sum", lambda rng: {"x": _normal(rng, (R, C))},
+         lambda a: {"out": f64(a["x"]).sum(axis=-1)}, 1e-6),
+    Case("tessera/stdlib/row_mean.tsr", "row_mean", lambda rng: {"x": _normal(rng, (R, C))},
+         lambda a: {"out": f64(a["x"]).mean(axis=-1)}, 1e-6),
+    Case("tessera/stdlib/row_max.tsr", "row_max", lambda rng: {"x": _normal(rng, (R, C))},
+         lambda a: {"out": f64(a["x"]).max(axis=-1)}, 1e-7),
+    Case("tessera/stdlib/logsumexp.tsr", "logsumexp",
+         lambda rng: {"x": _normal(rng, (R, C), scale=30.0)},
+         lambda a: {"out": logsumexp(a["x"])}, 1e-6),
     Case("tessera/stdlib/fused_adam.tsr", "fused_adam",
          lambda rng: {"param": _normal(rng, (1100,)), "grad": _normal(rng, (1100,)),
                       "exp_avg": _normal(rng, (1100,), scale=0.1),

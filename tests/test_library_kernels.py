@@ -104,12 +104,30 @@ def scaled_matmul(x: Tensor["M", "K", f32], s: Tensor["K", f32],
 def matmul_norm(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32],
                 g: Tensor["N", f32]) -> Tensor["M", "N", f32]:
     return rmsnorm((x @ w) * 2.0, g, eps=1e-6)
+
+@kernel
+def row_sums(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", f32]:
+    return sum(x, axis=-1)
+
+@kernel
+def row_means(x: Tensor["R", "C", bf16]) -> Tensor["R", f32]:
+    return mean(x, axis=-1)
+
+@kernel
+def row_maxes(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", f32]:
+    return max(x, axis=-1)
+
+@kernel
+def log_partition(x: Tensor["R", "C", f32], t: float) -> Tensor["R", f32]:
+    return logsumexp_safe(x * t, axis=-1)
 """
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
 #: The functions whose result is a product, and which argument is its right operand.
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1}
+#: The functions whose result drops the last axis.
+REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
 
 
 @pytest.mark.compile
@@ -146,11 +164,14 @@ def library(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype]:
-    """Every function's result is f32; a product's has its right operand's columns."""
+    """Every function's result is f32; a product's has its right operand's columns, a
+    reduction's drops the last axis."""
     right = PRODUCTS.get(name)
     shape = args[0].shape
     if right is not None:
         shape = (*shape[:-1], args[right].shape[-1])
+    elif name in REDUCTIONS:
+        shape = shape[:-1]
     return shape, np.dtype(np.float32)
 
 
@@ -300,3 +321,23 @@ def test_an_unnamed_intermediate_between_a_product_and_a_norm(library: Any) -> N
     g = rng.standard_normal(29, dtype=np.float32)
     want = rmsnorm(2 * (f64(x) @ f64(w)), g, 1e-6)
     np.testing.assert_allclose(f64(library.matmul_norm(x, w, g)), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_row_reductions(library: Any) -> None:
+    rng = np.random.default_rng(36)
+    x = rng.standard_normal((2, 21, 53), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.row_sums(x)), f64(x).sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(f64(library.row_maxes(x)), f64(x).max(-1))
+    xb = rng.standard_normal((37, 45)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(f64(library.row_means(xb)), f64(xb).mean(-1), atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_logsumexp_of_large_scores(library: Any) -> None:
+    x = np.random.default_rng(37).standard_normal((37, 45), dtype=np.float32) * 30
+    s = f64(x * np.float32(4.0))  # past exp's range in f32: the maximum goes first
+    want = s.max(-1) + np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1))
+    np.testing.assert_allclose(f64(library.log_partition(x, 4.0)), want, rtol=1e-6)

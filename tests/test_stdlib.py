@@ -21,8 +21,12 @@ EXPECTED = {
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),
+    "logsumexp": ("reduction", ["ceil(R/4)"]),
     "rmsnorm": ("reduction", ["ceil(R/4)"]),
     "rotary_embedding": ("reduction", ["ceil(S/4)"]),
+    "row_max": ("reduction", ["ceil(R/4)"]),
+    "row_mean": ("reduction", ["ceil(R/4)"]),
+    "row_sum": ("reduction", ["ceil(R/4)"]),
     "softmax": ("reduction", ["ceil(R/4)"]),
 }
 

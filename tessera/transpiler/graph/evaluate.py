@@ -206,6 +206,11 @@ class Evaluator:
         a, b = left.value, right.value
         if isinstance(a, Poison) or isinstance(b, Poison):
             return POISON
+        for operand in (left, right):  # a function, dtype or namespace is no operand
+            if not isinstance(operand.value, (Value, Const, DimValue)):
+                raise SemanticError(
+                    f"'{node.op}' is not supported on {describe(operand.value)}", operand.span
+                )
         if is_number(a) and is_number(b):
             return Const(_fold(node, a.value, b.value))
         if (

@@ -39,7 +39,7 @@ _NOT_LAUNCHED = ("host", "collective")
 _TEMPLATES = {
     "softmax": "softmax", "softmax_safe": "softmax", "logsumexp_safe": "logsumexp",
     "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
-    "rmsnorm_safe": "rmsnorm", "sum": "reduce", "max": "reduce", "mean": "reduce",
+    "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "split_qkv": "split_qkv", "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding",
@@ -336,6 +336,9 @@ class _Scheduler:
         if any(op.kind == "tile.dot" for op in ops):
             return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
                            batch=dims[:-2], shape="gemm")  # fmt: skip
+        rows = next((t for t in loads if len(t.dims) >= 2), None)
+        if len(dims) == 1 and rows is not None:  # rows of a matrix, one value each
+            return Problem("tile", dtype, dims[0], rows.dims[-1], shape="reduction")
         if len(dims) == 1:
             return Problem("tile", dtype, dims[0], shape="elementwise")
         return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="reduction")

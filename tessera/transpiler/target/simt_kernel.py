@@ -661,6 +661,10 @@ class _Emitter(TileOps, TmaCopies):
         dist = self.forms[tile.id].dist or Flat(out)
         if isinstance(dist, Rows):
             raise NotLowered("a store of a row vector held in registers")
+        replicated = self.forms[tile.id].kind == "replicated" and _constant(out)
+        if replicated and _numel(out) <= self.kernel.threads:
+            self.store_replicated(tensor, tile, at)
+            return
         if (
             isinstance(dist, Fragments)
             and dist.shape.pair_col
@@ -675,6 +679,22 @@ class _Emitter(TileOps, TmaCopies):
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
         self.close_walk()
+
+    def store_replicated(self, tensor: Value, tile: Value, at: Access) -> None:
+        """Store a small tile that every thread holds whole (a row reduction's values):
+        thread ``e`` stores element ``e``, in a loop that unrolls, so that the array is
+        read at constant indices and stays in registers (a loop from ``lid`` read it at
+        a run-time index, which put it on the stack)."""
+        out = tuple(tile.type.dims)
+        self.unroll()
+        self.open(f"for (int e = 0; e < {_numel(out)}; ++e)")
+        index = self.split_flat(out)
+        offset, condition = self.address(tensor, at, index)
+        store = self.d.write(
+            tensor.type.dtype.name, self.forms[tensor.id].name, offset, self.at(tile, index, out)
+        )
+        self.line(f"if (e == lid{f' && {condition}' if condition else ''}) {store}")
+        self.close()
 
     def store_pairs(self, tensor: Value, tile: Value, at: Access, dist: Fragments) -> None:
         """Store a fragment tile two neighbouring columns at a time. The tile's columns

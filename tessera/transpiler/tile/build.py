@@ -28,12 +28,15 @@ ANCHORS = {
     "matmul": "gemm", "flash_attention": "flash_attention", "softmax": "softmax",
     "softmax_safe": "softmax", "layernorm": "layernorm", "layernorm_safe": "layernorm",
     "rmsnorm": "rmsnorm", "rmsnorm_safe": "rmsnorm", "rotary_embedding": "rotary_embedding",
+    "sum": "row_sum", "mean": "row_mean", "max": "row_max", "logsumexp_safe": "logsumexp",
 }  # fmt: skip
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
                     "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
 #: The library kernels that take their operand a block of whole rows at a time.
-_ROWS = frozenset({"softmax", "layernorm", "rmsnorm"})
+_ROWS = frozenset(
+    {"softmax", "layernorm", "rmsnorm", "row_sum", "row_mean", "row_max", "logsumexp"}
+)
 _RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
 
 
@@ -127,8 +130,10 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     if ANCHORS[anchor.kind] in _ROWS and x.rank < 2:
         return (
             f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
-            "normalizes rows, of a tensor of rank 2 or more"
+            "takes rows, of a tensor of rank 2 or more"
         )
+    if anchor.attr("keepdims"):
+        return f"{anchor.kind} with keepdims=True has no tile kernel yet"
     missing = [name for name in ("weight", "bias") if not anchor.attr(name)]
     if anchor.kind.startswith("layernorm") and missing:
         return f"layernorm without {' and '.join(missing)} has no tile kernel yet"

@@ -45,6 +45,10 @@ TEMPLATE_PARAMS = {
     "rmsnorm": ("x", "weight"),
     "rotary_embedding": ("x", "cos", "sin"),
     "elementwise": ("x",),
+    "row_sum": ("x",),
+    "row_mean": ("x",),
+    "row_max": ("x",),
+    "logsumexp": ("x",),
 }
 
 

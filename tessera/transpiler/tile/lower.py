@@ -88,7 +88,10 @@ class _Lowering:
         self.taken = {s for p in given.params if isinstance(p.type, TensorType)
                       for d in p.type.dims for s in d.symbols()}  # fmt: skip
         out = given.output.type if given.output is not None else _stored_type(function)
-        self.batch = tuple(out.dims[:-2]) if out.rank > 2 else ()
+        # The output's leading dims that the tile does not span (a row sum's tile spans
+        # one of [B, S]; a gemm's two of [B, M, N]) are batch axes of the grid.
+        spanned = _tile_rank(function)
+        self.batch = tuple(out.dims[:-spanned]) if out.rank > spanned else ()
         #: Each program id's name, by its role (``pid_m``, ``pid_n``, ``pid_b0``...).
         self.pid_names: dict[str, str] = {}
         self.grid = self._grid(out)
@@ -333,6 +336,15 @@ class _Lowering:
             if bound is value:
                 self.values[key] = named
         return named
+
+
+def _tile_rank(function: Function) -> int:
+    """How many of the output's last dims a program's tile spans: the returned tile's
+    rank (a row reduction's is 1), else 2 (a kernel that stores instead of returning)."""
+    yields = function.body.yields
+    if not yields or not isinstance(yields[0].type, TileType):
+        return 2
+    return len(yields[0].type.dims)
 
 
 def _stored_type(function: Function) -> TensorType:
