@@ -120,6 +120,14 @@ def row_maxes(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", f32]:
 @kernel
 def log_partition(x: Tensor["R", "C", f32], t: float) -> Tensor["R", f32]:
     return logsumexp_safe(x * t, axis=-1)
+
+@kernel
+def row_max_kept(x: Tensor["R", "C", f32]) -> Tensor["R", 1, f32]:
+    return max(x, axis=-1, keepdims=True)
+
+@kernel
+def centered(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", "C", f32]:
+    return x - mean(x, axis=-1, keepdims=True)
 """
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -172,6 +180,8 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
         shape = (*shape[:-1], args[right].shape[-1])
     elif name in REDUCTIONS:
         shape = shape[:-1]
+    elif name == "row_max_kept":
+        shape = (*shape[:-1], 1)
     return shape, np.dtype(np.float32)
 
 
@@ -341,3 +351,14 @@ def test_logsumexp_of_large_scores(library: Any) -> None:
     s = f64(x * np.float32(4.0))  # past exp's range in f32: the maximum goes first
     want = s.max(-1) + np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1))
     np.testing.assert_allclose(f64(library.log_partition(x, 4.0)), want, rtol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_reduction_that_keeps_its_axis_and_its_broadcast_back(library: Any) -> None:
+    rng = np.random.default_rng(38)
+    x = rng.standard_normal((37, 45), dtype=np.float32)
+    np.testing.assert_array_equal(f64(library.row_max_kept(x)), f64(x).max(-1, keepdims=True))
+    x3 = rng.standard_normal((2, 21, 53), dtype=np.float32)
+    want = f64(x3) - f64(x3).mean(-1, keepdims=True)
+    np.testing.assert_allclose(f64(library.centered(x3)), want, rtol=1e-5, atol=1e-6)

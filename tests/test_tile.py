@@ -379,7 +379,12 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
         ('"C"', '"C"', "softmax(x, axis=-1)", "softmax of a 1-D tensor has no tile kernel yet"),
         ('"R", "C"', '"R", "C"', "layernorm(x, w)", "layernorm without bias has no tile kernel"),
         ('"R", "C"', '"R", "C"', "layernorm(x)", "layernorm without weight and bias has no"),
-        ('"R", "C"', '"R", 1', "sum(x, axis=-1, keepdims=True)", "sum with keepdims=True has no"),
+        (
+            '"R", "C"',
+            '"R", 1',
+            "sum(x, axis=-1, keepdims=True) * 2.0",
+            "sum with keepdims=True and",
+        ),
     ],
 )
 def test_what_the_row_kernels_do_not_take_is_an_error_at_the_call(

@@ -6,8 +6,9 @@ Triton-based compilers:
 - A matmul, an attention, a reduction (softmax, norms, sum/max/mean), a
   state update or a collective starts a kernel.
 - An elementwise op (arithmetic, activations, casts, dropout, views) joins
-  the kernel of the value it consumes when that value has no other user: a
-  matmul's bias, activation, residual add and final cast become its epilogue.
+  the kernel of the value it consumes when that value has no other user and
+  the op does not broadcast it to a larger shape: a matmul's bias,
+  activation, residual add and final cast become its epilogue.
 - A reduction whose input comes from a chain of elementwise ops joins that
   chain as its prologue (``softmax(x * scale)`` is one kernel).
 - Otherwise elementwise ops start a kernel of their own, and the following
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .ir import Function, GraphModule, Group, Op
+from .ir import Function, GraphModule, Group, Op, Value
 from .rewrite import map_functions
 from .types import ScalarType
 
@@ -48,6 +49,14 @@ _ELEMENTWISE = {
 }  # fmt: skip
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
+
+
+def _widens(op: Op, via: Value) -> bool:
+    """Whether ``op`` broadcasts ``via`` to a larger shape (``x - mean(x, keepdims=True)``):
+    a kernel computes its ops on tiles of its own result's shape, so such an op starts
+    the next kernel, which reads ``via`` from memory."""
+    dims = getattr(via.type, "dims", None)
+    return bool(op.results) and dims is not None and op.results[0].type.dims != dims
 
 
 def op_class(op: Op) -> str:
@@ -91,6 +100,8 @@ def _fuse_function(function: Function) -> Function:
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)
                 if k is None or uses.get(v.id) != 1 or not can_join(k, op, v.id):
+                    continue
+                if cls == "elementwise" and _widens(op, v):
                     continue
                 if cls == "elementwise" and kernels[k].kind in _TAKES_EPILOGUE:
                     target = k

@@ -9,6 +9,8 @@ the stage that still shows it (``--emit sched``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..frontend.diagnostics import Diagnostics
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
@@ -16,7 +18,7 @@ from ..graph.types import TensorType
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
-from .instantiate import instantiate
+from .instantiate import instantiate, kept_axis_dropped
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, lower_tile_function
 from .passes import run_tile_passes
@@ -99,6 +101,13 @@ def _lower_launch(
         return None
     template = ANCHORS[anchor.kind] if anchor is not None else "elementwise"
     fn, given = instantiate(ops, anchor, template, params, rename, name, function.name, group.kind)
+    if anchor is not None and anchor.attr("keepdims"):
+        # The kept axis has one element: the kernel stores the result as without it,
+        # into the same parameter.
+        out = given.output
+        given = dataclasses.replace(
+            given, output=dataclasses.replace(out, type=kept_axis_dropped(out.type))
+        )
     return lower_tile_function(fn, launch, given)
 
 
@@ -132,8 +141,8 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
             f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
             "takes rows, of a tensor of rank 2 or more"
         )
-    if anchor.attr("keepdims"):
-        return f"{anchor.kind} with keepdims=True has no tile kernel yet"
+    if anchor.attr("keepdims") and anchor is not ops[-1]:
+        return f"{anchor.kind} with keepdims=True and ops after it has no tile kernel yet"
     missing = [name for name in ("weight", "bias") if not anchor.attr(name)]
     if anchor.kind.startswith("layernorm") and missing:
         return f"layernorm without {' and '.join(missing)} has no tile kernel yet"

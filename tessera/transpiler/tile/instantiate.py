@@ -34,7 +34,7 @@ from ..options import Options
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue
 
-__all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder"]
+__all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped"]
 
 #: The library kernel each anchor op instantiates: (file, tensor parameters).
 TEMPLATE_PARAMS = {
@@ -117,6 +117,8 @@ def instantiate(
     else:
         tensors = anchor.operands[: len(TEMPLATE_PARAMS[template])]
         result = anchor.result.type
+        if anchor.attr("keepdims"):
+            result = kept_axis_dropped(result)
     span = (anchor or group_ops[-1]).span
     fn = stdlib_kernel(template, tuple(v.type for v in tensors), result, span)
     bind: dict[int, Any] = {}
@@ -137,6 +139,12 @@ def instantiate(
         template, kind,
     )  # fmt: skip
     return fn, given
+
+
+def kept_axis_dropped(t: TensorType) -> TensorType:
+    """A reduction's result with ``keepdims=True`` as its kernel writes it: the kept
+    axis has one element, so the layout is the same without it."""
+    return dataclasses.replace(t, dims=t.dims[:-1])
 
 
 def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...]) -> Any:
