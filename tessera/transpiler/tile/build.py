@@ -117,8 +117,13 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         if _chain(ops, ops[-1].result):
             return None  # the elementwise kernel's prologue
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
+        hint = (
+            " (a reduction with keepdims=True keeps its axis for broadcasting)"
+            if any(op.kind == "expand_dims" for op in ops)
+            else ""
+        )
         return (
-            f"no tile kernel implements a kernel of {kinds} yet; "
+            f"no tile kernel implements a kernel of {kinds} yet{hint}; "
             "'--emit sched' shows its schedule"
         )
     prologue = ops[: ops.index(anchor)]
