@@ -30,13 +30,15 @@ from .resources import resources
 from .tuned import TunedSchedules, TuningKey, bucket_of
 from .verify import verify_schedule
 
-__all__ = ["schedule_module", "tuning_points", "TuningPoint", "SCHEDULED_KINDS"]
+__all__ = ["schedule_module", "tuning_points", "TuningPoint", "SCHEDULED_KINDS", "TEMPLATES"]
 
 #: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
 SCHEDULED_KINDS = ("gemm", "attention", "tile")
 #: Kernels that are not launched on the device.
 _NOT_LAUNCHED = ("host", "collective")
-_TEMPLATES = {
+#: The kernel each graph op instantiates, by its op's kind; the ones with a library
+#: kernel in tessera/stdlib/ are the tile stage's anchors.
+TEMPLATES = {
     "softmax": "softmax", "softmax_safe": "softmax", "logsumexp_safe": "logsumexp",
     "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
@@ -152,10 +154,8 @@ class _Scheduler:
     def _launch(self, index: int, group: Group) -> Launch:
         ops = self._ops(group)
         reads, writes = self._boundary(group)
-        anchor = next((op for op in ops if op.kind in _TEMPLATES), ops[0])
-        template = (
-            "tile_kernel" if group.kind == "tile" else _TEMPLATES.get(anchor.kind, group.kind)
-        )
+        anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
+        template = "tile_kernel" if group.kind == "tile" else TEMPLATES.get(anchor.kind, group.kind)
         prologue, epilogue = _around(group.kind, ops, anchor)
         if group.kind in _NOT_LAUNCHED:
             return Launch(
@@ -193,7 +193,7 @@ class _Scheduler:
         if group.kind not in SCHEDULED_KINDS:
             return None
         ops = self._ops(group)
-        anchor = next((op for op in ops if op.kind in _TEMPLATES), ops[0])
+        anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
         spec = self._spec(anchor)
         if spec is not None and spec.is_point:
             return None
@@ -400,7 +400,7 @@ def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tupl
     all prologue: the ``elementwise`` kernel only loads what they compute."""
     if kind == "tile":
         return (), ()
-    if kind == "elementwise" and anchor.kind not in _TEMPLATES:
+    if kind == "elementwise" and anchor.kind not in TEMPLATES:
         return tuple(op.kind for op in ops), ()
     at = ops.index(anchor)
     return tuple(op.kind for op in ops[:at]), tuple(op.kind for op in ops[at + 1 :])

@@ -18,7 +18,8 @@ from ..graph.types import TensorType
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
-from .instantiate import instantiate, kept_axis_dropped
+from ..schedule.lower import TEMPLATES
+from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, lower_tile_function
 from .passes import run_tile_passes
@@ -26,12 +27,7 @@ from .passes import run_tile_passes
 __all__ = ["tile_module", "ANCHORS"]
 
 #: Graph ops that a library kernel implements, and which kernel.
-ANCHORS = {
-    "matmul": "gemm", "flash_attention": "flash_attention", "softmax": "softmax",
-    "softmax_safe": "softmax", "layernorm": "layernorm", "layernorm_safe": "layernorm",
-    "rmsnorm": "rmsnorm", "rmsnorm_safe": "rmsnorm", "rotary_embedding": "rotary_embedding",
-    "sum": "row_sum", "mean": "row_mean", "max": "row_max", "logsumexp_safe": "logsumexp",
-}  # fmt: skip
+ANCHORS = {op: kernel for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS}
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
                     "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
