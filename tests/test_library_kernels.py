@@ -11,6 +11,15 @@ Elementwise ops that feed a softmax or a norm are computed where the kernel load
 operand (``softmax(x * t)`` stopped the compiler), and a chain of elementwise ops alone
 (``gelu(x + b) + r``) is a kernel of its own (it had none).
 
+A product of a transposed operand (``x @ w.T`` of a ``[N, K]`` weight, ``q @ k.T``) reads
+the operand as it lies, through the library's ``gemm_nt``: it used to need a transpose
+kernel, which no backend had. A launch over more batch axes than a GPU grid has (a
+product of ``[B, H, S, D]`` tensors: four) folds them into the third.
+
+A transpose that no product reads in place (``x.T + y``) is the library's
+``transpose`` kernel, of square blocks; so is a tile kernel that loads its block with
+``rows=T.n, cols=T.m`` (its ``T.n`` used to reach the generated code unset).
+
 Each case runs against the float64 reference at sizes that are not multiples of the
 tiles, outputs poisoned first.
 """
@@ -128,12 +137,65 @@ def row_max_kept(x: Tensor["R", "C", f32]) -> Tensor["R", 1, f32]:
 @kernel
 def centered(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", "C", f32]:
     return x - mean(x, axis=-1, keepdims=True)
+
+@kernel
+def linear(x: Tensor["M", "K", f32], w: Tensor["N", "K", f32],
+           b: Tensor["N", f32]) -> Tensor["M", "N", f32]:
+    return relu(x @ w.T + b)
+
+@kernel
+def linear_bf16(x: Tensor["B", "S", "K", bf16],
+                w: Tensor["N", "K", bf16]) -> Tensor["B", "S", "N", f32]:
+    return x @ w.T
+
+@kernel
+def linear_fp8(x: Tensor["M", "K", fp8_e4m3],
+               w: Tensor["N", "K", fp8_e4m3]) -> Tensor["M", "N", f32]:
+    return x @ w.T
+
+@kernel
+def scores(q: Tensor["B", "H", "S", "D", f32],
+           k: Tensor["B", "H", "T", "D", f32]) -> Tensor["B", "H", "S", "T", f32]:
+    return q @ k.T * 0.125
+
+@kernel
+def graph_attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "T", "D", f32],
+                    v: Tensor["B", "H", "T", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return softmax_safe(q @ k.T * 0.125, axis=-1) @ v
+
+@kernel
+def transposed_sum(x: Tensor["B", "M", "N", f32],
+                   y: Tensor["B", "N", "M", f32]) -> Tensor["B", "N", "M", f32]:
+    return x.T + y
+
+@kernel
+def transposed_bf16(x: Tensor["M", "N", bf16]) -> Tensor["N", "M", bf16]:
+    return transpose(x * 2.0)
+
+@kernel
+def tile_transpose(x: Tensor["M", "N", f32]) -> Tensor["N", "M", f32]:
+    T = tile.context()
+    return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
+
+@kernel
+def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(a.shape[-1], T.k):
+        acc += tile.dot(tile.load(a, rows=T.m, cols=kb),
+                        tile.transpose(tile.load(b, rows=T.n, cols=kb)))
+    return acc
 """
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
 #: The functions whose result is a product, and which argument is its right operand.
-PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1}
+PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
+            "graph_attention": 2}  # fmt: skip
+#: The functions whose result is a product with a transposed right operand, and which.
+TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
+#: The functions whose result is their first argument with the last two axes swapped.
+SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose"}
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
 
@@ -172,14 +234,19 @@ def library(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype]:
-    """Every function's result is f32; a product's has its right operand's columns, a
-    reduction's drops the last axis."""
+    """Every function's result is f32 (but a bf16 transpose's); a product's has its right
+    operand's columns, a reduction's drops the last axis."""
     right = PRODUCTS.get(name)
     shape = args[0].shape
     if right is not None:
         shape = (*shape[:-1], args[right].shape[-1])
+    elif name in TRANSPOSED:
+        shape = (*shape[:-1], args[TRANSPOSED[name]].shape[-2])
     elif name in REDUCTIONS:
         shape = shape[:-1]
+    elif name in SWAPPED:
+        shape = (*shape[:-2], shape[-1], shape[-2])
+        return shape, np.dtype(ml_dtypes.bfloat16 if name == "transposed_bf16" else np.float32)
     elif name == "row_max_kept":
         shape = (*shape[:-1], 1)
     return shape, np.dtype(np.float32)
@@ -362,3 +429,63 @@ def test_a_reduction_that_keeps_its_axis_and_its_broadcast_back(library: Any) ->
     x3 = rng.standard_normal((2, 21, 53), dtype=np.float32)
     want = f64(x3) - f64(x3).mean(-1, keepdims=True)
     np.testing.assert_allclose(f64(library.centered(x3)), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_linear_layer_reads_its_weight_as_it_lies(library: Any) -> None:
+    rng = np.random.default_rng(39)
+    x = rng.standard_normal((300, 70), dtype=np.float32)  # past a 256-row tile
+    w = rng.standard_normal((270, 70), dtype=np.float32)
+    b = rng.standard_normal(270, dtype=np.float32)
+    want = np.maximum(f64(x) @ f64(w).T + f64(b), 0)
+    np.testing.assert_allclose(f64(library.linear(x, w, b)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_low_precision_linear_layers(library: Any) -> None:
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((2, 75, 90)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((140, 90)).astype(ml_dtypes.bfloat16)
+    want = f64(x) @ f64(w).T
+    np.testing.assert_allclose(f64(library.linear_bf16(x, w)), want, rtol=1e-5, atol=1e-4)
+    x8 = rng.standard_normal((150, 70)).astype(ml_dtypes.float8_e4m3fn)
+    w8 = rng.standard_normal((136, 70)).astype(ml_dtypes.float8_e4m3fn)
+    want = f64(x8) @ f64(w8).T
+    np.testing.assert_allclose(f64(library.linear_fp8(x8, w8)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_attention_written_with_graph_ops(library: Any) -> None:
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((2, 3, 37, 40), dtype=np.float32)
+    k, v = rng.standard_normal((2, 2, 3, 45, 40), dtype=np.float32)
+    s = f64(q) @ np.swapaxes(f64(k), -1, -2) * 0.125
+    np.testing.assert_allclose(f64(library.scores(q, k)), s, rtol=1e-5, atol=1e-5)
+    want = softmax(s) @ f64(v)
+    np.testing.assert_allclose(f64(library.graph_attention(q, k, v)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_tile_kernel_loads_rows_of_its_column_block(library: Any) -> None:
+    rng = np.random.default_rng(42)
+    a = rng.standard_normal((300, 70), dtype=np.float32)
+    b = rng.standard_normal((270, 70), dtype=np.float32)
+    want = f64(a) @ f64(b).T
+    np.testing.assert_allclose(f64(library.tile_nt(a, b)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_transposes_that_no_product_reads_in_place(library: Any) -> None:
+    rng = np.random.default_rng(43)
+    x = rng.standard_normal((2, 130, 75), dtype=np.float32)  # past a 64 x 64 block
+    y = rng.standard_normal((2, 75, 130), dtype=np.float32)
+    want = np.swapaxes(f64(x), -1, -2) + f64(y)
+    np.testing.assert_array_equal(f64(library.transposed_sum(x, y)), want.astype(np.float32))
+    xb = rng.standard_normal((67, 150)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(f64(library.transposed_bf16(xb)), 2 * f64(xb).T)
+    np.testing.assert_array_equal(library.tile_transpose(x[0]), x[0].T)

@@ -20,6 +20,7 @@ EXPECTED = {
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
+    "gemm_nt": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),
     "logsumexp": ("reduction", ["ceil(R/4)"]),
     "rmsnorm": ("reduction", ["ceil(R/4)"]),
@@ -28,6 +29,7 @@ EXPECTED = {
     "row_mean": ("reduction", ["ceil(R/4)"]),
     "row_sum": ("reduction", ["ceil(R/4)"]),
     "softmax": ("reduction", ["ceil(R/4)"]),
+    "transpose": ("layout", ["ceil(M/64)", "ceil(N/64)"]),
 }
 
 

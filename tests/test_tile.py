@@ -385,9 +385,15 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
             "sum(x, axis=-1, keepdims=True) * 2.0",
             "sum with keepdims=True and",
         ),
+        (
+            '"R", "C", "C"',
+            '"C", "R", "C"',
+            "transpose(x, (1, 0, 2))",
+            "transpose (1, 0, 2) has no tile kernel yet: only a swap of the last two axes",
+        ),
     ],
 )
-def test_what_the_row_kernels_do_not_take_is_an_error_at_the_call(
+def test_what_the_library_kernels_do_not_take_is_an_error_at_the_call(
     shape: str, result: str, call: str, message: str
 ) -> None:
     src = (

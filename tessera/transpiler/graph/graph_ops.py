@@ -157,7 +157,8 @@ def _neg(call: OpCall) -> object:
 def _matmul(call: OpCall) -> object:
     """Matrix product, also written ``a @ b``: ``[..., M, K] @ [..., K, N] -> [..., M, N]``,
     batch dims broadcast. Both operands have one dtype; the result has the accumulation
-    dtype: the operand's ``@accum`` policy, else f32 for floats and i32 for integers."""
+    dtype: the operand's ``@accum`` policy, else f32 for floats and i32 for integers.
+    ``a @ b.T`` reads ``b`` where it lies, with no transposed copy (a ``[N, K]`` weight)."""
     a, b = call.tensor("a"), call.tensor("b")
     for name, value in (("a", a), ("b", b)):
         if value.type.rank < 2:

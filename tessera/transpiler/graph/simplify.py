@@ -2,6 +2,10 @@
 
 - ``x * 1``, ``x + 0``, ``x / 1``, ``x ** 1`` are ``x`` (when the type is unchanged).
 - ``transpose(transpose(x))`` is one transpose, or ``x`` when the two cancel.
+- ``a @ transpose(b)`` reads ``b`` as it lies: ``matmul(a, b) {trans_b = true}``. The
+  library kernel then loads ``b``'s rows as the product's columns (``x @ w.T`` of a
+  ``[N, K]`` weight, ``q @ k.T``) and no transposed copy is ever written. Only a swap of
+  the last two axes folds; another permutation stays a transpose.
 - ``cast(x, x.dtype)`` is ``x``; ``cast(cast(x, a), b)`` is ``cast(x, b)`` when the first
   cast was exact (``a`` holds every value of ``x``'s dtype).
 - Results nobody uses disappear, unless the op has an effect.
@@ -47,6 +51,11 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
         x = op.operands[0]
         if "a" not in attrs and _same_type(x, op.result):
             return x
+    if op.kind == "matmul" and not op.attr("trans_b"):
+        inner = producers.get(op.operands[1].id)
+        if inner is not None and inner.kind == "transpose" and _swaps_last(inner.attr("perm")):
+            return replace(op, operands=(op.operands[0], inner.operands[0]),
+                           attrs=(*op.attrs, ("trans_b", True)))  # fmt: skip
     if op.kind in ("transpose", "cast"):
         inner = producers.get(op.operands[0].id)
         if op.kind == "transpose" and inner is not None and inner.kind == "transpose":
@@ -66,6 +75,11 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
                         return source
                     return replace(op, operands=(source,))
     return None
+
+
+def _swaps_last(perm: tuple[int, ...]) -> bool:
+    rank = len(perm)
+    return perm == (*range(rank - 2), rank - 1, rank - 2)
 
 
 def simplify(module: GraphModule) -> GraphModule:

@@ -90,6 +90,11 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
             {**base, "block_m": bm, "block_n": bn, "block_d": d, "warps": wv, "stages": st}
             for bm, bn, st, wv in variants
         ]
+    if kind == "layout":
+        # A transposing copy: a square block, whose rows are read and whose columns are
+        # written whole lines at a time (64 f32 are four 64-byte lines).
+        return [{**base, "block_m": 64, "block_n": 64, "warps": 4 if hw.kind == "gpu" else 1,
+                 "stages": 1}]  # fmt: skip
     if kind == "reduction":
         # CPU: 4 rows of a 4096-wide f32 tensor are 64 KiB, so a program's few tiles stay in L2
         rows = 4

@@ -30,7 +30,10 @@ from .resources import resources
 from .tuned import TunedSchedules, TuningKey, bucket_of
 from .verify import verify_schedule
 
-__all__ = ["schedule_module", "tuning_points", "TuningPoint", "SCHEDULED_KINDS", "TEMPLATES"]
+__all__ = [
+    "schedule_module", "tuning_points", "TuningPoint", "SCHEDULED_KINDS", "TEMPLATES",
+    "template_of",
+]  # fmt: skip
 
 #: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
 SCHEDULED_KINDS = ("gemm", "attention", "tile")
@@ -46,6 +49,14 @@ TEMPLATES = {
     "split_qkv": "split_qkv", "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding",
 }  # fmt: skip
+
+
+def template_of(op: Op) -> str | None:
+    """The kernel ``op`` instantiates: its kind's, except that a matmul reading its
+    ``b`` transposed (``trans_b``, from ``a @ b.T``) takes ``b``'s rows as its columns."""
+    if op.kind == "matmul" and op.attr("trans_b"):
+        return "gemm_nt"
+    return TEMPLATES.get(op.kind)
 
 
 def schedule_module(
@@ -155,7 +166,7 @@ class _Scheduler:
         ops = self._ops(group)
         reads, writes = self._boundary(group)
         anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
-        template = "tile_kernel" if group.kind == "tile" else TEMPLATES.get(anchor.kind, group.kind)
+        template = "tile_kernel" if group.kind == "tile" else template_of(anchor) or group.kind
         prologue, epilogue = _around(group.kind, ops, anchor)
         if group.kind in _NOT_LAUNCHED:
             return Launch(
@@ -283,9 +294,9 @@ class _Scheduler:
     def _problem(self, group: Group, ops: list[Op], anchor: Op) -> Problem:
         kind = group.kind
         if kind == "gemm":
-            a, b = anchor.operands[:2]
+            a = anchor.operands[0]
             out = anchor.result.type
-            return Problem(kind, a.type.dtype, a.type.dims[-2], b.type.dims[-1], a.type.dims[-1],
+            return Problem(kind, a.type.dtype, out.dims[-2], out.dims[-1], a.type.dims[-1],
                            batch=out.dims[:-2])  # fmt: skip
         if kind == "attention":
             q, k = anchor.operands[:2]
@@ -304,6 +315,8 @@ class _Scheduler:
         if kind == "tile":
             return self._tile_problem()
         out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type
+        if anchor.kind == "transpose":
+            return Problem("layout", out.dtype, out.dims[-2], out.dims[-1], batch=out.dims[:-2])
         if kind == "elementwise" and out.rank >= 2:
             # The library kernel takes row blocks, as a norm does, so that an operand
             # broadcast along the rows (a bias) is loaded as the rows' columns.
@@ -321,7 +334,8 @@ class _Scheduler:
         dims = (out or (stores or loads)[0]).dims
         dtype = (loads or [out])[0].dtype
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
-        head = dims[-1] if "T.d" in self._tile_dims() else None  # only a T.d tile spans it
+        tiles = self._tile_dims()
+        head = dims[-1] if "T.d" in tiles else None  # only a T.d tile spans it
         if any(op.kind == "tile.softmax_online" for op in ops):
             return Problem("tile", dtype, dims[-2], loop, d=head, batch=dims[:-2],
                            shape="attention")  # fmt: skip
@@ -336,6 +350,10 @@ class _Scheduler:
         if any(op.kind == "tile.dot" for op in ops):
             return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
                            batch=dims[:-2], shape="gemm")  # fmt: skip
+        if len(dims) >= 2 and "T.n" in tiles:
+            # Blocks of T.m rows and T.n columns without a product: a transposing copy
+            # (it loads its block with rows=T.n, cols=T.m).
+            return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="layout")
         rows = next((t for t in loads if len(t.dims) >= 2), None)
         if len(dims) == 1 and rows is not None:  # rows of a matrix, one value each
             return Problem("tile", dtype, dims[0], rows.dims[-1], shape="reduction")
@@ -431,6 +449,8 @@ def _tiles(kind: str, knobs: dict[str, Any], used: frozenset[str]) -> tuple[tupl
     if kind == "tile":
         names = (("T.m", "block_m"), ("T.n", "block_n"), ("T.k", "block_k"), ("T.d", "block_d"))
         return tuple((name, knobs[knob]) for name, knob in names if knob in knobs and name in used)
+    if kind == "layout":
+        return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]))
     if kind == "reduction":
         return (("rows", knobs["block_m"]),)
     return (("elements", knobs["block_m"]),)
@@ -441,7 +461,7 @@ def _grid(problem: Problem, knobs: dict[str, Any]) -> tuple[GridDim, ...]:
     (then split-K slices), row blocks otherwise; one axis per batch dim."""
     batch = tuple(GridDim(d) for d in problem.batch)
     rows = GridDim(problem.m, int(knobs["block_m"]))
-    if problem.works_like != "gemm":
+    if problem.works_like not in ("gemm", "layout"):
         return (rows, *batch)
     split = int(knobs.get("split_k", 1))
     splits = (GridDim(Dim.const(split)),) if split > 1 else ()

@@ -14,10 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..graph.dims import Dim
 from ..graph.types import TensorType
 from ..schedule.hardware import hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
+from .cexpr import c_dim
 from .entry import signature_meta, symbols
 from .header import C_SYMBOL, needed
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
@@ -35,6 +37,10 @@ BUILD_OPTIONS = {
     "hip": ("-O3", "-std=c++17"),
     "cuda": ("-std=c++17",),
 }
+
+
+#: Axes of a launch grid: OpenCL's NDRange and CUDA's and HIP's grids have three.
+_AXES = 3
 
 
 @dataclass(frozen=True)
@@ -68,16 +74,56 @@ class _KernelView:
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
+        self.launch_grid = launch_grid(simt.grid)
         text = "\n".join(simt.body)
         self.pids = [
-            f"const {d.index_type} {pid} = {d.program_index[axis]};"
-            for axis, (pid, _, _) in enumerate(simt.grid)
+            f"const {d.index_type} {pid} = {index};"
+            for pid, index in _program_ids(simt.grid, d, simt.sizes)
             if re.search(rf"\b{pid}\b", text)
         ]
         # A size that only the grid's extent needs is still a parameter, so that every
         # launch passes the function's sizes alike.
-        code = "\n".join((*simt.prologue, text))
+        code = "\n".join((*simt.prologue, *self.pids, text))
         self.unused = [s for s in simt.sizes.values() if not re.search(rf"\b{s}\b", code)]
+
+
+def launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]]:
+    """The launch's (extent, block) per hardware axis. A GPU grid has three axes; the
+    batch axes past the third (a matmul over ``[B, H, S, D]`` has four) are folded
+    into the third, which then runs their product of programs."""
+    axes = [(extent, block) for _, extent, block in grid]
+    if len(axes) <= _AXES:
+        return axes
+    assert all(block == 1 for _, block in axes[_AXES - 1 :]), "only batch axes fold"
+    folded = Dim.const(1)
+    for extent, _ in axes[_AXES - 1 :]:
+        folded = folded * extent
+    return [*axes[: _AXES - 1], (folded, 1)]
+
+
+def _program_ids(
+    grid: tuple[tuple[str, Dim, int], ...], d: Dialect, sizes: dict[str, str]
+) -> list[tuple[str, str]]:
+    """Each program id's C expression: the group's position along its axis, or, for the
+    batch axes folded into the last one, its digit of that position (the innermost
+    batch axis varies fastest, as in memory)."""
+    ids = [(pid, d.program_index[axis]) for axis, (pid, _, _) in enumerate(grid[: _AXES - 1])]
+    folded = grid[_AXES - 1 :]
+    position = d.program_index[_AXES - 1]
+    for i, (pid, extent, _) in enumerate(folded):
+        inner = Dim.const(1)
+        for _, later, _ in folded[i + 1 :]:
+            inner = inner * later
+        index = position if inner == Dim.const(1) else f"{position} / {_operand(inner, sizes)}"
+        if i > 0:
+            index = f"{index if index == position else f'({index})'} % {_operand(extent, sizes)}"
+        ids.append((pid, index))
+    return ids
+
+
+def _operand(dim: Dim, sizes: dict[str, str]) -> str:
+    text = c_dim(dim, sizes)
+    return text if text.isidentifier() or text.isdigit() else f"({text})"
 
 
 def _param_decl(p: Any, d: Dialect) -> str:
@@ -172,7 +218,7 @@ def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]
     launch: dict[str, Any] = {
         "kernel": view.name,
         "args": [p.name for p in kernel.params] + list(view.dims) + maps,
-        "grid": [{"extent": str(a.extent), "block": a.block} for a in kernel.grid],
+        "grid": [{"extent": str(extent), "block": block} for extent, block in view.launch_grid],
         "threads": view.threads,
     }
     if d.dynamic_arena:

@@ -18,7 +18,7 @@ from ..graph.types import TensorType
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
-from ..schedule.lower import TEMPLATES
+from ..schedule.lower import TEMPLATES, template_of
 from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, lower_tile_function
@@ -26,8 +26,8 @@ from .passes import run_tile_passes
 
 __all__ = ["tile_module", "ANCHORS"]
 
-#: Graph ops that a library kernel implements, and which kernel.
-ANCHORS = {op: kernel for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS}
+#: Graph ops that a library kernel implements (``template_of`` says which kernel).
+ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS)
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
                     "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
@@ -95,7 +95,7 @@ def _lower_launch(
     if problem is not None:
         diags.error(problem, (anchor or ops[0]).span)
         return None
-    template = ANCHORS[anchor.kind] if anchor is not None else "elementwise"
+    template = (template_of(anchor) if anchor is not None else None) or "elementwise"
     fn, given = instantiate(ops, anchor, template, params, rename, name, function.name, group.kind)
     if anchor is not None and anchor.attr("keepdims"):
         # The kept axis has one element: the kernel stores the result as without it,
@@ -135,9 +135,14 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         return (
             f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet (last axis only)"
         )
+    if anchor.kind == "transpose" and anchor.attr("perm")[-2:] != (x.rank - 1, x.rank - 2):
+        return (
+            f"transpose {anchor.attr('perm')} has no tile kernel yet: only a swap of the last "
+            "two axes has"
+        )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
-    if ANCHORS[anchor.kind] in _ROWS and x.rank < 2:
+    if template_of(anchor) in _ROWS and x.rank < 2:
         return (
             f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
             "takes rows, of a tensor of rank 2 or more"

@@ -39,12 +39,14 @@ __all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "
 #: The library kernel each anchor op instantiates: (file, tensor parameters).
 TEMPLATE_PARAMS = {
     "gemm": ("a", "b"),
+    "gemm_nt": ("a", "b"),
     "flash_attention": ("q", "k", "v"),
     "softmax": ("x",),
     "layernorm": ("x", "weight", "bias"),
     "rmsnorm": ("x", "weight"),
     "rotary_embedding": ("x", "cos", "sin"),
     "elementwise": ("x",),
+    "transpose": ("x",),
     "row_sum": ("x",),
     "row_mean": ("x",),
     "row_max": ("x",),

@@ -31,6 +31,8 @@ TILE_NAMES = {
     "BM": "T.m", "BN": "T.n", "BK": "T.k", "BD": "T.d", "rows": "T.m", "elements": "T.m",
 }  # fmt: skip
 INDEX = ScalarType("index")
+#: The program id whose block a tile size is, when the size is written as such.
+_ROLE_OF = {"T.m": "pid_m", "T.n": "pid_n"}
 
 
 @dataclass(frozen=True)
@@ -218,10 +220,14 @@ class _Lowering:
         blocks = list(op.operands[2 if op.kind == "tile.store" else 1 :]) if op else []
         tiled = dims[-len(tile_dims) :]
         names = ("rows", "cols") if len(tile_dims) == 2 else (next(iter(modes), "rows"),)
+        # The sizes as written (``T.n``), which say whose block a program-sized one is.
+        written = tile_dims
+        if op is not None:
+            written = (op.result if op.kind == "tile.load" else op.operands[1]).type.dims
         axes = [Axis(Dim.sym(p), Dim.const(1), d, index=True)
                 for p, d in zip(self._batch_pids(len(dims) - len(tile_dims)),
                                 dims[: len(dims) - len(tile_dims)], strict=True)]  # fmt: skip
-        for name, extent, size in zip(names, tiled, tile_dims, strict=True):
+        for name, extent, size, spelled in zip(names, tiled, tile_dims, written, strict=True):
             mode = modes.get(name, "program")
             if mode == "block":
                 counter = self.value(blocks.pop(0))
@@ -229,7 +235,7 @@ class _Lowering:
             elif mode == "all":
                 axes.append(Axis(Dim.const(0), self.dim(extent), extent))
             else:
-                axes.append(Axis(self._program_offset(name, size), size, extent))
+                axes.append(Axis(self._program_offset(name, size, spelled), size, extent))
         return Access(tuple(axes))
 
     def _batch_pids(self, count: int) -> list[str]:
@@ -238,10 +244,13 @@ class _Lowering:
         assert count <= len(names), "a tensor with more leading dims than the output"
         return names[len(names) - count :]
 
-    def _program_offset(self, axis: str, size: Dim) -> Dim:
+    def _program_offset(self, axis: str, size: Dim, spelled: Dim) -> Dim:
         """A program-sized block: the program's row block, its column block (gemm-like
-        grids), or the single block of a dim the tile spans (the head dim)."""
-        pid = self.pid_names.get("pid_m" if axis == "rows" else "pid_n")
+        grids), or the single block of a dim the tile spans (the head dim). ``T.m`` and
+        ``T.n`` name their block wherever they stand, so ``rows=T.n`` of a ``[N, K]``
+        operand is the program's column block; other sizes go by the axis."""
+        role = _ROLE_OF.get(spelled.symbol or "", "pid_m" if axis == "rows" else "pid_n")
+        pid = self.pid_names.get(role)
         if pid is not None and size.constant == self._pid_block(pid):
             return Dim.sym(pid) * size
         return Dim.const(0)
@@ -304,7 +313,7 @@ class _Lowering:
 
     def op_tile_row_index(self, op: Op) -> None:
         t = self.type(op.result.type)
-        offset = self._program_offset("rows", t.dims[0])
+        offset = self._program_offset("rows", t.dims[0], op.result.type.dims[0])
         (self.values[op.result.id],) = self.emit(
             "iota", (), (t,), (("offset", offset),), (), (), op.span
         )
