@@ -71,13 +71,15 @@ def sgemm(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N"
 FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 
 
-def low_precision_product_source(dtype: str) -> str:
-    """``A @ B`` of ``dtype`` tensors, accumulated in f32 and rounded once to ``dtype``."""
+def low_precision_product_source(dtype: str, transposed: bool = False) -> str:
+    """``A @ B`` of ``dtype`` tensors, accumulated in f32 and rounded once to ``dtype``;
+    ``transposed``: ``A @ B.T`` of a ``B`` stored ``[N, K]``."""
+    b, product = ('"N", "K"', "A @ B.T") if transposed else ('"K", "N"', "A @ B")
     return f"""\
 @kernel
 def f(A: Tensor["M", "K", {dtype}],
-      B: Tensor["K", "N", {dtype}]) -> Tensor["M", "N", {dtype} @accum(f32)]:
-    return A @ B
+      B: Tensor[{b}, {dtype}]) -> Tensor["M", "N", {dtype} @accum(f32)]:
+    return {product}
 """
 
 
@@ -187,6 +189,10 @@ CASES = (
                       "b_out": _normal(rng, (40,))},
          lambda a: {"out": f64(a["x"]) + f64(gelu(f64(a["x"]) @ f64(a["W_in"]) + f64(a["b_in"]))
                                              .astype(BF16)) @ f64(a["W_out"]) + f64(a["b_out"])}),
+    Case("examples/mlp.tsr", "linear_fp8",
+         lambda rng: {"x": _normal(rng, (M, 256), FP8["fp8_e4m3"]),
+                      "w": _normal(rng, (N, 256), FP8["fp8_e4m3"]), "bias": _normal(rng, (N,))},
+         lambda a: {"out": f64(a["x"]) @ f64(a["w"]).T + f64(a["bias"])}),
     Case("examples/attention.tsr", "attention", _qkv((B, H, S, D)),
          lambda a: {"out": attention(a["Q"], a["K"], a["V"], causal=True)}),
     Case("examples/attention.tsr", "flash_attention",

@@ -194,6 +194,27 @@ def test_tf32_products_run_on_tensor_cores(arch: str, tmp_path: Path) -> None:
 @needs_nvcc
 @needs_sass_tools
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+def test_fp8_products_run_on_tensor_cores(arch: str, transposed: bool, tmp_path: Path) -> None:
+    """sm_80 multiplies fp8 on mma.sync as f16 (HMMA.16816.F32), and so does sm_90a where
+    ``b`` lies N-major; ``a @ b.T`` runs on wgmma's fp8 form on sm_90a (QGMMA, k32)
+    alone. Warning-free and without spills."""
+    source = low_precision_product_source("fp8_e4m3", transposed)
+    cubin, report = _nvcc("fp8.tsr", arch, tmp_path, source)
+    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report)
+    sass = cuobjdump("-sass", cubin)
+    hmma = re.search(r"\bHMMA\.16816\.F32\b", sass)
+    qgmma = re.search(r"\bQGMMA\.64x\d+x32\.F32\.E4M3\.E4M3\b", sass)
+    if arch == "sm_90a" and transposed:
+        assert qgmma and not hmma, "fp8 products left on mma.sync"
+    else:
+        assert hmma and not qgmma, "no f16 HMMA for an fp8 product"
+
+
+@pytest.mark.compile
+@needs_nvcc
+@needs_sass_tools
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", ["examples/mlp.tsr", "examples/attention.tsr"])
 def test_copies_ahead_run_on_cp_async_or_tma(path: str, arch: str, tmp_path: Path) -> None:
     """A pipelined loop copies the operands of later iterations ahead: on sm_80 with
@@ -376,6 +397,8 @@ SABOTAGED = {
     "a TMA box's coordinates outermost first": (
         "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 128*pid_n, 0)",
         "&b_map, tsr_landed + 0, 0, 128*pid_n)"),
+    "an fp8 wgmma stepping along k as a 16-bit one does": (
+        "mlp:linear_fp8", "sm_90a", "kk < 128; kk += 32)", "kk < 128; kk += 16)"),
     "an ldmatrix of a row-major b without .trans": (
         "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip

@@ -239,6 +239,25 @@ def test_fp8_products_widen_exactly_and_round_once(
 
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+@pytest.mark.parametrize("dtype", sorted(FP8))
+@pytest.mark.parametrize("m, k, n", [(37, 45, 29), (150, 256, 136)])
+def test_fp8_products_of_a_transposed_operand(
+    m: int, k: int, n: int, dtype: str, target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """``A @ B.T``: both operands K-major, which sm_90a multiplies on wgmma's fp8 form
+    (k32) from the 128-byte swizzle; at a ragged size whose rows are not 16-byte aligned
+    (copied element by element) and at one of whole TMA boxes and several tiles."""
+    f = _function(low_precision_product_source(dtype, transposed=True), target, arch,
+                  monkeypatch)  # fmt: skip
+    rng = np.random.default_rng(m + k)
+    a = (rng.standard_normal((m, k)) * 2).astype(FP8[dtype])
+    b = (rng.standard_normal((n, k)) * 2).astype(FP8[dtype])
+    out = np.full((m, n), np.nan).astype(FP8[dtype])
+    f(a, b, out=out)
+    assert_rounded_once(out, f64(a) @ f64(b).T)
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
 def test_tf32_products_read_tf32_and_round_once(
     target: str, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

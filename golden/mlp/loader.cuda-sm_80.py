@@ -163,3 +163,33 @@ def mlp(
         (h, W_out, b_out, x, out, cupy.int64(T), cupy.int64(F), cupy.int64(D)),
     )
     return out
+
+
+def linear_fp8(
+    x: cupy.ndarray,
+    w: cupy.ndarray,
+    bias: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """linear_fp8(x: fp8_e4m3[T, D], w: fp8_e4m3[F, D], bias: f32[F]) -> bf16[T, F]"""
+    x = _tensor("linear_fp8", "x", x, "uint8", 2)
+    T, D = x.shape
+    w = _tensor("linear_fp8", "w", w, "uint8", 2)
+    F = w.shape[0]
+    _shape("linear_fp8", "w", w, "[F, D]", (F, D))
+    bias = _tensor("linear_fp8", "bias", bias, "float32", 1)
+    _shape("linear_fp8", "bias", bias, "[F]", (F,))
+    if out is None:
+        out = cupy.empty((T, F), dtype="uint16")
+    else:
+        out = _tensor("linear_fp8", "out", out, "uint16", 2)
+        _shape("linear_fp8", "out", out, "[T, F]", (T, F))
+    _launch(
+        "linear_fp8",
+        (-(-F // 128), -(-T // 128)),
+        128,
+        49152,
+        (x, w, bias, out, cupy.int64(T), cupy.int64(D), cupy.int64(F)),
+    )
+    return out

@@ -35,6 +35,55 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 
 __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
+// ---------------------------------------------------------------- fp8
+
+// fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
+// NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
+// overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
+__device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
+  if ((bits & 0x7fu) == 0x7fu) return __int_as_float(0x7fffffff);
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
+  return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
+}
+
+__device__ inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
+  if (exponent == 31) return mantissa ? __int_as_float(0x7fffffff) : __uint_as_float(sign | 0x7f800000u);
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
+  return __uint_as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
+}
+
+// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
+// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
+// that value's pattern, which the caller turns into its overflow.
+__device__ inline unsigned int tsr_narrow(float magnitude, int m, int bias) {
+  const unsigned int bits = __float_as_uint(magnitude);
+  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
+    const float scale = __uint_as_float((unsigned int)(126 + bias + m) << 23);
+    return (unsigned int)rintf(magnitude * scale);
+  }
+  const unsigned int rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
+  return ((rounded >> 23) - 127u + (unsigned int)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
+}
+
+__device__ inline unsigned char tsr_float_to_fp8_e4m3(float value) {
+  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (unsigned char)(sign | 0x7fu);
+  const unsigned int bits = tsr_narrow(fabsf(value), 3, 7);
+  return (unsigned char)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
+}
+
+__device__ inline unsigned char tsr_float_to_fp8_e5m2(float value) {
+  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (unsigned char)(sign | 0x7eu);
+  const unsigned int bits = tsr_narrow(fabsf(value), 2, 15);
+  return (unsigned char)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
+}
+
+__device__ inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
+__device__ inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -630,6 +679,174 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       } else {
         if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
         if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+      }
+    }
+  }
+}
+
+// ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
+// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
+extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
+  const int lid = (int)threadIdx.x;
+  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
+  unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
+  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
+  // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+  if (0 < D) {
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (x_aligned) {
+        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+        }
+      }
+    }
+  }
+  // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+  if (0 < D) {
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (w_aligned) {
+        const int bytes = 128*pid_n + i < F && j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + j) : w, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && j + q < D ? w[(128*pid_n + i) * D + j + q] : 0;
+        }
+      }
+    }
+  }
+  tsr_copy_commit();
+  // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+  if (64 < D) {
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (x_aligned) {
+        const int bytes = 128*pid_m + i < T && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64 + j) : x, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64 + j + q < D ? x[(128*pid_m + i) * D + 64 + j + q] : 0;
+        }
+      }
+    }
+  }
+  // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+  if (64 < D) {
+    for (int e = lid; e < 512; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (w_aligned) {
+        const int bytes = 128*pid_n + i < F && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64 + j) : w, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64 + j + q < D ? w[(128*pid_n + i) * D + 64 + j + q] : 0;
+        }
+      }
+    }
+  }
+  tsr_copy_commit();
+  // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  float acc[128];
+  #pragma unroll
+  for (int frag = 0; frag < 32; ++frag) {
+    #pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      const int t = frag * 4 + reg;
+      acc[t] = (0.0f);
+    }
+  }
+  for (long long kb = 0; kb * 64 < D; ++kb) {
+    tsr_copy_wait<1>();
+    __syncthreads();
+    // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+    if (64*kb + 128 < D) {
+      for (int e = lid; e < 512; e += 128) {
+        const int i = e / 4;
+        const int j = e % 4 * 16;
+        if (x_aligned) {
+          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64*kb + 128 + j) : x, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 16; ++q) {
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64*kb + 128 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j + q] : 0;
+          }
+        }
+      }
+    }
+    // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+    if (64*kb + 128 < D) {
+      for (int e = lid; e < 512; e += 128) {
+        const int i = e / 4;
+        const int j = e % 4 * 16;
+        if (w_aligned) {
+          const int bytes = 128*pid_n + i < F && 64*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64*kb + 128 + j) : w, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 16; ++q) {
+            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64*kb + 128 + j + q < D ? w[(128*pid_n + i) * D + 64*kb + 128 + j + q] : 0;
+          }
+        }
+      }
+    }
+    tsr_copy_commit();
+    // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
+    for (int kk = 0; kk < 64 && kk < D - 64*kb; kk += 16) {
+      unsigned a_frag[4][4];
+      #pragma unroll
+      for (int fm = 0; fm < 4; ++fm) {
+        a_frag[fm][0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
+        a_frag[fm][1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
+        a_frag[fm][2] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+      }
+      #pragma unroll
+      for (int fn = 0; fn < 8; ++fn) {
+        unsigned b_frag[2];
+        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        #pragma unroll
+        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+      }
+    }
+  }
+  // mlp.tsr:31: return x @ w.T + bias
+  #pragma unroll
+  for (int frag = 0; frag < 32; ++frag) {
+    #pragma unroll
+    for (int reg = 0; reg < 4; reg += 2) {
+      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = j0 + half;
+        const int t = frag * 4 + reg + half;
+        pair[half] = (tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f))));
+      }
+      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 128*pid_n + j0])) {
+        tsr_store_pair(&out[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      } else {
+        if (128*pid_m + i < T && 128*pid_n + j0 < F) out[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

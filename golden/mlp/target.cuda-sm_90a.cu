@@ -219,6 +219,37 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
       : "memory");
 }
 
+// d += a @ b on one warpgroup's m64n128k32 tile of fp8_e4m3: `d` is the warp's 16 m16n8
+// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
+// a descriptor too. Both are K-major, the only way wgmma takes fp8_e4m3.
+__device__ inline void tsr_wgmma_m64n128k32_fp8_e4m3_ss(float* d, unsigned long long a, unsigned long long b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7,"
+      " %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23,"
+      " %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39,"
+      " %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55,"
+      " %56, %57, %58, %59, %60, %61, %62, %63},"
+      " %64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1)
+      : "memory");
+}
+
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
@@ -761,6 +792,185 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         } else {
           if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
           if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        }
+      }
+    }
+  }
+}
+
+// ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
+// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 384 threads per program
+extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map w_map) {
+  const int lid = (int)threadIdx.x;
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131136 bytes, given at launch
+  unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
+  unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 65536);
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // per stage: its copies have landed
+  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
+  // a stage's copies land once its 128 producer threads have arrived and the bytes
+  // thread 0 announced are in; it is free once every computing warpgroup has arrived
+  if (lid == 0) {
+    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_free + 0, 2);
+    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_free + 1, 2);
+    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_free + 2, 2);
+    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_free + 3, 2);
+    tsr_fence_mbarrier_init();
+  }
+  __syncthreads();
+  // warpgroup 2: the producer, which only copies
+  if (lid >= 256) {
+    tsr_setmaxnreg_dec<40>();
+    const int ptid = lid - 256;
+    if (0 < D) {
+      // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+      if (w_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 128*pid_n);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && j < D ? w[(128*pid_n + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+    }
+    if (128 < D) {
+      // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128 + j < D ? x[(128*pid_m + i) * D + 128 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+      if (w_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem + 16384, &w_map, tsr_landed + 1, 128, 128*pid_n);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && 128 + j < D ? w[(128*pid_n + i) * D + 128 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 128 < D; ++kb) {
+      if (128*kb + 256 < D) {
+        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
+        // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+        if (x_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_m);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128*kb + 256 + j < D ? x[(128*pid_m + i) * D + 128*kb + 256 + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+        if (w_aligned) {
+          if (ptid == 0) {
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_n);
+          }
+        } else {
+          #pragma unroll 1
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 128;
+            const long long j = e - i * 128;
+            b_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && 128*kb + 256 + j < D ? w[(128*pid_n + i) * D + 128*kb + 256 + j] : 0;
+          }
+          tsr_fence_async_shared();
+        }
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+      }
+    }
+  } else {
+    tsr_setmaxnreg_inc<232>();
+    // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[64];
+    #pragma unroll
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = (0.0f);
+      }
+    }
+    for (long long kb = 0; kb * 128 < D; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
+      // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
+      tsr_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < 128; kk += 32) {
+        tsr_wgmma_m64n128k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk % 128, 16, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+    }
+    // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // mlp.tsr:31: return x @ w.T + bias
+    #pragma unroll
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        float pair[2];
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f))));
+        }
+        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 128*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 128*pid_n + j0 < F) out[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

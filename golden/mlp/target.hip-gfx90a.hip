@@ -28,6 +28,55 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 
 __device__ inline float tsr_round_f16(float value) { return (float)(_Float16)value; }
 
+// ---------------------------------------------------------------- fp8
+
+// fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
+// NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
+// overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
+__device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
+  if ((bits & 0x7fu) == 0x7fu) return NAN;
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
+  return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
+}
+
+__device__ inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
+  if (exponent == 31) return mantissa ? NAN : __uint_as_float(sign | 0x7f800000u);
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
+  return __uint_as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
+}
+
+// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
+// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
+// that value's pattern, which the caller turns into its overflow.
+__device__ inline unsigned int tsr_narrow(float magnitude, int m, int bias) {
+  const unsigned int bits = __float_as_uint(magnitude);
+  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
+    const float scale = __uint_as_float((unsigned int)(126 + bias + m) << 23);
+    return (unsigned int)rintf(magnitude * scale);
+  }
+  const unsigned int rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
+  return ((rounded >> 23) - 127u + (unsigned int)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
+}
+
+__device__ inline unsigned char tsr_float_to_fp8_e4m3(float value) {
+  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (unsigned char)(sign | 0x7fu);
+  const unsigned int bits = tsr_narrow(fabsf(value), 3, 7);
+  return (unsigned char)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
+}
+
+__device__ inline unsigned char tsr_float_to_fp8_e5m2(float value) {
+  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (unsigned char)(sign | 0x7eu);
+  const unsigned int bits = tsr_narrow(fabsf(value), 2, 15);
+  return (unsigned char)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
+}
+
+__device__ inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
+__device__ inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -416,6 +465,113 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
       if (128*pid_m + i < T && 128*pid_n + j < D) out[(128*pid_m + i) * D + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f))))));
+    }
+  }
+}
+
+// ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
+// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
+extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
+  const int lid = (int)threadIdx.x;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
+  unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 16384);
+  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const int tx = lid % 16, ty = lid / 16;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
+  // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+  if (0 < D) {
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (x_aligned) {
+        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+        }
+      }
+    }
+  }
+  // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+  if (0 < D) {
+    for (int e = lid; e < 512; e += 256) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (w_aligned) {
+        const int bytes = 128*pid_n + i < F && j < D ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + j) : w, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 16; ++q) {
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && j + q < D ? w[(128*pid_n + i) * D + j + q] : 0;
+        }
+      }
+    }
+  }
+  // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  float acc[64];
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < 8; ++c) {
+      const int t = r * 8 + c;
+      acc[t] = (0.0f);
+    }
+  }
+  for (long long kb = 0; kb * 64 < D; ++kb) {
+    __syncthreads();
+    // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+    if (64*kb + 64 < D) {
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 16;
+        if (x_aligned) {
+          const int bytes = 128*pid_m + i < T && 64*kb + 64 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64*kb + 64 + j) : x, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 16; ++q) {
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64*kb + 64 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 64 + j + q] : 0;
+          }
+        }
+      }
+    }
+    // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+    if (64*kb + 64 < D) {
+      for (int e = lid; e < 512; e += 256) {
+        const int i = e / 4;
+        const int j = e % 4 * 16;
+        if (w_aligned) {
+          const int bytes = 128*pid_n + i < F && 64*kb + 64 + j < D ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64*kb + 64 + j) : w, bytes);
+        } else {
+          #pragma unroll
+          for (int q = 0; q < 16; ++q) {
+            b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64*kb + 64 + j + q < D ? w[(128*pid_n + i) * D + 64*kb + 64 + j + q] : 0;
+          }
+        }
+      }
+    }
+    // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
+    for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
+      float a_k[8], b_k[8];
+      for (int r = 0; r < 8; ++r) a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64 + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16]);
+      for (int c = 0; c < 8; ++c) b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * 128 + tx + c * 16) * 64 + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+      for (int r = 0; r < 8; ++r) {
+        for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
+      }
+    }
+  }
+  // mlp.tsr:31: return x @ w.T + bias
+  for (int r = 0; r < 8; ++r) {
+    const int i = ty + r * 16;
+    for (int c = 0; c < 8; ++c) {
+      const int j = tx + c * 16;
+      const int t = r * 8 + c;
+      if (128*pid_m + i < T && 128*pid_n + j < F) out[(128*pid_m + i) * F + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f)))));
     }
   }
 }

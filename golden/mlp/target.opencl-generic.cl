@@ -27,6 +27,55 @@ inline float tsr_round_f16(float value) {
   return vload_half(0, (__private const half*)&bits);
 }
 
+// ---------------------------------------------------------------- fp8
+
+// fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
+// NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
+// overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
+inline float tsr_fp8_e4m3_to_float(uchar bits) {
+  const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
+  if ((bits & 0x7fu) == 0x7fu) return NAN;
+  if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.001953125f));  // m 2^-9
+  return as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
+}
+
+inline float tsr_fp8_e5m2_to_float(uchar bits) {
+  const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
+  if (exponent == 31) return mantissa ? NAN : as_float(sign | 0x7f800000u);
+  if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
+  return as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
+}
+
+// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
+// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
+// that value's pattern, which the caller turns into its overflow.
+inline uint tsr_narrow(float magnitude, int m, int bias) {
+  const uint bits = as_uint(magnitude);
+  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
+    const float scale = as_float((uint)(126 + bias + m) << 23);
+    return (uint)rint(magnitude * scale);
+  }
+  const uint rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
+  return ((rounded >> 23) - 127u + (uint)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
+}
+
+inline uchar tsr_float_to_fp8_e4m3(float value) {
+  const uint sign = (as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (uchar)(sign | 0x7fu);
+  const uint bits = tsr_narrow(fabs(value), 3, 7);
+  return (uchar)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
+}
+
+inline uchar tsr_float_to_fp8_e5m2(float value) {
+  const uint sign = (as_uint(value) >> 24) & 0x80u;
+  if (isnan(value)) return (uchar)(sign | 0x7eu);
+  const uint bits = tsr_narrow(fabs(value), 2, 15);
+  return (uchar)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
+}
+
+inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
+inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return fmax(x, 0.0f); }
@@ -264,6 +313,77 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (64*pid_m + i < T && 64*pid_n + j < D) out[(64*pid_m + i) * D + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f) + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
+    }
+  }
+}
+
+// ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
+// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
+void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict w, __global const float* restrict bias, __global ushort* restrict out, const long T, const long D, const long F) {
+  const int lid = get_local_id(0);
+  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
+  __local uchar* const b_tile_smem = (__local uchar*)(tsr_smem + 4096);
+  const int tx = lid % 16, ty = lid / 16;
+  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const long pid_n = get_group_id(0);
+  const long pid_m = get_group_id(1);
+  // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  float acc[32];
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < 4; ++c) {
+      const int t = r * 4 + c;
+      acc[t] = (0.0f);
+    }
+  }
+  for (long kb = 0; kb * 64 < D; ++kb) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (x_aligned) {
+        const int bytes = 64*pid_m + i < T && 64*kb + j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
+      } else {
+        for (int q = 0; q < 16; ++q) {
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
+        }
+      }
+    }
+    // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+    for (int e = lid; e < 256; e += 128) {
+      const int i = e / 4;
+      const int j = e % 4 * 16;
+      if (w_aligned) {
+        const int bytes = 64*pid_n + i < F && 64*kb + j < D ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
+      } else {
+        for (int q = 0; q < 16; ++q) {
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
+        }
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
+    for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
+      float a_k[8], b_k[4];
+      for (int r = 0; r < 8; ++r) a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
+      for (int c = 0; c < 4; ++c) b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64 + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+      for (int r = 0; r < 8; ++r) {
+        for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
+      }
+    }
+  }
+  // mlp.tsr:31: return x @ w.T + bias
+  for (int r = 0; r < 8; ++r) {
+    const int i = ty + r * 8;
+    for (int c = 0; c < 4; ++c) {
+      const int j = tx + c * 16;
+      const int t = r * 4 + c;
+      if (64*pid_m + i < T && 64*pid_n + j < F) out[(64*pid_m + i) * F + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
     }
   }
 }

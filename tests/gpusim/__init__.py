@@ -51,7 +51,7 @@ _ARENA = re.compile(
     r"|__shared__ unsigned char tsr_smem\[(\d+)\] __attribute__\(\(aligned\(\d+\)\)\);"
 )
 _VECTOR = re.compile(r"typedef (\w+) (\w+) __attribute__\(\(ext_vector_type\((\d+)\)\)\);")
-_WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k16_(bf16|f16)_(ss|rs)")
+_WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k(?:16|32)_(bf16|f16|fp8_e4m3|fp8_e5m2)_(ss|rs)")
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
 _MAP = "tsr_tensor_map"
 
@@ -98,6 +98,11 @@ def _wgmma_forward(name: str) -> str:
     """A generated wgmma function, forwarded to the simulator's."""
     n, dtype, form = _WGMMA.fullmatch(name).groups()  # type: ignore[union-attr]
     kind = f"tsr_sim::Type::{dtype}"
+    if dtype.startswith("fp8_"):  # both operands K-major: no modes
+        return (
+            f"void {name}(float* d, unsigned long long a, unsigned long long b) {{\n"
+            f"  tsr_sim::wgmma({kind}, {n}, d, nullptr, a, false, false, b);\n}}\n"
+        )
     if form == "ss":
         return (
             f"template <int TransA, int TransB>\n"

@@ -72,7 +72,7 @@ struct PendingCopy {
   unsigned char bytes[16];
 };
 
-enum class Type { bf16, f16 };
+enum class Type { bf16, f16, fp8_e4m3, fp8_e5m2 };
 
 // One thread's part of a wgmma: where its accumulators are, and its a registers.
 struct WgmmaPart {
@@ -327,6 +327,17 @@ inline float f16_value(std::uint16_t h) {
   return bits<float>(bits<std::uint32_t>(magnitude) | sign);
 }
 
+// An fp8 value: e4m3 (the "fn" variant, whose only non-finite pattern is S.1111.111,
+// NaN) or e5m2 (IEEE's layout: exponent 31 is infinity or NaN), each with subnormals.
+inline float fp8_value(bool e4m3, std::uint8_t b) {
+  const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int exponent = (b & 0x7f) >> mantissa_bits, mantissa = b & ((1 << mantissa_bits) - 1);
+  const float sign = b & 0x80 ? -1.0f : 1.0f;
+  if (e4m3 ? (b & 0x7f) == 0x7f : exponent == 31) return mantissa || e4m3 ? NAN : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), 1 - bias - mantissa_bits);
+  return sign * std::ldexp(static_cast<float>(mantissa | 1 << mantissa_bits), exponent - bias - mantissa_bits);
+}
+
 // cvt.rn.f16.f32: round to nearest even, overflow to infinity, subnormals kept.
 inline std::uint16_t f16_bits(float value) {
   const std::uint32_t sign = (bits<std::uint32_t>(value) >> 16) & 0x8000u;
@@ -352,7 +363,15 @@ inline std::uint16_t f16_bits(float value) {
 }
 
 inline float value(Type type, std::uint16_t b) {
-  return type == Type::bf16 ? bf16_value(b) : f16_value(b);
+  switch (type) {
+    case Type::bf16: return bf16_value(b);
+    case Type::f16: return f16_value(b);
+    default: return fp8_value(type == Type::fp8_e4m3, static_cast<std::uint8_t>(b));
+  }
+}
+
+inline unsigned element_bytes(Type type) {
+  return type == Type::bf16 || type == Type::f16 ? 2 : 1;
 }
 
 // The two 16-bit elements of a register: the lower index in the low half.
@@ -630,13 +649,14 @@ inline void mma_m16n8k8_tf32(float* d, const unsigned* a, const unsigned* b) {
 
 // ------------------------------------------------------------------ wgmma
 
-// The 16-bit element (mn, k) of an operand that a matrix descriptor describes: the
-// operand's start, its leading and stride byte offsets, in the 128-byte swizzle. K-major:
-// rows of the m or n axis 128 bytes apart, eight-row groups `stride` apart, k along the
-// row. MN-major: the other way round, 64 of m or n along a 128-byte row, the next 64
-// `leading` bytes on, eight k rows per 1024 bytes, the next eight `stride` on. The
-// swizzle XORs address bits 4-6 (the 16-byte chunk of a 128-byte row) with bits 7-9.
-inline std::uint16_t described(std::uint64_t desc, bool mn_major, int mn, int k) {
+// The element (mn, k) of `size` bytes (2, or 1 for fp8) of an operand that a matrix
+// descriptor describes: the operand's start, its leading and stride byte offsets, in the
+// 128-byte swizzle. K-major: rows of the m or n axis 128 bytes apart, eight-row groups
+// `stride` apart, k along the row. MN-major (16-bit only): the other way round, 64 of m
+// or n along a 128-byte row, the next 64 `leading` bytes on, eight k rows per 1024 bytes,
+// the next eight `stride` on. The swizzle XORs address bits 4-6 (the 16-byte chunk of a
+// 128-byte row) with bits 7-9.
+inline std::uint16_t described(std::uint64_t desc, bool mn_major, int mn, int k, unsigned size) {
   const unsigned start = static_cast<unsigned>(desc & 0x3fff) << 4;
   const unsigned leading = static_cast<unsigned>((desc >> 16) & 0x3fff) << 4;
   const unsigned stride = static_cast<unsigned>((desc >> 32) & 0x3fff) << 4;
@@ -644,39 +664,44 @@ inline std::uint16_t described(std::uint64_t desc, bool mn_major, int mn, int k)
   if (((desc >> 49) & 7) != 0) fail("a matrix descriptor with a base offset");
   const auto u = [](int x) { return static_cast<unsigned>(x); };
   unsigned address;
+  if (mn_major && size != 2) fail("an MN-major wgmma operand that is not 16-bit");
   if (mn_major)
     address = start + u(mn / 64) * leading + u(mn % 64) * 2 + u(k / 8) * stride + u(k % 8) * 128;
   else
-    address = start + u(mn / 8) * stride + u(mn % 8) * 128 + u(k) * 2;
+    address = start + u(mn / 8) * stride + u(mn % 8) * 128 + u(k) * size;
   address ^= ((address >> 7) & 7) << 4;
-  if (address + 2 > block->smem_bytes) fail("a wgmma operand read past the dynamic arena");
-  std::uint16_t element;
-  std::memcpy(&element, block->smem + address, 2);
+  if (address + size > block->smem_bytes) fail("a wgmma operand read past the dynamic arena");
+  std::uint16_t element = 0;
+  std::memcpy(&element, block->smem + address, size);
   return element;
 }
 
+// One wgmma: m64nNk16 of 16-bit operands, m64nNk32 of fp8 ones (32 bytes of each row).
 inline void run(const Wgmma& w) {
-  std::vector<float> A(64 * 16), B(16 * static_cast<std::size_t>(w.n));
+  const unsigned size = element_bytes(w.type);
+  const int K = static_cast<int>(32 / size);
+  if (w.a_in_registers && size != 2) fail("a wgmma with fp8 a in registers");
+  std::vector<float> A(64 * static_cast<std::size_t>(K)), B(K * static_cast<std::size_t>(w.n));
   for (int m = 0; m < 64; ++m)
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < K; ++k) {
       if (w.a_in_registers) {  // mma.sync's a for warp m / 16
         const int l = (m % 16) % 8 * 4 + (k % 8) / 2, q = (m % 16) / 8 + (k / 8) * 2;
         const unsigned pair = w.parts[static_cast<std::size_t>(m / 16 * 32 + l)].a[q];
-        A[m * 16 + k] = k % 2 ? high(w.type, pair) : low(w.type, pair);
+        A[m * K + k] = k % 2 ? high(w.type, pair) : low(w.type, pair);
       } else {
-        A[m * 16 + k] = value(w.type, described(w.a_desc, w.trans_a, m, k));
+        A[m * K + k] = value(w.type, described(w.a_desc, w.trans_a, m, k, size));
       }
     }
-  for (int k = 0; k < 16; ++k)
+  for (int k = 0; k < K; ++k)
     for (int n = 0; n < w.n; ++n)
-      B[k * w.n + n] = value(w.type, described(w.b_desc, w.trans_b, n, k));
+      B[k * w.n + n] = value(w.type, described(w.b_desc, w.trans_b, n, k, size));
   for (int t = 0; t < 128; ++t) {
     const int warp = t / 32, l = t % 32, g = l / 4, lane_t = l % 4;
     float* d = w.parts[static_cast<std::size_t>(t)].d;
     for (int i = 0; i < w.n / 2; ++i) {
       const int row = warp * 16 + g + ((i % 4) / 2) * 8, col = (i / 4) * 8 + 2 * lane_t + i % 2;
       float sum = d[i];
-      for (int k = 0; k < 16; ++k) sum += A[row * 16 + k] * B[k * w.n + col];
+      for (int k = 0; k < K; ++k) sum += A[row * K + k] * B[k * w.n + col];
       d[i] = sum;
     }
   }

@@ -26,6 +26,7 @@ from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
+from .simt_tiles import WGMMA_FORMS
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
 
@@ -166,7 +167,9 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     env = environment("simt")
     wgmma = sorted({form for view in views.values() for form in view.wgmma})
     tma_ranks = sorted({rank for view in views.values() for rank in view.tma_ranks})
-    primitives = env.get_template("tessera_tile.j2").render(d=d, wgmma=wgmma, tma_ranks=tma_ranks)
+    primitives = env.get_template("tessera_tile.j2").render(
+        d=d, wgmma=wgmma, forms=WGMMA_FORMS, tma_ranks=tma_ranks
+    )
     primitives = primitives.strip()
     template = env.get_template("module.j2")
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))

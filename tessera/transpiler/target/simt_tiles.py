@@ -39,7 +39,7 @@ from .simt_layout import (
     sw128_panel,
 )
 
-__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_strides"]
+__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_strides", "WGMMA_FORMS"]
 
 #: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
 #: type of one lane's operand fragment, the dtype it multiplies, and how an element
@@ -64,14 +64,33 @@ _MMA_SYNC = {
 _WARPGROUP = 4
 #: Rows of a ``wgmma`` product per warpgroup, and its step along k for 16-bit operands.
 _WGMMA_M, _WGMMA_K = 64, 16
+#: The ``wgmma`` forms by operand dtype: the step along k (32 bytes of each operand row),
+#: the PTX type, and whether an operand may lie MN-major (the 16-bit types; fp8 operands
+#: are K-major only: ``a`` as ``[m, k]``, ``b`` as ``[n, k]``).
+WGMMA_FORMS = {
+    "bf16": (16, "bf16", True),
+    "f16": (16, "f16", True),
+    "fp8_e4m3": (32, "e4m3", False),
+    "fp8_e5m2": (32, "e5m2", False),
+}
 #: The widest ``wgmma`` (its n is a multiple of 8 up to this).
 _WGMMA_N = 256
 
 
 def _mma_sync_dtype(inst: str) -> str | None:
-    """The dtype of an NVIDIA tensor-core instruction the emitter issues as mma.sync."""
+    """The dtype of an NVIDIA tensor-core instruction the emitter issues as mma.sync: a
+    product planned on ``wgmma`` that cannot run on it runs on ``mma.sync`` too, an fp8
+    one widened to f16, which holds every fp8 value."""
     family, _, dtype = inst.rpartition(".")
+    if family == "wgmma" and dtype.startswith("fp8_"):
+        return "f16"
     return dtype if family in ("mma.sync", "wgmma") and dtype in _MMA_SYNC else None
+
+
+def _wgmma_dtype(inst: str) -> str | None:
+    """The operand dtype of a ``wgmma`` instruction, or None for another instruction."""
+    family, _, dtype = inst.rpartition(".")
+    return dtype if family == "wgmma" and dtype in WGMMA_FORMS else None
 
 
 @dataclass(frozen=True)
@@ -391,14 +410,15 @@ class TileOps:
         """``acc += a @ b``: on ``wgmma`` straight from shared memory where both operands
         lie there in its layout, else through the operands' elements."""
         a_view, b_view, depth = self.views.get(a.id), self.views.get(b.id), a.type.dims[1]
+        if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
+            assert b_view is not None and isinstance(dist, Fragments)
+            self.wgmma_product(op, a_view, b_view, depth, acc, dist)
+            return
         if not self.wgmma_ready(op, dist, depth, b_view):
             views = (self.loadable(op, a_view), self.loadable(op, b_view))
             self.product(op, self.operand(a, op), self.operand(b, op), depth, acc, dist, views)
             return
         assert b_view is not None and isinstance(dist, Fragments) and depth.constant is not None
-        if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
-            self.wgmma_product(op, a_view, b_view, depth, acc, dist)
-            return
         # a lies elsewhere: its fragments for every step are loaded first, into registers
         # that no step overwrites while the batch runs.
         frag = self.namer.fresh(f"{a.name or 'a'}_frag")
@@ -493,12 +513,18 @@ class TileOps:
     ) -> bool:
         """Whether ``op`` runs on ``wgmma`` with ``b`` (and ``a``, when given) read from
         shared memory: each warpgroup owns 64 whole rows of the result, the reduction
-        is whole steps of 16, and the operands lie in the 128-byte swizzle in the
-        instruction's dtype."""
-        dtype = _mma_sync_dtype(op.attr("mma").inst)
-        if not op.attr("mma").inst.startswith("wgmma") or dtype is None:
+        is whole steps of the instruction, and the operands lie in the 128-byte swizzle
+        in the instruction's dtype, K-major where it takes no other (fp8: ``a`` from
+        shared memory too)."""
+        dtype = _wgmma_dtype(op.attr("mma").inst)
+        if dtype is None:
             return False
-        if depth.constant is None or depth.constant % _WGMMA_K:
+        step, _, transposable = WGMMA_FORMS[dtype]
+        if depth.constant is None or depth.constant % step:
+            return False
+        if not transposable and (
+            a is None or b is None or not a.k_major("a") or not b.k_major("b")
+        ):
             return False
         if not isinstance(dist, Fragments) or dist.wn != 1 or dist.fm != 1:
             return False
@@ -534,7 +560,8 @@ class TileOps:
         back to back as one group; the fence before them orders the registers they
         read. The warpgroup then waits until the product's ``in_flight`` groups are
         left running: none, or in a pipelined GEMM loop, this one."""
-        dtype = _mma_sync_dtype(op.attr("mma").inst) or ""
+        dtype = _wgmma_dtype(op.attr("mma").inst) or ""
+        step, _, transposable = WGMMA_FORMS[dtype]
         form = "ss" if isinstance(a, SmemView) else "rs"
         n = dist.cols
         self.wgmma.add((dtype, n, form))
@@ -544,12 +571,13 @@ class TileOps:
         trans_b = int(not b.k_major("b"))
         self.line("tsr_wgmma_fence();")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {_WGMMA_K})")
-        function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{_WGMMA_K}_{dtype}_{form}"
+        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {step})")
+        function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{step}_{dtype}_{form}"
         if isinstance(a, SmemView):
             a_desc = self.descriptor(a, "a", "kk", rows)
             trans_a = int(not a.k_major("a"))
-            self.line(f"{function}<{trans_a}, {trans_b}>({acc}, {a_desc}, {b_desc});")
+            modes = f"<{trans_a}, {trans_b}>" if transposable else ""
+            self.line(f"{function}{modes}({acc}, {a_desc}, {b_desc});")
         else:
             self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {_WGMMA_K}], {b_desc});")
         self.close()

@@ -256,9 +256,15 @@ class TileKernel:
     def uses_wgmma(self) -> bool:
         """Whether a product runs on ``wgmma``, which reads shared memory through the
         async proxy and in its own layout."""
-        return any(
-            isinstance(op.attr("mma"), Mma) and op.attr("mma").inst.startswith("wgmma")
+        return bool(self.wgmma_dtypes)
+
+    @property
+    def wgmma_dtypes(self) -> frozenset[str]:
+        """The operand dtypes of the products that run on ``wgmma``."""
+        return frozenset(
+            op.attr("mma").inst.removeprefix("wgmma.")
             for op in walk(self.body)
+            if isinstance(op.attr("mma"), Mma) and op.attr("mma").inst.startswith("wgmma")
         )
 
 

@@ -30,18 +30,30 @@ _INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, tuple[int, int, int]]] = {
     ("cuda", "sm_80", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16)),
     ("cuda", "sm_90a", "bf16"): ("wgmma.bf16", (64, 0, 16)),
     ("cuda", "sm_90a", "f16"): ("wgmma.f16", (64, 0, 16)),
-    # wgmma takes tf32 and fp8 operands K-major only, and a GEMM's b is N-major in memory:
-    # until the copies can transpose, tf32 runs on mma.sync, and fp8 is widened to f16
-    # in registers for it, here too.
+    # wgmma takes tf32 operands K-major only, and reads them from shared memory as
+    # they lie there, not rounded to tf32 as the tensors' reads must be: tf32 runs on
+    # mma.sync, whose fragments are rounded as they are loaded.
     ("cuda", "sm_90a", "tf32"): ("mma.sync.tf32", (16, 8, 8)),
-    ("cuda", "sm_90a", "fp8_e4m3"): ("mma.sync.f16", (16, 8, 16)),
-    ("cuda", "sm_90a", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16)),
+    # fp8 runs on wgmma (k32) where both operands are K-major (see _K_MAJOR_ONLY).
+    ("cuda", "sm_90a", "fp8_e4m3"): ("wgmma.fp8_e4m3", (64, 0, 32)),
+    ("cuda", "sm_90a", "fp8_e5m2"): ("wgmma.fp8_e5m2", (64, 0, 32)),
     ("hip", "*", "bf16"): ("mfma_f32_32x32x8bf16_1k", (32, 32, 8)),
     ("hip", "*", "f16"): ("mfma_f32_32x32x8f16", (32, 32, 8)),
     ("hip", "*", "f32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),
     ("hip", "*", "tf32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),  # tf32 values are f32s
     ("hip", "gfx942", "fp8_e4m3"): ("mfma_f32_32x32x16_fp8_fp8", (32, 32, 16)),
 }
+
+#: The wgmma forms that take both operands K-major (``a`` as ``[m, k]``, ``b`` stored as
+#: ``[n, k]``: ``a @ b.T``), from shared memory, in whole 128-byte rows of the swizzle,
+#: one warpgroup to each 64 rows of the result; and what runs a product that is not so
+#: (sm_80's way: the fp8 fragments widened to f16, which holds every fp8 value).
+_K_MAJOR_ONLY = {
+    "wgmma.fp8_e4m3": ("mma.sync.f16", (16, 8, 16)),
+    "wgmma.fp8_e5m2": ("mma.sync.f16", (16, 8, 16)),
+}
+#: The widest wgmma, and the bytes of a row of its operands' swizzle.
+_WGMMA_N, _SWIZZLE_ROW = 256, 128
 
 
 def instruction(hw: Hardware, dtype: str, n_tile: int) -> tuple[str, tuple[int, int, int], str]:
@@ -76,18 +88,33 @@ def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) 
     return best
 
 
-def _mma(kernel: TileKernel, hw: Hardware, dtype: str, out: TileType, whole_rows: bool) -> Mma:
+def _mma(
+    kernel: TileKernel, hw: Hardware, dtype: str, out: TileType, whole_rows: bool,
+    k_major: bool = False,
+) -> Mma:  # fmt: skip
     rows, cols = (d.constant or 1 for d in out.dims)
     inst, shape, operands = instruction(hw, dtype, cols)
     if hw.kind == "cpu":
         return Mma(inst, shape, (1, 1), (rows, cols), operands)
+    if inst in _K_MAJOR_ONLY:
+        mma = _mma_of(kernel, inst, shape, rows, cols, True)
+        if k_major and mma.warps[1] == 1 and mma.warp_tile[0] == shape[0] and cols <= _WGMMA_N:
+            return mma
+        inst, shape = _K_MAJOR_ONLY[inst]
+    return _mma_of(kernel, inst, shape, rows, cols, whole_rows)
+
+
+def _mma_of(
+    kernel: TileKernel, inst: str, shape: tuple[int, int, int], rows: int, cols: int,
+    whole_rows: bool,
+) -> Mma:  # fmt: skip
     # wgmma is issued by warpgroups of four warps, each owning 64 rows.
     units = max(kernel.warps // 4 if inst.startswith("wgmma") else kernel.warps, 1)
     if whole_rows and rows % units == 0 and rows // units >= shape[0]:
         wm, wn = units, 1
     else:
         wm, wn = _warp_layout(units, rows, cols, shape)
-    return Mma(inst, shape, (wm, wn), (rows // wm, cols // wn), operands)
+    return Mma(inst, shape, (wm, wn), (rows // wm, cols // wn), "shared")
 
 
 def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
@@ -111,13 +138,16 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
         if op.kind == "dot" and op.result.id in fused:
             return []
         if op.kind == "dot":
-            return [_with_mma(op, kernel, hw, op.operands[0], op.result.type, whole_rows)]
+            k_major = _k_major(*op.operands, defs)
+            return [_with_mma(op, kernel, hw, op.operands[0], op.result.type, whole_rows,
+                              k_major)]  # fmt: skip
         if op.kind == "add" and any(v.id in fused for v in op.operands):
             dot_value = next(v for v in op.operands if v.id in fused)
             acc = next(v for v in op.operands if v is not dot_value)
             a, b = defs[dot_value.id].operands
             mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
-            return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows)]
+            return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows,
+                              _k_major(a, b, defs))]  # fmt: skip
         if op.kind == "softmax_accumulate":
             p, v = op.operands[3], op.operands[4]
             out = TileType((p.type.dims[0], v.type.dims[1]), op.results[0].type.dtype)
@@ -128,7 +158,23 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
 
 
 def _with_mma(
-    op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool
-) -> Op:
-    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows)
+    op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool,
+    k_major: bool = False,
+) -> Op:  # fmt: skip
+    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major)
     return replace(op, attrs=(*op.attrs, ("mma", mma)))
+
+
+def _k_major(a: Value, b: Value, defs: dict[int, Op]) -> bool:
+    """Whether a product's operands are both loads along ``k`` in whole rows of the
+    swizzle: ``a`` as it is loaded, ``b`` transposed (``a @ b.T``). The stage pass puts
+    such loads in shared memory, where wgmma reads them."""
+    a_def, b_def = defs.get(a.id), defs.get(b.id)
+    if a_def is None or b_def is None or b_def.kind != "transpose":
+        return False
+    b_load = defs.get(b_def.operands[0].id)
+    depth = a.type.dims[1].constant
+    return (
+        a_def.kind == "load" and b_load is not None and b_load.kind == "load"
+        and depth is not None and depth * a.type.dtype.bits // 8 % _SWIZZLE_ROW == 0
+    )  # fmt: skip

@@ -5,7 +5,8 @@ want) and a layout against bank conflicts: the schedule's XOR swizzle where
 it chose one (no extra bytes; what ``ldmatrix`` reads best), otherwise rows
 padded by 16 bytes when a row is a multiple of 128 bytes, so that consecutive
 rows start in different banks. In a kernel whose products run on ``wgmma``, a
-16-bit buffer of whole 128-byte rows takes the 128-byte swizzle instead
+16-bit buffer of whole 128-byte rows (or an fp8 one, where a ``wgmma`` reads fp8) takes
+the 128-byte swizzle instead
 (``sw128``, 1024-byte aligned): the layout that ``wgmma`` reads through a
 matrix descriptor and that TMA writes, so the instruction reads its operands
 where the copies put them. Buffers whose lifetimes do
@@ -43,7 +44,7 @@ def plan_smem(kernel: TileKernel, hw: Hardware) -> TileKernel:
     if not allocs:
         return kernel
     spans = _lifetimes(kernel.body)
-    wgmma = kernel.uses_wgmma
+    wgmma = kernel.wgmma_dtypes
     placed: list[tuple[SmemSlot, int, int]] = []
     for alloc in allocs:
         buf = alloc.result
@@ -60,12 +61,15 @@ def plan_smem(kernel: TileKernel, hw: Hardware) -> TileKernel:
     return replace(kernel, smem=tuple(p[0] for p in placed))
 
 
-def _layout(t: SharedType, kernel: TileKernel, hw: Hardware, wgmma: bool) -> tuple[str, int]:
+def _layout(
+    t: SharedType, kernel: TileKernel, hw: Hardware, wgmma: frozenset[str]
+) -> tuple[str, int]:
     rows, cols = (
         (d.constant or 1 for d in t.dims[-2:]) if len(t.dims) > 1 else (1, t.dims[0].constant or 1)
     )
     row_bytes = cols * t.dtype.bits // 8
-    if wgmma and t.dtype.bits == 16 and row_bytes % _BANK_ROW == 0 and rows % 8 == 0:
+    swizzled = t.dtype.bits == 16 or t.dtype.name in wgmma
+    if wgmma and swizzled and row_bytes % _BANK_ROW == 0 and rows % 8 == 0:
         return "sw128", t.bytes
     if hw.kind == "gpu" and kernel.swizzle == "xor" and row_bytes % 16 == 0:
         return "xor", t.bytes
