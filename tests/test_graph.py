@@ -296,11 +296,25 @@ def test_pass_order() -> None:
         ("cast(x, f32)", []),
         ("cast(cast(x, f32), bf16)", ["cast"]),
         ("x * 2.0", ["mul"]),
+        ("x.to(bf16)", ["cast"]),
+        ("x.to(f32)", []),
+        ("x @ x.T", ["matmul"]),
     ],
 )
 def test_simplification(body: str, expected: list[str]) -> None:
     text = f"@kernel\ndef f(x: Tensor['A', 'B', 'C', f32]):\n    return {body}\n"
     assert kinds(graph(text)) == expected
+
+
+def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
+    text = (
+        "@kernel\ndef f(x: Tensor['M', 'K', f32], w: Tensor['N', 'K', f32]):\n    return x @ w.T\n"
+    )
+    function = graph(text).functions[0]
+    (matmul,) = function.body.ops
+    assert [p.value for p in function.params] == list(matmul.operands)
+    assert matmul.attr("trans_b") is True
+    assert [str(d) for d in matmul.result.type.dims] == ["M", "N"]
 
 
 def test_a_lossy_cast_chain_is_kept() -> None:

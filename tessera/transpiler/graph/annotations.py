@@ -52,7 +52,9 @@ def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
         )
     if lookup_dtype(node.name) is not None:
         raise SemanticError(
-            f"'{node.name}' is a dtype, not a type: write Tensor[..., {node.name}]", node.span
+            f"'{node.name}' is a dtype, not a type: write Tensor[..., {node.name}] for a "
+            f"tensor, or {'float' if lookup_dtype(node.name).is_float else 'int'} for a scalar",
+            node.span,
         )
     raise SemanticError(
         f"unknown type '{node.name}'{did_you_mean(node.name, TYPE_NAMES)}", node.span

@@ -365,6 +365,8 @@ class Evaluator:
             if attr == "T":
                 spec = GRAPH_OPS["tile.transpose" if isinstance(t, TileType) else "transpose"]
                 return self.call_op(spec, [base], [], span, f"{base.text}.T")
+            if attr == "to":  # x.to(bf16), as in PyTorch and Triton: cast(x, bf16)
+                return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
             raise SemanticError(
                 f"a {'tile' if isinstance(t, TileType) else 'tensor'} has no attribute '{attr}'",
                 span,
@@ -488,6 +490,12 @@ class Evaluator:
             )
         if name == "kvcache.append":
             return self._append(node, ref.receiver, args, keywords)
+        if isinstance(ref.receiver, Ev):  # x.to(dtype): x is the cast's first operand
+            if len(args) + len(keywords) != 1:
+                raise SemanticError(
+                    f"{callee.text} takes one argument, the dtype: {callee.text}(bf16)", node.span
+                )
+            args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
         result = self.call_op(spec, args, keywords, node.span, callee.text)
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):

@@ -43,6 +43,7 @@ _VALUES = """\
 | `x.shape` | the dims of a tensor or tile; `x.shape[i]` is one size |
 | `x.dtype` | its dtype |
 | `x.T` | `transpose(x)` (`tile.transpose` for a tile) |
+| `x.to(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in PyTorch and Triton |
 | `x[:, None]` | a new axis of size 1 (for broadcasting); other indexing is not supported |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
 | `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
