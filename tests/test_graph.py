@@ -282,7 +282,7 @@ def test_bad_schedules(decorators: str, message: str) -> None:
 
 
 def test_pass_order() -> None:
-    assert [name for name, _ in GRAPH_PASSES] == ["canonicalize", "simplify", "fuse"]
+    assert [name for name, _ in GRAPH_PASSES] == ["canonicalize", "simplify", "attention", "fuse"]
 
 
 @pytest.mark.parametrize(
@@ -315,6 +315,37 @@ def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
     assert [p.value for p in function.params] == list(matmul.operands)
     assert matmul.attr("trans_b") is True
     assert [str(d) for d in matmul.result.type.dims] == ["M", "N"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("return softmax_safe(q @ k.T * 0.125, axis=-1) @ v", ["flash_attention"]),
+        ("return softmax(q @ k.T / 8.0) @ v", ["flash_attention"]),
+        ("return softmax(q @ k.T) @ v", ["flash_attention"]),
+        ("return cast(softmax(qb @ kb.T * 0.125), bf16) @ vb", ["flash_attention"]),
+        # a negative scale, scores kept, probabilities kept, b not transposed: as written
+        ("return softmax(q @ k.T * -1.0) @ v", ["matmul", "mul", "softmax", "matmul"]),
+        ("s = q @ k.T\n    return softmax(s) @ v + s", ["matmul", "softmax", "matmul", "add"]),
+        ("p = softmax(q @ k.T)\n    return p @ v + p", ["matmul", "softmax", "matmul", "add"]),
+        ("return softmax(q @ v) @ k", ["matmul", "softmax", "matmul"]),
+    ],
+)
+def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected: list[str]):
+    # square [N, N] operands, so that every misuse of the pattern type-checks
+    text = (
+        "@kernel\ndef f(q: Tensor['B', 'N', 'N', f32], k: Tensor['B', 'N', 'N', f32],\n"
+        "      v: Tensor['B', 'N', 'N', f32], qb: Tensor['B', 'N', 'N', bf16],\n"
+        "      kb: Tensor['B', 'N', 'N', bf16], vb: Tensor['B', 'N', 'N', bf16]):\n"
+        f"    {body}\n"
+    )
+    function = graph(text).functions[0]
+    assert kinds(graph(text)) == expected
+    for op in function.body.ops:
+        if op.kind == "flash_attention":
+            scaled = "*" in body or "/" in body
+            assert dict(op.attrs) == {"causal": False, "scale": 0.125 if scaled else 1.0}
+            assert str(op.result.type) == "tensor<[B, N, N], f32>"
 
 
 def test_a_lossy_cast_chain_is_kept() -> None:

@@ -16,6 +16,10 @@ the operand as it lies, through the library's ``gemm_nt``: it used to need a tra
 kernel, which no backend had. A launch over more batch axes than a GPU grid has (a
 product of ``[B, H, S, D]`` tensors: four) folds them into the third.
 
+Attention written with graph ops (``softmax(q @ k.T * c) @ v``, with or without a cast
+of the probabilities) runs as ``flash_attention``: one kernel, no score matrix in
+memory.
+
 A transpose that no product reads in place (``x.T + y``) is the library's
 ``transpose`` kernel, of square blocks; so is a tile kernel that loads its block with
 ``rows=T.n, cols=T.m`` (its ``T.n`` used to reach the generated code unset).
@@ -164,6 +168,11 @@ def graph_attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "T",
     return softmax_safe(q @ k.T * 0.125, axis=-1) @ v
 
 @kernel
+def graph_attention_bf16(q: Tensor["B", "H", "S", "D", bf16], k: Tensor["B", "H", "T", "D", bf16],
+                         v: Tensor["B", "H", "T", "D", bf16]) -> Tensor["B", "H", "S", "D", f32]:
+    return cast(softmax(q @ k.T / 8.0, axis=-1), bf16) @ v
+
+@kernel
 def transposed_sum(x: Tensor["B", "M", "N", f32],
                    y: Tensor["B", "N", "M", f32]) -> Tensor["B", "N", "M", f32]:
     return x.T + y
@@ -191,7 +200,7 @@ TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
 #: The functions whose result is a product, and which argument is its right operand.
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
-            "graph_attention": 2}  # fmt: skip
+            "graph_attention": 2, "graph_attention_bf16": 2}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -466,6 +475,11 @@ def test_attention_written_with_graph_ops(library: Any) -> None:
     np.testing.assert_allclose(f64(library.scores(q, k)), s, rtol=1e-5, atol=1e-5)
     want = softmax(s) @ f64(v)
     np.testing.assert_allclose(f64(library.graph_attention(q, k, v)), want, rtol=1e-5, atol=1e-5)
+    qb, kb, vb = (x.astype(ml_dtypes.bfloat16) for x in (q, k, v))
+    s = f64(qb) @ np.swapaxes(f64(kb), -1, -2) / 8.0
+    want = f64(softmax(s).astype(ml_dtypes.bfloat16)) @ f64(vb)  # bf16 probabilities
+    out = f64(library.graph_attention_bf16(qb, kb, vb))
+    np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.execute

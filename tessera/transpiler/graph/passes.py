@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .attention import recognize_attention
 from .canonicalize import canonicalize
 from .fusion import fuse
 from .ir import GraphModule
@@ -18,6 +19,7 @@ GraphPass = Callable[[GraphModule], GraphModule]
 GRAPH_PASSES: list[tuple[str, GraphPass]] = [
     ("canonicalize", canonicalize),
     ("simplify", simplify),
+    ("attention", recognize_attention),
     ("fuse", fuse),
 ]
 

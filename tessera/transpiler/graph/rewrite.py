@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .ir import Block, Function, GraphModule, Op, Value
 
-__all__ = ["map_functions", "substitute", "remove_dead", "Rewriter"]
+__all__ = ["map_functions", "substitute", "remove_dead", "use_counts", "Rewriter"]
 
 #: Ops whose results may be dropped when nobody uses them.
 _KEEP = ("tile.store", "kvcache.append")
@@ -53,6 +53,23 @@ def remove_dead(block: Block) -> Block:
         for region in regions:
             used |= _uses(region)
     return Block(block.args, tuple(reversed(kept)), block.yields)
+
+
+def use_counts(block: Block) -> dict[int, int]:
+    """How many times each value is used, as an operand or yielded from a region."""
+    counts: dict[int, int] = {}
+
+    def count(b: Block) -> None:
+        for v in b.yields:
+            counts[v.id] = counts.get(v.id, 0) + 1
+        for op in b.ops:
+            for v in op.operands:
+                counts[v.id] = counts.get(v.id, 0) + 1
+            for region in op.regions:
+                count(region)
+
+    count(block)
+    return counts
 
 
 def _uses(block: Block) -> set[int]:

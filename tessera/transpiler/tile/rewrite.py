@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ..graph.dims import Dim
 from ..graph.ir import Block, Op, walk
+from ..graph.rewrite import use_counts
 
 __all__ = ["rewrite", "use_counts", "producers", "shift"]
 
@@ -23,23 +24,6 @@ def rewrite(block: Block, visit: Callable[[Op], Sequence[Op]]) -> Block:
             op = replace(op, regions=tuple(rewrite(r, visit) for r in op.regions))
         ops.extend(visit(op))
     return replace(block, ops=tuple(ops))
-
-
-def use_counts(block: Block) -> dict[int, int]:
-    """How many times each value is used, as an operand or yielded from a region."""
-    counts: dict[int, int] = {}
-
-    def count(b: Block) -> None:
-        for v in b.yields:
-            counts[v.id] = counts.get(v.id, 0) + 1
-        for op in b.ops:
-            for v in op.operands:
-                counts[v.id] = counts.get(v.id, 0) + 1
-            for region in op.regions:
-                count(region)
-
-    count(block)
-    return counts
 
 
 def producers(block: Block) -> dict[int, Op]:
