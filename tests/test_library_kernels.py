@@ -20,6 +20,9 @@ Attention written with graph ops (``softmax(q @ k.T * c) @ v``, with or without 
 of the probabilities) runs as ``flash_attention``: one kernel, no score matrix in
 memory.
 
+A new axis on a value in memory (``x * s[:, None]``, ``x / norm(x)[:, None]``) is a view
+that the kernel reading it loads, broadcast: such a chain had no kernel.
+
 A transpose that no product reads in place (``x.T + y``) is the library's
 ``transpose`` kernel, of square blocks; so is a tile kernel that loads its block with
 ``rows=T.n, cols=T.m`` (its ``T.n`` used to reach the generated code unset).
@@ -187,6 +190,29 @@ def tile_transpose(x: Tensor["M", "N", f32]) -> Tensor["N", "M", f32]:
     return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
 
 @kernel
+def row_scaled(x: Tensor["B", "R", "C", f32], s: Tensor["R", f32],
+               c: Tensor["C", f32]) -> Tensor["B", "R", "C", f32]:
+    return x * s[:, None] - c[None, :]
+
+@kernel
+def unit_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return x / sqrt(sum(x * x, axis=-1))[:, None]
+
+@kernel
+def outer(a: Tensor["R", f32], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return a[:, None] * b[None, :]
+
+@kernel
+def scaled_rows_matmul(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32],
+                       s: Tensor["M", f32]) -> Tensor["M", "N", f32]:
+    t = s[:, None]
+    return (x @ w) * t
+
+@kernel
+def tempered_softmax(x: Tensor["R", "C", f32], t: Tensor["R", f32]) -> Tensor["R", "C", f32]:
+    return softmax(x / t[:, None], axis=-1)
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -200,7 +226,7 @@ TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
 #: The functions whose result is a product, and which argument is its right operand.
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
-            "graph_attention": 2, "graph_attention_bf16": 2}  # fmt: skip
+            "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -256,6 +282,8 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
     elif name in SWAPPED:
         shape = (*shape[:-2], shape[-1], shape[-2])
         return shape, np.dtype(ml_dtypes.bfloat16 if name == "transposed_bf16" else np.float32)
+    elif name == "outer":
+        shape = (shape[0], args[1].shape[0])
     elif name == "row_max_kept":
         shape = (*shape[:-1], 1)
     return shape, np.dtype(np.float32)
@@ -503,3 +531,25 @@ def test_transposes_that_no_product_reads_in_place(library: Any) -> None:
     xb = rng.standard_normal((67, 150)).astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(f64(library.transposed_bf16(xb)), 2 * f64(xb).T)
     np.testing.assert_array_equal(library.tile_transpose(x[0]), x[0].T)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_new_axes_on_values_in_memory_broadcast_where_they_are_read(library: Any) -> None:
+    rng = np.random.default_rng(44)
+    x = rng.standard_normal((2, 37, 45), dtype=np.float32)
+    s, t = rng.standard_normal((2, 37), dtype=np.float32)
+    c = rng.standard_normal(45, dtype=np.float32)
+    want = f64(x) * f64(s)[:, None] - f64(c)[None, :]
+    np.testing.assert_allclose(f64(library.row_scaled(x, s, c)), want, rtol=1e-6, atol=1e-6)
+    norm = np.sqrt((f64(x[0]) ** 2).sum(-1))[:, None]
+    np.testing.assert_allclose(f64(library.unit_rows(x[0])), f64(x[0]) / norm, rtol=1e-5)
+    want = f64(s)[:, None] * f64(c)[None, :]
+    np.testing.assert_allclose(f64(library.outer(s, c)), want, rtol=1e-6, atol=1e-7)
+    w = rng.standard_normal((45, 29), dtype=np.float32)
+    want = (f64(x[0]) @ f64(w)) * f64(s)[:, None]
+    out = f64(library.scaled_rows_matmul(x[0], w, s))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+    t = np.abs(t) + 0.5
+    want = softmax(f64(x[0]) / f64(t)[:, None])
+    np.testing.assert_allclose(f64(library.tempered_softmax(x[0], t)), want, atol=1e-6)

@@ -405,19 +405,6 @@ def test_what_the_library_kernels_do_not_take_is_an_error_at_the_call(
     assert f"3:12: error: {message}" in str(caught.value)
 
 
-def test_a_reduction_expanded_by_indexing_points_to_keepdims() -> None:
-    src = (
-        '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:\n'
-        "    return x - mean(x, axis=-1)[:, None]\n"
-    )
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(src, target="cpu")
-    assert "3:16: error: no tile kernel implements a kernel of expand_dims yet (a reduction" in (
-        str(caught.value)
-    )
-    assert "keepdims=True" in str(caught.value)
-
-
 def test_every_pass_keeps_the_kernel_valid() -> None:
     for target, arch in CONFIGS:
         hw = hardware_for(target, arch)

@@ -13,6 +13,9 @@ Triton-based compilers:
   chain as its prologue (``softmax(x * scale)`` is one kernel).
 - Otherwise elementwise ops start a kernel of their own, and the following
   elementwise ops chain onto it.
+- A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
+  earlier kernel's result) is a view: it joins the kernel of the one op that reads it,
+  which loads the value there as broadcast along the new axis.
 
 An op joins a kernel only if all its other inputs come from earlier kernels,
 so the kernels stay in a data-flow order. Effects are never reordered: ops
@@ -28,7 +31,7 @@ from .ir import Function, GraphModule, Group, Op, Value
 from .rewrite import map_functions
 from .types import ScalarType
 
-__all__ = ["fuse", "op_class"]
+__all__ = ["fuse", "op_class", "kernel_order"]
 
 _ANCHORS = {
     "matmul": "gemm",
@@ -89,12 +92,22 @@ def _fuse_function(function: Function) -> Function:
         uses[v.id] = uses.get(v.id, 0) + 1
     kernels: list[_Kernel] = []
     kernel_of: dict[int, int] = {}  # value id -> kernel index
+    views: dict[int, int] = {}  # value id -> index of the view op that gives it
 
     def can_join(k: int, op: Op, via: int) -> bool:
         return all(kernel_of.get(v.id, -1) <= k for v in op.operands if v.id != via)
 
     for index, op in enumerate(ops):
+        if op.kind == "expand_dims" and uses.get(op.result.id) == 1:
+            views[op.result.id] = index  # placed with its reader
+            continue
         cls = op_class(op)
+        viewed = [views.pop(v.id) for v in op.operands if v.id in views]
+        if cls != "elementwise":  # only an elementwise op loads a view where it reads it
+            for i in viewed:
+                kernels.append(_Kernel("elementwise", [i]))
+                kernel_of[ops[i].result.id] = len(kernels) - 1
+            viewed = []
         target = None
         if cls in ("elementwise", "reduction"):
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
@@ -109,14 +122,34 @@ def _fuse_function(function: Function) -> Function:
                     target = k
                     kernels[k].kind = "reduction"
                 break
+        sources = {kernel_of.get(ops[i].operands[0].id) for i in viewed}
+        if target is not None and target in sources:
+            target = None  # the viewed value is this kernel's own: it reads it from memory
         if target is None:
             kernels.append(_Kernel(cls if cls != "other" else op.kind))
             target = len(kernels) - 1
-        kernels[target].ops.append(index)
+        kernels[target].ops = sorted((*kernels[target].ops, *viewed, index))
         for result in op.results:
             kernel_of[result.id] = target
+    kernels += [_Kernel("elementwise", [i]) for i in views.values()]  # returned as they are
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
+
+
+def kernel_order(ops: list[Op]) -> list[Op]:
+    """A group's ops in the order its kernel computes them: program order, but a view
+    (an ``expand_dims`` the group loads) right before the op that reads it, so that it
+    is in that op's prologue or epilogue, whichever side of the anchor the reader is."""
+    readers = {v.id: op for op in ops for v in op.operands}
+    views = {
+        id(op) for op in ops
+        if op.kind == "expand_dims" and readers.get(op.result.id, op).kind != "expand_dims"
+    }  # fmt: skip
+    ordered = [op for op in ops if id(op) not in views]
+    for op in ops:
+        if id(op) in views:
+            ordered.insert(ordered.index(readers[op.result.id]), op)
+    return ordered
 
 
 def fuse(module: GraphModule) -> GraphModule:

@@ -16,6 +16,7 @@ from typing import Any
 from ..frontend.diagnostics import Diagnostics, Note
 from ..frontend.source import Span
 from ..graph.dims import Dim
+from ..graph.fusion import kernel_order
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, walk
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
@@ -167,7 +168,7 @@ class _Scheduler:
         reads, writes = self._boundary(group)
         anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
         template = "tile_kernel" if group.kind == "tile" else template_of(anchor) or group.kind
-        prologue, epilogue = _around(group.kind, ops, anchor)
+        prologue, epilogue = _around(group.kind, kernel_order(ops), anchor)
         if group.kind in _NOT_LAUNCHED:
             return Launch(
                 group.name, group.kind, index, template, epilogue, (), 0, 0, 0, "none", 1, (),

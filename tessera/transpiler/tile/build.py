@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..frontend.diagnostics import Diagnostics
+from ..graph.fusion import kernel_order
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import TensorType
@@ -89,7 +90,7 @@ def _lower_launch(
             {v.id: v for v in own}, output,
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
-    ops = [function.body.ops[i] for i in group.ops]
+    ops = kernel_order([function.body.ops[i] for i in group.ops])
     anchor = next((op for op in ops if op.kind in ANCHORS), None)
     problem = _unsupported(anchor, ops)
     if problem is not None:
@@ -113,14 +114,8 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         if _chain(ops, ops[-1].result):
             return None  # the elementwise kernel's prologue
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
-        hint = (
-            " (a reduction with keepdims=True keeps its axis for broadcasting)"
-            if any(op.kind == "expand_dims" for op in ops)
-            else ""
-        )
         return (
-            f"no tile kernel implements a kernel of {kinds} yet{hint}; "
-            "'--emit sched' shows its schedule"
+            f"no tile kernel implements a kernel of {kinds} yet; '--emit sched' shows its schedule"
         )
     prologue = ops[: ops.index(anchor)]
     computed = {op.result.id for op in prologue}
@@ -162,9 +157,13 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
 def _chain(ops: list[Op], result: Value) -> bool:
     """Whether ``ops`` are a chain of elementwise ops that a kernel can compute where it
     loads ``result``, which the last one gives: arithmetic, activations and casts,
-    every one of the result's shape (their other operands may broadcast)."""
+    every one of the result's shape (their other operands may broadcast), and views
+    (``s[:, None]``) of values that the chain does not compute, loaded broadcast."""
+    computed = {op.result.id for op in ops}
     return ops[-1].result is result and all(
-        op.kind in _CHAIN and op.result.type.dims == result.type.dims for op in ops
+        (op.kind in _CHAIN and op.result.type.dims == result.type.dims)
+        or (op.kind == "expand_dims" and op.operands[0].id not in computed)
+        for op in ops
     )
 
 

@@ -171,6 +171,11 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
         dims = tile.type.dims if tile is not None else tuple(a.size for a in access.tile_axes)
         current = tile
         for op in ops:
+            if op.kind == "expand_dims" and op.operands[0].id not in inside:
+                view = rename[op.operands[0].id]
+                current = _epilogue_operand(lowering, view, access, op.result.type, op.attr("axes"))
+                inside[op.result.id] = current
+                continue
             operands = tuple(
                 (
                     inside[v.id]
@@ -191,27 +196,37 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
     return build
 
 
-def _epilogue_operand(lowering: Any, value: Value, out: Access) -> Value:
+def _epilogue_operand(
+    lowering: Any, value: Value, out: Access, view: TensorType | None = None,
+    inserted: tuple[int, ...] = (),
+) -> Value:  # fmt: skip
     """Load the part of an outside tensor that lines up with the output tile (a bias
-    of ``[N]`` gives the tile's columns, broadcast over its rows)."""
+    of ``[N]`` gives the tile's columns, broadcast over its rows). ``view`` is the
+    tensor seen with new axes of one element at ``inserted`` (``s[:, None]``, whose
+    ``[R]`` then gives the tile's rows, broadcast over its columns)."""
     if isinstance(value.type, ScalarType):
         return value
-    dims = value.type.dims
+    dims = (view or value.type).dims
     axes = []
     for extent, place in zip(dims, out.axes[len(out.axes) - len(dims) :], strict=True):
         if extent == Dim.const(1) and place.extent != extent:
             axes.append(Axis(Dim.const(0), Dim.const(1), extent, index=place.index))
         else:
             axes.append(dataclasses.replace(place, extent=extent))
-    access = Access(tuple(axes))
+    access = Access(tuple(a for i, a in enumerate(axes) if i not in inserted))
     sizes = tuple(a.size for a in access.tile_axes)
     (loaded,) = lowering.emit("load", (value,), (TileType(sizes, value.type.dtype),),
                               (("at", access),))  # fmt: skip
-    missing = len(out.tile_axes) - len(sizes)
-    if missing:
+    missing = len(out.tile_axes) - len(Access(tuple(axes)).tile_axes)
+    tile_axis = [i for i, a in enumerate(axes) if not a.index]
+    new = tuple(range(missing)) + tuple(
+        missing + tile_axis.index(i) for i in inserted if not axes[i].index
+    )
+    if new:
+        shape = tuple(a.size for a in Access(tuple(axes)).tile_axes)
         (loaded,) = lowering.emit(
             "expand_dims", (loaded,),
-            (TileType((Dim.const(1),) * missing + sizes, value.type.dtype),),
-            (("axes", tuple(range(missing))),),
+            (TileType((Dim.const(1),) * missing + shape, value.type.dtype),),
+            (("axes", new),),
         )  # fmt: skip
     return loaded
