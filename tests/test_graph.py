@@ -299,6 +299,10 @@ def test_pass_order() -> None:
         ("x.to(bf16)", ["cast"]),
         ("x.to(f32)", []),
         ("x @ x.T", ["matmul"]),
+        ("sum(x, axis=1)", ["transpose", "sum"]),
+        ("sum(x.T, axis=1)", ["sum"]),
+        ("sum(x, axis=1, keepdims=True)", ["sum"]),
+        ("max(x, axis=0)", ["max"]),
     ],
 )
 def test_simplification(body: str, expected: list[str]) -> None:

@@ -20,6 +20,9 @@ Attention written with graph ops (``softmax(q @ k.T * c) @ v``, with or without 
 of the probabilities) runs as ``flash_attention``: one kernel, no score matrix in
 memory.
 
+A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix) is the row
+reduction of the transpose: two kernels, where it used to be an error.
+
 A new axis on a value in memory (``x * s[:, None]``, ``x / norm(x)[:, None]``) is a view
 that the kernel reading it loads, broadcast: such a chain had no kernel.
 
@@ -213,6 +216,18 @@ def tempered_softmax(x: Tensor["R", "C", f32], t: Tensor["R", f32]) -> Tensor["R
     return softmax(x / t[:, None], axis=-1)
 
 @kernel
+def column_sums(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:
+    return sum(x, axis=0)
+
+@kernel
+def column_means(x: Tensor["B", "R", "C", bf16]) -> Tensor["B", "C", f32]:
+    return mean(x, axis=1)
+
+@kernel
+def column_maxes(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:
+    return max(x * 2.0, axis=-2)
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -231,6 +246,8 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
 SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose"}
+#: The functions whose result drops the second-to-last axis.
+COLUMNS = {"column_sums", "column_means", "column_maxes"}
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
 
@@ -282,6 +299,8 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
     elif name in SWAPPED:
         shape = (*shape[:-2], shape[-1], shape[-2])
         return shape, np.dtype(ml_dtypes.bfloat16 if name == "transposed_bf16" else np.float32)
+    elif name in COLUMNS:
+        shape = (*shape[:-2], shape[-1])
     elif name == "outer":
         shape = (shape[0], args[1].shape[0])
     elif name == "row_max_kept":
@@ -553,3 +572,14 @@ def test_new_axes_on_values_in_memory_broadcast_where_they_are_read(library: Any
     t = np.abs(t) + 0.5
     want = softmax(f64(x[0]) / f64(t)[:, None])
     np.testing.assert_allclose(f64(library.tempered_softmax(x[0], t)), want, atol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_reductions_over_the_rows(library: Any) -> None:
+    rng = np.random.default_rng(45)
+    x = rng.standard_normal((137, 75), dtype=np.float32)  # past 64 x 64 blocks
+    np.testing.assert_allclose(f64(library.column_sums(x)), f64(x).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(f64(library.column_maxes(x)), 2 * f64(x).max(0))
+    xb = rng.standard_normal((2, 37, 75)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(f64(library.column_means(xb)), f64(xb).mean(1), atol=1e-6)

@@ -2,14 +2,21 @@
 
 - A constant operand of a commutative op goes on the right: ``2 * x`` is ``x * 2``.
 - Subtracting a constant is adding its negation: ``x - 1`` is ``x + -1``.
+- A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix: a bias
+  gradient, a column mean) is the reduction over the last axis of ``x``'s transpose,
+  which the library's row kernels compute. The transpose is a kernel of its own, a
+  pass over memory; a transpose the user wrote there cancels it (``simplify``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import GraphModule, Op, Value
+from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions
+
+#: Reductions that the row kernels compute over the last axis.
+_ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
 
 __all__ = ["canonicalize"]
 
@@ -31,5 +38,24 @@ def _const(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _over_rows(function: Function) -> Function:
+    ops: list[Op] = []
+    for op in function.body.ops:
+        x = op.operands[0] if op.operands else None
+        if (
+            op.kind not in _ROW_REDUCTIONS or x is None or op.attr("keepdims")
+            or x.type.rank < 2 or op.attr("axis") != x.type.rank - 2
+        ):  # fmt: skip
+            ops.append(op)
+            continue
+        rank = x.type.rank
+        perm = (*range(rank - 2), rank - 1, rank - 2)
+        swapped = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
+        ops.append(Op("transpose", (x,), (swapped,), (("perm", perm),), span=op.span))
+        attrs = {**dict(op.attrs), "axis": rank - 1}
+        ops.append(replace(op, operands=(swapped,), attrs=tuple(attrs.items())))
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
 def canonicalize(module: GraphModule) -> GraphModule:
-    return map_functions(module, Rewriter(_rule).function)
+    return map_functions(module, lambda f: Rewriter(_rule).function(_over_rows(f)))

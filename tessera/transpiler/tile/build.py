@@ -128,7 +128,8 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     x = anchor.operands[0].type
     if anchor.attr("axis", x.rank - 1) != x.rank - 1:
         return (
-            f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet (last axis only)"
+            f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet: the last "
+            "axis has, and the one before it without keepdims"
         )
     if anchor.kind == "transpose" and anchor.attr("perm")[-2:] != (x.rank - 1, x.rank - 2):
         return (
