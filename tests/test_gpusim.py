@@ -47,11 +47,11 @@ def mm(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["M", "N",
 """
 
 
-def _attention_source(causal: bool) -> str:
+def _attention_source(causal: bool, dtype: str = "bf16") -> str:
     return f"""\
 @kernel
-def attn(q: Tensor["BH", "S", "D", bf16], k: Tensor["BH", "S", "D", bf16],
-         v: Tensor["BH", "S", "D", bf16]) -> Tensor["BH", "S", "D", bf16]:
+def attn(q: Tensor["BH", "S", "D", {dtype}], k: Tensor["BH", "S", "D", {dtype}],
+         v: Tensor["BH", "S", "D", {dtype}]) -> Tensor["BH", "S", "D", {dtype}]:
     return ops.flash_attention(q, k, v, causal={causal})
 """
 
@@ -255,6 +255,21 @@ def test_fp8_products_of_a_transposed_operand(
     out = np.full((m, n), np.nan).astype(FP8[dtype])
     f(a, b, out=out)
     assert_rounded_once(out, f64(a) @ f64(b).T)
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_attention(d: int, target: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 attention: with a head dim of 128 fp8 (whole 128-byte rows) sm_90a takes
+    ``q @ k.T`` on wgmma's fp8 form and ``p @ v``, whose ``v`` is N-major, on mma.sync;
+    the two products' fragments meet in the same threads' rows."""
+    attn = _function(_attention_source(False, "fp8_e4m3"), target, arch, monkeypatch,
+                     defines={"D": d})  # fmt: skip
+    rng = np.random.default_rng(d)
+    q, k, v = (rng.standard_normal((2, 150, d)).astype(FP8["fp8_e4m3"]) for _ in range(3))
+    out = np.full((2, 150, d), np.nan).astype(FP8["fp8_e4m3"])
+    attn(q, k, v, out=out)
+    _check(out, attention(q, k, v, False), 0.1)  # the result rounds to fp8: 2^-4
 
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
