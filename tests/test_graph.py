@@ -303,6 +303,7 @@ def test_pass_order() -> None:
         ("sum(x.T, axis=1)", ["sum"]),
         ("sum(x, axis=1, keepdims=True)", ["sum"]),
         ("max(x, axis=0)", ["max"]),
+        ("softmax(x, axis=1)", ["transpose", "softmax", "transpose"]),
     ],
 )
 def test_simplification(body: str, expected: list[str]) -> None:

@@ -21,7 +21,8 @@ of the probabilities) runs as ``flash_attention``: one kernel, no score matrix i
 memory.
 
 A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix) is the row
-reduction of the transpose: two kernels, where it used to be an error.
+reduction of the transpose: two kernels, where it used to be an error; a softmax over it
+is the transpose of the softmax of the transpose.
 
 A new axis on a value in memory (``x * s[:, None]``, ``x / norm(x)[:, None]``) is a view
 that the kernel reading it loads, broadcast: such a chain had no kernel.
@@ -226,6 +227,10 @@ def column_means(x: Tensor["B", "R", "C", bf16]) -> Tensor["B", "C", f32]:
 @kernel
 def column_maxes(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:
     return max(x * 2.0, axis=-2)
+
+@kernel
+def column_softmax(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax_safe(x, axis=0)
 
 @kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
@@ -583,3 +588,5 @@ def test_reductions_over_the_rows(library: Any) -> None:
     np.testing.assert_array_equal(f64(library.column_maxes(x)), 2 * f64(x).max(0))
     xb = rng.standard_normal((2, 37, 75)).astype(ml_dtypes.bfloat16)
     np.testing.assert_allclose(f64(library.column_means(xb)), f64(xb).mean(1), atol=1e-6)
+    want = softmax(f64(x).T).T
+    np.testing.assert_allclose(f64(library.column_softmax(x)), want, rtol=1e-5, atol=1e-7)

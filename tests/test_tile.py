@@ -406,6 +406,18 @@ def test_what_the_library_kernels_do_not_take_is_an_error_at_the_call(
     assert f"3:12: error: {message}" in str(caught.value)
 
 
+def test_an_integer_matmul_is_an_error_that_says_what_to_do() -> None:
+    src = (
+        '@kernel\ndef f(a: Tensor["M", "K", i8],\n'
+        '      b: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:\n'
+        "    return a @ b\n"
+    )
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(src, target="cpu")
+    assert "4:12: error: a matmul of i8 operands has no tile kernel yet" in str(caught.value)
+    assert "cast the operands" in str(caught.value)
+
+
 def test_every_pass_keeps_the_kernel_valid() -> None:
     for target, arch in CONFIGS:
         hw = hardware_for(target, arch)

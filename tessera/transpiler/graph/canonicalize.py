@@ -4,8 +4,9 @@
 - Subtracting a constant is adding its negation: ``x - 1`` is ``x + -1``.
 - A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix: a bias
   gradient, a column mean) is the reduction over the last axis of ``x``'s transpose,
-  which the library's row kernels compute. The transpose is a kernel of its own, a
-  pass over memory; a transpose the user wrote there cancels it (``simplify``).
+  which the library's row kernels compute; a softmax over it is the transpose of the
+  softmax of the transpose. Each transpose is a kernel of its own, a pass over memory;
+  a transpose the user wrote there cancels it (``simplify``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import replace
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions
 
-#: Reductions that the row kernels compute over the last axis.
+#: Row kernels that drop the last axis, and those that keep every axis.
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
+_ROW_MAPS = ("softmax", "softmax_safe")
 
 __all__ = ["canonicalize"]
 
@@ -43,17 +45,21 @@ def _over_rows(function: Function) -> Function:
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
         if (
-            op.kind not in _ROW_REDUCTIONS or x is None or op.attr("keepdims")
+            op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS) or x is None or op.attr("keepdims")
             or x.type.rank < 2 or op.attr("axis") != x.type.rank - 2
         ):  # fmt: skip
             ops.append(op)
             continue
-        rank = x.type.rank
-        perm = (*range(rank - 2), rank - 1, rank - 2)
+        perm = (*range(x.type.rank - 2), x.type.rank - 1, x.type.rank - 2)
         swapped = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
         ops.append(Op("transpose", (x,), (swapped,), (("perm", perm),), span=op.span))
-        attrs = {**dict(op.attrs), "axis": rank - 1}
-        ops.append(replace(op, operands=(swapped,), attrs=tuple(attrs.items())))
+        attrs = tuple({**dict(op.attrs), "axis": x.type.rank - 1}.items())
+        if op.kind in _ROW_REDUCTIONS:
+            ops.append(replace(op, operands=(swapped,), attrs=attrs))
+            continue
+        rows = new_value(swapped.type.with_(dtype=op.result.type.dtype), None, op.span)
+        ops.append(replace(op, operands=(swapped,), results=(rows,), attrs=attrs))
+        ops.append(Op("transpose", (rows,), op.results, (("perm", perm),), span=op.span))
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
 
 

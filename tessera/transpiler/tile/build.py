@@ -136,6 +136,11 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
             f"transpose {anchor.attr('perm')} has no tile kernel yet: only a swap of the last "
             "two axes has"
         )
+    if anchor.kind == "matmul" and not x.dtype.is_float:
+        return (
+            f"a matmul of {x.dtype} operands has no tile kernel yet: the library's gemm "
+            "multiplies floats; cast the operands, e.g. to bf16, which holds every i8 exactly"
+        )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
     if template_of(anchor) in _ROWS and x.rank < 2:
