@@ -392,6 +392,12 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
             "transpose(x, (1, 0, 2))",
             "transpose (1, 0, 2) has no tile kernel yet: only a swap of the last two axes",
         ),
+        (
+            '"R", "R", "C", "C"',
+            '"R", "R", "C", "C"',
+            "transpose(x, (1, 0, 3, 2))",
+            "transpose (1, 0, 3, 2) has no tile kernel yet: only a swap of the last two axes",
+        ),
     ],
 )
 def test_what_the_library_kernels_do_not_take_is_an_error_at_the_call(

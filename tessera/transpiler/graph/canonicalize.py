@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .graph_ops import last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions
 
@@ -50,7 +51,7 @@ def _over_rows(function: Function) -> Function:
         ):  # fmt: skip
             ops.append(op)
             continue
-        perm = (*range(x.type.rank - 2), x.type.rank - 1, x.type.rank - 2)
+        perm = last_two_swapped(x.type.rank)
         swapped = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
         ops.append(Op("transpose", (x,), (swapped,), (("perm", perm),), span=op.span))
         attrs = tuple({**dict(op.attrs), "axis": x.type.rank - 1}.items())

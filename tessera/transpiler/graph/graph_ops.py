@@ -19,6 +19,7 @@ from .values import Const, DimValue
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
+    "last_two_swapped",
 ]  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
@@ -559,6 +560,12 @@ def _cast_like(call: OpCall) -> object:
     return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
 
 
+def last_two_swapped(rank: int) -> tuple[int, ...]:
+    """The permutation that swaps the last two of ``rank`` axes: ``transpose``'s default,
+    the one a product reads in place and the library's transpose kernel computes."""
+    return (*range(rank - 2), rank - 1, rank - 2)
+
+
 @register("transpose", P("x"), P("axes", None))
 def _transpose(call: OpCall) -> object:
     """Permute dims: by default swap the last two; ``axes`` gives the full permutation."""
@@ -568,7 +575,7 @@ def _transpose(call: OpCall) -> object:
     if isinstance(axes_value, Const) and axes_value.value is None:
         if rank < 2:
             raise call.error(f"needs at least 2 dims; {call.shape_of('x')}", at="x")
-        perm = (*tuple(range(rank - 2)), rank - 1, rank - 2)
+        perm = last_two_swapped(rank)
     else:
         axes = call.const("axes", tuple, list)
         perm = tuple(a % rank if isinstance(a, int) and -rank <= a < rank else -1 for a in axes)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .dtypes import DType
+from .graph_ops import last_two_swapped
 from .ir import GraphModule, Op, Value
 from .rewrite import Rewriter, map_functions
 
@@ -53,7 +54,8 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
             return x
     if op.kind == "matmul" and not op.attr("trans_b"):
         inner = producers.get(op.operands[1].id)
-        if inner is not None and inner.kind == "transpose" and _swaps_last(inner.attr("perm")):
+        swap = inner is not None and inner.kind == "transpose"
+        if swap and inner.attr("perm") == last_two_swapped(op.operands[1].type.rank):
             return replace(op, operands=(op.operands[0], inner.operands[0]),
                            attrs=(*op.attrs, ("trans_b", True)))  # fmt: skip
     if op.kind in ("transpose", "cast"):
@@ -75,11 +77,6 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
                         return source
                     return replace(op, operands=(source,))
     return None
-
-
-def _swaps_last(perm: tuple[int, ...]) -> bool:
-    rank = len(perm)
-    return perm == (*range(rank - 2), rank - 1, rank - 2)
 
 
 def simplify(module: GraphModule) -> GraphModule:

@@ -75,7 +75,7 @@ class _KernelView:
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
-        self.launch_grid = launch_grid(simt.grid)
+        self.launch_grid = _launch_grid(simt.grid)
         text = "\n".join(simt.body)
         self.pids = [
             f"const {d.index_type} {pid} = {index};"
@@ -88,7 +88,7 @@ class _KernelView:
         self.unused = [s for s in simt.sizes.values() if not re.search(rf"\b{s}\b", code)]
 
 
-def launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]]:
+def _launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]]:
     """The launch's (extent, block) per hardware axis. A GPU grid has three axes; the
     batch axes past the third (a matmul over ``[B, H, S, D]`` has four) are folded
     into the third, which then runs their product of programs."""

@@ -13,6 +13,7 @@ import dataclasses
 
 from ..frontend.diagnostics import Diagnostics
 from ..graph.fusion import kernel_order
+from ..graph.graph_ops import last_two_swapped
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import TensorType
@@ -131,7 +132,7 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
             f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet: the last "
             "axis has, and the one before it without keepdims"
         )
-    if anchor.kind == "transpose" and anchor.attr("perm")[-2:] != (x.rank - 1, x.rank - 2):
+    if anchor.kind == "transpose" and anchor.attr("perm") != last_two_swapped(x.rank):
         return (
             f"transpose {anchor.attr('perm')} has no tile kernel yet: only a swap of the last "
             "two axes has"
