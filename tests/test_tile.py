@@ -520,6 +520,18 @@ def test_stage_pass_before_and_after() -> None:
     assert _kinds(after).count("alloc") == 2 and _kinds(after).count("copy") == 2 * 3
 
 
+@pytest.mark.parametrize(("target", "staged"), [("cuda", True), ("opencl", True), ("cpu", False)])
+def test_a_transposed_block_goes_through_shared_memory_on_gpus(target: str, staged: bool):
+    """A GPU program reads its block along the rows of ``x`` into shared memory, and
+    writes the transposed rows from there: both sides of the copy are whole rows. The
+    CPU reads the block where it lies."""
+    src = '@kernel\ndef t(x: Tensor["M", "N", f32]) -> Tensor["N", "M", f32]:\n    return x.T\n'
+    before, after = _before_and_after(src, "stage", target)
+    assert _kinds(before) == ["load", "transpose", "store"]
+    expected = ["alloc", "copy", "read", "transpose", "store"] if staged else _kinds(before)
+    assert _kinds(after) == expected
+
+
 def test_barrier_pass_before_and_after() -> None:
     before, after = _before_and_after(GEMM, "barriers")
     assert "barrier" not in _kinds(before)

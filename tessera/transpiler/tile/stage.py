@@ -3,7 +3,10 @@
 Every load that feeds a dot (through a ``transpose`` or ``cast``, or as the
 ``v`` of ``softmax_accumulate``) goes through shared memory: ``copy`` global
 to shared, then ``read`` into registers, which is where ``ldmatrix``,
-``wgmma`` descriptors and the CPU's packed micro-kernel operands come from.
+``wgmma`` descriptors and the CPU's packed micro-kernel operands come from. On
+GPUs so does a load that a ``transpose`` reads: its block is copied along the
+rows of the tensor and read back along the columns, so that both the loads and
+the stores of a transposing copy are whole rows (coalesced).
 
 Inside a loop, on targets whose copies can run ahead of compute
 (``cp.async``, TMA) and with ``stages`` >= 2, the buffers get one slot per
@@ -42,7 +45,7 @@ _THROUGH = ("transpose", "cast")
 
 
 def stage_operands(kernel: TileKernel, hw: Hardware) -> TileKernel:
-    staged = _dot_operand_loads(kernel.body)
+    staged = _dot_operand_loads(kernel.body, hw.kind == "gpu")
     if not staged:
         return kernel
     stager = _Stager(kernel, hw, staged)
@@ -50,7 +53,7 @@ def stage_operands(kernel: TileKernel, hw: Hardware) -> TileKernel:
     return replace(kernel, body=replace(body, ops=(*stager.allocs, *body.ops)))
 
 
-def _dot_operand_loads(body: Block) -> set[int]:
+def _dot_operand_loads(body: Block, gpu: bool) -> set[int]:
     defs = producers(body)
     found: set[int] = set()
     for op in walk(body):
@@ -58,6 +61,8 @@ def _dot_operand_loads(body: Block) -> set[int]:
             operands = op.operands[:2]
         elif op.kind == "softmax_accumulate":
             operands = (op.operands[4],)
+        elif op.kind == "transpose" and gpu:  # read along rows, written along columns
+            operands = (op.operands[0],)
         else:
             continue
         for v in operands:
