@@ -103,6 +103,9 @@ def test_promotion() -> None:
         ("2 @ 3", "'@' multiplies matrices, not numbers"),
         ("int(INF)", "int(inf) is not a finite number"),
         ("float(10 ** 400)", "float(10000000000000000...) is not a finite number"),
+        ("log(0.0)", "log(0.0) has no finite value"),
+        ("sqrt(-1)", "sqrt(-1) has no finite value"),
+        ("exp(1000.0)", "exp(1000.0) has no finite value"),
     ],
 )
 def test_compile_time_arithmetic_errors(expression: str, message: str) -> None:
@@ -111,10 +114,19 @@ def test_compile_time_arithmetic_errors(expression: str, message: str) -> None:
     assert [d.message for d in info.value.diagnostics] == [message]
 
 
-def test_compile_time_arithmetic_folds() -> None:
-    module = graph("scale = 1.0 / 8\n@kernel\ndef f(x: Tensor['N', f32]):\n    return x * scale\n")
+@pytest.mark.parametrize("scale", ["1.0 / 8", "rsqrt(64.0)", "1 / sqrt(64)", "tanh(0.0) + 0.125"])
+def test_compile_time_arithmetic_folds(scale: str) -> None:
+    module = graph(f"scale = {scale}\n@kernel\ndef f(x: Tensor['N', f32]):\n    return x * scale\n")
     (mul,) = module.functions[0].body.ops
     assert dict(mul.attrs) == {"b": 0.125}
+
+
+def test_math_of_a_number_in_a_function_folds() -> None:
+    module = graph(
+        "@kernel\ndef f(x: Tensor['N', f32]):\n    return x * sqrt(float(x.shape[0] * 0 + 4))\n"
+    )
+    (mul,) = module.functions[0].body.ops
+    assert dict(mul.attrs) == {"b": 2.0}
 
 
 # ----------------------------------------------------------- types and guards

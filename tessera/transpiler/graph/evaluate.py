@@ -17,7 +17,7 @@ from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
-from .graph_ops import GRAPH_OPS
+from .graph_ops import GRAPH_OPS, folded
 from .ir import Value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
@@ -503,6 +503,11 @@ class Evaluator:
         return result
 
     def call_op(self, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:
+        number = folded(spec.name, args[0].value) if len(args) == 1 and not keywords else None
+        if self.function is None and number is not None:  # SCALE = rsqrt(64.0)
+            if isinstance(number, str):
+                raise SemanticError(number, span)
+            return number
         if self.function is None:
             raise SemanticError(
                 f"{shown} computes a run-time value; top-level values must be known at "

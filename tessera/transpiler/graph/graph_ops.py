@@ -7,6 +7,7 @@ the two in step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from .values import Const, DimValue
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped",
+    "last_two_swapped", "folded",
 ]  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
@@ -200,12 +201,44 @@ UNARY_DOCS = {
 }
 
 
+#: The unary math of a number, which the analyser computes (``q @ k.T / sqrt(64.0)``).
+_FOLD: dict[str, Callable[[float], float]] = {
+    "exp": math.exp,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda x: 1.0 / math.sqrt(x),
+    "tanh": math.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + math.exp(-x)),
+}
+
+
+def folded(kind: str, value: Any) -> Const | str | None:
+    """``kind`` of a number, computed now: a ``Const``, or why it has none (``log(0.0)``);
+    None when ``kind`` is not unary math of a number."""
+    if kind not in _FOLD or not isinstance(value, Const) or type(value.value) not in (int, float):
+        return None
+    try:
+        return Const(_FOLD[kind](float(value.value)))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return f"{kind}({value.value}) has no finite value"
+
+
 def _unary(kind: str) -> Callable[[OpCall], object]:
     def rule(call: OpCall) -> object:
+        number = folded(kind, call.raw("x"))
+        if isinstance(number, str):
+            raise call.error(number, at="x")
+        if number is not None:
+            return number
         x = _float_input(call, "x")
         return call.emit(kind, (x,), elementwise_type(x))
 
-    rule.__doc__ = f"Elementwise {UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype."
+    rule.__doc__ = (
+        f"Elementwise {UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype. Of a "
+        "number, a number the compiler computes (``q @ k.T * rsqrt(64.0)``)."
+    )
     return rule
 
 
