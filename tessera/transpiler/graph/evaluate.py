@@ -503,12 +503,12 @@ class Evaluator:
         return result
 
     def call_op(self, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:
-        number = folded(spec.name, args[0].value) if len(args) == 1 and not keywords else None
-        if self.function is None and number is not None:  # SCALE = rsqrt(64.0)
+        if self.function is None:
+            number = folded(spec.name, args[0].value) if len(args) == 1 and not keywords else None
             if isinstance(number, str):
                 raise SemanticError(number, span)
-            return number
-        if self.function is None:
+            if number is not None:  # SCALE = rsqrt(64.0)
+                return number
             raise SemanticError(
                 f"{shown} computes a run-time value; top-level values must be known at "
                 "compile time",

@@ -201,6 +201,13 @@ UNARY_DOCS = {
 }
 
 
+def _sigmoid(x: float) -> float:
+    """``1 / (1 + e^-x)``, without overflow on either side."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(x) / (1.0 + math.exp(x))
+
+
 #: The unary math of a number, which the analyser computes (``q @ k.T / sqrt(64.0)``).
 _FOLD: dict[str, Callable[[float], float]] = {
     "exp": math.exp,
@@ -208,9 +215,9 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "sqrt": math.sqrt,
     "rsqrt": lambda x: 1.0 / math.sqrt(x),
     "tanh": math.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+    "sigmoid": _sigmoid,
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
-    "silu": lambda x: x / (1.0 + math.exp(-x)),
+    "silu": lambda x: x * _sigmoid(x),
 }
 
 
