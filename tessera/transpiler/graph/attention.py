@@ -65,8 +65,7 @@ def _attention(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | N
     tq, tk, tv = q.type, k.type, v.type
     fits = (
         tq.dtype == tk.dtype == tv.dtype
-        and (cast is None or cast.attr("dtype") == tv.dtype)
-        and probabilities.type.dtype == tv.dtype
+        and probabilities.type.dtype == tv.dtype  # after the cast, if there is one
         and scores.result.type.dtype.name == "f32"
         and tq.dims[:-2] == tk.dims[:-2] == tv.dims[:-2]
         and tq.dims[-1] == tv.dims[-1]
