@@ -344,11 +344,28 @@ def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
         ("return softmax(q @ k.T / 8.0) @ v", ["flash_attention"]),
         ("return softmax(q @ k.T) @ v", ["flash_attention"]),
         ("return cast(softmax(qb @ kb.T * 0.125), bf16) @ vb", ["flash_attention"]),
+        # 1/sqrt of the head dim, at run time: the op's own default scale
+        ("return softmax(q @ k.T / sqrt(float(q.shape[-1]))) @ v", ["flash_attention"]),
+        ("return softmax(rsqrt(k.shape[2]) * (q @ k.T)) @ v", ["flash_attention"]),
         # a negative scale, scores kept, probabilities kept, b not transposed: as written
         ("return softmax(q @ k.T * -1.0) @ v", ["matmul", "mul", "softmax", "matmul"]),
         ("s = q @ k.T\n    return softmax(s) @ v + s", ["matmul", "softmax", "matmul", "add"]),
         ("p = softmax(q @ k.T)\n    return p @ v + p", ["matmul", "softmax", "matmul", "add"]),
         ("return softmax(q @ v) @ k", ["matmul", "softmax", "matmul"]),
+        # 1/sqrt of another size (the batch) or of twice the head dim, and sqrt where
+        # rsqrt is meant
+        (
+            "return softmax(q @ k.T / sqrt(float(q.shape[0]))) @ v",
+            ["matmul", "dim_to_float", "sqrt", "div", "softmax", "matmul"],
+        ),
+        (
+            "return softmax(q @ k.T * rsqrt(float(q.shape[2]) * 2.0)) @ v",
+            ["matmul", "dim_to_float", "mul", "rsqrt", "mul", "softmax", "matmul"],
+        ),
+        (
+            "return softmax(q @ k.T * sqrt(float(q.shape[2]))) @ v",
+            ["matmul", "dim_to_float", "sqrt", "mul", "softmax", "matmul"],
+        ),
     ],
 )
 def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected: list[str]):
@@ -364,7 +381,8 @@ def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected
     for op in function.body.ops:
         if op.kind == "flash_attention":
             scaled = "*" in body or "/" in body
-            assert dict(op.attrs) == {"causal": False, "scale": 0.125 if scaled else 1.0}
+            scale = {} if "sqrt" in body else {"scale": 0.125 if scaled else 1.0}
+            assert dict(op.attrs) == {"causal": False, **scale}
             assert str(op.result.type) == "tensor<[B, N, N], f32>"
 
 
@@ -411,6 +429,29 @@ def test_a_shared_intermediate_is_not_fused_into_its_consumers() -> None:
         "    y = A @ B\n    return relu(y) + y\n"
     )
     assert groups(text) == [("gemm", ["matmul"]), ("elementwise", ["relu", "add"])]
+
+
+def test_a_scalar_from_sizes_is_computed_by_each_kernel_that_reads_it() -> None:
+    text = (
+        "@kernel\ndef f(a: Tensor['M', 'K', f32], b: Tensor['K', 'N', f32], s: float):\n"
+        "    t = s / sqrt(float(a.shape[1]))\n"
+        "    y = (a @ b) * t\n"
+        "    return softmax(y) + t\n"
+    )
+    scalar = ["dim_to_float", "sqrt", "div"]
+    assert groups(text) == [
+        ("gemm", ["matmul", *scalar, "mul"]),
+        ("reduction", ["softmax", *scalar, "add"]),
+    ]
+
+
+def test_a_scalar_read_by_no_elementwise_op_is_host_work() -> None:
+    text = (
+        "@kernel\ndef f(q: Tensor['S', 'D', f32], k: Tensor['S', 'D', f32],\n"
+        "      v: Tensor['S', 'D', f32], p: float):\n"
+        "    return flash_attention(q, k, v, dropout=p * 0.5)\n"
+    )
+    assert groups(text) == [("host", ["mul"]), ("attention", ["flash_attention"])]
 
 
 def test_a_tile_kernel_is_one_kernel() -> None:

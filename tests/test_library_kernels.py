@@ -31,6 +31,11 @@ A transpose that no product reads in place (``x.T + y``) is the library's
 ``transpose`` kernel, of square blocks; so is a tile kernel that loads its block with
 ``rows=T.n, cols=T.m`` (its ``T.n`` used to reach the generated code unset).
 
+A scalar computed from sizes or scalar parameters (``(a @ b) / sqrt(float(K))``) is
+computed by each kernel that reads it: such a scalar used to be host-side work, which no
+backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` with its
+default scale.
+
 Each case runs against the float64 reference at sizes that are not multiples of the
 tiles, outputs poisoned first.
 """
@@ -233,6 +238,25 @@ def column_softmax(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return softmax_safe(x, axis=0)
 
 @kernel
+def size_scaled_matmul(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    return (a @ b) / sqrt(float(a.shape[-1]))
+
+@kernel
+def size_scaled_softmax(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax(x * rsqrt(x.shape[-1]), axis=-1)
+
+@kernel
+def shared_scalar(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32],
+                  s: float) -> Tensor["R", "C", f32]:
+    t = s * float(x.shape[0])
+    return softmax(y, axis=-1) * t + exp(x * t)
+
+@kernel
+def size_scaled_attention(q: Tensor["B", "S", "D", f32], k: Tensor["B", "T", "D", f32],
+                          v: Tensor["B", "T", "D", f32]) -> Tensor["B", "S", "D", f32]:
+    return softmax(q @ k.T / sqrt(float(q.shape[-1])), axis=-1) @ v
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -246,7 +270,8 @@ TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
 #: The functions whose result is a product, and which argument is its right operand.
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
-            "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1}  # fmt: skip
+            "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
+            "size_scaled_matmul": 1, "size_scaled_attention": 2}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -590,3 +615,27 @@ def test_reductions_over_the_rows(library: Any) -> None:
     np.testing.assert_allclose(f64(library.column_means(xb)), f64(xb).mean(1), atol=1e-6)
     want = softmax(f64(x).T).T
     np.testing.assert_allclose(f64(library.column_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_scalars_computed_from_sizes(library: Any) -> None:
+    rng = np.random.default_rng(46)
+    a = rng.standard_normal((37, 150), dtype=np.float32)
+    b = rng.standard_normal((150, 29), dtype=np.float32)
+    want = f64(a) @ f64(b) / np.sqrt(150)
+    out = f64(library.size_scaled_matmul(a, b))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    x = rng.standard_normal((37, 45), dtype=np.float32) * 8
+    want = softmax(f64(x) / np.sqrt(45))
+    np.testing.assert_allclose(f64(library.size_scaled_softmax(x)), want, atol=1e-6)
+    y = rng.standard_normal((37, 45), dtype=np.float32) * 0.05
+    t = 0.03 * 37  # read by two kernels, each computing it
+    want = softmax(f64(x)) * t + np.exp(f64(y) * t)
+    out = f64(library.shared_scalar(y, x, 0.03))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    q = rng.standard_normal((2, 37, 24), dtype=np.float32)
+    k, v = rng.standard_normal((2, 2, 45, 24), dtype=np.float32)
+    want = softmax(f64(q) @ np.swapaxes(f64(k), -1, -2) / np.sqrt(24)) @ f64(v)
+    out = f64(library.size_scaled_attention(q, k, v))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -571,3 +571,15 @@ def inline_dot(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["
     return acc
 """)
     assert [s.buffer for s in k.smem] == ["operand_smem", "operand_smem_1"]
+
+
+def test_work_no_backend_runs_is_an_error_at_the_line_that_asks_for_it() -> None:
+    src = (
+        '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
+        "    y = x * 2.0\n"
+        '    return all_reduce(y, op="sum")\n'
+    )
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(src, target="cpu")
+    message = "4:12: error: 'f': launch k1 is a collective of the runtime, which the cpu backend"
+    assert message in str(caught.value)

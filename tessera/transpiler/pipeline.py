@@ -133,11 +133,11 @@ def _target_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> CpuModule | SimtModule:
     for program in irs["tile"].programs:
-        for launch, why in program.runtime:
+        for launch, why, span in program.runtime:
             diags.error(
                 f"'{program.host.function}': launch {launch} is {why}, which the "
                 f"{options.target} backend cannot run yet",
-                program.host.span,
+                span or program.host.span,
             )
     diags.check()
     if options.target == "cpu":

@@ -7,12 +7,15 @@ computes the same thing in one kernel that never holds more than a block of scor
 (an online softmax). So the chain
 
     %s = matmul %q, %k {trans_b = true}      (q @ k.T, folded by ``simplify``)
-    %t = mul %s {b = c} | div %s {b = c}     (optional: the scale, a positive constant)
+    %t = mul %s {b = c} | div %s {b = c}     (optional: the scale, a positive constant,
+                                              or 1/sqrt of q's head dim, as
+                                              ``rsqrt(float(D))`` or ``sqrt(float(D))``)
     %p = softmax %t {axis = -1} | softmax_safe %t {axis = -1}
     %p = cast %p {dtype = v's}               (optional: bf16 probabilities for bf16 v)
     %o = matmul %p, %v
 
-becomes ``%o = flash_attention %q, %k, %v {scale = c}`` with ``%o``'s type, where each
+becomes ``%o = flash_attention %q, %k, %v {scale = c}`` (no scale: the op's default,
+``1/sqrt(D)``) with ``%o``'s type, where each
 intermediate has no other use, ``q``, ``k`` and ``v`` have one dtype and the same batch
 dims, ``v``'s head dim is ``q``'s, and the scores accumulate in f32. The online softmax
 subtracts each row's running maximum, as ``softmax_safe`` does: where the plain
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .dims import Dim
 from .ir import Function, GraphModule, Op, Value
 from .rewrite import Rewriter, map_functions, use_counts
 
@@ -58,10 +62,12 @@ def _attention(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | N
         return None
     scaled = single(softmax.operands[0], "mul", "div")
     scores = single(scaled.operands[0] if scaled else softmax.operands[0], "matmul")
-    scale = _scale(scaled) if scaled else 1.0
-    if scores is None or not scores.attr("trans_b") or scale is None:
+    if scores is None or not scores.attr("trans_b"):
         return None
     q, k = scores.operands
+    scale = _scale(scaled, producers, q.type.dims[-1]) if scaled else (("scale", 1.0),)
+    if scale is None:
+        return None
     tq, tk, tv = q.type, k.type, v.type
     fits = (
         tq.dtype == tk.dtype == tv.dtype
@@ -73,14 +79,29 @@ def _attention(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | N
     if not fits:
         return None
     return replace(op, kind="flash_attention", operands=(q, k, v),
-                   attrs=(("causal", False), ("scale", scale)))  # fmt: skip
+                   attrs=(("causal", False), *scale))  # fmt: skip
 
 
-def _scale(op: Op) -> float | None:
-    """The positive constant a ``mul`` or ``div`` of the scores scales them by."""
-    value = op.attr("b")
-    if len(op.operands) != 1 or "a" in dict(op.attrs) or not isinstance(value, (int, float)):
+def _scale(op: Op, producers: dict[int, Op], head_dim: Dim) -> tuple | None:
+    """The ``scale`` attribute of a ``mul`` or ``div`` of the scores: a positive constant,
+    or none at all for ``1/sqrt(head_dim)`` computed at run time (the op's default);
+    None when the op is neither."""
+    attrs = dict(op.attrs)
+    if op.kind == "div" and "a" in attrs:  # c / scores
         return None
-    if isinstance(value, bool) or value <= 0:
+    value = attrs.get("b", attrs.get("a"))  # c * scores, as scores * c
+    if len(op.operands) == 2 and value == "scalar":
+        root = producers.get(op.operands[1].id)
+        size = producers.get(root.operands[0].id) if root is not None and root.operands else None
+        wanted = {"mul": "rsqrt", "div": "sqrt"}[op.kind]
+        default = (
+            root is not None and root.kind == wanted
+            and size is not None and size.kind == "dim_to_float"
+            and size.attr("dim") == head_dim
+        )  # fmt: skip
+        return () if default else None
+    if len(op.operands) != 1 or not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    return float(value) if op.kind == "mul" else 1.0 / value
+    if value <= 0:
+        return None
+    return (("scale", float(value) if op.kind == "mul" else 1.0 / value),)

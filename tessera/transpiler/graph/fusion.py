@@ -16,6 +16,11 @@ Triton-based compilers:
 - A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
   earlier kernel's result) is a view: it joins the kernel of the one op that reads it,
   which loads the value there as broadcast along the new axis.
+- A scalar computed from sizes, numbers and scalar parameters (``1 / sqrt(float(D))``)
+  is computed again by every kernel whose elementwise ops read it: each such op gets its
+  own copy of the computation, which joins the op's kernel as a view does. A few scalar
+  instructions per program cost less than a launch, and no backend then needs code
+  outside its kernels.
 
 An op joins a kernel only if all its other inputs come from earlier kernels,
 so the kernels stay in a data-flow order. Effects are never reordered: ops
@@ -27,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .ir import Function, GraphModule, Group, Op, Value
-from .rewrite import map_functions
+from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
+from .rewrite import map_functions, remove_dead
 from .types import ScalarType
 
 __all__ = ["fuse", "op_class", "kernel_order"]
@@ -63,13 +68,52 @@ def _widens(op: Op, via: Value) -> bool:
 
 
 def op_class(op: Op) -> str:
-    if all(isinstance(r.type, ScalarType) for r in op.results) and op.results:
+    if _is_scalar(op):
         return "host"
     if op.kind in _REDUCTIONS:
         return "reduction"
     if op.kind in _ELEMENTWISE:
         return "elementwise"
     return _ANCHORS.get(op.kind, "other")
+
+
+def _is_scalar(op: Op) -> bool:
+    return bool(op.results) and all(isinstance(r.type, ScalarType) for r in op.results)
+
+
+def _pure_scalar(op: Op) -> bool:
+    """Whether ``op`` computes a scalar that a kernel may compute again where it is read."""
+    return _is_scalar(op) and not op.effects and not op.regions
+
+
+def _scalars_per_reader(block: Block) -> Block:
+    """Give each elementwise op its own copy of the scalar computations it reads, placed
+    right before it, so that each copy can join that op's kernel."""
+    producer: dict[int, Op] = {}
+    ops: list[Op] = []
+
+    def copy(value: Value) -> Value:
+        op = producer.get(value.id)
+        if op is None:  # a parameter, or a scalar with effects: read as it is
+            return value
+        operands = tuple(copy(v) for v in op.operands)
+        results = tuple(new_value(r.type, r.name, r.span) for r in op.results)
+        ops.append(replace(op, operands=operands, results=results))
+        return results[op.results.index(value)]
+
+    for op in block.ops:
+        if _pure_scalar(op):
+            producer.update((r.id, op) for r in op.results)
+        elif op_class(op) == "elementwise" and any(v.id in producer for v in op.operands):
+            op = replace(op, operands=tuple(copy(v) for v in op.operands))
+        ops.append(op)
+    return remove_dead(Block(block.args, tuple(ops), block.yields))
+
+
+def _placed_with_reader(op: Op, uses: dict[int, int]) -> bool:
+    """A view, or a scalar computation, that joins the kernel of its one reader."""
+    placed = op.kind == "expand_dims" or _pure_scalar(op)
+    return placed and all(uses.get(r.id) == 1 for r in op.results)
 
 
 @dataclass
@@ -79,9 +123,11 @@ class _Kernel:
 
 
 def _fuse_function(function: Function) -> Function:
-    ops = function.body.ops
     if function.kind == "tile":
+        ops = function.body.ops
         return replace(function, groups=(Group("k0", "tile", tuple(range(len(ops)))),))
+    function = replace(function, body=_scalars_per_reader(function.body))
+    ops = function.body.ops
     if not ops:
         return function
     uses: dict[int, int] = {}
@@ -92,21 +138,29 @@ def _fuse_function(function: Function) -> Function:
         uses[v.id] = uses.get(v.id, 0) + 1
     kernels: list[_Kernel] = []
     kernel_of: dict[int, int] = {}  # value id -> kernel index
-    views: dict[int, int] = {}  # value id -> index of the view op that gives it
+    #: value id -> indices of the ops that give it and go with its reader (a view, or a
+    #: scalar computation with the ops it reads)
+    views: dict[int, list[int]] = {}
 
     def can_join(k: int, op: Op, via: int) -> bool:
         return all(kernel_of.get(v.id, -1) <= k for v in op.operands if v.id != via)
 
+    def own_kernel(indices: list[int]) -> None:
+        last = ops[indices[-1]]
+        kernels.append(_Kernel(op_class(last) if _is_scalar(last) else "elementwise", indices))
+        for i in indices:
+            kernel_of.update((r.id, len(kernels) - 1) for r in ops[i].results)
+
     for index, op in enumerate(ops):
-        if op.kind == "expand_dims" and uses.get(op.result.id) == 1:
-            views[op.result.id] = index  # placed with its reader
+        given = [views.pop(v.id) for v in op.operands if v.id in views]
+        viewed = sorted(i for indices in given for i in indices)
+        if _placed_with_reader(op, uses):
+            views[op.result.id] = [*viewed, index]
             continue
         cls = op_class(op)
-        viewed = [views.pop(v.id) for v in op.operands if v.id in views]
         if cls != "elementwise":  # only an elementwise op loads a view where it reads it
-            for i in viewed:
-                kernels.append(_Kernel("elementwise", [i]))
-                kernel_of[ops[i].result.id] = len(kernels) - 1
+            for indices in given:
+                own_kernel(indices)
             viewed = []
         target = None
         if cls in ("elementwise", "reduction"):
@@ -122,7 +176,7 @@ def _fuse_function(function: Function) -> Function:
                     target = k
                     kernels[k].kind = "reduction"
                 break
-        sources = {kernel_of.get(ops[i].operands[0].id) for i in viewed}
+        sources = {kernel_of.get(v.id) for i in viewed for v in ops[i].operands}
         if target is not None and target in sources:
             target = None  # the viewed value is this kernel's own: it reads it from memory
         if target is None:
@@ -131,24 +185,35 @@ def _fuse_function(function: Function) -> Function:
         kernels[target].ops = sorted((*kernels[target].ops, *viewed, index))
         for result in op.results:
             kernel_of[result.id] = target
-    kernels += [_Kernel("elementwise", [i]) for i in views.values()]  # returned as they are
+    for indices in views.values():  # returned as they are
+        own_kernel(indices)
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
 
 
 def kernel_order(ops: list[Op]) -> list[Op]:
     """A group's ops in the order its kernel computes them: program order, but a view
-    (an ``expand_dims`` the group loads) right before the op that reads it, so that it
-    is in that op's prologue or epilogue, whichever side of the anchor the reader is."""
-    readers = {v.id: op for op in ops for v in op.operands}
-    views = {
+    (an ``expand_dims`` the group loads) or a scalar computation right before the op
+    that reads it, so that it is in that op's prologue or epilogue, whichever side of
+    the anchor the reader is."""
+    read = {v.id for op in ops for v in op.operands}
+    producer = {r.id: op for op in ops for r in op.results}
+    placed = {
         id(op) for op in ops
-        if op.kind == "expand_dims" and readers.get(op.result.id, op).kind != "expand_dims"
+        if (op.kind == "expand_dims" or _pure_scalar(op)) and op.results[0].id in read
     }  # fmt: skip
-    ordered = [op for op in ops if id(op) not in views]
-    for op in ops:
-        if id(op) in views:
-            ordered.insert(ordered.index(readers[op.result.id]), op)
+    ordered: list[Op] = []
+
+    def put(op: Op) -> None:
+        for v in op.operands:
+            given = producer.get(v.id)
+            if given is not None and id(given) in placed:
+                placed.discard(id(given))
+                put(given)
+        ordered.append(op)
+
+    for op in [op for op in ops if id(op) not in placed]:
+        put(op)
     return ordered
 
 

@@ -232,19 +232,34 @@ def folded(kind: str, value: Any) -> Const | str | None:
         return f"{kind}({value.value}) has no finite value"
 
 
+def _as_scalar(value: Any, call: OpCall) -> Any:
+    """A size as the float it is (``sqrt(q.shape[-1])`` means ``sqrt(float(D))``):
+    a number when the size is known, a run-time scalar otherwise."""
+    if not isinstance(value, DimValue):
+        return value
+    if value.dim.constant is not None:
+        return Const(float(value.dim.constant))
+    return call.emit("dim_to_float", (), ScalarType("float"), attrs=(("dim", value.dim),))
+
+
 def _unary(kind: str) -> Callable[[OpCall], object]:
     def rule(call: OpCall) -> object:
-        number = folded(kind, call.raw("x"))
+        x = _as_scalar(call.raw("x"), call)
+        number = folded(kind, x)
         if isinstance(number, str):
             raise call.error(number, at="x")
         if number is not None:
             return number
+        if isinstance(x, Value) and x.type == ScalarType("float"):
+            return call.emit(kind, (x,), x.type)
         x = _float_input(call, "x")
         return call.emit(kind, (x,), elementwise_type(x))
 
     rule.__doc__ = (
         f"Elementwise {UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype. Of a "
-        "number, a number the compiler computes (``q @ k.T * rsqrt(64.0)``)."
+        "number, a number the compiler computes (``q @ k.T * rsqrt(64.0)``); of a float "
+        "scalar or a size, a scalar that each kernel reading it computes "
+        "(``q @ k.T / sqrt(float(D))``)."
     )
     return rule
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 from ..frontend.diagnostics import Diagnostics
+from ..frontend.source import Span
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import last_two_swapped
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
-from ..graph.types import TensorType
+from ..graph.types import ScalarType, TensorType
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
@@ -33,6 +34,7 @@ ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
                     "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
+_SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
 #: The library kernels that take their operand a block of whole rows at a time.
 _ROWS = frozenset(
     {"softmax", "layernorm", "rmsnorm", "row_sum", "row_mean", "row_max", "logsumexp"}
@@ -50,11 +52,12 @@ def tile_module(
     programs = []
     for function, host in zip(graph.functions, sched.programs, strict=True):
         kernels: list[TileKernel] = []
-        runtime: list[tuple[str, str]] = []
+        runtime: list[tuple[str, str, Span | None]] = []
         for launch in host.launches:
             group = function.groups[launch.group]
             if group.kind in _RUNTIME:
-                runtime.append((launch.name, _RUNTIME[group.kind]))
+                first = function.body.ops[group.ops[0]]
+                runtime.append((launch.name, _RUNTIME[group.kind], first.span))
                 continue
             if launch.split_k > 1:
                 diags.warning(
@@ -164,11 +167,13 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
 def _chain(ops: list[Op], result: Value) -> bool:
     """Whether ``ops`` are a chain of elementwise ops that a kernel can compute where it
     loads ``result``, which the last one gives: arithmetic, activations and casts,
-    every one of the result's shape (their other operands may broadcast), and views
-    (``s[:, None]``) of values that the chain does not compute, loaded broadcast."""
+    every one of the result's shape (their other operands may broadcast), views
+    (``s[:, None]``) of values that the chain does not compute, loaded broadcast, and
+    the scalars they read (``1 / sqrt(float(D))``), computed by each program."""
     computed = {op.result.id for op in ops}
     return ops[-1].result is result and all(
-        (op.kind in _CHAIN and op.result.type.dims == result.type.dims)
+        (op.kind in _SCALAR_CHAIN and isinstance(op.result.type, ScalarType))
+        or (op.kind in _CHAIN and op.result.type.dims == result.type.dims)
         or (op.kind == "expand_dims" and op.operands[0].id not in computed)
         for op in ops
     )

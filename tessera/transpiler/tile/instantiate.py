@@ -184,12 +184,14 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 )
                 for v in op.operands
             )
-            result_type = TileType(dims, op.result.type.dtype)
-            (current,) = lowering.emit(
+            scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
+            result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
+            (value,) = lowering.emit(
                 op.kind, operands, (result_type,), op.attrs, op.effects, (), op.span,
                 (op.result.name,),
             )  # fmt: skip
-            inside[op.result.id] = current
+            inside[op.result.id] = value
+            current = current if scalar else value
         assert current is not None
         return current
 

@@ -273,12 +273,12 @@ class TileProgram:
     """A graph function's host program and the tile kernels of its launches.
 
     Launches that run no tile program (a collective, host-side work) have no
-    kernel; ``runtime`` names them with the reason.
+    kernel; ``runtime`` names them with the reason and where their first op was written.
     """
 
     host: HostProgram
     kernels: tuple[TileKernel, ...]
-    runtime: tuple[tuple[str, str], ...] = ()
+    runtime: tuple[tuple[str, str, Span | None], ...] = ()
 
 
 @dataclass(frozen=True)

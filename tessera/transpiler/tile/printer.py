@@ -23,7 +23,7 @@ def print_tile(module: TileModule) -> str:
         for launch in host.launches:
             if launch.name in launched:
                 lines.append(f"  launch {launch.name} @{launched[launch.name]}")
-        for launch, why in program.runtime:
+        for launch, why, _ in program.runtime:
             lines.append(f"  runtime {launch}  // {why}")
         lines.append("}")
         for kernel in program.kernels:
