@@ -238,6 +238,10 @@ def column_softmax(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return softmax_safe(x, axis=0)
 
 @kernel
+def rms_by_hand(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return x * rsqrt(mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+
+@kernel
 def size_scaled_matmul(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
     return (a @ b) / sqrt(float(a.shape[-1]))
 
@@ -515,6 +519,10 @@ def test_a_reduction_that_keeps_its_axis_and_its_broadcast_back(library: Any) ->
     x3 = rng.standard_normal((2, 21, 53), dtype=np.float32)
     want = f64(x3) - f64(x3).mean(-1, keepdims=True)
     np.testing.assert_allclose(f64(library.centered(x3)), want, rtol=1e-5, atol=1e-6)
+    # numbers after the kept axis are computed by the reduction's kernel
+    w = rng.standard_normal(53, dtype=np.float32)
+    want = f64(x3) / np.sqrt((f64(x3) ** 2).mean(-1, keepdims=True) + 1e-6) * f64(w)
+    np.testing.assert_allclose(f64(library.rms_by_hand(x3, w)), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.execute

@@ -381,12 +381,6 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
         ('"R", "C"', '"R", "C"', "layernorm(x, w)", "layernorm without bias has no tile kernel"),
         ('"R", "C"', '"R", "C"', "layernorm(x)", "layernorm without weight and bias has no"),
         (
-            '"R", "C"',
-            '"R", 1',
-            "sum(x, axis=-1, keepdims=True) * 2.0",
-            "sum with keepdims=True and",
-        ),
-        (
             '"R", "C", "C"',
             '"C", "R", "C"',
             "transpose(x, (1, 0, 2))",
@@ -410,6 +404,17 @@ def test_what_the_library_kernels_do_not_take_is_an_error_at_the_call(
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(src, target="cpu")
     assert f"3:12: error: {message}" in str(caught.value)
+
+
+def test_a_kept_axis_with_a_tensor_after_it_is_an_error_at_the_reduction() -> None:
+    src = (
+        '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", 1, f32]:\n'
+        "    return sum(x, axis=-1, keepdims=True) + sum(x * 2.0, axis=-1, keepdims=True)\n"
+    )
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(src, target="cpu")
+    message = "3:45: error: sum with keepdims=True and a tensor operand after it has no tile"
+    assert message in str(caught.value)
 
 
 def test_an_integer_matmul_is_an_error_that_says_what_to_do() -> None:

@@ -152,8 +152,15 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
             f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
             "takes rows, of a tensor of rank 2 or more"
         )
-    if anchor.attr("keepdims") and anchor is not ops[-1]:
-        return f"{anchor.kind} with keepdims=True and ops after it has no tile kernel yet"
+    epilogue = ops[ops.index(anchor) + 1 :]
+    chain = {op.result.id for op in (anchor, *epilogue)}
+    if anchor.attr("keepdims") and any(
+        isinstance(v.type, TensorType) and v.id not in chain for op in epilogue for v in op.operands
+    ):
+        return (
+            f"{anchor.kind} with keepdims=True and a tensor operand after it has no tile "
+            "kernel yet: numbers and scalars after it are computed in the kernel"
+        )
     missing = [name for name in ("weight", "bias") if not anchor.attr(name)]
     if anchor.kind.startswith("layernorm") and missing:
         return f"layernorm without {' and '.join(missing)} has no tile kernel yet"
