@@ -386,6 +386,15 @@ def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected
             assert str(op.result.type) == "tensor<[B, N, N], f32>"
 
 
+def test_a_dim_string_in_a_call_takes_the_sizes_fixed_on_the_command_line() -> None:
+    text = (
+        "@kernel\ndef f(x: Tensor['S', 'H*D', f32]) -> Tensor['S', 'H', 'D', f32]:\n"
+        "    return reshape(x, ('S', 'H', 'D'))\n"
+    )
+    (reshape,) = graph(text, defines={"H": 4, "D": 16}).functions[0].body.ops
+    assert str(reshape.result.type) == "tensor<[S, 4, 16], f32>"
+
+
 def test_a_lossy_cast_chain_is_kept() -> None:
     text = "@kernel\ndef f(x: Tensor['N', f32]):\n    return cast(cast(x, bf16), f32)\n"
     assert kinds(graph(text)) == ["cast", "cast"]
@@ -452,6 +461,15 @@ def test_a_scalar_read_by_no_elementwise_op_is_host_work() -> None:
         "    return flash_attention(q, k, v, dropout=p * 0.5)\n"
     )
     assert groups(text) == [("host", ["mul"]), ("attention", ["flash_attention"])]
+
+
+def test_a_reshape_read_once_joins_its_reader_and_one_read_twice_is_a_copy() -> None:
+    head = "@kernel\ndef f(x: Tensor['B', 'S', 'C', f32], w: Tensor['C', 'N', f32]):\n"
+    assert groups(head + "    return x.reshape('B*S', 'C') @ w\n") == [
+        ("gemm", ["reshape", "matmul"])
+    ]
+    twice = "    r = x.reshape('B*S', 'C')\n    return (r @ w) * sum(r, axis=-1)[:, None]\n"
+    assert groups(head + twice)[0] == ("elementwise", ["reshape"])
 
 
 def test_a_tile_kernel_is_one_kernel() -> None:

@@ -36,6 +36,9 @@ computed by each kernel that reads it: such a scalar used to be host-side work, 
 backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` with its
 default scale.
 
+A reshape reads the tensor in memory with the new dims, in the kernel that reads it:
+``reshape`` had no kernel.
+
 Each case runs against the float64 reference at sizes that are not multiples of the
 tiles, outputs poisoned first.
 """
@@ -218,6 +221,11 @@ def scaled_rows_matmul(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32],
     return (x @ w) * t
 
 @kernel
+def product_by_later_sums(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32],
+                          y: Tensor["M", "C", f32]) -> Tensor["M", "N", f32]:
+    return (x @ w) * sum(y, axis=-1)[:, None]
+
+@kernel
 def tempered_softmax(x: Tensor["R", "C", f32], t: Tensor["R", f32]) -> Tensor["R", "C", f32]:
     return softmax(x / t[:, None], axis=-1)
 
@@ -261,6 +269,29 @@ def size_scaled_attention(q: Tensor["B", "S", "D", f32], k: Tensor["B", "T", "D"
     return softmax(q @ k.T / sqrt(float(q.shape[-1])), axis=-1) @ v
 
 @kernel
+def split_heads(x: Tensor["S", "C", f32]) -> Tensor["S", "C/16", 16, f32]:
+    return reshape(x, ("S", "C/16", 16))
+
+@kernel
+def merged_rows(x: Tensor["B", "S", "C", f32]) -> Tensor["B*S", "C", f32]:
+    return reshape(x, ("B*S", "C")) * 2.0
+
+@kernel
+def grouped_softmax(x: Tensor["S", "C", f32]) -> Tensor["S", "C/4", 4, f32]:
+    return softmax(reshape(x, ("S", "C/4", 4)), axis=-1)
+
+@kernel
+def reshaped_twice(x: Tensor["B", "S", "C", f32],
+                   w: Tensor["C", "N", f32]) -> Tensor["B*S", "N", f32]:
+    r = x.reshape("B*S", "C")
+    return (r @ w) * sum(r, axis=-1)[:, None]
+
+@kernel
+def merged_matmul(x: Tensor["B", "S", "C", f32],
+                  w: Tensor["C", "N", f32]) -> Tensor["B*S", "N", f32]:
+    return x.reshape("B*S", "C") @ w
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -275,13 +306,22 @@ TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"
 #: The functions whose result is a product, and which argument is its right operand.
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
-            "size_scaled_matmul": 1, "size_scaled_attention": 2}  # fmt: skip
+            "size_scaled_matmul": 1, "size_scaled_attention": 2,
+            "product_by_later_sums": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
 SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose"}
 #: The functions whose result drops the second-to-last axis.
 COLUMNS = {"column_sums", "column_means", "column_maxes"}
+#: The functions whose result is a reshape, and its shape for the arguments.
+RESHAPED = {
+    "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
+    "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
+    "grouped_softmax": lambda x: (x.shape[0], x.shape[1] // 4, 4),
+    "merged_matmul": lambda x, w: (x.shape[0] * x.shape[1], w.shape[1]),
+    "reshaped_twice": lambda x, w: (x.shape[0] * x.shape[1], w.shape[1]),
+}
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
 
@@ -324,7 +364,9 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
     operand's columns, a reduction's drops the last axis."""
     right = PRODUCTS.get(name)
     shape = args[0].shape
-    if right is not None:
+    if name in RESHAPED:
+        shape = RESHAPED[name](*args)
+    elif right is not None:
         shape = (*shape[:-1], args[right].shape[-1])
     elif name in TRANSPOSED:
         shape = (*shape[:-1], args[TRANSPOSED[name]].shape[-2])
@@ -607,6 +649,10 @@ def test_new_axes_on_values_in_memory_broadcast_where_they_are_read(library: Any
     want = (f64(x[0]) @ f64(w)) * f64(s)[:, None]
     out = f64(library.scaled_rows_matmul(x[0], w, s))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+    # the sums come after the product: a kernel after both reads them
+    want = (f64(x[0]) @ f64(w)) * f64(x[1]).sum(-1)[:, None]
+    out = f64(library.product_by_later_sums(x[0], w, x[1]))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
     t = np.abs(t) + 0.5
     want = softmax(f64(x[0]) / f64(t)[:, None])
     np.testing.assert_allclose(f64(library.tempered_softmax(x[0], t)), want, atol=1e-6)
@@ -647,3 +693,20 @@ def test_scalars_computed_from_sizes(library: Any) -> None:
     want = softmax(f64(q) @ np.swapaxes(f64(k), -1, -2) / np.sqrt(24)) @ f64(v)
     out = f64(library.size_scaled_attention(q, k, v))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_reshapes_read_the_tensor_with_the_new_dims(library: Any) -> None:
+    rng = np.random.default_rng(47)
+    x = rng.standard_normal((37, 48), dtype=np.float32)
+    np.testing.assert_array_equal(library.split_heads(x), x.reshape(37, 3, 16))
+    want = softmax(f64(x).reshape(37, 12, 4))
+    np.testing.assert_allclose(f64(library.grouped_softmax(x)), want, atol=1e-6)
+    x3 = rng.standard_normal((2, 37, 48), dtype=np.float32)
+    np.testing.assert_array_equal(library.merged_rows(x3), x3.reshape(74, 48) * 2)
+    w = rng.standard_normal((48, 29), dtype=np.float32)
+    want = f64(x3).reshape(74, 48) @ f64(w)
+    np.testing.assert_allclose(f64(library.merged_matmul(x3, w)), want, rtol=1e-5, atol=1e-5)
+    want = want * f64(x3).reshape(74, 48).sum(-1)[:, None]  # read twice: copied once
+    np.testing.assert_allclose(f64(library.reshaped_twice(x3, w)), want, rtol=1e-5, atol=1e-4)

@@ -8,6 +8,7 @@ ops, calls are bound and checked by their operation's rule.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from typing import Any
@@ -367,6 +368,8 @@ class Evaluator:
                 return self.call_op(spec, [base], [], span, f"{base.text}.T")
             if attr == "to":  # x.to(bf16), as in PyTorch and Triton: cast(x, bf16)
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
+            if attr == "reshape" and isinstance(t, TensorType):  # x.reshape("B*S", "C")
+                return OpRef("reshape", base)
             raise SemanticError(
                 f"a {'tile' if isinstance(t, TileType) else 'tensor'} has no attribute '{attr}'",
                 span,
@@ -439,6 +442,11 @@ class Evaluator:
 
     def _call(self, node: ast.Call) -> Any:
         callee = self.eval(node.func)
+        method = isinstance(callee.value, OpRef) and isinstance(callee.value.receiver, Ev)
+        if method and callee.value.name == "reshape" and len(node.args) > 1:
+            # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D))
+            dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
+            node = dataclasses.replace(node, args=(dims,))
         args = [self.eval(a) for a in node.args]
         keywords = [(k.name, self.eval(k.value), k.span) for k in node.keywords]
         if isinstance(callee.value, Poison) or any(
@@ -490,11 +498,14 @@ class Evaluator:
             )
         if name == "kvcache.append":
             return self._append(node, ref.receiver, args, keywords)
-        if isinstance(ref.receiver, Ev):  # x.to(dtype): x is the cast's first operand
+        if isinstance(ref.receiver, Ev):  # x.to(dtype), x.reshape(dims): x is the operand
             if len(args) + len(keywords) != 1:
-                raise SemanticError(
-                    f"{callee.text} takes one argument, the dtype: {callee.text}(bf16)", node.span
+                usage = (
+                    f'the new dims: {callee.text}("S", "C")'
+                    if name == "reshape"
+                    else f"one argument, the dtype: {callee.text}(bf16)"
                 )
+                raise SemanticError(f"{callee.text} takes {usage}", node.span)
             args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
         result = self.call_op(spec, args, keywords, node.span, callee.text)

@@ -14,8 +14,10 @@ Triton-based compilers:
 - Otherwise elementwise ops start a kernel of their own, and the following
   elementwise ops chain onto it.
 - A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
-  earlier kernel's result) is a view: it joins the kernel of the one op that reads it,
-  which loads the value there as broadcast along the new axis.
+  earlier kernel's result) is a view: it joins the kernel of the one elementwise op
+  that reads it, which loads the value there as broadcast along the new axis.
+- A reshape of a value in memory is a view too, and joins the kernel of its one reader
+  of any kind: that kernel reads the tensor with the new dims.
 - A scalar computed from sizes, numbers and scalar parameters (``1 / sqrt(float(D))``)
   is computed again by every kernel whose elementwise ops read it: each such op gets its
   own copy of the computation, which joins the op's kernel as a view does. A few scalar
@@ -55,6 +57,8 @@ _ELEMENTWISE = {
     "sigmoid", "gelu", "silu", "relu", "cast", "dropout", "expand_dims", "reshape",
     "rotary_embedding", "kvcache.k", "kvcache.v",
 }  # fmt: skip
+#: Ops that read a value in memory in another shape, in the kernel that reads them.
+_VIEWS = ("expand_dims", "reshape")
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
 
@@ -112,7 +116,7 @@ def _scalars_per_reader(block: Block) -> Block:
 
 def _placed_with_reader(op: Op, uses: dict[int, int]) -> bool:
     """A view, or a scalar computation, that joins the kernel of its one reader."""
-    placed = op.kind == "expand_dims" or _pure_scalar(op)
+    placed = op.kind in _VIEWS or _pure_scalar(op)
     return placed and all(uses.get(r.id) == 1 for r in op.results)
 
 
@@ -158,10 +162,10 @@ def _fuse_function(function: Function) -> Function:
             views[op.result.id] = [*viewed, index]
             continue
         cls = op_class(op)
-        if cls != "elementwise":  # only an elementwise op loads a view where it reads it
-            for indices in given:
+        if cls != "elementwise":  # only an elementwise op loads a new axis where it reads it
+            for indices in [g for g in given if ops[g[-1]].kind != "reshape"]:
                 own_kernel(indices)
-            viewed = []
+            viewed = sorted(i for g in given if ops[g[-1]].kind == "reshape" for i in g)
         target = None
         if cls in ("elementwise", "reduction"):
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
@@ -176,9 +180,11 @@ def _fuse_function(function: Function) -> Function:
                     target = k
                     kernels[k].kind = "reduction"
                 break
-        sources = {kernel_of.get(v.id) for i in viewed for v in ops[i].operands}
-        if target is not None and target in sources:
-            target = None  # the viewed value is this kernel's own: it reads it from memory
+        sources = [kernel_of.get(v.id, -1) for i in viewed for v in ops[i].operands]
+        if target is not None and any(k >= target for k in sources):
+            # the viewed value is this kernel's own, or a later kernel's: the op reads it
+            # from memory, so it must start a kernel after both
+            target = None
         if target is None:
             kernels.append(_Kernel(cls if cls != "other" else op.kind))
             target = len(kernels) - 1
@@ -200,7 +206,7 @@ def kernel_order(ops: list[Op]) -> list[Op]:
     producer = {r.id: op for op in ops for r in op.results}
     placed = {
         id(op) for op in ops
-        if (op.kind == "expand_dims" or _pure_scalar(op)) and op.results[0].id in read
+        if (op.kind in _VIEWS or _pure_scalar(op)) and op.results[0].id in read
     }  # fmt: skip
     ordered: list[Op] = []
 

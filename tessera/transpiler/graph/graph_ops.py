@@ -645,7 +645,10 @@ def _transpose(call: OpCall) -> object:
 @register("reshape", P("x"), P("shape"))
 def _reshape(call: OpCall) -> object:
     """View with another shape of the same number of elements. ``shape`` is a list of dims:
-    integers, strings (``"B*H"``) or sizes from parameters."""
+    integers, strings (``"B*H"``, where ``-D`` sizes apply) or sizes from parameters. Also
+    a method, as in PyTorch: ``x.reshape("B*S", "C")``. A kernel reads the reshaped tensor
+    from memory with the new dims: a copy is made only of a reshape that is returned or
+    read by several ops."""
     x = call.tensor("x")
     dims = _shape_arg(call, "shape")
     before, after = Dim.const(1), Dim.const(1)
@@ -680,7 +683,7 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim, ...]:
             dims.append(Dim.const(item))
         elif isinstance(item, str):
             try:
-                dims.append(parse_dim(item))
+                dims.append(parse_dim(item).substitute(call.emitter.defines))
             except DimSyntaxError as exc:
                 raise call.error(f'bad dim "{item}": {exc.message}', at=name) from None
         else:

@@ -84,6 +84,10 @@ def _show(value: Any) -> str:
 class Emitter(Protocol):
     """What the analyser offers an operation rule."""
 
+    #: The sizes fixed on the command line (``-D H=8``), which a dim written as a
+    #: string in a call (``reshape(x, ("S", "H", "D"))``) takes as a declaration does.
+    defines: dict[str, int]
+
     def emit(
         self,
         kind: str,

@@ -66,15 +66,23 @@ KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def analyze(module: ast.Module, options: Options, diags: Diagnostics) -> GraphModule:
-    return _ModuleAnalyzer(module, options, diags).run()
+def analyze(
+    module: ast.Module, options: Options, diags: Diagnostics, given: frozenset[str] = frozenset()
+) -> GraphModule:
+    """The Graph IR of ``module``. ``given`` are sizes its caller passes in: a library
+    kernel instantiated for a group is given every size of the function it runs in, so
+    that a size it names only inside an expression (``C/16``) is no error."""
+    return _ModuleAnalyzer(module, options, diags, given).run()
 
 
 class _ModuleAnalyzer:
-    def __init__(self, module: ast.Module, options: Options, diags: Diagnostics) -> None:
+    def __init__(
+        self, module: ast.Module, options: Options, diags: Diagnostics, given: frozenset[str]
+    ) -> None:
         self.module = module
         self.options = options
         self.diags = diags
+        self.given = given
         self.globals: dict[str, Any] = {}
         self.global_spans: dict[str, Span] = {}
 
@@ -433,7 +441,7 @@ class _FunctionAnalyzer:
 
     def _params(self) -> tuple[Param, ...]:
         params: list[Param] = []
-        bare: set[str] = set(self.defines)
+        bare: set[str] = set(self.defines) | self.owner.given
         for p in self.node.params:
             if p.annotation is None:
                 self.diags.error(

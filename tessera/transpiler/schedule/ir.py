@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.ir import Guard
-from ..graph.types import TensorType
+from ..graph.types import TensorType, ValueType
 
 __all__ = ["GridDim", "Launch", "Buffer", "HostProgram", "ScheduleModule"]
 
@@ -103,6 +103,9 @@ class HostProgram:
     span: Span | None = field(default=None, compare=False, repr=False)
     #: The defaults of scalar inputs, by input name.
     defaults: tuple[tuple[str, bool | int | float], ...] = ()
+    #: The inputs' declared types, in order: a kernel may read an input with other dims
+    #: (through a reshape), but the entry takes it as declared.
+    types: tuple[ValueType, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

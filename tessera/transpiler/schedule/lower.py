@@ -137,8 +137,11 @@ class _Scheduler:
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
         result = self.names[f.body.yields[0].id] if f.body.yields else None
+        types = tuple(p.value.type for p in f.params)
         if f.kind == "declaration":
-            return HostProgram(f.name, f.kind, inputs, result, (), span=f.span, defaults=defaults)
+            return HostProgram(
+                f.name, f.kind, inputs, result, (), span=f.span, defaults=defaults, types=types
+            )
         launches = []
         writer: dict[int, int] = {}
         for index, group in enumerate(f.groups):
@@ -150,6 +153,7 @@ class _Scheduler:
         return HostProgram(
             f.name, f.kind, inputs, result, tuple(launches),
             self._buffers(writer), tuple(self.guards), span=f.span, defaults=defaults,
+            types=types,
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:

@@ -75,14 +75,6 @@ def tile_module(
 def _lower_launch(
     function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics
 ) -> TileKernel | None:
-    names = {name: value for value, name in _named_values(function)}
-    result = function.body.yields[0] if function.body.yields else None
-    rename: dict[int, Value] = {}
-    for printed in (*launch.reads, *launch.writes):
-        if printed in names:
-            v = names[printed]
-            rename[v.id] = new_value(v.type, _param_name(v, result, printed))
-    params = tuple(rename.values())
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
         output = None
@@ -94,7 +86,15 @@ def _lower_launch(
             {v.id: v for v in own}, output,
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
-    ops = kernel_order([function.body.ops[i] for i in group.ops])
+    names = {name: value for value, name in _named_values(function)}
+    result = function.body.yields[0] if function.body.yields else None
+    rename: dict[int, Value] = {}
+    for printed in (*launch.reads, *launch.writes):
+        if printed in names:
+            v = names[printed]
+            rename[v.id] = new_value(v.type, _param_name(v, result, printed))
+    ops = _reshaped_where_read(kernel_order([function.body.ops[i] for i in group.ops]), rename)
+    params = tuple({v.id: v for v in rename.values()}.values())
     anchor = next((op for op in ops if op.kind in ANCHORS), None)
     problem = _unsupported(anchor, ops)
     if problem is not None:
@@ -110,6 +110,29 @@ def _lower_launch(
             given, output=dataclasses.replace(out, type=kept_axis_dropped(out.type))
         )
     return lower_tile_function(fn, launch, given)
+
+
+def _reshaped_where_read(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
+    """A tensor in memory that the group reads only through a reshape is its kernel's
+    parameter with the reshape's dims: the tensor is contiguous, so the same memory read
+    with the new dims is the reshaped tensor. The reshape is then no op of the kernel,
+    unless the kernel writes its result, which is then a copy (``return reshape(x)``)."""
+    readers: dict[int, list[Op]] = {}
+    for op in ops:
+        for v in op.operands:
+            readers.setdefault(v.id, []).append(op)
+    kept = []
+    for op in ops:
+        source = op.operands[0] if op.kind == "reshape" else None
+        if source is None or source.id not in rename or readers[source.id] != [op]:
+            kept.append(op)
+            continue
+        rename[source.id] = new_value(op.result.type, rename[source.id].name)
+        if op.result.id in rename:
+            kept.append(op)
+        else:
+            rename[op.result.id] = rename[source.id]
+    return kept
 
 
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
@@ -181,7 +204,7 @@ def _chain(ops: list[Op], result: Value) -> bool:
     return ops[-1].result is result and all(
         (op.kind in _SCALAR_CHAIN and isinstance(op.result.type, ScalarType))
         or (op.kind in _CHAIN and op.result.type.dims == result.type.dims)
-        or (op.kind == "expand_dims" and op.operands[0].id not in computed)
+        or (op.kind in ("expand_dims", "reshape") and op.operands[0].id not in computed)
         for op in ops
     )
 

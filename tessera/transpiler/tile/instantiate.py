@@ -90,7 +90,8 @@ def stdlib_kernel(
     fn = dataclasses.replace(fn, params=params, returns=_type_expr(result))
     diags = Diagnostics()
     try:
-        module = analyze(ast.Module((fn,), span=fn.span), Options(), diags)
+        sizes = frozenset(s for t in (*operands, result) for d in t.dims for s in d.symbols())
+        module = analyze(ast.Module((fn,), span=fn.span), Options(), diags, sizes)
         diags.check()
     except CompileError as exc:
         first = exc.diagnostics[0]
@@ -174,6 +175,11 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             if op.kind == "expand_dims" and op.operands[0].id not in inside:
                 view = rename[op.operands[0].id]
                 current = _epilogue_operand(lowering, view, access, op.result.type, op.attr("axes"))
+                inside[op.result.id] = current
+                continue
+            if op.kind == "reshape" and op.operands[0].id not in inside:
+                # the parameter has the reshape's dims (``build``): loading it reshapes
+                current = _epilogue_operand(lowering, rename[op.operands[0].id], access)
                 inside[op.result.id] = current
                 continue
             operands = tuple(
