@@ -472,6 +472,14 @@ def test_a_reshape_read_once_joins_its_reader_and_one_read_twice_is_a_copy() -> 
     assert groups(head + twice)[0] == ("elementwise", ["reshape"])
 
 
+def test_a_transpose_that_keeps_the_last_axis_is_loaded_by_its_reader() -> None:
+    text = (
+        "@kernel\ndef f(x: Tensor['B', 'S', 'H', 'D', f32], y: Tensor['B', 'H', 'S', 'D', f32]):\n"
+        "    return transpose(x, (0, 2, 1, 3)) * 2.0 + y\n"
+    )
+    assert groups(text) == [("elementwise", ["transpose", "mul", "add"])]
+
+
 def test_a_tile_kernel_is_one_kernel() -> None:
     path = SEEDS[0].parent.parent.parent / "examples" / "attention.tsr"
     function = graph(path.read_text()).functions[1]

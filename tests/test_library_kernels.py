@@ -37,7 +37,8 @@ backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` wi
 default scale.
 
 A reshape reads the tensor in memory with the new dims, in the kernel that reads it:
-``reshape`` had no kernel.
+``reshape`` had no kernel. So does a transpose that keeps the last axis (``[B, S, H, D]``
+as ``[B, H, S, D]``), reading each row where it lies: such a transpose was an error.
 
 Each case runs against the float64 reference at sizes that are not multiples of the
 tiles, outputs poisoned first.
@@ -292,6 +293,20 @@ def merged_matmul(x: Tensor["B", "S", "C", f32],
     return x.reshape("B*S", "C") @ w
 
 @kernel
+def split_heads_t(x: Tensor["S", "C", f32],
+                  w: Tensor["C", "C", f32]) -> Tensor[4, "S", "C/4", f32]:
+    return transpose((x @ w).reshape("S", 4, "C/4"), (1, 0, 2))
+
+@kernel
+def heads_first(x: Tensor["B", "S", "H", "D", bf16],
+                y: Tensor["B", "H", "S", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return transpose(x, (0, 2, 1, 3)) * 2.0 + y
+
+@kernel
+def rows_last(x: Tensor["A", "B", "R", "C", f32]) -> Tensor["R", "A", "B", "C", f32]:
+    return relu(transpose(x, (2, 0, 1, 3)))
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -314,8 +329,11 @@ TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile
 SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose"}
 #: The functions whose result drops the second-to-last axis.
 COLUMNS = {"column_sums", "column_means", "column_maxes"}
-#: The functions whose result is a reshape, and its shape for the arguments.
+#: The functions whose result is a reshape or a permutation, and its shape for the arguments.
 RESHAPED = {
+    "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
+    "heads_first": lambda x, y: y.shape,
+    "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
     "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
     "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
     "grouped_softmax": lambda x: (x.shape[0], x.shape[1] // 4, 4),
@@ -710,3 +728,19 @@ def test_reshapes_read_the_tensor_with_the_new_dims(library: Any) -> None:
     np.testing.assert_allclose(f64(library.merged_matmul(x3, w)), want, rtol=1e-5, atol=1e-5)
     want = want * f64(x3).reshape(74, 48).sum(-1)[:, None]  # read twice: copied once
     np.testing.assert_allclose(f64(library.reshaped_twice(x3, w)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_transposes_that_keep_the_last_axis_read_rows_where_they_lie(library: Any) -> None:
+    rng = np.random.default_rng(48)
+    x = rng.standard_normal((37, 48), dtype=np.float32)
+    w = rng.standard_normal((48, 48), dtype=np.float32)
+    want = (f64(x) @ f64(w)).reshape(37, 4, 12).transpose(1, 0, 2)
+    np.testing.assert_allclose(f64(library.split_heads_t(x, w)), want, rtol=1e-5, atol=1e-5)
+    xb = rng.standard_normal((2, 37, 3, 24)).astype(ml_dtypes.bfloat16)
+    y = rng.standard_normal((2, 3, 37, 24), dtype=np.float32)
+    want = f64(xb).transpose(0, 2, 1, 3) * 2 + f64(y)
+    np.testing.assert_allclose(f64(library.heads_first(xb, y)), want, rtol=1e-6, atol=1e-6)
+    x4 = rng.standard_normal((2, 3, 37, 24), dtype=np.float32)
+    np.testing.assert_array_equal(library.rows_last(x4), np.maximum(x4.transpose(2, 0, 1, 3), 0))

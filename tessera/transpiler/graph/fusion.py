@@ -16,6 +16,9 @@ Triton-based compilers:
 - A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
   earlier kernel's result) is a view: it joins the kernel of the one elementwise op
   that reads it, which loads the value there as broadcast along the new axis.
+- A transpose that keeps the last axis (``[S, H, D]`` as ``[H, S, D]``) is a view of the
+  same kind: the elementwise op that reads it loads the operand's rows where they lie.
+  One that no elementwise op reads alone is an elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
   of any kind: that kernel reads the tensor with the new dims.
 - A scalar computed from sizes, numbers and scalar parameters (``1 / sqrt(float(D))``)
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .graph_ops import rows_permuted
 from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
 from .types import ScalarType
@@ -57,8 +61,6 @@ _ELEMENTWISE = {
     "sigmoid", "gelu", "silu", "relu", "cast", "dropout", "expand_dims", "reshape",
     "rotary_embedding", "kvcache.k", "kvcache.v",
 }  # fmt: skip
-#: Ops that read a value in memory in another shape, in the kernel that reads them.
-_VIEWS = ("expand_dims", "reshape")
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
 
@@ -74,6 +76,8 @@ def _widens(op: Op, via: Value) -> bool:
 def op_class(op: Op) -> str:
     if _is_scalar(op):
         return "host"
+    if rows_permuted(op):
+        return "elementwise"
     if op.kind in _REDUCTIONS:
         return "reduction"
     if op.kind in _ELEMENTWISE:
@@ -114,9 +118,13 @@ def _scalars_per_reader(block: Block) -> Block:
     return remove_dead(Block(block.args, tuple(ops), block.yields))
 
 
+def _is_view(op: Op) -> bool:
+    return op.kind in ("expand_dims", "reshape") or rows_permuted(op)
+
+
 def _placed_with_reader(op: Op, uses: dict[int, int]) -> bool:
     """A view, or a scalar computation, that joins the kernel of its one reader."""
-    placed = op.kind in _VIEWS or _pure_scalar(op)
+    placed = _is_view(op) or _pure_scalar(op)
     return placed and all(uses.get(r.id) == 1 for r in op.results)
 
 
@@ -162,7 +170,7 @@ def _fuse_function(function: Function) -> Function:
             views[op.result.id] = [*viewed, index]
             continue
         cls = op_class(op)
-        if cls != "elementwise":  # only an elementwise op loads a new axis where it reads it
+        if cls != "elementwise":  # only an elementwise op loads other views where it reads them
             for indices in [g for g in given if ops[g[-1]].kind != "reshape"]:
                 own_kernel(indices)
             viewed = sorted(i for g in given if ops[g[-1]].kind == "reshape" for i in g)
@@ -206,7 +214,7 @@ def kernel_order(ops: list[Op]) -> list[Op]:
     producer = {r.id: op for op in ops for r in op.results}
     placed = {
         id(op) for op in ops
-        if (op.kind in _VIEWS or _pure_scalar(op)) and op.results[0].id in read
+        if (_is_view(op) or _pure_scalar(op)) and op.results[0].id in read
     }  # fmt: skip
     ordered: list[Op] = []
 

@@ -20,7 +20,7 @@ from .values import Const, DimValue
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped", "folded",
+    "last_two_swapped", "rows_permuted", "folded",
 ]  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
@@ -615,6 +615,14 @@ def _cast_like(call: OpCall) -> object:
     return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
 
 
+def rows_permuted(op: Op) -> bool:
+    """Whether ``op`` is a transpose that keeps the last axis in place (``[S, H, D]`` as
+    ``[H, S, D]``): its rows are the operand's rows, which a kernel can load where they
+    lie, so it is a view rather than a kernel of its own."""
+    perm = op.attr("perm") if op.kind == "transpose" else None
+    return perm is not None and perm[-1] == len(perm) - 1
+
+
 def last_two_swapped(rank: int) -> tuple[int, ...]:
     """The permutation that swaps the last two of ``rank`` axes: ``transpose``'s default,
     the one a product reads in place and the library's transpose kernel computes."""
@@ -623,7 +631,10 @@ def last_two_swapped(rank: int) -> tuple[int, ...]:
 
 @register("transpose", P("x"), P("axes", None))
 def _transpose(call: OpCall) -> object:
-    """Permute dims: by default swap the last two; ``axes`` gives the full permutation."""
+    """Permute dims: by default swap the last two; ``axes`` gives the full permutation.
+    Kernels exist for a swap of the last two (a product reads it in place, else 64 x 64
+    blocks) and for a permutation that keeps the last axis (``(0, 2, 1, 3)``: the kernel
+    that reads it loads each row where it lies)."""
     x = call.tensor("x")
     rank = x.type.rank
     axes_value = call.raw("axes")

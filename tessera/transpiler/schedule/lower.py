@@ -17,6 +17,7 @@ from ..frontend.diagnostics import Diagnostics, Note
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
+from ..graph.graph_ops import rows_permuted
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, walk
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
@@ -54,9 +55,12 @@ TEMPLATES = {
 
 def template_of(op: Op) -> str | None:
     """The kernel ``op`` instantiates: its kind's, except that a matmul reading its
-    ``b`` transposed (``trans_b``, from ``a @ b.T``) takes ``b``'s rows as its columns."""
+    ``b`` transposed (``trans_b``, from ``a @ b.T``) takes ``b``'s rows as its columns,
+    and a transpose that keeps the last axis is a view, which instantiates nothing."""
     if op.kind == "matmul" and op.attr("trans_b"):
         return "gemm_nt"
+    if rows_permuted(op):
+        return None
     return TEMPLATES.get(op.kind)
 
 
@@ -170,7 +174,7 @@ class _Scheduler:
     def _launch(self, index: int, group: Group) -> Launch:
         ops = self._ops(group)
         reads, writes = self._boundary(group)
-        anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
+        anchor = next((op for op in ops if template_of(op)), ops[0])
         template = "tile_kernel" if group.kind == "tile" else template_of(anchor) or group.kind
         prologue, epilogue = _around(group.kind, kernel_order(ops), anchor)
         if group.kind in _NOT_LAUNCHED:
@@ -209,7 +213,7 @@ class _Scheduler:
         if group.kind not in SCHEDULED_KINDS:
             return None
         ops = self._ops(group)
-        anchor = next((op for op in ops if op.kind in TEMPLATES), ops[0])
+        anchor = next((op for op in ops if template_of(op)), ops[0])
         spec = self._spec(anchor)
         if spec is not None and spec.is_point:
             return None
@@ -320,7 +324,7 @@ class _Scheduler:
         if kind == "tile":
             return self._tile_problem()
         out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type
-        if anchor.kind == "transpose":
+        if template_of(anchor) == "transpose":
             return Problem("layout", out.dtype, out.dims[-2], out.dims[-1], batch=out.dims[:-2])
         if kind == "elementwise" and out.rank >= 2:
             # The library kernel takes row blocks, as a norm does, so that an operand
@@ -423,7 +427,7 @@ def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tupl
     all prologue: the ``elementwise`` kernel only loads what they compute."""
     if kind == "tile":
         return (), ()
-    if kind == "elementwise" and anchor.kind not in TEMPLATES:
+    if kind == "elementwise" and template_of(anchor) is None:
         return tuple(op.kind for op in ops), ()
     at = ops.index(anchor)
     return tuple(op.kind for op in ops[:at]), tuple(op.kind for op in ops[at + 1 :])

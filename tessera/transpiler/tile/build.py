@@ -14,7 +14,7 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import last_two_swapped
+from ..graph.graph_ops import last_two_swapped, rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType
@@ -22,7 +22,7 @@ from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
 from ..schedule.lower import TEMPLATES, template_of
-from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped
+from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped, merged_rows
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, lower_tile_function
 from .passes import run_tile_passes
@@ -93,9 +93,9 @@ def _lower_launch(
         if printed in names:
             v = names[printed]
             rename[v.id] = new_value(v.type, _param_name(v, result, printed))
-    ops = _reshaped_where_read(kernel_order([function.body.ops[i] for i in group.ops]), rename)
+    ops = _views_as_params(kernel_order([function.body.ops[i] for i in group.ops]), rename)
     params = tuple({v.id: v for v in rename.values()}.values())
-    anchor = next((op for op in ops if op.kind in ANCHORS), None)
+    anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
     problem = _unsupported(anchor, ops)
     if problem is not None:
         diags.error(problem, (anchor or ops[0]).span)
@@ -112,26 +112,41 @@ def _lower_launch(
     return lower_tile_function(fn, launch, given)
 
 
-def _reshaped_where_read(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
-    """A tensor in memory that the group reads only through a reshape is its kernel's
-    parameter with the reshape's dims: the tensor is contiguous, so the same memory read
-    with the new dims is the reshaped tensor. The reshape is then no op of the kernel,
-    unless the kernel writes its result, which is then a copy (``return reshape(x)``)."""
+def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
+    """A tensor in memory that the group reads only through a view is its kernel's
+    parameter with the dims the view reads it with; the tensor is contiguous, so the
+    same memory serves.
+
+    - Through a reshape, the parameter has the reshape's dims and is the reshaped
+      tensor: the reshape is no op of the kernel, unless the kernel writes its result,
+      which is then a copy (``return reshape(x)``).
+    - Through a transpose that keeps the last axis, the axes after the one that becomes
+      the rows are one (``[S, H, D]`` is read as ``[S, H*D]``): the op's load then takes
+      a block of columns (``instantiate.rows_permuted_load``)."""
     readers: dict[int, list[Op]] = {}
     for op in ops:
         for v in op.operands:
             readers.setdefault(v.id, []).append(op)
+
+    def retype(value: Value, t: TensorType) -> Value:
+        old = rename[value.id]
+        new = new_value(t, old.name)
+        rename.update((k, new) for k, v in list(rename.items()) if v is old)
+        return new
+
     kept = []
     for op in ops:
-        source = op.operands[0] if op.kind == "reshape" else None
+        source = op.operands[0] if op.kind == "reshape" or rows_permuted(op) else None
         if source is None or source.id not in rename or readers[source.id] != [op]:
             kept.append(op)
-            continue
-        rename[source.id] = new_value(op.result.type, rename[source.id].name)
-        if op.result.id in rename:
+        elif op.kind == "transpose":
+            retype(source, merged_rows(source.type, op.attr("perm")))
+            kept.append(op)
+        elif op.result.id in rename:
+            retype(source, op.result.type)
             kept.append(op)
         else:
-            rename[op.result.id] = rename[source.id]
+            rename[op.result.id] = retype(source, op.result.type)
     return kept
 
 
@@ -160,8 +175,8 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         )
     if anchor.kind == "transpose" and anchor.attr("perm") != last_two_swapped(x.rank):
         return (
-            f"transpose {anchor.attr('perm')} has no tile kernel yet: only a swap of the last "
-            "two axes has"
+            f"transpose {anchor.attr('perm')} has no tile kernel yet: a swap of the last two "
+            "axes has, and a permutation that keeps the last axis"
         )
     if anchor.kind == "matmul" and not x.dtype.is_float:
         return (
@@ -204,7 +219,10 @@ def _chain(ops: list[Op], result: Value) -> bool:
     return ops[-1].result is result and all(
         (op.kind in _SCALAR_CHAIN and isinstance(op.result.type, ScalarType))
         or (op.kind in _CHAIN and op.result.type.dims == result.type.dims)
-        or (op.kind in ("expand_dims", "reshape") and op.operands[0].id not in computed)
+        or (
+            (op.kind in ("expand_dims", "reshape") or rows_permuted(op))
+            and op.operands[0].id not in computed
+        )
         for op in ops
     )
 

@@ -177,6 +177,11 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 current = _epilogue_operand(lowering, view, access, op.result.type, op.attr("axes"))
                 inside[op.result.id] = current
                 continue
+            if op.kind == "transpose" and op.operands[0].id not in inside:
+                source = rename[op.operands[0].id]
+                current = rows_permuted_load(lowering, source, access, op.attr("perm"))
+                inside[op.result.id] = current
+                continue
             if op.kind == "reshape" and op.operands[0].id not in inside:
                 # the parameter has the reshape's dims (``build``): loading it reshapes
                 current = _epilogue_operand(lowering, rename[op.operands[0].id], access)
@@ -202,6 +207,37 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
         return current
 
     return build
+
+
+def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
+    """``t`` with the axes after ``perm[-2]`` (the one that becomes the rows) as one: the
+    dims a transpose that keeps the last axis reads its operand with."""
+    rows = perm[-2]
+    columns = Dim.const(1)
+    for d in t.dims[rows + 1 :]:
+        columns = columns * d
+    return dataclasses.replace(t, dims=(*t.dims[: rows + 1], columns))
+
+
+def rows_permuted_load(lowering: Any, source: Value, out: Access, perm: tuple[int, ...]) -> Value:
+    """Load the rows of ``out`` (an access to the transpose's result) from ``source``,
+    the operand as ``merged_rows`` gives it. Each axis of the operand up to the rows is
+    read as the result's axis it moves to; the result's index axes that come from after
+    the rows pick a block of the merged columns."""
+    moved_to = {axis: at for at, axis in enumerate(perm)}
+    place = [out.axes[moved_to[axis]] for axis in range(len(perm))]
+    rows = perm[-2]
+    offset = Dim.const(0)
+    for axis in place[rows + 1 : -1]:
+        offset = offset * axis.extent + axis.offset
+    last = place[-1]
+    columns = Axis(offset * last.extent + last.offset, last.size, source.type.dims[-1])
+    access = Access((*place[: rows + 1], columns))
+    sizes = tuple(a.size for a in access.tile_axes)
+    (loaded,) = lowering.emit(
+        "load", (source,), (TileType(sizes, source.type.dtype),), (("at", access),)
+    )
+    return loaded
 
 
 def _epilogue_operand(
