@@ -308,6 +308,12 @@ def test_pass_order() -> None:
         ("x / 1", []),
         ("transpose(transpose(x))", []),
         ("transpose(transpose(x, (1, 0, 2)), (2, 0, 1))", ["transpose"]),
+        # two transposes with kernels stay two where their product has none
+        ("transpose(x, (1, 0, 2)).T", ["transpose", "transpose"]),
+        (
+            "transpose(x, (1, 0, 2)) @ transpose(x, (1, 0, 2)).T",
+            ["transpose", "transpose", "matmul"],
+        ),
         ("cast(x, f32)", []),
         ("cast(cast(x, f32), bf16)", ["cast"]),
         ("x * 2.0", ["mul"]),

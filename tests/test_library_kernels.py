@@ -307,6 +307,15 @@ def rows_last(x: Tensor["A", "B", "R", "C", f32]) -> Tensor["R", "A", "B", "C", 
     return relu(transpose(x, (2, 0, 1, 3)))
 
 @kernel
+def multi_head(x: Tensor["S", "C", f32], wq: Tensor["C", "C", f32], wk: Tensor["C", "C", f32],
+               wv: Tensor["C", "C", f32], wo: Tensor["C", "C", f32]) -> Tensor["S", "C", f32]:
+    q = transpose((x @ wq).reshape("S", 4, "C/4"), (1, 0, 2))
+    k = transpose((x @ wk).reshape("S", 4, "C/4"), (1, 0, 2))
+    v = transpose((x @ wv).reshape("S", 4, "C/4"), (1, 0, 2))
+    o = softmax(q @ k.T / sqrt(float(q.shape[-1])), axis=-1) @ v
+    return transpose(o, (1, 0, 2)).reshape("S", "C") @ wo + x
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -334,6 +343,7 @@ RESHAPED = {
     "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
+    "multi_head": lambda x, *weights: x.shape,
     "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
     "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
     "grouped_softmax": lambda x: (x.shape[0], x.shape[1] // 4, 4),
@@ -744,3 +754,22 @@ def test_transposes_that_keep_the_last_axis_read_rows_where_they_lie(library: An
     np.testing.assert_allclose(f64(library.heads_first(xb, y)), want, rtol=1e-6, atol=1e-6)
     x4 = rng.standard_normal((2, 3, 37, 24), dtype=np.float32)
     np.testing.assert_array_equal(library.rows_last(x4), np.maximum(x4.transpose(2, 0, 1, 3), 0))
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_multi_head_attention_from_one_activation(library: Any) -> None:
+    """The heads are split with a reshape and a transpose, attended with graph ops, and
+    merged back: projections, head copies, one flash_attention, the output product."""
+    rng = np.random.default_rng(49)
+    x = rng.standard_normal((37, 48), dtype=np.float32)
+    wq, wk, wv, wo = rng.standard_normal((4, 48, 48), dtype=np.float32) * 0.2
+
+    def heads(t: np.ndarray) -> np.ndarray:
+        return t.reshape(37, 4, 12).transpose(1, 0, 2)
+
+    q, k, v = (heads(f64(x) @ f64(w)) for w in (wq, wk, wv))
+    o = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(12)) @ v
+    want = o.transpose(1, 0, 2).reshape(37, 48) @ f64(wo) + f64(x)
+    out = f64(library.multi_head(x, wq, wk, wv, wo))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -165,6 +165,10 @@ def _fuse_function(function: Function) -> Function:
 
     for index, op in enumerate(ops):
         given = [views.pop(v.id) for v in op.operands if v.id in views]
+        if op.kind == "reshape":  # it reads its operand from memory: a view is stored first
+            for indices in given:
+                own_kernel(indices)
+            given = []
         viewed = sorted(i for indices in given for i in indices)
         if _placed_with_reader(op, uses):
             views[op.result.id] = [*viewed, index]

@@ -46,6 +46,12 @@ def _exact(source: DType, middle: DType) -> bool:
     return middle.bits >= source.bits
 
 
+def _has_kernel(perm: tuple[int, ...]) -> bool:
+    """Whether a transpose by ``perm`` has a kernel: the swap of the last two axes (a
+    product also reads it in place), or a permutation that keeps the last axis."""
+    return perm == last_two_swapped(len(perm)) or perm[-1] == len(perm) - 1
+
+
 def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
     attrs = dict(op.attrs)
     if op.kind in _IDENTITY and len(op.operands) == 1 and attrs.get("b") == _IDENTITY[op.kind]:
@@ -65,6 +71,9 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
             source = inner.operands[0]
             if perm == tuple(range(len(perm))) and _same_type(source, op.result):
                 return source
+            kernels = _has_kernel(inner.attr("perm")) and _has_kernel(op.attr("perm"))
+            if kernels and not _has_kernel(perm):  # two kernels, not one that no backend has
+                return None
             return replace(op, operands=(source,), attrs=(("perm", perm),))
         if op.kind == "cast":
             x = op.operands[0]
