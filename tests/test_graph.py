@@ -486,6 +486,16 @@ def test_a_transpose_that_keeps_the_last_axis_is_loaded_by_its_reader() -> None:
     assert groups(text) == [("elementwise", ["transpose", "mul", "add"])]
 
 
+def test_a_row_kernel_over_a_vector_is_one_kernel_over_its_one_row() -> None:
+    text = "@kernel\ndef f(v: Tensor['N', f32]) -> Tensor[f32]:\n    return max(v, axis=0)\n"
+    function = graph(text).functions[0]
+    reshape, top, back = function.body.ops
+    assert str(reshape.result.type) == "tensor<[1, N], f32>"
+    assert (top.kind, top.attr("axis"), str(top.result.type)) == ("max", 1, "tensor<[1], f32>")
+    assert str(back.result.type) == "tensor<[], f32>"
+    assert groups(text) == [("reduction", ["reshape", "max", "reshape"])]
+
+
 def test_a_tile_kernel_is_one_kernel() -> None:
     path = SEEDS[0].parent.parent.parent / "examples" / "attention.tsr"
     function = graph(path.read_text()).functions[1]

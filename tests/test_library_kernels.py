@@ -36,6 +36,9 @@ computed by each kernel that reads it: such a scalar used to be host-side work, 
 backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` with its
 default scale.
 
+A row kernel's op on a vector (``softmax(v)``, ``max(v)``, ``rmsnorm(v, w)``) runs on the
+one row of ``v`` as ``[1, N]``: those were errors.
+
 A reshape reads the tensor in memory with the new dims, in the kernel that reads it:
 ``reshape`` had no kernel. So does a transpose that keeps the last axis (``[B, S, H, D]``
 as ``[B, H, S, D]``), reading each row where it lies: such a transpose was an error.
@@ -316,6 +319,18 @@ def multi_head(x: Tensor["S", "C", f32], wq: Tensor["C", "C", f32], wk: Tensor["
     return transpose(o, (1, 0, 2)).reshape("S", "C") @ wo + x
 
 @kernel
+def vector_softmax(x: Tensor["N", f32]) -> Tensor["N", f32]:
+    return softmax(x * 2.0)
+
+@kernel
+def vector_max(x: Tensor["N", f32]) -> Tensor[f32]:
+    return max(x, axis=0)
+
+@kernel
+def vector_norm(x: Tensor["N", f32], w: Tensor["N", f32]) -> Tensor["N", f32]:
+    return rmsnorm(x, w, eps=1e-6) + 1.0
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -344,6 +359,9 @@ RESHAPED = {
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
     "multi_head": lambda x, *weights: x.shape,
+    "vector_softmax": lambda x: x.shape,
+    "vector_max": lambda x: (),
+    "vector_norm": lambda x, w: x.shape,
     "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
     "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
     "grouped_softmax": lambda x: (x.shape[0], x.shape[1] // 4, 4),
@@ -773,3 +791,17 @@ def test_multi_head_attention_from_one_activation(library: Any) -> None:
     want = o.transpose(1, 0, 2).reshape(37, 48) @ f64(wo) + f64(x)
     out = f64(library.multi_head(x, wq, wk, wv, wo))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_row_kernels_over_a_vector(library: Any) -> None:
+    rng = np.random.default_rng(50)
+    x, w = rng.standard_normal((2, 1000), dtype=np.float32)
+    want = softmax(f64(x) * 2)
+    np.testing.assert_allclose(f64(library.vector_softmax(x)), want, rtol=1e-5, atol=1e-7)
+    top = library.vector_max(x)
+    assert top.shape == ()
+    assert float(top) == f64(x).max()
+    want = rmsnorm(x[None], w, 1e-6)[0] + 1
+    np.testing.assert_allclose(f64(library.vector_norm(x, w)), want, rtol=1e-5, atol=1e-5)

@@ -7,12 +7,16 @@
   which the library's row kernels compute; a softmax over it is the transpose of the
   softmax of the transpose. Each transpose is a kernel of its own, a pass over memory;
   a transpose the user wrote there cancels it (``simplify``).
+- A row kernel's op on a vector (``softmax(v)``, ``sum(v)`` of a ``[N]`` tensor) is the op
+  on the one row of ``v`` reshaped to ``[1, N]``, reshaped back: a reshape is a view, so
+  the row kernel reads ``v`` where it lies.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from .dims import Dim
 from .graph_ops import last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions
@@ -20,6 +24,7 @@ from .rewrite import Rewriter, map_functions
 #: Row kernels that drop the last axis, and those that keep every axis.
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
 _ROW_MAPS = ("softmax", "softmax_safe")
+_NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
 
 __all__ = ["canonicalize"]
 
@@ -64,5 +69,26 @@ def _over_rows(function: Function) -> Function:
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
 
 
+def _of_vectors(function: Function) -> Function:
+    ops: list[Op] = []
+    for op in function.body.ops:
+        x = op.operands[0] if op.operands else None
+        if op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS, *_NORMS) or x is None or x.type.rank != 1:
+            ops.append(op)
+            continue
+        row = (Dim.const(1), x.type.dims[0])
+        matrix = new_value(x.type.with_(dims=row), None, op.span)
+        ops.append(Op("reshape", (x,), (matrix,), (("shape", row),), span=op.span))
+        result = op.result.type
+        dims = row if op.kind not in _ROW_REDUCTIONS else row[:1] * (1 + op.attr("keepdims"))
+        rows = new_value(result.with_(dims=dims), None, op.span)
+        attrs = op.attrs
+        if op.attr("axis") is not None:
+            attrs = tuple({**dict(op.attrs), "axis": 1}.items())
+        ops.append(replace(op, operands=(matrix, *op.operands[1:]), results=(rows,), attrs=attrs))
+        ops.append(Op("reshape", (rows,), op.results, (("shape", result.dims),), span=op.span))
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
 def canonicalize(module: GraphModule) -> GraphModule:
-    return map_functions(module, lambda f: Rewriter(_rule).function(_over_rows(f)))
+    return map_functions(module, lambda f: Rewriter(_rule).function(_of_vectors(_over_rows(f))))

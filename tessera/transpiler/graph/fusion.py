@@ -20,7 +20,8 @@ Triton-based compilers:
   same kind: the elementwise op that reads it loads the operand's rows where they lie.
   One that no elementwise op reads alone is an elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
-  of any kind: that kernel reads the tensor with the new dims.
+  of any kind: that kernel reads the tensor with the new dims. A returned reshape of a
+  kernel's result joins that kernel, which writes the result with the new dims.
 - A scalar computed from sizes, numbers and scalar parameters (``1 / sqrt(float(D))``)
   is computed again by every kernel whose elementwise ops read it: each such op gets its
   own copy of the computation, which joins the op's kernel as a view does. A few scalar
@@ -204,7 +205,12 @@ def _fuse_function(function: Function) -> Function:
         for result in op.results:
             kernel_of[result.id] = target
     for indices in views.values():  # returned as they are
-        own_kernel(indices)
+        last = ops[indices[-1]]
+        source = kernel_of.get(last.operands[0].id) if last.operands else None
+        if last.kind == "reshape" and source is not None and uses[last.operands[0].id] == 1:
+            kernels[source].ops.append(indices[-1])  # its kernel writes the result reshaped
+        else:
+            own_kernel(indices)
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
 

@@ -103,8 +103,9 @@ class HostProgram:
     span: Span | None = field(default=None, compare=False, repr=False)
     #: The defaults of scalar inputs, by input name.
     defaults: tuple[tuple[str, bool | int | float], ...] = ()
-    #: The inputs' declared types, in order: a kernel may read an input with other dims
-    #: (through a reshape), but the entry takes it as declared.
+    #: The inputs' declared types, in order, then the result's: a kernel may read an input
+    #: or write the result with other dims (a reshape), but the entry takes them as
+    #: declared.
     types: tuple[ValueType, ...] = field(default=(), compare=False, repr=False)
 
 

@@ -141,7 +141,10 @@ class _Scheduler:
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
         result = self.names[f.body.yields[0].id] if f.body.yields else None
-        types = tuple(p.value.type for p in f.params)
+        out = f.result_type or next((v.type for v in f.body.yields), None)
+        types = tuple(p.value.type for p in f.params) + (
+            (out,) if isinstance(out, TensorType) else ()
+        )
         if f.kind == "declaration":
             return HostProgram(
                 f.name, f.kind, inputs, result, (), span=f.span, defaults=defaults, types=types

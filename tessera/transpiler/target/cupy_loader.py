@@ -181,9 +181,9 @@ def _tensor_checks(
     fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
     if fresh == dims and len(dims) == 1:
         lines.append(f"{pad}{names[dims[0]]} = {name}.shape[0]")
-    elif fresh == dims and len(set(dims)) == len(dims):
+    elif fresh == dims and len(set(dims)) == len(dims) > 0:
         lines.append(f"{pad}{', '.join(names[d] for d in dims)} = {name}.shape")
-    else:
+    elif dims:  # a 0-d tensor has its rank checked, and no more
         lines += [f"{pad}{names[d]} = {name}.shape[{dims.index(d)}]" for d in dict.fromkeys(fresh)]
         shown, want = f'"[{", ".join(dims)}]"', _tuple([_py_size(d, names) for d in dims])
         lines += _wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")

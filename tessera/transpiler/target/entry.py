@@ -35,9 +35,9 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
         for p in kernel.params:
             by_name.setdefault(p.name, p.type)
     names = [n.removeprefix("%") for n in program.host.inputs]
-    declared = dict(zip(names, program.host.types, strict=True))
     if program.host.result is not None and program.host.kind != "declaration":
         names.append("out")
+    declared = dict(zip(names, program.host.types, strict=False))
     return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name]
 
 

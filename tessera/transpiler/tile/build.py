@@ -35,10 +35,6 @@ ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
                     "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
-#: The library kernels that take their operand a block of whole rows at a time.
-_ROWS = frozenset(
-    {"softmax", "layernorm", "rmsnorm", "row_sum", "row_mean", "row_max", "logsumexp"}
-)
 _RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
 
 
@@ -119,7 +115,8 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
 
     - Through a reshape, the parameter has the reshape's dims and is the reshaped
       tensor: the reshape is no op of the kernel, unless the kernel writes its result,
-      which is then a copy (``return reshape(x)``).
+      which is then a copy (``return reshape(x)``). A reshape of the kernel's own
+      result, which it writes, makes the output parameter the result as computed.
     - Through a transpose that keeps the last axis, the axes after the one that becomes
       the rows are one (``[S, H, D]`` is read as ``[S, H*D]``): the op's load then takes
       a block of columns (``instantiate.rows_permuted_load``)."""
@@ -137,6 +134,9 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
     kept = []
     for op in ops:
         source = op.operands[0] if op.kind == "reshape" or rows_permuted(op) else None
+        if op.kind == "reshape" and source.id not in rename and op is ops[-1]:
+            retype(op.result, source.type)  # the group's result, written as computed
+            continue
         if source is None or source.id not in rename or readers[source.id] != [op]:
             kept.append(op)
         elif op.kind == "transpose":
@@ -185,11 +185,6 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
-    if template_of(anchor) in _ROWS and x.rank < 2:
-        return (
-            f"{anchor.kind} of a {x.rank}-D tensor has no tile kernel yet: the kernel "
-            "takes rows, of a tensor of rank 2 or more"
-        )
     epilogue = ops[ops.index(anchor) + 1 :]
     chain = {op.result.id for op in (anchor, *epilogue)}
     if anchor.attr("keepdims") and any(
