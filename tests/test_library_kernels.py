@@ -36,6 +36,9 @@ computed by each kernel that reads it: such a scalar used to be host-side work, 
 backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` with its
 default scale.
 
+A norm without its weight or bias (``layernorm(x)``, ``rmsnorm(x)``) leaves the product or
+the sum out of the library kernel: those were errors.
+
 A row kernel's op on a vector (``softmax(v)``, ``max(v)``, ``rmsnorm(v, w)``) runs on the
 one row of ``v`` as ``[1, N]``: those were errors.
 
@@ -86,6 +89,11 @@ def scores_softmax(x: Tensor["B", "H", "S", "T", f32]) -> Tensor["B", "H", "S", 
 def layer_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
                b: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
     return layernorm(x, w, b, eps=1e-5)
+
+@kernel
+def plain_norms(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
+                b: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return layernorm(x) + layernorm(x, w) * 2.0 + layernorm(x, bias=b) * 4.0 + rmsnorm(x) * 8.0
 
 @kernel
 def rms_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
@@ -805,3 +813,20 @@ def test_row_kernels_over_a_vector(library: Any) -> None:
     assert float(top) == f64(x).max()
     want = rmsnorm(x[None], w, 1e-6)[0] + 1
     np.testing.assert_allclose(f64(library.vector_norm(x, w)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_norms_without_weight_or_bias(library: Any) -> None:
+    rng = np.random.default_rng(51)
+    x = rng.standard_normal((2, 21, 53), dtype=np.float32)
+    w, b = rng.standard_normal((2, 53), dtype=np.float32)
+    ones, zeros = np.ones(53, np.float32), np.zeros(53, np.float32)
+    want = (
+        layernorm(x, ones, zeros, 1e-5)
+        + 2 * layernorm(x, w, zeros, 1e-5)
+        + 4 * layernorm(x, ones, b, 1e-5)
+        + 8 * rmsnorm(x, ones, 1e-6)
+    )
+    out = f64(library.plain_norms(x, w, b))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

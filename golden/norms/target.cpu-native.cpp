@@ -422,10 +422,10 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
   float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
   float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_12 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
-  float* const t_15 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D);
+  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D);
   const float eps = 1e-05f;
-  // layernorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
+  // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
   float* const rows = t;
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -434,9 +434,9 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
       rows[i * D + j] = t[i * D + j];
     }
   }
-  // layernorm.tsr:9: n = float(x.shape[-1])
+  // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = static_cast<float>(D);
-  // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
+  // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
@@ -456,32 +456,34 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
       centered[i * D + j] = rows[i * D + j] - row_0;
     }
   }
-  // layernorm.tsr:11: variance = tile.sum(centered * centered, axis=1) / n
+  // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (centered[i * D + j] * centered[i * D + j]);
     t_5[i] = r;
   }
-  // layernorm.tsr:12: normed = centered * tile.rsqrt(variance + eps)[:, None]
+  // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
     t_7[j] = tsr::rsqrt(((t_5[j] * (1.0f / n)) + eps));
   }
   float* const t_8 = t_7;
-  // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
+  // layernorm.tsr:16: normed = normed * tile.load(weight)[None, :]
   tsr::load_tile(t_9, 1, D, gamma, 0, 0, 0, 1, D);
   float* const t_10 = t_9;
-  tsr::load_tile(t_12, 1, D, beta, 0, 0, 0, 1, D);
-  float* const t_13 = t_12;
+  // layernorm.tsr:18: normed = normed + tile.load(bias)[None, :]
+  tsr::load_tile(t_11, 1, D, beta, 0, 0, 0, 1, D);
+  float* const t_12 = t_11;
+  // layernorm.tsr:19: return normed
   for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_8[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      t_15[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_13[j]));
+      t_13[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_12[j]));
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_15, 4, D);
+  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_13, 4, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
@@ -497,12 +499,12 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + 16;
-  float* const t_6 = area + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_8 = area + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + 16;
+  float* const normed_1 = area + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
   const float eps = 1e-06f;
-  // rmsnorm.tsr:7: rows = tile.cast(tile.load(x, rows=T.m), f32)
+  // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
@@ -510,22 +512,23 @@ static void rms_program(const float* x, const float* weight, float* out, const t
     t_1[i] = r;
   }
   const float s = static_cast<float>(D);
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
   float* const t_4 = t_3;
-  tsr::load_tile(t_6, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_7 = t_6;
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
+  tsr::load_tile(t_5, 1, D, weight, 0, 0, 0, 1, D);
+  float* const t_6 = t_5;
   for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      t_8[i * D + j] = (rows[i * D + j] * row_0) * t_7[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_8, 4, D);
+  tsr::store_tile(out, D, 4*pid_m, 0, T, D, normed_1, 4, D);
 }
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
@@ -543,8 +546,8 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   float* const rows = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
   float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16;
-  float* const t_8 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_10 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16;
+  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);
@@ -555,7 +558,7 @@ static void add_rms_program(const float* x, const float* residual, const float* 
       rows[i * D + j] = t[i * D + j] + t_1[i * D + j];
     }
   }
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
@@ -563,22 +566,23 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     t_3[i] = r;
   }
   const float s = static_cast<float>(D);
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
     t_5[j] = tsr::rsqrt(((t_3[j] * (1.0f / s)) + eps));
   }
   float* const t_6 = t_5;
-  tsr::load_tile(t_8, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_9 = t_8;
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
+  tsr::load_tile(t_7, 1, D, weight, 0, 0, 0, 1, D);
+  float* const t_8 = t_7;
   for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_6[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      t_10[i * D + j] = (rows[i * D + j] * row_0) * t_9[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_8[j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, t_10, 4, D);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, normed_1, 4, D);
 }
 
 static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {

@@ -104,9 +104,9 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-05f;
-  // layernorm.tsr:9: n = float(x.shape[-1])
+  // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
-  // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
+  // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -119,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   for (int e = 0; e < 4; ++e) {
     v_1[e] = v[e] / n;
   }
-  // layernorm.tsr:11: variance = tile.sum(centered * centered, axis=1) / n
+  // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
   float v_2[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -132,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   for (int e = 0; e < 4; ++e) {
     variance[e] = v_2[e] / n;
   }
-  // layernorm.tsr:12: normed = centered * tile.rsqrt(variance + eps)[:, None]
+  // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
   float v_3[4];
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -143,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   for (int e = 0; e < 4; ++e) {
     v_4[e] = rsqrtf(v_3[e]);
   }
-  // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
+  // layernorm.tsr:19: return normed
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -173,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   for (int e = 0; e < 4; ++e) {
     mean_square[e] = v[e] / s;
   }
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   float v_1[4];
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -184,6 +184,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
@@ -201,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -215,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   for (int e = 0; e < 4; ++e) {
     mean_square[e] = v[e] / s;
   }
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   float v_1[4];
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -226,6 +227,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {

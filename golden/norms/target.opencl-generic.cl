@@ -95,9 +95,9 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
-  // layernorm.tsr:9: n = float(x.shape[-1])
+  // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
-  // layernorm.tsr:10: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
+  // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -108,7 +108,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   for (int e = 0; e < 4; ++e) {
     v_1[e] = v[e] / n;
   }
-  // layernorm.tsr:11: variance = tile.sum(centered * centered, axis=1) / n
+  // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
   float v_2[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -119,7 +119,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   for (int e = 0; e < 4; ++e) {
     variance[e] = v_2[e] / n;
   }
-  // layernorm.tsr:12: normed = centered * tile.rsqrt(variance + eps)[:, None]
+  // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
   float v_3[4];
   for (int e = 0; e < 4; ++e) {
     v_3[e] = variance[e] + eps;
@@ -128,7 +128,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   for (int e = 0; e < 4; ++e) {
     v_4[e] = rsqrt(v_3[e]);
   }
-  // layernorm.tsr:13: return normed * tile.load(weight)[None, :] + tile.load(bias)[None, :]
+  // layernorm.tsr:19: return normed
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
       if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
@@ -144,7 +144,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -156,7 +156,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   for (int e = 0; e < 4; ++e) {
     mean_square[e] = v[e] / s;
   }
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   float v_1[4];
   for (int e = 0; e < 4; ++e) {
     v_1[e] = mean_square[e] + eps;
@@ -165,6 +165,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
       if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
@@ -182,7 +183,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-06f;
-  // rmsnorm.tsr:8: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
+  // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -194,7 +195,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   for (int e = 0; e < 4; ++e) {
     mean_square[e] = v[e] / s;
   }
-  // rmsnorm.tsr:9: return rows * tile.rsqrt(mean_square + eps)[:, None] * tile.load(weight)[None, :]
+  // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   float v_1[4];
   for (int e = 0; e < 4; ++e) {
     v_1[e] = mean_square[e] + eps;
@@ -203,6 +204,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   for (int e = 0; e < 4; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
+  // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
       if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));

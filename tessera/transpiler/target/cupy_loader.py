@@ -92,18 +92,22 @@ def _py_size(text: str, names: Mapping[str, str]) -> str:
     return re.sub(r"\((\w+)\)", r"\1", spaced)
 
 
-def _wrap(indent: int, head: str, items: list[str], tail: str) -> list[str]:
+def _wrap(indent: int, head: str, items: list[str | list[str]], tail: str) -> list[str]:
     """``head(items)tail`` as black prints it: on one line when that fits in 88
-    columns, else one item per line with a trailing comma (which keeps it that way)."""
-    line = " " * indent + head + ", ".join(items) + tail
+    columns, else one item per line with a trailing comma (which keeps it that way). A
+    list item is a tuple, split over lines in turn when its line is too long."""
+    flat = [_tuple(item) if isinstance(item, list) else item for item in items]
+    line = " " * indent + head + ", ".join(flat) + tail
     if len(line) <= _WIDTH or not items:
         return [line]
     pad = " " * (indent + 4)
-    return [
-        " " * indent + head,
-        *(f"{pad}{item}," for item in items),
-        " " * indent + tail.lstrip(" "),
-    ]
+    lines = [" " * indent + head]
+    for item, text in zip(items, flat, strict=True):
+        if isinstance(item, list) and len(f"{pad}{text},") > _WIDTH:
+            lines += _wrap(indent + 4, "(", list(item), "),")
+        else:
+            lines.append(f"{pad}{text},")
+    return [*lines, " " * indent + tail.lstrip(" ")]
 
 
 def _function(f: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,13 +166,13 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _launch(launch: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+def _launch(launch: Mapping[str, Any], names: Mapping[str, str]) -> list[str | list[str]]:
     """The arguments of ``_launch``: kernel, grid in blocks, threads, shared memory, and
     the kernel's arguments (sizes as 64-bit integers, as the kernels declare them)."""
     grid = [_blocks(_py_size(g["extent"], names), g["block"]) for g in launch["grid"]]
     args = [f"cupy.int64({names[a]})" if a in names else a for a in launch["args"]]
     return [f'"{launch["kernel"]}"', _tuple(grid), str(launch["threads"]),
-            str(launch["dynamic_smem"]), _tuple(args)]  # fmt: skip
+            str(launch["dynamic_smem"]), args]  # fmt: skip
 
 
 def _tensor_checks(

@@ -77,12 +77,13 @@ def _type_expr(t: TensorType) -> ast.TypeExpr:
 
 
 def stdlib_kernel(
-    template: str, operands: tuple[TensorType, ...], result: TensorType, span: Any
-) -> Function:
-    """The library kernel ``template`` typed for ``operands`` and ``result``."""
+    template: str, operands: tuple[TensorType, ...], result: TensorType, span: Any,
+    names: tuple[str, ...] | None = None,
+) -> Function:  # fmt: skip
+    """The library kernel ``template`` typed for ``operands`` and ``result``; ``names``
+    are the tensor parameters they are, if not all of the kernel's."""
     (fn,) = _stdlib_module(template).functions()
-    names = TEMPLATE_PARAMS[template]
-    typed = dict(zip(names, operands, strict=True))
+    typed = dict(zip(names or TEMPLATE_PARAMS[template], operands, strict=True))
     params = tuple(
         dataclasses.replace(p, annotation=_type_expr(typed[p.name])) if p.name in typed else p
         for p in fn.params
@@ -118,19 +119,28 @@ def instantiate(
         tensors: tuple[Value, ...] = (group_ops[-1].result,)
         result = group_ops[-1].result.type
     else:
-        tensors = anchor.operands[: len(TEMPLATE_PARAMS[template])]
         result = anchor.result.type
         if anchor.attr("keepdims"):
             result = kept_axis_dropped(result)
+    # a norm's weight and bias are optional: absent ones are bound to nothing, and the
+    # kernel's with_weight and with_bias branches leave them unread
+    names = tuple(
+        n for n in TEMPLATE_PARAMS[template] if anchor is None or anchor.attr(n) is not False
+    )
+    if anchor is not None:
+        tensors = anchor.operands[: len(names)]
     span = (anchor or group_ops[-1]).span
-    fn = stdlib_kernel(template, tuple(v.type for v in tensors), result, span)
+    fn = stdlib_kernel(template, tuple(v.type for v in tensors), result, span, names)
     bind: dict[int, Any] = {}
     for param in fn.params:
         if param.value.name not in TEMPLATE_PARAMS[template]:
             assert anchor is not None
             bind[param.value.id] = _keyword(anchor, param.value.name, tensors)
             continue
-        tensor = tensors[TEMPLATE_PARAMS[template].index(param.value.name)]
+        if param.value.name not in names:
+            bind[param.value.id] = None
+            continue
+        tensor = tensors[names.index(param.value.name)]
         if prologue and prologue[-1].result is tensor:  # computed where it is loaded
             build = chain_builder(prologue, rename)
             bind[param.value.id] = Prologue(new_value(tensor.type, param.value.name), build)
@@ -151,7 +161,10 @@ def kept_axis_dropped(t: TensorType) -> TensorType:
 
 
 def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...]) -> Any:
-    """A library kernel's keyword parameter, from the graph op's attributes."""
+    """A library kernel's keyword parameter, from the graph op's attributes; ``with_X``
+    says whether the op has the operand ``X`` (a norm's weight or bias)."""
+    if name.startswith("with_"):
+        return anchor.attr(name.removeprefix("with_")) is not False
     value = anchor.attr(name)
     if name == "scale" and value is None:
         head_dim = tensors[0].type.dims[-1]
