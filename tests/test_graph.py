@@ -307,7 +307,11 @@ def test_pass_order() -> None:
         ("1.0 * x + 0.0", []),
         ("x / 1", []),
         ("transpose(transpose(x))", []),
-        ("transpose(transpose(x, (1, 0, 2)), (2, 0, 1))", ["transpose"]),
+        # a product that no kernel computes: a copy, then a swap of [B*A, C]
+        (
+            "transpose(transpose(x, (1, 0, 2)), (2, 0, 1))",
+            ["transpose", "reshape", "transpose", "reshape"],
+        ),
         # two transposes with kernels stay two where their product has none
         ("transpose(x, (1, 0, 2)).T", ["transpose", "transpose"]),
         (
@@ -322,8 +326,11 @@ def test_pass_order() -> None:
         ("x @ x.T", ["matmul"]),
         ("sum(x, axis=1)", ["transpose", "sum"]),
         ("sum(x.T, axis=1)", ["sum"]),
-        ("sum(x, axis=1, keepdims=True)", ["sum"]),
-        ("max(x, axis=0)", ["max"]),
+        ("sum(x, axis=1, keepdims=True)", ["transpose", "sum", "reshape"]),
+        ("max(x, axis=0)", ["reshape", "transpose", "max", "reshape"]),
+        # the swap of [A*B, C] and the one back cancel, and so do the reshapes between
+        ("max(transpose(x, (2, 0, 1)), axis=0)", ["reshape", "max", "reshape"]),
+        ("sum(reshape(reshape(x, ('A*B', 'C')), ('A', 'B', 'C')), axis=1)", ["transpose", "sum"]),
         ("softmax(x, axis=1)", ["transpose", "softmax", "transpose"]),
     ],
 )
@@ -484,6 +491,14 @@ def test_a_transpose_that_keeps_the_last_axis_is_loaded_by_its_reader() -> None:
         "    return transpose(x, (0, 2, 1, 3)) * 2.0 + y\n"
     )
     assert groups(text) == [("elementwise", ["transpose", "mul", "add"])]
+
+
+def test_a_transpose_kernel_computes_the_ops_around_it() -> None:
+    text = (
+        "@kernel\ndef f(x: Tensor['R', 'C', f32], y: Tensor['C', 'R', f32]):\n"
+        "    return relu(x * 2.0).T + y\n"
+    )
+    assert groups(text) == [("layout", ["mul", "relu", "transpose", "add"])]
 
 
 def test_a_row_kernel_over_a_vector_is_one_kernel_over_its_one_row() -> None:

@@ -22,7 +22,10 @@ memory.
 
 A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix) is the row
 reduction of the transpose: two kernels, where it used to be an error; a softmax over it
-is the transpose of the softmax of the transpose.
+is the transpose of the softmax of the transpose. Over any other axis, the axes before
+and after it are merged first (a view), so that the same swap serves; ``keepdims`` is a
+reshape of the result. A transpose by any permutation is a swap of merged axes, with a
+copy before and after where the merging is not enough: those were errors.
 
 A new axis on a value in memory (``x * s[:, None]``, ``x / norm(x)[:, None]``) is a view
 that the kernel reading it loads, broadcast: such a chain had no kernel.
@@ -258,6 +261,34 @@ def column_softmax(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return softmax_safe(x, axis=0)
 
 @kernel
+def outer_axis_sums(x: Tensor["A", "R", "C", f32]) -> Tensor["R", "C", f32]:
+    return sum(x, axis=0)
+
+@kernel
+def middle_axis_means(x: Tensor["A", "R", "B", "C", bf16]) -> Tensor["A", "B", "C", f32]:
+    return mean(x, axis=1)
+
+@kernel
+def centered_columns(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return x - mean(x, axis=0, keepdims=True)
+
+@kernel
+def outer_axis_softmax(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "R", "C", f32]:
+    return softmax(x, axis=0)
+
+@kernel
+def rotated(x: Tensor["A", "B", "C", f32]) -> Tensor["C", "A", "B", f32]:
+    return transpose(x, (2, 0, 1))
+
+@kernel
+def scrambled(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["C", "A", "D", "B", f32]:
+    return transpose(x, (2, 0, 3, 1)) + 1.0
+
+@kernel
+def pairs_swapped(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["B", "A", "D", "C", f32]:
+    return transpose(x, (1, 0, 3, 2))
+
+@kernel
 def rms_by_hand(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
     return x * rsqrt(mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
 
@@ -375,6 +406,13 @@ RESHAPED = {
     "grouped_softmax": lambda x: (x.shape[0], x.shape[1] // 4, 4),
     "merged_matmul": lambda x, w: (x.shape[0] * x.shape[1], w.shape[1]),
     "reshaped_twice": lambda x, w: (x.shape[0] * x.shape[1], w.shape[1]),
+    "outer_axis_sums": lambda x: x.shape[1:],
+    "middle_axis_means": lambda x: (x.shape[0], *x.shape[2:]),
+    "centered_columns": lambda x: x.shape,
+    "outer_axis_softmax": lambda x: x.shape,
+    "rotated": lambda x: (x.shape[2], x.shape[0], x.shape[1]),
+    "scrambled": lambda x: tuple(x.shape[i] for i in (2, 0, 3, 1)),
+    "pairs_swapped": lambda x: tuple(x.shape[i] for i in (1, 0, 3, 2)),
 }
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
@@ -723,6 +761,32 @@ def test_reductions_over_the_rows(library: Any) -> None:
     np.testing.assert_allclose(f64(library.column_means(xb)), f64(xb).mean(1), atol=1e-6)
     want = softmax(f64(x).T).T
     np.testing.assert_allclose(f64(library.column_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_reductions_over_any_axis(library: Any) -> None:
+    rng = np.random.default_rng(52)
+    x = rng.standard_normal((5, 37, 75), dtype=np.float32)
+    want = f64(x).sum(0)
+    np.testing.assert_allclose(f64(library.outer_axis_sums(x)), want, rtol=1e-5, atol=1e-5)
+    xb = rng.standard_normal((3, 37, 5, 19)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(f64(library.middle_axis_means(xb)), f64(xb).mean(1), atol=1e-6)
+    want = f64(x[0]) - f64(x[0]).mean(0, keepdims=True)
+    np.testing.assert_allclose(f64(library.centered_columns(x[0])), want, atol=1e-6)
+    want = np.moveaxis(softmax(np.moveaxis(f64(x), 0, -1)), -1, 0)
+    np.testing.assert_allclose(f64(library.outer_axis_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_any_permutation(library: Any) -> None:
+    rng = np.random.default_rng(53)
+    x = rng.standard_normal((5, 37, 75), dtype=np.float32)
+    np.testing.assert_array_equal(library.rotated(x), x.transpose(2, 0, 1))
+    x4 = rng.standard_normal((3, 37, 5, 19), dtype=np.float32)
+    np.testing.assert_array_equal(library.scrambled(x4), x4.transpose(2, 0, 3, 1) + 1)
+    np.testing.assert_array_equal(library.pairs_swapped(x4), x4.transpose(1, 0, 3, 2))
 
 
 @pytest.mark.execute

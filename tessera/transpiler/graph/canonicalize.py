@@ -2,11 +2,19 @@
 
 - A constant operand of a commutative op goes on the right: ``2 * x`` is ``x * 2``.
 - Subtracting a constant is adding its negation: ``x - 1`` is ``x + -1``.
-- A reduction over the second-to-last axis (``sum(x, axis=0)`` of a matrix: a bias
-  gradient, a column mean) is the reduction over the last axis of ``x``'s transpose,
-  which the library's row kernels compute; a softmax over it is the transpose of the
-  softmax of the transpose. Each transpose is a kernel of its own, a pass over memory;
-  a transpose the user wrote there cancels it (``simplify``).
+- A reduction or a softmax over another axis than the last runs on rows. ``x`` is viewed
+  as ``[O, K, I]`` (``O`` the axes before the reduced one, ``K`` the reduced one, ``I``
+  those after it, each merged: a reshape is a view, no copy), the last two are swapped,
+  and the library's row kernel reduces ``[O, I, K]``: ``sum(x, axis=0)`` of a matrix (a
+  bias gradient, a column mean) is the row sum of ``x``'s transpose. The result is
+  reshaped to the dims asked for, ``keepdims`` included; a softmax's is swapped back.
+  Each swap is a kernel of its own, a pass over memory; a transpose the user wrote there
+  cancels it (``simplify``).
+- A transpose by a permutation that no kernel computes is one that does, between
+  reshapes: axes that stay next to each other, in order, are merged first, so
+  ``transpose(x, (2, 0, 1))`` of ``[A, B, C]`` is the swap of ``[A*B, C]``. What remains
+  is at most a permutation that keeps the last axis, a swap of the last two, and another
+  that keeps the last axis.
 - A row kernel's op on a vector (``softmax(v)``, ``sum(v)`` of a ``[N]`` tensor) is the op
   on the one row of ``v`` reshaped to ``[1, N]``, reshaped back: a reshape is a view, so
   the row kernel reads ``v`` where it lies.
@@ -14,10 +22,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from .dims import Dim
-from .graph_ops import last_two_swapped
+from .graph_ops import has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions
 
@@ -46,26 +55,109 @@ def _const(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _product(dims: Iterable[Dim]) -> Dim:
+    first, *rest = dims
+    for d in rest:
+        first = first * d
+    return first
+
+
+def _reshaped(ops: list[Op], x: Value, dims: tuple[Dim, ...], op: Op) -> Value:
+    if dims == x.type.dims:
+        return x
+    out = new_value(x.type.with_(dims=dims), None, op.span)
+    ops.append(Op("reshape", (x,), (out,), (("shape", dims),), span=op.span))
+    return out
+
+
+def _transposed(ops: list[Op], x: Value, perm: tuple[int, ...], op: Op) -> Value:
+    out = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
+    ops.append(Op("transpose", (x,), (out,), (("perm", perm),), span=op.span))
+    return out
+
+
+def _reshaped_into(ops: list[Op], last: Op, dims: tuple[Dim, ...], result: Value) -> None:
+    """Append ``last``, whose result has ``dims``, so that ``result`` holds it: ``last``
+    gives ``result`` itself when the dims agree, else a reshape of ``last`` does."""
+    if dims == result.type.dims:
+        ops.append(replace(last, results=(result,)))
+        return
+    out = new_value(result.type.with_(dims=dims), None, last.span)
+    ops.append(replace(last, results=(out,)))
+    ops.append(Op("reshape", (out,), (result,), (("shape", result.type.dims),), span=last.span))
+
+
 def _over_rows(function: Function) -> Function:
     ops: list[Op] = []
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
         if (
-            op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS) or x is None or op.attr("keepdims")
-            or x.type.rank < 2 or op.attr("axis") != x.type.rank - 2
+            op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS) or x is None or x.type.rank < 2
+            or op.attr("axis") == x.type.rank - 1
         ):  # fmt: skip
             ops.append(op)
             continue
-        perm = last_two_swapped(x.type.rank)
-        swapped = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
-        ops.append(Op("transpose", (x,), (swapped,), (("perm", perm),), span=op.span))
-        attrs = tuple({**dict(op.attrs), "axis": x.type.rank - 1}.items())
+        axis, dims = op.attr("axis"), x.type.dims
+        outer = (_product(dims[:axis]),) if axis else ()
+        view = (*outer, dims[axis], _product(dims[axis + 1 :]))
+        swap = last_two_swapped(len(view))
+        rows = _transposed(ops, _reshaped(ops, x, view, op), swap, op)
+        attrs = {**dict(op.attrs), "axis": len(view) - 1}
         if op.kind in _ROW_REDUCTIONS:
-            ops.append(replace(op, operands=(swapped,), attrs=attrs))
+            attrs["keepdims"] = False
+            reduced = replace(op, operands=(rows,), attrs=tuple(attrs.items()))
+            _reshaped_into(ops, reduced, rows.type.dims[:-1], op.result)
             continue
-        rows = new_value(swapped.type.with_(dtype=op.result.type.dtype), None, op.span)
-        ops.append(replace(op, operands=(swapped,), results=(rows,), attrs=attrs))
-        ops.append(Op("transpose", (rows,), op.results, (("perm", perm),), span=op.span))
+        mapped = new_value(rows.type.with_(dtype=op.result.type.dtype), None, op.span)
+        ops.append(replace(op, operands=(rows,), results=(mapped,), attrs=tuple(attrs.items())))
+        back = Op("transpose", (mapped,), (), (("perm", swap),), span=op.span)
+        _reshaped_into(ops, back, view, op.result)
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
+def _runs(perm: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The operand's axes in runs that ``perm`` keeps next to each other and in order,
+    in the order ``perm`` puts them."""
+    runs = [[perm[0]]]
+    for axis in perm[1:]:
+        if axis == runs[-1][-1] + 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    return [tuple(run) for run in runs]
+
+
+def _with_kernels(perm: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Permutations that each have a kernel and together make ``perm``: one that brings
+    the axis ``perm`` puts last to the second-to-last place (keeping the last), the swap
+    of the last two, and one that puts the others where ``perm`` does (keeping the last)."""
+    if has_transpose_kernel(perm):
+        return [perm]
+    last, rank = perm[-1], len(perm)
+    others = [a for a in perm if a not in (last, rank - 1)]
+    before = (*others, last, rank - 1)
+    swapped = (*others, rank - 1, last)
+    after = tuple(swapped.index(a) for a in perm)
+    identity = tuple(range(rank))
+    return [p for p in (before, last_two_swapped(rank), after) if p != identity]
+
+
+def _transposes(function: Function) -> Function:
+    ops: list[Op] = []
+    for op in function.body.ops:
+        if op.kind != "transpose" or has_transpose_kernel(op.attr("perm")):
+            ops.append(op)
+            continue
+        x = op.operands[0]
+        runs = _runs(op.attr("perm"))
+        order = sorted(runs)  # the runs as they lie in x
+        merged = tuple(_product(x.type.dims[a] for a in run) for run in order)
+        steps = _with_kernels(tuple(order.index(run) for run in runs))
+        value = _reshaped(ops, x, merged, op)
+        for perm in steps[:-1]:
+            value = _transposed(ops, value, perm, op)
+        last = Op("transpose", (value,), (), (("perm", steps[-1]),), span=op.span)
+        _reshaped_into(ops, last, tuple(value.type.dims[i] for i in steps[-1]), op.result)
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
 
 
@@ -91,4 +183,6 @@ def _of_vectors(function: Function) -> Function:
 
 
 def canonicalize(module: GraphModule) -> GraphModule:
-    return map_functions(module, lambda f: Rewriter(_rule).function(_of_vectors(_over_rows(f))))
+    return map_functions(
+        module, lambda f: Rewriter(_rule).function(_of_vectors(_over_rows(_transposes(f))))
+    )

@@ -9,8 +9,9 @@ Triton-based compilers:
   the kernel of the value it consumes when that value has no other user and
   the op does not broadcast it to a larger shape: a matmul's bias,
   activation, residual add and final cast become its epilogue.
-- A reduction whose input comes from a chain of elementwise ops joins that
-  chain as its prologue (``softmax(x * scale)`` is one kernel).
+- A reduction or a transpose whose input comes from a chain of elementwise ops joins
+  that chain as its prologue (``softmax(x * scale)`` is one kernel). A transpose's
+  result takes an epilogue too: ``relu(x * 2.0).T + y`` is one kernel.
 - Otherwise elementwise ops start a kernel of their own, and the following
   elementwise ops chain onto it.
 - A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
@@ -135,6 +136,14 @@ class _Kernel:
     ops: list[int] = field(default_factory=list)
 
 
+def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
+    """Whether elementwise ops may follow the kernel's anchor: a transpose's result is
+    one tile like a product's, but ``split_qkv`` has three."""
+    if kernel.kind == "layout":
+        return all(ops[i].kind != "split_qkv" for i in kernel.ops)
+    return kernel.kind in _TAKES_EPILOGUE
+
+
 def _fuse_function(function: Function) -> Function:
     if function.kind == "tile":
         ops = function.body.ops
@@ -180,18 +189,18 @@ def _fuse_function(function: Function) -> Function:
                 own_kernel(indices)
             viewed = sorted(i for g in given if ops[g[-1]].kind == "reshape" for i in g)
         target = None
-        if cls in ("elementwise", "reduction"):
+        if cls in ("elementwise", "reduction") or op.kind == "transpose":
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)
                 if k is None or uses.get(v.id) != 1 or not can_join(k, op, v.id):
                     continue
                 if cls == "elementwise" and _widens(op, v):
                     continue
-                if cls == "elementwise" and kernels[k].kind in _TAKES_EPILOGUE:
+                if cls == "elementwise" and _takes_epilogue(kernels[k], ops):
                     target = k
-                elif cls == "reduction" and kernels[k].kind == "elementwise":
+                elif cls in ("reduction", "layout") and kernels[k].kind == "elementwise":
                     target = k
-                    kernels[k].kind = "reduction"
+                    kernels[k].kind = cls
                 break
         sources = [kernel_of.get(v.id, -1) for i in viewed for v in ops[i].operands]
         if target is not None and any(k >= target for k in sources):

@@ -623,6 +623,13 @@ def rows_permuted(op: Op) -> bool:
     return perm is not None and perm[-1] == len(perm) - 1
 
 
+def has_transpose_kernel(perm: tuple[int, ...]) -> bool:
+    """Whether a transpose by ``perm`` has a kernel: the swap of the last two axes (a
+    product also reads it in place), or a permutation that keeps the last axis. Any
+    other is made of those (``canonicalize``)."""
+    return perm == last_two_swapped(len(perm)) or perm[-1] == len(perm) - 1
+
+
 def last_two_swapped(rank: int) -> tuple[int, ...]:
     """The permutation that swaps the last two of ``rank`` axes: ``transpose``'s default,
     the one a product reads in place and the library's transpose kernel computes."""
@@ -632,9 +639,11 @@ def last_two_swapped(rank: int) -> tuple[int, ...]:
 @register("transpose", P("x"), P("axes", None))
 def _transpose(call: OpCall) -> object:
     """Permute dims: by default swap the last two; ``axes`` gives the full permutation.
-    Kernels exist for a swap of the last two (a product reads it in place, else 64 x 64
-    blocks) and for a permutation that keeps the last axis (``(0, 2, 1, 3)``: the kernel
-    that reads it loads each row where it lies)."""
+    A swap of the last two is read in place by a product, else it is a kernel of 64 x 64
+    blocks; a permutation that keeps the last axis (``(0, 2, 1, 3)``) is read in place by
+    the kernel that reads it, which loads each row where it lies. Any other is at most
+    two copies and one such swap, with the axes it keeps together merged
+    (``transpose(x, (2, 0, 1))`` of ``[A, B, C]`` swaps ``[A*B, C]``: one kernel)."""
     x = call.tensor("x")
     rank = x.type.rank
     axes_value = call.raw("axes")

@@ -1,7 +1,10 @@
 """Algebraic simplification and dead-code removal.
 
 - ``x * 1``, ``x + 0``, ``x / 1``, ``x ** 1`` are ``x`` (when the type is unchanged).
-- ``transpose(transpose(x))`` is one transpose, or ``x`` when the two cancel.
+- ``transpose(transpose(x))`` is one transpose, or ``x`` when the two cancel; but two
+  that each have a kernel stay two when their product has none.
+- ``reshape(reshape(x))`` is one reshape, and a reshape to ``x``'s own dims is ``x``:
+  the reshapes around the swaps of ``canonicalize`` cancel like the swaps do.
 - ``a @ transpose(b)`` reads ``b`` as it lies: ``matmul(a, b) {trans_b = true}``. The
   library kernel then loads ``b``'s rows as the product's columns (``x @ w.T`` of a
   ``[N, K]`` weight, ``q @ k.T``) and no transposed copy is ever written. Only a swap of
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .dtypes import DType
-from .graph_ops import last_two_swapped
+from .graph_ops import has_transpose_kernel, last_two_swapped
 from .ir import GraphModule, Op, Value
 from .rewrite import Rewriter, map_functions
 
@@ -46,12 +49,6 @@ def _exact(source: DType, middle: DType) -> bool:
     return middle.bits >= source.bits
 
 
-def _has_kernel(perm: tuple[int, ...]) -> bool:
-    """Whether a transpose by ``perm`` has a kernel: the swap of the last two axes (a
-    product also reads it in place), or a permutation that keeps the last axis."""
-    return perm == last_two_swapped(len(perm)) or perm[-1] == len(perm) - 1
-
-
 def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
     attrs = dict(op.attrs)
     if op.kind in _IDENTITY and len(op.operands) == 1 and attrs.get("b") == _IDENTITY[op.kind]:
@@ -64,6 +61,13 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
         if swap and inner.attr("perm") == last_two_swapped(op.operands[1].type.rank):
             return replace(op, operands=(op.operands[0], inner.operands[0]),
                            attrs=(*op.attrs, ("trans_b", True)))  # fmt: skip
+    if op.kind == "reshape":
+        inner = producers.get(op.operands[0].id)
+        source = inner.operands[0] if inner is not None and inner.kind == "reshape" else None
+        if _same_type(source or op.operands[0], op.result):
+            return source or op.operands[0]
+        if source is not None:
+            return replace(op, operands=(source,))
     if op.kind in ("transpose", "cast"):
         inner = producers.get(op.operands[0].id)
         if op.kind == "transpose" and inner is not None and inner.kind == "transpose":
@@ -71,8 +75,10 @@ def _rule(op: Op, producers: dict[int, Op]) -> Op | Value | None:
             source = inner.operands[0]
             if perm == tuple(range(len(perm))) and _same_type(source, op.result):
                 return source
-            kernels = _has_kernel(inner.attr("perm")) and _has_kernel(op.attr("perm"))
-            if kernels and not _has_kernel(perm):  # two kernels, not one that no backend has
+            kernels = has_transpose_kernel(inner.attr("perm")) and has_transpose_kernel(
+                op.attr("perm")
+            )
+            if kernels and not has_transpose_kernel(perm):  # canonicalize split it so
                 return None
             return replace(op, operands=(source,), attrs=(("perm", perm),))
         if op.kind == "cast":

@@ -18,7 +18,7 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import rows_permuted
-from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, walk
+from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, Value, walk
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
 from ..graph.types import TensorType, TileType
@@ -326,7 +326,7 @@ class _Scheduler:
             return Problem(kind, x.type.dtype, rows, dims[axis])
         if kind == "tile":
             return self._tile_problem()
-        out = ops[-1].results[0].type if ops[-1].results else ops[-1].operands[0].type
+        out = _written(ops).type
         if template_of(anchor) == "transpose":
             return Problem("layout", out.dtype, out.dims[-2], out.dims[-1], batch=out.dims[:-2])
         if kind == "elementwise" and out.rank >= 2:
@@ -434,6 +434,17 @@ def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tupl
         return tuple(op.kind for op in ops), ()
     at = ops.index(anchor)
     return tuple(op.kind for op in ops[:at]), tuple(op.kind for op in ops[at + 1 :])
+
+
+def _written(ops: list[Op]) -> Value:
+    """The value a group's kernel writes: its last op's result, but the operand of a
+    reshape of a value the kernel computes, which it writes as computed (the reshape is
+    a view of that memory), and what a store stores."""
+    last = ops[-1]
+    computed = {r.id for op in ops for r in op.results}
+    if last.kind == "reshape" and last.operands[0].id in computed:
+        return last.operands[0]
+    return last.results[0] if last.results else last.operands[0]
 
 
 def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:

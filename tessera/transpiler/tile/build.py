@@ -14,7 +14,7 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import last_two_swapped, rows_permuted
+from ..graph.graph_ops import rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType
@@ -168,16 +168,6 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         kinds = ", ".join(dict.fromkeys(op.kind for op in prologue))
         return f"{anchor.kind} of the result of {kinds} has no tile kernel yet"
     x = anchor.operands[0].type
-    if anchor.attr("axis", x.rank - 1) != x.rank - 1:
-        return (
-            f"{anchor.kind} over axis {anchor.attr('axis')} has no tile kernel yet: the last "
-            "axis has, and the one before it without keepdims"
-        )
-    if anchor.kind == "transpose" and anchor.attr("perm") != last_two_swapped(x.rank):
-        return (
-            f"transpose {anchor.attr('perm')} has no tile kernel yet: a swap of the last two "
-            "axes has, and a permutation that keeps the last axis"
-        )
     if anchor.kind == "matmul" and not x.dtype.is_float:
         return (
             f"a matmul of {x.dtype} operands has no tile kernel yet: the library's gemm "
