@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from fractions import Fraction
 
@@ -339,6 +340,23 @@ def test_simplification(body: str, expected: list[str]) -> None:
     assert kinds(graph(text)) == expected
 
 
+@pytest.mark.parametrize(
+    ("method", "function"),
+    [
+        ("x.abs().sum(axis=0)", "sum(abs(x), axis=0)"),
+        ("x.max(axis=-1, keepdims=True)", "max(x, axis=-1, keepdims=True)"),
+        ("x.softmax()", "softmax(x)"),
+        ("x.exp().mean()", "mean(exp(x))"),
+    ],
+)
+def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:
+    def ir(body: str) -> str:
+        text = f"@kernel\ndef f(x: Tensor['A', 'B', f32]):\n    return {body}\n"
+        return re.sub(r"// \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    assert ir(method) == ir(function)
+
+
 def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['M', 'K', f32], w: Tensor['N', 'K', f32]):\n    return x @ w.T\n"
@@ -360,6 +378,10 @@ def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
         # 1/sqrt of the head dim, at run time: the op's own default scale
         ("return softmax(q @ k.T / sqrt(float(q.shape[-1]))) @ v", ["flash_attention"]),
         ("return softmax(rsqrt(k.shape[2]) * (q @ k.T)) @ v", ["flash_attention"]),
+        # a float parameter: the kernel takes it; divided by one, or computed: as written
+        ("return softmax(t * (q @ k.T)) @ v", ["flash_attention"]),
+        ("return softmax(q @ k.T / t) @ v", ["matmul", "div", "softmax", "matmul"]),
+        ("return softmax(q @ k.T * (t * 2.0)) @ v", ["matmul", "mul", "mul", "softmax", "matmul"]),
         # a negative scale, scores kept, probabilities kept, b not transposed: as written
         ("return softmax(q @ k.T * -1.0) @ v", ["matmul", "mul", "softmax", "matmul"]),
         ("s = q @ k.T\n    return softmax(s) @ v + s", ["matmul", "softmax", "matmul", "add"]),
@@ -386,7 +408,7 @@ def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected
     text = (
         "@kernel\ndef f(q: Tensor['B', 'N', 'N', f32], k: Tensor['B', 'N', 'N', f32],\n"
         "      v: Tensor['B', 'N', 'N', f32], qb: Tensor['B', 'N', 'N', bf16],\n"
-        "      kb: Tensor['B', 'N', 'N', bf16], vb: Tensor['B', 'N', 'N', bf16]):\n"
+        "      kb: Tensor['B', 'N', 'N', bf16], vb: Tensor['B', 'N', 'N', bf16], t: float):\n"
         f"    {body}\n"
     )
     function = graph(text).functions[0]
@@ -395,6 +417,9 @@ def test_attention_written_with_graph_ops_is_flash_attention(body: str, expected
         if op.kind == "flash_attention":
             scaled = "*" in body or "/" in body
             scale = {} if "sqrt" in body else {"scale": 0.125 if scaled else 1.0}
+            if "t *" in body:
+                scale = {"scale": "scalar"}
+                assert op.operands[-1] == function.params[-1].value
             assert dict(op.attrs) == {"causal": False, **scale}
             assert str(op.result.type) == "tensor<[B, N, N], f32>"
 

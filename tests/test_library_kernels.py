@@ -203,6 +203,18 @@ def graph_attention_bf16(q: Tensor["B", "H", "S", "D", bf16], k: Tensor["B", "H"
     return cast(softmax(q @ k.T / 8.0, axis=-1), bf16) @ v
 
 @kernel
+def param_scaled_attention(q: Tensor["B", "H", "S", "D", bf16],
+                           k: Tensor["B", "H", "T", "D", bf16],
+                           v: Tensor["B", "H", "T", "D", bf16],
+                           scale: float) -> Tensor["B", "H", "S", "D", f32]:
+    return cast(softmax(scale * (q @ k.T)), bf16) @ v
+
+@kernel
+def param_scaled_flash(q: Tensor["B", "S", "D", f32], k: Tensor["B", "T", "D", f32],
+                       v: Tensor["B", "T", "D", f32], scale: float) -> Tensor["B", "S", "D", f32]:
+    return flash_attention(q, k, v, causal=True, scale=scale)
+
+@kernel
 def transposed_sum(x: Tensor["B", "M", "N", f32],
                    y: Tensor["B", "N", "M", f32]) -> Tensor["B", "N", "M", f32]:
     return x.T + y
@@ -287,6 +299,45 @@ def scrambled(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["C", "A", "D", "B", 
 @kernel
 def pairs_swapped(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["B", "A", "D", "C", f32]:
     return transpose(x, (1, 0, 3, 2))
+
+@kernel
+def leaky(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return maximum(x, x * 0.1)
+
+@kernel
+def clipped(x: Tensor["R", "C", bf16], lo: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return minimum(maximum(x, lo), 6.0)
+
+@kernel
+def floored(x: Tensor["R", "C", f32], s: float) -> Tensor["R", "C", f32]:
+    return x * maximum(s, 1.0) + minimum(x, 0.5)
+
+@kernel
+def column_mins(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "C", f32]:
+    return x.min(axis=1) + min(x, axis=-2)
+
+@kernel
+def row_range(x: Tensor["R", "C", bf16]) -> Tensor["R", bf16]:
+    return max(x) - min(x)
+
+@kernel
+def tile_row_min(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    t = tile.load(x, rows=T.m)
+    return t - t.min(axis=1)[:, None]
+
+@kernel
+def amax(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    return max(abs(x), axis=-1)
+
+@kernel
+def scaled_fp8(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
+    return cast(x * (448.0 / maximum(max(abs(x), axis=-1, keepdims=True), 1e-12)), fp8_e4m3)
+
+@kernel
+def tile_clamp(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    return tile.abs(tile.minimum(tile.load(x, rows=T.m), 2.0))
 
 @kernel
 def rms_by_hand(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
@@ -385,7 +436,8 @@ TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"
 PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
-            "product_by_later_sums": 1}  # fmt: skip
+            "product_by_later_sums": 1, "param_scaled_attention": 2,
+            "param_scaled_flash": 2}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -415,7 +467,7 @@ RESHAPED = {
     "pairs_swapped": lambda x: tuple(x.shape[i] for i in (1, 0, 3, 2)),
 }
 #: The functions whose result drops the last axis.
-REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition"}
+REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax"}
 
 
 @pytest.mark.compile
@@ -473,6 +525,12 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
         shape = (shape[0], args[1].shape[0])
     elif name == "row_max_kept":
         shape = (*shape[:-1], 1)
+    elif name == "scaled_fp8":
+        return shape, np.dtype(ml_dtypes.float8_e4m3fn)
+    elif name == "row_range":
+        return shape[:-1], np.dtype(ml_dtypes.bfloat16)
+    elif name == "column_mins":
+        shape = (shape[0], shape[2])
     return shape, np.dtype(np.float32)
 
 
@@ -699,6 +757,18 @@ def test_attention_written_with_graph_ops(library: Any) -> None:
     want = f64(softmax(s).astype(ml_dtypes.bfloat16)) @ f64(vb)  # bf16 probabilities
     out = f64(library.graph_attention_bf16(qb, kb, vb))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+    # a scale given at run time is the kernel's parameter
+    for scale in (0.3, 0.05):
+        s = f64(qb) @ np.swapaxes(f64(kb), -1, -2) * scale
+        want = f64(softmax(s).astype(ml_dtypes.bfloat16)) @ f64(vb)
+        out = f64(library.param_scaled_attention(qb, kb, vb, scale))
+        np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+    q3, k3, v3 = q[0], k[0], v[0]
+    s = f64(q3) @ np.swapaxes(f64(k3), -1, -2) * 0.3
+    s[..., np.triu_indices(37, 1, 45)[0], np.triu_indices(37, 1, 45)[1]] = -np.inf
+    want = softmax(s) @ f64(v3)
+    out = f64(library.param_scaled_flash(q3, k3, v3, 0.3))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.execute
@@ -776,6 +846,40 @@ def test_reductions_over_any_axis(library: Any) -> None:
     np.testing.assert_allclose(f64(library.centered_columns(x[0])), want, atol=1e-6)
     want = np.moveaxis(softmax(np.moveaxis(f64(x), 0, -1)), -1, 0)
     np.testing.assert_allclose(f64(library.outer_axis_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_absolute_values_and_elementwise_extremes(library: Any) -> None:
+    rng = np.random.default_rng(54)
+    x = rng.standard_normal((37, 75), dtype=np.float32) * 4
+    np.testing.assert_array_equal(library.leaky(x), np.maximum(x, x * np.float32(0.1)))
+    xb = x.astype(ml_dtypes.bfloat16)
+    lo = rng.standard_normal(75, dtype=np.float32)
+    want = np.minimum(np.maximum(f64(xb), f64(lo)), 6.0)
+    np.testing.assert_array_equal(f64(library.clipped(xb, lo)), want)
+    np.testing.assert_array_equal(library.amax(x), np.abs(x).max(-1))
+    for s in (0.25, 3.0):  # the scalar's maximum, computed by the kernel
+        want = f64(x) * max(s, 1.0) + np.minimum(f64(x), 0.5)
+        np.testing.assert_allclose(f64(library.floored(x, s)), want, rtol=1e-6, atol=1e-6)
+    scale = 448.0 / np.maximum(np.abs(f64(x)).max(-1, keepdims=True), 1e-12)
+    want = f64((f64(x) * scale).astype(np.float32).astype(ml_dtypes.float8_e4m3fn))
+    # within one e4m3 step: the scale may be rounded once more in f32
+    np.testing.assert_allclose(f64(library.scaled_fp8(x)), want, rtol=2**-3)
+    np.testing.assert_array_equal(library.tile_clamp(x), np.abs(np.minimum(x, 2)))
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_minima_are_negated_maxima(library: Any) -> None:
+    rng = np.random.default_rng(55)
+    x = rng.standard_normal((3, 37, 75), dtype=np.float32)
+    np.testing.assert_array_equal(library.column_mins(x), 2 * x.min(1))
+    xb = x[0].astype(ml_dtypes.bfloat16)
+    want = (f64(xb).max(-1) - f64(xb).min(-1)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(f64(library.row_range(xb)), f64(want))
+    want = x[0] - x[0].min(1, keepdims=True)
+    np.testing.assert_array_equal(library.tile_row_min(x[0]), want)
 
 
 @pytest.mark.execute

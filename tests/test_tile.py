@@ -547,13 +547,31 @@ def inline_dot(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["
     assert [s.buffer for s in k.smem] == ["operand_smem", "operand_smem_1"]
 
 
-def test_work_no_backend_runs_is_an_error_at_the_line_that_asks_for_it() -> None:
-    src = (
-        '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
-        "    y = x * 2.0\n"
-        '    return all_reduce(y, op="sum")\n'
-    )
+@pytest.mark.parametrize(
+    "src, messages",
+    [
+        (
+            '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
+            "    y = x * 2.0\n"
+            '    return all_reduce(y, op="sum")\n',
+            ["4:12: error: 'f': launch k1 is a collective of the runtime, which the cpu backend"],
+        ),
+        (
+            '@kernel\ndef f(q: Tensor["S", "D", f32], k: Tensor["S", "D", f32],\n'
+            '      v: Tensor["S", "D", f32], s: float) -> Tensor["S", "D", f32]:\n'
+            "    return flash_attention(q, k, v, scale=s * 0.5)\n",
+            [
+                "4:43: error: 'f': launch k0 is host-side work: a scalar computed for an op",
+                "pass this one as a parameter",
+            ],
+        ),
+    ],
+    ids=["collective", "scalar-for-attention"],
+)
+def test_work_no_backend_runs_is_an_error_at_the_line_that_asks_for_it(
+    src: str, messages: list[str]
+) -> None:
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(src, target="cpu")
-    message = "4:12: error: 'f': launch k1 is a collective of the runtime, which the cpu backend"
-    assert message in str(caught.value)
+    for message in messages:
+        assert message in str(caught.value)

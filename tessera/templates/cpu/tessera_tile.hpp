@@ -220,6 +220,13 @@ inline float gelu(float x) {  // the tanh approximation
   return 0.5f * x * (1.0f + tsr::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- extremes
+
+// As fmax and fmin (a NaN operand gives the other), with one compare and one select,
+// which vectorize where a call to std::fmax may not.
+inline float max_of(float a, float b) { return a >= b || b != b ? a : b; }
+inline float min_of(float a, float b) { return a <= b || b != b ? a : b; }
+
 // ---------------------------------------------------------------- memory
 
 // One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the

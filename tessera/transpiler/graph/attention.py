@@ -8,14 +8,15 @@ computes the same thing in one kernel that never holds more than a block of scor
 
     %s = matmul %q, %k {trans_b = true}      (q @ k.T, folded by ``simplify``)
     %t = mul %s {b = c} | div %s {b = c}     (optional: the scale, a positive constant,
-                                              or 1/sqrt of q's head dim, as
-                                              ``rsqrt(float(D))`` or ``sqrt(float(D))``)
+                                              a float parameter (mul only), or 1/sqrt
+                                              of q's head dim, as ``rsqrt(float(D))``
+                                              or ``sqrt(float(D))``)
     %p = softmax %t {axis = -1} | softmax_safe %t {axis = -1}
     %p = cast %p {dtype = v's}               (optional: bf16 probabilities for bf16 v)
     %o = matmul %p, %v
 
 becomes ``%o = flash_attention %q, %k, %v {scale = c}`` (no scale: the op's default,
-``1/sqrt(D)``) with ``%o``'s type, where each
+``1/sqrt(D)``; a parameter: its last operand) with ``%o``'s type, where each
 intermediate has no other use, ``q``, ``k`` and ``v`` have one dtype and the same batch
 dims, ``v``'s head dim is ``q``'s, and the scores accumulate in f32. The online softmax
 subtracts each row's running maximum, as ``softmax_safe`` does: where the plain
@@ -68,6 +69,7 @@ def _attention(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | N
     scale = _scale(scaled, producers, q.type.dims[-1]) if scaled else (("scale", 1.0),)
     if scale is None:
         return None
+    given = (scaled.operands[1],) if scale == (("scale", "scalar"),) else ()
     tq, tk, tv = q.type, k.type, v.type
     fits = (
         tq.dtype == tk.dtype == tv.dtype
@@ -78,20 +80,23 @@ def _attention(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | N
     )  # fmt: skip
     if not fits:
         return None
-    return replace(op, kind="flash_attention", operands=(q, k, v),
+    return replace(op, kind="flash_attention", operands=(q, k, v, *given),
                    attrs=(("causal", False), *scale))  # fmt: skip
 
 
 def _scale(op: Op, producers: dict[int, Op], head_dim: Dim) -> tuple | None:
     """The ``scale`` attribute of a ``mul`` or ``div`` of the scores: a positive constant,
-    or none at all for ``1/sqrt(head_dim)`` computed at run time (the op's default);
-    None when the op is neither."""
+    ``"scalar"`` for a product by a float parameter (the op's last operand), or none at
+    all for ``1/sqrt(head_dim)`` computed at run time (the op's default); None when the
+    op is none of those."""
     attrs = dict(op.attrs)
     if op.kind == "div" and "a" in attrs:  # c / scores
         return None
     value = attrs.get("b", attrs.get("a"))  # c * scores, as scores * c
     if len(op.operands) == 2 and value == "scalar":
         root = producers.get(op.operands[1].id)
+        if root is None and op.kind == "mul":  # a parameter, which the kernel takes
+            return (("scale", "scalar"),)
         size = producers.get(root.operands[0].id) if root is not None and root.operands else None
         wanted = {"mul": "rsqrt", "div": "sqrt"}[op.kind]
         default = (

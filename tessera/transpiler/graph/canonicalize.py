@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from ..frontend.source import Span
 from .dims import Dim
 from .graph_ops import has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
@@ -62,17 +63,17 @@ def _product(dims: Iterable[Dim]) -> Dim:
     return first
 
 
-def _reshaped(ops: list[Op], x: Value, dims: tuple[Dim, ...], op: Op) -> Value:
+def _reshaped(ops: list[Op], x: Value, dims: tuple[Dim, ...], span: Span) -> Value:
     if dims == x.type.dims:
         return x
-    out = new_value(x.type.with_(dims=dims), None, op.span)
-    ops.append(Op("reshape", (x,), (out,), (("shape", dims),), span=op.span))
+    out = new_value(x.type.with_(dims=dims), None, span)
+    ops.append(Op("reshape", (x,), (out,), (("shape", dims),), span=span))
     return out
 
 
-def _transposed(ops: list[Op], x: Value, perm: tuple[int, ...], op: Op) -> Value:
-    out = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, op.span)
-    ops.append(Op("transpose", (x,), (out,), (("perm", perm),), span=op.span))
+def _transposed(ops: list[Op], x: Value, perm: tuple[int, ...], span: Span) -> Value:
+    out = new_value(x.type.with_(dims=tuple(x.type.dims[i] for i in perm)), None, span)
+    ops.append(Op("transpose", (x,), (out,), (("perm", perm),), span=span))
     return out
 
 
@@ -101,7 +102,7 @@ def _over_rows(function: Function) -> Function:
         outer = (_product(dims[:axis]),) if axis else ()
         view = (*outer, dims[axis], _product(dims[axis + 1 :]))
         swap = last_two_swapped(len(view))
-        rows = _transposed(ops, _reshaped(ops, x, view, op), swap, op)
+        rows = _transposed(ops, _reshaped(ops, x, view, op.span), swap, op.span)
         attrs = {**dict(op.attrs), "axis": len(view) - 1}
         if op.kind in _ROW_REDUCTIONS:
             attrs["keepdims"] = False
@@ -153,9 +154,9 @@ def _transposes(function: Function) -> Function:
         order = sorted(runs)  # the runs as they lie in x
         merged = tuple(_product(x.type.dims[a] for a in run) for run in order)
         steps = _with_kernels(tuple(order.index(run) for run in runs))
-        value = _reshaped(ops, x, merged, op)
+        value = _reshaped(ops, x, merged, op.span)
         for perm in steps[:-1]:
-            value = _transposed(ops, value, perm, op)
+            value = _transposed(ops, value, perm, op.span)
         last = Op("transpose", (value,), (), (("perm", steps[-1]),), span=op.span)
         _reshaped_into(ops, last, tuple(value.type.dims[i] for i in steps[-1]), op.result)
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))

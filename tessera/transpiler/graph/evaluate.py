@@ -61,6 +61,23 @@ CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = ("float", "int", "range", "dict", "Schedule", "device", "prefetch")
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+#: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
+#: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
+#: PyTorch's two axes to swap; ``x.T`` and ``transpose(x, axes)`` say which.)
+_METHODS = {
+    name: name
+    for name in (
+        "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
+        "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
+    )
+}  # fmt: skip
+
+
+def _tile_methods() -> dict[str, str]:
+    """A tile's methods: the tile operations of those names (``s.max(axis=1)``)."""
+    return {name: f"tile.{name}" for name in _METHODS if f"tile.{name}" in GRAPH_OPS}
+
+
 _FOLD = {
     "+": operator.add,
     "-": operator.sub,
@@ -370,9 +387,13 @@ class Evaluator:
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
             if attr == "reshape" and isinstance(t, TensorType):  # x.reshape("B*S", "C")
                 return OpRef("reshape", base)
+            ops = _tile_methods() if isinstance(t, TileType) else _METHODS
+            if attr in ops:
+                return OpRef(ops[attr], base)
+            what = "tile" if isinstance(t, TileType) else "tensor"
+            known = ("shape", "dtype", "T", "to", *ops, *(("reshape",) if what == "tensor" else ()))
             raise SemanticError(
-                f"a {'tile' if isinstance(t, TileType) else 'tensor'} has no attribute '{attr}'",
-                span,
+                f"a {what} has no attribute '{attr}'{did_you_mean(attr, known)}", span
             )
         if isinstance(t, KVCacheType):
             if attr in ("K", "V"):
@@ -498,14 +519,22 @@ class Evaluator:
             )
         if name == "kvcache.append":
             return self._append(node, ref.receiver, args, keywords)
-        if isinstance(ref.receiver, Ev):  # x.to(dtype), x.reshape(dims): x is the operand
-            if len(args) + len(keywords) != 1:
+        if isinstance(ref.receiver, Ev):  # x.to(dtype), x.sum(axis=0): x is the operand
+            if name in ("cast", "tile.cast", "reshape") and len(args) + len(keywords) != 1:
                 usage = (
                     f'the new dims: {callee.text}("S", "C")'
                     if name == "reshape"
                     else f"one argument, the dtype: {callee.text}(bf16)"
                 )
                 raise SemanticError(f"{callee.text} takes {usage}", node.span)
+            slots = [p.name for p in GRAPH_OPS[name].params if not p.keyword_only][1:]
+            if len(args) > len(slots):  # counted without the receiver, as Python does
+                raise SemanticError(
+                    f"{callee.text} takes {len(slots)} positional argument"
+                    f"{'s' if len(slots) != 1 else ''} ({', '.join(slots) or 'none'}), "
+                    f"{len(args)} given",
+                    args[len(slots)].span,
+                )
             args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
         result = self.call_op(spec, args, keywords, node.span, callee.text)

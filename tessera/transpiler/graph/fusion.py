@@ -59,9 +59,9 @@ _REDUCTIONS = {
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean",
 }  # fmt: skip
 _ELEMENTWISE = {
-    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "gelu", "silu", "relu", "cast", "dropout", "expand_dims", "reshape",
-    "rotary_embedding", "kvcache.k", "kvcache.v",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "dropout",
+    "expand_dims", "reshape", "rotary_embedding", "kvcache.k", "kvcache.v",
 }  # fmt: skip
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}

@@ -87,7 +87,7 @@ def _reduce_dims(dims: tuple[Dim, ...], axis: int, keepdims: bool) -> tuple[Dim,
 # ---------------------------------------------------------------- arithmetic
 
 
-def _binary(kind: str, symbol: str) -> Callable[[OpCall], object]:
+def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
     def rule(call: OpCall) -> object:
         operands = []
         types = []
@@ -96,7 +96,8 @@ def _binary(kind: str, symbol: str) -> Callable[[OpCall], object]:
             if isinstance(value, Value) and isinstance(value.type, (TensorType, TileType)):
                 types.append(value.type)
                 operands.append(value)
-        assert types, "sema folds operations without tensors"
+        if not types:  # sema folds the operators on numbers and scalars; these are calls
+            return _larger_or_smaller(call, kind)
         dtype = types[0].dtype
         for t in types[1:]:
             dtype = promote(dtype, t.dtype)
@@ -116,12 +117,37 @@ def _binary(kind: str, symbol: str) -> Callable[[OpCall], object]:
             result = TensorType(dims, dtype)
         return call.emit(kind, tuple(operands), result, attrs=attrs)
 
+    what = f"``a {symbol} b``" if symbol else f"the {_EXTREMES[kind][0]} of ``a`` and ``b``"
     rule.__doc__ = (
-        f"Elementwise ``a {symbol} b`` with NumPy broadcasting. Either side may be a "
+        f"Elementwise {what} with NumPy broadcasting. Either side may be a "
         "number or a scalar parameter. The result dtype is the wider of the two (a float "
         "beats an integer; bf16 and f16 together give f32)."
+        + ("" if symbol else " A NaN operand gives the other one, as C's ``fmax`` and ``fmin`` do.")
     )
     return rule
+
+
+#: The binary ops written as calls: what each picks, and of two numbers, how.
+_EXTREMES = {"maximum": ("larger", max), "minimum": ("smaller", min)}
+
+
+def _larger_or_smaller(call: OpCall, kind: str) -> Const | Value:
+    """``maximum`` or ``minimum`` without a tensor: of two numbers, a number the compiler
+    computes; with a scalar parameter, a scalar that each kernel reading it computes."""
+    a, b = call.raw("a"), call.raw("b")
+    operands, attrs = [], []
+    for name, value in (("a", a), ("b", b)):
+        if isinstance(value, Value) and value.type == ScalarType("float"):
+            operands.append(value)
+        elif isinstance(value, Const) and type(value.value) in (int, float):
+            attrs.append((name, value.value))
+        else:
+            raise call.error(
+                f"needs a tensor, a float or a number, not {call.ev(name).text}", at=name
+            )
+    if not operands:
+        return Const(_EXTREMES[kind][1](a.value, b.value))
+    return call.emit(kind, tuple(operands), ScalarType("float"), attrs=tuple(attrs))
 
 
 def binary_operands(op: Op) -> tuple[Any, Any]:
@@ -143,6 +169,9 @@ def binary_operands(op: Op) -> tuple[Any, Any]:
 
 for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("pow", "**")):
     register(_kind, P("a"), P("b"), level="any")(_binary(_kind, _symbol))
+for _kind in _EXTREMES:
+    register(_kind, P("a"), P("b"))(_binary(_kind, None))
+    register(f"tile.{_kind}", P("a"), P("b"), level="tile")(_binary(_kind, None))
 
 
 @register("neg", P("x"), level="any")
@@ -198,6 +227,7 @@ UNARY_DOCS = {
     "sigmoid": "``1 / (1 + exp(-x))``",
     "gelu": "GELU, the tanh approximation used by GPT-2 and BERT",
     "silu": "``x * sigmoid(x)`` (swish)",
+    "abs": "absolute value",
 }
 
 
@@ -218,6 +248,7 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "sigmoid": _sigmoid,
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x * _sigmoid(x),
+    "abs": abs,
 }
 
 
@@ -303,6 +334,21 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
 
 for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
     register(_kind, P("x"), P("axis", -1), P("keepdims", False))(_reduction(_kind, _keeps))
+
+
+@register("min", P("x"), P("axis", -1), P("keepdims", False))
+def _min(call: OpCall) -> object:
+    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``. Keeps
+    the input dtype. It is ``-max(-x)``, exactly: the maximum's kernel, negating where
+    it loads and where it stores."""
+    x = call.tensor("x")
+    axis = call.axis("axis", x.type.rank)
+    keepdims = call.const("keepdims", bool)
+    negated = call.emit("neg", (x,), elementwise_type(x))
+    dims = _reduce_dims(x.type.dims, axis, keepdims)
+    top = call.emit("max", (negated,), TensorType(dims, x.type.dtype),
+                    attrs=(("axis", axis), ("keepdims", keepdims)))  # fmt: skip
+    return call.emit("neg", (top,), top.type)
 
 
 def _softmax(kind: str) -> Callable[[OpCall], object]:
@@ -408,7 +454,8 @@ def _flash_attention(call: OpCall) -> object:
     the scores: ``q [..., Sq, D]``, ``k [..., Sk, D]``, ``v [..., Sk, Dv]`` give
     ``[..., Sq, Dv]`` in q's dtype. ``causal`` masks keys after each query; ``dropout``
     (a probability, or a float parameter) drops attention weights and is an rng effect;
-    ``scale`` defaults to ``1/sqrt(D)``. Also available as ``ops.flash_attention``."""
+    ``scale`` (a number, or a float parameter) defaults to ``1/sqrt(D)``. Also available as
+    ``ops.flash_attention``."""
     q, k, v = call.tensor("q"), call.tensor("k"), call.tensor("v")
     for name, value in (("q", q), ("k", k), ("v", v)):
         if value.type.rank < 2:
@@ -460,7 +507,10 @@ def _flash_attention(call: OpCall) -> object:
         attrs += (("dropout", "scalar"),)
         effects = ("rng",)
     scale = call.raw("scale")
-    if not (isinstance(scale, Const) and scale.value is None):
+    if isinstance(scale, Value) and scale.type == ScalarType("float"):
+        operands.append(scale)  # the last operand
+        attrs += (("scale", "scalar"),)
+    elif not (isinstance(scale, Const) and scale.value is None):
         value = call.number("scale")
         if not value > 0:
             raise call.error(f"scale must be positive, not {value}", at="scale")

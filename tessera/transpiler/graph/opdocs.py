@@ -30,6 +30,11 @@ kernels. Tile operations work on the tiles of one program instance, in tile kern
 function that calls `tile.context()`). Arithmetic operators work in both. Using one kind
 where the other belongs is an error that says so.
 
+The unary math, the reductions and the softmaxes are methods too, as in NumPy and
+PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`, `x.abs().max()` is `max(abs(x))`; on a tile,
+`t.exp()` and `t.max(axis=1)` are the tile operations of those names. So are `x.T` (the
+last two axes swapped), `x.to(dtype)` (a cast) and `x.reshape(dims)`.
+
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a
 number, the compiler records a guard that the generated host code checks at run time.

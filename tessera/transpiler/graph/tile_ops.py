@@ -246,6 +246,20 @@ for _kind in ("max", "sum"):
     register(f"tile.{_kind}", P("x"), P("axis"), level="tile")(_tile_reduce(_kind))
 
 
+@register("tile.min", P("x"), P("axis"), level="tile")
+def _tile_min(call: OpCall) -> object:
+    """The minimum of a tile along ``axis``, which is dropped: ``-tile.max(-x, axis)``,
+    exactly."""
+    x = call.tensor("x")
+    negated = call.emit("neg", (x,), x.type)
+    axis = call.axis("axis", x.type.rank)
+    dims = x.type.dims[:axis] + x.type.dims[axis + 1 :]
+    if not dims:
+        raise call.error("reduces a 1-D tile to a scalar, which tiles do not hold", at="x")
+    top = call.emit("tile.max", (negated,), x.type.with_(dims=dims), attrs=(("axis", axis),))
+    return call.emit("neg", (top,), top.type)
+
+
 @register("tile.split", P("x"), P("parts"), P("axis"), level="tile")
 def _split(call: OpCall) -> object:
     """Split a tile into ``parts`` equal tiles along ``axis``: ``x1, x2 = tile.split(t, 2,

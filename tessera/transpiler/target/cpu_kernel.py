@@ -41,6 +41,8 @@ _UNARY = {
     "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: Binary ops that are calls, not operators.
+_CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of"}
 #: An element of a tile in generated code: ``name[index]``.
 _ELEMENT = re.compile(r"\b([A-Za-z_]\w*)\[([^\[\]]*)\]")
 
@@ -361,9 +363,13 @@ class _Emitter:
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
         out = _shape(out_type)
-        if op.kind in _BINARY or op.kind == "pow":
+        if op.kind in _BINARY or op.kind in _CALLED:
             a, b = (self._arg(x, out) for x in binary_operands(op))
-            expr = f"std::pow({a}, {b})" if op.kind == "pow" else f"{a} {_BINARY[op.kind]} {b}"
+            expr = (
+                f"{_CALLED[op.kind]}({a}, {b})"
+                if op.kind in _CALLED
+                else f"{a} {_BINARY[op.kind]} {b}"
+            )
             if op.kind == "div" and self._row_invariant(binary_operands(op)[1], out):
                 expr = f"{a} * (1.0f / {b})"  # one division per row, not per element
         else:
@@ -877,7 +883,7 @@ class _Emitter:
 
 def _is_elementwise(op: Op) -> bool:
     return bool(op.results) and (
-        op.kind in _BINARY or op.kind in _UNARY or op.kind in ("pow", "cast")
+        op.kind in _BINARY or op.kind in _CALLED or op.kind in _UNARY or op.kind == "cast"
     )
 
 

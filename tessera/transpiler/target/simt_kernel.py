@@ -63,7 +63,9 @@ __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
           "sin", "cos", "neg")  # fmt: skip
-_ELEMENTWISE = frozenset({*_BINARY, *_UNARY, "pow", "cast"})
+#: Binary ops that are calls of the dialect's math functions, not operators.
+_CALLED = ("maximum", "minimum")
+_ELEMENTWISE = frozenset({*_BINARY, *_UNARY, *_CALLED, "pow", "cast"})
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
@@ -466,12 +468,14 @@ class _Emitter(TileOps, TmaCopies):
 
     def expression(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
         d = self.d
-        if op.kind in _BINARY or op.kind == "pow":
+        if op.kind in _BINARY or op.kind in _CALLED or op.kind == "pow":
             a, b = (self.at(x, index, out) for x in binary_operands(op))
             if op.kind == "pow":
                 exponent = binary_operands(op)[1]
                 integer = isinstance(exponent, Value) and exponent.type.kind == "int"
                 return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
+            if op.kind in _CALLED:
+                return f"{d.unary[op.kind]}({a}, {b})"
             return f"{a} {_BINARY[op.kind]} {b}"
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":

@@ -32,10 +32,15 @@ __all__ = ["tile_module", "ANCHORS"]
 #: Graph ops that a library kernel implements (``template_of`` says which kernel).
 ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS)
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
-_CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt",
-                    "tanh", "sigmoid", "gelu", "silu", "relu", "cast"})  # fmt: skip
+_CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp",
+                    "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
+                    "cast"})  # fmt: skip
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
-_RUNTIME = {"host": "host-side work", "collective": "a collective of the runtime"}
+_RUNTIME = {
+    "host": "host-side work: a scalar computed for an op that is not elementwise (an "
+    "elementwise op computes the scalars it reads; pass this one as a parameter)",
+    "collective": "a collective of the runtime",
+}
 
 
 def tile_module(

@@ -35,7 +35,7 @@ __all__ = ["mask_edges", "ZERO_PRESERVING"]
 ZERO_PRESERVING = frozenset(
     {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal"}
 )
-_BINARY = ("add", "sub", "mul", "div", "pow")
+_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def instantiate(
     for param in fn.params:
         if param.value.name not in TEMPLATE_PARAMS[template]:
             assert anchor is not None
-            bind[param.value.id] = _keyword(anchor, param.value.name, tensors)
+            bind[param.value.id] = _keyword(anchor, param.value.name, tensors, rename)
             continue
         if param.value.name not in names:
             bind[param.value.id] = None
@@ -160,12 +160,15 @@ def kept_axis_dropped(t: TensorType) -> TensorType:
     return dataclasses.replace(t, dims=t.dims[:-1])
 
 
-def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...]) -> Any:
+def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...], rename: dict[int, Value]) -> Any:
     """A library kernel's keyword parameter, from the graph op's attributes; ``with_X``
-    says whether the op has the operand ``X`` (a norm's weight or bias)."""
+    says whether the op has the operand ``X`` (a norm's weight or bias), and a scale
+    given at run time is the op's last operand, a parameter of the kernel."""
     if name.startswith("with_"):
         return anchor.attr(name.removeprefix("with_")) is not False
     value = anchor.attr(name)
+    if name == "scale" and value == "scalar":
+        return rename[anchor.operands[-1].id]
     if name == "scale" and value is None:
         head_dim = tensors[0].type.dims[-1]
         if head_dim.constant is not None:

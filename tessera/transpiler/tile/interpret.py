@@ -367,7 +367,7 @@ def _gelu(x: Any) -> Any:
 
 _BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "pow": lambda a, b: a**b,
+    "div": lambda a, b: a / b, "pow": lambda a, b: a**b, "maximum": np.fmax, "minimum": np.fmin,
 }  # fmt: skip
 _UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),

@@ -37,8 +37,8 @@ PRODUCER_THREADS = 128
 _PER_THREAD = frozenset({
     "alloc", "copy", "commit", "wait_mma", "full", "load", "store", "cast", "expand_dims",
     "dim_to_float", "const",
-    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "gelu", "silu", "relu", "abs",
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
 })  # fmt: skip
 #: Ops through which a read of a stage reaches the product that reads it.
 _THROUGH = ("transpose", "cast")
