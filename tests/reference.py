@@ -38,6 +38,28 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 of one counter block, in Python integers, as Random123 defines it."""
+    c, (k0, k1) = list(counter), key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ k1, p0 & 0xFFFFFFFF]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return tuple(c)
+
+
+def dropout(x: Any, p: float, seed: int) -> np.ndarray:
+    """Tessera's dropout of ``x`` (rounded to f32), in f32: element ``n`` (row-major) is
+    kept when the top 24 bits of Philox's first word for the counter ``n`` under the key
+    ``seed``, over 2^24, are at least ``p``."""
+    seed &= 2**64 - 1
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    drawn = [philox4x32((n & 0xFFFFFFFF, n >> 32, 0, 0), key)[0] >> 8 for n in range(x.size)]
+    u = np.array(drawn, dtype=np.float64).reshape(x.shape) / 2**24
+    scale = np.float32(1.0) / (np.float32(1.0) - np.float32(p))
+    return np.where(u >= np.float32(p), np.asarray(x, np.float32) * scale, np.float32(0.0))
+
+
 def attention(q: Any, k: Any, v: Any, causal: bool, scale: float | None = None) -> np.ndarray:
     q, k, v = f64(q), f64(k), f64(v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

@@ -179,7 +179,7 @@ def test_defines_specialise_dims() -> None:
 def test_dropout_records_an_rng_effect_that_survives_passes() -> None:
     module = graph(
         "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
-        "    y = dropout(x, 0.1)\n    return x\n"
+        "    y = dropout(x, 0.1, seed=1)\n    return x\n"
     )
     (op,) = module.functions[0].body.ops
     assert (op.kind, op.effects) == ("dropout", ("rng",))
@@ -189,8 +189,9 @@ def test_effects_pin_operations_in_program_order() -> None:
     module = graph(
         "@kernel\ndef f(x: Tensor['N', f32], c: KVCache['B', 'H', 'S', 'D', bf16],"
         " k: Tensor['B', 'H', 'S', 'D', bf16]) -> Tensor['N', f32]:\n"
-        "    a = dropout(x, 0.1)\n    c2 = c.append(k, k)\n    s = all_reduce(x, op='max')\n"
-        "    b = dropout(x, 0.2)\n    return x\n"
+        "    a = dropout(x, 0.1, seed=1)\n    c2 = c.append(k, k)\n"
+        "    s = all_reduce(x, op='max')\n"
+        "    b = dropout(x, 0.2, seed=2)\n    return x\n"
     )
     ops = module.functions[0].body.ops
     assert [(op.kind, op.effects) for op in ops] == [

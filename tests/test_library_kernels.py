@@ -65,7 +65,7 @@ import pytest
 import tessera
 
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
-from .reference import f64, gelu, layernorm, rmsnorm, rotary, softmax
+from .reference import dropout, f64, gelu, layernorm, rmsnorm, rotary, softmax
 from .test_cuda import ARCHS, _nvcc, needs_gxx, needs_nvcc
 from .test_gpusim import _library
 from .test_hip import _hipcc_warning_free, needs_hipcc
@@ -301,6 +301,27 @@ def pairs_swapped(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["B", "A", "D", "
     return transpose(x, (1, 0, 3, 2))
 
 @kernel
+def dropped(x: Tensor["B", "R", "C", f32], p: float, seed: int) -> Tensor["B", "R", "C", f32]:
+    return dropout(x, p, seed=seed)
+
+@kernel
+def dropped_residual(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return residual(x, y * 2.0, dropout=0.25, seed=11)
+
+@kernel
+def dropped_product(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32],
+                    seed: int) -> Tensor["M", "N", f32]:
+    return dropout(relu(a @ b), 0.5, seed=seed)
+
+@kernel
+def dropped_softmax(x: Tensor["R", "C", f32], seed: int) -> Tensor["R", "C", f32]:
+    return dropout(softmax(x), 0.1, seed=seed)
+
+@kernel
+def dropped_then_swapped(x: Tensor["R", "C", f32]) -> Tensor["C", "R", f32]:
+    return dropout(x, 0.2, seed=5).T
+
+@kernel
 def leaky(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return maximum(x, x * 0.1)
 
@@ -437,11 +458,11 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
             "product_by_later_sums": 1, "param_scaled_attention": 2,
-            "param_scaled_flash": 2}  # fmt: skip
+            "param_scaled_flash": 2, "dropped_product": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
-SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose"}
+SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose", "dropped_then_swapped"}
 #: The functions whose result drops the second-to-last axis.
 COLUMNS = {"column_sums", "column_means", "column_maxes"}
 #: The functions whose result is a reshape or a permutation, and its shape for the arguments.
@@ -846,6 +867,31 @@ def test_reductions_over_any_axis(library: Any) -> None:
     np.testing.assert_allclose(f64(library.centered_columns(x[0])), want, atol=1e-6)
     want = np.moveaxis(softmax(np.moveaxis(f64(x), 0, -1)), -1, 0)
     np.testing.assert_allclose(f64(library.outer_axis_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_dropout_draws_one_mask_on_every_backend(library: Any) -> None:
+    """Each backend draws the reference's mask, element by element, wherever the op is
+    computed: alone, as a product's or a softmax's epilogue, before a transpose."""
+    rng = np.random.default_rng(56)
+    x = rng.standard_normal((2, 37, 75), dtype=np.float32)
+    for p, seed in ((0.3, 12345), (0.3, 2**40 + 3), (0.75, -2), (0.0, 1)):
+        np.testing.assert_array_equal(library.dropped(x, p, seed), dropout(x, p, seed))
+    y = rng.standard_normal((37, 75), dtype=np.float32)
+    want = f64(x[0]) + f64(dropout(y * 2, 0.25, 11))
+    np.testing.assert_allclose(f64(library.dropped_residual(x[0], y)), want, rtol=1e-6, atol=1e-6)
+    a = np.abs(x[0, :, :50])  # positive: relu keeps every value
+    b = np.abs(rng.standard_normal((50, 60), dtype=np.float32))
+    want = dropout((f64(a) @ f64(b)).astype(np.float32), 0.5, 99)
+    got = library.dropped_product(a, b, 99)
+    np.testing.assert_array_equal(got == 0, want == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    want = dropout(softmax(f64(x[0])).astype(np.float32), 0.1, 4)
+    got = library.dropped_softmax(x[0], 4)
+    np.testing.assert_array_equal(got == 0, want == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_array_equal(library.dropped_then_swapped(y), dropout(y, 0.2, 5).T)
 
 
 @pytest.mark.execute

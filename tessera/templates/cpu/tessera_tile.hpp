@@ -227,6 +227,38 @@ inline float gelu(float x) {  // the tanh approximation
 inline float max_of(float a, float b) { return a >= b || b != b ? a : b; }
 inline float min_of(float a, float b) { return a <= b || b != b ? a : b; }
 
+// ---------------------------------------------------------------- dropout
+
+// Philox4x32-10 (Salmon, Moraes, Dror and Shaw, SC'11), the first word of the block for
+// the counter (n, 0, 0, 0) under the key `seed`: a counter-based generator, so element
+// n of a tensor draws the same number in whichever program, thread and order it is
+// computed, on every backend.
+inline std::uint32_t philox(std::uint64_t seed, std::uint64_t n) {
+  std::uint32_t c0 = static_cast<std::uint32_t>(n), c1 = static_cast<std::uint32_t>(n >> 32);
+  std::uint32_t c2 = 0, c3 = 0;
+  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int i = 0; i < 10; ++i) {
+    const std::uint64_t p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;
+    const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32);
+    const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = static_cast<std::uint32_t>(p1);
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = static_cast<std::uint32_t>(p0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+// x dropped with probability p, else scaled by 1 / (1 - p): kept when the top 24 bits
+// of element n's draw, as a fraction of 2^24 (exact in a float), are at least p.
+inline float dropout(float x, std::int64_t seed, std::int64_t n, float p) {
+  const float u = static_cast<float>(philox(static_cast<std::uint64_t>(seed),
+                                            static_cast<std::uint64_t>(n)) >> 8) * 0x1p-24f;
+  return u >= p ? x * (1.0f / (1.0f - p)) : 0.0f;
+}
+
 // ---------------------------------------------------------------- memory
 
 // One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the

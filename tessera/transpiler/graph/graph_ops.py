@@ -588,27 +588,54 @@ def _split_qkv(call: OpCall) -> object:
     return call.emit("split_qkv", (qkv,), one, one, one, attrs=(("heads", str(heads)),))
 
 
-@register("dropout", P("x"), P("p"))
+@register("dropout", P("x"), P("p"), P("seed", keyword_only=True))
 def _dropout(call: OpCall) -> object:
     """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``. ``p`` is a
-    number in [0, 1) or a float parameter. An rng effect: never reordered or merged."""
+    number in [0, 1) or a float parameter; ``seed`` an integer or an ``int`` parameter
+    (a step counter, say), which a training loop changes from call to call. The mask
+    is Philox4x32-10 of the element's row-major position under the key ``seed``, the
+    same on every backend: element ``n`` is kept when the top 24 bits of the first
+    output word, as a fraction of 2^24, are at least ``p``. An rng effect: never
+    reordered or merged."""
     x = call.tensor("x")
-    p = call.scalar("p", "float")
-    if isinstance(p, Const):
-        if not 0.0 <= p.value < 1.0:
-            raise call.error(f"p is a probability in [0, 1), not {p.value}", at="p")
-        return call.emit(
-            "dropout", (x,), elementwise_type(x), attrs=(("p", p.value),), effects=("rng",)
-        )
-    return call.emit(
-        "dropout", (x, p), elementwise_type(x), attrs=(("p", "scalar"),), effects=("rng",)
-    )
+    return _dropped(call, x, "p", "seed")
 
 
-@register("residual", P("x"), P("y"), P("dropout", 0.0, keyword_only=True))
+def _dropped(call: OpCall, x: Value, rate: str, seed: str) -> Value:
+    """The ``dropout`` op of ``x`` with the probability and seed the call's ``rate`` and
+    ``seed`` arguments give. Scalar operands follow ``x``: the probability's, then the
+    seed's."""
+    operands, attrs = [x], []
+    for name, kind, attr in ((rate, "float", "p"), (seed, "int", "seed")):
+        value = call.scalar(name, kind)
+        if isinstance(value, Const):
+            attrs.append((attr, value.value))
+        else:
+            operands.append(value)
+            attrs.append((attr, "scalar"))
+    p = dict(attrs)["p"]
+    if p != "scalar" and not 0.0 <= p < 1.0:
+        raise call.error(f"{rate} is a probability in [0, 1), not {p}", at=rate)
+    return call.emit("dropout", tuple(operands), elementwise_type(x), attrs=tuple(attrs),
+                     effects=("rng",))  # fmt: skip
+
+
+def dropout_operands(op: Op) -> tuple[Value, Any, Any]:
+    """``x``, the probability and the seed of a ``dropout`` op as built above: each a
+    Value or the constant its attribute holds."""
+    scalars = iter(op.operands[1:])
+    p, seed = (next(scalars) if op.attr(a) == "scalar" else op.attr(a) for a in ("p", "seed"))
+    return op.operands[0], p, seed
+
+
+@register(
+    "residual", P("x"), P("y"), P("dropout", 0.0, keyword_only=True),
+    P("seed", None, keyword_only=True),
+)  # fmt: skip
 def _residual(call: OpCall) -> object:
-    """The residual connection ``x + dropout(y)``; ``y`` must have ``x``'s shape. Without
-    ``dropout`` (or with 0) it is a plain add; the result dtype is the wider of the two."""
+    """The residual connection ``x + dropout(y, dropout, seed=seed)``; ``y`` must have
+    ``x``'s shape. Without ``dropout`` (or with 0) it is a plain add and takes no seed;
+    the result dtype is the wider of the two."""
     x, y = call.tensor("x"), call.tensor("y")
     if x.type.rank != y.type.rank:
         raise call.error(
@@ -622,12 +649,14 @@ def _residual(call: OpCall) -> object:
             "residual shapes", ("x", "y"),
         )  # fmt: skip
     p = call.scalar("dropout", "float")
-    if isinstance(p, Const) and not 0.0 <= p.value < 1.0:
-        raise call.error(f"dropout is a probability in [0, 1), not {p.value}", at="dropout")
     if not (isinstance(p, Const) and p.value == 0.0):
-        operands = (y,) if isinstance(p, Const) else (y, p)
-        attrs = (("p", p.value if isinstance(p, Const) else "scalar"),)
-        y = call.emit("dropout", operands, elementwise_type(y), attrs=attrs, effects=("rng",))
+        seed = call.raw("seed")
+        if isinstance(seed, Const) and seed.value is None:
+            raise call.error(
+                "a residual with dropout needs a seed: residual(x, y, dropout=0.1, seed=step)",
+                at="dropout",
+            )
+        y = _dropped(call, y, "dropout", "seed")
     dtype = promote(x.type.dtype, y.type.dtype)
     return call.emit("add", (x, y), TensorType(x.type.dims, dtype))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.graph_ops import binary_operands
+from ..graph.graph_ops import binary_operands, dropout_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
@@ -338,6 +338,21 @@ class _Emitter:
             return f"({self.inlined[x.id]})"
         return f"{self.name(x)}[{self._index(x, out)}]"
 
+    def _position(self, at: Access, out: tuple[Dim, ...]) -> str:
+        """The row-major position in the tensor ``at`` covers of the element at the loop
+        position ``(i, j)`` of a tile of shape ``out``."""
+        loops = iter(["i", "j"][2 - len(out) :])
+        place = ""
+        for axis in at.axes:
+            offset = self.c(axis.offset)
+            if not axis.index:
+                loop = next(loops)
+                pos = loop if axis.offset == Dim.const(0) else f"{offset} + {loop}"
+            else:
+                pos = offset
+            place = pos if not place else f"({place}) * {self.c(axis.extent)} + {pos}"
+        return place
+
     def _row_invariant(self, x: Any, out: tuple[Dim, ...]) -> bool:
         """Whether ``x`` is a value that the inner loop over ``out`` does not move
         along: a scalar, or a row-broadcast tile element."""
@@ -372,6 +387,9 @@ class _Emitter:
             )
             if op.kind == "div" and self._row_invariant(binary_operands(op)[1], out):
                 expr = f"{a} * (1.0f / {b})"  # one division per row, not per element
+        elif op.kind == "dropout":
+            x, p, seed = (self._arg(v, out) for v in dropout_operands(op))
+            expr = f"tsr::dropout({x}, {seed}, {self._position(op.attr('at'), out)}, {p})"
         else:
             x = self._arg(op.operands[0], out)
             expr = (
@@ -883,7 +901,10 @@ class _Emitter:
 
 def _is_elementwise(op: Op) -> bool:
     return bool(op.results) and (
-        op.kind in _BINARY or op.kind in _CALLED or op.kind in _UNARY or op.kind == "cast"
+        op.kind in _BINARY
+        or op.kind in _CALLED
+        or op.kind in _UNARY
+        or op.kind in ("cast", "dropout")
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
-from ..graph.graph_ops import binary_operands
+from ..graph.graph_ops import binary_operands, dropout_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
 from ..tile.ir import Access, Mma, TileKernel
@@ -65,7 +65,7 @@ _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "rel
           "sin", "cos", "neg")  # fmt: skip
 #: Binary ops that are calls of the dialect's math functions, not operators.
 _CALLED = ("maximum", "minimum")
-_ELEMENTWISE = frozenset({*_BINARY, *_UNARY, *_CALLED, "pow", "cast"})
+_ELEMENTWISE = frozenset({*_BINARY, *_UNARY, *_CALLED, "pow", "cast", "dropout"})
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
@@ -477,6 +477,11 @@ class _Emitter(TileOps, TmaCopies):
             if op.kind in _CALLED:
                 return f"{d.unary[op.kind]}({a}, {b})"
             return f"{a} {_BINARY[op.kind]} {b}"
+        if op.kind == "dropout":
+            x, p, seed = (self.at(v, index, out) for v in dropout_operands(op))
+            at: Access = op.attr("at")
+            place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
+            return f"tsr_dropout({x}, {seed}, {place}, {p})"
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":
             return d.round(op.result.type.dtype.name, x)
@@ -616,7 +621,13 @@ class _Emitter(TileOps, TmaCopies):
 
     def address(self, tensor: Value, at: Access, index: tuple[str, ...]) -> tuple[str, str]:
         """(element offset, condition) of the access at a tile index."""
-        dims = tensor.type.dims
+        return self.position(tensor.type.dims, at, index)
+
+    def position(
+        self, dims: tuple[Dim, ...], at: Access, index: tuple[str, ...]
+    ) -> tuple[str, str]:
+        """(row-major position in a tensor of ``dims``, condition) of the access at a
+        tile index."""
         tile = iter(index)
         offset = ""
         conditions = []

@@ -34,7 +34,7 @@ ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp",
                     "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-                    "cast"})  # fmt: skip
+                    "cast", "dropout"})  # fmt: skip
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
 _RUNTIME = {
     "host": "host-side work: a scalar computed for an op that is not elementwise (an "

@@ -33,7 +33,7 @@ __all__ = ["mask_edges", "ZERO_PRESERVING"]
 
 #: Elementwise ops with f(0) == 0: zero padding stays zero.
 ZERO_PRESERVING = frozenset(
-    {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal"}
+    {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal", "dropout"}
 )
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 
@@ -100,8 +100,8 @@ class _Masker:
             return handler(op)
         if op.kind in _BINARY:
             self.binary(op)
-        elif len(op.operands) == 1 and len(op.results) == 1:
-            self.unary(op)
+        elif op.kind == "dropout" or (len(op.operands) == 1 and len(op.results) == 1):
+            self.unary(op)  # dropout's other operands are scalars
         return [op]
 
     # -- accesses --------------------------------------------------------------

@@ -213,8 +213,10 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             )
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
             result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
+            # dropout draws by the element's place in the tensor: where the tile lies
+            attrs = (*op.attrs, ("at", access)) if op.kind == "dropout" else op.attrs
             (value,) = lowering.emit(
-                op.kind, operands, (result_type,), op.attrs, op.effects, (), op.span,
+                op.kind, operands, (result_type,), attrs, op.effects, (), op.span,
                 (op.result.name,),
             )  # fmt: skip
             inside[op.result.id] = value

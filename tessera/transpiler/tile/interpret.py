@@ -27,7 +27,7 @@ import numpy as np
 
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.graph_ops import binary_operands
+from ..graph.graph_ops import binary_operands, dropout_operands
 from ..graph.ir import Block, Op, Value
 from ..graph.types import ScalarType, TensorType, TileType
 from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
@@ -294,6 +294,26 @@ class _Program:
     def op_mask_causal(self, op: Op, s: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> Any:
         return np.where(cols[None, :] > rows[:, None], -np.inf, s).astype(np.float32)
 
+    def op_dropout(self, op: Op, x: np.ndarray, *_: Any) -> np.ndarray:
+        _, p, seed = (
+            self.values[v.id] if isinstance(v, Value) else v for v in dropout_operands(op)
+        )
+        at: Access = op.attr("at")
+        place: Any = 0
+        tile_axis = 0
+        for axis in at.axes:
+            offset = _eval(axis.offset, self.env)
+            if not axis.index:
+                shape = [1] * x.ndim
+                shape[tile_axis] = x.shape[tile_axis]
+                offset = offset + np.arange(x.shape[tile_axis], dtype=np.uint64).reshape(shape)
+                tile_axis += 1
+            place = place * _eval(axis.extent, self.env) + offset
+        drawn = _philox(int(seed), np.broadcast_to(np.uint64(place), x.shape))
+        u = (drawn >> 8).astype(np.float32) * np.float32(2.0**-24)
+        p = np.float32(p)
+        return np.where(u >= p, x * (np.float32(1.0) / (np.float32(1.0) - p)), np.float32(0.0))
+
     def op_mask_edge(self, op: Op, x: np.ndarray) -> np.ndarray:
         axis = op.attr("axis")
         start = _eval(op.attr("offset"), self.env)
@@ -346,6 +366,23 @@ class _Program:
         if op.kind in _UNARY:
             return _UNARY[op.kind](operands[0])
         raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
+
+
+def _philox(seed: int, n: np.ndarray) -> np.ndarray:
+    """Philox4x32-10's first word for the counters ``(n, 0, 0, 0)`` under the key
+    ``seed``, as the backends' headers compute it."""
+    low = np.uint64(0xFFFFFFFF)
+    c0, c1 = n & low, n >> np.uint64(32)
+    c2 = c3 = np.zeros_like(n)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & low,
+            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), p0 & low,
+        )  # fmt: skip
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return c0.astype(np.uint32)
 
 
 def _finite(m: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ _PER_THREAD = frozenset({
     "alloc", "copy", "commit", "wait_mma", "full", "load", "store", "cast", "expand_dims",
     "dim_to_float", "const",
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "dropout",
 })  # fmt: skip
 #: Ops through which a read of a stage reaches the product that reads it.
 _THROUGH = ("transpose", "cast")
