@@ -348,6 +348,7 @@ def test_simplification(body: str, expected: list[str]) -> None:
         ("x.max(axis=-1, keepdims=True)", "max(x, axis=-1, keepdims=True)"),
         ("x.softmax()", "softmax(x)"),
         ("x.exp().mean()", "mean(exp(x))"),
+        ("x.clamp(max=1.0)", "minimum(x, 1.0)"),
     ],
 )
 def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:

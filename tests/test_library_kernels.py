@@ -94,8 +94,8 @@ def layer_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
     return layernorm(x, w, b, eps=1e-5)
 
 @kernel
-def plain_norms(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
-                b: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+def plain_norms(x: Tensor["B", "S", "D", f32], w: Tensor["D", f32],
+                b: Tensor["D", f32]) -> Tensor["B", "S", "D", f32]:
     return layernorm(x) + layernorm(x, w) * 2.0 + layernorm(x, bias=b) * 4.0 + rmsnorm(x) * 8.0
 
 @kernel
@@ -289,6 +289,18 @@ def outer_axis_softmax(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "R", "C", f
     return softmax(x, axis=0)
 
 @kernel
+def permuted_twice(x: Tensor["A", "B", "C", f32]) -> Tensor["B", "A", "C", f32]:
+    return transpose(x, (1, 0, 2)) + transpose(x, (1, 0, 2)) * 2.0
+
+@kernel
+def permuted_beside(x: Tensor["A", "A", "C", f32]) -> Tensor["A", "A", "C", f32]:
+    return transpose(x, (1, 0, 2)) + x
+
+@kernel
+def flattened_beside(x: Tensor["A", "B", f32], y: Tensor["A*B", f32]) -> Tensor["A*B", f32]:
+    return x.reshape("A*B") + x.reshape("A*B") * y
+
+@kernel
 def rotated(x: Tensor["A", "B", "C", f32]) -> Tensor["C", "A", "B", f32]:
     return transpose(x, (2, 0, 1))
 
@@ -348,6 +360,10 @@ def tile_row_min(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return t - t.min(axis=1)[:, None]
 
 @kernel
+def relu6(x: Tensor["R", "C", bf16], lo: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return clamp(x, 0.0, 6.0) + clamp(x, min=lo)
+
+@kernel
 def amax(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
     return max(abs(x), axis=-1)
 
@@ -358,7 +374,7 @@ def scaled_fp8(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
 @kernel
 def tile_clamp(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     T = tile.context()
-    return tile.abs(tile.minimum(tile.load(x, rows=T.m), 2.0))
+    return tile.abs(tile.clamp(tile.load(x, rows=T.m), max=2.0))
 
 @kernel
 def rms_by_hand(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
@@ -484,6 +500,9 @@ RESHAPED = {
     "centered_columns": lambda x: x.shape,
     "outer_axis_softmax": lambda x: x.shape,
     "rotated": lambda x: (x.shape[2], x.shape[0], x.shape[1]),
+    "permuted_twice": lambda x: (x.shape[1], x.shape[0], x.shape[2]),
+    "permuted_beside": lambda x: x.shape,
+    "flattened_beside": lambda x, y: y.shape,
     "scrambled": lambda x: tuple(x.shape[i] for i in (2, 0, 3, 1)),
     "pairs_swapped": lambda x: tuple(x.shape[i] for i in (1, 0, 3, 2)),
 }
@@ -904,6 +923,8 @@ def test_absolute_values_and_elementwise_extremes(library: Any) -> None:
     lo = rng.standard_normal(75, dtype=np.float32)
     want = np.minimum(np.maximum(f64(xb), f64(lo)), 6.0)
     np.testing.assert_array_equal(f64(library.clipped(xb, lo)), want)
+    want = np.clip(f64(xb), 0.0, 6.0) + np.maximum(f64(xb), f64(lo))
+    np.testing.assert_allclose(f64(library.relu6(xb, lo)), want, rtol=1e-6)
     np.testing.assert_array_equal(library.amax(x), np.abs(x).max(-1))
     for s in (0.25, 3.0):  # the scalar's maximum, computed by the kernel
         want = f64(x) * max(s, 1.0) + np.minimum(f64(x), 0.5)
@@ -937,6 +958,13 @@ def test_any_permutation(library: Any) -> None:
     x4 = rng.standard_normal((3, 37, 5, 19), dtype=np.float32)
     np.testing.assert_array_equal(library.scrambled(x4), x4.transpose(2, 0, 3, 1) + 1)
     np.testing.assert_array_equal(library.pairs_swapped(x4), x4.transpose(1, 0, 3, 2))
+    # a view of a tensor that its kernel also reads otherwise is copied first
+    np.testing.assert_array_equal(library.permuted_twice(x), x.transpose(1, 0, 2) * 3)
+    y = rng.standard_normal((37, 37, 75), dtype=np.float32)
+    np.testing.assert_array_equal(library.permuted_beside(y), y.transpose(1, 0, 2) + y)
+    flat = rng.standard_normal(37 * 75, dtype=np.float32)
+    want = x[0].reshape(-1) + x[0].reshape(-1) * flat
+    np.testing.assert_allclose(library.flattened_beside(x[0], flat), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.execute

@@ -375,27 +375,52 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
         program.ir("tile")
 
 
-def test_a_kept_axis_with_a_tensor_after_it_is_an_error_at_the_reduction() -> None:
-    src = (
-        '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", 1, f32]:\n'
-        "    return sum(x, axis=-1, keepdims=True) + sum(x * 2.0, axis=-1, keepdims=True)\n"
-    )
+@pytest.mark.parametrize(
+    "src, messages",
+    [
+        (
+            '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", 1, f32]:\n'
+            "    return sum(x, axis=-1, keepdims=True) + sum(x * 2.0, axis=-1, keepdims=True)\n",
+            ["3:45: error: sum with keepdims=True and a tensor operand after it has no tile"],
+        ),
+        (
+            '@kernel\ndef f(a: Tensor["M", "K", i8],\n'
+            '      b: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:\n'
+            "    return a @ b\n",
+            ["4:12: error: a matmul of i8 operands has no tile kernel yet", "cast the operands"],
+        ),
+        (
+            '@kernel\ndef f(v: Tensor["N", f32]) -> Tensor[f32]:\n    return sum(v) * 2.0\n',
+            [
+                "3:12: error: mul of a 0-d tensor has no tile kernel yet: a 0-d result can be "
+                "returned as it is; keep its axis (keepdims=True) to compute with it"
+            ],
+        ),
+        (
+            '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
+            "    y = x * 2.0\n"
+            '    return all_reduce(y, op="sum")\n',
+            ["4:12: error: 'f': launch k1 is a collective of the runtime, which the cpu backend"],
+        ),
+        (
+            '@kernel\ndef f(q: Tensor["S", "D", f32], k: Tensor["S", "D", f32],\n'
+            '      v: Tensor["S", "D", f32], s: float) -> Tensor["S", "D", f32]:\n'
+            "    return flash_attention(q, k, v, scale=s * 0.5)\n",
+            [
+                "4:43: error: 'f': launch k0 is host-side work: a scalar computed for an op",
+                "pass this one as a parameter",
+            ],
+        ),
+    ],
+    ids=["kept-axis", "integer-matmul", "0-d", "collective", "scalar-for-attention"],
+)
+def test_what_no_kernel_runs_is_an_error_at_its_line_that_says_what_to_do(
+    src: str, messages: list[str]
+) -> None:
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(src, target="cpu")
-    message = "3:45: error: sum with keepdims=True and a tensor operand after it has no tile"
-    assert message in str(caught.value)
-
-
-def test_an_integer_matmul_is_an_error_that_says_what_to_do() -> None:
-    src = (
-        '@kernel\ndef f(a: Tensor["M", "K", i8],\n'
-        '      b: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:\n'
-        "    return a @ b\n"
-    )
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(src, target="cpu")
-    assert "4:12: error: a matmul of i8 operands has no tile kernel yet" in str(caught.value)
-    assert "cast the operands" in str(caught.value)
+    for message in messages:
+        assert message in str(caught.value)
 
 
 def test_every_pass_keeps_the_kernel_valid() -> None:
@@ -545,33 +570,3 @@ def inline_dot(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["
     return acc
 """)
     assert [s.buffer for s in k.smem] == ["operand_smem", "operand_smem_1"]
-
-
-@pytest.mark.parametrize(
-    "src, messages",
-    [
-        (
-            '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
-            "    y = x * 2.0\n"
-            '    return all_reduce(y, op="sum")\n',
-            ["4:12: error: 'f': launch k1 is a collective of the runtime, which the cpu backend"],
-        ),
-        (
-            '@kernel\ndef f(q: Tensor["S", "D", f32], k: Tensor["S", "D", f32],\n'
-            '      v: Tensor["S", "D", f32], s: float) -> Tensor["S", "D", f32]:\n'
-            "    return flash_attention(q, k, v, scale=s * 0.5)\n",
-            [
-                "4:43: error: 'f': launch k0 is host-side work: a scalar computed for an op",
-                "pass this one as a parameter",
-            ],
-        ),
-    ],
-    ids=["collective", "scalar-for-attention"],
-)
-def test_work_no_backend_runs_is_an_error_at_the_line_that_asks_for_it(
-    src: str, messages: list[str]
-) -> None:
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(src, target="cpu")
-    for message in messages:
-        assert message in str(caught.value)

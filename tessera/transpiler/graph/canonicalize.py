@@ -89,6 +89,8 @@ def _reshaped_into(ops: list[Op], last: Op, dims: tuple[Dim, ...], result: Value
 
 
 def _over_rows(function: Function) -> Function:
+    """Reductions and softmaxes over another axis than the last as row kernels' ops on
+    a swap of the operand viewed as ``[O, K, I]`` (the module's third rule)."""
     ops: list[Op] = []
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
@@ -144,6 +146,8 @@ def _with_kernels(perm: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def _transposes(function: Function) -> Function:
+    """Transposes that no kernel computes as ones that do, between reshapes (the
+    module's fourth rule)."""
     ops: list[Op] = []
     for op in function.body.ops:
         if op.kind != "transpose" or has_transpose_kernel(op.attr("perm")):
@@ -163,6 +167,7 @@ def _transposes(function: Function) -> Function:
 
 
 def _of_vectors(function: Function) -> Function:
+    """Row kernels' ops on a vector as ops on its one row (the module's last rule)."""
     ops: list[Op] = []
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
@@ -173,7 +178,10 @@ def _of_vectors(function: Function) -> Function:
         matrix = new_value(x.type.with_(dims=row), None, op.span)
         ops.append(Op("reshape", (x,), (matrix,), (("shape", row),), span=op.span))
         result = op.result.type
-        dims = row if op.kind not in _ROW_REDUCTIONS else row[:1] * (1 + op.attr("keepdims"))
+        if op.kind not in _ROW_REDUCTIONS:
+            dims = row
+        else:
+            dims = (row[0], Dim.const(1)) if op.attr("keepdims") else row[:1]
         rows = new_value(result.with_(dims=dims), None, op.span)
         attrs = op.attrs
         if op.attr("axis") is not None:

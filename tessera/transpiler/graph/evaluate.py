@@ -68,7 +68,7 @@ _METHODS = {
     name: name
     for name in (
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-        "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
+        "clamp", "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
     )
 }  # fmt: skip
 
@@ -464,8 +464,12 @@ class Evaluator:
     def _call(self, node: ast.Call) -> Any:
         callee = self.eval(node.func)
         method = isinstance(callee.value, OpRef) and isinstance(callee.value.receiver, Ev)
-        if method and callee.value.name == "reshape" and len(node.args) > 1:
-            # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D))
+        one_dim = len(node.args) == 1 and not isinstance(
+            node.args[0], (ast.TupleExpr, ast.ListExpr, ast.Name)
+        )
+        if method and callee.value.name == "reshape" and (len(node.args) > 1 or one_dim):
+            # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D)); x.reshape("N")
+            # is x.reshape(("N",))
             dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
             node = dataclasses.replace(node, args=(dims,))
         args = [self.eval(a) for a in node.args]

@@ -169,7 +169,7 @@ def _fuse_function(function: Function) -> Function:
 
     def own_kernel(indices: list[int]) -> None:
         last = ops[indices[-1]]
-        kernels.append(_Kernel(op_class(last) if _is_scalar(last) else "elementwise", indices))
+        kernels.append(_Kernel("host" if _is_scalar(last) else "elementwise", indices))
         for i in indices:
             kernel_of.update((r.id, len(kernels) - 1) for r in ops[i].results)
 
@@ -216,19 +216,46 @@ def _fuse_function(function: Function) -> Function:
     for indices in views.values():  # returned as they are
         last = ops[indices[-1]]
         source = kernel_of.get(last.operands[0].id) if last.operands else None
-        if last.kind == "reshape" and source is not None and uses[last.operands[0].id] == 1:
-            kernels[source].ops.append(indices[-1])  # its kernel writes the result reshaped
+        joins = source is not None and uses[last.operands[0].id] == 1
+        if last.kind == "reshape" and joins and _takes_epilogue(kernels[source], ops):
+            # its kernel writes the result reshaped
+            kernels[source].ops = sorted((*kernels[source].ops, indices[-1]))
         else:
             own_kernel(indices)
+    kernels = _shared_views_copied(kernels, ops)
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
 
 
+def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_Kernel]:
+    """A kernel reads a tensor through a reshape or a row permutation by taking it as a
+    parameter of the view's dims, which serves no other read of the same tensor: such a
+    view of a tensor that the kernel also reads otherwise (``x.reshape(...) + x``, or a
+    second view of it) is a copy kernel of its own, just before."""
+    out = []
+    for kernel in kernels:
+        inside = {r.id for i in kernel.ops for r in ops[i].results}
+        reads: dict[int, int] = {}
+        for i in kernel.ops:
+            for v in ops[i].operands:
+                if v.id not in inside:
+                    reads[v.id] = reads.get(v.id, 0) + 1
+        copied = [
+            i for i in kernel.ops
+            if (ops[i].kind == "reshape" or rows_permuted(ops[i]))
+            and reads.get(ops[i].operands[0].id, 0) > 1
+        ]  # fmt: skip
+        out += [_Kernel("elementwise", [i]) for i in copied]
+        kernel.ops = [i for i in kernel.ops if i not in copied]
+        out.append(kernel)
+    return out
+
+
 def kernel_order(ops: list[Op]) -> list[Op]:
     """A group's ops in the order its kernel computes them: program order, but a view
-    (an ``expand_dims`` the group loads) or a scalar computation right before the op
-    that reads it, so that it is in that op's prologue or epilogue, whichever side of
-    the anchor the reader is."""
+    (an ``expand_dims``, a reshape or a row permutation of a tensor the group loads) or
+    a scalar computation right before the op that reads it, so that it is in that op's
+    prologue or epilogue, whichever side of the anchor the reader is."""
     read = {v.id for op in ops for v in op.operands}
     producer = {r.id: op for op in ops for r in op.results}
     placed = {

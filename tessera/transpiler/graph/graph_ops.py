@@ -16,7 +16,7 @@ from .dtypes import F32, DType, accumulator, promote
 from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
-from .values import Const, DimValue
+from .values import Const, DimValue, Ev
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
@@ -172,6 +172,29 @@ for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), (
 for _kind in _EXTREMES:
     register(_kind, P("a"), P("b"))(_binary(_kind, None))
     register(f"tile.{_kind}", P("a"), P("b"), level="tile")(_binary(_kind, None))
+
+
+def _clamp(call: OpCall) -> object:
+    """``x`` limited to ``[min, max]``: ``minimum(maximum(x, min), max)``. Each bound is a
+    number, a float parameter or a tensor that broadcasts, and either may be left out:
+    ``clamp(x, 0.0, 6.0)`` is ReLU6, ``clamp(x, max=448.0)`` caps at fp8 e4m3's largest."""
+    prefix = "tile." if call.spec.level == "tile" else ""
+    value = call.ev("x")
+    bounds = [(b, k) for b, k in (("min", "maximum"), ("max", "minimum")) if call.given(b)]
+    if not bounds:
+        raise call.error(
+            "needs a bound: clamp(x, min, max), clamp(x, min=0.0) or clamp(x, max=1.0)"
+        )
+    for bound, kind in bounds:
+        spec = GRAPH_OPS[prefix + kind]
+        result = spec.rule(OpCall(spec, {"a": value, "b": call.ev(bound)}, call.span,
+                                  call.emitter, call.shown))  # fmt: skip
+        value = Ev(result, call.span, call.shown)
+    return value.value
+
+
+register("clamp", P("x"), P("min", None), P("max", None))(_clamp)
+register("tile.clamp", P("x"), P("min", None), P("max", None), level="tile")(_clamp)
 
 
 @register("neg", P("x"), level="any")
@@ -699,14 +722,19 @@ def rows_permuted(op: Op) -> bool:
     ``[H, S, D]``): its rows are the operand's rows, which a kernel can load where they
     lie, so it is a view rather than a kernel of its own."""
     perm = op.attr("perm") if op.kind == "transpose" else None
-    return perm is not None and perm[-1] == len(perm) - 1
+    return perm is not None and keeps_last_axis(perm)
 
 
 def has_transpose_kernel(perm: tuple[int, ...]) -> bool:
     """Whether a transpose by ``perm`` has a kernel: the swap of the last two axes (a
     product also reads it in place), or a permutation that keeps the last axis. Any
     other is made of those (``canonicalize``)."""
-    return perm == last_two_swapped(len(perm)) or perm[-1] == len(perm) - 1
+    return perm == last_two_swapped(len(perm)) or keeps_last_axis(perm)
+
+
+def keeps_last_axis(perm: tuple[int, ...]) -> bool:
+    """Whether ``perm`` moves rows but not the elements within them."""
+    return perm[-1] == len(perm) - 1
 
 
 def last_two_swapped(rank: int) -> tuple[int, ...]:

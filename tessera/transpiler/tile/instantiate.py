@@ -34,7 +34,10 @@ from ..options import Options
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue
 
-__all__ = ["TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped"]
+__all__ = [
+    "TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped",
+    "merged_rows", "rows_permuted_load",
+]  # fmt: skip
 
 #: The library kernel each anchor op instantiates: (file, tensor parameters).
 TEMPLATE_PARAMS = {
@@ -78,12 +81,17 @@ def _type_expr(t: TensorType) -> ast.TypeExpr:
 
 def stdlib_kernel(
     template: str, operands: tuple[TensorType, ...], result: TensorType, span: Any,
-    names: tuple[str, ...] | None = None,
+    names: tuple[str, ...],
 ) -> Function:  # fmt: skip
     """The library kernel ``template`` typed for ``operands`` and ``result``; ``names``
-    are the tensor parameters they are, if not all of the kernel's."""
+    are the tensor parameters they are. A parameter the op leaves out (a norm's weight
+    or bias) is typed as a vector along the first operand's last dim: the analyser
+    checks both sides of the kernel's ``with_`` branches, though one never runs."""
     (fn,) = _stdlib_module(template).functions()
-    typed = dict(zip(names or TEMPLATE_PARAMS[template], operands, strict=True))
+    typed = dict(zip(names, operands, strict=True))
+    first = operands[0]
+    absent = TensorType((first.dims[-1],), first.dtype)
+    typed.update((n, absent) for n in TEMPLATE_PARAMS[template] if n not in typed)
     params = tuple(
         dataclasses.replace(p, annotation=_type_expr(typed[p.name])) if p.name in typed else p
         for p in fn.params
@@ -124,9 +132,7 @@ def instantiate(
             result = kept_axis_dropped(result)
     # a norm's weight and bias are optional: absent ones are bound to nothing, and the
     # kernel's with_weight and with_bias branches leave them unread
-    names = tuple(
-        n for n in TEMPLATE_PARAMS[template] if anchor is None or anchor.attr(n) is not False
-    )
+    names = tuple(n for n in TEMPLATE_PARAMS[template] if _has_operand(anchor, n))
     if anchor is not None:
         tensors = anchor.operands[: len(names)]
     span = (anchor or group_ops[-1]).span
@@ -160,12 +166,18 @@ def kept_axis_dropped(t: TensorType) -> TensorType:
     return dataclasses.replace(t, dims=t.dims[:-1])
 
 
+def _has_operand(anchor: Op | None, name: str) -> bool:
+    """Whether the op gives the library kernel's tensor parameter ``name``: all but a
+    norm's absent weight or bias, which its attribute of that name says are absent."""
+    return anchor is None or anchor.attr(name) is not False
+
+
 def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...], rename: dict[int, Value]) -> Any:
     """A library kernel's keyword parameter, from the graph op's attributes; ``with_X``
     says whether the op has the operand ``X`` (a norm's weight or bias), and a scale
     given at run time is the op's last operand, a parameter of the kernel."""
     if name.startswith("with_"):
-        return anchor.attr(name.removeprefix("with_")) is not False
+        return _has_operand(anchor, name.removeprefix("with_"))
     value = anchor.attr(name)
     if name == "scale" and value == "scalar":
         return rename[anchor.operands[-1].id]
@@ -199,7 +211,8 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 inside[op.result.id] = current
                 continue
             if op.kind == "reshape" and op.operands[0].id not in inside:
-                # the parameter has the reshape's dims (``build``): loading it reshapes
+                # the parameter has the reshape's dims (``build``; fusion copies a view of
+                # a tensor the kernel also reads otherwise): loading it reshapes
                 current = _epilogue_operand(lowering, rename[op.operands[0].id], access)
                 inside[op.result.id] = current
                 continue
