@@ -51,6 +51,19 @@ def test_generated_cpp_compiles_warning_free(path: Path, tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
 
 
+def test_softmax_takes_the_exp_of_nonpositive_arguments() -> None:
+    """A row less its own maximum is never positive: the shorter exp serves, and an exp
+    of anything else keeps the full one."""
+    source = tessera.compile(
+        '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:\n'
+        "    return softmax(x) + exp(x - 1.0)\n",
+        target="cpu",
+    ).source
+    kernels = source[source.index("// ---- f") :]
+    assert kernels.count("tsr::exp_nonpositive(") == 1  # softmax's
+    assert kernels.count("tsr::exp(") == 1  # exp(x - 1.0)'s
+
+
 def test_only_the_header_sections_a_file_uses_are_inlined() -> None:
     """Norms need no micro-kernel and no online softmax; attention needs both. (That the
     trimmed files still build is the test above.)"""

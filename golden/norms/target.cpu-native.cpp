@@ -223,6 +223,19 @@ inline float gelu(float x) {  // the tanh approximation
   return 0.5f * x * (1.0f + tsr::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- exp of scores
+
+// exp for x <= 0 (or NaN), as softmax takes it: a score less its row's maximum. Equal to
+// exp there, with a third fewer instructions: n is -126..0, so 2^n is one exponent field,
+// and neither the upper clamp nor infinity arises. A NaN x reaches the polynomial and
+// comes out NaN. Softmax, online or not, spends most of its time here.
+inline float exp_nonpositive(float x) {
+  const float xc = x < kExpLow ? kExpLow : x;
+  const int ni = exp_n(xc);
+  const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
+  return x < kExpLow ? 0.0f : y;
+}
+
 // ---------------------------------------------------------------- memory
 
 // One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
@@ -385,7 +398,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     const float row_0 = t_1[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      e[i * C + j] = tsr::exp((rows[i * C + j] - row_0));
+      e[i * C + j] = tsr::exp_nonpositive((rows[i * C + j] - row_0));
     }
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]

@@ -220,6 +220,19 @@ inline float gelu(float x) {  // the tanh approximation
   return 0.5f * x * (1.0f + tsr::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
+// ---------------------------------------------------------------- exp of scores
+
+// exp for x <= 0 (or NaN), as softmax takes it: a score less its row's maximum. Equal to
+// exp there, with a third fewer instructions: n is -126..0, so 2^n is one exponent field,
+// and neither the upper clamp nor infinity arises. A NaN x reaches the polynomial and
+// comes out NaN. Softmax, online or not, spends most of its time here.
+inline float exp_nonpositive(float x) {
+  const float xc = x < kExpLow ? kExpLow : x;
+  const int ni = exp_n(xc);
+  const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
+  return x < kExpLow ? 0.0f : y;
+}
+
 // ---------------------------------------------------------------- extremes
 
 // As fmax and fmin (a NaN operand gives the other), with one compare and one select,
@@ -502,17 +515,6 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 // floats, which they vectorize whole. (Computing the scores and masks through a lambda
 // at each element, as an earlier version did, left 64-bit index vectors and gathers in
 // the hot loop.)
-
-// exp for x <= 0 (or NaN), as softmax takes it: a score less its row's maximum. Equal to
-// exp there, with a third fewer instructions: n is -126..0, so 2^n is one exponent field,
-// and neither the upper clamp nor infinity arises. A NaN x reaches the polynomial and
-// comes out NaN. Online softmax spends most of its time here.
-inline float exp_nonpositive(float x) {
-  const float xc = x < kExpLow ? kExpLow : x;
-  const int ni = exp_n(xc);
-  const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
-  return x < kExpLow ? 0.0f : y;
-}
 
 // The maximum of `init` and x[0, n).
 inline float row_max(const float* x, i64 n, float init) {

@@ -338,6 +338,26 @@ class _Emitter:
             return f"({self.inlined[x.id]})"
         return f"{self.name(x)}[{self._index(x, out)}]"
 
+    def _below_row_maximum(self, x: Value) -> bool:
+        """Whether ``x`` is rows less their own maxima (``rows - tile.max(rows, axis=1)[:,
+        None]``, the library softmax's exp argument): never positive, which the shorter
+        exp takes (a fifth off softmax's time at 4096 x 4096)."""
+        sub = self.defs.get(x.id)
+        if sub is None or sub.kind != "sub":
+            return False
+        rows, top = binary_operands(sub)
+        expand = self.defs.get(top.id) if isinstance(top, Value) else None
+        if expand is None or expand.kind != "expand_dims" or expand.attr("axes") != (1,):
+            return False
+        reduce = self.defs.get(expand.operands[0].id)
+        return (
+            reduce is not None
+            and reduce.kind == "max"
+            and reduce.attr("axis") == 1
+            and isinstance(rows, Value)
+            and reduce.operands[0].id == rows.id
+        )
+
     def _position(self, at: Access, out: tuple[Dim, ...]) -> str:
         """The row-major position in the tensor ``at`` covers of the element at the loop
         position ``(i, j)`` of a tile of shape ``out``."""
@@ -392,11 +412,10 @@ class _Emitter:
             expr = f"tsr::dropout({x}, {seed}, {self._position(op.attr('at'), out)}, {p})"
         else:
             x = self._arg(op.operands[0], out)
-            expr = (
-                x
-                if op.kind == "cast"
-                else f"-{x}" if op.kind == "neg" else f"{_UNARY[op.kind]}({x})"
-            )
+            function = _UNARY.get(op.kind)
+            if op.kind == "exp" and self._below_row_maximum(op.operands[0]):
+                function = "tsr::exp_nonpositive"
+            expr = x if op.kind == "cast" else f"-{x}" if op.kind == "neg" else f"{function}({x})"
         if isinstance(out_type, ScalarType):
             self.scalar(op, expr)
             return
