@@ -528,6 +528,16 @@ def test_a_transpose_kernel_computes_the_ops_around_it() -> None:
     assert groups(text) == [("layout", ["mul", "relu", "transpose", "add"])]
 
 
+def test_the_elementwise_ops_before_a_vectors_softmax_are_its_prologue() -> None:
+    text = (
+        "@kernel\ndef f(v: Tensor['N', f32], b: Tensor['N', bf16], s: float):\n"
+        "    return softmax(v * s + b)\n"
+    )
+    assert groups(text) == [
+        ("reduction", ["reshape", "mul", "reshape", "add", "softmax", "reshape"])
+    ]
+
+
 def test_a_row_kernel_over_a_vector_is_one_kernel_over_its_one_row() -> None:
     text = "@kernel\ndef f(v: Tensor['N', f32]) -> Tensor[f32]:\n    return max(v, axis=0)\n"
     function = graph(text).functions[0]

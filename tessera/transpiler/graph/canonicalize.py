@@ -17,7 +17,9 @@
   that keeps the last axis.
 - A row kernel's op on a vector (``softmax(v)``, ``sum(v)`` of a ``[N]`` tensor) is the op
   on the one row of ``v`` reshaped to ``[1, N]``, reshaped back: a reshape is a view, so
-  the row kernel reads ``v`` where it lies.
+  the row kernel reads ``v`` where it lies. Elementwise ops that compute ``v`` and nothing
+  else are computed on rows of their operands instead, so that they stay the row
+  kernel's prologue (``softmax(v * 2.0)``).
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ from ..frontend.source import Span
 from .dims import Dim
 from .graph_ops import has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
-from .rewrite import Rewriter, map_functions
+from .rewrite import Rewriter, map_functions, use_counts
+from .types import ScalarType
 
 #: Row kernels that drop the last axis, and those that keep every axis.
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
 _ROW_MAPS = ("softmax", "softmax_safe")
 _NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
+#: Elementwise ops of one shape that a vector's row computes as well as the vector.
+_LIFTED = (
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast",
+)  # fmt: skip
 
 __all__ = ["canonicalize"]
 
@@ -169,14 +177,15 @@ def _transposes(function: Function) -> Function:
 def _of_vectors(function: Function) -> Function:
     """Row kernels' ops on a vector as ops on its one row (the module's last rule)."""
     ops: list[Op] = []
+    producers = {r.id: op for op in function.body.ops for r in op.results}
+    uses = use_counts(function.body)
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
         if op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS, *_NORMS) or x is None or x.type.rank != 1:
             ops.append(op)
             continue
         row = (Dim.const(1), x.type.dims[0])
-        matrix = new_value(x.type.with_(dims=row), None, op.span)
-        ops.append(Op("reshape", (x,), (matrix,), (("shape", row),), span=op.span))
+        matrix = _as_row(x, row, ops, producers, uses, op.span)
         result = op.result.type
         if op.kind not in _ROW_REDUCTIONS:
             dims = row
@@ -189,6 +198,32 @@ def _of_vectors(function: Function) -> Function:
         ops.append(replace(op, operands=(matrix, *op.operands[1:]), results=(rows,), attrs=attrs))
         ops.append(Op("reshape", (rows,), op.results, (("shape", result.dims),), span=op.span))
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
+def _as_row(
+    value: Value, row: tuple[Dim, Dim], ops: list[Op], producers: dict[int, Op],
+    uses: dict[int, int], span: Span | None,
+) -> Value:  # fmt: skip
+    """``value``, a vector, as its one row: the elementwise ops that compute it and
+    nothing else computed again on rows of their operands (``softmax(v * 2.0)``'s
+    product), so that the row kernel computes them where it loads, else a reshape. The
+    ops on the vector, now unread, go in ``simplify``."""
+    op = producers.get(value.id)
+    if (
+        op is None or op.kind not in _LIFTED or op.effects or uses.get(value.id) != 1
+        or any(not isinstance(v.type, ScalarType) and v.type.dims != value.type.dims
+               for v in op.operands)
+    ):  # fmt: skip
+        out = new_value(value.type.with_(dims=row), None, span)
+        ops.append(Op("reshape", (value,), (out,), (("shape", row),), span=span))
+        return out
+    operands = tuple(
+        v if isinstance(v.type, ScalarType) else _as_row(v, row, ops, producers, uses, span)
+        for v in op.operands
+    )
+    out = new_value(op.result.type.with_(dims=row), op.result.name, op.span)
+    ops.append(replace(op, operands=operands, results=(out,)))
+    return out
 
 
 def canonicalize(module: GraphModule) -> GraphModule:
