@@ -364,6 +364,10 @@ def relu6(x: Tensor["R", "C", bf16], lo: Tensor["C", f32]) -> Tensor["R", "C", f
     return clamp(x, 0.0, 6.0) + clamp(x, min=lo)
 
 @kernel
+def kept_sums(x: Tensor["R", "C", f32], b: Tensor["R", 1, f32]) -> Tensor["R", 1, f32]:
+    return sum(x, axis=-1, keepdims=True) + sum(x * 2.0, axis=-1, keepdims=True) + b
+
+@kernel
 def amax(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
     return max(abs(x), axis=-1)
 
@@ -563,7 +567,7 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
         shape = (*shape[:-2], shape[-1])
     elif name == "outer":
         shape = (shape[0], args[1].shape[0])
-    elif name == "row_max_kept":
+    elif name in ("row_max_kept", "kept_sums"):
         shape = (*shape[:-1], 1)
     elif name == "scaled_fp8":
         return shape, np.dtype(ml_dtypes.float8_e4m3fn)
@@ -755,6 +759,10 @@ def test_a_reduction_that_keeps_its_axis_and_its_broadcast_back(library: Any) ->
     w = rng.standard_normal(53, dtype=np.float32)
     want = f64(x3) / np.sqrt((f64(x3) ** 2).mean(-1, keepdims=True) + 1e-6) * f64(w)
     np.testing.assert_allclose(f64(library.rms_by_hand(x3, w)), want, rtol=1e-5, atol=1e-6)
+    # a tensor after a kept axis is read by the next kernel
+    b = rng.standard_normal((37, 1), dtype=np.float32)
+    want = f64(x).sum(-1, keepdims=True) * 3 + f64(b)
+    np.testing.assert_allclose(f64(library.kept_sums(x, b)), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.execute

@@ -9,6 +9,8 @@ Triton-based compilers:
   the kernel of the value it consumes when that value has no other user and
   the op does not broadcast it to a larger shape: a matmul's bias,
   activation, residual add and final cast become its epilogue.
+- A reduction with ``keepdims=True`` takes numbers and scalars after it, but an op that
+  reads another tensor starts the next kernel: the kept axis is stored as without it.
 - A reduction or a transpose whose input comes from a chain of elementwise ops joins
   that chain as its prologue (``softmax(x * scale)`` is one kernel). A transpose's
   result takes an epilogue too: ``relu(x * 2.0).T + y`` is one kernel.
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from .graph_ops import rows_permuted
 from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
-from .types import ScalarType
+from .types import ScalarType, TensorType
 
 __all__ = ["fuse", "op_class", "kernel_order"]
 
@@ -65,6 +67,11 @@ _ELEMENTWISE = {
 }  # fmt: skip
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
+
+
+def _reads_another_tensor(op: Op, k: int, kernel_of: dict[int, int]) -> bool:
+    """Whether ``op`` reads a tensor that kernel ``k`` does not compute."""
+    return any(isinstance(v.type, TensorType) and kernel_of.get(v.id) != k for v in op.operands)
 
 
 def _widens(op: Op, via: Value) -> bool:
@@ -197,7 +204,13 @@ def _fuse_function(function: Function) -> Function:
                 if cls == "elementwise" and _widens(op, v):
                     continue
                 if cls == "elementwise" and _takes_epilogue(kernels[k], ops):
-                    target = k
+                    # a kept axis is stored as without it, and an epilogue's tensors are
+                    # loaded as the result's tile: a reduction with keepdims takes numbers
+                    # and scalars after it, and an op reading another tensor starts the
+                    # next kernel
+                    kept = any(ops[i].attr("keepdims") for i in kernels[k].ops)
+                    if not (kept and _reads_another_tensor(op, k, kernel_of)):
+                        target = k
                 elif cls in ("reduction", "layout") and kernels[k].kind == "elementwise":
                     target = k
                     kernels[k].kind = cls

@@ -186,15 +186,6 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
-    epilogue = ops[ops.index(anchor) + 1 :]
-    chain = {op.result.id for op in (anchor, *epilogue)}
-    if anchor.attr("keepdims") and any(
-        isinstance(v.type, TensorType) and v.id not in chain for op in epilogue for v in op.operands
-    ):
-        return (
-            f"{anchor.kind} with keepdims=True and a tensor operand after it has no tile "
-            "kernel yet: numbers and scalars after it are computed in the kernel"
-        )
     if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
         return f"{anchor.kind} with these ops has no tile kernel yet"
     return None
