@@ -240,6 +240,17 @@ rng = np.random.default_rng(2)
 load(program.source, program.ir("meta"), flags).sgemm(
     rng.standard_normal((259, 301), dtype=np.float32),
     rng.standard_normal((301, 37), dtype=np.float32))
+# every permutation and reduction axis: reshapes, swaps and copies of ragged tensors
+from tests.test_axes import PERMUTATIONS, REDUCTIONS, SHAPE, SOFTMAXES, _source
+program = tessera.compile(_source(), target="cpu")
+axes = load(program.source, program.ir("meta"), flags)
+x = {{rank: rng.standard_normal(SHAPE[:rank], dtype=np.float32) for rank in (3, 4)}}
+for perm in PERMUTATIONS:
+    getattr(axes, "permuted_" + "".join(map(str, perm)))(x[len(perm)])
+for kind, rank, axis, keepdims in REDUCTIONS:
+    getattr(axes, f"{{kind}}_{{rank}}_{{axis}}_{{int(keepdims)}}")(x[rank])
+for rank, axis in SOFTMAXES:
+    getattr(axes, f"softmax_{{rank}}_{{axis}}")(x[rank])
 print("clean")
 """
 
