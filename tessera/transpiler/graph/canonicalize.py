@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from ..frontend.source import Span
 from .dims import Dim
-from .graph_ops import has_transpose_kernel, last_two_swapped
+from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions, use_counts
 from .types import ScalarType
@@ -38,11 +38,6 @@ from .types import ScalarType
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
 _ROW_MAPS = ("softmax", "softmax_safe")
 _NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
-#: Elementwise ops of one shape that a vector's row computes as well as the vector.
-_LIFTED = (
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast",
-)  # fmt: skip
 
 __all__ = ["canonicalize"]
 
@@ -210,7 +205,7 @@ def _as_row(
     ops on the vector, now unread, go in ``simplify``."""
     op = producers.get(value.id)
     if (
-        op is None or op.kind not in _LIFTED or op.effects or uses.get(value.id) != 1
+        op is None or op.kind not in ELEMENTWISE_MATH or op.effects or uses.get(value.id) != 1
         or any(not isinstance(v.type, ScalarType) and v.type.dims != value.type.dims
                for v in op.operands)
     ):  # fmt: skip

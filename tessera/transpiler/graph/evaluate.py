@@ -64,18 +64,12 @@ _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
 #: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
 #: PyTorch's two axes to swap; ``x.T`` and ``transpose(x, axes)`` say which.)
-_METHODS = {
-    name: name
-    for name in (
-        "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-        "clamp", "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
-    )
-}  # fmt: skip
-
-
-def _tile_methods() -> dict[str, str]:
-    """A tile's methods: the tile operations of those names (``s.max(axis=1)``)."""
-    return {name: f"tile.{name}" for name in _METHODS if f"tile.{name}" in GRAPH_OPS}
+#: On a tile, a method is the tile operation of that name (``s.max(axis=1)``), where
+#: there is one.
+_METHODS = (
+    "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
+    "clamp", "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
+)  # fmt: skip
 
 
 _FOLD = {
@@ -387,11 +381,12 @@ class Evaluator:
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
             if attr == "reshape" and isinstance(t, TensorType):  # x.reshape("B*S", "C")
                 return OpRef("reshape", base)
-            ops = _tile_methods() if isinstance(t, TileType) else _METHODS
-            if attr in ops:
-                return OpRef(ops[attr], base)
-            what = "tile" if isinstance(t, TileType) else "tensor"
-            known = ("shape", "dtype", "T", "to", *ops, *(("reshape",) if what == "tensor" else ()))
+            prefix = "tile." if isinstance(t, TileType) else ""
+            methods = [m for m in _METHODS if prefix + m in GRAPH_OPS]
+            if attr in methods:
+                return OpRef(prefix + attr, base)
+            what = "tile" if prefix else "tensor"
+            known = ("shape", "dtype", "T", "to", *methods, *(() if prefix else ("reshape",)))
             raise SemanticError(
                 f"a {what} has no attribute '{attr}'{did_you_mean(attr, known)}", span
             )

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .graph_ops import rows_permuted
+from .graph_ops import ELEMENTWISE_MATH, rows_permuted
 from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
 from .types import ScalarType, TensorType
@@ -61,9 +61,8 @@ _REDUCTIONS = {
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean",
 }  # fmt: skip
 _ELEMENTWISE = {
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "dropout",
-    "expand_dims", "reshape", "rotary_embedding", "kvcache.k", "kvcache.v",
+    *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
+    "kvcache.v",
 }  # fmt: skip
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}

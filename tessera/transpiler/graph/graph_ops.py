@@ -20,8 +20,16 @@ from .values import Const, DimValue, Ev
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped", "rows_permuted", "folded",
+    "last_two_swapped", "rows_permuted", "folded", "ELEMENTWISE_MATH",
 ]  # fmt: skip
+
+#: The elementwise math a kernel computes on each element of a tile, wherever it is
+#: fused (before or after a library kernel's op, or alone): arithmetic, the extremes,
+#: the unary math and casts. Fusion, canonicalization and the tile passes share it.
+ELEMENTWISE_MATH = frozenset({
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast",
+})  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 

@@ -14,7 +14,7 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import rows_permuted
+from ..graph.graph_ops import ELEMENTWISE_MATH, rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType
@@ -32,9 +32,7 @@ __all__ = ["tile_module", "ANCHORS"]
 #: Graph ops that a library kernel implements (``template_of`` says which kernel).
 ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS)
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
-_CHAIN = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp",
-                    "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-                    "cast", "dropout"})  # fmt: skip
+_CHAIN = ELEMENTWISE_MATH | {"dropout"}
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
 _RUNTIME = {
     "host": "host-side work: a scalar computed for an op that is not elementwise (an "

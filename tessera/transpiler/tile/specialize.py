@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..graph.dims import Dim
+from ..graph.graph_ops import ELEMENTWISE_MATH
 from ..graph.ir import Op, walk
 from ..schedule.hardware import Hardware
 from .ir import Mma, SharedType, Slot, TileKernel
@@ -36,9 +37,7 @@ PRODUCER_THREADS = 128
 #: Ops outside the loop that every thread runs on its own elements, with no barrier.
 _PER_THREAD = frozenset({
     "alloc", "copy", "commit", "wait_mma", "full", "load", "store", "cast", "expand_dims",
-    "dim_to_float", "const",
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "dropout",
+    "dim_to_float", "const", "dropout", *ELEMENTWISE_MATH,
 })  # fmt: skip
 #: Ops through which a read of a stage reaches the product that reads it.
 _THROUGH = ("transpose", "cast")
