@@ -4,10 +4,12 @@ Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` an
 ``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
 attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
-``scaled_dot_product_attention``; and what a call costs beyond its kernel, 1000 calls
-of a 4 x 4 SGEMM against numpy's and torch's. Each case is timed interleaved with its peers,
-median of several runs after warm-up. Results go to ``bench/results/cpu.json``; a
-peer that is not installed is recorded as null.
+``scaled_dot_product_attention``; elementwise ops that read a value more than once,
+fused into one kernel (a GELU written out over 4096 x 4096, ``y * sigmoid(y)`` after an
+SGEMM 2048), against the same expressions in torch; and what a call costs beyond its
+kernel, 1000 calls of a 4 x 4 SGEMM against numpy's and torch's. Each case is timed
+interleaved with its peers, median of several runs after warm-up. Results go to
+``bench/results/cpu.json``; a peer that is not installed is recorded as null.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ SOURCE = """\
 @kernel
 def sgemm(A: Tensor["M", "K", f32], B: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
     return A @ B
+
+@kernel
+def swish_sgemm(A: Tensor["M", "K", f32], B: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    y = A @ B
+    return y * sigmoid(y)
+
+@kernel
+def gelu_written_out(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    y = x + b
+    return 0.5 * y * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
 
 @kernel
 def softmax_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
@@ -94,6 +106,16 @@ def _repeat(fn: Callable[..., object], *args: object) -> None:
     """``CALLS`` calls of ``fn``: one timed run of the call-overhead case."""
     for _ in range(CALLS):
         fn(*args)
+
+
+def _gelu_written_out(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    y = x + b
+    return 0.5 * y * (1.0 + torch.tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
+
+
+def _swish_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    y = a @ b
+    return y * torch.sigmoid(y)
 
 
 def ratio(peer: float | None, ours: float) -> float | None:
@@ -164,6 +186,20 @@ def main() -> None:
                      "gb_per_s": {k: v and round(moved / v / 1e9, 1) for k, v in t.items()},
                      "of_copy_bandwidth": round(t["copy"] / t["tessera_into"], 3),
                      "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    # A value read more than once stays in its kernel's registers; torch runs each op.
+    n = 2048
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    fused = {
+        "gelu written out 4096x4096": (partial(lib.gelu_written_out, x, bias),
+                                       partial(_gelu_written_out, tx, tb) if torch else None),
+        f"sgemm {n} + y * sigmoid(y)": (partial(lib.swish_sgemm, a, b),
+                                        partial(_swish_matmul, torch.from_numpy(a),
+                                                torch.from_numpy(b)) if torch else None),
+    }  # fmt: skip
+    for name, (ours, peer) in fused.items():
+        t = timed({"tessera": ours, "torch": peer}, args.runs)
+        rows.append({"case": name, "seconds": t, "vs_torch": ratio(t["torch"], t["tessera"])})
 
     for seq, causal in itertools.product((1024, 2048), (False, True)):
         q, k, v = (rng.standard_normal((1, 8, seq, 64), dtype=np.float32) for _ in range(3))

@@ -472,12 +472,54 @@ def test_two_matmul_mlp_is_two_kernels() -> None:
     assert [g.kind for g in function.groups] == ["gemm", "gemm"]
 
 
-def test_a_shared_intermediate_is_not_fused_into_its_consumers() -> None:
+def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> None:
     text = (
         "@kernel\ndef f(A: Tensor['M', 'K', f32], B: Tensor['K', 'N', f32]):\n"
         "    y = A @ B\n    return relu(y) + y\n"
     )
-    assert groups(text) == [("gemm", ["matmul"]), ("elementwise", ["relu", "add"])]
+    assert groups(text) == [("gemm", ["matmul", "relu", "add"])]
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        # read twice by one op, of a vector: one view of x, one kernel
+        ("    return sum(v * v)\n", [("reduction", ["reshape", "mul", "sum", "reshape"])]),
+        # a gelu written out reads y five times
+        (
+            "    y = x + 1.0\n    return 0.5 * y * (1.0 + tanh(0.79 * (y + 0.04 * y * y * y)))\n",
+            [("elementwise", ["add", "mul", "mul", "mul", "mul", "add", "mul", "tanh", "add",
+                              "mul"])],
+        ),
+        (
+            "    y = x * 2.0\n    return sum(y * y, axis=-1)\n",
+            [("reduction", ["mul", "mul", "sum"])],
+        ),
+        # a reduction reads y too: y is written, and the elementwise ops read it back
+        (
+            "    y = x * 2.0\n    return y - max(y, axis=-1, keepdims=True)\n",
+            [("elementwise", ["mul"]), ("reduction", ["max"]), ("elementwise", ["sub"])],
+        ),
+        # a reduction reads y, which mul also reads: y is written first
+        (
+            "    y = relu(x)\n    z = y * 2.0\n    return z + sum(y, axis=-1, keepdims=True)\n",
+            [("elementwise", ["relu"]), ("elementwise", ["mul"]), ("reduction", ["sum"]),
+             ("elementwise", ["add"])],
+        ),
+        # the reader that widens s starts a kernel that reads s from memory, so the
+        # other reader cannot compute in s's kernel either
+        (
+            "    s = sum(x, axis=-1, keepdims=True) * 2.0\n    return (x - s) * (s + 1.0)\n",
+            [("reduction", ["sum", "mul"]), ("elementwise", ["sub"]), ("elementwise", ["add"]),
+             ("elementwise", ["mul"])],
+        ),
+    ],
+)  # fmt: skip
+def test_a_value_read_twice_stays_in_its_kernel_unless_another_kernel_reads_it(
+    body: str, expected: list
+) -> None:
+    text = "@kernel\ndef f(x: Tensor['M', 'N', f32], v: Tensor['N', f32]):\n" + body
+    assert groups(text) == expected
 
 
 def test_a_scalar_from_sizes_is_computed_by_each_kernel_that_reads_it() -> None:

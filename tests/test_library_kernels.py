@@ -49,6 +49,10 @@ A reshape reads the tensor in memory with the new dims, in the kernel that reads
 ``reshape`` had no kernel. So does a transpose that keeps the last axis (``[B, S, H, D]``
 as ``[B, H, S, D]``), reading each row where it lies: such a transpose was an error.
 
+A value that elementwise ops read more than once (``y * sigmoid(y)`` of a product,
+``sum(y * y)``, a GELU written out) is computed in the kernel of its readers: it used
+to end a kernel, written to memory and read back by the next.
+
 Each case runs against the float64 reference at sizes that are not multiples of the
 tiles, outputs poisoned first.
 """
@@ -462,6 +466,25 @@ def vector_norm(x: Tensor["N", f32], w: Tensor["N", f32]) -> Tensor["N", f32]:
     return rmsnorm(x, w, eps=1e-6) + 1.0
 
 @kernel
+def swish_product(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    y = a @ b
+    return y * sigmoid(y)
+
+@kernel
+def gelu_written_out(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    y = x + b
+    return 0.5 * y * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
+
+@kernel
+def sum_of_squares(x: Tensor["N", f32]) -> Tensor[f32]:
+    return sum(x * x)
+
+@kernel
+def row_energy(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    y = x - 0.5
+    return sum(y * y, axis=-1)
+
+@kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
@@ -478,7 +501,7 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
             "product_by_later_sums": 1, "param_scaled_attention": 2,
-            "param_scaled_flash": 2, "dropped_product": 1}  # fmt: skip
+            "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -493,6 +516,7 @@ RESHAPED = {
     "multi_head": lambda x, *weights: x.shape,
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
+    "sum_of_squares": lambda x: (),
     "vector_norm": lambda x, w: x.shape,
     "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
     "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
@@ -511,7 +535,7 @@ RESHAPED = {
     "pairs_swapped": lambda x: tuple(x.shape[i] for i in (1, 0, 3, 2)),
 }
 #: The functions whose result drops the last axis.
-REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax"}
+REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "row_energy"}
 
 
 @pytest.mark.compile
@@ -698,10 +722,29 @@ def test_an_elementwise_chain_with_an_operand_broadcast_along_the_columns(librar
 
 @pytest.mark.execute
 @needs_gxx
-def test_a_value_used_twice_ends_one_elementwise_kernel_and_feeds_the_next(library: Any) -> None:
-    x = np.random.default_rng(33).standard_normal((37, 45), dtype=np.float32)
+def test_a_value_that_elementwise_ops_read_twice_is_computed_in_their_kernel(
+    library: Any,
+) -> None:
+    rng = np.random.default_rng(33)
+    x = rng.standard_normal((37, 45), dtype=np.float32)
     want = np.maximum(2 * f64(x), 0) + 2 * f64(x)
     np.testing.assert_allclose(f64(library.twice_used(x)), want, rtol=1e-6, atol=1e-6)
+    a = rng.standard_normal((37, 150), dtype=np.float32)
+    b = rng.standard_normal((150, 29), dtype=np.float32)
+    y = f64(a) @ f64(b)
+    want = y / (1 + np.exp(-y))
+    np.testing.assert_allclose(f64(library.swish_product(a, b)), want, rtol=1e-4, atol=1e-4)
+    bias = rng.standard_normal(45, dtype=np.float32)
+    y = f64(x) + f64(bias)
+    want = 0.5 * y * (1 + np.tanh(0.7978845608 * (y + 0.044715 * y**3)))
+    out = f64(library.gelu_written_out(x, bias))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    v = rng.standard_normal(1000, dtype=np.float32)
+    total = library.sum_of_squares(v)
+    assert total.shape == ()
+    np.testing.assert_allclose(float(total), (f64(v) ** 2).sum(), rtol=1e-5)
+    want = ((f64(x) - 0.5) ** 2).sum(axis=-1)
+    np.testing.assert_allclose(f64(library.row_energy(x)), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.execute

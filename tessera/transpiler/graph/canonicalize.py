@@ -180,7 +180,7 @@ def _of_vectors(function: Function) -> Function:
             ops.append(op)
             continue
         row = (Dim.const(1), x.type.dims[0])
-        matrix = _as_row(x, row, ops, producers, uses, op.span)
+        matrix = _as_row(x, row, ops, producers, uses, op.span, {})
         result = op.result.type
         if op.kind not in _ROW_REDUCTIONS:
             dims = row
@@ -197,13 +197,17 @@ def _of_vectors(function: Function) -> Function:
 
 def _as_row(
     value: Value, row: tuple[Dim, Dim], ops: list[Op], producers: dict[int, Op],
-    uses: dict[int, int], span: Span | None,
+    uses: dict[int, int], span: Span | None, reshaped: dict[int, Value],
 ) -> Value:  # fmt: skip
     """``value``, a vector, as its one row: the elementwise ops that compute it and
     nothing else computed again on rows of their operands (``softmax(v * 2.0)``'s
     product), so that the row kernel computes them where it loads, else a reshape. The
-    ops on the vector, now unread, go in ``simplify``."""
+    ops on the vector, now unread, go in ``simplify``. A vector read twice (``x * x``)
+    is reshaped once, in ``reshaped``: two views of one tensor in a kernel would make
+    fusion copy it."""
     op = producers.get(value.id)
+    if value.id in reshaped:
+        return reshaped[value.id]
     if (
         op is None or op.kind not in ELEMENTWISE_MATH or op.effects or uses.get(value.id) != 1
         or any(not isinstance(v.type, ScalarType) and v.type.dims != value.type.dims
@@ -211,11 +215,13 @@ def _as_row(
     ):  # fmt: skip
         out = new_value(value.type.with_(dims=row), None, span)
         ops.append(Op("reshape", (value,), (out,), (("shape", row),), span=span))
+        reshaped[value.id] = out
         return out
     operands = tuple(
-        v if isinstance(v.type, ScalarType) else _as_row(v, row, ops, producers, uses, span)
+        v if isinstance(v.type, ScalarType)
+        else _as_row(v, row, ops, producers, uses, span, reshaped)
         for v in op.operands
-    )
+    )  # fmt: skip
     out = new_value(op.result.type.with_(dims=row), op.result.name, op.span)
     ops.append(replace(op, operands=operands, results=(out,)))
     return out

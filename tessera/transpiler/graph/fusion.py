@@ -9,6 +9,12 @@ Triton-based compilers:
   the kernel of the value it consumes when that value has no other user and
   the op does not broadcast it to a larger shape: a matmul's bias,
   activation, residual add and final cast become its epilogue.
+- A value that only elementwise ops read, several or one twice (``y * sigmoid(y)``,
+  ``y * y``), counts as having no other user: its readers join its kernel, which keeps
+  it in registers. A kernel writes one value, though, so where one of those readers
+  cannot join (it broadcasts the value, or reads a later kernel's result), the value is
+  written and every reader starts after it: ``fuse`` groups again without that value
+  until no kernel has to write two.
 - A reduction with ``keepdims=True`` takes numbers and scalars after it, but an op that
   reads another tensor starts the next kernel: the kept axis is stored as without it.
 - A reduction or a transpose whose input comes from a chain of elementwise ops joins
@@ -130,10 +136,11 @@ def _is_view(op: Op) -> bool:
     return op.kind in ("expand_dims", "reshape") or rows_permuted(op)
 
 
-def _placed_with_reader(op: Op, uses: dict[int, int]) -> bool:
-    """A view, or a scalar computation, that joins the kernel of its one reader."""
+def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
+    """A view, or a scalar computation, that joins the kernel of its one reader (which
+    may read it twice: ``v * v``)."""
     placed = _is_view(op) or _pure_scalar(op)
-    return placed and all(uses.get(r.id) == 1 for r in op.results)
+    return placed and all(reader_count.get(r.id) == 1 for r in op.results)
 
 
 @dataclass
@@ -159,11 +166,54 @@ def _fuse_function(function: Function) -> Function:
     if not ops:
         return function
     uses: dict[int, int] = {}
-    for op in ops:
+    readers: dict[int, set[int]] = {}
+    for index, op in enumerate(ops):
         for v in op.operands:
             uses[v.id] = uses.get(v.id, 0) + 1
+            readers.setdefault(v.id, set()).add(index)
     for v in function.body.yields:
         uses[v.id] = uses.get(v.id, 0) + 1
+        readers.setdefault(v.id, set()).add(-1)
+    shared = {
+        v for v, at in readers.items()
+        if uses[v] > 1 and all(i >= 0 and op_class(ops[i]) == "elementwise" for i in at)
+    }  # fmt: skip
+    while True:
+        kernels = _kernels(ops, uses, {v: len(at) for v, at in readers.items()}, shared)
+        escaped = _escaped(kernels, ops, readers) & shared
+        if not escaped:
+            break
+        shared -= escaped
+    groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
+    return replace(function, groups=groups)
+
+
+def _escaped(kernels: list[_Kernel], ops: tuple[Op, ...], readers: dict[int, set[int]]) -> set[int]:
+    """Values that a kernel computes and another kernel, or the function, reads, but
+    that are not the one value the kernel writes."""
+    found = set()
+    for kernel in kernels:
+        inside = set(kernel.ops)
+        written = _last_result(ops[kernel.ops[-1]])
+        for i in kernel.ops:
+            for r in ops[i].results:
+                if r.id != written and not readers.get(r.id, set()) <= inside:
+                    found.add(r.id)
+    return found
+
+
+def _last_result(op: Op) -> int | None:
+    if op.kind == "reshape":  # a kernel writes a reshape of its result as computed
+        return op.results[0].id
+    return op.results[0].id if op.results else None
+
+
+def _kernels(
+    ops: tuple[Op, ...], uses: dict[int, int], reader_count: dict[int, int], shared: set[int]
+) -> list[_Kernel]:
+    """The kernels of the greedy pass. An op joins the kernel of an operand that nothing
+    else reads, or of one in ``shared``: read only by elementwise ops (``y * sigmoid(y)``),
+    which then all compute in the kernel that computes it."""
     kernels: list[_Kernel] = []
     kernel_of: dict[int, int] = {}  # value id -> kernel index
     #: value id -> indices of the ops that give it and go with its reader (a view, or a
@@ -186,7 +236,7 @@ def _fuse_function(function: Function) -> Function:
                 own_kernel(indices)
             given = []
         viewed = sorted(i for indices in given for i in indices)
-        if _placed_with_reader(op, uses):
+        if _placed_with_reader(op, reader_count):
             views[op.result.id] = [*viewed, index]
             continue
         cls = op_class(op)
@@ -198,7 +248,8 @@ def _fuse_function(function: Function) -> Function:
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)
-                if k is None or uses.get(v.id) != 1 or not can_join(k, op, v.id):
+                alone = uses.get(v.id) == 1 or v.id in shared
+                if k is None or not alone or not can_join(k, op, v.id):
                     continue
                 if cls == "elementwise" and _widens(op, v):
                     continue
@@ -234,9 +285,7 @@ def _fuse_function(function: Function) -> Function:
             kernels[source].ops = sorted((*kernels[source].ops, indices[-1]))
         else:
             own_kernel(indices)
-    kernels = _shared_views_copied(kernels, ops)
-    groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
-    return replace(function, groups=groups)
+    return _shared_views_copied(kernels, ops)
 
 
 def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_Kernel]:
