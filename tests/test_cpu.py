@@ -198,6 +198,14 @@ def test_guards_are_checked() -> None:
     q = np.ones((1, 1, 8, 160), ml_dtypes.bfloat16)
     with pytest.raises(ValueError, match="D = 160 breaks D <= 128"):
         lib.attention(q, q, q)
+    # a declared size that the computed result fixes to 1: the check names the size
+    src = (
+        '@kernel\ndef column(v: Tensor["N", f32], m: Tensor["N", "N", f32]) -> '
+        'Tensor["N", "N", f32]:\n    return m @ v[:, None]\n'
+    )
+    v = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"N = 3 breaks N == 1 \(result shape\)"):
+        tessera.compile(src, target="cpu").load().column(v, np.ones((3, 3), np.float32))
 
 
 def test_the_shared_object_is_cached(tmp_path: Path) -> None:

@@ -181,8 +181,9 @@ def test_dropout_records_an_rng_effect_that_survives_passes() -> None:
         "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
         "    y = dropout(x, 0.1, seed=1)\n    return x\n"
     )
-    (op,) = module.functions[0].body.ops
+    op, copy = module.functions[0].body.ops  # the unread dropout, and x returned as a copy
     assert (op.kind, op.effects) == ("dropout", ("rng",))
+    assert (copy.kind, copy.operands) == ("reshape", (module.functions[0].params[0].value,))
 
 
 def test_effects_pin_operations_in_program_order() -> None:
@@ -199,9 +200,10 @@ def test_effects_pin_operations_in_program_order() -> None:
         ("kvcache.append", ("state",)),
         ("all_reduce", ("collective",)),
         ("dropout", ("rng",)),
+        ("reshape", ()),  # x returned: a copy
     ]
     assert [g.kind for g in module.functions[0].groups] == [
-        "elementwise", "state", "collective", "elementwise",
+        "elementwise", "state", "collective", "elementwise", "elementwise",
     ]  # fmt: skip
 
 
@@ -299,16 +301,23 @@ def test_bad_schedules(decorators: str, message: str) -> None:
 
 
 def test_pass_order() -> None:
-    assert [name for name, _ in GRAPH_PASSES] == ["canonicalize", "simplify", "attention", "fuse"]
+    assert [name for name, _ in GRAPH_PASSES] == [
+        "rows",
+        "canonicalize",
+        "simplify",
+        "attention",
+        "fuse",
+    ]
 
 
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ("x * 1.0", []),
-        ("1.0 * x + 0.0", []),
-        ("x / 1", []),
-        ("transpose(transpose(x))", []),
+        # x itself, which the function returns as a copy: a reshape to its own dims
+        ("x * 1.0", ["reshape"]),
+        ("1.0 * x + 0.0", ["reshape"]),
+        ("x / 1", ["reshape"]),
+        ("transpose(transpose(x))", ["reshape"]),
         # a product that no kernel computes: a copy, then a swap of [B*A, C]
         (
             "transpose(transpose(x, (1, 0, 2)), (2, 0, 1))",
@@ -320,11 +329,11 @@ def test_pass_order() -> None:
             "transpose(x, (1, 0, 2)) @ transpose(x, (1, 0, 2)).T",
             ["transpose", "transpose", "matmul"],
         ),
-        ("cast(x, f32)", []),
+        ("cast(x, f32)", ["reshape"]),
         ("cast(cast(x, f32), bf16)", ["cast"]),
         ("x * 2.0", ["mul"]),
         ("x.to(bf16)", ["cast"]),
-        ("x.to(f32)", []),
+        ("x.to(f32)", ["reshape"]),
         ("x @ x.T", ["matmul"]),
         ("sum(x, axis=1)", ["transpose", "sum"]),
         ("sum(x.T, axis=1)", ["sum"]),
@@ -506,6 +515,12 @@ def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> 
             [("elementwise", ["relu"]), ("elementwise", ["mul"]), ("reduction", ["sum"]),
              ("elementwise", ["add"])],
         ),
+        # the epilogue of the sum has no d, which its prologue computes: d is written
+        (
+            "    d = x - 1.0\n    return d / (sum(d * d, axis=-1, keepdims=True) + 1.0)\n",
+            [("elementwise", ["add"]), ("reduction", ["mul", "sum", "add"]),
+             ("elementwise", ["div"])],
+        ),
         # the reader that widens s starts a kernel that reads s from memory, so the
         # other reader cannot compute in s's kernel either
         (
@@ -652,3 +667,101 @@ def scale(x: Tensor["N", f32], *, by: float = 2, shift: int = 3,
     text = tessera.compile(src, filename="g.tsr").inspect_ir("graph")
     assert "param %by : float = 2.0 keyword-only" in text
     assert "param %on : bool = True keyword-only" in text
+
+
+@pytest.mark.parametrize("size", ["N", "x.shape[1]", "float(N)"])
+def test_a_size_in_arithmetic_with_a_float_tensor_is_read_as_a_float(size: str) -> None:
+    text = f"@kernel\ndef f(x: Tensor['M', 'N', f32]):\n    return x / {size}\n"
+    to_float, div = graph(text).functions[0].body.ops
+    assert (to_float.kind, to_float.attr("dim")) == ("dim_to_float", Dim.sym("N"))
+    assert (div.kind, div.operands[1]) == ("div", to_float.result)
+
+
+@pytest.mark.parametrize(
+    "expr", ["transpose(x, (0, 1)) + 1.0", "transpose(v, (0,)) + 1.0", "transpose(sum(v), ())"]
+)
+def test_a_transpose_that_moves_no_axis_is_its_operand(expr: str) -> None:
+    text = f"@kernel\ndef f(x: Tensor['M', 'N', f32], v: Tensor['N', f32]):\n    return {expr}\n"
+    assert "transpose" not in kinds(graph(text))
+
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        ("sqrt(sum(v * v))", [("reduction", ["reshape", "mul", "sum", "sqrt", "reshape"])]),
+        ("v / max(abs(v))", [("reduction", ["reshape", "abs", "max"]), ("elementwise", ["div"])]),
+        ("x * s + 1.0", [("elementwise", ["reshape", "mul", "add"])]),
+        ("sum(v)[None] * v", [("reduction", ["reshape", "sum"]), ("elementwise", ["mul"])]),
+    ],
+)
+def test_elementwise_ops_on_a_0d_tensor_compute_on_its_one_element(
+    expr: str, expected: list
+) -> None:
+    text = (
+        "@kernel\ndef f(x: Tensor['M', 'N', f32], v: Tensor['N', f32], s: Tensor[f32]):\n"
+        f"    return {expr}\n"
+    )
+    assert groups(text) == expected
+
+
+ROWS = "@kernel\ndef f(x: Tensor['M', 'N', f32], w: Tensor['N', f32], b: Tensor['N', f32],\n"
+
+
+@pytest.mark.parametrize(
+    "body, kind, attrs",
+    [
+        (
+            "    e = exp(x - max(x, axis=-1, keepdims=True))\n"
+            "    return e / sum(e, axis=-1, keepdims=True)\n",
+            "softmax_safe", {"axis": 1},
+        ),
+        ("    return exp(x) / sum(exp(x), axis=-1, keepdims=True)\n", "softmax", {"axis": 1}),
+        (  # Llama's RMSNorm
+            "    return w * (x * rsqrt(mean(x ** 2, axis=-1, keepdims=True) + 1e-6))\n",
+            "rmsnorm", {"eps": 1e-6, "weight": True},
+        ),
+        (
+            "    return x / sqrt(1e-6 + mean(x * x, axis=-1, keepdims=True))\n",
+            "rmsnorm", {"eps": 1e-6, "weight": False},
+        ),
+        (
+            "    d = x - mean(x, axis=-1, keepdims=True)\n"
+            "    return d * rsqrt(mean(d * d, axis=-1, keepdims=True) + 1e-5) * w + b\n",
+            "layernorm", {"eps": 1e-5, "weight": True, "bias": True},
+        ),
+        (
+            "    m = mean(x, axis=-1, keepdims=True)\n"
+            "    return (x - m) / sqrt(mean((x - m) ** 2, axis=-1, keepdims=True) + 1e-5) * w\n",
+            "layernorm", {"eps": 1e-5, "weight": True, "bias": False},
+        ),
+    ],
+)  # fmt: skip
+def test_softmax_and_norms_written_out_are_the_library_ops(
+    body: str, kind: str, attrs: dict
+) -> None:
+    function = graph(ROWS + "      eps: float, y: Tensor['M', 'N', bf16]):\n" + body).functions[0]
+    (op,) = function.body.ops
+    assert (op.kind, dict(op.attrs)) == (kind, attrs)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # e is read by another op too
+        "    e = exp(x - max(x, axis=-1, keepdims=True))\n"
+        "    return e / sum(e, axis=-1, keepdims=True) + e\n",
+        # bf16 ops round after each op; the library's compute in f32
+        "    e = exp(y)\n    return e / sum(e, axis=-1, keepdims=True)\n",
+        # over the rows' axis, not along them
+        "    e = exp(x)\n    return e / sum(e, axis=0, keepdims=True)\n",
+        # eps is a parameter, not a constant
+        "    return x * rsqrt(mean(x * x, axis=-1, keepdims=True) + eps)\n",
+        # eps outside the root
+        "    return x / (sqrt(mean(x * x, axis=-1, keepdims=True)) + 1e-6)\n",
+        # the mean of other squares
+        "    return x * rsqrt(mean(x * w, axis=-1, keepdims=True) + 1e-6)\n",
+    ],
+)
+def test_what_only_looks_like_a_softmax_or_a_norm_stays_as_written(body: str) -> None:
+    found = kinds(graph(ROWS + "      eps: float, y: Tensor['M', 'N', bf16]):\n" + body))
+    assert not {"softmax", "softmax_safe", "rmsnorm", "layernorm"} & set(found)

@@ -34,7 +34,8 @@ A transpose that no product reads in place (``x.T + y``) is the library's
 ``transpose`` kernel, of square blocks; so is a tile kernel that loads its block with
 ``rows=T.n, cols=T.m`` (its ``T.n`` used to reach the generated code unset).
 
-A scalar computed from sizes or scalar parameters (``(a @ b) / sqrt(float(K))``) is
+A scalar computed from sizes or scalar parameters (``(a @ b) / sqrt(float(K))``, a
+size read by its name as in ``sum(d * d, axis=-1) / C``) is
 computed by each kernel that reads it: such a scalar used to be host-side work, which no
 backend ran. ``softmax(q @ k.T / sqrt(float(D))) @ v`` is ``flash_attention`` with its
 default scale.
@@ -44,6 +45,16 @@ the sum out of the library kernel: those were errors.
 
 A row kernel's op on a vector (``softmax(v)``, ``max(v)``, ``rmsnorm(v, w)``) runs on the
 one row of ``v`` as ``[1, N]``: those were errors.
+
+A softmax, an RMSNorm or a LayerNorm written out with reductions and elementwise ops
+(Llama's ``x * rsqrt(mean(x ** 2, ...) + eps) * w``) is the library's op: one kernel, where
+it was three or four.
+
+A function that returns a parameter as it is (``return x``, ``x * 1.0``) copies it: it
+had no entry point at all.
+
+An elementwise op on a 0-d tensor (``sqrt(sum(v * v))``, ``v / max(abs(v))``, a 0-d
+parameter) computes on it as ``[1]``: those were errors.
 
 A reshape reads the tensor in memory with the new dims, in the kernel that reads it:
 ``reshape`` had no kernel. So does a transpose that keeps the last axis (``[B, S, H, D]``
@@ -476,6 +487,25 @@ def gelu_written_out(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R
     return 0.5 * y * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
 
 @kernel
+def layernorm_written_out(x: Tensor["R", "C", f32], w: Tensor["C", f32],
+                          b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    d = x - mean(x, axis=-1, keepdims=True)
+    return d / sqrt(mean(d * d, axis=-1, keepdims=True) + 1e-5) * w + b
+
+@kernel
+def softmax_written_out(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", "C", f32]:
+    e = exp(x - max(x, axis=-1, keepdims=True))
+    return e / sum(e, axis=-1, keepdims=True)
+
+@kernel
+def llama_rmsnorm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return w * (x * rsqrt(mean(x ** 2, axis=-1, keepdims=True) + 1e-6))
+
+@kernel
+def returned_as_is(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return transpose(x * 1.0, (0, 1))
+
+@kernel
 def sum_of_squares(x: Tensor["N", f32]) -> Tensor[f32]:
     return sum(x * x)
 
@@ -483,6 +513,32 @@ def sum_of_squares(x: Tensor["N", f32]) -> Tensor[f32]:
 def row_energy(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
     y = x - 0.5
     return sum(y * y, axis=-1)
+
+@kernel
+def mean_squares(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    d = x - y
+    return sum(d * d, axis=-1) / C
+
+@kernel
+def vector_length(x: Tensor["N", f32]) -> Tensor[f32]:
+    return sqrt(sum(x * x))
+
+@kernel
+def absmax_scaled(x: Tensor["N", f32]) -> Tensor["N", f32]:
+    return x / max(abs(x))
+
+@kernel
+def mean_squared_error(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor[f32]:
+    d = x - y
+    return sum(d * d) / N
+
+@kernel
+def cosine_similarity(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor[f32]:
+    return sum(x * y) / (sqrt(sum(x * x)) * sqrt(sum(y * y)) + 1e-8)
+
+@kernel
+def times_a_0d(x: Tensor["R", "C", f32], s: Tensor[f32]) -> Tensor["R", "C", f32]:
+    return x * s + 1.0
 
 @kernel
 def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
@@ -517,6 +573,10 @@ RESHAPED = {
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
     "sum_of_squares": lambda x: (),
+    "vector_length": lambda x: (),
+    "absmax_scaled": lambda x: x.shape,
+    "mean_squared_error": lambda x, y: (),
+    "cosine_similarity": lambda x, y: (),
     "vector_norm": lambda x, w: x.shape,
     "split_heads": lambda x: (x.shape[0], x.shape[1] // 16, 16),
     "merged_rows": lambda x: (x.shape[0] * x.shape[1], x.shape[2]),
@@ -535,7 +595,8 @@ RESHAPED = {
     "pairs_swapped": lambda x: tuple(x.shape[i] for i in (1, 0, 3, 2)),
 }
 #: The functions whose result drops the last axis.
-REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "row_energy"}
+REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "row_energy",
+              "mean_squares"}  # fmt: skip
 
 
 @pytest.mark.compile
@@ -1040,6 +1101,8 @@ def test_scalars_computed_from_sizes(library: Any) -> None:
     want = softmax(f64(q) @ np.swapaxes(f64(k), -1, -2) / np.sqrt(24)) @ f64(v)
     out = f64(library.size_scaled_attention(q, k, v))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    want = ((f64(x) - f64(y)) ** 2).mean(axis=-1)  # the size read by its name, C
+    np.testing.assert_allclose(f64(library.mean_squares(x, y)), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.execute
@@ -1106,6 +1169,50 @@ def test_row_kernels_over_a_vector(library: Any) -> None:
     assert float(top) == f64(x).max()
     want = rmsnorm(x[None], w, 1e-6)[0] + 1
     np.testing.assert_allclose(f64(library.vector_norm(x, w)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_parameter_returned_as_it_is_is_copied(library: Any) -> None:
+    x = np.random.default_rng(54).standard_normal((37, 45), dtype=np.float32)
+    out = library.returned_as_is(x)
+    assert not np.shares_memory(out, x)
+    np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_softmax_and_norms_written_out(library: Any) -> None:
+    rng = np.random.default_rng(53)
+    x = rng.standard_normal((2, 19, 45), dtype=np.float32) * 4
+    w, b = rng.standard_normal((2, 45), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.softmax_written_out(x)), softmax(f64(x)), atol=1e-6)
+    out = f64(library.llama_rmsnorm(x, w))
+    np.testing.assert_allclose(out, rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    out = f64(library.layernorm_written_out(x[0], w, b))
+    np.testing.assert_allclose(out, layernorm(x[0], w, b, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_elementwise_ops_on_0d_tensors(library: Any) -> None:
+    rng = np.random.default_rng(52)
+    x, y = rng.standard_normal((2, 1000), dtype=np.float32)
+    checks = {
+        "vector_length": np.sqrt((f64(x) ** 2).sum()),
+        "mean_squared_error": ((f64(x) - f64(y)) ** 2).mean(),
+        "cosine_similarity": f64(x) @ f64(y) / (np.linalg.norm(f64(x)) * np.linalg.norm(f64(y))),
+    }
+    for name, want in checks.items():
+        got = getattr(library, name)(*((x,) if name == "vector_length" else (x, y)))
+        assert got.shape == (), name
+        np.testing.assert_allclose(float(got), want, rtol=1e-5, err_msg=name)
+    want = f64(x) / np.abs(f64(x)).max()
+    np.testing.assert_allclose(f64(library.absmax_scaled(x)), want, rtol=1e-6, atol=1e-7)
+    m = rng.standard_normal((37, 45), dtype=np.float32)
+    s = np.asarray(rng.standard_normal(), dtype=np.float32)
+    want = f64(m) * f64(s) + 1  # near 0 where m * s is near -1: an absolute tolerance too
+    np.testing.assert_allclose(f64(library.times_a_0d(m, s)), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.execute

@@ -385,13 +385,6 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
             ["4:12: error: a matmul of i8 operands has no tile kernel yet", "cast the operands"],
         ),
         (
-            '@kernel\ndef f(v: Tensor["N", f32]) -> Tensor[f32]:\n    return sum(v) * 2.0\n',
-            [
-                "3:12: error: mul of a 0-d tensor has no tile kernel yet: a 0-d result can be "
-                "returned as it is; keep its axis (keepdims=True) to compute with it"
-            ],
-        ),
-        (
             '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'
             "    y = x * 2.0\n"
             '    return all_reduce(y, op="sum")\n',
@@ -407,7 +400,7 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
             ],
         ),
     ],
-    ids=["integer-matmul", "0-d", "collective", "scalar-for-attention"],
+    ids=["integer-matmul", "collective", "scalar-for-attention"],
 )
 def test_what_no_kernel_runs_is_an_error_at_its_line_that_says_what_to_do(
     src: str, messages: list[str]

@@ -20,6 +20,10 @@
   the row kernel reads ``v`` where it lies. Elementwise ops that compute ``v`` and nothing
   else are computed on rows of their operands instead, so that they stay the row
   kernel's prologue (``softmax(v * 2.0)``).
+- An elementwise op on a 0-d tensor (``sqrt(sum(v * v))``, ``v / max(abs(v))``) reads it
+  as ``[1]``, reshaped (a view), and gives ``[1]``, reshaped back where its own result is
+  0-d: the kernel that computes the 0-d value takes the op as its epilogue, or the next
+  kernel loads the value broadcast, as it does a kept axis.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ from ..frontend.source import Span
 from .dims import Dim
 from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
-from .rewrite import Rewriter, map_functions, use_counts
+from .rewrite import Rewriter, map_functions, reader_counts
 from .types import ScalarType
 
 #: Row kernels that drop the last axis, and those that keep every axis.
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
 _ROW_MAPS = ("softmax", "softmax_safe")
 _NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
+#: Ops computed on each element alone; dropout's mask is drawn from the element's
+#: row-major position, which is 0 in ``[1]`` as in a 0-d tensor.
+_ELEMENTWISE = ELEMENTWISE_MATH | {"dropout"}
 
 __all__ = ["canonicalize"]
 
@@ -173,14 +180,14 @@ def _of_vectors(function: Function) -> Function:
     """Row kernels' ops on a vector as ops on its one row (the module's last rule)."""
     ops: list[Op] = []
     producers = {r.id: op for op in function.body.ops for r in op.results}
-    uses = use_counts(function.body)
+    readers = reader_counts(function.body)
     for op in function.body.ops:
         x = op.operands[0] if op.operands else None
         if op.kind not in (*_ROW_REDUCTIONS, *_ROW_MAPS, *_NORMS) or x is None or x.type.rank != 1:
             ops.append(op)
             continue
         row = (Dim.const(1), x.type.dims[0])
-        matrix = _as_row(x, row, ops, producers, uses, op.span, {})
+        matrix = _as_row(x, row, ops, producers, readers, op.span, {})
         result = op.result.type
         if op.kind not in _ROW_REDUCTIONS:
             dims = row
@@ -197,37 +204,61 @@ def _of_vectors(function: Function) -> Function:
 
 def _as_row(
     value: Value, row: tuple[Dim, Dim], ops: list[Op], producers: dict[int, Op],
-    uses: dict[int, int], span: Span | None, reshaped: dict[int, Value],
+    readers: dict[int, int], span: Span | None, done: dict[int, Value],
 ) -> Value:  # fmt: skip
     """``value``, a vector, as its one row: the elementwise ops that compute it and
     nothing else computed again on rows of their operands (``softmax(v * 2.0)``'s
     product), so that the row kernel computes them where it loads, else a reshape. The
-    ops on the vector, now unread, go in ``simplify``. A vector read twice (``x * x``)
-    is reshaped once, in ``reshaped``: two views of one tensor in a kernel would make
-    fusion copy it."""
+    ops on the vector, now unread, go in ``simplify``. A vector that one op reads twice
+    (``d * d``) becomes a row once, in ``done``: two views of one tensor in a kernel would
+    make fusion copy it."""
     op = producers.get(value.id)
-    if value.id in reshaped:
-        return reshaped[value.id]
+    if value.id in done:
+        return done[value.id]
     if (
-        op is None or op.kind not in ELEMENTWISE_MATH or op.effects or uses.get(value.id) != 1
+        op is None or op.kind not in ELEMENTWISE_MATH or op.effects or readers.get(value.id) != 1
         or any(not isinstance(v.type, ScalarType) and v.type.dims != value.type.dims
                for v in op.operands)
     ):  # fmt: skip
         out = new_value(value.type.with_(dims=row), None, span)
         ops.append(Op("reshape", (value,), (out,), (("shape", row),), span=span))
-        reshaped[value.id] = out
+        done[value.id] = out
         return out
     operands = tuple(
         v if isinstance(v.type, ScalarType)
-        else _as_row(v, row, ops, producers, uses, span, reshaped)
+        else _as_row(v, row, ops, producers, readers, span, done)
         for v in op.operands
     )  # fmt: skip
     out = new_value(op.result.type.with_(dims=row), op.result.name, op.span)
     ops.append(replace(op, operands=operands, results=(out,)))
+    done[value.id] = out
     return out
+
+
+def _zero_d_as_one(function: Function) -> Function:
+    """Elementwise ops on a 0-d tensor as ops on its one element, ``[1]`` (the module's
+    last rule): numpy broadcasting gives the same result, and kernels have no tile of
+    rank 0. A new axis on a 0-d tensor is a reshape."""
+    ops: list[Op] = []
+    for op in function.body.ops:
+        if op.kind == "expand_dims" and _zero_d(op.operands[0]):  # s[None]: a reshape
+            ops.append(replace(op, kind="reshape", attrs=(("shape", op.result.type.dims),)))
+            continue
+        if op.kind not in _ELEMENTWISE or not any(_zero_d(v) for v in op.operands):
+            ops.append(op)
+            continue
+        one = (Dim.const(1),)
+        operands = tuple(_reshaped(ops, v, one, op.span) if _zero_d(v) else v for v in op.operands)
+        _reshaped_into(ops, replace(op, operands=operands), op.result.type.dims or one, op.result)
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
+def _zero_d(value: Value) -> bool:
+    return not isinstance(value.type, ScalarType) and value.type.rank == 0
 
 
 def canonicalize(module: GraphModule) -> GraphModule:
     return map_functions(
-        module, lambda f: Rewriter(_rule).function(_of_vectors(_over_rows(_transposes(f))))
+        module,
+        lambda f: Rewriter(_rule).function(_zero_d_as_one(_of_vectors(_over_rows(_transposes(f))))),
     )

@@ -111,11 +111,14 @@ class Evaluator:
             return OpRef(name)
         if name in ("kernel", "verify", "jit", "autodiff"):
             raise SemanticError(f"'{name}' is a decorator, not a value", span)
+        if self.function is not None and name in self.function.dims:
+            return DimValue(self.function.dims[name])  # a size named by a parameter's type
         known = set(self.owner.globals) | set(CONSTANTS) | set(DTYPES) | set(ALIASES)
         known |= set(NAMESPACES) | {n for n, s in GRAPH_OPS.items() if s.level == "graph"}
         known |= set(BUILTINS)
         if self.function is not None:
             known |= {n for n, v in self.function.env.items() if not isinstance(v, Poison)}
+            known |= set(self.function.dims)
         raise SemanticError(f"unknown name '{name}'{did_you_mean(name, known)}", span)
 
     # -- expressions -------------------------------------------------------------
@@ -239,11 +242,35 @@ class Evaluator:
             raise SemanticError(
                 f"'{node.op}' is not supported on {describe(a)} and {describe(b)}", node.span
             )
-        if not any(
-            isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)) for v in (a, b)
-        ):
+        values = [v for v in (a, b) if isinstance(v, Value)]
+        left, right = (self._size_as_number(ev, values, node.span) for ev in (left, right))
+        if not any(isinstance(v.type, (TensorType, TileType)) for v in values):
             return self._scalar_arith(node, left, right)
         return self.call_op(GRAPH_OPS[_ARITH[node.op]], [left, right], [], node.span, node.op)
+
+    def _size_as_number(self, ev: Ev, values: list[Value], span: Span) -> Ev:
+        """A size in arithmetic with a float tensor or scalar (``x / N``, ``s * K``), as
+        the number ``float(N)``, which Python's arithmetic would make of it too."""
+        v = ev.value
+        if not isinstance(v, DimValue):
+            return ev
+        if not all(
+            t.type.kind == "float" if isinstance(t.type, ScalarType) else t.type.dtype.is_float
+            for t in values
+        ):
+            raise SemanticError(
+                f"a size in arithmetic with integers: write float({ev.text}) to compute in "
+                "floats, or pass the size as an int parameter",
+                ev.span,
+            )
+        return Ev(self._dim_as_float(v, span), ev.span, ev.text)
+
+    def _dim_as_float(self, v: DimValue, span: Span) -> Const | Value:
+        if v.dim.constant is not None:
+            return Const(float(v.dim.constant))
+        return self._runtime(span).emit(
+            "dim_to_float", (), (ScalarType("float"),), (("dim", v.dim),), (), span
+        )[0]
 
     def _dim_arith(self, node: ast.BinOp, left: Ev, right: Ev) -> DimValue:
         dims = []
@@ -570,13 +597,7 @@ class Evaluator:
                 shown = str(v.value) if len(str(v.value)) <= 20 else str(v.value)[:17] + "..."
                 raise SemanticError(f"{name}({shown}) is not a finite number", node.span) from None
         if isinstance(v, DimValue):
-            if name == "int":
-                return v
-            if v.dim.constant is not None:
-                return Const(float(v.dim.constant))
-            return self._runtime(node.span).emit(
-                "dim_to_float", (), (ScalarType("float"),), (("dim", v.dim),), (), node.span
-            )[0]
+            return v if name == "int" else self._dim_as_float(v, node.span)
         raise SemanticError(f"{name}() takes a number or a size, not {describe(v)}", args[0].span)
 
     def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:

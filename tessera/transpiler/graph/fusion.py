@@ -147,6 +147,9 @@ def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
 class _Kernel:
     kind: str
     ops: list[int] = field(default_factory=list)
+    #: the index of the op that the kernel is built around (a product, a reduction), whose
+    #: prologue values its epilogue cannot read; None for elementwise ops alone
+    anchor: int | None = None
 
 
 def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
@@ -161,7 +164,7 @@ def _fuse_function(function: Function) -> Function:
     if function.kind == "tile":
         ops = function.body.ops
         return replace(function, groups=(Group("k0", "tile", tuple(range(len(ops)))),))
-    function = replace(function, body=_scalars_per_reader(function.body))
+    function = replace(function, body=_scalars_per_reader(_returned_params_copied(function)))
     ops = function.body.ops
     if not ops:
         return function
@@ -186,6 +189,23 @@ def _fuse_function(function: Function) -> Function:
         shared -= escaped
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
+
+
+def _returned_params_copied(function: Function) -> Block:
+    """The body, where the function returns a tensor parameter as it is (``return x``,
+    ``x * 1.0`` once ``simplify`` is done, ``transpose(x, (0, 1))``), with a copy of it
+    returned instead: a reshape to its own dims, which is a kernel of its own. The caller
+    gets a result it owns, as from any other function, and the function a kernel."""
+    body = function.body
+    given = {p.value.id for p in function.params}
+    ops, yields = list(body.ops), []
+    for v in body.yields:
+        if v.id in given and isinstance(v.type, TensorType):
+            copy = new_value(v.type, None, v.span)
+            ops.append(Op("reshape", (v,), (copy,), (("shape", v.type.dims),), span=v.span))
+            v = copy
+        yields.append(v)
+    return Block(body.args, tuple(ops), tuple(yields))
 
 
 def _escaped(kernels: list[_Kernel], ops: tuple[Op, ...], readers: dict[int, set[int]]) -> set[int]:
@@ -216,6 +236,7 @@ def _kernels(
     which then all compute in the kernel that computes it."""
     kernels: list[_Kernel] = []
     kernel_of: dict[int, int] = {}  # value id -> kernel index
+    produced = {r.id: i for i, op in enumerate(ops) for r in op.results}
     #: value id -> indices of the ops that give it and go with its reader (a view, or a
     #: scalar computation with the ops it reads)
     views: dict[int, list[int]] = {}
@@ -257,13 +278,19 @@ def _kernels(
                     # a kept axis is stored as without it, and an epilogue's tensors are
                     # loaded as the result's tile: a reduction with keepdims takes numbers
                     # and scalars after it, and an op reading another tensor starts the
-                    # next kernel
+                    # next kernel; so does one that reads a value of the prologue
+                    # (``d / sqrt(mean(d * d))``), which the epilogue no longer has
                     kept = any(ops[i].attr("keepdims") for i in kernels[k].ops)
-                    if not (kept and _reads_another_tensor(op, k, kernel_of)):
+                    anchor = kernels[k].anchor
+                    prologue = anchor is not None and any(
+                        kernel_of.get(w.id) == k and produced[w.id] < anchor for w in op.operands
+                    )
+                    if not prologue and not (kept and _reads_another_tensor(op, k, kernel_of)):
                         target = k
                 elif cls in ("reduction", "layout") and kernels[k].kind == "elementwise":
                     target = k
                     kernels[k].kind = cls
+                    kernels[k].anchor = index
                 break
         sources = [kernel_of.get(v.id, -1) for i in viewed for v in ops[i].operands]
         if target is not None and any(k >= target for k in sources):
@@ -272,6 +299,8 @@ def _kernels(
             target = None
         if target is None:
             kernels.append(_Kernel(cls if cls != "other" else op.kind))
+            if cls != "elementwise":
+                kernels[-1].anchor = index
             target = len(kernels) - 1
         kernels[target].ops = sorted((*kernels[target].ops, *viewed, index))
         for result in op.results:

@@ -773,6 +773,8 @@ def _transpose(call: OpCall) -> object:
             raise call.error(
                 f"axes must be a permutation of 0..{rank - 1}, not {list(axes)}", at="axes"
             )
+    if perm == tuple(range(rank)):  # (0, 1) of a matrix, () of a 0-d tensor: x itself
+        return x
     dims = tuple(x.type.dims[i] for i in perm)
     return call.emit("transpose", (x,), TensorType(dims, x.type.dtype), attrs=(("perm", perm),))
 

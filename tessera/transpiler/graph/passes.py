@@ -8,6 +8,7 @@ from .attention import recognize_attention
 from .canonicalize import canonicalize
 from .fusion import fuse
 from .ir import GraphModule
+from .rows import recognize_rows
 from .simplify import simplify
 from .verify import VerifyError, verify
 
@@ -17,6 +18,7 @@ GraphPass = Callable[[GraphModule], GraphModule]
 
 #: (name, pass) in the order they run.
 GRAPH_PASSES: list[tuple[str, GraphPass]] = [
+    ("rows", recognize_rows),
     ("canonicalize", canonicalize),
     ("simplify", simplify),
     ("attention", recognize_attention),

@@ -72,6 +72,18 @@ def use_counts(block: Block) -> dict[int, int]:
     return counts
 
 
+def reader_counts(block: Block) -> dict[int, int]:
+    """How many ops of ``block`` read each value (one that reads it twice, ``v * v``,
+    counts once), and a yield of it as one more."""
+    counts: dict[int, int] = {}
+    for op in block.ops:
+        for v in {v.id for v in op.operands}:
+            counts[v] = counts.get(v, 0) + 1
+    for v in block.yields:
+        counts[v.id] = counts.get(v.id, 0) + 1
+    return counts
+
+
 def _uses(block: Block) -> set[int]:
     found = {v.id for v in block.yields}
     for op in block.ops:

@@ -237,6 +237,9 @@ class _FunctionAnalyzer:
         self.guards: list[Guard] = []
         self.with_attrs: list[str] = []
         self.param_spans: dict[int, tuple[str, Span]] = {}
+        #: the sizes the parameters' types name (``N`` of ``Tensor["N", f32]``), which the
+        #: body may read by name, as it may ``x.shape[0]``
+        self.dims: dict[str, Dim] = {}
         self.kind = "tile" if _calls_tile_context(node.body) else "graph"
         self.evaluator = Evaluator(owner, self)
         self.returned: tuple[Value, ...] | None = None
@@ -263,6 +266,8 @@ class _FunctionAnalyzer:
         return results
 
     def guard(self, kind: str, left: Dim, right: Dim, reason: str, span: Span) -> None:
+        if kind == "equal" and left.constant is not None and right.constant is None:
+            left, right = right, left  # a failed check names the size first: N = 33 breaks N == 1
         guard = Guard(kind, left, right, reason, span)
         if all((g.kind, g.left, g.right) != (kind, left, right) for g in self.guards):
             self.guards.append(guard)
@@ -472,6 +477,7 @@ class _FunctionAnalyzer:
             for dim in getattr(t, "dims", None) or ():
                 if dim.symbol is not None:
                     bare.add(dim.symbol)
+                    self.dims.setdefault(dim.symbol, dim)
         # An int parameter may give a size its value; any other parameter's name is its own.
         others = {p.value.name for p in params if p.value.type != ScalarType("int")}
         for param in params:

@@ -155,12 +155,6 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
 
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     """Why no library kernel can run this group, or None."""
-    zero_d = [op for op in ops for v in op.operands if getattr(v.type, "rank", None) == 0]
-    if zero_d:
-        return (
-            f"{zero_d[0].kind} of a 0-d tensor has no tile kernel yet: a 0-d "
-            "result can be returned as it is; keep its axis (keepdims=True) to compute with it"
-        )
     if anchor is None:
         if _chain(ops, ops[-1].result):
             return None  # the elementwise kernel's prologue
