@@ -4,9 +4,10 @@ Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` an
 ``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
 attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
-``scaled_dot_product_attention``; elementwise ops that read a value more than once,
-fused into one kernel (a GELU written out over 4096 x 4096, ``y * sigmoid(y)`` after an
-SGEMM 2048), against the same expressions in torch; and what a call costs beyond its
+``scaled_dot_product_attention``; model code written out, against the same expressions
+in torch: elementwise ops that read a value more than once, fused into one kernel (a
+GELU over 4096 x 4096, ``y * sigmoid(y)`` after an SGEMM 2048), and Llama's RMSNorm
+(which is the library's rmsnorm); and what a call costs beyond its
 kernel, 1000 calls of a 4 x 4 SGEMM against numpy's and torch's. Each case is timed
 interleaved with its peers, median of several runs after warm-up. Results go to
 ``bench/results/cpu.json``; a peer that is not installed is recorded as null.
@@ -51,6 +52,10 @@ def swish_sgemm(A: Tensor["M", "K", f32], B: Tensor["K", "N", f32]) -> Tensor["M
 def gelu_written_out(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
     y = x + b
     return 0.5 * y * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
+
+@kernel
+def rmsnorm_written_out(x: Tensor["R", "C", f32], w: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return w * (x * rsqrt(mean(x ** 2, axis=-1, keepdims=True) + 1e-6))
 
 @kernel
 def softmax_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
@@ -111,6 +116,10 @@ def _repeat(fn: Callable[..., object], *args: object) -> None:
 def _gelu_written_out(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     y = x + b
     return 0.5 * y * (1.0 + torch.tanh(0.7978845608 * (y + 0.044715 * y * y * y)))
+
+
+def _rmsnorm_written_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
 def _swish_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -193,6 +202,9 @@ def main() -> None:
     fused = {
         "gelu written out 4096x4096": (partial(lib.gelu_written_out, x, bias),
                                        partial(_gelu_written_out, tx, tb) if torch else None),
+        "rmsnorm written out 4096x4096": (partial(lib.rmsnorm_written_out, x, w),
+                                          partial(_rmsnorm_written_out, tx, tw)
+                                          if torch else None),
         f"sgemm {n} + y * sigmoid(y)": (partial(lib.swish_sgemm, a, b),
                                         partial(_swish_matmul, torch.from_numpy(a),
                                                 torch.from_numpy(b)) if torch else None),

@@ -14,9 +14,11 @@ from tessera.transpiler.graph.dims import Dim, DimSyntaxError, parse_dim
 from tessera.transpiler.graph.dtypes import DTYPES, promote
 from tessera.transpiler.graph.ir import Block, Function, GraphModule, Op
 from tessera.transpiler.graph.passes import GRAPH_PASSES, PassError, run_graph_passes
+from tessera.transpiler.graph.printer import value_names
 from tessera.transpiler.graph.sema import analyze
 from tessera.transpiler.graph.verify import VerifyError, verify
 from tessera.transpiler.options import Options
+from tessera.transpiler.schedule.ir import param_name
 
 from .conftest import SEEDS
 from .helpers import parse_ok
@@ -358,6 +360,7 @@ def test_simplification(body: str, expected: list[str]) -> None:
         ("x.softmax()", "softmax(x)"),
         ("x.exp().mean()", "mean(exp(x))"),
         ("x.clamp(max=1.0)", "minimum(x, 1.0)"),
+        ("x.pow(3) + 1.0", "x ** 3 + 1.0"),
     ],
 )
 def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:
@@ -765,3 +768,17 @@ def test_softmax_and_norms_written_out_are_the_library_ops(
 def test_what_only_looks_like_a_softmax_or_a_norm_stays_as_written(body: str) -> None:
     found = kinds(graph(ROWS + "      eps: float, y: Tensor['M', 'N', bf16]):\n" + body))
     assert not {"softmax", "softmax_safe", "rmsnorm", "layernorm"} & set(found)
+
+
+def test_kernels_take_every_value_by_a_name_of_its_own() -> None:
+    """A kernel takes ``%h.1`` as ``h_1`` and ``%0`` as ``t0``: the printer leaves those
+    names to the values that have them."""
+    text = (
+        "@kernel\ndef f(x: Tensor['N', f32], h_1: Tensor['N', f32], t0: Tensor['N', f32]):\n"
+        "    h = x * 2.0\n    h = h - max(h, keepdims=True) + h_1\n"
+        "    h = h * sum(h, keepdims=True)\n    return h + t0\n"
+    )
+    function = graph(text).functions[0]
+    printed = list(value_names(function).values())
+    assert len({param_name(p) for p in printed}) == len(printed)
+    assert "%h.1" not in printed and "%0" not in printed

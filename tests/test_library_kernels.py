@@ -79,6 +79,7 @@ import pytest
 
 import tessera
 
+from .conftest import ROOT
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import dropout, f64, gelu, layernorm, rmsnorm, rotary, softmax
 from .test_cuda import ARCHS, _nvcc, needs_gxx, needs_nvcc
@@ -548,7 +549,7 @@ def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "
         acc += tile.dot(tile.load(a, rows=T.m, cols=kb),
                         tile.transpose(tile.load(b, rows=T.n, cols=kb)))
     return acc
-"""
+""" + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
            ("hip", "gfx90a"), ("loader", "sm_80")]  # fmt: skip
@@ -1169,6 +1170,37 @@ def test_row_kernels_over_a_vector(library: Any) -> None:
     assert float(top) == f64(x).max()
     want = rmsnorm(x[None], w, 1e-6)[0] + 1
     np.testing.assert_allclose(f64(library.vector_norm(x, w)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_decoder_block_written_as_model_code(library: Any) -> None:
+    """``examples/decoder_block.tsr``: its residual ``x = x + ...`` rebinds a parameter's
+    name to a buffer that a later kernel reads (that buffer and the parameter had one
+    name in the generated code, which did not compile)."""
+    rng = np.random.default_rng(55)
+    s, c, f = 19, 128, 96
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    x = rng.standard_normal((s, c), dtype=np.float32)
+    norm1, norm2 = (1 + 0.1 * rng.standard_normal((2, c))).astype(np.float32)
+    wq, wk, wv, wo = (weight(c, c) for _ in range(4))
+    w1, w3, w2 = weight(c, f), weight(c, f), weight(f, c)
+
+    def heads(t: np.ndarray) -> np.ndarray:
+        return t.reshape(s, c // 64, 64).transpose(1, 0, 2)
+
+    h = rmsnorm(x, norm1, 1e-6)
+    q, k, v = (heads(h @ f64(w)) for w in (wq, wk, wv))
+    a = softmax(q @ k.transpose(0, 2, 1) / 8) @ v
+    x1 = f64(x) + a.transpose(1, 0, 2).reshape(s, c) @ f64(wo)
+    h = rmsnorm(x1, norm2, 1e-6)
+    g = h @ f64(w1)
+    want = x1 + (g / (1 + np.exp(-g)) * (h @ f64(w3))) @ f64(w2)
+    out = library.decoder_block(x, norm1, wq, wk, wv, wo, norm2, w1, w3, w2)
+    np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.execute

@@ -194,3 +194,14 @@ def row_sums(A: Tensor["M", "K", bf16], B: Tensor["K", "N", bf16]) -> Tensor["M"
 """
     (message,) = errors(text)
     assert message.startswith("'row_sums' computes a tile.dot but its result is 1-D")
+
+
+@pytest.mark.parametrize("arch, dtype, warps", [("sm_80", "f32", 8), ("sm_80", "bf16", 4),
+                                                ("sm_90a", "f32", 8)])  # fmt: skip
+def test_f32_operands_on_sm_80_spread_a_product_over_more_warps(
+    arch: str, dtype: str, warps: int
+) -> None:
+    """Their fragments take twice the registers: 128 accumulators a thread spilled."""
+    text = GEMM.replace("bf16 @accum(f32)", dtype).replace("bf16", dtype)
+    (launch,) = program("@kernel\n" + text, arch=arch).launches
+    assert (launch.tile("BM"), launch.tile("BN"), launch.warps) == (128, 128, warps)

@@ -30,7 +30,7 @@ kernels. Tile operations work on the tiles of one program instance, in tile kern
 function that calls `tile.context()`). Arithmetic operators work in both. Using one kind
 where the other belongs is an error that says so.
 
-The unary math, `clamp`, the reductions and the softmaxes are methods too, as in NumPy
+The unary math, `clamp`, `pow`, the reductions and the softmaxes are methods too, as in NumPy
 and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`, `x.abs().max()` is `max(abs(x))`; on a tile,
 `t.exp()` and `t.max(axis=1)` are the tile operations of those names. So are `x.T` (the
 last two axes swapped), `x.to(dtype)` (a cast) and `x.reshape(dims)`.

@@ -55,14 +55,22 @@ def name_values(params: list[Value], body: Block) -> dict[int, str]:
     names: dict[int, str] = {}
     used: dict[str, int] = {}
     counter = 0
+    # Kernels take %h.1 as h_1 and %3 as t3 (``schedule.ir.param_name``): a later
+    # definition of h is h.1 unless some value is named h_1, and an unnamed value is not
+    # numbered 3 where one is named t3.
+    taken = {v.name for v in _values(params, body)}
 
     def add(value: Value) -> None:
         nonlocal counter
         if value.name is None:
+            while f"t{counter}" in taken:
+                counter += 1
             text = str(counter)
             counter += 1
         else:
             count = used.get(value.name, 0)
+            while count and f"{value.name}_{count}" in taken:
+                count += 1
             used[value.name] = count + 1
             text = value.name if count == 0 else f"{value.name}.{count}"
         names[value.id] = "%" + text
@@ -80,6 +88,15 @@ def name_values(params: list[Value], body: Block) -> dict[int, str]:
         add(param)
     block(body.ops)
     return names
+
+
+def _values(params: list[Value], body: Block) -> list[Value]:
+    found = list(params)
+    for op in body.ops:
+        found += op.results
+        for region in op.regions:
+            found += _values(list(region.args), region)
+    return found
 
 
 class OpPrinter:

@@ -61,6 +61,20 @@ def head_dim_tile(problem: Problem) -> int:
     return max(16, -(-d // 16) * 16)
 
 
+#: f32 accumulators per thread that mma.sync kernels of f32 operands keep without spilling.
+_F32_OPERAND_ACCUMULATORS = 64
+
+
+def _warps(problem: Problem, hw: Hardware, accumulators: int, warps: int) -> int:
+    """The warps a tile of ``accumulators`` f32 values takes. On sm_80, f32 operands reach
+    mma.sync as fragments converted in registers, which hold twice what bf16 ones do: a
+    128 x 128 SGEMM tile on 4 warps (128 accumulators a thread) spilled 72 bytes, on 8
+    warps (64) none. Such tiles take as many warps as keep 64 a thread."""
+    if hw.target != "cuda" or hw.arch != "sm_80" or problem.bytes != 4:
+        return warps
+    return max(warps, accumulators // (_F32_OPERAND_ACCUMULATORS * hw.lanes))
+
+
 def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     """The heuristic's candidate schedules for a problem, best first when sizes are unknown."""
     vector = max(1, hw.vector_bytes // problem.bytes) if hw.kind == "gpu" else hw.lanes
@@ -70,7 +84,8 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     if kind == "gemm":
         return [
             {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),
-             "block_d": head_dim_tile(problem), "warps": w, "stages": s}
+             "block_d": head_dim_tile(problem), "warps": _warps(problem, hw, m * n, w),
+             "stages": s}
             for m, n, k, w, s in _GEMM[_family(hw)]
         ]  # fmt: skip
     if kind == "attention":
@@ -87,9 +102,10 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         variants += [(bm, bn, 1, max(1, w * bm // m))
                      for bm in (m // 2, m // 4) if bm >= 16 for bn in keys]  # fmt: skip
         return [
-            {**base, "block_m": bm, "block_n": bn, "block_d": d, "warps": wv, "stages": st}
+            {**base, "block_m": bm, "block_n": bn, "block_d": d,
+             "warps": _warps(problem, hw, bm * (d + bn), wv), "stages": st}
             for bm, bn, st, wv in variants
-        ]
+        ]  # fmt: skip
     if kind == "layout":
         # A transposing copy: a square block, whose rows are read and whose columns are
         # written whole lines at a time (64 f32 are four 64-byte lines).

@@ -68,9 +68,10 @@ class Launch:
 
 
 def param_name(printed: str) -> str:
-    """The name a kernel takes a Graph IR value by: its source name (``h`` for ``%h``
-    and for a later definition ``%h.1``), ``t3`` for an unnamed ``%3``."""
-    name = printed.removeprefix("%").split(".")[0]
+    """The name a kernel takes a Graph IR value by: its source name (``h`` for ``%h``,
+    ``h_1`` for a later definition ``%h.1``, which the printer never gives a name that
+    another value has), ``t3`` for an unnamed ``%3``."""
+    name = printed.removeprefix("%").replace(".", "_")
     return f"t{name}" if name[:1].isdigit() else name
 
 
