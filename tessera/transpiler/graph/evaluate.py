@@ -254,10 +254,11 @@ class Evaluator:
         v = ev.value
         if not isinstance(v, DimValue):
             return ev
-        if not all(
-            t.type.kind == "float" if isinstance(t.type, ScalarType) else t.type.dtype.is_float
+        if any(
+            t.type.kind == "int" if isinstance(t.type, ScalarType)
+            else isinstance(t.type, (TensorType, TileType)) and not t.type.dtype.is_float
             for t in values
-        ):
+        ):  # fmt: skip
             raise SemanticError(
                 f"a size in arithmetic with integers: write float({ev.text}) to compute in "
                 "floats, or pass the size as an int parameter",

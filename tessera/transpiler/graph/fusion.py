@@ -214,18 +214,13 @@ def _escaped(kernels: list[_Kernel], ops: tuple[Op, ...], readers: dict[int, set
     found = set()
     for kernel in kernels:
         inside = set(kernel.ops)
-        written = _last_result(ops[kernel.ops[-1]])
+        last = ops[kernel.ops[-1]]
+        written = last.results[0].id if last.results else None
         for i in kernel.ops:
             for r in ops[i].results:
                 if r.id != written and not readers.get(r.id, set()) <= inside:
                     found.add(r.id)
     return found
-
-
-def _last_result(op: Op) -> int | None:
-    if op.kind == "reshape":  # a kernel writes a reshape of its result as computed
-        return op.results[0].id
-    return op.results[0].id if op.results else None
 
 
 def _kernels(

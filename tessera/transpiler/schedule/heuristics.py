@@ -69,10 +69,12 @@ def _warps(problem: Problem, hw: Hardware, accumulators: int, warps: int) -> int
     """The warps a tile of ``accumulators`` f32 values takes. On sm_80, f32 operands reach
     mma.sync as fragments converted in registers, which hold twice what bf16 ones do: a
     128 x 128 SGEMM tile on 4 warps (128 accumulators a thread) spilled 72 bytes, on 8
-    warps (64) none. Such tiles take as many warps as keep 64 a thread."""
+    warps (64) none. Such tiles take twice the warps until they keep at most 64 a thread."""
     if hw.target != "cuda" or hw.arch != "sm_80" or problem.bytes != 4:
         return warps
-    return max(warps, accumulators // (_F32_OPERAND_ACCUMULATORS * hw.lanes))
+    while accumulators > warps * hw.lanes * _F32_OPERAND_ACCUMULATORS:
+        warps *= 2
+    return warps
 
 
 def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
