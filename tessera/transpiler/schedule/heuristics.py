@@ -65,14 +65,17 @@ def head_dim_tile(problem: Problem) -> int:
 _F32_OPERAND_ACCUMULATORS = 64
 
 
-def _warps(problem: Problem, hw: Hardware, accumulators: int, warps: int) -> int:
-    """The warps a tile of ``accumulators`` f32 values takes. On sm_80, f32 operands reach
-    mma.sync as fragments converted in registers, which hold twice what bf16 ones do: a
-    128 x 128 SGEMM tile on 4 warps (128 accumulators a thread) spilled 72 bytes, on 8
-    warps (64) none. Such tiles take twice the warps until they keep at most 64 a thread."""
+def _warps(problem: Problem, hw: Hardware, rows: int, accumulators: int, warps: int) -> int:
+    """The warps a tile of ``rows`` rows and ``accumulators`` f32 values takes. On sm_80,
+    f32 operands reach mma.sync as fragments converted in registers, which hold twice
+    what bf16 ones do: a 128 x 128 SGEMM tile on 4 warps (128 accumulators a thread)
+    spilled 72 bytes, on 8 warps (64) none, and so did attention's 128 x 64 block of
+    scores with a head dim of 64 (16 bytes). Such tiles take twice the warps until they
+    keep at most 64 a thread, up to 8 warps and 16 rows a warp (an mma's rows)."""
     if hw.target != "cuda" or hw.arch != "sm_80" or problem.bytes != 4:
         return warps
-    while accumulators > warps * hw.lanes * _F32_OPERAND_ACCUMULATORS:
+    most = max(warps, min(8, rows // hw.mma_m))
+    while warps < most and accumulators > warps * hw.lanes * _F32_OPERAND_ACCUMULATORS:
         warps *= 2
     return warps
 
@@ -86,7 +89,7 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     if kind == "gemm":
         return [
             {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),
-             "block_d": head_dim_tile(problem), "warps": _warps(problem, hw, m * n, w),
+             "block_d": head_dim_tile(problem), "warps": _warps(problem, hw, m, m * n, w),
              "stages": s}
             for m, n, k, w, s in _GEMM[_family(hw)]
         ]  # fmt: skip
@@ -105,7 +108,7 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
                      for bm in (m // 2, m // 4) if bm >= 16 for bn in keys]  # fmt: skip
         return [
             {**base, "block_m": bm, "block_n": bn, "block_d": d,
-             "warps": _warps(problem, hw, bm * (d + bn), wv), "stages": st}
+             "warps": _warps(problem, hw, bm, bm * (d + bn), wv), "stages": st}
             for bm, bn, st, wv in variants
         ]  # fmt: skip
     if kind == "layout":
