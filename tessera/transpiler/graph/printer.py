@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..frontend.printer import format_float
-from .ir import Block, Function, GraphModule, Op, Value
+from .ir import Block, Function, GraphModule, Op, Value, walk
 
 __all__ = ["print_graph", "value_names", "name_values", "OpPrinter", "format_attr"]
 
@@ -58,7 +58,9 @@ def name_values(params: list[Value], body: Block) -> dict[int, str]:
     # Kernels take %h.1 as h_1 and %3 as t3 (``schedule.ir.param_name``): a later
     # definition of h is h.1 unless some value is named h_1, and an unnamed value is not
     # numbered 3 where one is named t3.
-    taken = {v.name for v in _values(params, body)}
+    taken = {v.name for v in params}
+    for op in walk(body):
+        taken |= {v.name for v in op.results} | {a.name for r in op.regions for a in r.args}
 
     def add(value: Value) -> None:
         nonlocal counter
@@ -88,15 +90,6 @@ def name_values(params: list[Value], body: Block) -> dict[int, str]:
         add(param)
     block(body.ops)
     return names
-
-
-def _values(params: list[Value], body: Block) -> list[Value]:
-    found = list(params)
-    for op in body.ops:
-        found += op.results
-        for region in op.regions:
-            found += _values(list(region.args), region)
-    return found
 
 
 class OpPrinter:

@@ -90,7 +90,7 @@ class _Graph:
 
 
 def _row_op(op: Op, g: _Graph) -> Op | None:
-    for match in (_softmax, _normalized, _weighted, _biased):
+    for match in (_softmax, _normalized, _folded):
         found = match(op, g)
         if found is not None:
             return found
@@ -187,30 +187,25 @@ def _with_copies(pattern: list[Op], g: _Graph) -> list[Op]:
     return found
 
 
-def _weighted(op: Op, g: _Graph) -> Op | None:
-    """A norm without weight times a weight ``[N]``."""
-    if op.kind != "mul" or len(op.operands) != 2:
-        return None
-    for y, w in (op.operands, reversed(op.operands)):
-        norm = g.op(y, *_NORMS)
-        if norm is not None and not norm.attr("weight") and not norm.attr("bias"):
-            x = norm.operands[0]
-            if _f32(w) and w.type.dims == x.type.dims[-1:] and g.uses.get(y.id) == 1:
-                attrs = {**dict(norm.attrs), "weight": True}
-                return Op(norm.kind, (x, w), op.results, tuple(attrs.items()), span=op.span)
-    return None
+#: what an op folds into the norm that gives one operand: the norms it folds into,
+#: whether they have their weight already, and the operand it adds
+_FOLDS = {"mul": (_NORMS, False, "weight"), "add": (("layernorm",), True, "bias")}
 
 
-def _biased(op: Op, g: _Graph) -> Op | None:
-    """A layernorm with a weight and no bias plus a bias ``[N]``."""
-    if op.kind != "add" or len(op.operands) != 2:
+def _folded(op: Op, g: _Graph) -> Op | None:
+    """A norm without weight times a weight ``[N]``, or a layernorm with its weight and
+    no bias plus a bias ``[N]``."""
+    fold = _FOLDS.get(op.kind)
+    if fold is None or len(op.operands) != 2:
         return None
-    for y, b in (op.operands, reversed(op.operands)):
-        norm = g.op(y, "layernorm")
-        if norm is not None and norm.attr("weight") and not norm.attr("bias"):
-            x = norm.operands[0]
-            if _f32(b) and b.type.dims == x.type.dims[-1:] and g.uses.get(y.id) == 1:
-                attrs = {**dict(norm.attrs), "bias": True}
-                return Op("layernorm", (*norm.operands, b), op.results, tuple(attrs.items()),
-                          span=op.span)  # fmt: skip
+    kinds, weighted, given = fold
+    for y, p in (op.operands, reversed(op.operands)):
+        norm = g.op(y, *kinds)
+        if norm is None or norm.attr("weight") != weighted or norm.attr("bias"):
+            continue
+        x = norm.operands[0]
+        if _f32(p) and p.type.dims == x.type.dims[-1:] and g.uses.get(y.id) == 1:
+            attrs = {**dict(norm.attrs), given: True}
+            return Op(norm.kind, (*norm.operands, p), op.results, tuple(attrs.items()),
+                      span=op.span)  # fmt: skip
     return None
