@@ -580,6 +580,36 @@ def test_a_transpose_that_keeps_the_last_axis_is_loaded_by_its_reader() -> None:
     assert groups(text) == [("elementwise", ["transpose", "mul", "add"])]
 
 
+@pytest.mark.parametrize(
+    ("d", "result", "want"),
+    [
+        # heads split from [S, H*D] and merged back: one attention kernel, no copies
+        (64, "transpose(o, (1, 0, 2))",
+         [("attention", ["reshape", "transpose", "reshape", "transpose", "flash_attention",
+                         "transpose"])]),
+        # an op after the merge starts the next kernel, which reads it in memory
+        (64, "transpose(o, (1, 0, 2)) * 2.0",
+         [("attention", ["reshape", "transpose", "reshape", "transpose", "flash_attention",
+                         "transpose"]), ("elementwise", ["mul"])]),
+        # a head dim that is no multiple of 16: a wider tile would read the next head
+        (40, "transpose(o, (1, 0, 2))",
+         [("elementwise", ["reshape", "transpose"]), ("elementwise", ["reshape", "transpose"]),
+          ("attention", ["flash_attention"]), ("elementwise", ["transpose"])]),
+    ],
+)  # fmt: skip
+def test_attention_reads_and_writes_heads_where_they_lie(
+    d: int, result: str, want: list[tuple[str, list[str]]]
+) -> None:
+    text = (
+        f"@kernel\ndef f(x: Tensor['S', {4 * d}, f32], y: Tensor['S', {4 * d}, f32]):\n"
+        f"    q = transpose(x.reshape('S', 4, {d}), (1, 0, 2))\n"
+        f"    kv = transpose(y.reshape('S', 4, {d}), (1, 0, 2))\n"
+        "    o = flash_attention(q, kv, kv)\n"
+        f"    return {result}\n"
+    )
+    assert groups(text) == want
+
+
 def test_a_transpose_kernel_computes_the_ops_around_it() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['R', 'C', f32], y: Tensor['C', 'R', f32]):\n"

@@ -141,10 +141,6 @@ def decoder_block(
     t0 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
     t2 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
     t4 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
-    q = cupy.empty(max(1, 4 * C * S), dtype="uint8")
-    k = cupy.empty(max(1, 4 * C * S), dtype="uint8")
-    v = cupy.empty(max(1, 4 * C * S), dtype="uint8")
-    a = cupy.empty(max(1, 4 * C * S), dtype="uint8")
     t6 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
     x_1 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
     h_1 = cupy.empty(max(1, 4 * C * S), dtype="uint8")
@@ -180,69 +176,41 @@ def decoder_block(
     )
     _launch(
         "decoder_block_k4",
-        (-(-S // 4), C // 64),
-        128,
-        0,
-        (t0, q, cupy.int64(S), cupy.int64(C)),
-    )
-    _launch(
-        "decoder_block_k5",
-        (-(-S // 4), C // 64),
-        128,
-        0,
-        (t2, k, cupy.int64(S), cupy.int64(C)),
-    )
-    _launch(
-        "decoder_block_k6",
-        (-(-S // 4), C // 64),
-        128,
-        0,
-        (t4, v, cupy.int64(S), cupy.int64(C)),
-    )
-    _launch(
-        "decoder_block_k7",
         (-(-S // 128), C // 64),
         256,
         98304,
-        (q, k, v, a, cupy.int64(C), cupy.int64(S)),
+        (t0, t2, t4, t6, cupy.int64(S), cupy.int64(C)),
     )
     _launch(
-        "decoder_block_k8",
-        (-(-(C // 64) // 4), S),
-        128,
-        0,
-        (a, t6, cupy.int64(C), cupy.int64(S)),
-    )
-    _launch(
-        "decoder_block_k9",
+        "decoder_block_k5",
         (-(-C // 128), -(-S // 128)),
         256,
         49152,
         (t6, wo, x, x_1, cupy.int64(S), cupy.int64(C)),
     )
     _launch(
-        "decoder_block_k10",
+        "decoder_block_k6",
         (-(-S // 4),),
         128,
         0,
         (x_1, norm2, h_1, cupy.int64(S), cupy.int64(C)),
     )
     _launch(
-        "decoder_block_k11",
+        "decoder_block_k7",
         (-(-F // 128), -(-S // 128)),
         256,
         49152,
         (h_1, w1, t10, cupy.int64(S), cupy.int64(C), cupy.int64(F)),
     )
     _launch(
-        "decoder_block_k12",
+        "decoder_block_k8",
         (-(-F // 128), -(-S // 128)),
         256,
         49152,
         (h_1, w3, t10, t12, cupy.int64(S), cupy.int64(C), cupy.int64(F)),
     )
     _launch(
-        "decoder_block_k13",
+        "decoder_block_k9",
         (-(-C // 128), -(-S // 128)),
         256,
         49152,

@@ -706,60 +706,9 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
 }
-// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's elementwise)
+// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's flash_attention)
 
-static void decoder_block_k4_program(const float* t0, float* q, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(256);
-  float* const t = area + 0;
-  tsr::load_tile(t, 4, 64, t0, C, 4*pid_m, 64*pid_b0, S, C);
-  tsr::store_tile(q + (pid_b0) * (64*S), 64, 4*pid_m, 0, S, 64, t, 4, 64);
-}
-
-static void decoder_block_k4_launch(const float* t0, float* q, const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-  const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      decoder_block_k4_program(t0, q, S, C, pid_m, pid_b0);
-}
-// ---- decoder_block_k5: one program instance (launch k5 of decoder_block: the library's elementwise)
-
-static void decoder_block_k5_program(const float* t2, float* k, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(256);
-  float* const t = area + 0;
-  tsr::load_tile(t, 4, 64, t2, C, 4*pid_m, 64*pid_b0, S, C);
-  tsr::store_tile(k + (pid_b0) * (64*S), 64, 4*pid_m, 0, S, 64, t, 4, 64);
-}
-
-static void decoder_block_k5_launch(const float* t2, float* k, const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-  const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      decoder_block_k5_program(t2, k, S, C, pid_m, pid_b0);
-}
-// ---- decoder_block_k6: one program instance (launch k6 of decoder_block: the library's elementwise)
-
-static void decoder_block_k6_program(const float* t4, float* v, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(256);
-  float* const t = area + 0;
-  tsr::load_tile(t, 4, 64, t4, C, 4*pid_m, 64*pid_b0, S, C);
-  tsr::store_tile(v + (pid_b0) * (64*S), 64, 4*pid_m, 0, S, 64, t, 4, 64);
-}
-
-static void decoder_block_k6_launch(const float* t4, float* v, const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-  const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      decoder_block_k6_program(t4, v, S, C, pid_m, pid_b0);
-}
-// ---- decoder_block_k7: one program instance (launch k7 of decoder_block: the library's flash_attention)
-
-static void decoder_block_k7_program(const float* q, const float* k, const float* v, float* a, const tsr::i64 S, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
   float* const acc = area + 0;
   float* const m = area + 8192;
@@ -768,7 +717,7 @@ static void decoder_block_k7_program(const float* q, const float* k, const float
   float* const t_1 = area + 8192 + 128 + 128 + 16384;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  const float* const q_tile = q + (pid_b0) * (64*S) + (128*pid_m) * 64;
+  const float* const q_tile = t0 + (128*pid_m) * C + 64*pid_b0;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 8192, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
@@ -778,12 +727,12 @@ static void decoder_block_k7_program(const float* q, const float* k, const float
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 256); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    const float* const k_tile = k + (pid_b0) * (64*S) + (256*nblk) * 64;
+    const float* const k_tile = t2 + (256*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    const float* const v_tile = v + (pid_b0) * (64*S) + (256*nblk) * 64;
+    const float* const v_tile = t4 + (256*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 256, 64, tsr::live(256, S - 256*nblk), 64);
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), 64, 64, 256);
+    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0));
+    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0), C, 256);
     float* const s = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -796,7 +745,7 @@ static void decoder_block_k7_program(const float* q, const float* k, const float
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, 64, 128, 256, 64, tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64, tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0), s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -808,37 +757,20 @@ static void decoder_block_k7_program(const float* q, const float* k, const float
       t_3[i * 64 + j] = acc[i * 64 + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(a + (pid_b0) * (64*S), 64, 128*pid_m, 0, S, 64, t_3, 128, 64);
+  tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, C, t_3, 128, 64);
 }
 
-static void decoder_block_k7_launch(const float* q, const float* k, const float* v, float* a, const tsr::i64 C, const tsr::i64 S) {
+static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = (C)/64;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      decoder_block_k7_program(q, k, v, a, S, pid_m, pid_b0);
+      decoder_block_k4_program(t0, t2, t4, t6, S, C, pid_m, pid_b0);
 }
-// ---- decoder_block_k8: one program instance (launch k8 of decoder_block: the library's elementwise)
+// ---- decoder_block_k5: one program instance (launch k5 of decoder_block: the library's gemm)
 
-static void decoder_block_k8_program(const float* a, float* t6, const tsr::i64 C, const tsr::i64 S, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(256);
-  float* const t = area + 0;
-  tsr::load_tile(t, 4, 64, a, 64*S, 4*pid_m, 64*pid_b0, (C)/64, 64*S);
-  tsr::store_tile(t6 + (pid_b0) * (C), 64, 4*pid_m, 0, (C)/64, 64, t, 4, 64);
-}
-
-static void decoder_block_k8_launch(const float* a, float* t6, const tsr::i64 C, const tsr::i64 S) {
-  const tsr::i64 pid_m_count = tsr::ceil_div((C)/64, 4);
-  const tsr::i64 pid_b0_count = S;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      decoder_block_k8_program(a, t6, C, S, pid_m, pid_b0);
-}
-// ---- decoder_block_k9: one program instance (launch k9 of decoder_block: the library's gemm)
-
-static void decoder_block_k9_program(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -857,7 +789,7 @@ static void decoder_block_k9_program(const float* t6, const float* wo, const flo
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, x, C, 256*pid_m, 256*pid_n, S, C);
-  // decoder_block.tsr:21: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
+  // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
   float* const x_2 = t;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
@@ -868,17 +800,17 @@ static void decoder_block_k9_program(const float* t6, const float* wo, const flo
   tsr::store_tile(x_1, C, 256*pid_m, 256*pid_n, S, C, x_2, 256, 256);
 }
 
-static void decoder_block_k9_launch(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      decoder_block_k9_program(t6, wo, x, x_1, S, C, pid_n, pid_m);
+      decoder_block_k5_program(t6, wo, x, x_1, S, C, pid_n, pid_m);
 }
-// ---- decoder_block_k10: one program instance (launch k10 of decoder_block: the library's rmsnorm)
+// ---- decoder_block_k6: one program instance (launch k6 of decoder_block: the library's rmsnorm)
 
-static void decoder_block_k10_program(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C) + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
@@ -915,15 +847,15 @@ static void decoder_block_k10_program(const float* x_1, const float* norm2, floa
   tsr::store_tile(h_1, C, 4*pid_m, 0, S, C, normed_1, 4, C);
 }
 
-static void decoder_block_k10_launch(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    decoder_block_k10_program(x_1, norm2, h_1, S, C, pid_m);
+    decoder_block_k6_program(x_1, norm2, h_1, S, C, pid_m);
 }
-// ---- decoder_block_k11: one program instance (launch k11 of decoder_block: the library's gemm)
+// ---- decoder_block_k7: one program instance (launch k7 of decoder_block: the library's gemm)
 
-static void decoder_block_k11_program(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -940,7 +872,7 @@ static void decoder_block_k11_program(const float* h_1, const float* w1, float* 
     float* const acc_1 = acc;
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t = acc;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
@@ -951,17 +883,17 @@ static void decoder_block_k11_program(const float* h_1, const float* w1, float* 
   tsr::store_tile(t10, F, 256*pid_m, 256*pid_n, S, F, t, 256, 256);
 }
 
-static void decoder_block_k11_launch(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      decoder_block_k11_program(h_1, w1, t10, S, C, F, pid_n, pid_m);
+      decoder_block_k7_program(h_1, w1, t10, S, C, F, pid_n, pid_m);
 }
-// ---- decoder_block_k12: one program instance (launch k12 of decoder_block: the library's gemm)
+// ---- decoder_block_k8: one program instance (launch k8 of decoder_block: the library's gemm)
 
-static void decoder_block_k12_program(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -980,7 +912,7 @@ static void decoder_block_k12_program(const float* h_1, const float* w3, const f
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, t10, F, 256*pid_m, 256*pid_n, S, F);
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t_1 = t;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
@@ -991,17 +923,17 @@ static void decoder_block_k12_program(const float* h_1, const float* w3, const f
   tsr::store_tile(t12, F, 256*pid_m, 256*pid_n, S, F, t_1, 256, 256);
 }
 
-static void decoder_block_k12_launch(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      decoder_block_k12_program(h_1, w3, t10, t12, S, C, F, pid_n, pid_m);
+      decoder_block_k8_program(h_1, w3, t10, t12, S, C, F, pid_n, pid_m);
 }
-// ---- decoder_block_k13: one program instance (launch k13 of decoder_block: the library's gemm)
+// ---- decoder_block_k9: one program instance (launch k9 of decoder_block: the library's gemm)
 
-static void decoder_block_k13_program(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -1020,7 +952,7 @@ static void decoder_block_k13_program(const float* t12, const float* w2, const f
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
   }
   tsr::load_tile(t, 256, 256, x_1, C, 256*pid_m, 256*pid_n, S, C);
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t_1 = t;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
@@ -1031,16 +963,16 @@ static void decoder_block_k13_program(const float* t12, const float* w2, const f
   tsr::store_tile(out, C, 256*pid_m, 256*pid_n, S, C, t_1, 256, 256);
 }
 
-static void decoder_block_k13_launch(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
+static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      decoder_block_k13_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);
+      decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);
 }
 
-// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3 -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6, k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9, k10 -> decoder_block_k10, k11 -> decoder_block_k11, k12 -> decoder_block_k12, k13 -> decoder_block_k13
+// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3 -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6, k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
 extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq, const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1, const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   std::vector<unsigned char> slot0(4*C*S);
   std::vector<unsigned char> slot1(4*C*S);
@@ -1052,10 +984,6 @@ extern "C" void tessera_decoder_block(const float* x, const float* norm1, const 
   float* const t0_buffer = reinterpret_cast<float*>(slot1.data());
   float* const t2_buffer = reinterpret_cast<float*>(slot2.data());
   float* const t4_buffer = reinterpret_cast<float*>(slot3.data());
-  float* const q_buffer = reinterpret_cast<float*>(slot0.data());
-  float* const k_buffer = reinterpret_cast<float*>(slot1.data());
-  float* const v_buffer = reinterpret_cast<float*>(slot2.data());
-  float* const a_buffer = reinterpret_cast<float*>(slot3.data());
   float* const t6_buffer = reinterpret_cast<float*>(slot0.data());
   float* const x_1_buffer = reinterpret_cast<float*>(slot1.data());
   float* const h_1_buffer = reinterpret_cast<float*>(slot0.data());
@@ -1065,14 +993,10 @@ extern "C" void tessera_decoder_block(const float* x, const float* norm1, const 
   decoder_block_k1_launch(h_buffer, wq, t0_buffer, S, C);
   decoder_block_k2_launch(h_buffer, wk, t2_buffer, S, C);
   decoder_block_k3_launch(h_buffer, wv, t4_buffer, S, C);
-  decoder_block_k4_launch(t0_buffer, q_buffer, S, C);
-  decoder_block_k5_launch(t2_buffer, k_buffer, S, C);
-  decoder_block_k6_launch(t4_buffer, v_buffer, S, C);
-  decoder_block_k7_launch(q_buffer, k_buffer, v_buffer, a_buffer, C, S);
-  decoder_block_k8_launch(a_buffer, t6_buffer, C, S);
-  decoder_block_k9_launch(t6_buffer, wo, x, x_1_buffer, S, C);
-  decoder_block_k10_launch(x_1_buffer, norm2, h_1_buffer, S, C);
-  decoder_block_k11_launch(h_1_buffer, w1, t10_buffer, S, C, F);
-  decoder_block_k12_launch(h_1_buffer, w3, t10_buffer, t12_buffer, S, C, F);
-  decoder_block_k13_launch(t12_buffer, w2, x_1_buffer, out, S, F, C);
+  decoder_block_k4_launch(t0_buffer, t2_buffer, t4_buffer, t6_buffer, S, C);
+  decoder_block_k5_launch(t6_buffer, wo, x, x_1_buffer, S, C);
+  decoder_block_k6_launch(x_1_buffer, norm2, h_1_buffer, S, C);
+  decoder_block_k7_launch(h_1_buffer, w1, t10_buffer, S, C, F);
+  decoder_block_k8_launch(h_1_buffer, w3, t10_buffer, t12_buffer, S, C, F);
+  decoder_block_k9_launch(t12_buffer, w2, x_1_buffer, out, S, F, C);
 }

@@ -462,58 +462,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
 }
 
-// ---- decoder_block_k4: launch k4 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, float* __restrict__ q_1, const long long S, const long long C) {
-  const int lid = (int)threadIdx.x;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  for (long long e = lid; e < 256; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (4*pid_m + i < S) q_1[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t0[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k5: launch k5 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t2, float* __restrict__ k, const long long S, const long long C) {
-  const int lid = (int)threadIdx.x;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  for (long long e = lid; e < 256; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (4*pid_m + i < S) k[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t2[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k6: launch k6 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ t4, float* __restrict__ v, const long long S, const long long C) {
-  const int lid = (int)threadIdx.x;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  for (long long e = lid; e < 256; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (4*pid_m + i < S) v[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t4[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k7: launch k7 of decoder_block: the library's flash_attention
+// ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < C/64], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* __restrict__ q_1, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ a, const long long C, const long long S) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
-  (void)C;  // the grid's extent only
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
   float* const v_tile_smem = (float*)(tsr_smem + 24576);
-  const bool q_1_aligned = tsr_aligned16(q_1);
+  const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
   const int lane = lid % 64, wave = lid / 64;
-  const bool k_aligned = tsr_aligned16(k);
-  const bool v_aligned = tsr_aligned16(v);
+  const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
+  const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
   __shared__ float p_stage[2112];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -522,13 +482,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* 
   for (int e = lid; e < 1024; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (q_1_aligned) {
-      const int bytes = 64*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * 64 + j) : q_1, bytes);
+    if (t0_aligned) {
+      const int bytes = 64*pid_m + i < S && 64*pid_b0 + j < C ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((64*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_m + i < S ? q_1[((pid_b0) * S + 64*pid_m + i) * 64 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_m + i < S && 64*pid_b0 + j + q < C ? t0[(64*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -566,13 +526,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* 
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (k_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? k + (((pid_b0) * S + 32*nblk + i) * 64 + j) : k, bytes);
+      if (t2_aligned) {
+        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? k[((pid_b0) * S + 32*nblk + i) * 64 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -580,13 +540,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* 
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (v_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? v + (((pid_b0) * S + 32*nblk + i) * 64 + j) : v, bytes);
+      if (t4_aligned) {
+        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? v[((pid_b0) * S + 32*nblk + i) * 64 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -594,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; kk += 2) {
+    for (int kk = 0; kk < 64 && kk < C - 64*pid_b0; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 1; ++fm) {
         const float a_frag = q_tile_smem[(wave * 32 + fm * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
@@ -717,27 +677,14 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k7(const float* 
       const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S) a[((pid_b0) * S + 64*pid_m + i) * 64 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
+      if (64*pid_m + i < S && 64*pid_b0 + j < C) t6[(64*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
     }
   }
 }
 
-// ---- decoder_block_k8: launch k8 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(C/64/4), pid_b0 < S], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ a, float* __restrict__ t6, const long long C, const long long S) {
-  const int lid = (int)threadIdx.x;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  for (long long e = lid; e < 256; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (4*pid_m + i < (C)/64) t6[((pid_b0) * (C)/64 + 4*pid_m + i) * 64 + j] = (4*pid_m + i < (C)/64 && 64*pid_b0 + j < 64*S ? a[(4*pid_m + i) * 64*S + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
+// ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
@@ -839,7 +786,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       }
     }
   }
-  // decoder_block.tsr:21: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
+  // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
@@ -852,9 +799,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
 }
 
-// ---- decoder_block_k10: launch k10 of decoder_block: the library's rmsnorm
+// ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k10(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
@@ -893,9 +840,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k10(const float*
   }
 }
 
-// ---- decoder_block_k11: launch k11 of decoder_block: the library's gemm
+// ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k11(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
@@ -997,7 +944,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k11(const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
@@ -1010,9 +957,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k11(const float*
   }
 }
 
-// ---- decoder_block_k12: launch k12 of decoder_block: the library's gemm
+// ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k12(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
@@ -1114,7 +1061,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k12(const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
@@ -1127,9 +1074,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k12(const float*
   }
 }
 
-// ---- decoder_block_k13: launch k13 of decoder_block: the library's gemm
+// ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k13(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
@@ -1231,7 +1178,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k13(const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll

@@ -313,62 +313,19 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   }
 }
 
-// ---- decoder_block_k4: launch k4 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k4(__global const float* restrict t0, __global float* restrict q_1, const long S, const long C) {
-  const int lid = get_local_id(0);
-  const long pid_m = get_group_id(0);
-  const long pid_b0 = get_group_id(1);
-  for (long e = lid; e < 256; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (4*pid_m + i < S) q_1[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t0[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k5: launch k5 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k5(__global const float* restrict t2, __global float* restrict k, const long S, const long C) {
-  const int lid = get_local_id(0);
-  const long pid_m = get_group_id(0);
-  const long pid_b0 = get_group_id(1);
-  for (long e = lid; e < 256; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (4*pid_m + i < S) k[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t2[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k6: launch k6 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(S/4), pid_b0 < C/64], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k6(__global const float* restrict t4, __global float* restrict v, const long S, const long C) {
-  const int lid = get_local_id(0);
-  const long pid_m = get_group_id(0);
-  const long pid_b0 = get_group_id(1);
-  for (long e = lid; e < 256; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (4*pid_m + i < S) v[((pid_b0) * S + 4*pid_m + i) * 64 + j] = (4*pid_m + i < S && 64*pid_b0 + j < C ? t4[(4*pid_m + i) * C + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k7: launch k7 of decoder_block: the library's flash_attention
+// ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < C/64], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k7(__global const float* restrict q_1, __global const float* restrict k, __global const float* restrict v, __global float* restrict a, const long C, const long S) {
+void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2, __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
   const int lid = get_local_id(0);
-  (void)C;  // the grid's extent only
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const k_tile_smem = (__local float*)(tsr_smem + 8192);
   __local float* const v_tile_smem = (__local float*)(tsr_smem + 16384);
-  const bool q_1_aligned = tsr_aligned16(q_1);
+  const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
   const int tx = lid % 16, ty = lid / 16;
-  const bool k_aligned = tsr_aligned16(k);
-  const bool v_aligned = tsr_aligned16(v);
+  const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
+  const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
   __local float tsr_rows[512];
   __local float p_stage[1056];
   const long pid_m = get_group_id(0);
@@ -378,12 +335,12 @@ void decoder_block_k7(__global const float* restrict q_1, __global const float* 
   for (int e = lid; e < 512; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (q_1_aligned) {
-      const int bytes = 32*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * 64 + j) : q_1, bytes);
+    if (t0_aligned) {
+      const int bytes = 32*pid_m + i < S && 64*pid_b0 + j < C ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S ? q_1[((pid_b0) * S + 32*pid_m + i) * 64 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S && 64*pid_b0 + j + q < C ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -409,12 +366,12 @@ void decoder_block_k7(__global const float* restrict q_1, __global const float* 
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (k_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? k + (((pid_b0) * S + 32*nblk + i) * 64 + j) : k, bytes);
+      if (t2_aligned) {
+        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? k[((pid_b0) * S + 32*nblk + i) * 64 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -422,12 +379,12 @@ void decoder_block_k7(__global const float* restrict q_1, __global const float* 
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (v_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? v + (((pid_b0) * S + 32*nblk + i) * 64 + j) : v, bytes);
+      if (t4_aligned) {
+        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? v[((pid_b0) * S + 32*nblk + i) * 64 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -435,7 +392,7 @@ void decoder_block_k7(__global const float* restrict q_1, __global const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; ++kk) {
+    for (int kk = 0; kk < 64 && kk < C - 64*pid_b0; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r) a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
       for (int c = 0; c < 2; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
@@ -527,29 +484,15 @@ void decoder_block_k7(__global const float* restrict q_1, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (32*pid_m + i < S) a[((pid_b0) * S + 32*pid_m + i) * 64 + j] = (acc[t] / l[r]);
+      if (32*pid_m + i < S && 64*pid_b0 + j < C) t6[(32*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
 
-// ---- decoder_block_k8: launch k8 of decoder_block: the library's elementwise
-// grid [pid_m < ceil(C/64/4), pid_b0 < S], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k8(__global const float* restrict a, __global float* restrict t6, const long C, const long S) {
-  const int lid = get_local_id(0);
-  const long pid_m = get_group_id(0);
-  const long pid_b0 = get_group_id(1);
-  for (long e = lid; e < 256; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (4*pid_m + i < (C)/64) t6[((pid_b0) * (C)/64 + 4*pid_m + i) * 64 + j] = (4*pid_m + i < (C)/64 && 64*pid_b0 + j < 64*S ? a[(4*pid_m + i) * 64*S + 64*pid_b0 + j] : 0.0f);
-  }
-}
-
-// ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
+// ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k9(__global const float* restrict t6, __global const float* restrict wo, __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
+void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo, __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -606,7 +549,7 @@ void decoder_block_k9(__global const float* restrict t6, __global const float* r
       }
     }
   }
-  // decoder_block.tsr:21: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
+  // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 8;
     for (int c = 0; c < 4; ++c) {
@@ -617,10 +560,10 @@ void decoder_block_k9(__global const float* restrict t6, __global const float* r
   }
 }
 
-// ---- decoder_block_k10: launch k10 of decoder_block: the library's rmsnorm
+// ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k10(__global const float* restrict x_1, __global const float* restrict norm2, __global float* restrict h_1, const long S, const long C) {
+void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2, __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -654,10 +597,10 @@ void decoder_block_k10(__global const float* restrict x_1, __global const float*
   }
 }
 
-// ---- decoder_block_k11: launch k11 of decoder_block: the library's gemm
+// ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k11(__global const float* restrict h_1, __global const float* restrict w1, __global float* restrict t10, const long S, const long C, const long F) {
+void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1, __global float* restrict t10, const long S, const long C, const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -714,7 +657,7 @@ void decoder_block_k11(__global const float* restrict h_1, __global const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 8;
     for (int c = 0; c < 4; ++c) {
@@ -725,10 +668,10 @@ void decoder_block_k11(__global const float* restrict h_1, __global const float*
   }
 }
 
-// ---- decoder_block_k12: launch k12 of decoder_block: the library's gemm
+// ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k12(__global const float* restrict h_1, __global const float* restrict w3, __global const float* restrict t10, __global float* restrict t12, const long S, const long C, const long F) {
+void decoder_block_k8(__global const float* restrict h_1, __global const float* restrict w3, __global const float* restrict t10, __global float* restrict t12, const long S, const long C, const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -785,7 +728,7 @@ void decoder_block_k12(__global const float* restrict h_1, __global const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 8;
     for (int c = 0; c < 4; ++c) {
@@ -796,10 +739,10 @@ void decoder_block_k12(__global const float* restrict h_1, __global const float*
   }
 }
 
-// ---- decoder_block_k13: launch k13 of decoder_block: the library's gemm
+// ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k13(__global const float* restrict t12, __global const float* restrict w2, __global const float* restrict x_1, __global float* restrict out, const long S, const long F, const long C) {
+void decoder_block_k9(__global const float* restrict t12, __global const float* restrict w2, __global const float* restrict x_1, __global float* restrict out, const long S, const long F, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -856,7 +799,7 @@ void decoder_block_k13(__global const float* restrict t12, __global const float*
       }
     }
   }
-  // decoder_block.tsr:23: return x + (silu(h @ w1) * (h @ w3)) @ w2
+  // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 8;
     for (int c = 0; c < 4; ++c) {

@@ -26,8 +26,9 @@ Triton-based compilers:
   earlier kernel's result) is a view: it joins the kernel of the one elementwise op
   that reads it, which loads the value there as broadcast along the new axis.
 - A transpose that keeps the last axis (``[S, H, D]`` as ``[H, S, D]``) is a view of the
-  same kind: the elementwise op that reads it loads the operand's rows where they lie.
-  One that no elementwise op reads alone is an elementwise kernel that copies.
+  same kind: the elementwise op that reads it loads the operand's rows where they lie,
+  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``).
+  One that no such op reads alone is an elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
   of any kind: that kernel reads the tensor with the new dims. A returned reshape of a
   kernel's result joins that kernel, which writes the result with the new dims.
@@ -143,6 +144,39 @@ def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
     return placed and all(reader_count.get(r.id) == 1 for r in op.results)
 
 
+def _read_in_place(reader: Op, view: Op) -> bool:
+    """Whether ``reader``'s kernel loads the view's tiles where they lie: attention reads
+    its q, k and v through a row permutation (heads split from ``[S, H*D]`` as
+    ``[H, S, D]``), a block of whole rows at a time."""
+    return (
+        reader.kind == "flash_attention"
+        and rows_permuted(view)
+        and view.result in reader.operands[:3]
+        and _whole_head_tiles(view.result.type)
+    )
+
+
+def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:
+    """Whether an attention kernel writes its result through ``op``, a row permutation of
+    it (heads merged back from ``[H, S, D]`` as ``[S, H, D]``), where nothing else reads
+    the result: the kernel stores each block of rows where it lies in the permuted
+    tensor, which then needs no copy."""
+    return (
+        kernel.kind == "attention"
+        and rows_permuted(op)
+        and ops[kernel.ops[-1]].results == (op.operands[0],)
+        and _whole_head_tiles(op.operands[0].type)
+    )
+
+
+def _whole_head_tiles(t: TensorType) -> bool:
+    """Whether attention's head-dim tile covers exactly the head dim of ``t``: it is the
+    head dim rounded up to 16, and a wider tile would read (or write) the next head's
+    columns of a tensor whose heads lie side by side."""
+    d = t.dims[-1].constant
+    return d is not None and d % 16 == 0
+
+
 @dataclass
 class _Kernel:
     kind: str
@@ -154,7 +188,11 @@ class _Kernel:
 
 def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
     """Whether elementwise ops may follow the kernel's anchor: a transpose's result is
-    one tile like a product's, but ``split_qkv`` has three."""
+    one tile like a product's, but ``split_qkv`` has three, and a kernel that writes its
+    result through a row permutation (``_stored_in_place``) has its last op stored."""
+    last = ops[kernel.ops[-1]]
+    if kernel.anchor is not None and last is not ops[kernel.anchor] and rows_permuted(last):
+        return False
     if kernel.kind == "layout":
         return all(ops[i].kind != "split_qkv" for i in kernel.ops)
     return kernel.kind in _TAKES_EPILOGUE
@@ -252,14 +290,22 @@ def _kernels(
                 own_kernel(indices)
             given = []
         viewed = sorted(i for indices in given for i in indices)
+        k = kernel_of.get(op.operands[0].id) if op.operands else None
+        if k is not None and uses[op.operands[0].id] == 1 and _stored_in_place(kernels[k], op, ops):
+            kernels[k].ops.append(index)
+            kernel_of[op.result.id] = k
+            continue
         if _placed_with_reader(op, reader_count):
             views[op.result.id] = [*viewed, index]
             continue
         cls = op_class(op)
         if cls != "elementwise":  # only an elementwise op loads other views where it reads them
-            for indices in [g for g in given if ops[g[-1]].kind != "reshape"]:
+            kept = [
+                g for g in given if ops[g[-1]].kind == "reshape" or _read_in_place(op, ops[g[-1]])
+            ]
+            for indices in [g for g in given if g not in kept]:
                 own_kernel(indices)
-            viewed = sorted(i for g in given if ops[g[-1]].kind == "reshape" for i in g)
+            viewed = sorted(i for g in kept for i in g)
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):

@@ -756,7 +756,9 @@ def _transpose(call: OpCall) -> object:
     """Permute dims: by default swap the last two; ``axes`` gives the full permutation.
     A swap of the last two is read in place by a product, else it is a kernel of 64 x 64
     blocks; a permutation that keeps the last axis (``(0, 2, 1, 3)``) is read in place by
-    the kernel that reads it, which loads each row where it lies. Any other is at most
+    an elementwise kernel, which loads each row where it lies, and so is one of
+    attention's q, k or v, or of its result, with a head dim that is a multiple of 16:
+    heads split and merged back cost no copy. Elsewhere it is a copy. Any other is at most
     two copies and one such swap, with the axes it keeps together merged
     (``transpose(x, (2, 0, 1))`` of ``[A, B, C]`` swaps ``[A*B, C]``: one kernel)."""
     x = call.tensor("x")

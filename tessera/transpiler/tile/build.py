@@ -24,7 +24,7 @@ from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
 from ..schedule.lower import TEMPLATES, template_of
 from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped, merged_rows
 from .ir import TileKernel, TileModule, TileProgram
-from .lower import KernelInput, lower_tile_function
+from .lower import KernelInput, View, lower_tile_function
 from .passes import run_tile_passes
 
 __all__ = ["tile_module", "ANCHORS"]
@@ -93,14 +93,19 @@ def _lower_launch(
             v = names[printed]
             rename[v.id] = new_value(v.type, _param_name(v, result, printed))
     ops = _views_as_params(kernel_order([function.body.ops[i] for i in group.ops]), rename)
-    params = tuple({v.id: v for v in rename.values()}.values())
     anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
+    views = _in_place(anchor, ops, rename)
+    ops = [op for op in ops if not rows_permuted(op)
+           or (op.result.id not in views and op.operands[0].id not in views)]  # fmt: skip
+    params = tuple({v.id: v for v in rename.values()}.values())
     problem = _unsupported(anchor, ops)
     if problem is not None:
         diags.error(problem, (anchor or ops[0]).span)
         return None
     template = (template_of(anchor) if anchor is not None else None) or "elementwise"
-    fn, given = instantiate(ops, anchor, template, params, rename, name, function.name, group.kind)
+    fn, given = instantiate(
+        ops, anchor, template, params, rename, views, name, function.name, group.kind
+    )
     if anchor is not None and anchor.attr("keepdims"):
         # The kept axis has one element: the kernel stores the result as without it,
         # into the same parameter.
@@ -128,29 +133,53 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
         for v in op.operands:
             readers.setdefault(v.id, []).append(op)
 
-    def retype(value: Value, t: TensorType) -> Value:
-        old = rename[value.id]
-        new = new_value(t, old.name)
-        rename.update((k, new) for k, v in list(rename.items()) if v is old)
-        return new
-
     kept = []
     for op in ops:
         source = op.operands[0] if op.kind == "reshape" or rows_permuted(op) else None
         if op.kind == "reshape" and source.id not in rename and op is ops[-1]:
-            retype(op.result, source.type)  # the group's result, written as computed
+            _retyped(rename, op.result, source.type)  # the group's result, written as computed
             continue
         if source is None or source.id not in rename or readers[source.id] != [op]:
             kept.append(op)
         elif op.kind == "transpose":
-            retype(source, merged_rows(source.type, op.attr("perm")))
+            _retyped(rename, source, merged_rows(source.type, op.attr("perm")))
             kept.append(op)
         elif op.result.id in rename:
-            retype(source, op.result.type)
+            _retyped(rename, source, op.result.type)
             kept.append(op)
         else:
-            rename[op.result.id] = retype(source, op.result.type)
+            rename[op.result.id] = _retyped(rename, source, op.result.type)
     return kept
+
+
+def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:
+    """The kernel parameter that ``value`` maps to, given type ``t`` in every mapping."""
+    old = rename[value.id]
+    new = new_value(t, old.name)
+    rename.update((k, new) for k, v in list(rename.items()) if v is old)
+    return new
+
+
+def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dict[int, View]:
+    """The tensors that fusion lets attention access through a row permutation, where
+    they lie, by value id: operands (q, k, v with heads split from ``[S, H*D]``), loaded
+    from the parameter the permutation reads; and the result it stores through one (the
+    heads merged back), by the id of the value stored, into the output parameter, whose
+    axes after the rows are then one (``merged_rows``)."""
+    if anchor is None or anchor.kind != "flash_attention":
+        return {}
+    views = {
+        op.result.id: View(op.result, rename[op.operands[0].id], op.attr("perm"))
+        for op in ops
+        if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
+    }
+    last = ops[-1]
+    if last is not anchor and rows_permuted(last) and last.operands[0].id not in rename:
+        perm = last.attr("perm")
+        inverse = tuple(perm.index(axis) for axis in range(len(perm)))
+        out = _retyped(rename, last.result, merged_rows(last.result.type, inverse))
+        views[last.operands[0].id] = View(last.operands[0], out, inverse)
+    return views
 
 
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:

@@ -32,7 +32,7 @@ from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType
 from ..options import Options
 from .ir import Access, Axis
-from .lower import KernelInput, Prologue
+from .lower import KernelInput, Prologue, View
 
 __all__ = [
     "TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped",
@@ -115,12 +115,14 @@ def stdlib_kernel(
 
 def instantiate(
     group_ops: list[Op], anchor: Op | None, template: str, params: tuple[Value, ...],
-    rename: dict[int, Value], name: str, function: str, kind: str,
+    rename: dict[int, Value], views: dict[int, View], name: str, function: str, kind: str,
 ) -> tuple[Function, KernelInput]:  # fmt: skip
     """The typed library kernel for a group, and how to lower it. ``rename`` maps the
     graph values the group reads and writes to the kernel's parameters; the last
-    parameter is the output. Without an ``anchor`` (a group of elementwise ops) the
-    kernel is ``elementwise`` and every op is its prologue."""
+    parameter is the output, unless ``views`` stores the group's result through one;
+    ``views`` also has the anchor's operands that the kernel reads where they lie.
+    Without an ``anchor`` (a group of elementwise ops) the kernel is ``elementwise`` and
+    every op is its prologue."""
     split = group_ops.index(anchor) if anchor is not None else len(group_ops)
     prologue, epilogue = group_ops[:split], group_ops[split + 1 :]
     if anchor is None:
@@ -151,9 +153,9 @@ def instantiate(
             build = chain_builder(prologue, rename)
             bind[param.value.id] = Prologue(new_value(tensor.type, param.value.name), build)
         else:
-            bind[param.value.id] = rename[tensor.id]
+            bind[param.value.id] = views.get(tensor.id) or rename[tensor.id]
     given = KernelInput(
-        name, function, params, bind, params[-1],
+        name, function, params, bind, views.get(group_ops[-1].result.id, params[-1]),
         chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
         template, kind,
     )  # fmt: skip
@@ -252,18 +254,8 @@ def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
 
 def rows_permuted_load(lowering: Any, source: Value, out: Access, perm: tuple[int, ...]) -> Value:
     """Load the rows of ``out`` (an access to the transpose's result) from ``source``,
-    the operand as ``merged_rows`` gives it. Each axis of the operand up to the rows is
-    read as the result's axis it moves to; the result's index axes that come from after
-    the rows pick a block of the merged columns."""
-    moved_to = {axis: at for at, axis in enumerate(perm)}
-    place = [out.axes[moved_to[axis]] for axis in range(len(perm))]
-    rows = perm[-2]
-    offset = Dim.const(0)
-    for axis in place[rows + 1 : -1]:
-        offset = offset * axis.extent + axis.offset
-    last = place[-1]
-    columns = Axis(offset * last.extent + last.offset, last.size, source.type.dims[-1])
-    access = Access((*place[: rows + 1], columns))
+    the operand as ``merged_rows`` gives it."""
+    access = out.rows_permuted(perm, source.type.dims[-1])
     sizes = tuple(a.size for a in access.tile_axes)
     (loaded,) = lowering.emit(
         "load", (source,), (TileType(sizes, source.type.dtype),), (("at", access),)

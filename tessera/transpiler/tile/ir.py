@@ -84,6 +84,23 @@ class Access:
         """The axes that become tile dims (the batch dims are indices)."""
         return tuple(a for a in self.axes if not a.index)
 
+    def rows_permuted(self, perm: tuple[int, ...], columns: Dim) -> Access:
+        """This access to ``transpose(x, perm)`` (a permutation that keeps the last axis)
+        as an access to ``x`` with the axes after ``perm[-2]``, the one that becomes the
+        rows, merged into ``columns``: each axis of ``x`` up to the rows is read as the
+        axis it moves to, and the index axes that come from after the rows pick a block
+        of the merged columns."""
+        moved_to = {axis: at for at, axis in enumerate(perm)}
+        place = [self.axes[moved_to[axis]] for axis in range(len(perm))]
+        rows = perm[-2]
+        offset = Dim.const(0)
+        for axis in place[rows + 1 : -1]:
+            offset = offset * axis.extent + axis.offset
+        last = place[-1]
+        return Access(
+            (*place[: rows + 1], Axis(offset * last.extent + last.offset, last.size, columns))
+        )
+
     def __str__(self) -> str:
         return "[" + ", ".join(str(a) for a in self.axes) + "]"
 

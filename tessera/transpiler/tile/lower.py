@@ -24,7 +24,7 @@ from ..schedule.ir import Launch
 from .ir import Access, Axis, GridAxis, TileKernel
 from .rewrite import use_counts
 
-__all__ = ["KernelInput", "Prologue", "lower_tile_function", "TILE_NAMES"]
+__all__ = ["KernelInput", "Prologue", "View", "lower_tile_function", "TILE_NAMES"]
 
 #: The schedule's tile names, as a tile kernel's context calls them.
 TILE_NAMES = {
@@ -46,12 +46,29 @@ class Prologue:
 
 
 @dataclass(frozen=True)
+class View:
+    """A kernel operand read where it lies, through a transpose that keeps the last axis
+    (attention's heads split from ``[S, H*D]``). ``tensor`` has the operand's type (for
+    the place a load covers), ``source`` is the parameter that the transpose by ``perm``
+    permutes, with the axes after the rows merged (``instantiate.merged_rows``)."""
+
+    tensor: Value
+    source: Value
+    perm: tuple[int, ...]
+
+    def access(self, out: Access) -> Access:
+        """Where an access ``out`` to the operand lies in ``source``."""
+        return out.rows_permuted(self.perm, self.source.type.dims[-1])
+
+
+@dataclass(frozen=True)
 class KernelInput:
     """What a tile function is lowered with.
 
     ``bind`` maps each parameter of the tile function (by value id) to the
     kernel parameter it reads, to a constant for scalars fixed by a graph op,
-    or to a ``Prologue`` that computes the operand where it is loaded;
+    to a ``Prologue`` that computes the operand where it is loaded, or to a ``View``
+    that reads it where it lies;
     ``output`` is where the returned tile goes; ``epilogue`` builds the fused
     ops between the returned tile and the store.
     """
@@ -60,7 +77,7 @@ class KernelInput:
     function: str
     params: tuple[Value, ...]
     bind: dict[int, Any]
-    output: Value | None
+    output: Value | View | None
     epilogue: Callable[[_Lowering, Value, Access], Value] | None = None
     template: str = "tile_kernel"
     kind: str = "tile"
@@ -89,7 +106,8 @@ class _Lowering:
         # symbols: ids and counters take names that no size of the kernel has.
         self.taken = {s for p in given.params if isinstance(p.type, TensorType)
                       for d in p.type.dims for s in d.symbols()}  # fmt: skip
-        out = given.output.type if given.output is not None else _stored_type(function)
+        stored = given.output.tensor if isinstance(given.output, View) else given.output
+        out = stored.type if stored is not None else _stored_type(function)
         # The output's leading dims that the tile does not span (a row sum's tile spans
         # one of [B, S]; a gemm's two of [B, M, N]) are batch axes of the grid.
         spanned = _tile_rank(function)
@@ -157,7 +175,7 @@ class _Lowering:
     def run(self) -> Block:
         for param in self.function.params:
             bound = self.given.bind[param.value.id]
-            if isinstance(bound, Prologue):  # computed where it is loaded
+            if isinstance(bound, (Prologue, View)):  # computed, or read, where it is loaded
                 continue
             if isinstance(bound, Value):
                 self.values[param.value.id] = bound
@@ -171,10 +189,14 @@ class _Lowering:
         self.block(self.function.body.ops)
         if self.function.body.yields and self.given.output is not None:
             result = self.value(self.function.body.yields[0])
-            access = self.access(self.given.output, result.type.dims, None)
+            output = self.given.output
+            view = output if isinstance(output, View) else None
+            access = self.access(view.tensor if view else output, result.type.dims, None)
             if self.given.epilogue is not None:
                 result = self.given.epilogue(self, result, access)
-            self.emit("store", (self.given.output, result), (), (("at", access),), ("write",))
+            if view is not None:
+                output, access = view.source, view.access(access)
+            self.emit("store", (output, result), (), (("at", access),), ("write",))
         body = Block((), tuple(self.ops))
         uses = use_counts(body)
         # a keyword bound to a constant that only an inlined branch read is not needed
@@ -265,8 +287,11 @@ class _Lowering:
             access = self.access(computed.tensor, t.dims, op)
             self.values[op.result.id] = computed.build(self, None, access)
             return
-        src = self.value(op.operands[0])
-        access = self.access(src, t.dims, op)
+        if isinstance(computed, View):
+            src, access = computed.source, computed.access(self.access(computed.tensor, t.dims, op))
+        else:
+            src = self.value(op.operands[0])
+            access = self.access(src, t.dims, op)
         (self.values[op.result.id],) = self.emit(
             "load", (src,), (t,), (("at", access),), (), (), op.span, (op.result.name,)
         )
