@@ -1,7 +1,7 @@
 """Benchmark: the CPU backend against numpy (OpenBLAS) and PyTorch, in one process.
 
 Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` and
-``torch.matmul``; softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
+``torch.matmul``; softmax, log_softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
 attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
 ``scaled_dot_product_attention``; model code written out, against the same expressions
@@ -60,6 +60,10 @@ def rmsnorm_written_out(x: Tensor["R", "C", f32], w: Tensor["C", f32]) -> Tensor
 @kernel
 def softmax_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return softmax_safe(x, axis=-1)
+
+@kernel
+def log_softmax_rows(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return log_softmax(x, axis=-1)
 
 @kernel
 def layernorm_rows(x: Tensor["R", "C", f32], w: Tensor["C", f32],
@@ -180,6 +184,8 @@ def main() -> None:
     norms = {
         "softmax 4096x4096": (partial(lib.softmax_rows, x),
                               (lambda: torch.softmax(tx, -1)) if torch else None),
+        "log_softmax 4096x4096": (partial(lib.log_softmax_rows, x),
+                                  (lambda: torch.log_softmax(tx, -1)) if torch else None),
         "layernorm 4096x4096": (partial(lib.layernorm_rows, x, w, bias),
                                 (lambda: torch.nn.functional.layer_norm(tx, (4096,), tw, tb))
                                 if torch else None),

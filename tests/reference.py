@@ -151,6 +151,11 @@ def logsumexp(x: Any) -> np.ndarray:
     return (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[..., 0]
 
 
+def log_softmax(x: Any, axis: int = -1) -> np.ndarray:
+    d = f64(x) - f64(x).max(axis=axis, keepdims=True)
+    return d - np.log(np.exp(d).sum(axis=axis, keepdims=True))
+
+
 def rotary(x: Any, cos: Any, sin: Any) -> np.ndarray:
     x, c, s = f64(x), f64(cos), f64(sin)
     half = x.shape[-1] // 2
@@ -251,6 +256,9 @@ CASES = (
          lambda a: {"out": attention(a["q"], a["k"], a["v"], causal=True, scale=0.2)}),
     Case("tessera/stdlib/softmax.tsr", "softmax", lambda rng: {"x": _normal(rng, (R, C), scale=4)},
          lambda a: {"out": softmax(f64(a["x"]))}, 1e-5),
+    Case("tessera/stdlib/log_softmax.tsr", "log_softmax",
+         lambda rng: {"x": _normal(rng, (R, C), scale=30.0)},
+         lambda a: {"out": log_softmax(a["x"])}, 1e-5),
     Case("tessera/stdlib/layernorm.tsr", "layernorm",
          lambda rng: {"x": _normal(rng, (R, C)), "weight": _normal(rng, (C,)),
                       "bias": _normal(rng, (C,)), "eps": 1e-5, "with_weight": True,

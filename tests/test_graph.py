@@ -749,6 +749,21 @@ ROWS = "@kernel\ndef f(x: Tensor['M', 'N', f32], w: Tensor['N', f32], b: Tensor[
             "softmax_safe", {"axis": 1},
         ),
         ("    return exp(x) / sum(exp(x), axis=-1, keepdims=True)\n", "softmax", {"axis": 1}),
+        (
+            "    d = x - max(x, axis=-1, keepdims=True)\n"
+            "    return d - log(sum(exp(d), axis=-1, keepdims=True))\n",
+            "log_softmax", {"axis": 1},
+        ),
+        (
+            "    m = max(x, axis=-1, keepdims=True)\n"
+            "    return x - m - log(sum(exp(x - m), axis=-1, keepdims=True))\n",
+            "log_softmax", {"axis": 1},
+        ),
+        ("    return x - log(sum(exp(x), axis=-1, keepdims=True))\n", "log_softmax", {"axis": 1}),
+        (
+            "    return x - logsumexp_safe(x, axis=-1, keepdims=True)\n",
+            "log_softmax", {"axis": 1},
+        ),
         (  # Llama's RMSNorm
             "    return w * (x * rsqrt(mean(x ** 2, axis=-1, keepdims=True) + 1e-6))\n",
             "rmsnorm", {"eps": 1e-6, "weight": True},
@@ -793,11 +808,20 @@ def test_softmax_and_norms_written_out_are_the_library_ops(
         "    return x / (sqrt(mean(x * x, axis=-1, keepdims=True)) + 1e-6)\n",
         # the mean of other squares
         "    return x * rsqrt(mean(x * w, axis=-1, keepdims=True) + 1e-6)\n",
+        # the log of the sum of another tensor's exp
+        "    return x - log(sum(exp(x * 2.0), axis=-1, keepdims=True))\n",
+        # the shifted rows are read outside too
+        "    d = x - max(x, axis=-1, keepdims=True)\n"
+        "    return d - log(sum(exp(d), axis=-1, keepdims=True)) + d\n",
+        # the log of a sum, not of a sum of exp
+        "    return x - log(sum(x, axis=-1, keepdims=True))\n",
+        # bf16
+        "    return y - logsumexp_safe(y, axis=-1, keepdims=True)\n",
     ],
 )
 def test_what_only_looks_like_a_softmax_or_a_norm_stays_as_written(body: str) -> None:
     found = kinds(graph(ROWS + "      eps: float, y: Tensor['M', 'N', bf16]):\n" + body))
-    assert not {"softmax", "softmax_safe", "rmsnorm", "layernorm"} & set(found)
+    assert not {"softmax", "softmax_safe", "log_softmax", "rmsnorm", "layernorm"} & set(found)
 
 
 def test_kernels_take_every_value_by_a_name_of_its_own() -> None:

@@ -81,7 +81,7 @@ import tessera
 
 from .conftest import ROOT
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
-from .reference import dropout, f64, gelu, layernorm, rmsnorm, rotary, softmax
+from .reference import dropout, f64, gelu, layernorm, log_softmax, rmsnorm, rotary, softmax
 from .test_cuda import ARCHS, _nvcc, needs_gxx, needs_nvcc
 from .test_gpusim import _library
 from .test_hip import _hipcc_warning_free, needs_hipcc
@@ -103,6 +103,23 @@ def bmm_bf16(a: Tensor["B", "M", "K", bf16],
 @kernel
 def scores_softmax(x: Tensor["B", "H", "S", "T", f32]) -> Tensor["B", "H", "S", "T", f32]:
     return softmax(x, axis=-1)
+
+@kernel
+def log_probs(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return log_softmax(x * 2.0)
+
+@kernel
+def log_probs_written_out(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    m = max(x, axis=-1, keepdims=True)
+    return x - m - log(sum(exp(x - m), axis=-1, keepdims=True))
+
+@kernel
+def column_log_probs(x: Tensor["R", "C", bf16]) -> Tensor["R", "C", f32]:
+    return cast(log_softmax(x, axis=0), f32)
+
+@kernel
+def cross_entropy(x: Tensor["R", "C", f32], t: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    return -sum(t * log_softmax(x), axis=-1)
 
 @kernel
 def layer_norm(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
@@ -605,7 +622,7 @@ RESHAPED = {
 }
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "row_energy",
-              "mean_squares"}  # fmt: skip
+              "mean_squares", "cross_entropy"}  # fmt: skip
 
 
 @pytest.mark.compile
@@ -691,6 +708,27 @@ def test_batched_bf16_matmul(library: Any) -> None:
     b = rng.standard_normal((2, 45, 33)).astype(ml_dtypes.bfloat16)
     out = f64(library.bmm_bf16(a, b))
     np.testing.assert_allclose(out, f64(a) @ f64(b), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_log_softmax_keeps_rows_that_softmax_rounds_to_zero(library: Any) -> None:
+    """Rows spread over hundreds (softmax underflows to 0 for most of each row, so
+    ``log(softmax(x))`` is ``-inf`` there) and a ragged width; the op, the same written
+    out, over the other axis, and a classifier's loss."""
+    rng = np.random.default_rng(57)
+    x = rng.standard_normal((37, 301), dtype=np.float32) * 60
+    t = rng.random((37, 301), dtype=np.float32)
+    want = log_softmax(2 * f64(x))
+    assert (softmax(f64(x) * 2).astype(np.float32) == 0).any()
+    np.testing.assert_allclose(f64(library.log_probs(x)), want, rtol=1e-5, atol=1e-4)
+    out = f64(library.log_probs_written_out(x))
+    np.testing.assert_allclose(out, log_softmax(f64(x)), rtol=1e-5, atol=1e-4)
+    xb = (x / 30).astype(ml_dtypes.bfloat16)
+    want = log_softmax(f64(xb), axis=0).astype(ml_dtypes.bfloat16)  # the op's dtype
+    np.testing.assert_allclose(f64(library.column_log_probs(xb)), f64(want), rtol=1e-2)
+    want = -(f64(t) * log_softmax(f64(x))).sum(-1)
+    np.testing.assert_allclose(f64(library.cross_entropy(x, t)), want, rtol=1e-5)
 
 
 @pytest.mark.execute

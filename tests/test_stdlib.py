@@ -22,6 +22,7 @@ EXPECTED = {
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "gemm_nt": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),
+    "log_softmax": ("reduction", ["ceil(R/4)"]),
     "logsumexp": ("reduction", ["ceil(R/4)"]),
     "rmsnorm": ("reduction", ["ceil(R/4)"]),
     "rotary_embedding": ("reduction", ["ceil(S/4)"]),

@@ -40,7 +40,7 @@ from .types import ScalarType
 
 #: Row kernels that drop the last axis, and those that keep every axis.
 _ROW_REDUCTIONS = ("sum", "max", "mean", "logsumexp_safe")
-_ROW_MAPS = ("softmax", "softmax_safe")
+_ROW_MAPS = ("softmax", "softmax_safe", "log_softmax")
 _NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
 #: Ops computed on each element alone; dropout's mask is drawn from the element's
 #: row-major position, which is 0 in ``[1]`` as in a 0-d tensor.

@@ -68,7 +68,8 @@ _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 #: there is one.
 _METHODS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-    "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe", "logsumexp_safe",
+    "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe", "log_softmax",
+    "logsumexp_safe",
 )  # fmt: skip
 
 

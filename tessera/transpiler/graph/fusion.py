@@ -64,7 +64,7 @@ _ANCHORS = {
     "split_qkv": "layout",
 }
 _REDUCTIONS = {
-    "softmax", "softmax_safe", "logsumexp_safe", "layernorm", "layernorm_safe",
+    "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean",
 }  # fmt: skip
 _ELEMENTWISE = {

@@ -403,6 +403,17 @@ register("softmax", P("x"), P("axis", -1))(_softmax("softmax"))
 register("softmax_safe", P("x"), P("axis", -1))(_softmax("softmax_safe"))
 
 
+@register("log_softmax", P("x"), P("axis", -1))
+def _log_softmax(call: OpCall) -> object:
+    """``log(softmax(x))`` over ``axis`` (default: the last), as PyTorch's ``log_softmax``:
+    ``x - max(x) - log(sum(exp(x - max(x))))``, computed in f32, so it neither overflows
+    nor gives ``-inf`` where the softmax rounds to 0; same shape and dtype. The loss of
+    a classifier reads it (``-sum(t * log_softmax(logits))``)."""
+    x = _float_input(call, "x")
+    axis = call.axis("axis", x.type.rank)
+    return call.emit("log_softmax", (x,), elementwise_type(x), attrs=(("axis", axis),))
+
+
 @register("logsumexp_safe", P("x"), P("axis", -1), P("keepdims", False))
 def _logsumexp(call: OpCall) -> object:
     """``log(sum(exp(x)))`` over ``axis``, computed with the maximum subtracted first so it

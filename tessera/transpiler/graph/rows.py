@@ -1,4 +1,4 @@
-"""Softmax and the norms written with graph ops become the library's row ops.
+"""Softmax, log-softmax and the norms written with graph ops become the library's row ops.
 
 Model code often spells these out: Llama's RMSNorm is ``x * rsqrt(mean(x ** 2, axis=-1,
 keepdims=True) + eps) * w``, and a softmax ported from NumPy is ``e / sum(e, ...)`` of
@@ -9,6 +9,7 @@ the last axis and every reduction over it with ``keepdims=True``:
 
     softmax_safe:  e = exp(x - max(x)); e / sum(e)
     softmax:       e = exp(x); e / sum(e)
+    log_softmax:   d - log(sum(exp(d))), d = x - max(x) or x; x - logsumexp_safe(x)
     rmsnorm:       x * rsqrt(v) | rsqrt(v) * x | x / sqrt(v),  v = mean(x * x | x ** 2) + eps
     layernorm:     the same of d = x - mean(x): d * rsqrt(mean(d * d) + eps), ...
     weight, bias:  a norm without weight times a weight ``[N]`` (either side), a layernorm
@@ -90,7 +91,7 @@ class _Graph:
 
 
 def _row_op(op: Op, g: _Graph) -> Op | None:
-    for match in (_softmax, _normalized, _folded):
+    for match in (_softmax, _log_softmax, _normalized, _folded):
         found = match(op, g)
         if found is not None:
             return found
@@ -119,6 +120,31 @@ def _softmax(op: Op, g: _Graph) -> Op | None:
     if not _f32(x) or not g.closed(_with_copies(pattern, g), op):
         return None
     return Op(kind, (x,), op.results, (("axis", x.type.rank - 1),), span=op.span)
+
+
+def _log_softmax(op: Op, g: _Graph) -> Op | None:
+    """``d - log(sum(exp(d)))`` of ``d = x - max(x)`` or ``d = x``, and
+    ``x - logsumexp_safe(x)``: a classifier's loss as model code writes it."""
+    if op.kind != "sub" or len(op.operands) != 2:
+        return None
+    d, lse = op.operands
+    given = g.row(lse, "logsumexp_safe")
+    if given is not None:
+        pattern, x, part = [op, given], d, given.operands[0]
+    else:
+        log = g.op(lse, "log")
+        total = g.row(log.operands[0], "sum") if log is not None else None
+        exp = g.op(total.operands[0], "exp") if total is not None else None
+        if exp is None:
+            return None
+        pattern, x, part = [op, log, total, exp], d, exp.operands[0]
+        centred = g.centred(d, "max")
+        if centred is not None:
+            x = centred[0].operands[0]
+            pattern += centred
+    if not g.same(part, d) or not _f32(x) or not g.closed(_with_copies(pattern, g), op):
+        return None
+    return Op("log_softmax", (x,), op.results, (("axis", x.type.rank - 1),), span=op.span)
 
 
 def _normalized(op: Op, g: _Graph) -> Op | None:

@@ -44,7 +44,8 @@ _NOT_LAUNCHED = ("host", "collective")
 #: The kernel each graph op instantiates, by its op's kind; the ones with a library
 #: kernel in tessera/stdlib/ are the tile stage's anchors.
 TEMPLATES = {
-    "softmax": "softmax", "softmax_safe": "softmax", "logsumexp_safe": "logsumexp",
+    "softmax": "softmax", "softmax_safe": "softmax", "log_softmax": "log_softmax",
+    "logsumexp_safe": "logsumexp",
     "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",

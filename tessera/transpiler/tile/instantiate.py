@@ -45,6 +45,7 @@ TEMPLATE_PARAMS = {
     "gemm_nt": ("a", "b"),
     "flash_attention": ("q", "k", "v"),
     "softmax": ("x",),
+    "log_softmax": ("x",),
     "layernorm": ("x", "weight", "bias"),
     "rmsnorm": ("x", "weight"),
     "rotary_embedding": ("x", "cos", "sin"),
