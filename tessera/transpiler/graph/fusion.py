@@ -290,10 +290,14 @@ def _kernels(
                 own_kernel(indices)
             given = []
         viewed = sorted(i for indices in given for i in indices)
-        k = kernel_of.get(op.operands[0].id) if op.operands else None
-        if k is not None and uses[op.operands[0].id] == 1 and _stored_in_place(kernels[k], op, ops):
-            kernels[k].ops.append(index)
-            kernel_of[op.result.id] = k
+        source = kernel_of.get(op.operands[0].id) if op.operands else None
+        if (
+            source is not None
+            and uses[op.operands[0].id] == 1
+            and _stored_in_place(kernels[source], op, ops)
+        ):
+            kernels[source].ops.append(index)
+            kernel_of[op.result.id] = source
             continue
         if _placed_with_reader(op, reader_count):
             views[op.result.id] = [*viewed, index]

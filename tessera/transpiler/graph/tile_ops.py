@@ -237,7 +237,8 @@ def _tile_reduce(kind: str) -> Callable[[OpCall], object]:
 
     rule.__doc__ = (
         f"The {'maximum' if kind == 'max' else 'sum'} of a tile along ``axis``, which is "
-        "dropped: ``tile.max(s, axis=1)`` is the row maxima of ``s``."
+        f"dropped: ``tile.{kind}(s, axis=1)`` is the row "
+        f"{'maxima' if kind == 'max' else 'sums'} of ``s``."
     )
     return rule
 
