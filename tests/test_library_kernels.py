@@ -490,6 +490,17 @@ def heads_attention(x: Tensor["B", "S", "H", 64, bf16],
     return cast(transpose(o * 0.5, (0, 2, 1, 3)), f32)
 
 @kernel
+def fused_qkv_attention(x: Tensor["S", 128, f32],
+                        w: Tensor[128, 384, f32]) -> Tensor["S", 128, f32]:
+    q, k, v = split_qkv(x @ w, heads=2)
+    return transpose(flash_attention(q, k, v, causal=True), (1, 0, 2)).reshape("S", 128)
+
+@kernel
+def split_attention_bf16(qkv: Tensor["B", "S", 384, bf16]) -> Tensor["B", 4, "S", 32, f32]:
+    q, k, v = split_qkv(qkv, heads=4)
+    return cast(flash_attention(q, k, v), f32)
+
+@kernel
 def vector_softmax(x: Tensor["N", f32]) -> Tensor["N", f32]:
     return softmax(x * 2.0)
 
@@ -596,6 +607,8 @@ RESHAPED = {
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
     "multi_head": lambda x, *weights: x.shape,
     "heads_attention": lambda x, y: x.shape,
+    "fused_qkv_attention": lambda x, w: x.shape,
+    "split_attention_bf16": lambda qkv: (qkv.shape[0], 4, qkv.shape[1], 32),
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
     "sum_of_squares": lambda x: (),
@@ -1219,6 +1232,35 @@ def test_attention_reads_and_writes_heads_where_they_lie(library: Any) -> None:
     # the kernel rounds the probabilities to bf16 for the product, and its result
     want = (softmax(s) @ kv).transpose(0, 2, 1, 3) * 0.5
     out = f64(library.heads_attention(x, y))
+    np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_attention_reads_split_qkv_where_it_lies(library: Any) -> None:
+    """``split_qkv``'s q, k and v are the projection's columns ``[0, C)``, ``[C, 2C)`` and
+    ``[2C, 3C)``, each ``[S, H, D]`` with its heads moved in front, as GPT-2's code splits
+    them; the attention kernel reads them from the projection."""
+    rng = np.random.default_rng(58)
+
+    def split(qkv: np.ndarray, heads: int) -> list[np.ndarray]:
+        c = qkv.shape[-1] // 3
+        shape = (*qkv.shape[:-1], heads, c // heads)
+        return [np.moveaxis(qkv[..., i * c : (i + 1) * c].reshape(shape), -2, -3)
+                for i in range(3)]  # fmt: skip
+
+    x = rng.standard_normal((45, 128), dtype=np.float32)
+    w = (rng.standard_normal((128, 384)) / np.sqrt(128)).astype(np.float32)
+    q, k, v = split(f64(x) @ f64(w), 2)
+    s = q @ np.swapaxes(k, -1, -2) / 8
+    s[..., np.triu_indices(45, 1)[0], np.triu_indices(45, 1)[1]] = -np.inf
+    want = (softmax(s) @ v).transpose(1, 0, 2).reshape(45, 128)
+    out = f64(library.fused_qkv_attention(x, w))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    qkv = rng.standard_normal((2, 37, 384)).astype(ml_dtypes.bfloat16)
+    q, k, v = split(f64(qkv), 4)
+    want = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(32)) @ v
+    out = f64(library.split_attention_bf16(qkv))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
 
 

@@ -27,8 +27,9 @@ Triton-based compilers:
   that reads it, which loads the value there as broadcast along the new axis.
 - A transpose that keeps the last axis (``[S, H, D]`` as ``[H, S, D]``) is a view of the
   same kind: the elementwise op that reads it loads the operand's rows where they lie,
-  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``).
-  One that no such op reads alone is an elementwise kernel that copies.
+  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``,
+  or the three results of ``split_qkv``). One that no such op reads alone is an
+  elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
   of any kind: that kernel reads the tensor with the new dims. A returned reshape of a
   kernel's result joins that kernel, which writes the result with the new dims.
@@ -147,12 +148,27 @@ def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
 def _read_in_place(reader: Op, view: Op) -> bool:
     """Whether ``reader``'s kernel loads the view's tiles where they lie: attention reads
     its q, k and v through a row permutation (heads split from ``[S, H*D]`` as
-    ``[H, S, D]``), a block of whole rows at a time."""
+    ``[H, S, D]``), a block of whole rows at a time, and so from ``split_qkv``'s
+    projection (``_split_in_place``)."""
+    if view.kind == "split_qkv":
+        return reader.kind == "flash_attention" and reader.operands[:3] == view.results
     return (
         reader.kind == "flash_attention"
         and rows_permuted(view)
         and view.result in reader.operands[:3]
         and _whole_head_tiles(view.result.type)
+    )
+
+
+def _split_in_place(op: Op, ops: tuple[Op, ...], reader_count: dict[int, int]) -> bool:
+    """Whether the three results of ``split_qkv`` are the q, k and v of one attention and
+    read by nothing else: its kernel then reads each head's rows from the projection
+    ``[S, 3*H*D]``, where they lie, and no kernel splits it."""
+    if any(reader_count.get(r.id) != 1 for r in op.results):
+        return False
+    reader = next((o for o in ops if op.results[0] in o.operands), None)
+    return (
+        reader is not None and _read_in_place(reader, op) and _whole_head_tiles(op.results[0].type)
     )
 
 
@@ -299,6 +315,9 @@ def _kernels(
             kernels[source].ops.append(index)
             kernel_of[op.result.id] = source
             continue
+        if op.kind == "split_qkv" and _split_in_place(op, ops, reader_count):
+            views.update((r.id, [index]) for r in op.results)
+            continue
         if _placed_with_reader(op, reader_count):
             views[op.result.id] = [*viewed, index]
             continue
@@ -309,7 +328,7 @@ def _kernels(
             ]
             for indices in [g for g in given if g not in kept]:
                 own_kernel(indices)
-            viewed = sorted(i for g in kept for i in g)
+            viewed = sorted({i for g in kept for i in g})  # split_qkv gives three views
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):

@@ -599,8 +599,12 @@ def _rotary(call: OpCall) -> object:
 @register("split_qkv", P("qkv"), P("heads", keyword_only=True))
 def _split_qkv(call: OpCall) -> object:
     """Split a fused projection ``[..., S, C]`` into ``q, k, v``, each
-    ``[..., heads, S, C/(3*heads)]``. ``heads`` is an integer or an ``int`` parameter;
-    ``C`` must be a multiple of ``3*heads`` (checked at run time when not known)."""
+    ``[..., heads, S, C/(3*heads)]``: q is columns ``[0, C/3)`` read as ``[..., S, heads,
+    D]`` with the heads moved in front, k and v the next thirds, as GPT-2's code splits
+    them. ``heads`` is an integer or an ``int`` parameter; ``C`` must be a multiple of
+    ``3*heads`` (checked at run time when not known). ``flash_attention(q, k, v)`` reads
+    the three where they lie when the head dim is a constant multiple of 16; no other
+    reader has a kernel yet."""
     qkv = call.tensor("qkv")
     if qkv.type.rank < 2:
         raise call.error(f"'qkv' needs at least 2 dims; {call.shape_of('qkv')}", at="qkv")

@@ -49,7 +49,7 @@ TEMPLATES = {
     "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
-    "split_qkv": "split_qkv", "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
+    "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding",
 }  # fmt: skip
 

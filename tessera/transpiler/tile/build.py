@@ -95,8 +95,8 @@ def _lower_launch(
     ops = _views_as_params(kernel_order([function.body.ops[i] for i in group.ops]), rename)
     anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
     views = _in_place(anchor, ops, rename)
-    ops = [op for op in ops if not rows_permuted(op)
-           or (op.result.id not in views and op.operands[0].id not in views)]  # fmt: skip
+    ops = [op for op in ops if not (op.kind == "split_qkv" or rows_permuted(op))
+           or not ({r.id for r in op.results} | {op.operands[0].id}) & views.keys()]  # fmt: skip
     params = tuple({v.id: v for v in rename.values()}.values())
     problem = _unsupported(anchor, ops)
     if problem is not None:
@@ -173,6 +173,18 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
         for op in ops
         if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
     }
+    for op in ops:
+        if op.kind == "split_qkv" and op.operands[0].id in rename:
+            # q, k and v are [..., H, S, D] of the projection's rows [..., S, 3*H*D], side
+            # by side: the transposes of [..., S, H, D] at columns 0, H*D and 2*H*D
+            dims = op.results[0].type.dims
+            n = len(dims)
+            perm = (*range(n - 3), n - 2, n - 3, n - 1)
+            qkv = rename[op.operands[0].id]
+            views.update(
+                (r.id, View(r, qkv, perm, dims[-3] * dims[-1] * part))
+                for part, r in enumerate(op.results)
+            )
     last = ops[-1]
     if last is not anchor and rows_permuted(last) and last.operands[0].id not in rename:
         perm = last.attr("perm")
@@ -185,8 +197,15 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     """Why no library kernel can run this group, or None."""
     if anchor is None:
-        if _chain(ops, ops[-1].result):
+        if len(ops[-1].results) == 1 and _chain(ops, ops[-1].result):
             return None  # the elementwise kernel's prologue
+        if ops[-1].kind == "split_qkv":
+            return (
+                "no tile kernel splits a projection yet: flash_attention reads split_qkv's "
+                "q, k and v where they lie (q, k, v = split_qkv(qkv, heads=H) and then "
+                "flash_attention(q, k, v)) when the head dim is a constant multiple of 16; "
+                "otherwise project q, k and v with a product each (x @ wq, x @ wk, x @ wv)"
+            )
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
         return (
             f"no tile kernel implements a kernel of {kinds} yet; '--emit sched' shows its schedule"

@@ -48,17 +48,22 @@ class Prologue:
 @dataclass(frozen=True)
 class View:
     """A kernel operand read where it lies, through a transpose that keeps the last axis
-    (attention's heads split from ``[S, H*D]``). ``tensor`` has the operand's type (for
-    the place a load covers), ``source`` is the parameter that the transpose by ``perm``
-    permutes, with the axes after the rows merged (``instantiate.merged_rows``)."""
+    (attention's heads split from ``[S, H*D]``, or from ``split_qkv``'s ``[S, 3*H*D]``).
+    ``tensor`` has the operand's type (for the place a load covers), ``source`` is the
+    parameter that the transpose by ``perm`` permutes, with the axes after the rows
+    merged (``instantiate.merged_rows``)."""
 
     tensor: Value
     source: Value
     perm: tuple[int, ...]
+    #: where the permuted tensor's merged columns start in each row of ``source``
+    #: (``split_qkv``'s k and v lie after q)
+    column: Dim = Dim.const(0)  # noqa: RUF009 - a Dim is immutable
 
     def access(self, out: Access) -> Access:
         """Where an access ``out`` to the operand lies in ``source``."""
-        return out.rows_permuted(self.perm, self.source.type.dims[-1])
+        *axes, last = out.rows_permuted(self.perm, self.source.type.dims[-1]).axes
+        return Access((*axes, dataclasses.replace(last, offset=last.offset + self.column)))
 
 
 @dataclass(frozen=True)
