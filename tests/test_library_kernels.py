@@ -501,6 +501,20 @@ def split_attention_bf16(qkv: Tensor["B", "S", 384, bf16]) -> Tensor["B", 4, "S"
     return cast(flash_attention(q, k, v), f32)
 
 @kernel
+def gpt2_block(x: Tensor["B", "S", 128, f32], ln1_w: Tensor[128, f32], ln1_b: Tensor[128, f32],
+               w_qkv: Tensor[128, 384, f32], b_qkv: Tensor[384, f32],
+               w_o: Tensor[128, 128, f32], b_o: Tensor[128, f32], ln2_w: Tensor[128, f32],
+               ln2_b: Tensor[128, f32], w_fc: Tensor[128, 512, f32], b_fc: Tensor[512, f32],
+               w_proj: Tensor[512, 128, f32],
+               b_proj: Tensor[128, f32]) -> Tensor["B", "S", 128, f32]:
+    h = layernorm(x, ln1_w, ln1_b, eps=1e-5)
+    q, k, v = split_qkv(h @ w_qkv + b_qkv, heads=2)
+    a = flash_attention(q, k, v, causal=True)
+    x = x + transpose(a, (0, 2, 1, 3)).reshape("B", "S", 128) @ w_o + b_o
+    h = layernorm(x, ln2_w, ln2_b, eps=1e-5)
+    return x + gelu(h @ w_fc + b_fc) @ w_proj + b_proj
+
+@kernel
 def vector_softmax(x: Tensor["N", f32]) -> Tensor["N", f32]:
     return softmax(x * 2.0)
 
@@ -608,6 +622,7 @@ RESHAPED = {
     "multi_head": lambda x, *weights: x.shape,
     "heads_attention": lambda x, y: x.shape,
     "fused_qkv_attention": lambda x, w: x.shape,
+    "gpt2_block": lambda x, *weights: x.shape,
     "split_attention_bf16": lambda qkv: (qkv.shape[0], 4, qkv.shape[1], 32),
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
@@ -1262,6 +1277,39 @@ def test_attention_reads_split_qkv_where_it_lies(library: Any) -> None:
     want = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(32)) @ v
     out = f64(library.split_attention_bf16(qkv))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_gpt2_block_written_as_model_code(library: Any) -> None:
+    """GPT-2's block: layernorms, products with their biases, ``split_qkv`` read by a
+    causal attention, the heads merged back, a GELU MLP and two residuals."""
+    rng = np.random.default_rng(59)
+    b, s, c = 2, 37, 128
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    def vector(n: int, around: float = 0.0) -> np.ndarray:
+        return (around + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    x = rng.standard_normal((b, s, c), dtype=np.float32)
+    ln1_w, ln1_b, ln2_w, ln2_b = vector(c, 1.0), vector(c), vector(c, 1.0), vector(c)
+    w_qkv, b_qkv, w_o, b_o = weight(c, 3 * c), vector(3 * c), weight(c, c), vector(c)
+    w_fc, b_fc, w_proj, b_proj = weight(c, 4 * c), vector(4 * c), weight(4 * c, c), vector(c)
+
+    qkv = layernorm(x, ln1_w, ln1_b, 1e-5) @ f64(w_qkv) + f64(b_qkv)
+    q, k, v = (qkv[..., i * c : (i + 1) * c].reshape(b, s, 2, 64).transpose(0, 2, 1, 3)
+               for i in range(3))  # fmt: skip
+    scores = q @ np.swapaxes(k, -1, -2) / 8
+    scores[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] = -np.inf
+    a = (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, s, c)
+    x1 = f64(x) + a @ f64(w_o) + f64(b_o)
+    h = layernorm(x1, ln2_w, ln2_b, 1e-5)
+    want = x1 + gelu(h @ f64(w_fc) + f64(b_fc)) @ f64(w_proj) + f64(b_proj)
+    weights = (ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj)
+    out = library.gpt2_block(x, *weights)
+    np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.execute

@@ -95,8 +95,7 @@ def _lower_launch(
     ops = _views_as_params(kernel_order([function.body.ops[i] for i in group.ops]), rename)
     anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
     views = _in_place(anchor, ops, rename)
-    ops = [op for op in ops if not (op.kind == "split_qkv" or rows_permuted(op))
-           or not ({r.id for r in op.results} | {op.operands[0].id}) & views.keys()]  # fmt: skip
+    ops = [op for op in ops if not _viewed(op, views)]
     params = tuple({v.id: v for v in rename.values()}.values())
     problem = _unsupported(anchor, ops)
     if problem is not None:
@@ -161,11 +160,12 @@ def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:
 
 
 def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dict[int, View]:
-    """The tensors that fusion lets attention access through a row permutation, where
-    they lie, by value id: operands (q, k, v with heads split from ``[S, H*D]``), loaded
-    from the parameter the permutation reads; and the result it stores through one (the
-    heads merged back), by the id of the value stored, into the output parameter, whose
-    axes after the rows are then one (``merged_rows``)."""
+    """The tensors that fusion lets attention access where they lie, by value id: q, k
+    and v through a row permutation (heads split from ``[S, H*D]``), loaded from the
+    parameter the permutation reads, or as ``split_qkv``'s results, loaded from the
+    projection; and the result it stores through a row permutation (the heads merged
+    back), by the id of the value stored, into the output parameter, whose axes after
+    the rows are then one (``merged_rows``)."""
     if anchor is None or anchor.kind != "flash_attention":
         return {}
     views = {
@@ -192,6 +192,14 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
         out = _retyped(rename, last.result, merged_rows(last.result.type, inverse))
         views[last.operands[0].id] = View(last.operands[0], out, inverse)
     return views
+
+
+def _viewed(op: Op, views: dict[int, View]) -> bool:
+    """Whether ``op`` is a permutation or a split that the kernel reads, or writes,
+    through ``views``: no op of the kernel."""
+    if op.kind == "split_qkv":
+        return all(r.id in views for r in op.results)
+    return rows_permuted(op) and (op.result.id in views or op.operands[0].id in views)
 
 
 def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
