@@ -501,6 +501,12 @@ def split_attention_bf16(qkv: Tensor["B", "S", 384, bf16]) -> Tensor["B", 4, "S"
     return cast(flash_attention(q, k, v), f32)
 
 @kernel
+def split_attention(qkv: Tensor["B", "S", "C", bf16]) -> Tensor["B", "S", "C/3", f32]:
+    q, k, v = split_qkv(qkv, heads=3)
+    o = flash_attention(q, k, v, causal=True)
+    return cast(transpose(o, (0, 2, 1, 3)), f32).reshape("B", "S", "C/3")
+
+@kernel
 def gpt2_block(x: Tensor["B", "S", 128, f32], ln1_w: Tensor[128, f32], ln1_b: Tensor[128, f32],
                w_qkv: Tensor[128, 384, f32], b_qkv: Tensor[384, f32],
                w_o: Tensor[128, 128, f32], b_o: Tensor[128, f32], ln2_w: Tensor[128, f32],
@@ -624,6 +630,7 @@ RESHAPED = {
     "fused_qkv_attention": lambda x, w: x.shape,
     "gpt2_block": lambda x, *weights: x.shape,
     "split_attention_bf16": lambda qkv: (qkv.shape[0], 4, qkv.shape[1], 32),
+    "split_attention": lambda qkv: (*qkv.shape[:2], qkv.shape[2] // 3),
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
     "sum_of_squares": lambda x: (),
@@ -1217,8 +1224,9 @@ def test_transposes_that_keep_the_last_axis_read_rows_where_they_lie(library: An
 @needs_gxx
 def test_multi_head_attention_from_one_activation(library: Any) -> None:
     """The heads are split with a reshape and a transpose, attended with graph ops, and
-    merged back: projections, head copies (the head dim ``C/4`` is not known to be a
-    multiple of 16), one flash_attention, the output product."""
+    merged back: projections, one flash_attention that reads and writes the heads where
+    they lie, the output product. The head dim, ``C/4`` = 12, is under the head-dim
+    tile of 16, whose last columns are the next head's: the kernel masks them."""
     rng = np.random.default_rng(49)
     x = rng.standard_normal((37, 48), dtype=np.float32)
     wq, wk, wv, wo = rng.standard_normal((4, 48, 48), dtype=np.float32) * 0.2
@@ -1276,6 +1284,14 @@ def test_attention_reads_split_qkv_where_it_lies(library: Any) -> None:
     q, k, v = split(f64(qkv), 4)
     want = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(32)) @ v
     out = f64(library.split_attention_bf16(qkv))
+    np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+    # a head dim known at run time only (C/9), 40 here, under a head-dim tile of 128
+    qkv = rng.standard_normal((2, 37, 360)).astype(ml_dtypes.bfloat16)
+    q, k, v = split(f64(qkv), 3)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(40)
+    s[..., np.triu_indices(37, 1)[0], np.triu_indices(37, 1)[1]] = -np.inf
+    want = (softmax(s) @ v).transpose(0, 2, 1, 3).reshape(2, 37, 120)
+    out = f64(library.split_attention(qkv))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
 
 

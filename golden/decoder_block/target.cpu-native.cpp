@@ -731,8 +731,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     const float* const v_tile = t4 + (256*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0));
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0), C, 256);
+    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), 64);
+    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), 64, C, 256);
     float* const s = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -745,7 +745,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64, tsr::live(256, S - 256*nblk), tsr::live(64, C - 64*pid_b0), s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64, tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -757,7 +757,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
       t_3[i * 64 + j] = acc[i * 64 + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, C, t_3, 128, 64);
+  tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
 }
 
 static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C) {

@@ -669,12 +669,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 128*pid_m + i < S && 64*pid_b0 + j < C ? 16 : 0;
+      const int bytes = 128*pid_m + i < S ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((128*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64*pid_b0 + j + q < C ? t0[(128*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S ? t0[(128*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -684,12 +684,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = i < S ? 16 : 0;
         tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S && 64*pid_b0 + j + q < C ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -700,12 +700,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = i < S ? 16 : 0;
         tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S && 64*pid_b0 + j + q < C ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -736,12 +736,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t2_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && 64*pid_b0 + j < C ? 16 : 0;
+          const int bytes = 128*nblk + 128 + i < S ? 16 : 0;
           tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 128 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((128*nblk + 128 + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S && 64*pid_b0 + j + q < C ? t2[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S ? t2[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -752,12 +752,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t4_aligned) {
-          const int bytes = 128*nblk + 128 + i < S && 64*pid_b0 + j < C ? 16 : 0;
+          const int bytes = 128*nblk + 128 + i < S ? 16 : 0;
           tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 128 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((128*nblk + 128 + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S && 64*pid_b0 + j + q < C ? t4[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S ? t4[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -766,7 +766,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < C - 64*pid_b0; ++kk) {
+    for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = k_tile_smem[((nblk) % 2 * 128 + tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
@@ -859,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (128*pid_m + i < S && 64*pid_b0 + j < C) t6[(128*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (128*pid_m + i < S) t6[(128*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }

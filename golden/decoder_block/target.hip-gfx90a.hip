@@ -483,12 +483,12 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 64*pid_m + i < S && 64*pid_b0 + j < C ? 16 : 0;
+      const int bytes = 64*pid_m + i < S ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((64*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_m + i < S && 64*pid_b0 + j + q < C ? t0[(64*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_m + i < S ? t0[(64*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -527,12 +527,12 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = 32*nblk + i < S ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -541,12 +541,12 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = 32*nblk + i < S ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -554,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < C - 64*pid_b0; kk += 2) {
+    for (int kk = 0; kk < 64; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 1; ++fm) {
         const float a_frag = q_tile_smem[(wave * 32 + fm * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
@@ -677,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S && 64*pid_b0 + j < C) t6[(64*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
+      if (64*pid_m + i < S) t6[(64*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
     }
   }
 }

@@ -336,11 +336,11 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 32*pid_m + i < S && 64*pid_b0 + j < C ? 16 : 0;
+      const int bytes = 32*pid_m + i < S ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S && 64*pid_b0 + j + q < C ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -367,11 +367,11 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = 32*nblk + i < S ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -380,11 +380,11 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 32*nblk + i < S && 64*pid_b0 + j < C ? 16 : 0;
+        const int bytes = 32*nblk + i < S ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S && 64*pid_b0 + j + q < C ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -392,7 +392,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < C - 64*pid_b0; ++kk) {
+    for (int kk = 0; kk < 64; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r) a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
       for (int c = 0; c < 2; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
@@ -484,7 +484,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (32*pid_m + i < S && 64*pid_b0 + j < C) t6[(32*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (32*pid_m + i < S) t6[(32*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }

@@ -156,20 +156,20 @@ def _read_in_place(reader: Op, view: Op) -> bool:
         reader.kind == "flash_attention"
         and rows_permuted(view)
         and view.result in reader.operands[:3]
-        and _whole_head_tiles(view.result.type)
     )
 
 
 def _split_in_place(op: Op, ops: tuple[Op, ...], reader_count: dict[int, int]) -> bool:
     """Whether the three results of ``split_qkv`` are the q, k and v of one attention and
     read by nothing else: its kernel then reads each head's rows from the projection
-    ``[S, 3*H*D]``, where they lie, and no kernel splits it."""
+    ``[S, 3*H*D]``, where they lie, and no kernel splits it. The number of heads must be
+    a number: the kernel's grid runs over them, and its launch passes sizes, not ints."""
+    if op.results[0].type.dims[-3].constant is None:
+        return False
     if any(reader_count.get(r.id) != 1 for r in op.results):
         return False
     reader = next((o for o in ops if op.results[0] in o.operands), None)
-    return (
-        reader is not None and _read_in_place(reader, op) and _whole_head_tiles(op.results[0].type)
-    )
+    return reader is not None and _read_in_place(reader, op)
 
 
 def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:
@@ -181,16 +181,7 @@ def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:
         kernel.kind == "attention"
         and rows_permuted(op)
         and ops[kernel.ops[-1]].results == (op.operands[0],)
-        and _whole_head_tiles(op.operands[0].type)
     )
-
-
-def _whole_head_tiles(t: TensorType) -> bool:
-    """Whether attention's head-dim tile covers exactly the head dim of ``t``: it is the
-    head dim rounded up to 16, and a wider tile would read (or write) the next head's
-    columns of a tensor whose heads lie side by side."""
-    d = t.dims[-1].constant
-    return d is not None and d % 16 == 0
 
 
 @dataclass

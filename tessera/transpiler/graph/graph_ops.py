@@ -603,8 +603,7 @@ def _split_qkv(call: OpCall) -> object:
     D]`` with the heads moved in front, k and v the next thirds, as GPT-2's code splits
     them. ``heads`` is an integer or an ``int`` parameter; ``C`` must be a multiple of
     ``3*heads`` (checked at run time when not known). ``flash_attention(q, k, v)`` reads
-    the three where they lie when the head dim is a constant multiple of 16; no other
-    reader has a kernel yet."""
+    the three where they lie; no other reader has a kernel yet."""
     qkv = call.tensor("qkv")
     if qkv.type.rank < 2:
         raise call.error(f"'qkv' needs at least 2 dims; {call.shape_of('qkv')}", at="qkv")
@@ -772,8 +771,8 @@ def _transpose(call: OpCall) -> object:
     A swap of the last two is read in place by a product, else it is a kernel of 64 x 64
     blocks; a permutation that keeps the last axis (``(0, 2, 1, 3)``) is read in place by
     an elementwise kernel, which loads each row where it lies, and so is one of
-    attention's q, k or v, or of its result, with a head dim that is a multiple of 16:
-    heads split and merged back cost no copy. Elsewhere it is a copy. Any other is at most
+    attention's q, k or v, or of its result: heads split and merged back cost no copy.
+    Elsewhere it is a copy. Any other is at most
     two copies and one such swap, with the axes it keeps together merged
     (``transpose(x, (2, 0, 1))`` of ``[A, B, C]`` swaps ``[A*B, C]``: one kernel)."""
     x = call.tensor("x")

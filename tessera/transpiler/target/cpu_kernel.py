@@ -603,7 +603,7 @@ class _Emitter:
         r, c = tile
         return (
             base,
-            self.c(c.extent),
+            self.c(dims[-1]),  # the row stride; a view's columns may end before the row does
             self.c(r.offset),
             self.c(c.offset),
             self.c(r.extent),

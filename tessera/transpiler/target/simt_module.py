@@ -83,8 +83,9 @@ class _KernelView:
             if re.search(rf"\b{pid}\b", text)
         ]
         # A size that only the grid's extent needs is still a parameter, so that every
-        # launch passes the function's sizes alike.
-        code = "\n".join((*simt.prologue, *self.pids, text))
+        # launch passes the function's sizes alike. The comments quote the .tsr source,
+        # whose sizes are no uses (``reshape("B", "S", C)``).
+        code = re.sub(r"//.*", "", "\n".join((*simt.prologue, *self.pids, text)))
         self.unused = [s for s in simt.sizes.values() if not re.search(rf"\b{s}\b", code)]
 
 

@@ -210,9 +210,10 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         if ops[-1].kind == "split_qkv":
             return (
                 "no tile kernel splits a projection yet: flash_attention reads split_qkv's "
-                "q, k and v where they lie (q, k, v = split_qkv(qkv, heads=H) and then "
-                "flash_attention(q, k, v)) when the head dim is a constant multiple of 16; "
-                "otherwise project q, k and v with a product each (x @ wq, x @ wk, x @ wv)"
+                "q, k and v where they lie when it is their one reader and heads is a "
+                "number (q, k, v = split_qkv(qkv, heads=12) and then flash_attention(q, k, "
+                "v)); otherwise project q, k and v with a product each (x @ wq, x @ wk, "
+                "x @ wv)"
             )
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
         return (

@@ -256,7 +256,7 @@ def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
 def rows_permuted_load(lowering: Any, source: Value, out: Access, perm: tuple[int, ...]) -> Value:
     """Load the rows of ``out`` (an access to the transpose's result) from ``source``,
     the operand as ``merged_rows`` gives it."""
-    access = out.rows_permuted(perm, source.type.dims[-1])
+    access = out.rows_permuted(perm)
     sizes = tuple(a.size for a in access.tile_axes)
     (loaded,) = lowering.emit(
         "load", (source,), (TileType(sizes, source.type.dtype),), (("at", access),)

@@ -84,12 +84,13 @@ class Access:
         """The axes that become tile dims (the batch dims are indices)."""
         return tuple(a for a in self.axes if not a.index)
 
-    def rows_permuted(self, perm: tuple[int, ...], columns: Dim) -> Access:
+    def rows_permuted(self, perm: tuple[int, ...]) -> Access:
         """This access to ``transpose(x, perm)`` (a permutation that keeps the last axis)
         as an access to ``x`` with the axes after ``perm[-2]``, the one that becomes the
-        rows, merged into ``columns``: each axis of ``x`` up to the rows is read as the
-        axis it moves to, and the index axes that come from after the rows pick a block
-        of the merged columns."""
+        rows, merged into one: each axis of ``x`` up to the rows is read as the axis it
+        moves to, and the index axes that come from after the rows pick a block of the
+        merged columns, which ends where that block does (a head's ``D`` columns of
+        ``[S, H*D]``), so that a tile wider than the block is masked there."""
         moved_to = {axis: at for at, axis in enumerate(perm)}
         place = [self.axes[moved_to[axis]] for axis in range(len(perm))]
         rows = perm[-2]
@@ -97,9 +98,9 @@ class Access:
         for axis in place[rows + 1 : -1]:
             offset = offset * axis.extent + axis.offset
         last = place[-1]
-        return Access(
-            (*place[: rows + 1], Axis(offset * last.extent + last.offset, last.size, columns))
-        )
+        base = offset * last.extent
+        columns = Axis(base + last.offset, last.size, base + last.extent)
+        return Access((*place[: rows + 1], columns))
 
     def __str__(self) -> str:
         return "[" + ", ".join(str(a) for a in self.axes) + "]"

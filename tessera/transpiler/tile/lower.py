@@ -62,8 +62,11 @@ class View:
 
     def access(self, out: Access) -> Access:
         """Where an access ``out`` to the operand lies in ``source``."""
-        *axes, last = out.rows_permuted(self.perm, self.source.type.dims[-1]).axes
-        return Access((*axes, dataclasses.replace(last, offset=last.offset + self.column)))
+        *axes, last = out.rows_permuted(self.perm).axes
+        moved = dataclasses.replace(
+            last, offset=last.offset + self.column, extent=last.extent + self.column
+        )
+        return Access((*axes, moved))
 
 
 @dataclass(frozen=True)

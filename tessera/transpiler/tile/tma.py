@@ -3,7 +3,8 @@
 The Tile IR marks a pipelined loop's copies on sm_90a ``async = tma``. The CUDA emitter
 issues them as TMA copies (``target/simt_tma.py``) where every such copy of the kernel
 fits: its buffer is in the 128-byte swizzle (each 128-byte panel is one TMA box), its
-tile is the tensor's last two axes (any others are batch indices, a box of 1), boxes
+masked axes end where the tensor does, its tile is the tensor's last two axes (any
+others are batch indices, a box of 1), boxes
 stay within TMA's 256 elements an axis and tensors within its five axes, and the kernel
 has one pipelined loop, at its top level, so that one barrier per stage serves it.
 """
@@ -46,8 +47,12 @@ def fits_tma(copy: Op, layouts: dict[str, str]) -> bool:
     t: SharedType = buf.type
     at: Access = copy.attr("at")
     tile_axes = [not a.index for a in at.axes]
+    dims = copy.operands[0].type.dims
     return (
         layouts.get(buf.name or "smem") == "sw128"
+        # TMA fills zeros past the tensor's end only: a view that ends sooner (a head's
+        # columns) needs a mask of its own
+        and all(not a.masked or a.extent == d for a, d in zip(at.axes, dims, strict=True))
         and len(t.dims) == 2
         and all(d.constant is not None and d.constant <= _MAX_BOX for d in t.dims)
         and len(at.axes) <= _MAX_RANK
