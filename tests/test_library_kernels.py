@@ -1225,8 +1225,9 @@ def test_transposes_that_keep_the_last_axis_read_rows_where_they_lie(library: An
 def test_multi_head_attention_from_one_activation(library: Any) -> None:
     """The heads are split with a reshape and a transpose, attended with graph ops, and
     merged back: projections, one flash_attention that reads and writes the heads where
-    they lie, the output product. The head dim, ``C/4`` = 12, is under the head-dim
-    tile of 16, whose last columns are the next head's: the kernel masks them."""
+    they lie, the output product. The head dim, ``C/4`` = 12, is known at run time only
+    and gets a head-dim tile of 128, whose columns past 12 are the next heads': the
+    kernel masks them."""
     rng = np.random.default_rng(49)
     x = rng.standard_normal((37, 48), dtype=np.float32)
     wq, wk, wv, wo = rng.standard_normal((4, 48, 48), dtype=np.float32) * 0.2
