@@ -1,6 +1,6 @@
 """Benchmark: the CPU backend against numpy (OpenBLAS) and PyTorch, in one process.
 
-Kernels: SGEMM at 512, 1024, 2048 (4096 with --full) against ``numpy.matmul`` and
+Kernels: SGEMM at 512, 1024, 1500 (ragged: the last tiles are short), 2048 (4096 with --full) against ``numpy.matmul`` and
 ``torch.matmul``; softmax, log_softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
 and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
 attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
@@ -145,7 +145,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
 
-    for n in (512, 1024, 2048, *((4096,) if args.full else ())):
+    for n in (512, 1024, 1500, 2048, *((4096,) if args.full else ())):
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = rng.standard_normal((n, n), dtype=np.float32)
         ta, tb = (torch.from_numpy(a), torch.from_numpy(b)) if torch else (None, None)

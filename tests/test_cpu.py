@@ -351,6 +351,43 @@ int main() {
 """
 
 
+MMA_CHECK = """\
+#include "tessera_tile.hpp"
+#include <cstdio>
+// mma and dot against their definition on live corners of every kind: rows in whole
+// blocks and a short one, columns in whole panels and a tail, k of 0 and more. Small
+// integers keep every sum exact whatever the order. `out` starts as garbage (a dot,
+// and an mma into another array) or as acc (an mma in place); past the live corner it
+// must hold acc, or 0 for a dot.
+int main() {
+  const long M = 24, N = 80, K = 9, ld_a = 11, ld_b = 83;
+  std::vector<float> a(M * ld_a), b(K * ld_b), acc(M * N), out(M * N);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i * 7 % 13) - 6;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i * 5 % 11) - 5;
+  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i % 17);
+  for (long m : {0L, 1L, 5L, 7L, 8L, 9L, 17L, 24L})
+    for (long n : {0L, 1L, 15L, 16L, 31L, 33L, 64L, 80L})
+      for (long k : {0L, 1L, 9L})
+        for (int mode = 0; mode < 3; ++mode) {  // dot, mma, mma in place
+          if (mode == 2) out = acc; else std::fill(out.begin(), out.end(), 1e30f);
+          if (mode == 0) tsr::dot(out.data(), a.data(), b.data(), M, N, m, n, k, ld_a, ld_b);
+          if (mode > 0)
+            tsr::mma(out.data(), a.data(), b.data(), mode == 1 ? acc.data() : out.data(), M,
+                     N, m, n, k, ld_a, ld_b);
+          for (long r = 0; r < M; ++r)
+            for (long c = 0; c < N; ++c) {
+              float want = mode == 0 ? 0.0f : acc[r * N + c];
+              for (long p = 0; r < m && c < n && p < k; ++p)
+                want += a[r * ld_a + p] * b[p * ld_b + c];
+              if (out[r * N + c] != want)
+                return std::printf("mode %d m %ld n %ld k %ld: out[%ld, %ld] = %g\\n", mode,
+                                   m, n, k, r, c, out[r * N + c]);
+            }
+        }
+  std::puts("ok");
+}
+"""
+
 EXP_CHECK = """\
 #include "tessera_tile.hpp"
 #include <cstdio>
@@ -390,6 +427,14 @@ def test_register_transpose_matches_the_definition(arch: list[str], tmp_path: Pa
     """Whole blocks go through shuffles of kLanes-wide vectors (8 or 16 with AVX-512),
     the rest element by element: both, at several ragged shapes."""
     assert _run_header_check(TRANSPOSE_CHECK, ["-O2", *arch], tmp_path) == "ok"
+
+
+@pytest.mark.parametrize("arch", [[], ["-march=native"]], ids=["baseline", "native"])
+def test_mma_and_dot_match_the_definition(arch: list[str], tmp_path: Path) -> None:
+    """The micro-kernel's edges: a short block of rows is compiled for its height, and
+    columns past the last whole panel run on zero-padded copies. Neither may read or
+    write past the live corner, and a dot must not add what `out` held before."""
+    assert _run_header_check(MMA_CHECK, ["-O2", *arch], tmp_path) == "ok"
 
 
 def test_softmax_exp_equals_exp_where_softmax_takes_it(tmp_path: Path) -> None:
