@@ -1,16 +1,16 @@
 """Benchmark: the CPU backend against numpy (OpenBLAS) and PyTorch, in one process.
 
-Kernels: SGEMM at 512, 1024, 1500 (ragged: the last tiles are short), 2048 (4096 with --full) against ``numpy.matmul`` and
-``torch.matmul``; softmax, log_softmax, layernorm and rmsnorm over 4096 x 4096 f32 against torch
-and against this machine's copy bandwidth (numpy ``copyto`` of the same bytes);
-attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
-``scaled_dot_product_attention``; model code written out, against the same expressions
-in torch: elementwise ops that read a value more than once, fused into one kernel (a
-GELU over 4096 x 4096, ``y * sigmoid(y)`` after an SGEMM 2048), and Llama's RMSNorm
-(which is the library's rmsnorm); and what a call costs beyond its
-kernel, 1000 calls of a 4 x 4 SGEMM against numpy's and torch's. Each case is timed
-interleaved with its peers, median of several runs after warm-up. Results go to
-``bench/results/cpu.json``; a peer that is not installed is recorded as null.
+Kernels: SGEMM at 512, 1024, 1500 (a ragged size: its last tiles are short), 2048
+(4096 with --full) against ``numpy.matmul`` and ``torch.matmul``; softmax, log_softmax,
+layernorm and rmsnorm over 4096 x 4096 f32 against torch and against this machine's
+copy bandwidth (numpy ``copyto`` of the same bytes); attention f32 B1 H8 S1024 and
+S2048 D64, causal and not, against torch ``scaled_dot_product_attention``; model code
+written out, against the same expressions in torch: elementwise ops that read a value
+more than once, fused into one kernel (a GELU over 4096 x 4096, ``y * sigmoid(y)`` after
+an SGEMM 2048), and Llama's RMSNorm (which is the library's rmsnorm); and what a call
+costs beyond its kernel, 1000 calls of a 4 x 4 SGEMM against numpy's and torch's. Each
+case is timed interleaved with its peers, median of several runs after warm-up. Results
+go to ``bench/results/cpu.json``; a peer that is not installed is recorded as null.
 """
 
 from __future__ import annotations

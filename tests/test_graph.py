@@ -610,6 +610,32 @@ def test_attention_reads_and_writes_heads_where_they_lie(
     assert groups(text) == want
 
 
+@pytest.mark.parametrize(
+    ("result", "want"),
+    [
+        # read by one attention: the three are views, no kernel splits the projection
+        ("flash_attention(q, k, v)",
+         [("attention", ["split_qkv", "split_qkv", "split_qkv", "flash_attention"])]),
+        # q scaled first: the scaling kernel loads q where it lies, attention k and v
+        ("flash_attention(q * 0.5, k, v)",
+         [("elementwise", ["split_qkv", "mul"]),
+          ("attention", ["split_qkv", "split_qkv", "flash_attention"])]),
+        # read by a product (of k transposed, which it reads in place): copied out
+        ("q @ transpose(k, (0, 2, 1))",
+         [("elementwise", ["split_qkv"]), ("elementwise", ["split_qkv"]), ("gemm", ["matmul"])]),
+    ],
+)  # fmt: skip
+def test_split_qkv_gives_views_of_the_projection(
+    result: str, want: list[tuple[str, list[str]]]
+) -> None:
+    text = (
+        "@kernel\ndef f(qkv: Tensor['S', 384, f32]):\n"
+        "    q, k, v = split_qkv(qkv, heads=2)\n"
+        f"    return {result}\n"
+    )
+    assert groups(text) == want
+
+
 def test_a_transpose_kernel_computes_the_ops_around_it() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['R', 'C', f32], y: Tensor['C', 'R', f32]):\n"

@@ -507,6 +507,57 @@ def split_attention(qkv: Tensor["B", "S", "C", bf16]) -> Tensor["B", "S", "C/3",
     return cast(transpose(o, (0, 2, 1, 3)), f32).reshape("B", "S", "C/3")
 
 @kernel
+def matrix_vector(a: Tensor["M", "K", f32], x: Tensor["K", f32]) -> Tensor["M", f32]:
+    return a @ x
+
+@kernel
+def matrix_vector_bf16(a: Tensor["B", "M", "K", bf16],
+                       x: Tensor["K", bf16]) -> Tensor["B", "M", f32]:
+    return a @ x
+
+@kernel
+def vector_matrix(x: Tensor["K", f32], w: Tensor["K", "N", f32]) -> Tensor["N", f32]:
+    return x @ w + 1.0
+
+@kernel
+def vector_vector(x: Tensor["K", bf16], y: Tensor["K", bf16]) -> Tensor[f32]:
+    return x @ y
+
+@kernel
+def rest_inferred(x: Tensor["B", "S", "C", f32], w: Tensor["C", "N", f32]) -> Tensor["B*S*N", f32]:
+    y = softmax(x.reshape("B", "S", -1, 4), axis=-1).reshape(-1, "C")
+    return (y @ w).reshape(-1)
+
+@kernel
+def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    y = x * 2.0 + 1.0
+    return y
+
+@kernel
+def split_scaled_attention(qkv: Tensor["S", 384, f32]) -> Tensor[2, "S", 64, f32]:
+    q, k, v = split_qkv(qkv, heads=2)
+    return flash_attention(q * 0.5, k, v)
+
+@kernel
+def split_keys(qkv: Tensor["B", "S", 240, bf16]) -> Tensor["B", 4, "S", 20, bf16]:
+    q, k, v = split_qkv(qkv, heads=4)
+    return k
+
+@kernel
+def split_rotary_attention(qkv: Tensor["B", "S", 192, f32], cos: Tensor["S", 16, f32],
+                           sin: Tensor["S", 16, f32]) -> Tensor["B", "S", 64, f32]:
+    q, k, v = split_qkv(qkv, heads=2)
+    q = rotary_embedding(q, cos, sin)
+    k = rotary_embedding(k, cos, sin)
+    o = flash_attention(q, k, v, causal=True)
+    return transpose(o, (0, 2, 1, 3)).reshape("B", "S", 64)
+
+@kernel
+def split_scores(qkv: Tensor["S", "C", f32]) -> Tensor[3, "S", "S", f32]:
+    q, k, v = split_qkv(qkv, heads=3)
+    return q @ transpose(k, (0, 2, 1))
+
+@kernel
 def gpt2_block(x: Tensor["B", "S", 128, f32], ln1_w: Tensor[128, f32], ln1_b: Tensor[128, f32],
                w_qkv: Tensor[128, 384, f32], b_qkv: Tensor[384, f32],
                w_o: Tensor[128, 128, f32], b_o: Tensor[128, f32], ln2_w: Tensor[128, f32],
@@ -631,6 +682,14 @@ RESHAPED = {
     "gpt2_block": lambda x, *weights: x.shape,
     "split_attention_bf16": lambda qkv: (qkv.shape[0], 4, qkv.shape[1], 32),
     "split_attention": lambda qkv: (*qkv.shape[:2], qkv.shape[2] // 3),
+    "split_scaled_attention": lambda qkv: (2, qkv.shape[0], 64),
+    "split_rotary_attention": lambda qkv, cos, sin: (*qkv.shape[:2], 64),
+    "split_scores": lambda qkv: (3, qkv.shape[0], qkv.shape[0]),
+    "matrix_vector": lambda a, x: a.shape[:-1],
+    "matrix_vector_bf16": lambda a, x: a.shape[:-1],
+    "vector_matrix": lambda x, w: w.shape[1:],
+    "vector_vector": lambda x, y: (),
+    "rest_inferred": lambda x, w: (x.shape[0] * x.shape[1] * w.shape[1],),
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
     "sum_of_squares": lambda x: (),
@@ -715,6 +774,8 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
         shape = (shape[0], args[1].shape[0])
     elif name in ("row_max_kept", "kept_sums"):
         shape = (*shape[:-1], 1)
+    elif name == "split_keys":
+        return (args[0].shape[0], 4, args[0].shape[1], 20), np.dtype(ml_dtypes.bfloat16)
     elif name == "scaled_fp8":
         return shape, np.dtype(ml_dtypes.float8_e4m3fn)
     elif name == "row_range":
@@ -1261,39 +1322,127 @@ def test_attention_reads_and_writes_heads_where_they_lie(library: Any) -> None:
 
 @pytest.mark.execute
 @needs_gxx
+def test_products_with_a_vector(library: Any) -> None:
+    """A vector operand of ``@`` is one column or one row, as in numpy: a matrix times a
+    vector is the row sums of the products (in f32 for bf16 operands), a vector times a
+    matrix the product of one row. Each was an error ("needs matrices")."""
+    rng = np.random.default_rng(62)
+    a, x = rng.standard_normal((37, 301), dtype=np.float32), rng.standard_normal(301)
+    x = x.astype(np.float32)
+    np.testing.assert_allclose(f64(library.matrix_vector(a, x)), f64(a) @ f64(x), rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+    a = rng.standard_normal((2, 37, 301)).astype(ml_dtypes.bfloat16)
+    x = rng.standard_normal(301).astype(ml_dtypes.bfloat16)
+    out = f64(library.matrix_vector_bf16(a, x))
+    np.testing.assert_allclose(out, f64(a) @ f64(x), rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal(301).astype(np.float32)
+    w = rng.standard_normal((301, 45)).astype(np.float32)
+    out = f64(library.vector_matrix(x, w))
+    np.testing.assert_allclose(out, f64(x) @ f64(w) + 1, rtol=1e-4, atol=1e-4)
+    x, y = (rng.standard_normal(1001).astype(ml_dtypes.bfloat16) for _ in range(2))
+    np.testing.assert_allclose(f64(library.vector_vector(x, y)), f64(x) @ f64(y), rtol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_reshape_infers_the_dim_given_as_minus_one(library: Any) -> None:
+    """``reshape(-1, "C")`` as in numpy: the rest of the elements, a guard where it must
+    divide at run time (``C/4`` here). -1 was an error."""
+    rng = np.random.default_rng(63)
+    x = rng.standard_normal((2, 37, 44), dtype=np.float32)
+    w = rng.standard_normal((44, 29), dtype=np.float32)
+    y = softmax(f64(x).reshape(2, 37, 11, 4)).reshape(-1, 44)
+    out = f64(library.rest_inferred(x, w))
+    np.testing.assert_allclose(out, (y @ f64(w)).reshape(-1), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="reshape: -1 is a whole dim"):
+        x, w = (rng.standard_normal(shape, dtype=np.float32) for shape in ((2, 37, 45), (45, 29)))
+        library.rest_inferred(x, w)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_result_named_in_the_source(library: Any) -> None:
+    """``y = ...; return y``: the kernel writes the entry's result, whatever the source
+    calls it. The entry point passed a ``y`` it did not declare, and did not compile."""
+    x = np.random.default_rng(61).standard_normal((37, 45), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.named_result(x)), 2 * f64(x) + 1, rtol=1e-6)
+
+
+def _split(qkv: np.ndarray, heads: int) -> list[np.ndarray]:
+    """``split_qkv`` by its definition: thirds of the last axis, each ``[..., S, heads,
+    D]`` with the heads moved in front."""
+    c = qkv.shape[-1] // 3
+    shape = (*qkv.shape[:-1], heads, c // heads)
+    return [np.moveaxis(qkv[..., i * c : (i + 1) * c].reshape(shape), -2, -3)
+            for i in range(3)]  # fmt: skip
+
+
+@pytest.mark.execute
+@needs_gxx
 def test_attention_reads_split_qkv_where_it_lies(library: Any) -> None:
     """``split_qkv``'s q, k and v are the projection's columns ``[0, C)``, ``[C, 2C)`` and
     ``[2C, 3C)``, each ``[S, H, D]`` with its heads moved in front, as GPT-2's code splits
     them; the attention kernel reads them from the projection."""
     rng = np.random.default_rng(58)
-
-    def split(qkv: np.ndarray, heads: int) -> list[np.ndarray]:
-        c = qkv.shape[-1] // 3
-        shape = (*qkv.shape[:-1], heads, c // heads)
-        return [np.moveaxis(qkv[..., i * c : (i + 1) * c].reshape(shape), -2, -3)
-                for i in range(3)]  # fmt: skip
-
     x = rng.standard_normal((45, 128), dtype=np.float32)
     w = (rng.standard_normal((128, 384)) / np.sqrt(128)).astype(np.float32)
-    q, k, v = split(f64(x) @ f64(w), 2)
+    q, k, v = _split(f64(x) @ f64(w), 2)
     s = q @ np.swapaxes(k, -1, -2) / 8
     s[..., np.triu_indices(45, 1)[0], np.triu_indices(45, 1)[1]] = -np.inf
     want = (softmax(s) @ v).transpose(1, 0, 2).reshape(45, 128)
     out = f64(library.fused_qkv_attention(x, w))
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
     qkv = rng.standard_normal((2, 37, 384)).astype(ml_dtypes.bfloat16)
-    q, k, v = split(f64(qkv), 4)
+    q, k, v = _split(f64(qkv), 4)
     want = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(32)) @ v
     out = f64(library.split_attention_bf16(qkv))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
     # a head dim known at run time only (C/9), 40 here, under a head-dim tile of 128
     qkv = rng.standard_normal((2, 37, 360)).astype(ml_dtypes.bfloat16)
-    q, k, v = split(f64(qkv), 3)
+    q, k, v = _split(f64(qkv), 3)
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(40)
     s[..., np.triu_indices(37, 1)[0], np.triu_indices(37, 1)[1]] = -np.inf
     want = (softmax(s) @ v).transpose(0, 2, 1, 3).reshape(2, 37, 120)
     out = f64(library.split_attention(qkv))
     np.testing.assert_allclose(out, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_split_qkv_read_by_other_ops(library: Any) -> None:
+    """``split_qkv``'s results are views of the projection for any reader: an elementwise
+    op or a rotary embedding loads its rows where they lie (GPT-NeoX rotates q and k
+    after splitting them), and a result returned, or read by a product, is copied out.
+    Each of these was an error."""
+    rng = np.random.default_rng(60)
+    qkv = rng.standard_normal((45, 384), dtype=np.float32)
+    q, k, v = _split(f64(qkv), 2)
+    want = softmax(q * 0.5 @ np.swapaxes(k, -1, -2) / 8) @ v
+    out = f64(library.split_scaled_attention(qkv))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    # bf16 heads of 20: copied exactly, the copy's rows masked at each head's end
+    qkv = rng.standard_normal((2, 37, 240)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(f64(library.split_keys(qkv)), _split(f64(qkv), 4)[1])
+    # rotary q and k, causal, the heads merged back
+    qkv = rng.standard_normal((2, 37, 192), dtype=np.float32)
+    angle = np.arange(37)[:, None] * 10000.0 ** (-np.arange(16) / 16)
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    q, k, v = _split(f64(qkv), 2)
+
+    def rotate(x: np.ndarray) -> np.ndarray:
+        x1, x2 = x[..., :16], x[..., 16:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    s = rotate(q) @ np.swapaxes(rotate(k), -1, -2) / np.sqrt(32)
+    s[..., np.triu_indices(37, 1)[0], np.triu_indices(37, 1)[1]] = -np.inf
+    want = (softmax(s) @ v).transpose(0, 2, 1, 3).reshape(2, 37, 64)
+    out = f64(library.split_rotary_attention(qkv, cos, sin))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    # a width known at run time only: heads of 11
+    qkv = rng.standard_normal((29, 99), dtype=np.float32)
+    q, k, _ = _split(f64(qkv), 3)
+    out = f64(library.split_scores(qkv))
+    np.testing.assert_allclose(out, q @ np.swapaxes(k, -1, -2), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.execute

@@ -20,6 +20,11 @@
   the row kernel reads ``v`` where it lies. Elementwise ops that compute ``v`` and nothing
   else are computed on rows of their operands instead, so that they stay the row
   kernel's prologue (``softmax(v * 2.0)``).
+- A product with a vector operand is made of matrix ops. A matrix times a vector
+  (``[M, K] @ [K]``) is the row sums of the elementwise products, in the accumulation
+  dtype (``sum(cast(a, f32) * cast(x, f32), axis=-1)``): a row kernel reads the matrix
+  once, where a product would compute a tile of columns for one. A vector times a
+  matrix (``[K] @ [K, N]``) is the product of its one row, ``[1, K]``, reshaped back.
 - An elementwise op on a 0-d tensor (``sqrt(sum(v * v))``, ``v / max(abs(v))``) reads it
   as ``[1]``, reshaped (a view), and gives ``[1]``, reshaped back where its own result is
   0-d: the kernel that computes the 0-d value takes the op as its epilogue, or the next
@@ -33,6 +38,7 @@ from dataclasses import replace
 
 from ..frontend.source import Span
 from .dims import Dim
+from .dtypes import DType
 from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions, reader_counts
@@ -235,6 +241,38 @@ def _as_row(
     return out
 
 
+def _vector_products(function: Function) -> Function:
+    """Products with a vector operand as ops on matrices (the module's first rule)."""
+    ops: list[Op] = []
+    for op in function.body.ops:
+        if op.kind != "matmul" or min(v.type.rank for v in op.operands) > 1:
+            ops.append(op)
+            continue
+        a, b = op.operands
+        result = op.result.type
+        if b.type.rank > 1:  # a vector times a matrix: the product of its one row
+            row = _reshaped(ops, a, (Dim.const(1), *a.type.dims), op.span)
+            dims = (*result.dims[:-1], Dim.const(1), result.dims[-1])
+            _reshaped_into(ops, replace(op, operands=(row, b)), dims, op.result)
+            continue
+        # the row sums of the products: the vector first, so that the kernel of the
+        # matrix's cast is the latest one the product can join
+        b, a = (_cast(ops, v, result.dtype, op.span) for v in (b, a))
+        products = new_value(a.type, None, op.span)
+        ops.append(Op("mul", (a, b), (products,), span=op.span))
+        axis = (("axis", a.type.rank - 1), ("keepdims", False))
+        ops.append(Op("sum", (products,), op.results, axis, span=op.span))
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
+def _cast(ops: list[Op], x: Value, dtype: DType, span: Span | None) -> Value:
+    if x.type.dtype == dtype:
+        return x
+    out = new_value(x.type.with_(dtype=dtype), None, span)
+    ops.append(Op("cast", (x,), (out,), (("dtype", dtype),), span=span))
+    return out
+
+
 def _zero_d_as_one(function: Function) -> Function:
     """Elementwise ops on a 0-d tensor as ops on its one element, ``[1]`` (the module's
     last rule): numpy broadcasting gives the same result, and kernels have no tile of
@@ -260,5 +298,7 @@ def _zero_d(value: Value) -> bool:
 def canonicalize(module: GraphModule) -> GraphModule:
     return map_functions(
         module,
-        lambda f: Rewriter(_rule).function(_zero_d_as_one(_of_vectors(_over_rows(_transposes(f))))),
+        lambda f: Rewriter(_rule).function(
+            _zero_d_as_one(_of_vectors(_over_rows(_transposes(_vector_products(f)))))
+        ),
     )

@@ -27,9 +27,9 @@ Triton-based compilers:
   that reads it, which loads the value there as broadcast along the new axis.
 - A transpose that keeps the last axis (``[S, H, D]`` as ``[H, S, D]``) is a view of the
   same kind: the elementwise op that reads it loads the operand's rows where they lie,
-  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``,
-  or the three results of ``split_qkv``). One that no such op reads alone is an
-  elementwise kernel that copies.
+  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``).
+  Each of ``split_qkv``'s three results is such a view of a block of the projection's
+  columns. One that no such op reads alone is an elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
   of any kind: that kernel reads the tensor with the new dims. A returned reshape of a
   kernel's result joins that kernel, which writes the result with the new dims.
@@ -62,7 +62,6 @@ _ANCHORS = {
     "kvcache.append": "state",
     "all_reduce": "collective",
     "transpose": "layout",
-    "split_qkv": "layout",
 }
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
@@ -73,7 +72,7 @@ _ELEMENTWISE = {
     "kvcache.v",
 }  # fmt: skip
 #: Kernels that accept an elementwise epilogue.
-_TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise"}
+_TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise", "layout"}
 
 
 def _reads_another_tensor(op: Op, k: int, kernel_of: dict[int, int]) -> bool:
@@ -148,28 +147,12 @@ def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
 def _read_in_place(reader: Op, view: Op) -> bool:
     """Whether ``reader``'s kernel loads the view's tiles where they lie: attention reads
     its q, k and v through a row permutation (heads split from ``[S, H*D]`` as
-    ``[H, S, D]``), a block of whole rows at a time, and so from ``split_qkv``'s
-    projection (``_split_in_place``)."""
-    if view.kind == "split_qkv":
-        return reader.kind == "flash_attention" and reader.operands[:3] == view.results
+    ``[H, S, D]``, or by ``split_qkv``), a block of whole rows at a time."""
     return (
         reader.kind == "flash_attention"
         and rows_permuted(view)
         and view.result in reader.operands[:3]
     )
-
-
-def _split_in_place(op: Op, ops: tuple[Op, ...], reader_count: dict[int, int]) -> bool:
-    """Whether the three results of ``split_qkv`` are the q, k and v of one attention and
-    read by nothing else: its kernel then reads each head's rows from the projection
-    ``[S, 3*H*D]``, where they lie, and no kernel splits it. The number of heads must be
-    a number: the kernel's grid runs over them, and its launch passes sizes, not ints."""
-    if op.results[0].type.dims[-3].constant is None:
-        return False
-    if any(reader_count.get(r.id) != 1 for r in op.results):
-        return False
-    reader = next((o for o in ops if op.results[0] in o.operands), None)
-    return reader is not None and _read_in_place(reader, op)
 
 
 def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:
@@ -179,6 +162,7 @@ def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:
     tensor, which then needs no copy."""
     return (
         kernel.kind == "attention"
+        and op.kind == "transpose"
         and rows_permuted(op)
         and ops[kernel.ops[-1]].results == (op.operands[0],)
     )
@@ -195,13 +179,11 @@ class _Kernel:
 
 def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
     """Whether elementwise ops may follow the kernel's anchor: a transpose's result is
-    one tile like a product's, but ``split_qkv`` has three, and a kernel that writes its
-    result through a row permutation (``_stored_in_place``) has its last op stored."""
+    one tile like a product's, but a kernel that writes its result through a row
+    permutation (``_stored_in_place``) has its last op stored."""
     last = ops[kernel.ops[-1]]
     if kernel.anchor is not None and last is not ops[kernel.anchor] and rows_permuted(last):
         return False
-    if kernel.kind == "layout":
-        return all(ops[i].kind != "split_qkv" for i in kernel.ops)
     return kernel.kind in _TAKES_EPILOGUE
 
 
@@ -306,9 +288,6 @@ def _kernels(
             kernels[source].ops.append(index)
             kernel_of[op.result.id] = source
             continue
-        if op.kind == "split_qkv" and _split_in_place(op, ops, reader_count):
-            views.update((r.id, [index]) for r in op.results)
-            continue
         if _placed_with_reader(op, reader_count):
             views[op.result.id] = [*viewed, index]
             continue
@@ -319,7 +298,7 @@ def _kernels(
             ]
             for indices in [g for g in given if g not in kept]:
                 own_kernel(indices)
-            viewed = sorted({i for g in kept for i in g})  # split_qkv gives three views
+            viewed = sorted({i for g in kept for i in g})
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
@@ -373,10 +352,11 @@ def _kernels(
 
 
 def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_Kernel]:
-    """A kernel reads a tensor through a reshape or a row permutation by taking it as a
+    """A kernel reads a tensor through a reshape or a transpose by taking it as a
     parameter of the view's dims, which serves no other read of the same tensor: such a
     view of a tensor that the kernel also reads otherwise (``x.reshape(...) + x``, or a
-    second view of it) is a copy kernel of its own, just before."""
+    second view of it) is a copy kernel of its own, just before. (``split_qkv``'s views
+    read the projection with its own dims, and so may share it.)"""
     out = []
     for kernel in kernels:
         inside = {r.id for i in kernel.ops for r in ops[i].results}
@@ -387,7 +367,7 @@ def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_K
                     reads[v.id] = reads.get(v.id, 0) + 1
         copied = [
             i for i in kernel.ops
-            if (ops[i].kind == "reshape" or rows_permuted(ops[i]))
+            if ops[i].kind in ("reshape", "transpose") and _is_view(ops[i])
             and reads.get(ops[i].operands[0].id, 0) > 1
         ]  # fmt: skip
         out += [_Kernel("elementwise", [i]) for i in copied]

@@ -20,7 +20,7 @@ from .values import Const, DimValue, Ev
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped", "rows_permuted", "folded", "ELEMENTWISE_MATH",
+    "last_two_swapped", "rows_permuted", "view_column", "folded", "ELEMENTWISE_MATH",
 ]  # fmt: skip
 
 #: The elementwise math a kernel computes on each element of a tile, wherever it is
@@ -218,21 +218,25 @@ def _neg(call: OpCall) -> object:
 @register("matmul", P("a"), P("b"))
 def _matmul(call: OpCall) -> object:
     """Matrix product, also written ``a @ b``: ``[..., M, K] @ [..., K, N] -> [..., M, N]``,
-    batch dims broadcast. Both operands have one dtype; the result has the accumulation
-    dtype: the operand's ``@accum`` policy, else f32 for floats and i32 for integers.
-    ``a @ b.T`` reads ``b`` where it lies, with no transposed copy (a ``[N, K]`` weight)."""
+    batch dims broadcast. A vector operand is one row (``[K] @ [K, N] -> [N]``) or one
+    column (``[M, K] @ [K] -> [M]``), as in numpy; a matrix times a vector runs as the row
+    sums of the products, one pass over the matrix. Both operands have one dtype; the
+    result has the accumulation dtype: the operand's ``@accum`` policy, else f32 for
+    floats and i32 for integers. ``a @ b.T`` reads ``b`` where it lies, with no
+    transposed copy (a ``[N, K]`` weight)."""
     a, b = call.tensor("a"), call.tensor("b")
     for name, value in (("a", a), ("b", b)):
-        if value.type.rank < 2:
+        if value.type.rank < 1:
             raise call.error(
-                f"needs matrices (2 or more dims); {call.shape_of(name)}", at=name,
+                f"needs vectors or matrices; {call.shape_of(name)}", at=name,
                 notes=call.notes_for(name),
             )  # fmt: skip
     ta, tb = a.type, b.type
+    inner = tb.dims[-2] if tb.rank > 1 else tb.dims[0]
     call.same_dim(
-        ta.dims[-1], tb.dims[-2],
+        ta.dims[-1], inner,
         lambda: f"inner dimensions differ: {call.shape_of('a')}, {call.shape_of('b')}",
-        f"inner dimension {ta.dims[-1]} == {tb.dims[-2]}", ("a", "b"),
+        f"inner dimension {ta.dims[-1]} == {inner}", ("a", "b"),
     )  # fmt: skip
     if ta.dtype != tb.dtype:
         raise call.error(
@@ -244,7 +248,9 @@ def _matmul(call: OpCall) -> object:
     batch = broadcast(call, "a", "b", ta.dims[:-2], tb.dims[:-2])
     policies = ta.policies if ta.policies.accum is not None else tb.policies
     dtype = accumulator(ta.dtype, policies)
-    return call.emit("matmul", (a, b), TensorType((*batch, ta.dims[-2], tb.dims[-1]), dtype))
+    rows = ta.dims[-2:-1]  # none for a vector
+    columns = tb.dims[-1:] if tb.rank > 1 else ()
+    return call.emit("matmul", (a, b), TensorType((*batch, *rows, *columns), dtype))
 
 
 # ----------------------------------------------------------------- unary math
@@ -601,9 +607,12 @@ def _split_qkv(call: OpCall) -> object:
     """Split a fused projection ``[..., S, C]`` into ``q, k, v``, each
     ``[..., heads, S, C/(3*heads)]``: q is columns ``[0, C/3)`` read as ``[..., S, heads,
     D]`` with the heads moved in front, k and v the next thirds, as GPT-2's code splits
-    them. ``heads`` is an integer or an ``int`` parameter; ``C`` must be a multiple of
-    ``3*heads`` (checked at run time when not known). ``flash_attention(q, k, v)`` reads
-    the three where they lie; no other reader has a kernel yet."""
+    them. ``heads`` is an integer (an ``int`` parameter type-checks, but no kernel takes
+    one yet); ``C`` must be a multiple of ``3*heads`` (checked at run time when not
+    known). Each of the three is a view of the projection, as a transpose that keeps the
+    last axis is: ``flash_attention(q, k, v)``, and an elementwise op or a rotary
+    embedding that reads one (``q * 0.5``), read it where it lies; any other reader gets
+    a copy."""
     qkv = call.tensor("qkv")
     if qkv.type.rank < 2:
         raise call.error(f"'qkv' needs at least 2 dims; {call.shape_of('qkv')}", at="qkv")
@@ -630,7 +639,12 @@ def _split_qkv(call: OpCall) -> object:
             "divisible", channels, heads * 3, "split_qkv: channels divide into 3*heads", call.span
         )
     one = TensorType((*qkv.type.dims[:-2], heads, qkv.type.dims[-2], width), qkv.type.dtype)
-    return call.emit("split_qkv", (qkv,), one, one, one, attrs=(("heads", str(heads)),))
+    n = len(one.dims)
+    perm = (*range(n - 3), n - 2, n - 3, n - 1)  # [..., S, heads, D] with the heads in front
+    return tuple(
+        call.emit("split_qkv", (qkv,), one, attrs=(("part", part), ("perm", perm)))
+        for part in range(3)
+    )
 
 
 @register("dropout", P("x"), P("p"), P("seed", keyword_only=True))
@@ -741,10 +755,21 @@ def _cast_like(call: OpCall) -> object:
 
 def rows_permuted(op: Op) -> bool:
     """Whether ``op`` is a transpose that keeps the last axis in place (``[S, H, D]`` as
-    ``[H, S, D]``): its rows are the operand's rows, which a kernel can load where they
-    lie, so it is a view rather than a kernel of its own."""
-    perm = op.attr("perm") if op.kind == "transpose" else None
+    ``[H, S, D]``), or one of ``split_qkv``'s three, which is such a transpose of a block
+    of its operand's columns: its rows are the operand's rows, which a kernel can load
+    where they lie, so it is a view rather than a kernel of its own."""
+    perm = op.attr("perm") if op.kind in ("transpose", "split_qkv") else None
     return perm is not None and keeps_last_axis(perm)
+
+
+def view_column(op: Op) -> Dim:
+    """Where the columns that a row permutation reads start in each row of its operand:
+    0 for a transpose, and ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k, v),
+    whose ``[..., H, S, D]`` lies in the rows of ``[..., S, 3*H*D]``."""
+    if op.kind != "split_qkv":
+        return Dim.const(0)
+    dims = op.result.type.dims
+    return dims[-3] * dims[-1] * op.attr("part")
 
 
 def has_transpose_kernel(perm: tuple[int, ...]) -> bool:
@@ -798,17 +823,21 @@ def _transpose(call: OpCall) -> object:
 @register("reshape", P("x"), P("shape"))
 def _reshape(call: OpCall) -> object:
     """View with another shape of the same number of elements. ``shape`` is a list of dims:
-    integers, strings (``"B*H"``, where ``-D`` sizes apply) or sizes from parameters. Also
-    a method, as in PyTorch: ``x.reshape("B*S", "C")``. A kernel reads the reshaped tensor
-    from memory with the new dims: a copy is made only of a reshape that is returned or
-    read by several ops."""
+    integers, strings (``"B*H"``, where ``-D`` sizes apply) or sizes from parameters; one
+    of them may be -1, the number of elements over the others, as in numpy. Also a
+    method, as in PyTorch: ``x.reshape("B*S", "C")``, ``x.reshape(-1, "C")``. A kernel
+    reads the reshaped tensor from memory with the new dims: a copy is made only of a
+    reshape that is returned or read by several ops."""
     x = call.tensor("x")
-    dims = _shape_arg(call, "shape")
+    given = _shape_arg(call, "shape")
     before, after = Dim.const(1), Dim.const(1)
     for d in x.type.dims:
         before = before * d
-    for d in dims:
-        after = after * d
+    for d in given:
+        after = after * d if d is not None else after
+    dims = tuple(_inferred(call, before, after) if d is None else d for d in given)
+    if None in given:
+        after = before
     call.same_dim(
         before, after,
         lambda: f"changes the number of elements: {call.shape_of('x')} has {before}, "
@@ -818,8 +847,24 @@ def _reshape(call: OpCall) -> object:
     return call.emit("reshape", (x,), TensorType(dims, x.type.dtype), attrs=(("shape", dims),))
 
 
-def _shape_arg(call: OpCall, name: str) -> tuple[Dim, ...]:
-    """A list of dims: ints, dim strings or sizes (``T.m``, ``x.shape[0]``)."""
+def _inferred(call: OpCall, elements: Dim, others: Dim) -> Dim:
+    """The dim that -1 stands for in a reshape: ``elements / others``, which must be whole
+    (checked at run time when not known)."""
+    dim = elements / others
+    if not dim.is_integral:
+        if elements.constant is not None and others.constant is not None:
+            raise call.error(
+                f"-1 stands for no whole dim: {call.shape_of('x')}, {elements} elements, "
+                f"not a multiple of {others}",
+                at="shape",
+            )
+        call.emitter.guard("divisible", elements, others, "reshape: -1 is a whole dim", call.span)
+    return dim
+
+
+def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
+    """A list of dims: ints, dim strings or sizes (``T.m``, ``x.shape[0]``); None for the
+    one -1 (numpy's "the rest")."""
     value = call.raw(name)
     items = (
         value.value if isinstance(value, Const) and isinstance(value.value, (list, tuple)) else None
@@ -830,9 +875,13 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim, ...]:
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (int, str, Dim)):
             raise call.error(f"'{name}' holds {item!r}, which is not a dim", at=name)
-        if isinstance(item, int):
+        if item == -1 and not isinstance(item, Dim):
+            if None in dims:
+                raise call.error("only one dim can be -1", at=name)
+            dims.append(None)
+        elif isinstance(item, int):
             if item <= 0:
-                raise call.error(f"dims are positive, not {item}", at=name)
+                raise call.error(f"dims are positive (or -1, for the rest), not {item}", at=name)
             dims.append(Dim.const(item))
         elif isinstance(item, str):
             try:

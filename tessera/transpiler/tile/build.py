@@ -22,7 +22,13 @@ from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
 from ..schedule.lower import TEMPLATES, template_of
-from .instantiate import TEMPLATE_PARAMS, instantiate, kept_axis_dropped, merged_rows
+from .instantiate import (
+    TEMPLATE_PARAMS,
+    instantiate,
+    kept_axis_dropped,
+    merged_rows,
+    view_of,
+)
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, View, lower_tile_function
 from .passes import run_tile_passes
@@ -92,7 +98,19 @@ def _lower_launch(
         if printed in names:
             v = names[printed]
             rename[v.id] = new_value(v.type, _param_name(v, result, printed))
-    ops = _views_as_params(kernel_order([function.body.ops[i] for i in group.ops]), rename)
+    ops = kernel_order([function.body.ops[i] for i in group.ops])
+    split = next(
+        (op for op in ops if op.kind == "split_qkv" and op.result.type.dims[-3].constant is None),
+        None,
+    )
+    if split is not None:
+        diags.error(
+            "split_qkv needs a number of heads (heads=12): the kernels that read q, k and v "
+            "run a grid over the heads, and a launch takes sizes, not int parameters",
+            split.span,
+        )
+        return None
+    ops = _views_as_params(ops, rename)
     anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
     views = _in_place(anchor, ops, rename)
     ops = [op for op in ops if not _viewed(op, views)]
@@ -134,7 +152,8 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
 
     kept = []
     for op in ops:
-        source = op.operands[0] if op.kind == "reshape" or rows_permuted(op) else None
+        retyped = op.kind == "reshape" or (op.kind == "transpose" and rows_permuted(op))
+        source = op.operands[0] if retyped else None
         if op.kind == "reshape" and source.id not in rename and op is ops[-1]:
             _retyped(rename, op.result, source.type)  # the group's result, written as computed
             continue
@@ -161,30 +180,18 @@ def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:
 
 def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dict[int, View]:
     """The tensors that fusion lets attention access where they lie, by value id: q, k
-    and v through a row permutation (heads split from ``[S, H*D]``), loaded from the
-    parameter the permutation reads, or as ``split_qkv``'s results, loaded from the
-    projection; and the result it stores through a row permutation (the heads merged
-    back), by the id of the value stored, into the output parameter, whose axes after
-    the rows are then one (``merged_rows``)."""
+    and v through a row permutation (heads split from ``[S, H*D]``, or by ``split_qkv``
+    from ``[S, 3*H*D]``), loaded from the parameter the permutation reads; and the
+    result it stores through a row permutation (the heads merged back), by the id of the
+    value stored, into the output parameter, whose axes after the rows are then one
+    (``merged_rows``)."""
     if anchor is None or anchor.kind != "flash_attention":
         return {}
     views = {
-        op.result.id: View(op.result, rename[op.operands[0].id], op.attr("perm"))
+        op.result.id: view_of(op, rename)
         for op in ops
         if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
     }
-    for op in ops:
-        if op.kind == "split_qkv" and op.operands[0].id in rename:
-            # q, k and v are [..., H, S, D] of the projection's rows [..., S, 3*H*D], side
-            # by side: the transposes of [..., S, H, D] at columns 0, H*D and 2*H*D
-            dims = op.results[0].type.dims
-            n = len(dims)
-            perm = (*range(n - 3), n - 2, n - 3, n - 1)
-            qkv = rename[op.operands[0].id]
-            views.update(
-                (r.id, View(r, qkv, perm, dims[-3] * dims[-1] * part))
-                for part, r in enumerate(op.results)
-            )
     last = ops[-1]
     if last is not anchor and rows_permuted(last) and last.operands[0].id not in rename:
         perm = last.attr("perm")
@@ -195,10 +202,8 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
 
 
 def _viewed(op: Op, views: dict[int, View]) -> bool:
-    """Whether ``op`` is a permutation or a split that the kernel reads, or writes,
-    through ``views``: no op of the kernel."""
-    if op.kind == "split_qkv":
-        return all(r.id in views for r in op.results)
+    """Whether ``op`` is a row permutation that the kernel reads, or writes, through
+    ``views``: no op of the kernel."""
     return rows_permuted(op) and (op.result.id in views or op.operands[0].id in views)
 
 
@@ -207,14 +212,6 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     if anchor is None:
         if len(ops[-1].results) == 1 and _chain(ops, ops[-1].result):
             return None  # the elementwise kernel's prologue
-        if ops[-1].kind == "split_qkv":
-            return (
-                "no tile kernel splits a projection yet: flash_attention reads split_qkv's "
-                "q, k and v where they lie when it is their one reader and heads is a "
-                "number (q, k, v = split_qkv(qkv, heads=12) and then flash_attention(q, k, "
-                "v)); otherwise project q, k and v with a product each (x @ wq, x @ wk, "
-                "x @ wv)"
-            )
         kinds = ", ".join(dict.fromkeys(op.kind for op in ops))
         return (
             f"no tile kernel implements a kernel of {kinds} yet; '--emit sched' shows its schedule"
@@ -259,10 +256,10 @@ def _chain(ops: list[Op], result: Value) -> bool:
 
 
 def _param_name(value: Value, result: Value | None, printed: str) -> str:
-    """A kernel parameter's name: ``out`` for the function's unnamed result, else the
-    name every launch takes the value by (``param_name``: an intermediate buffer is
-    passed under it)."""
-    return "out" if value.name is None and value is result else param_name(printed)
+    """A kernel parameter's name: ``out`` for the function's result, named in the source
+    or not, which the entry passes under that name; else the name every launch takes the
+    value by (``param_name``: an intermediate buffer is passed under it)."""
+    return "out" if value is result else param_name(printed)
 
 
 def _named_values(function: Function) -> list[tuple[Value, str]]:

@@ -27,6 +27,7 @@ from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, 
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
+from ..graph.graph_ops import rows_permuted, view_column
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType
@@ -36,7 +37,7 @@ from .lower import KernelInput, Prologue, View
 
 __all__ = [
     "TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped",
-    "merged_rows", "rows_permuted_load",
+    "merged_rows", "rows_permuted_load", "view_of",
 ]  # fmt: skip
 
 #: The library kernel each anchor op instantiates: (file, tensor parameters).
@@ -208,9 +209,8 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 current = _epilogue_operand(lowering, view, access, op.result.type, op.attr("axes"))
                 inside[op.result.id] = current
                 continue
-            if op.kind == "transpose" and op.operands[0].id not in inside:
-                source = rename[op.operands[0].id]
-                current = rows_permuted_load(lowering, source, access, op.attr("perm"))
+            if rows_permuted(op) and op.operands[0].id not in inside:
+                current = rows_permuted_load(lowering, view_of(op, rename), access)
                 inside[op.result.id] = current
                 continue
             if op.kind == "reshape" and op.operands[0].id not in inside:
@@ -253,13 +253,19 @@ def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
     return dataclasses.replace(t, dims=(*t.dims[: rows + 1], columns))
 
 
-def rows_permuted_load(lowering: Any, source: Value, out: Access, perm: tuple[int, ...]) -> Value:
-    """Load the rows of ``out`` (an access to the transpose's result) from ``source``,
-    the operand as ``merged_rows`` gives it."""
-    access = out.rows_permuted(perm)
+def view_of(op: Op, rename: dict[int, Value]) -> View:
+    """The view that a row permutation ``op`` (a transpose, or a part of ``split_qkv``)
+    gives of the kernel parameter its operand maps to."""
+    return View(op.result, rename[op.operands[0].id], op.attr("perm"), view_column(op))
+
+
+def rows_permuted_load(lowering: Any, view: View, out: Access) -> Value:
+    """Load the rows of ``out`` (an access to the view's tensor) where they lie in the
+    view's source."""
+    access = view.access(out)
     sizes = tuple(a.size for a in access.tile_axes)
     (loaded,) = lowering.emit(
-        "load", (source,), (TileType(sizes, source.type.dtype),), (("at", access),)
+        "load", (view.source,), (TileType(sizes, view.source.type.dtype),), (("at", access),)
     )
     return loaded
 
