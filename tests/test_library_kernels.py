@@ -529,6 +529,18 @@ def rest_inferred(x: Tensor["B", "S", "C", f32], w: Tensor["C", "N", f32]) -> Te
     return (y @ w).reshape(-1)
 
 @kernel
+def heads_scores(x: Tensor["B", "S", 128, bf16],
+                 y: Tensor["B", "S", 128, bf16]) -> Tensor["B", 2, "S", "S", f32]:
+    q = transpose(x.reshape("B", "S", 2, 64), (0, 2, 1, 3))
+    k = transpose(y.reshape("B", "S", 2, 64), (0, 2, 1, 3))
+    return q @ transpose(k, (0, 1, 3, 2))
+
+@kernel
+def heads_values(p: Tensor["B", 2, "S", "S", f32],
+                 y: Tensor["B", "S", 80, f32]) -> Tensor["B", 2, "S", 40, f32]:
+    return p @ transpose(y.reshape("B", "S", 2, 40), (0, 2, 1, 3))
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -689,6 +701,8 @@ RESHAPED = {
     "matrix_vector_bf16": lambda a, x: a.shape[:-1],
     "vector_matrix": lambda x, w: w.shape[1:],
     "vector_vector": lambda x, y: (),
+    "heads_scores": lambda x, y: (x.shape[0], 2, x.shape[1], y.shape[1]),
+    "heads_values": lambda p, y: (*p.shape[:-1], 40),
     "rest_inferred": lambda x, w: (x.shape[0] * x.shape[1] * w.shape[1],),
     "vector_softmax": lambda x: x.shape,
     "vector_max": lambda x: (),
@@ -1361,6 +1375,28 @@ def test_a_reshape_infers_the_dim_given_as_minus_one(library: Any) -> None:
 
 @pytest.mark.execute
 @needs_gxx
+def test_products_read_heads_where_they_lie(library: Any) -> None:
+    """A product's operand split into heads (``[B, S, H*D]`` as ``[B, H, S, D]``, or by
+    ``split_qkv``) is read from the tensor it permutes, each head's rows at column
+    ``D*h``: no kernel copies the heads out first. Heads of 40 and of 11 end inside a
+    tile, which is masked there."""
+    rng = np.random.default_rng(64)
+    x, y = (rng.standard_normal((2, 37, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    q, k = (f64(t).reshape(2, 37, 2, 64).transpose(0, 2, 1, 3) for t in (x, y))
+    out = f64(library.heads_scores(x, y))
+    np.testing.assert_allclose(out, q @ np.swapaxes(k, -1, -2), rtol=1e-4, atol=1e-3)
+    p = rng.standard_normal((2, 2, 37, 37), dtype=np.float32)
+    y = rng.standard_normal((2, 37, 80), dtype=np.float32)
+    want = f64(p) @ f64(y).reshape(2, 37, 2, 40).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(f64(library.heads_values(p, y)), want, rtol=1e-4, atol=1e-4)
+    qkv = rng.standard_normal((29, 99), dtype=np.float32)
+    q, k, _ = _split(f64(qkv), 3)
+    out = f64(library.split_scores(qkv))
+    np.testing.assert_allclose(out, q @ np.swapaxes(k, -1, -2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
 def test_a_result_named_in_the_source(library: Any) -> None:
     """``y = ...; return y``: the kernel writes the entry's result, whatever the source
     calls it. The entry point passed a ``y`` it did not declare, and did not compile."""
@@ -1412,8 +1448,8 @@ def test_attention_reads_split_qkv_where_it_lies(library: Any) -> None:
 def test_split_qkv_read_by_other_ops(library: Any) -> None:
     """``split_qkv``'s results are views of the projection for any reader: an elementwise
     op or a rotary embedding loads its rows where they lie (GPT-NeoX rotates q and k
-    after splitting them), and a result returned, or read by a product, is copied out.
-    Each of these was an error."""
+    after splitting them), and so does a product; a result returned is copied out. Each
+    of these was an error."""
     rng = np.random.default_rng(60)
     qkv = rng.standard_normal((45, 384), dtype=np.float32)
     q, k, v = _split(f64(qkv), 2)

@@ -27,7 +27,8 @@ Triton-based compilers:
   that reads it, which loads the value there as broadcast along the new axis.
 - A transpose that keeps the last axis (``[S, H, D]`` as ``[H, S, D]``) is a view of the
   same kind: the elementwise op that reads it loads the operand's rows where they lie,
-  and so does an attention that reads it as q, k or v (heads split from ``[S, H*D]``).
+  and so do an attention that reads it as q, k or v (heads split from ``[S, H*D]``) and
+  a product that reads it as an operand (``q @ k.T`` of split heads).
   Each of ``split_qkv``'s three results is such a view of a block of the projection's
   columns. One that no such op reads alone is an elementwise kernel that copies.
 - A reshape of a value in memory is a view too, and joins the kernel of its one reader
@@ -146,13 +147,11 @@ def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
 
 def _read_in_place(reader: Op, view: Op) -> bool:
     """Whether ``reader``'s kernel loads the view's tiles where they lie: attention reads
-    its q, k and v through a row permutation (heads split from ``[S, H*D]`` as
-    ``[H, S, D]``, or by ``split_qkv``), a block of whole rows at a time."""
-    return (
-        reader.kind == "flash_attention"
-        and rows_permuted(view)
-        and view.result in reader.operands[:3]
-    )
+    its q, k and v, and a product its operands, through a row permutation (heads split
+    from ``[S, H*D]`` as ``[H, S, D]``, or by ``split_qkv``), a block of whole rows at a
+    time."""
+    operands = {"flash_attention": 3, "matmul": 2}.get(reader.kind, 0)
+    return rows_permuted(view) and view.result in reader.operands[:operands]
 
 
 def _stored_in_place(kernel: _Kernel, op: Op, ops: tuple[Op, ...]) -> bool:

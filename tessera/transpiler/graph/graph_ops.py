@@ -610,9 +610,9 @@ def _split_qkv(call: OpCall) -> object:
     them. ``heads`` is an integer (an ``int`` parameter type-checks, but no kernel takes
     one yet); ``C`` must be a multiple of ``3*heads`` (checked at run time when not
     known). Each of the three is a view of the projection, as a transpose that keeps the
-    last axis is: ``flash_attention(q, k, v)``, and an elementwise op or a rotary
-    embedding that reads one (``q * 0.5``), read it where it lies; any other reader gets
-    a copy."""
+    last axis is: ``flash_attention(q, k, v)``, a product (``q @ k.T``), and an
+    elementwise op or a rotary embedding that reads one (``q * 0.5``), read it where it
+    lies; any other reader gets a copy."""
     qkv = call.tensor("qkv")
     if qkv.type.rank < 2:
         raise call.error(f"'qkv' needs at least 2 dims; {call.shape_of('qkv')}", at="qkv")

@@ -179,13 +179,13 @@ def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:
 
 
 def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dict[int, View]:
-    """The tensors that fusion lets attention access where they lie, by value id: q, k
-    and v through a row permutation (heads split from ``[S, H*D]``, or by ``split_qkv``
-    from ``[S, 3*H*D]``), loaded from the parameter the permutation reads; and the
-    result it stores through a row permutation (the heads merged back), by the id of the
-    value stored, into the output parameter, whose axes after the rows are then one
-    (``merged_rows``)."""
-    if anchor is None or anchor.kind != "flash_attention":
+    """The tensors that fusion lets attention or a product access where they lie, by
+    value id: the operands read through a row permutation (heads split from ``[S, H*D]``,
+    or by ``split_qkv`` from ``[S, 3*H*D]``), loaded from the parameter the permutation
+    reads; and the result that attention stores through a row permutation (the heads
+    merged back), by the id of the value stored, into the output parameter, whose axes
+    after the rows are then one (``merged_rows``)."""
+    if anchor is None or anchor.kind not in ("flash_attention", "matmul"):
         return {}
     views = {
         op.result.id: view_of(op, rename)
@@ -193,7 +193,8 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
         if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
     }
     last = ops[-1]
-    if last is not anchor and rows_permuted(last) and last.operands[0].id not in rename:
+    stored = anchor.kind == "flash_attention" and last is not anchor and rows_permuted(last)
+    if stored and last.operands[0].id not in rename:
         perm = last.attr("perm")
         inverse = tuple(perm.index(axis) for axis in range(len(perm)))
         out = _retyped(rename, last.result, merged_rows(last.result.type, inverse))
