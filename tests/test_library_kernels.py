@@ -541,6 +541,11 @@ def heads_values(p: Tensor["B", 2, "S", "S", f32],
     return p @ transpose(y.reshape("B", "S", 2, 40), (0, 2, 1, 3))
 
 @kernel
+def broadcast_batch(a: Tensor["B", "M", "K", f32],
+                    w: Tensor[1, "K", "N", f32]) -> Tensor["B", "M", "N", f32]:
+    return a @ w
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -676,7 +681,8 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "graph_attention": 2, "graph_attention_bf16": 2, "scaled_rows_matmul": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
             "product_by_later_sums": 1, "param_scaled_attention": 2,
-            "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1}  # fmt: skip
+            "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1,
+            "broadcast_batch": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -1393,6 +1399,18 @@ def test_products_read_heads_where_they_lie(library: Any) -> None:
     q, k, _ = _split(f64(qkv), 3)
     out = f64(library.split_scores(qkv))
     np.testing.assert_allclose(out, q @ np.swapaxes(k, -1, -2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_batch_dim_of_one_is_broadcast(library: Any) -> None:
+    """``[B, M, K] @ [1, K, N]``: every program reads the one matrix of ``w``. Its index
+    was the program's, so programs past the first read past the tensor."""
+    rng = np.random.default_rng(65)
+    a = rng.standard_normal((3, 37, 20), dtype=np.float32)
+    w = rng.standard_normal((1, 20, 29), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.broadcast_batch(a, w)), f64(a) @ f64(w), rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
 
 
 @pytest.mark.execute

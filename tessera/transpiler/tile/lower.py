@@ -31,6 +31,7 @@ TILE_NAMES = {
     "BM": "T.m", "BN": "T.n", "BK": "T.k", "BD": "T.d", "rows": "T.m", "elements": "T.m",
 }  # fmt: skip
 INDEX = ScalarType("index")
+_ONE = Dim.const(1)
 #: The program id whose block a tile size is, when the size is written as such.
 _ROLE_OF = {"T.m": "pid_m", "T.n": "pid_n"}
 
@@ -254,7 +255,8 @@ class _Lowering:
         written = tile_dims
         if op is not None:
             written = (op.result if op.kind == "tile.load" else op.operands[1]).type.dims
-        axes = [Axis(Dim.sym(p), Dim.const(1), d, index=True)
+        # a batch dim of one element is broadcast: every program reads its element 0
+        axes = [Axis(Dim.const(0) if d == _ONE else Dim.sym(p), _ONE, d, index=True)
                 for p, d in zip(self._batch_pids(len(dims) - len(tile_dims)),
                                 dims[: len(dims) - len(tile_dims)], strict=True)]  # fmt: skip
         for name, extent, size, spelled in zip(names, tiled, tile_dims, written, strict=True):
