@@ -409,12 +409,22 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
                 "a launch takes sizes, not int parameters",
             ],
         ),
+        (
+            '@kernel\ndef f(q: Tensor["S", 32, f32], k: Tensor["S", 32, f32],\n'
+            '      v: Tensor["S", 48, f32]) -> Tensor["S", 48, f32]:\n'
+            "    return flash_attention(q, k, v)\n",
+            [
+                "4:12: error: flash_attention with a value head dim (48) other than the query's",
+                "the kernel's head-dim tile serves q, k and v alike",
+            ],
+        ),
     ],
     ids=[
         "integer-matmul",
         "collective",
         "scalar-for-attention",
         "split-int-heads",
+        "value-head-dim",
     ],
 )
 def test_what_no_kernel_runs_is_an_error_at_its_line_that_says_what_to_do(

@@ -500,7 +500,9 @@ for _kind in ("rmsnorm", "rmsnorm_safe"):
 def _flash_attention(call: OpCall) -> object:
     """Scaled dot-product attention, ``softmax(q @ k^T * scale) @ v``, without materialising
     the scores: ``q [..., Sq, D]``, ``k [..., Sk, D]``, ``v [..., Sk, Dv]`` give
-    ``[..., Sq, Dv]`` in q's dtype. ``causal`` masks keys after each query; ``dropout``
+    ``[..., Sq, Dv]`` in q's dtype (the library's kernel takes ``Dv == D`` only).
+    ``causal`` masks the keys after each query, query ``i`` seeing keys ``0..i`` (the
+    top-left corner, as PyTorch's ``is_causal``, when ``Sq != Sk``); ``dropout``
     (a probability, or a float parameter) drops attention weights and is an rng effect;
     ``scale`` (a number, or a float parameter) defaults to ``1/sqrt(D)``. Also available as
     ``ops.flash_attention``."""

@@ -233,6 +233,13 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
         )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"
+    if anchor.kind == "flash_attention":
+        d, dv = (v.type.dims[-1] for v in (anchor.operands[0], anchor.operands[2]))
+        if d != dv:
+            return (
+                f"flash_attention with a value head dim ({dv}) other than the query's ({d}) "
+                "has no tile kernel yet: the kernel's head-dim tile serves q, k and v alike"
+            )
     if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
         return f"{anchor.kind} with these ops has no tile kernel yet"
     return None
