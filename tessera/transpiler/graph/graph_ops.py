@@ -492,6 +492,18 @@ for _kind in ("rmsnorm", "rmsnorm_safe"):
 # ------------------------------------------------------------------ attention
 
 
+def _grouped_heads(q: tuple[Dim, ...], k: tuple[Dim, ...], axis: int) -> str:
+    """What a kernel author who shares k and v heads between q heads (grouped-query
+    attention, Llama's and Mistral's) needs to hear when the head axes differ."""
+    heads, groups = q[axis].constant, k[axis].constant
+    if axis != len(q) - 3 or heads is None or groups is None or heads % groups:
+        return ""
+    return (
+        f" (grouped-query attention, {groups} k and v heads for {heads} q heads, has no "
+        "kernel yet: project k and v to as many heads as q)"
+    )
+
+
 @register(
     "flash_attention", P("q"), P("k"), P("v"),
     P("causal", False, keyword_only=True), P("dropout", 0.0, keyword_only=True),
@@ -520,7 +532,8 @@ def _flash_attention(call: OpCall) -> object:
         for name, t in (("k", tk), ("v", tv)):
             call.same_dim(
                 tq.dims[i], t.dims[i],
-                lambda name=name: f"batch dims differ: {call.shape_of('q')}, {call.shape_of(name)}",
+                lambda name=name, i=i: f"batch dims differ: {call.shape_of('q')}, "
+                f"{call.shape_of(name)}{_grouped_heads(tq.dims, tk.dims, i)}",
                 f"batch dim {i}", ("q", name),
             )  # fmt: skip
     call.same_dim(
