@@ -546,6 +546,24 @@ def broadcast_batch(a: Tensor["B", "M", "K", f32],
     return a @ w
 
 @kernel
+def gated_mlp(h: Tensor["N", "E", f32], wg: Tensor["E", "G", f32],
+              wu: Tensor["E", "G", f32]) -> Tensor["N", "G", f32]:
+    return silu(h @ wg) * (h @ wu)
+
+@kernel
+def grouped_norm(x: Tensor["N", "E", f32], eps: float = 1e-5) -> Tensor["N", "E", f32]:
+    g = x.reshape("N", "E/4", 4)
+    return (g / sqrt(mean(g * g, axis=-1, keepdims=True) + eps)).reshape("N", "E")
+
+@kernel
+def calls_helpers(x: Tensor["B", "S", "C", f32], wg: Tensor["C", "F", f32],
+                  wu: Tensor["C", "F", f32],
+                  wd: Tensor["F", "C", f32]) -> Tensor["B", "S", "C", f32]:
+    h = grouped_norm(x.reshape("B*S", "C"))
+    y = gated_mlp(h, wg, wu) @ wd
+    return x + grouped_norm(y, eps=1e-3).reshape("B", "S", "C")
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -682,7 +700,7 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
             "product_by_later_sums": 1, "param_scaled_attention": 2,
             "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1,
-            "broadcast_batch": 1}  # fmt: skip
+            "broadcast_batch": 1, "gated_mlp": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -1374,7 +1392,7 @@ def test_a_reshape_infers_the_dim_given_as_minus_one(library: Any) -> None:
     y = softmax(f64(x).reshape(2, 37, 11, 4)).reshape(-1, 44)
     out = f64(library.rest_inferred(x, w))
     np.testing.assert_allclose(out, (y @ f64(w)).reshape(-1), rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="reshape: -1 is a whole dim"):
+    with pytest.raises(ValueError, match="reshape: C/4 is a whole dim"):
         x, w = (rng.standard_normal(shape, dtype=np.float32) for shape in ((2, 37, 45), (45, 29)))
         library.rest_inferred(x, w)
 
@@ -1411,6 +1429,38 @@ def test_a_batch_dim_of_one_is_broadcast(library: Any) -> None:
     w = rng.standard_normal((1, 20, 29), dtype=np.float32)
     np.testing.assert_allclose(f64(library.broadcast_batch(a, w)), f64(a) @ f64(w), rtol=1e-4,
                                atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_function_calls_the_files_other_functions(library: Any) -> None:
+    """A graph function calls another as model code calls a helper: the callee's body
+    runs on the caller's values, its sizes are the caller's dims (``E`` is ``C``, ``N``
+    is ``B*S``), a default fills a parameter left out, and its ops fuse with the
+    caller's. A call was an error ("unknown name"). The callee's ``E/4`` is guarded in
+    the caller: ``C`` must be a multiple of 4."""
+    rng = np.random.default_rng(66)
+
+    def norm(x: np.ndarray, eps: float) -> np.ndarray:
+        g = x.reshape(x.shape[0], -1, 4)
+        return (g / np.sqrt((g * g).mean(-1, keepdims=True) + eps)).reshape(x.shape)
+
+    def silu(z: np.ndarray) -> np.ndarray:
+        return z / (1 + np.exp(-z))
+
+    x = rng.standard_normal((2, 37, 44), dtype=np.float32)
+    wg, wu = (rng.standard_normal((44, 70), dtype=np.float32) / 7 for _ in range(2))
+    wd = rng.standard_normal((70, 44), dtype=np.float32) / 8
+    h = norm(f64(x).reshape(-1, 44), 1e-5)
+    y = (silu(h @ f64(wg)) * (h @ f64(wu))) @ f64(wd)
+    want = f64(x) + norm(y, 1e-3).reshape(x.shape)
+    out = f64(library.calls_helpers(x, wg, wu, wd))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(f64(library.grouped_norm(x[0])), norm(f64(x[0]), 1e-5),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="reshape: C/4 is a whole dim"):
+        narrow = (np.ascontiguousarray(a) for a in (x[..., :42], wg[:42], wu[:42], wd[:, :42]))
+        library.calls_helpers(*narrow)
 
 
 @pytest.mark.execute

@@ -132,6 +132,11 @@ def decoder_block(
     _shape("decoder_block", "w3", w3, "[C, F]", (C, F))
     w2 = _tensor("decoder_block", "w2", w2, "float32", 2)
     _shape("decoder_block", "w2", w2, "[F, C]", (F, C))
+    if C % 64 != 0:
+        raise ValueError(
+            f"decoder_block(): C = {C} breaks C % ... == 0 with 64 "
+            "(reshape: C/64 is a whole dim)"
+        )
     if out is None:
         out = cupy.empty((S, C), dtype="float32")
     else:

@@ -105,12 +105,27 @@ class Dim:
     def symbols(self) -> frozenset[str]:
         return frozenset(s for m, _ in self.terms for s, _ in m)
 
-    def substitute(self, values: dict[str, int]) -> Dim:
+    def fraction(self) -> tuple[Dim, Dim]:
+        """This dim as numerator / denominator, both integral (``S/2`` -> ``S``, ``2``): a
+        fractional dim is whole where the numerator is a multiple of the denominator."""
+        denominator = Dim.const(1)
+        for monomial, coeff in self.terms:
+            denominator = denominator * Dim.const(coeff.denominator)
+            for symbol, power in monomial:
+                if power < 0:
+                    denominator = denominator * Dim.sym(symbol)
+        return self * denominator, denominator
+
+    def substitute(self, values: Mapping[str, int | Dim]) -> Dim:
+        """This dim with each symbol that ``values`` gives replaced: by a number (``-D``),
+        or by a dim (a called function's sizes, which are its caller's dims)."""
         result = Dim.const(0)
         for monomial, coeff in self.terms:
             term = Dim.const(coeff)
             for symbol, power in monomial:
-                base = Dim.const(values[symbol]) if symbol in values else Dim.sym(symbol)
+                given = values.get(symbol)
+                base = Dim.sym(symbol) if given is None else given
+                base = base if isinstance(base, Dim) else Dim.const(base)
                 for _ in range(abs(power)):
                     term = term * base if power > 0 else term / base
             result = result + term

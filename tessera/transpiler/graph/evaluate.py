@@ -30,6 +30,7 @@ from .values import (
     DimValue,
     DTypeRef,
     Ev,
+    FunctionRef,
     Namespace,
     OpRef,
     Poison,
@@ -106,6 +107,10 @@ class Evaluator:
             return DTypeRef(dtype)
         if name in NAMESPACES:
             return Namespace(name)
+        if self.function is not None:
+            called = self.function.function_named(name, span)
+            if called is not None:
+                return called
         if name in GRAPH_OPS and GRAPH_OPS[name].level != "any":
             return OpRef(name)
         if name in BUILTINS:
@@ -503,6 +508,8 @@ class Evaluator:
         ):
             return POISON
         ref = callee.value
+        if isinstance(ref, FunctionRef):
+            return self.function.call_function(ref.node, args, keywords, node.span)
         if not isinstance(ref, OpRef):
             raise SemanticError(f"{callee.text} is {describe(ref)}, not a function", node.func.span)
         name = ref.name

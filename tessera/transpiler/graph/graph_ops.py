@@ -853,6 +853,13 @@ def _reshape(call: OpCall) -> object:
     dims = tuple(_inferred(call, before, after) if d is None else d for d in given)
     if None in given:
         after = before
+    for d in dims:
+        if not d.is_integral:  # "C/4": whole where C is a multiple of 4
+            if not d.symbols():
+                raise call.error(f"the dim {d} is not a whole number", at="shape")
+            call.emitter.guard(
+                "divisible", *d.fraction(), f"reshape: {d} is a whole dim", call.span
+            )
     call.same_dim(
         before, after,
         lambda: f"changes the number of elements: {call.shape_of('x')} has {before}, "
@@ -866,15 +873,13 @@ def _inferred(call: OpCall, elements: Dim, others: Dim) -> Dim:
     """The dim that -1 stands for in a reshape: ``elements / others``, which must be whole
     (checked at run time when not known)."""
     dim = elements / others
-    if not dim.is_integral:
-        if elements.constant is not None and others.constant is not None:
-            raise call.error(
-                f"-1 stands for no whole dim: {call.shape_of('x')}, {elements} elements, "
-                f"not a multiple of {others}",
-                at="shape",
-            )
-        call.emitter.guard("divisible", elements, others, "reshape: -1 is a whole dim", call.span)
-    return dim
+    if not dim.symbols() and not dim.is_integral:
+        raise call.error(
+            f"-1 stands for no whole dim: {call.shape_of('x')}, {elements} elements, "
+            f"not a multiple of {others}",
+            at="shape",
+        )
+    return dim  # a fraction of sizes is guarded as any other dim of the shape
 
 
 def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:

@@ -38,7 +38,9 @@ from .types import (
 from .values import (
     POISON,
     Const,
+    DimValue,
     Ev,
+    FunctionRef,
     Namespace,
     OpRef,
     Poison,
@@ -85,6 +87,11 @@ class _ModuleAnalyzer:
         self.given = given
         self.globals: dict[str, Any] = {}
         self.global_spans: dict[str, Span] = {}
+        #: the file's functions, which a graph function may call (``_Inlined``)
+        self.function_defs: dict[str, ast.FunctionDef] = {}
+        for stmt in module.body:
+            if isinstance(stmt, ast.FunctionDef):
+                self.function_defs.setdefault(stmt.name, stmt)
 
     def run(self) -> GraphModule:
         functions: list[Function] = []
@@ -245,6 +252,41 @@ class _FunctionAnalyzer:
         self.returned: tuple[Value, ...] | None = None
         self.schedule: ScheduleSpec | None = None
         self.schedule_span: Span | None = None
+        #: the functions whose bodies are running here: this one, and those it calls
+        self.stack: tuple[str, ...] = (node.name,)
+
+    # -- calls of the file's other functions -----------------------------------------
+
+    def function_named(self, name: str, span: Span) -> FunctionRef | None:
+        """The file's function ``name``, where the name means it: a function's own name
+        inside it is the library op of that name, if any (``def softmax(x): return
+        softmax(x * 2.0)``), and otherwise a recursion, which no kernel can run."""
+        node = self.owner.function_defs.get(name)
+        if node is None:
+            return None
+        if name in self.stack:
+            if name in GRAPH_OPS and GRAPH_OPS[name].level != "any":
+                return None
+            through = f" through {', '.join(self.stack[1:])}" if len(self.stack) > 1 else ""
+            raise SemanticError(
+                f"'{name}' calls itself{through}: a call runs the function's body in place, "
+                "so it cannot recurse",
+                span,
+            )
+        return FunctionRef(node)
+
+    def call_function(
+        self, node: ast.FunctionDef, args: list[Ev], keywords: list, span: Span
+    ) -> Value | Poison:
+        """A call of another graph function: its body runs here, on these values."""
+        if self.kind == "tile" or _calls_tile_context(node.body):
+            what = "is called from a tile kernel" if self.kind == "tile" else "is a tile kernel"
+            raise SemanticError(
+                f"{node.name}() {what}: only graph functions call each other (a tile kernel "
+                "runs as a launch of its own)",
+                span,
+            )
+        return _Inlined(self, node, span).call(args, keywords)
 
     # -- the Emitter protocol for op rules -----------------------------------------
 
@@ -522,7 +564,7 @@ class _FunctionAnalyzer:
                     span,
                 )
             elif not dim.is_integral:
-                numerator, denominator = _fraction(dim)
+                numerator, denominator = dim.fraction()
                 self.guard(
                     "divisible", numerator, denominator, f"'{name}' has a dim \"{dim}\"", span
                 )
@@ -877,12 +919,142 @@ def _is_ellipsis(stmt: ast.Stmt) -> bool:
     return isinstance(stmt, ast.ExprStmt) and isinstance(stmt.value, ast.EllipsisLit)
 
 
-def _fraction(dim: Dim) -> tuple[Dim, Dim]:
-    """Split ``dim`` as numerator / denominator, both integral (``S/2`` -> ``S``, ``2``)."""
-    denominator = Dim.const(1)
-    for monomial, coeff in dim.terms:
-        denominator = denominator * Dim.const(coeff.denominator)
-        for symbol, power in monomial:
-            if power < 0:
-                denominator = denominator * Dim.sym(symbol)
-    return dim * denominator, denominator
+class _Inlined(_FunctionAnalyzer):
+    """Another graph function of the file, called from ``caller``: its body runs on the
+    caller's values and its ops join the caller's, so that fusion sees one dataflow. Its
+    sizes are the caller's dims (``"C"`` of its ``Tensor["R", "C", f32]`` stands for
+    whatever the argument's last dim is), its guards become the caller's, and an error
+    in it points at its line, with a note at the call."""
+
+    def __init__(self, caller: _FunctionAnalyzer, node: ast.FunctionDef, span: Span) -> None:
+        super().__init__(caller.owner, node)
+        self.blocks, self.guards = caller.blocks, caller.guards
+        self.with_attrs, self.param_spans = caller.with_attrs, caller.param_spans
+        self.stack = (*caller.stack, node.name)
+        self.diags = _CalledFrom(caller.diags, Note(f"in this call of {node.name}()", span))
+        self.span = span
+
+    def call(self, args: list[Ev], keywords: list) -> Value | Poison:
+        if self.node.returns is None:
+            raise SemanticError(
+                f"{self.node.name}() returns nothing: a call takes the result of a function "
+                "that declares one",
+                self.span,
+            )
+        bound = self._bind(args, keywords)
+        for name, ev in bound.items():
+            self.env[name] = ev.value
+        if any(isinstance(ev.value, Poison) for ev in bound.values()):
+            return POISON
+        self._sizes(bound)
+        errors = self.diags.error_count
+        self._block(tuple(s for s in self.node.body if not _is_docstring(s, self.node.body)), True)
+        if self.diags.error_count > errors or not self.returned:
+            return POISON
+        return self.returned[0]
+
+    def _bind(self, args: list[Ev], keywords: list) -> dict[str, Ev]:
+        """The arguments by parameter, as Python binds them; defaults filled in."""
+        name = self.node.name
+        params = self.node.params
+        positional = [p.name for p in params if not p.keyword_only]
+        if len(args) > len(positional):
+            raise SemanticError(
+                f"{name}() takes {len(positional)} positional arguments, {len(args)} given",
+                args[len(positional)].span,
+            )
+        bound = dict(zip(positional, args, strict=False))
+        for keyword, ev, span in keywords:
+            if keyword not in {p.name for p in params}:
+                raise SemanticError(f"{name}() has no parameter '{keyword}'", span)
+            if keyword in bound:
+                raise SemanticError(f"{name}() got '{keyword}' twice", span)
+            bound[keyword] = ev
+        for p in params:
+            if p.name not in bound:
+                if p.default is None:
+                    raise SemanticError(f"{name}() is missing '{p.name}'", self.span)
+                bound[p.name] = self.evaluator.eval(p.default)
+        return bound
+
+    def _sizes(self, bound: dict[str, Ev]) -> None:
+        """Give the function's sizes the dims of the arguments, and check each argument
+        against its parameter's type: a size alone in a dim first (``"C"``), then the
+        dims made of sizes (``"C/4"``), which must agree, here or at run time."""
+        declared = {}
+        for p in self.node.params:
+            if p.annotation is None:
+                raise SemanticError(f"{self.node.name}() has a parameter without a type", self.span)
+            t = resolve_type(p.annotation, self.defines)
+            ev = bound[p.name]
+            given = ev.value.type if isinstance(ev.value, Value) else None
+            where = f"{self.node.name}(): '{p.name}'"
+            if isinstance(t, ScalarType):
+                self._scalar(p.name, t, ev, where)
+                continue
+            if not isinstance(t, TensorType) or not isinstance(given, TensorType):
+                raise SemanticError(f"{where} is {t}, given {describe(ev.value)}", ev.span)
+            if given.rank != t.rank or given.dtype != t.dtype:
+                raise SemanticError(f"{where} is {_shown(t)}, given {_shown(given)}", ev.span)
+            declared[p.name] = (t, given, ev)
+            for want, have in zip(t.dims, given.dims, strict=True):
+                if want.symbol is not None:
+                    self.dims.setdefault(want.symbol, have)
+        self.defines.update(self.dims)
+        for name, (t, given, ev) in declared.items():
+            for want, have in zip(t.dims, given.dims, strict=True):
+                want = want.substitute(self.defines)
+                if want == have:
+                    continue
+                if want.constant is not None and have.constant is not None:
+                    raise SemanticError(
+                        f"{self.node.name}(): '{name}' is {_shown(t)}, given {_shown(given)}",
+                        ev.span,
+                    )
+                self.guard("equal", have, want, f"{self.node.name}(): '{name}' shape", ev.span)
+
+    def _scalar(self, name: str, t: ScalarType, ev: Ev, where: str) -> None:
+        """A scalar argument: a number, or a scalar value, of the parameter's kind; an
+        int that names a size gives it its value."""
+        v = ev.value
+        if isinstance(v, DimValue) and t.kind == "int":
+            self.dims[name] = v.dim
+            return
+        if isinstance(v, Const):
+            ok = {"int": is_int(v), "float": is_number(v), "bool": isinstance(v.value, bool)}
+            if not ok[t.kind]:
+                raise SemanticError(f"{where} is {t.kind}, given {describe(v)}", ev.span)
+            if t.kind == "int":
+                self.dims[name] = Dim.const(v.value)
+            return
+        if not isinstance(v, Value) or v.type != t:
+            raise SemanticError(f"{where} is {t.kind}, given {describe(v)}", ev.span)
+        if t.kind == "int" and v.name is not None:
+            self.dims[name] = Dim.sym(v.name)  # the caller's int parameter, a size there
+
+
+def _shown(t: TensorType) -> str:
+    return f"{dims_text(t.dims)} {t.dtype}"
+
+
+class _CalledFrom:
+    """The caller's diagnostics, with a note at the call on each error in the called
+    function's body. An error that the function's own analysis reported already, at
+    the same place, is not said twice."""
+
+    def __init__(self, diags: Any, note: Note) -> None:
+        self._diags = diags
+        self._note = note
+
+    @property
+    def error_count(self) -> int:
+        return self._diags.error_count
+
+    def error(self, message: str, span: Span | None = None, notes: tuple[Note, ...] = ()) -> None:
+        if any(d.message == message and d.span == span for d in self._diags.items):
+            self._diags.error(f"{message} (as reported above)", self._note.span)
+            return
+        self._diags.error(message, span, (*notes, self._note))
+
+    def warning(self, message: str, span: Span | None = None) -> None:
+        self._diags.warning(message, span)

@@ -28,6 +28,7 @@ __all__ = [
     "Namespace",
     "ScheduleValue",
     "OpRef",
+    "FunctionRef",
     "Poison",
     "POISON",
     "Ev",
@@ -83,6 +84,13 @@ class OpRef:
 
     name: str
     receiver: Any = None
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    """Another function of the file, called by name: its body runs in the caller."""
+
+    node: Any
 
 
 class Poison:
