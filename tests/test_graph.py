@@ -637,6 +637,31 @@ def test_split_qkv_gives_views_of_the_projection(
     assert groups(text) == want
 
 
+def test_grouped_query_attention_reads_and_writes_heads_where_they_lie() -> None:
+    """Four q heads, two k and v heads: q is split as [2, 2, S, 64] and k and v as
+    [2, 1, S, 64], each a view of its projection through one permutation (the split
+    moved before it), and the result is stored merged, where the product reads it."""
+    text = (
+        "@kernel\ndef f(x: Tensor['S', 256, f32], y: Tensor['S', 128, f32],\n"
+        "      z: Tensor['S', 128, f32], w: Tensor[256, 256, f32]):\n"
+        "    q = transpose(x.reshape('S', 4, 64), (1, 0, 2))\n"
+        "    k = transpose(y.reshape('S', 2, 64), (1, 0, 2))\n"
+        "    v = transpose(z.reshape('S', 2, 64), (1, 0, 2))\n"
+        "    o = flash_attention(q, k, v)\n"
+        "    return transpose(o, (1, 0, 2)).reshape('S', 256) @ w\n"
+    )
+    views = ["reshape", "transpose"] * 3
+    assert groups(text) == [
+        ("attention", [*views, "flash_attention", "transpose"]),
+        ("gemm", ["reshape", "matmul"]),
+    ]
+    function = graph(text).functions[0]
+    split = [op for op in function.body.ops if op.kind == "reshape"][:3]
+    assert [str(op.result.type) for op in split] == [
+        "tensor<[S, 2, 2, 64], f32>", "tensor<[S, 2, 1, 64], f32>", "tensor<[S, 2, 1, 64], f32>"
+    ]  # fmt: skip
+
+
 def test_a_transpose_kernel_computes_the_ops_around_it() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['R', 'C', f32], y: Tensor['C', 'R', f32]):\n"

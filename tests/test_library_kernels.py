@@ -564,6 +564,31 @@ def calls_helpers(x: Tensor["B", "S", "C", f32], wg: Tensor["C", "F", f32],
     return x + grouped_norm(y, eps=1e-3).reshape("B", "S", "C")
 
 @kernel
+def grouped_attention(q: Tensor["B", 4, "S", 64, bf16], k: Tensor["B", 2, "S", 64, bf16],
+                      v: Tensor["B", 2, "S", 64, bf16]) -> Tensor["B", 4, "S", 64, f32]:
+    return cast(flash_attention(q, k, v, causal=True), f32)
+
+@kernel
+def multi_query(q: Tensor["B", 3, "S", 64, f32], k: Tensor["B", 1, "S", 64, f32],
+                v: Tensor["B", 1, "S", 64, f32]) -> Tensor["B", 3, "S", 64, f32]:
+    return flash_attention(q, k, v)
+
+@kernel
+def llama_block(x: Tensor["B", "S", 256, f32], wn1: Tensor[256, f32], wq: Tensor[256, 256, f32],
+                wk: Tensor[256, 128, f32], wv: Tensor[256, 128, f32], wo: Tensor[256, 256, f32],
+                cos: Tensor["S", 32, f32], sin: Tensor["S", 32, f32], wn2: Tensor[256, f32],
+                wg: Tensor[256, 512, f32], wu: Tensor[256, 512, f32],
+                wd: Tensor[512, 256, f32]) -> Tensor["B", "S", 256, f32]:
+    h = rmsnorm(x, wn1, eps=1e-5)
+    q = rotary_embedding(transpose((h @ wq).reshape("B", "S", 4, 64), (0, 2, 1, 3)), cos, sin)
+    k = rotary_embedding(transpose((h @ wk).reshape("B", "S", 2, 64), (0, 2, 1, 3)), cos, sin)
+    v = transpose((h @ wv).reshape("B", "S", 2, 64), (0, 2, 1, 3))
+    o = flash_attention(q, k, v, causal=True)
+    x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "S", 256) @ wo
+    h = rmsnorm(x, wn2, eps=1e-5)
+    return x + (silu(h @ wg) * (h @ wu)) @ wd
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -716,6 +741,7 @@ RESHAPED = {
     "heads_attention": lambda x, y: x.shape,
     "fused_qkv_attention": lambda x, w: x.shape,
     "gpt2_block": lambda x, *weights: x.shape,
+    "llama_block": lambda x, *weights: x.shape,
     "split_attention_bf16": lambda qkv: (qkv.shape[0], 4, qkv.shape[1], 32),
     "split_attention": lambda qkv: (*qkv.shape[:2], qkv.shape[2] // 3),
     "split_scaled_attention": lambda qkv: (2, qkv.shape[0], 64),
@@ -1461,6 +1487,61 @@ def test_a_function_calls_the_files_other_functions(library: Any) -> None:
     with pytest.raises(ValueError, match="reshape: C/4 is a whole dim"):
         narrow = (np.ascontiguousarray(a) for a in (x[..., :42], wg[:42], wu[:42], wd[:, :42]))
         library.calls_helpers(*narrow)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_attention_with_fewer_key_and_value_heads(library: Any) -> None:
+    """Grouped-query attention (Llama's, Mistral's): each k and v head serves a group of
+    q heads, head ``h`` the group ``h // (H/G)``; multi-query attention, one k and v head
+    for all. Both were errors ("batch dims differ")."""
+    rng = np.random.default_rng(67)
+    q = rng.standard_normal((2, 4, 37, 64)).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal((2, 2, 37, 64)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    kr, vr = (np.repeat(f64(t), 2, axis=1) for t in (k, v))
+    s = f64(q) @ np.swapaxes(kr, -1, -2) / 8
+    s[..., np.triu_indices(37, 1)[0], np.triu_indices(37, 1)[1]] = -np.inf
+    out = f64(library.grouped_attention(q, k, v))
+    np.testing.assert_allclose(out, softmax(s) @ vr, rtol=2e-2, atol=2e-2)
+    q = rng.standard_normal((2, 3, 45, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((2, 1, 45, 64), dtype=np.float32) for _ in range(2))
+    want = softmax(f64(q) @ np.swapaxes(f64(k), -1, -2) / 8) @ f64(v)
+    np.testing.assert_allclose(f64(library.multi_query(q, k, v)), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_llama_block_with_grouped_query_attention(library: Any) -> None:
+    """Llama's block: RMSNorms, rotary q and k, two k and v heads for four q heads, the
+    heads merged back, a SwiGLU MLP. The attention kernel reads v where the projection
+    wrote it and stores its result where the merge puts it."""
+    rng = np.random.default_rng(68)
+    b, s, c = 2, 37, 256
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    x = rng.standard_normal((b, s, c), dtype=np.float32)
+    wn1, wn2 = ((1 + 0.1 * rng.standard_normal(c)).astype(np.float32) for _ in range(2))
+    wq, wk, wv, wo = weight(c, c), weight(c, 128), weight(c, 128), weight(c, c)
+    wg, wu, wd = weight(c, 512), weight(c, 512), weight(512, c)
+    angle = np.arange(s)[:, None] * 10000.0 ** (-np.arange(32) / 32)
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+    def heads(t: np.ndarray, n: int) -> np.ndarray:
+        return t.reshape(b, s, n, 64).transpose(0, 2, 1, 3)
+
+    h = rmsnorm(f64(x), f64(wn1), 1e-5)
+    q = rotary(heads(h @ f64(wq), 4), f64(cos), f64(sin))
+    k = np.repeat(rotary(heads(h @ f64(wk), 2), f64(cos), f64(sin)), 2, axis=1)
+    v = np.repeat(heads(h @ f64(wv), 2), 2, axis=1)
+    scores = q @ np.swapaxes(k, -1, -2) / 8
+    scores[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] = -np.inf
+    x1 = f64(x) + (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, s, c) @ f64(wo)
+    h = rmsnorm(x1, f64(wn2), 1e-5)
+    want = x1 + (h @ f64(wg) / (1 + np.exp(-(h @ f64(wg)))) * (h @ f64(wu))) @ f64(wd)
+    out = library.llama_block(x, wn1, wq, wk, wv, wo, cos, sin, wn2, wg, wu, wd)
+    np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.execute

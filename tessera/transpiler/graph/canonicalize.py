@@ -25,6 +25,14 @@
   dtype (``sum(cast(a, f32) * cast(x, f32), axis=-1)``): a row kernel reads the matrix
   once, where a product would compute a tile of columns for one. A vector times a
   matrix (``[K] @ [K, N]``) is the product of its one row, ``[1, K]``, reshaped back.
+- A reshape that splits one axis of a transpose that keeps the last axis is a transpose
+  of the operand reshaped (``[B, H, S, D]`` of ``[B, S, H, D]`` split into ``[B, G, R, S,
+  D]`` is ``[B, S, G, R, D]`` permuted): the reshape is then a view of a tensor in
+  memory, and the permutation one that a kernel reads where the rows lie, where a
+  reshape of the permuted view would have been a copy. Grouped-query attention splits
+  the heads of q, k and v so. It merges those of its result, and a transpose that keeps
+  the last axis of that merge is the merge of attention's result transposed, which the
+  attention kernel stores where the permutation puts it.
 - An elementwise op on a 0-d tensor (``sqrt(sum(v * v))``, ``v / max(abs(v))``) reads it
   as ``[1]``, reshaped (a view), and gives ``[1]``, reshaped back where its own result is
   0-d: the kernel that computes the 0-d value takes the op as its epilogue, or the next
@@ -39,7 +47,7 @@ from dataclasses import replace
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import DType
-from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped
+from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped, rows_permuted
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions, reader_counts
 from .types import ScalarType
@@ -265,6 +273,79 @@ def _vector_products(function: Function) -> Function:
     return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
 
 
+def _reshapes_outside(function: Function) -> Function:
+    """Reshapes that split or merge an axis moved to the far side of the row
+    permutations beside them (the module's second rule)."""
+    producers = {r.id: op for op in function.body.ops for r in op.results}
+    ops: list[Op] = []
+    for op in function.body.ops:
+        inner = producers.get(op.operands[0].id) if op.operands else None
+        attention = (
+            inner is not None
+            and inner.operands
+            and (getattr(producers.get(inner.operands[0].id), "kind", None) == "flash_attention")
+        )
+        if inner is None or not (
+            (op.kind == "reshape" and rows_permuted(inner) and _split_first(op, inner, ops))
+            or (rows_permuted(op) and attention and inner.kind == "reshape"
+                and _merge_after(op, inner, ops))
+        ):  # fmt: skip
+            ops.append(op)
+    return replace(function, body=Block(function.body.args, tuple(ops), function.body.yields))
+
+
+def _split_first(op: Op, permuted: Op, ops: list[Op]) -> bool:
+    """``op``, a reshape that splits axis ``j`` of ``permuted``'s result, as the split of
+    the axis it comes from, permuted; False where ``op`` splits no one axis."""
+    j = _split_axis(permuted.result.type.dims, op.result.type.dims)
+    if j is None or permuted.kind != "transpose":
+        return False
+    y, perm = permuted.operands[0], permuted.attr("perm")
+    at, dims = perm[j], op.result.type.dims
+    split = (*y.type.dims[:at], dims[j], dims[j + 1], *y.type.dims[at + 1 :])
+    moved = tuple(a for i, p in enumerate(perm) for a in _moved(p, at, i == j))
+    ops.append(Op("transpose", (_reshaped(ops, y, split, op.span),), op.results,
+                  (("perm", moved),), span=op.span))  # fmt: skip
+    return True
+
+
+def _merge_after(op: Op, merged: Op, ops: list[Op]) -> bool:
+    """``op``, a row permutation of ``merged``, a reshape that merges axes ``i`` and
+    ``i + 1``, as the permutation of both axes, merged; False where ``merged`` merges
+    no two axes."""
+    x = merged.operands[0]
+    i = _split_axis(merged.result.type.dims, x.type.dims)
+    if i is None:
+        return False
+    moved = tuple(a for p in op.attr("perm") for a in _moved(p, i, p == i))
+    permuted = _transposed(ops, x, moved, op.span)
+    ops.append(Op("reshape", (permuted,), op.results, (("shape", op.result.type.dims),),
+                  span=op.span))  # fmt: skip
+    return True
+
+
+def _moved(axis: int, split: int, both: bool) -> tuple[int, ...]:
+    """Where ``axis`` goes once axis ``split`` is two: both halves, or one axis, shifted
+    past the split."""
+    return (split, split + 1) if both else (axis + (axis > split),)
+
+
+def _split_axis(whole: tuple[Dim, ...], split: tuple[Dim, ...]) -> int | None:
+    """The axis ``j`` of ``whole`` that ``split`` has as two, ``split[j] * split[j + 1]``,
+    with every other axis the same; not the last axis (the rows' elements). None if
+    ``split`` is no such reshape of ``whole``."""
+    if len(split) != len(whole) + 1:
+        return None
+    for j in range(len(whole) - 1):
+        if (
+            whole[:j] == split[:j]
+            and whole[j + 1 :] == split[j + 2 :]
+            and split[j] * split[j + 1] == whole[j]
+        ):
+            return j
+    return None
+
+
 def _cast(ops: list[Op], x: Value, dtype: DType, span: Span | None) -> Value:
     if x.type.dtype == dtype:
         return x
@@ -299,6 +380,8 @@ def canonicalize(module: GraphModule) -> GraphModule:
     return map_functions(
         module,
         lambda f: Rewriter(_rule).function(
-            _zero_d_as_one(_of_vectors(_over_rows(_transposes(_vector_products(f)))))
+            _zero_d_as_one(
+                _of_vectors(_over_rows(_transposes(_reshapes_outside(_vector_products(f)))))
+            )
         ),
     )

@@ -492,16 +492,16 @@ for _kind in ("rmsnorm", "rmsnorm_safe"):
 # ------------------------------------------------------------------ attention
 
 
-def _grouped_heads(q: tuple[Dim, ...], k: tuple[Dim, ...], axis: int) -> str:
-    """What a kernel author who shares k and v heads between q heads (grouped-query
-    attention, Llama's and Mistral's) needs to hear when the head axes differ."""
-    heads, groups = q[axis].constant, k[axis].constant
-    if axis != len(q) - 3 or heads is None or groups is None or heads % groups:
-        return ""
-    return (
-        f" (grouped-query attention, {groups} k and v heads for {heads} q heads, has no "
-        "kernel yet: project k and v to as many heads as q)"
-    )
+def _kv_groups(q: tuple[Dim, ...], k: tuple[Dim, ...], v: tuple[Dim, ...]) -> int | None:
+    """The number of k and v heads, where they are fewer than q's and each serves a
+    group of q heads (grouped-query attention: Llama's, Mistral's): the head axes, third
+    from the end, are numbers and the one divides the other. Otherwise None."""
+    if len(q) < 3:
+        return None
+    heads, groups = q[-3].constant, k[-3].constant
+    if heads is None or groups is None or v[-3] != k[-3] or groups in (1, heads):
+        return None
+    return groups if heads % groups == 0 else None
 
 
 @register(
@@ -512,7 +512,11 @@ def _grouped_heads(q: tuple[Dim, ...], k: tuple[Dim, ...], axis: int) -> str:
 def _flash_attention(call: OpCall) -> object:
     """Scaled dot-product attention, ``softmax(q @ k^T * scale) @ v``, without materialising
     the scores: ``q [..., Sq, D]``, ``k [..., Sk, D]``, ``v [..., Sk, Dv]`` give
-    ``[..., Sq, Dv]`` in q's dtype (the library's kernel takes ``Dv == D`` only).
+    ``[..., Sq, Dv]`` in q's dtype (the library's kernel takes ``Dv == D`` only). k and
+    v may have fewer heads than q: a head axis (third from the end) of ``G`` heads that
+    divides q's ``H`` gives each k and v head to ``H/G`` q heads, head ``h`` to group
+    ``h // (H/G)`` (grouped-query attention), and a batch dim of 1 serves every q
+    (multi-query attention).
     ``causal`` masks the keys after each query, query ``i`` seeing keys ``0..i`` (the
     top-left corner, as PyTorch's ``is_causal``, when ``Sq != Sk``); ``dropout``
     (a probability, or a float parameter) drops attention weights and is an rng effect;
@@ -528,12 +532,15 @@ def _flash_attention(call: OpCall) -> object:
             f"q, k and v must have the same rank: {call.shape_of('q')}, {call.shape_of('k')}, "
             f"{call.shape_of('v')}", notes=call.notes_for("q", "k", "v"),
         )  # fmt: skip
+    groups = _kv_groups(tq.dims, tk.dims, tv.dims)
     for i in range(tq.rank - 2):
         for name, t in (("k", tk), ("v", tv)):
+            if t.dims[i] == Dim.const(1) or (groups and i == tq.rank - 3):
+                continue  # broadcast: one k and v for every q, or for each group of q heads
             call.same_dim(
                 tq.dims[i], t.dims[i],
-                lambda name=name, i=i: f"batch dims differ: {call.shape_of('q')}, "
-                f"{call.shape_of(name)}{_grouped_heads(tq.dims, tk.dims, i)}",
+                lambda name=name: f"batch dims differ: {call.shape_of('q')}, "
+                f"{call.shape_of(name)}",
                 f"batch dim {i}", ("q", name),
             )  # fmt: skip
     call.same_dim(
@@ -553,6 +560,9 @@ def _flash_attention(call: OpCall) -> object:
                 at=name, notes=call.notes_for(name),
             )  # fmt: skip
     causal = call.const("causal", bool)
+    if groups:  # [..., G, H/G, S, D] of q, against [..., G, 1, S, D] of k and v: views
+        q, k = (_heads_grouped(call, x, groups) for x in (q, k))
+        v = k if v is call.tensor("k") else _heads_grouped(call, v, groups)  # one view of kv
     operands = [q, k, v]
     attrs: tuple = (("causal", causal),)
     dropout = call.scalar("dropout", "float")
@@ -578,8 +588,19 @@ def _flash_attention(call: OpCall) -> object:
         if not value > 0:
             raise call.error(f"scale must be positive, not {value}", at="scale")
         attrs += (("scale", value),)
-    out = TensorType((*tq.dims[:-1], tv.dims[-1]), tq.dtype)
-    return call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
+    out = TensorType((*q.type.dims[:-1], tv.dims[-1]), tq.dtype)
+    o = call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
+    if not groups:
+        return o
+    dims = (*tq.dims[:-1], tv.dims[-1])
+    return call.emit("reshape", (o,), TensorType(dims, tq.dtype), attrs=(("shape", dims),))
+
+
+def _heads_grouped(call: OpCall, x: Value, groups: int) -> Value:
+    """``x [..., H, S, D]`` as ``[..., groups, H/groups, S, D]``."""
+    t = x.type
+    dims = (*t.dims[:-3], Dim.const(groups), t.dims[-3] / groups, *t.dims[-2:])
+    return call.emit("reshape", (x,), t.with_(dims=dims), attrs=(("shape", dims),))
 
 
 @register("rotary_embedding", P("x"), P("cos"), P("sin"))

@@ -1050,6 +1050,10 @@ class _CalledFrom:
     def error_count(self) -> int:
         return self._diags.error_count
 
+    @property
+    def items(self) -> tuple[Any, ...]:
+        return self._diags.items
+
     def error(self, message: str, span: Span | None = None, notes: tuple[Note, ...] = ()) -> None:
         if any(d.message == message and d.span == span for d in self._diags.items):
             self._diags.error(f"{message} (as reported above)", self._note.span)
