@@ -589,6 +589,18 @@ def llama_block(x: Tensor["B", "S", 256, f32], wn1: Tensor[256, f32], wq: Tensor
     return x + (silu(h @ wg) * (h @ wu)) @ wd
 
 @kernel
+def spatial_mean(x: Tensor["B", "H", "W", "C", f32]) -> Tensor["B", "C", f32]:
+    return mean(x, axis=(1, 2))
+
+@kernel
+def tail_max(x: Tensor["B", "R", "C", f32]) -> Tensor["B", 1, 1, f32]:
+    return max(x, axis=(-2, -1), keepdims=True)
+
+@kernel
+def tail_range_bf16(x: Tensor["B", "R", "C", bf16]) -> Tensor["B", f32]:
+    return sum(x, axis=(1, 2)) - cast(x.min(axis=(1, 2)), f32)
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -751,6 +763,9 @@ RESHAPED = {
     "matrix_vector_bf16": lambda a, x: a.shape[:-1],
     "vector_matrix": lambda x, w: w.shape[1:],
     "vector_vector": lambda x, y: (),
+    "spatial_mean": lambda x: (x.shape[0], x.shape[3]),
+    "tail_max": lambda x: (x.shape[0], 1, 1),
+    "tail_range_bf16": lambda x: x.shape[:1],
     "heads_scores": lambda x, y: (x.shape[0], 2, x.shape[1], y.shape[1]),
     "heads_values": lambda p, y: (*p.shape[:-1], 40),
     "rest_inferred": lambda x, w: (x.shape[0] * x.shape[1] * w.shape[1],),
@@ -1542,6 +1557,24 @@ def test_a_llama_block_with_grouped_query_attention(library: Any) -> None:
     want = x1 + (h @ f64(wg) / (1 + np.exp(-(h @ f64(wg)))) * (h @ f64(wu))) @ f64(wd)
     out = library.llama_block(x, wn1, wq, wk, wv, wo, cos, sin, wn2, wg, wu, wd)
     np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_reductions_over_several_adjacent_axes(library: Any) -> None:
+    """``axis=(1, 2)`` reduces both axes, as in numpy: a row kernel over them merged (a
+    view), or over their transpose when they are not last; ``keepdims`` keeps a 1 for
+    each. A bf16 sum adds f32 terms (it was an error: the row kernel summed in bf16)."""
+    rng = np.random.default_rng(69)
+    x = rng.standard_normal((2, 5, 7, 33), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.spatial_mean(x)), f64(x).mean(axis=(1, 2)),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    y = rng.standard_normal((2, 37, 45), dtype=np.float32)
+    out = f64(library.tail_max(y))
+    np.testing.assert_array_equal(out, f64(y).max(axis=(1, 2), keepdims=True))
+    z = rng.standard_normal((2, 37, 45)).astype(ml_dtypes.bfloat16)
+    want = f64(z).sum(axis=(1, 2)) - f64(z).min(axis=(1, 2))
+    np.testing.assert_allclose(f64(library.tail_range_bf16(z)), want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.execute

@@ -74,6 +74,21 @@ _METHODS = (
 )  # fmt: skip
 
 
+#: What to write instead of a tensor method that PyTorch or NumPy code has and a
+#: tensor here does not: each one's hint in the error.
+_METHOD_HINTS = {
+    "transpose": "transpose(x, axes), with NumPy's permutation, or x.T",
+    "permute": "transpose(x, axes), with the permutation as PyTorch's permute takes it",
+    "unsqueeze": "x[:, None], with None where the new axis goes",
+    "view": 'x.reshape("B*S", "C")',
+    "flatten": "x.reshape(-1)",
+    "float": "x.to(f32)",
+    "half": "x.to(f16)",
+    "bfloat16": "x.to(bf16)",
+    "astype": "x.to(dtype)",
+}
+
+
 _FOLD = {
     "+": operator.add,
     "-": operator.sub,
@@ -421,8 +436,9 @@ class Evaluator:
                 return OpRef(prefix + attr, base)
             what = "tile" if prefix else "tensor"
             known = ("shape", "dtype", "T", "to", *methods, *(() if prefix else ("reshape",)))
+            hint = f"; write {_METHOD_HINTS[attr]}" if attr in _METHOD_HINTS and not prefix else ""
             raise SemanticError(
-                f"a {what} has no attribute '{attr}'{did_you_mean(attr, known)}", span
+                f"a {what} has no attribute '{attr}'{hint or did_you_mean(attr, known)}", span
             )
         if isinstance(t, KVCacheType):
             if attr in ("K", "V"):

@@ -346,16 +346,54 @@ def _relu(call: OpCall) -> object:
 # ----------------------------------------------------------------- reductions
 
 
+def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] | None]:
+    """What a reduction reduces: ``x`` and its ``axis``, and ``keepdims``; or, for a
+    tuple of adjacent axes (``axis=(1, 2)``), ``x`` with them merged (a view), the
+    merged axis, and the dims the result is reshaped to."""
+    axes = call.raw("axis")
+    keepdims = call.const("keepdims", bool)
+    if not (isinstance(axes, Const) and isinstance(axes.value, (tuple, list))):
+        return x, call.axis("axis", x.type.rank), keepdims, None
+    rank, dims = x.type.rank, x.type.dims
+    whole = all(isinstance(a, int) and not isinstance(a, bool) for a in axes.value)
+    if not axes.value or not whole or not all(-rank <= a < rank for a in axes.value):
+        raise call.error(f"axes {tuple(axes.value)} are not axes of a rank-{rank} value", at="axis")
+    picked = sorted(a % rank for a in axes.value)
+    first, last = picked[0], picked[-1]
+    if picked != list(range(first, last + 1)):
+        raise call.error(
+            f"axes {tuple(axes.value)} are not next to each other: reduce one axis at a "
+            "time, or transpose them together first",
+            at="axis",
+        )
+    merged = Dim.const(1)
+    for d in dims[first : last + 1]:
+        merged = merged * d
+    shape = (*dims[:first], merged, *dims[last + 1 :])
+    view = call.emit("reshape", (x,), TensorType(shape, x.type.dtype, x.type.policies),
+                     attrs=(("shape", shape),))  # fmt: skip
+    kept = tuple(Dim.const(1) if first <= i <= last else d for i, d in enumerate(dims))
+    result = kept if keepdims else (*dims[:first], *dims[last + 1 :])
+    return view, first, False, result
+
+
+def _reshaped_to(call: OpCall, value: Value, dims: tuple[Dim, ...] | None) -> Value:
+    if dims is None or dims == value.type.dims:
+        return value
+    return call.emit("reshape", (value,), value.type.with_(dims=dims), attrs=(("shape", dims),))
+
+
 def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
     def rule(call: OpCall) -> object:
-        x = call.tensor("x")
-        axis = call.axis("axis", x.type.rank)
-        keepdims = call.const("keepdims", bool)
+        x, axis, keepdims, result = _reduced(call, call.tensor("x"))
         dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
+        if kind == "sum" and x.type.dtype != dtype:  # the terms in the accumulation dtype
+            x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
         dims = _reduce_dims(x.type.dims, axis, keepdims)
-        return call.emit(
+        reduced = call.emit(
             kind, (x,), TensorType(dims, dtype), attrs=(("axis", axis), ("keepdims", keepdims))
         )
+        return _reshaped_to(call, reduced, result)
 
     what = {"sum": "Sum", "max": "Maximum", "mean": "Mean"}[kind]
     dtype = (
@@ -364,7 +402,8 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         else "The result has the accumulation dtype (f32 for floats, i32 for integers)."
     )
     rule.__doc__ = (
-        f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``. {dtype}"
+        f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``; a "
+        f"tuple of adjacent axes reduces them all. {dtype}"
     )
     return rule
 
@@ -375,17 +414,15 @@ for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
 
 @register("min", P("x"), P("axis", -1), P("keepdims", False))
 def _min(call: OpCall) -> object:
-    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``. Keeps
-    the input dtype. It is ``-max(-x)``, exactly: the maximum's kernel, negating where
-    it loads and where it stores."""
-    x = call.tensor("x")
-    axis = call.axis("axis", x.type.rank)
-    keepdims = call.const("keepdims", bool)
+    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
+    of adjacent axes reduces them all. Keeps the input dtype. It is ``-max(-x)``,
+    exactly: the maximum's kernel, negating where it loads and where it stores."""
+    x, axis, keepdims, result = _reduced(call, call.tensor("x"))
     negated = call.emit("neg", (x,), elementwise_type(x))
     dims = _reduce_dims(x.type.dims, axis, keepdims)
     top = call.emit("max", (negated,), TensorType(dims, x.type.dtype),
                     attrs=(("axis", axis), ("keepdims", keepdims)))  # fmt: skip
-    return call.emit("neg", (top,), top.type)
+    return _reshaped_to(call, call.emit("neg", (top,), top.type), result)
 
 
 def _softmax(kind: str) -> Callable[[OpCall], object]:
