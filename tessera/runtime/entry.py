@@ -227,7 +227,13 @@ class Library:
 
 
 def evaluate(text: str, sizes: Mapping[str, int], where: str) -> int:
-    """The value of a size expression (a dim as the metadata writes it) at ``sizes``."""
+    """The value of a size expression (a dim as the metadata writes it) at ``sizes``.
+    Most dims are a size by its name or a number, which a call checks without parsing."""
+    size = sizes.get(text)
+    if size is not None:
+        return size
+    if text.isdigit():
+        return int(text)
     dim = parse_dim(text)
     missing = sorted(dim.symbols() - set(sizes))
     if missing:

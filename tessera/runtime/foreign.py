@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -97,8 +96,7 @@ _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = [ctypes.py_object]
 
 
-@dataclass(frozen=True)
-class TensorView:
+class TensorView(NamedTuple):
     """Where a tensor lies and how: what the runtime checks an argument against.
 
     ``dtype`` is ``None`` when NumPy and ``ml_dtypes`` have no dtype for the tensor's,
@@ -106,7 +104,8 @@ class TensorView:
     not say (the CUDA array interface: the device current when it is used).
     ``producer_stream`` is a CUDA stream whose pending work on the tensor must finish
     before a kernel reads it (the CUDA array interface's ``stream``; DLPack producers
-    order that work themselves).
+    order that work themselves). A named tuple: a call makes one per tensor, and a frozen
+    dataclass took a microsecond longer to make.
     """
 
     address: int
