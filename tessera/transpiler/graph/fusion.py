@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .graph_ops import ELEMENTWISE_MATH, rows_permuted
+from .graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
 from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
 from .types import ScalarType, TensorType
@@ -366,7 +366,7 @@ def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_K
                     reads[v.id] = reads.get(v.id, 0) + 1
         copied = [
             i for i in kernel.ops
-            if ops[i].kind in ("reshape", "transpose") and _is_view(ops[i])
+            if retyping_view(ops[i])
             and reads.get(ops[i].operands[0].id, 0) > 1
         ]  # fmt: skip
         out += [_Kernel("elementwise", [i]) for i in copied]

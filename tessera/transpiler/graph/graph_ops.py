@@ -20,7 +20,8 @@ from .values import Const, DimValue, Ev
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped", "rows_permuted", "view_column", "folded", "ELEMENTWISE_MATH",
+    "last_two_swapped", "rows_permuted", "retyping_view", "view_column", "folded",
+    "ELEMENTWISE_MATH",
 ]  # fmt: skip
 
 #: The elementwise math a kernel computes on each element of a tile, wherever it is
@@ -366,10 +367,11 @@ def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] 
             "time, or transpose them together first",
             at="axis",
         )
-    merged = Dim.const(1)
-    for d in dims[first : last + 1]:
-        merged = merged * d
-    shape = (*dims[:first], merged, *dims[last + 1 :])
+    shape = (
+        *dims[:first],
+        math.prod(dims[first : last + 1], start=Dim.const(1)),
+        *dims[last + 1 :],
+    )
     view = call.emit("reshape", (x,), TensorType(shape, x.type.dtype, x.type.policies),
                      attrs=(("shape", shape),))  # fmt: skip
     kept = tuple(Dim.const(1) if first <= i <= last else d for i, d in enumerate(dims))
@@ -835,6 +837,14 @@ def rows_permuted(op: Op) -> bool:
     return perm is not None and keeps_last_axis(perm)
 
 
+def retyping_view(op: Op) -> bool:
+    """Whether ``op`` is a view whose reader takes the tensor it reads as a parameter of
+    other dims: a reshape, or a transpose that keeps the last axis (the axes after the
+    rows merged), which then serves no other read of that tensor. ``split_qkv``'s parts
+    read the projection with its own dims."""
+    return op.kind == "reshape" or (op.kind == "transpose" and rows_permuted(op))
+
+
 def view_column(op: Op) -> Dim:
     """Where the columns that a row permutation reads start in each row of its operand:
     0 for a transpose, and ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k, v),
@@ -903,14 +913,10 @@ def _reshape(call: OpCall) -> object:
     reshape that is returned or read by several ops."""
     x = call.tensor("x")
     given = _shape_arg(call, "shape")
-    before, after = Dim.const(1), Dim.const(1)
-    for d in x.type.dims:
-        before = before * d
-    for d in given:
-        after = after * d if d is not None else after
-    dims = tuple(_inferred(call, before, after) if d is None else d for d in given)
-    if None in given:
-        after = before
+    before = math.prod(x.type.dims, start=Dim.const(1))
+    others = math.prod((d for d in given if d is not None), start=Dim.const(1))
+    dims = tuple(_inferred(call, before, others) if d is None else d for d in given)
+    after = math.prod(dims, start=Dim.const(1))
     for d in dims:
         if not d.is_integral:  # "C/4": whole where C is a multiple of 4
             if not d.symbols():

@@ -14,7 +14,7 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import ELEMENTWISE_MATH, rows_permuted
+from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType
@@ -152,8 +152,7 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
 
     kept = []
     for op in ops:
-        retyped = op.kind == "reshape" or (op.kind == "transpose" and rows_permuted(op))
-        source = op.operands[0] if retyped else None
+        source = op.operands[0] if retyping_view(op) else None
         if op.kind == "reshape" and source.id not in rename and op is ops[-1]:
             _retyped(rename, op.result, source.type)  # the group's result, written as computed
             continue

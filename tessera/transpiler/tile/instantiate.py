@@ -247,9 +247,7 @@ def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
     """``t`` with the axes after ``perm[-2]`` (the one that becomes the rows) as one: the
     dims a transpose that keeps the last axis reads its operand with."""
     rows = perm[-2]
-    columns = Dim.const(1)
-    for d in t.dims[rows + 1 :]:
-        columns = columns * d
+    columns = math.prod(t.dims[rows + 1 :], start=Dim.const(1))
     return dataclasses.replace(t, dims=(*t.dims[: rows + 1], columns))
 
 
