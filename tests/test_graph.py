@@ -495,6 +495,40 @@ def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> 
 @pytest.mark.parametrize(
     "body, expected",
     [
+        # two chains from memory that one op joins: one kernel, where the first chain's
+        # result used to be written and read back
+        ("    return exp(x) + relu(x)\n", [("elementwise", ["exp", "relu", "add"])]),
+        (
+            "    return where(x > 0.0, x, 0.01 * x)\n",
+            [("elementwise", ["greater", "mul", "where"])],
+        ),
+        # and then a reduction's prologue
+        (
+            "    return sum(cast(x > 0.0, f32) * exp(x))\n",
+            [("reduction", ["greater", "cast", "exp", "mul", "sum"])],
+        ),
+        # a chain at a smaller shape is computed once, and read by the larger kernel
+        (
+            "    return where(b < 0.5, x, 0.0)\n",
+            [("elementwise", ["less"]), ("elementwise", ["where"])],
+        ),
+        # a chain whose value something else reads too stays a kernel of its own
+        (
+            "    y = exp(x)\n    return (y + relu(x)) @ y\n",
+            [("elementwise", ["exp"]), ("elementwise", ["relu", "add"]), ("gemm", ["matmul"])],
+        ),
+    ],
+)
+def test_chains_that_one_elementwise_op_joins_are_one_kernel(
+    body: str, expected: list[tuple[str, list[str]]]
+) -> None:
+    text = "@kernel\ndef f(x: Tensor['R', 'R', f32], b: Tensor['R', f32]):\n" + body
+    assert groups(text) == expected
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
         # read twice by one op, of a vector: one view of x, one kernel
         ("    return sum(v * v)\n", [("reduction", ["reshape", "mul", "sum", "reshape"])]),
         # a gelu written out reads y five times

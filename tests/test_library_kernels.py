@@ -727,6 +727,35 @@ def tile_nt(a: Tensor["M", "K", f32], b: Tensor["N", "K", f32]) -> Tensor["M", "
         acc += tile.dot(tile.load(a, rows=T.m, cols=kb),
                         tile.transpose(tile.load(b, rows=T.n, cols=kb)))
     return acc
+
+@kernel
+def leaky_where(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return where(x > 0.0, x, 0.01 * x)
+
+@kernel
+def masked_scores(s: Tensor["B", "R", "C", f32],
+                  m: Tensor["R", "C", f32]) -> Tensor["B", "R", "C", f32]:
+    return softmax(where(m == 0.0, -INF, s))
+
+@kernel
+def count_at_least(x: Tensor["R", "C", f32], t: float) -> Tensor["R", f32]:
+    return sum(cast(x >= t, f32))
+
+@kernel
+def column_gate(x: Tensor["R", "C", bf16], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return where(b < 0.5, x * 2.0, b)
+
+@kernel
+def product_relu(a: Tensor["M", "K", f32], w: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    s = a @ w
+    return where(s <= 0.0, 0.0, s)
+
+@kernel
+def tile_where(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    a = tile.load(x, rows=T.m)
+    b = tile.load(y, rows=T.m)
+    return tile.where(a != b, b - a, -1.0)
 """ + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -737,7 +766,7 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "size_scaled_matmul": 1, "size_scaled_attention": 2,
             "product_by_later_sums": 1, "param_scaled_attention": 2,
             "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1,
-            "broadcast_batch": 1, "gated_mlp": 1}  # fmt: skip
+            "broadcast_batch": 1, "gated_mlp": 1, "product_relu": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
 TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
 #: The functions whose result is their first argument with the last two axes swapped.
@@ -795,7 +824,7 @@ RESHAPED = {
 }
 #: The functions whose result drops the last axis.
 REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "row_energy",
-              "mean_squares", "cross_entropy"}  # fmt: skip
+              "mean_squares", "cross_entropy", "count_at_least"}  # fmt: skip
 
 
 @pytest.mark.compile
@@ -1268,6 +1297,36 @@ def test_absolute_values_and_elementwise_extremes(library: Any) -> None:
     # within one e4m3 step: the scale may be rounded once more in f32
     np.testing.assert_allclose(f64(library.scaled_fp8(x)), want, rtol=2**-3)
     np.testing.assert_array_equal(library.tile_clamp(x), np.abs(np.minimum(x, 2)))
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_where_picks_by_a_comparison(library: Any) -> None:
+    rng = np.random.default_rng(57)
+    x = rng.standard_normal((37, 75), dtype=np.float32) * 4
+    x[3, :3] = (np.nan, np.inf, -np.inf)  # NaN > 0 is false: 0.01 * NaN
+    want = np.where(f64(x) > 0, f64(x), 0.01 * f64(x))
+    np.testing.assert_allclose(f64(library.leaky_where(x)), want, rtol=1e-6)
+    s = rng.standard_normal((3, 37, 75), dtype=np.float32)
+    m = np.where(rng.random((37, 75)) < 0.4, 0.0, 1.0).astype(np.float32)
+    m[:, 0] = 1.0  # no row masked whole
+    want = softmax(np.where(m == 0, -np.inf, f64(s)))
+    np.testing.assert_allclose(f64(library.masked_scores(s, m)), want, rtol=1e-5, atol=1e-7)
+    for t in (-0.5, 1.25):
+        want = (f64(x) >= t).sum(-1)
+        np.testing.assert_array_equal(f64(library.count_at_least(x, t)), want)
+    xb = rng.standard_normal((37, 75), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.random(75, dtype=np.float32)  # a mask of [C] read by a kernel over [R, C]
+    want = np.where(f64(b) < 0.5, f64(xb) * 2, f64(b))
+    np.testing.assert_array_equal(f64(library.column_gate(xb, b)), want)
+    a = rng.standard_normal((37, 70), dtype=np.float32)
+    w = rng.standard_normal((70, 45), dtype=np.float32)
+    want = np.maximum(f64(a) @ f64(w), 0.0)
+    np.testing.assert_allclose(f64(library.product_relu(a, w)), want, rtol=1e-4, atol=1e-4)
+    y = x.copy()
+    y[::3] = rng.standard_normal((13, 75), dtype=np.float32)
+    want = np.where(x != y, f64(y) - f64(x), -1.0)
+    np.testing.assert_allclose(f64(library.tile_where(x, y)), want, rtol=1e-6)
 
 
 @pytest.mark.execute

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DType", "DTYPES", "ALIASES", "lookup_dtype", "Policies", "promote", "accumulator"]
+__all__ = [
+    "DType", "DTYPES", "ALIASES", "BOOL", "lookup_dtype", "Policies", "promote", "accumulator",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class DType:
     name: str
     bits: int
-    kind: str  # "float" or "int"
+    kind: str  # "float", "int" or "bool"
     #: Bits of mantissa precision, to order float types (tf32 and f16: 10, bf16: 7).
     mantissa: int = 0
 
@@ -63,6 +65,12 @@ ALIASES = {
 
 F32 = DTYPES["f32"]
 I32 = DTYPES["i32"]
+
+#: A comparison's result: a mask, which only ``where`` and ``cast`` read. It is no dtype
+#: an annotation can name, so no parameter or result has it; where a mask must be kept
+#: between two kernels (a mask of ``[C]`` read by a kernel over ``[R, C]``), it is stored
+#: as the floats 1.0 and 0.0, which is how every backend computes it.
+BOOL = DType("bool", 32, "bool")
 
 
 def lookup_dtype(name: str) -> DType | None:

@@ -18,7 +18,7 @@ from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
-from .graph_ops import GRAPH_OPS, folded
+from .graph_ops import COMPARISONS, GRAPH_OPS, folded, is_mask
 from .ir import Value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
@@ -61,6 +61,8 @@ STDLIB = {
 CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = ("float", "int", "range", "dict", "Schedule", "device", "prefetch")
+#: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
+_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast"})
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
 #: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
@@ -333,9 +335,16 @@ class Evaluator:
             _ARITH[node.op], tuple(operands), (ScalarType(kind),), attrs, (), node.span
         )[0]
 
-    def _logic(self, node: ast.BoolOp | ast.Compare) -> Const:
+    def _logic(self, node: ast.BoolOp | ast.Compare) -> Any:
         parts = node.values if isinstance(node, ast.BoolOp) else (node.left, *node.comparators)
         values = [self.eval(p) for p in parts]
+        if any(isinstance(ev.value, Poison) for ev in values):
+            return POISON
+        if any(
+            isinstance(ev.value, Value) and isinstance(ev.value.type, (TensorType, TileType))
+            for ev in values
+        ):
+            return self._elementwise_compare(node, values)
         for ev in values:
             if not isinstance(ev.value, Const):
                 raise SemanticError(
@@ -357,6 +366,28 @@ class Evaluator:
             )
         except TypeError:
             raise SemanticError("these values cannot be compared", node.span) from None
+
+    def _elementwise_compare(self, node: ast.BoolOp | ast.Compare, values: list[Ev]) -> Any:
+        """A comparison of tensors or tiles: a mask, elementwise. One comparison at a
+        time: ``and`` and ``or`` of masks, and chains, are nested ``where``s instead."""
+        if isinstance(node, ast.BoolOp):
+            raise SemanticError(
+                f"'{node.op}' of tensors is not supported: nest where() instead "
+                "(where(a, where(b, x, y), y) picks x where both hold)",
+                node.span,
+            )
+        if len(node.ops) > 1:
+            raise SemanticError(
+                "a chain of comparisons of tensors is not supported: compare one pair at a "
+                "time, and nest where()",
+                node.span,
+            )
+        kind = COMPARISONS.get(node.ops[0])
+        if kind is None:
+            raise SemanticError(f"'{node.ops[0]}' does not compare tensors", node.span)
+        tensors = [ev.value for ev in values if isinstance(ev.value, Value)]
+        operands = [self._size_as_number(ev, tensors, node.span) for ev in values]
+        return self.call_op(GRAPH_OPS[kind], operands, [], node.span, node.ops[0])
 
     def _attribute(self, node: ast.Attribute) -> Any:
         base = self.eval(node.value)
@@ -609,6 +640,15 @@ class Evaluator:
         bound = bind(spec, args, keywords, span, shown)
         if any(isinstance(e.value, Poison) for e in bound.values()):
             return POISON
+        if spec.name not in _READ_MASKS:
+            mask = next((e for e in bound.values() if is_mask(e.value)), None)
+            if mask is not None:
+                raise SemanticError(
+                    f"{shown}: {mask.text} is a mask (a comparison), which only where() and "
+                    f"cast() read: where({mask.text}, a, b) picks a or b, and "
+                    f"cast({mask.text}, f32) makes it 1.0 and 0.0",
+                    mask.span,
+                )
         return spec.rule(OpCall(spec, bound, span, self.function, shown))
 
     def _convert(self, name: str, node: ast.Call, args: list[Ev], keywords: list) -> Any:

@@ -330,6 +330,12 @@ def _kernels(
             # the viewed value is this kernel's own, or a later kernel's: the op reads it
             # from memory, so it must start a kernel after both
             target = None
+        if target is not None and cls == "elementwise":
+            for j in _chains_absorbed(op, target, kernels, kernel_of, ops, uses):
+                kernels[target].ops = sorted((*kernels[target].ops, *kernels[j].ops))
+                for i in kernels[j].ops:
+                    kernel_of.update((r.id, target) for r in ops[i].results)
+                kernels[j].ops = []
         if target is None:
             kernels.append(_Kernel(cls if cls != "other" else op.kind))
             if cls != "elementwise":
@@ -347,7 +353,36 @@ def _kernels(
             kernels[source].ops = sorted((*kernels[source].ops, indices[-1]))
         else:
             own_kernel(indices)
-    return _shared_views_copied(kernels, ops)
+    return _shared_views_copied([k for k in kernels if k.ops], ops)
+
+
+def _chains_absorbed(
+    op: Op, target: int, kernels: list[_Kernel], kernel_of: dict[int, int],
+    ops: tuple[Op, ...], uses: dict[int, int],
+) -> list[int]:  # fmt: skip
+    """The other kernels that elementwise ``op``, joining elementwise kernel ``target``,
+    takes in too: chains of elementwise ops on tensors in memory whose one value only
+    ``op`` reads, at its own shape. ``exp(x) + relu(x)`` and ``where(x > 0.0, x, 0.1 * x)``
+    are then one kernel, not one per chain with the first chain's result stored."""
+    if kernels[target].kind != "elementwise" or kernels[target].anchor is not None:
+        return []
+    absorbed = []
+    for v in op.operands:
+        j = kernel_of.get(v.id)
+        if j is None or j == target or j in absorbed:
+            continue
+        kernel = kernels[j]
+        alone = (
+            kernel.kind == "elementwise"
+            and kernel.anchor is None
+            and ops[kernel.ops[-1]].results == (v,)
+            and uses.get(v.id) == 1
+            and not _widens(op, v)
+            and not any(ops[i].effects for i in kernel.ops)
+        )
+        if alone:
+            absorbed.append(j)
+    return absorbed
 
 
 def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_Kernel]:

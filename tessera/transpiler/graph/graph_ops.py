@@ -12,24 +12,32 @@ from collections.abc import Callable
 from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import F32, DType, accumulator, promote
+from .dtypes import BOOL, F32, DType, accumulator, promote
 from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
-from .values import Const, DimValue, Ev
+from .values import Const, DimValue, Ev, describe
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_column", "folded",
-    "ELEMENTWISE_MATH",
+    "ELEMENTWISE_MATH", "COMPARISONS", "named_operands", "is_mask",
 ]  # fmt: skip
+
+#: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
+COMPARISONS = {
+    "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal", "==": "equal",
+    "!=": "not_equal",
+}  # fmt: skip
 
 #: The elementwise math a kernel computes on each element of a tile, wherever it is
 #: fused (before or after a library kernel's op, or alone): arithmetic, the extremes,
-#: the unary math and casts. Fusion, canonicalization and the tile passes share it.
+#: the unary math, casts, comparisons and ``where``. Fusion, canonicalization and the
+#: tile passes share it.
 ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "where",
+    *COMPARISONS.values(),
 })  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
@@ -97,6 +105,8 @@ def _reduce_dims(dims: tuple[Dim, ...], axis: int, keepdims: bool) -> tuple[Dim,
 
 
 def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
+    compare = kind in COMPARISONS.values()
+
     def rule(call: OpCall) -> object:
         operands = []
         types = []
@@ -105,11 +115,15 @@ def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
             if isinstance(value, Value) and isinstance(value.type, (TensorType, TileType)):
                 types.append(value.type)
                 operands.append(value)
+        if not types and compare:
+            raise call.error("compares tensors or tiles, elementwise; one side must be one")
         if not types:  # sema folds the operators on numbers and scalars; these are calls
             return _larger_or_smaller(call, kind)
         dtype = types[0].dtype
         for t in types[1:]:
             dtype = promote(dtype, t.dtype)
+        if compare:
+            dtype = BOOL
         dims = types[0].dims
         if len(types) == 2:
             dims = broadcast(call, "a", "b", types[0].dims, types[1].dims)
@@ -126,6 +140,14 @@ def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
             result = TensorType(dims, dtype)
         return call.emit(kind, tuple(operands), result, attrs=attrs)
 
+    if compare:
+        rule.__doc__ = (
+            f"Elementwise ``a {symbol} b`` with NumPy broadcasting: a mask, true where it "
+            "holds, which ``where`` and ``cast`` read (``cast`` makes it 1.0 and 0.0). Either "
+            "side may be a number or a scalar parameter. With a NaN on either side it is "
+            + ("true." if symbol == "!=" else "false.")
+        )
+        return rule
     what = f"``a {symbol} b``" if symbol else f"the {_EXTREMES[kind][0]} of ``a`` and ``b``"
     rule.__doc__ = (
         f"Elementwise {what} with NumPy broadcasting. Either side may be a "
@@ -161,11 +183,19 @@ def _larger_or_smaller(call: OpCall, kind: str) -> Const | Value:
 
 def binary_operands(op: Op) -> tuple[Any, Any]:
     """``a`` and ``b`` of a binary op as built above: a Value, or the constant its
-    attribute holds. Tensor and tile operands come first, then scalar ones."""
+    attribute holds."""
+    a, b = named_operands(op, ("a", "b"))
+    return a, b
+
+
+def named_operands(op: Op, names: tuple[str, ...]) -> list[Any]:
+    """The operands ``names`` of an elementwise op whose operands may be numbers or
+    scalars (a binary op, ``where``): each a Value, or the constant its attribute holds.
+    Tensor and tile operands come first, then scalar ones."""
     values = [v for v in op.operands if not isinstance(v.type, ScalarType)]
     scalars = [v for v in op.operands if isinstance(v.type, ScalarType)]
     picked = []
-    for name in ("a", "b"):
+    for name in names:
         attr = op.attr(name)
         if attr is None:
             picked.append(values.pop(0) if values else scalars.pop(0))
@@ -173,7 +203,7 @@ def binary_operands(op: Op) -> tuple[Any, Any]:
             picked.append(scalars.pop(0))
         else:
             picked.append(attr)
-    return picked[0], picked[1]
+    return picked
 
 
 for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("pow", "**")):
@@ -181,6 +211,57 @@ for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), (
 for _kind in _EXTREMES:
     register(_kind, P("a"), P("b"))(_binary(_kind, None))
     register(f"tile.{_kind}", P("a"), P("b"), level="tile")(_binary(_kind, None))
+for _symbol, _kind in COMPARISONS.items():
+    register(_kind, P("a"), P("b"), level="any")(_binary(_kind, _symbol))
+
+
+def is_mask(value: object) -> bool:
+    """Whether ``value`` is a comparison's result: a tensor or tile of dtype ``bool``."""
+    return isinstance(value, Value) and getattr(value.type, "dtype", None) == BOOL
+
+
+def _where(call: OpCall) -> object:
+    """``a`` where ``cond`` holds, else ``b``, elementwise, with NumPy broadcasting over
+    all three: ``where(x > 0.0, x, 0.01 * x)`` is a leaky ReLU, and
+    ``where(mask == 0.0, -INF, s)`` masks scores. ``cond`` is a comparison (a mask);
+    ``a`` and ``b`` are tensors, numbers or scalar parameters. The result has the wider
+    dtype of the tensors among them, as arithmetic does, or f32 when both are numbers."""
+    want = TileType if call.spec.level == "tile" else TensorType
+    cond = call.raw("cond")
+    if not is_mask(cond) or not isinstance(cond.type, want):
+        raise call.error(
+            f"'cond' must be a comparison, such as x > 0.0, not {describe(cond)}",
+            at="cond",
+        )
+    tensors, scalars, attrs = [cond], [], []
+    dims, dtype = cond.type.dims, None
+    for name in ("a", "b"):
+        value = call.raw(name)
+        if isinstance(value, Value) and isinstance(value.type, want) and not is_mask(value):
+            tensors.append(value)
+            dims = broadcast(call, "cond", name, dims, value.type.dims)
+            dtype = value.type.dtype if dtype is None else promote(dtype, value.type.dtype)
+        elif isinstance(value, Value) and value.type in (ScalarType("float"), ScalarType("int")):
+            scalars.append(value)
+            attrs.append((name, "scalar"))
+        elif isinstance(value, Const) and type(value.value) in (int, float):
+            attrs.append((name, value.value))
+        elif is_mask(value):
+            raise call.error(
+                f"'{name}' is a mask; cast({call.ev(name).text}, f32) makes it 1.0 and 0.0",
+                at=name,
+            )
+        else:
+            kind = "a tile" if want is TileType else "a tensor"
+            raise call.error(
+                f"'{name}' must be {kind}, a number or a scalar, not {describe(value)}", at=name
+            )
+    result = want(dims, dtype or F32)
+    return call.emit("where", (*tensors, *scalars), result, attrs=tuple(attrs))
+
+
+register("where", P("cond"), P("a"), P("b"))(_where)
+register("tile.where", P("cond"), P("a"), P("b"), level="tile")(_where)
 
 
 def _clamp(call: OpCall) -> object:

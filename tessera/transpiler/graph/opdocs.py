@@ -11,13 +11,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .graph_ops import GRAPH_OPS
+from .graph_ops import COMPARISONS, GRAPH_OPS
 from .opcall import OpSpec
 from .tile_ops import TILE_DIMS
 
 __all__ = ["render_ops_doc"]
 
-_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+_OPERATORS = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**",
+    **{kind: symbol for symbol, kind in COMPARISONS.items()},
+}  # fmt: skip
 
 _INTRO = """\
 # Operations
@@ -27,8 +30,15 @@ Generated from the operation registry (`tessera/transpiler/graph/graph_ops.py`,
 
 Graph operations work on whole tensors in graph functions; the compiler fuses them into
 kernels. Tile operations work on the tiles of one program instance, in tile kernels (a
-function that calls `tile.context()`). Arithmetic operators work in both. Using one kind
-where the other belongs is an error that says so.
+function that calls `tile.context()`). Arithmetic and comparison operators work in both.
+Using one kind where the other belongs is an error that says so.
+
+A comparison of tensors or tiles is a mask, which `where` (`tile.where`) and `cast` read:
+`where(x > 0.0, x, 0.01 * x)`. A mask is not a number: arithmetic and reductions on one are
+errors that say to cast it (`sum(cast(x > t, f32))` counts), and no parameter or result
+is one. A kernel computes a mask where it reads it; one that a kernel over a larger shape
+reads (`where(b < 0.5, x, y)` with `b` of `[C]` and `x` of `[R, C]`) is kept between the
+two kernels as the floats 1.0 and 0.0.
 
 The unary math, `clamp`, `pow`, the reductions and the softmaxes are methods too, as in NumPy
 and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`, `x.abs().max()` is `max(abs(x))`; on a tile,
@@ -68,7 +78,7 @@ def render_ops_doc() -> str:
     graph = [s for s in GRAPH_OPS.values() if s.level == "graph"]
     tile = [s for s in GRAPH_OPS.values() if s.level == "tile"]
     anywhere = [s for s in GRAPH_OPS.values() if s.level == "any"]
-    parts = [_INTRO, "## Arithmetic (graph functions and tile kernels)\n"]
+    parts = [_INTRO, "## Arithmetic and comparisons (graph functions and tile kernels)\n"]
     for spec in anywhere:
         symbol = _OPERATORS.get(spec.name)
         written = f"`a {symbol} b`" if symbol else "`-x`"

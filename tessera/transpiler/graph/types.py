@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .dims import Dim
-from .dtypes import DType, Policies
+from .dtypes import BOOL, F32, DType, Policies
 
 __all__ = [
     "TensorType",
@@ -21,6 +21,7 @@ __all__ = [
     "ContextType",
     "ValueType",
     "dims_text",
+    "in_memory",
 ]
 
 
@@ -48,6 +49,12 @@ class TensorType:
     def __str__(self) -> str:
         policies = f" {self.policies}" if str(self.policies) else ""
         return f"tensor<{dims_text(self.dims)}, {self.dtype}{policies}>"
+
+
+def in_memory(t: ValueType) -> ValueType:
+    """The type a kernel reads or writes ``t`` with: its own, but a mask (which a kernel
+    computes as floats) is kept between kernels as the floats 1.0 and 0.0."""
+    return TensorType(t.dims, F32) if isinstance(t, TensorType) and t.dtype == BOOL else t
 
 
 @dataclass(frozen=True)

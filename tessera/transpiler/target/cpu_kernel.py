@@ -16,7 +16,7 @@ from typing import Any
 
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.graph_ops import binary_operands, dropout_operands
+from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
@@ -30,6 +30,7 @@ __all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
     "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t",
+    "bool": "float",  # a mask between kernels: 1.0 and 0.0
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
@@ -41,6 +42,9 @@ _UNARY = {
     "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: The comparisons, as C++ operators: a bool, which a tile of floats holds as 1.0 or 0.0.
+_COMPARED = {kind: symbol for symbol, kind in COMPARISONS.items()}
+_OPERATORS = {**_BINARY, **_COMPARED}
 #: Binary ops that are calls, not operators.
 _CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of"}
 #: An element of a tile in generated code: ``name[index]``.
@@ -398,15 +402,18 @@ class _Emitter:
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
         out = _shape(out_type)
-        if op.kind in _BINARY or op.kind in _CALLED:
+        if op.kind in _OPERATORS or op.kind in _CALLED:
             a, b = (self._arg(x, out) for x in binary_operands(op))
             expr = (
                 f"{_CALLED[op.kind]}({a}, {b})"
                 if op.kind in _CALLED
-                else f"{a} {_BINARY[op.kind]} {b}"
+                else f"{a} {_OPERATORS[op.kind]} {b}"
             )
             if op.kind == "div" and self._row_invariant(binary_operands(op)[1], out):
                 expr = f"{a} * (1.0f / {b})"  # one division per row, not per element
+        elif op.kind == "where":
+            cond, a, b = (self._arg(x, out) for x in named_operands(op, ("cond", "a", "b")))
+            expr = f"tsr::select({cond}, {a}, {b})"
         elif op.kind == "dropout":
             x, p, seed = (self._arg(v, out) for v in dropout_operands(op))
             expr = f"tsr::dropout({x}, {seed}, {self._position(op.attr('at'), out)}, {p})"
@@ -923,7 +930,8 @@ def _is_elementwise(op: Op) -> bool:
         op.kind in _BINARY
         or op.kind in _CALLED
         or op.kind in _UNARY
-        or op.kind in ("cast", "dropout")
+        or op.kind in _COMPARED
+        or op.kind in ("cast", "dropout", "where")
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
-from ..graph.graph_ops import binary_operands, dropout_operands
+from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
 from ..tile.ir import Access, Mma, TileKernel
@@ -65,7 +65,10 @@ _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "rel
           "sin", "cos", "neg")  # fmt: skip
 #: Binary ops that are calls of the dialect's math functions, not operators.
 _CALLED = ("maximum", "minimum")
-_ELEMENTWISE = frozenset({*_BINARY, *_UNARY, *_CALLED, "pow", "cast", "dropout"})
+#: The comparisons, as C operators: an int, which a float holds as 1.0 or 0.0.
+_COMPARED = {kind: symbol for symbol, kind in COMPARISONS.items()}
+_OPERATORS = {**_BINARY, **_COMPARED}
+_ELEMENTWISE = frozenset({*_OPERATORS, *_UNARY, *_CALLED, "pow", "cast", "dropout", "where"})
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
@@ -468,7 +471,7 @@ class _Emitter(TileOps, TmaCopies):
 
     def expression(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
         d = self.d
-        if op.kind in _BINARY or op.kind in _CALLED or op.kind == "pow":
+        if op.kind in _OPERATORS or op.kind in _CALLED or op.kind == "pow":
             a, b = (self.at(x, index, out) for x in binary_operands(op))
             if op.kind == "pow":
                 exponent = binary_operands(op)[1]
@@ -476,7 +479,18 @@ class _Emitter(TileOps, TmaCopies):
                 return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
             if op.kind in _CALLED:
                 return f"{d.unary[op.kind]}({a}, {b})"
-            return f"{a} {_BINARY[op.kind]} {b}"
+            return f"{a} {_OPERATORS[op.kind]} {b}"
+        if op.kind == "where":
+            mask, a, b = named_operands(op, ("cond", "a", "b"))
+            cond, a, b = (self.at(x, index, out) for x in (mask, a, b))
+            producer = self.producers.get(mask.id)
+            if (
+                self.forms[mask.id].kind != "lazy"
+                or producer is None
+                or producer.kind not in _COMPARED
+            ):
+                cond = f"{cond} != 0.0f"  # a mask held as a float (OpenCL C tests ints only)
+            return f"{cond} ? {a} : {b}"
         if op.kind == "dropout":
             x, p, seed = (self.at(v, index, out) for v in dropout_operands(op))
             at: Access = op.attr("at")

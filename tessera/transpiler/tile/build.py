@@ -17,7 +17,7 @@ from ..graph.fusion import kernel_order
 from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
-from ..graph.types import ScalarType, TensorType
+from ..graph.types import ScalarType, TensorType, in_memory
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
@@ -97,7 +97,7 @@ def _lower_launch(
     for printed in (*launch.reads, *launch.writes):
         if printed in names:
             v = names[printed]
-            rename[v.id] = new_value(v.type, _param_name(v, result, printed))
+            rename[v.id] = new_value(in_memory(v.type), _param_name(v, result, printed))
     ops = kernel_order([function.body.ops[i] for i in group.ops])
     split = next(
         (op for op in ops if op.kind == "split_qkv" and op.result.type.dims[-3].constant is None),

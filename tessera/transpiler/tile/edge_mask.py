@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..graph.dims import Dim
+from ..graph.graph_ops import COMPARISONS
 from ..graph.ir import Block, Op, Value, new_value
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
@@ -36,6 +37,8 @@ ZERO_PRESERVING = frozenset(
     {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal", "dropout"}
 )
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+#: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).
+_DIRTYING = frozenset({*COMPARISONS.values(), "where"})
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class _Masker:
             return handler(op)
         if op.kind in _BINARY:
             self.binary(op)
+        elif op.kind in _DIRTYING:
+            self.dirtied(op)
         elif op.kind == "dropout" or (len(op.operands) == 1 and len(op.results) == 1):
             self.unary(op)  # dropout's other operands are scalars
         return [op]
@@ -154,6 +159,18 @@ class _Masker:
                     and all(p is not None and p.zero for p in pads)
                 )
             out.append(replace(first, zero=zero))
+        self.pads[op.result.id] = tuple(out)
+
+    def dirtied(self, op: Op) -> None:
+        """Padding along each axis where an operand has it, and not zero."""
+        if not isinstance(op.result.type, TileType):
+            return
+        rank = op.result.type.rank
+        tiles = [v for v in op.operands if len(getattr(v.type, "dims", ())) > 0]
+        out = []
+        for axis in range(rank):
+            padded = [p for p in (self._aligned(v, rank)[axis] for v in tiles) if p is not None]
+            out.append(padded[0].dirty() if padded else None)
         self.pads[op.result.id] = tuple(out)
 
     def unary(self, op: Op) -> None:

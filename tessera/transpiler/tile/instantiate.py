@@ -30,7 +30,7 @@ from ..graph.dims import Dim
 from ..graph.graph_ops import rows_permuted, view_column
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
-from ..graph.types import ScalarType, TensorType, TileType
+from ..graph.types import ScalarType, TensorType, TileType, in_memory
 from ..options import Options
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue, View
@@ -140,7 +140,8 @@ def instantiate(
     if anchor is not None:
         tensors = anchor.operands[: len(names)]
     span = (anchor or group_ops[-1]).span
-    fn = stdlib_kernel(template, tuple(v.type for v in tensors), result, span, names)
+    operands = tuple(in_memory(v.type) for v in tensors)
+    fn = stdlib_kernel(template, operands, in_memory(result), span, names)
     bind: dict[int, Any] = {}
     for param in fn.params:
         if param.value.name not in TEMPLATE_PARAMS[template]:
@@ -219,14 +220,10 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 current = _epilogue_operand(lowering, rename[op.operands[0].id], access)
                 inside[op.result.id] = current
                 continue
-            operands = tuple(
-                (
-                    inside[v.id]
-                    if v.id in inside
-                    else _epilogue_operand(lowering, rename[v.id], access)
-                )
-                for v in op.operands
-            )
+            for v in op.operands:  # each tensor loaded once, however many ops read it
+                if v.id not in inside:
+                    inside[v.id] = _epilogue_operand(lowering, rename[v.id], access)
+            operands = tuple(inside[v.id] for v in op.operands)
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
             result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
             # dropout draws by the element's place in the tensor: where the tile lies

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.graph_ops import binary_operands, dropout_operands
+from ..graph.graph_ops import binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value
 from ..graph.types import ScalarType, TensorType, TileType
 from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
@@ -365,6 +365,12 @@ class _Program:
             return _BINARY[op.kind](a, b)
         if op.kind in _UNARY:
             return _UNARY[op.kind](operands[0])
+        if op.kind == "where":
+            cond, a, b = (
+                self.values[x.id] if isinstance(x, Value) else x
+                for x in named_operands(op, ("cond", "a", "b"))
+            )
+            return np.where(np.asarray(cond) != 0, a, b)
         raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
 
 
@@ -405,6 +411,8 @@ def _gelu(x: Any) -> Any:
 _BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b, "pow": lambda a, b: a**b, "maximum": np.fmax, "minimum": np.fmin,
+    "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+    "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
 }  # fmt: skip
 _UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
