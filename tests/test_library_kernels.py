@@ -756,6 +756,29 @@ def tile_where(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R"
     a = tile.load(x, rows=T.m)
     b = tile.load(y, rows=T.m)
     return tile.where(a != b, b - a, -1.0)
+
+@kernel
+def swiglu_halves(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
+    F = h.shape[-1] / 2
+    return silu(h[:, :F]) * h[:, F:]
+
+@kernel
+def fused_gate_up(x: Tensor["M", "K", bf16],
+                  w: Tensor["K", "F2", bf16]) -> Tensor["M", "F2/2", f32]:
+    h = x @ w
+    return silu(h[..., :h.shape[-1] / 2]) * h[..., h.shape[-1] / 2:]
+
+@kernel
+def sliced_operands(x: Tensor["M", "K", f32], w: Tensor["N", "K", f32]) -> Tensor["M", "N", f32]:
+    return x[:, 8:] @ w[:, 8:].T
+
+@kernel
+def sliced_softmax(x: Tensor["B", "R", "C", f32]) -> Tensor["B", "R", "C-8", f32]:
+    return softmax(x[:, :, 8:])
+
+@kernel
+def last_columns(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", 24, f32]:
+    return x[..., -24:]
 """ + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -768,13 +791,18 @@ PRODUCTS = {"bmm": 1, "bmm_bf16": 1, "scaled_matmul": 2, "matmul_norm": 1,
             "param_scaled_flash": 2, "dropped_product": 1, "swish_product": 1,
             "broadcast_batch": 1, "gated_mlp": 1, "product_relu": 1}  # fmt: skip
 #: The functions whose result is a product with a transposed right operand, and which.
-TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1}
+TRANSPOSED = {"linear": 1, "linear_bf16": 1, "linear_fp8": 1, "scores": 1, "tile_nt": 1,
+              "sliced_operands": 1}  # fmt: skip
 #: The functions whose result is their first argument with the last two axes swapped.
 SWAPPED = {"transposed_sum", "transposed_bf16", "tile_transpose", "dropped_then_swapped"}
 #: The functions whose result drops the second-to-last axis.
 COLUMNS = {"column_sums", "column_means", "column_maxes"}
 #: The functions whose result is a reshape or a permutation, and its shape for the arguments.
 RESHAPED = {
+    "swiglu_halves": lambda h: (h.shape[0], h.shape[1] // 2),
+    "fused_gate_up": lambda x, w: (x.shape[0], w.shape[1] // 2),
+    "sliced_softmax": lambda x: (*x.shape[:2], x.shape[2] - 8),
+    "last_columns": lambda x: (*x.shape[:2], 24),
     "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
@@ -1327,6 +1355,31 @@ def test_where_picks_by_a_comparison(library: Any) -> None:
     y[::3] = rng.standard_normal((13, 75), dtype=np.float32)
     want = np.where(x != y, f64(y) - f64(x), -1.0)
     np.testing.assert_allclose(f64(library.tile_where(x, y)), want, rtol=1e-6)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_slices_of_the_last_axis_are_read_where_they_lie(library: Any) -> None:
+    rng = np.random.default_rng(58)
+    h = rng.standard_normal((37, 150), dtype=np.float32)
+    a, b = f64(h[:, :75]), f64(h[:, 75:])
+    want = a / (1 + np.exp(-a)) * b
+    np.testing.assert_allclose(f64(library.swiglu_halves(h)), want, rtol=1e-5, atol=1e-6)
+    x = rng.standard_normal((37, 70), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((70, 90), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    p = f64(x) @ f64(w)
+    want = p[:, :45] / (1 + np.exp(-p[:, :45])) * p[:, 45:]
+    np.testing.assert_allclose(f64(library.fused_gate_up(x, w)), want, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((37, 70), dtype=np.float32)
+    w = rng.standard_normal((45, 70), dtype=np.float32)
+    want = f64(x)[:, 8:] @ f64(w)[:, 8:].T
+    np.testing.assert_allclose(f64(library.sliced_operands(x, w)), want, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((2, 37, 75), dtype=np.float32)
+    want = softmax(f64(x)[:, :, 8:])
+    np.testing.assert_allclose(f64(library.sliced_softmax(x)), want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(library.last_columns(x), x[..., -24:])
+    with pytest.raises(ValueError, match=r"C = 20 breaks C >= 24 \(the slice C - 24:C"):
+        library.last_columns(x[..., :20].copy())
 
 
 @pytest.mark.execute

@@ -200,9 +200,10 @@ class Entry:
             left = evaluate(g["left"], sizes, "guard")
             right = evaluate(g["right"], sizes, "guard")
             ok = {"equal": left == right, "divisible": right != 0 and left % right == 0,
-                  "at_most": left <= right}[g["kind"]]  # fmt: skip
+                  "at_most": left <= right, "at_least": left >= right}[g["kind"]]  # fmt: skip
             if not ok:
-                relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<="}
+                relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<=",
+                            "at_least": ">="}  # fmt: skip
                 raise ValueError(
                     f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
                     f"{relation[g['kind']]} {g['right']} ({g['reason']})"

@@ -287,7 +287,8 @@ def _reshapes_outside(function: Function) -> Function:
         )
         if inner is None or not (
             (op.kind == "reshape" and rows_permuted(inner) and _split_first(op, inner, ops))
-            or (rows_permuted(op) and attention and inner.kind == "reshape"
+            or (op.kind == "transpose" and rows_permuted(op) and attention
+                and inner.kind == "reshape"
                 and _merge_after(op, inner, ops))
         ):  # fmt: skip
             ops.append(op)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from fractions import Fraction
 from typing import Any
 
 from ..frontend import ast
@@ -509,31 +510,111 @@ class Evaluator:
             item = items[i]
             return DimValue(item) if isinstance(item, Dim) else Const(item)
         if isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)):
-            axes = []
-            for position, item in enumerate(node.index):
-                if isinstance(item, ast.NoneLit):
-                    axes.append(position)
-                elif isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None:
-                    pass
-                else:
-                    raise SemanticError(
-                        "indexing a tensor or tile is not supported; only ':' and None "
-                        "(a new axis of size 1) are",
-                        item.span,
-                    )
-            kept = len(node.index) - len(axes)
-            if kept > v.type.rank:
-                raise SemanticError(f"too many ':' for a rank-{v.type.rank} value", node.span)
-            dims = list(v.type.dims)
-            for axis in axes:
-                dims.insert(axis, Dim.const(1))
-            result = v.type.with_(dims=tuple(dims))
-            if isinstance(result, TensorType):
-                result = TensorType(result.dims, result.dtype)
-            return self._runtime(node.span).emit(
-                "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
-            )[0]
+            return self._indexed(node, v)
         raise SemanticError(f"{describe(v)} cannot be indexed", node.span)
+
+    def _indexed(self, node: ast.Subscript, v: Value) -> Value:
+        """``x[...]`` of a tensor or tile: ``None`` is a new axis of one element, ``:``
+        keeps an axis, ``...`` the axes no other item names, and ``a:b`` on a tensor's
+        last axis keeps those columns (``_columns``)."""
+        rank = v.type.rank
+        if sum(isinstance(item, ast.EllipsisLit) for item in node.index) > 1:
+            raise SemanticError("an index has at most one '...'", node.span)
+        named = [i for i in node.index if not isinstance(i, (ast.NoneLit, ast.EllipsisLit))]
+        if len(named) > rank:
+            raise SemanticError(f"too many ':' for a rank-{rank} value", node.span)
+        items: list[ast.Expr | None] = []  # None: the whole axis
+        for item in node.index:
+            if isinstance(item, ast.EllipsisLit):
+                items += [None] * (rank - len(named))
+            elif isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None:
+                items.append(None)
+            else:
+                items.append(item)
+        axes, axis, columns = [], 0, None
+        for position, item in enumerate(items):
+            if isinstance(item, ast.NoneLit):
+                axes.append(position)
+                continue
+            last = axis == rank - 1 and isinstance(v.type, TensorType)
+            if item is not None and not (isinstance(item, ast.Slice) and last and not item.step):
+                raise SemanticError(
+                    (
+                        "only ':', None (a new axis of one element), '...' and a slice of the "
+                        "last axis (x[..., a:b]) index a tensor"
+                        if isinstance(v.type, TensorType)
+                        else "only ':' and None (a new axis of one element) index a tile; "
+                        "tile.split cuts one into parts"
+                    ),
+                    item.span,
+                )
+            if item is not None:
+                columns = item
+            axis += 1
+        if columns is not None:
+            v = self._columns(v, columns)
+            if not axes:
+                return v
+        dims = list(v.type.dims)
+        for axis in axes:
+            dims.insert(axis, Dim.const(1))
+        result = v.type.with_(dims=tuple(dims))
+        if isinstance(result, TensorType):
+            result = TensorType(result.dims, result.dtype)
+        return self._runtime(node.span).emit(
+            "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
+        )[0]
+
+    def _columns(self, x: Value, item: ast.Slice) -> Value:
+        """``x[..., a:b]``: columns ``[a, b)`` of each row, as NumPy's slice (a negative
+        bound counts from the end), but never empty or past the end (checked at run time
+        where the sizes are symbolic). A view: the kernels that read it read the rows
+        where they lie, as they read ``split_qkv``'s parts."""
+        if x.type.rank < 2:
+            raise SemanticError(
+                "a slice of a vector is not supported yet; of one row it is: "
+                "x.reshape(1, -1)[:, a:b]",
+                item.span,
+            )
+        size = x.type.dims[-1]
+        bounds = []
+        for bound, default in ((item.lower, Dim.const(0)), (item.upper, size)):
+            if bound is None:
+                bounds.append(default)
+                continue
+            ev = self.eval(bound)
+            if isinstance(ev.value, DimValue):
+                bounds.append(ev.value.dim)
+            elif is_int(ev.value):
+                i = ev.value.value
+                bounds.append(size + Dim.const(i) if i < 0 else Dim.const(i))
+            else:
+                raise SemanticError(
+                    f"a slice bound is an integer or a size, not {describe(ev.value)}", ev.span
+                )
+        start, stop = bounds
+        shown = f"the slice {start}:{stop} of a last dim of {size}"
+        for bound in bounds:
+            if not bound.is_integral:  # "C/2": whole where C is a multiple of 2
+                self._runtime(item.span).guard(
+                    "divisible", *bound.fraction(), f"{shown}: {bound} is whole", item.span
+                )
+        for low, high, problem in (
+            (Dim.const(0), start, "starts before it"),
+            (start + Dim.const(1), stop, "is empty"),
+            (stop, size, "ends past it"),
+        ):
+            gap = high - low
+            if gap.constant is not None and gap.constant < 0:
+                raise SemanticError(f"{shown} {problem}", item.span)
+            if gap.constant is None and any(c < 0 for _, c in gap.terms):  # sizes are >= 0
+                # as sizes against a number: C - 24 >= 0 is C >= 24
+                number = Dim.const(sum((c for m, c in gap.terms if not m), Fraction(0)))
+                self._runtime(item.span).guard("at_least", gap - number, -number, shown, item.span)
+        rank = x.type.rank
+        result = TensorType((*x.type.dims[:-1], stop - start), x.type.dtype)
+        attrs = (("perm", tuple(range(rank))), ("start", start))
+        return self._runtime(item.span).emit("slice", (x,), (result,), attrs, (), item.span)[0]
 
     # -- calls -------------------------------------------------------------------
 

@@ -912,9 +912,10 @@ def _cast_like(call: OpCall) -> object:
 def rows_permuted(op: Op) -> bool:
     """Whether ``op`` is a transpose that keeps the last axis in place (``[S, H, D]`` as
     ``[H, S, D]``), or one of ``split_qkv``'s three, which is such a transpose of a block
-    of its operand's columns: its rows are the operand's rows, which a kernel can load
+    of its operand's columns, or a slice of the last axis (``x[..., a:b]``, a block of
+    columns with no transpose): its rows are the operand's rows, which a kernel can load
     where they lie, so it is a view rather than a kernel of its own."""
-    perm = op.attr("perm") if op.kind in ("transpose", "split_qkv") else None
+    perm = op.attr("perm") if op.kind in ("transpose", "split_qkv", "slice") else None
     return perm is not None and keeps_last_axis(perm)
 
 
@@ -928,8 +929,11 @@ def retyping_view(op: Op) -> bool:
 
 def view_column(op: Op) -> Dim:
     """Where the columns that a row permutation reads start in each row of its operand:
-    0 for a transpose, and ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k, v),
-    whose ``[..., H, S, D]`` lies in the rows of ``[..., S, 3*H*D]``."""
+    0 for a transpose, ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k, v),
+    whose ``[..., H, S, D]`` lies in the rows of ``[..., S, 3*H*D]``, and ``a`` for
+    ``x[..., a:b]``."""
+    if op.kind == "slice":
+        return op.attr("start")
     if op.kind != "split_qkv":
         return Dim.const(0)
     dims = op.result.type.dims

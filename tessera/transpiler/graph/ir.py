@@ -83,7 +83,8 @@ class Guard:
     """A condition on sizes that only the run time can check.
 
     ``kind`` is ``"equal"`` (``left == right``), ``"divisible"`` (``left``
-    is a multiple of ``right``) or ``"at_most"`` (``left <= right``).
+    is a multiple of ``right``), ``"at_most"`` (``left <= right``) or ``"at_least"``
+    (``left >= right``). The left side is the one a failed check names.
     """
 
     kind: str
@@ -95,7 +96,8 @@ class Guard:
     def __str__(self) -> str:
         if self.kind == "divisible":
             return f"{self.left} % {self.right} == 0"
-        return f"{self.left} {'==' if self.kind == 'equal' else '<='} {self.right}"
+        relation = {"equal": "==", "at_most": "<=", "at_least": ">="}[self.kind]
+        return f"{self.left} {relation} {self.right}"
 
 
 @dataclass(frozen=True)

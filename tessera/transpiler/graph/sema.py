@@ -308,8 +308,10 @@ class _FunctionAnalyzer:
         return results
 
     def guard(self, kind: str, left: Dim, right: Dim, reason: str, span: Span) -> None:
-        if kind == "equal" and left.constant is not None and right.constant is None:
-            left, right = right, left  # a failed check names the size first: N = 33 breaks N == 1
+        if left.constant is not None and right.constant is None and kind != "divisible":
+            # a failed check names the size first: N = 33 breaks N == 1, C = 20 breaks C >= 24
+            left, right = right, left
+            kind = {"at_most": "at_least", "at_least": "at_most"}.get(kind, kind)
         guard = Guard(kind, left, right, reason, span)
         if all((g.kind, g.left, g.right) != (kind, left, right) for g in self.guards):
             self.guards.append(guard)

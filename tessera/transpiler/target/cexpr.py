@@ -7,7 +7,7 @@ from fractions import Fraction
 
 from ..graph.dims import Dim
 
-__all__ = ["c_dim", "c_float"]
+__all__ = ["c_dim", "c_factor", "c_float"]
 
 
 def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
@@ -34,6 +34,12 @@ def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
     for sign, text in parts[1:]:
         out += f" {sign} {text}"
     return out
+
+
+def c_factor(dim: Dim, names: dict[str, str] | None = None) -> str:
+    """``c_dim``, parenthesized where it is a sum (``C - 8``), to multiply by."""
+    text = c_dim(dim, names)
+    return f"({text})" if len(dim.terms) > 1 else text
 
 
 def c_float(value: float) -> str:

@@ -21,7 +21,7 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import c_dim, c_float
+from .cexpr import c_dim, c_factor, c_float
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
@@ -209,6 +209,10 @@ class _Emitter:
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.counters)
 
+    def factor(self, dim: Dim) -> str:
+        """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
+        return c_factor(dim, self.counters)
+
     # -- output ------------------------------------------------------------------------
 
     def line(self, text: str) -> None:
@@ -300,7 +304,7 @@ class _Emitter:
                 continue
             if d != Dim.const(1) or out[k] == Dim.const(1):
                 terms.append(loop[k] if stride == "1" else f"{loop[k]} * {stride}")
-            stride = self.c(d) if stride == "1" else f"{stride} * {self.c(d)}"
+            stride = self.factor(d) if stride == "1" else f"{stride} * {self.factor(d)}"
         return " + ".join(reversed(terms)) or "0"
 
     def _loops(self, out: tuple[Dim, ...], body: str) -> None:
@@ -374,7 +378,7 @@ class _Emitter:
                 pos = loop if axis.offset == Dim.const(0) else f"{offset} + {loop}"
             else:
                 pos = offset
-            place = pos if not place else f"({place}) * {self.c(axis.extent)} + {pos}"
+            place = pos if not place else f"({place}) * {self.factor(axis.extent)} + {pos}"
         return place
 
     def _row_invariant(self, x: Any, out: tuple[Dim, ...]) -> bool:
@@ -508,10 +512,10 @@ class _Emitter:
     def op_split(self, op: Op) -> None:
         x = op.operands[0]
         axis = op.attr("axis")
-        cols = self.c(_shape(x.type)[1])
+        cols = self.factor(_shape(x.type)[1])
         for index, part in enumerate(op.results):
             name = self.allocate(part)
-            prows, pcols = (self.c(d) for d in _shape(part.type))
+            prows, pcols = (self.factor(d) for d in _shape(part.type))
             src = (f"{self.name(x)}[i * {cols} + {index} * {pcols} + j]" if axis == 1
                    else f"{self.name(x)}[({index} * {prows} + i) * {cols} + j]")  # fmt: skip
             self._loops(_shape(part.type), f"{name}[i * {pcols} + j] = {src};")
@@ -634,8 +638,9 @@ class _Emitter:
 
     @staticmethod
     def _whole_rows(op: Op) -> bool:
-        """Whether a load reads whole rows of an f32 tensor into an f32 tile: then the
-        tile can be the tensor's own memory, with no copy, where its rows exist."""
+        """Whether a load reads whole rows of an f32 tensor into an f32 tile (not the first
+        columns of each, as ``x[:, :64]`` does): then the tile can be the tensor's own
+        memory, with no copy, where its rows exist."""
         at: Access = op.attr("at")
         tile = at.tile_axes
         return (
@@ -643,7 +648,7 @@ class _Emitter:
             and op.result.type.dtype.name == "f32"
             and len(tile) == 2
             and tile[1].offset == Dim.const(0)
-            and tile[1].size == tile[1].extent
+            and tile[1].size == tile[1].extent == op.operands[0].type.dims[-1]
             and not tile[1].masked
         )
 

@@ -27,7 +27,7 @@ __all__ = ["LoaderError", "python_loader"]
 _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
             "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "f64": "float64"}  # fmt: skip
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
-_RELATIONS = {"equal": "==", "at_most": "<="}
+_RELATIONS = {"equal": "==", "at_most": "<=", "at_least": ">="}
 _WIDTH = 88  # black's default line length
 #: The module's own names, which a function's body reads: a size does not take them, and
 #: a parameter may not.

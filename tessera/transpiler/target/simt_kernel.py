@@ -35,7 +35,7 @@ from ..graph.types import ScalarType, TensorType
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import c_dim
+from .cexpr import c_dim, c_factor
 from .naming import GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -197,6 +197,10 @@ class _Emitter(TileOps, TmaCopies):
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.symbols)
 
+    def factor(self, dim: Dim) -> str:
+        """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
+        return c_factor(dim, self.symbols)
+
     def run(self) -> SimtKernel:
         params = []
         for p in self.kernel.params:
@@ -288,7 +292,7 @@ class _Emitter(TileOps, TmaCopies):
         for i, d in zip(index, dims, strict=True):
             if d == Dim.const(1):
                 continue
-            out = i if out == "0" else f"({out}) * {self.c(d)} + {i}"
+            out = i if out == "0" else f"({out}) * {self.factor(d)} + {i}"
         return out
 
     def split_flat(self, dims: tuple[Dim, ...]) -> tuple[str, ...]:
@@ -297,7 +301,7 @@ class _Emitter(TileOps, TmaCopies):
             return ("e",)
         if len(dims) != 2:
             raise NotLowered(f"a tile of rank {len(dims)}")
-        cols = self.c(dims[1])
+        cols = self.factor(dims[1])
         self.line(f"const {self.d.index_type} i = e / {cols};")
         self.line(f"const {self.d.index_type} j = e - i * {cols};")
         return ("i", "j")
@@ -653,7 +657,7 @@ class _Emitter(TileOps, TmaCopies):
                 pos = i if axis.offset == Dim.const(0) else f"{self.c(axis.offset)} + {i}"
                 if axis.masked:
                     conditions.append(f"{pos} < {self.c(axis.extent)}")
-            offset = pos if not offset else f"({offset}) * {self.c(d)} + {pos}"
+            offset = pos if not offset else f"({offset}) * {self.factor(d)} + {pos}"
         return offset, " && ".join(conditions)
 
     def global_element(self, tensor: Value, at: Access) -> Element:

@@ -77,7 +77,8 @@ def run_function(
         _bind_sizes(kernel, arrays, sizes)
     for guard in program.host.guards:
         left, right = _eval(guard.left, sizes), _eval(guard.right, sizes)
-        holds = {"equal": left == right, "divisible": left % right == 0, "at_most": left <= right}
+        holds = {"equal": left == right, "divisible": left % right == 0, "at_most": left <= right,
+                 "at_least": left >= right}  # fmt: skip
         if not holds[guard.kind]:
             raise TileRuntimeError(f"guard {guard} fails with {sizes}: {guard.reason}")
     for kernel in program.kernels:
