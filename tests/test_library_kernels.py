@@ -779,6 +779,26 @@ def sliced_softmax(x: Tensor["B", "R", "C", f32]) -> Tensor["B", "R", "C-8", f32
 @kernel
 def last_columns(x: Tensor["B", "S", "C", f32]) -> Tensor["B", "S", 24, f32]:
     return x[..., -24:]
+
+@kernel
+def cached_rows(k: Tensor["B", "S", "D", f32],
+                y: Tensor["B", "T", "D", f32]) -> Tensor["B", "T", "D", f32]:
+    return k[:, :y.shape[1]] * 2.0 + y
+
+@kernel
+def cache_prefix_attention(q: Tensor["B", "T", 64, f32], k: Tensor["B", "S", 64, f32],
+                           v: Tensor["B", "S", 64, f32]) -> Tensor["B", "T", 64, f32]:
+    T = q.shape[1]
+    return flash_attention(q, k[:, :T], v[:, :T], causal=True)
+
+@kernel
+def inner_block_product(x: Tensor["M", "K", f32],
+                        w: Tensor["K", "N", f32]) -> Tensor["M-4", "N-3", f32]:
+    return x[2:-2, 5:] @ w[5:, 1:-2]
+
+@kernel
+def later_rows_softmax(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "R-1", "C", f32]:
+    return softmax(x[:, 1:])
 """ + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -803,6 +823,10 @@ RESHAPED = {
     "fused_gate_up": lambda x, w: (x.shape[0], w.shape[1] // 2),
     "sliced_softmax": lambda x: (*x.shape[:2], x.shape[2] - 8),
     "last_columns": lambda x: (*x.shape[:2], 24),
+    "cached_rows": lambda k, y: y.shape,
+    "cache_prefix_attention": lambda q, k, v: q.shape,
+    "inner_block_product": lambda x, w: (x.shape[0] - 4, w.shape[1] - 3),
+    "later_rows_softmax": lambda x: (x.shape[0], x.shape[1] - 1, x.shape[2]),
     "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
@@ -1380,6 +1404,31 @@ def test_slices_of_the_last_axis_are_read_where_they_lie(library: Any) -> None:
     np.testing.assert_array_equal(library.last_columns(x), x[..., -24:])
     with pytest.raises(ValueError, match=r"C = 20 breaks C >= 24 \(the slice C - 24:C"):
         library.last_columns(x[..., :20].copy())
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_slices_of_leading_axes_are_read_where_they_lie(library: Any) -> None:
+    rng = np.random.default_rng(59)
+    k = rng.standard_normal((2, 90, 40), dtype=np.float32)
+    y = rng.standard_normal((2, 37, 40), dtype=np.float32)
+    np.testing.assert_array_equal(library.cached_rows(k, y), k[:, :37] * np.float32(2) + y)
+    with pytest.raises(ValueError, match=r"T = 37 breaks T <= S"):
+        library.cached_rows(k[:, :30].copy(), y)
+    q = rng.standard_normal((2, 37, 64), dtype=np.float32)
+    k, v = rng.standard_normal((2, 2, 90, 64), dtype=np.float32)
+    scores = f64(q) @ f64(k)[:, :37].transpose(0, 2, 1) / 8.0
+    scores = np.where(np.tril(np.ones((37, 37), bool)), scores, -np.inf)
+    want = softmax(scores) @ f64(v)[:, :37]
+    got = f64(library.cache_prefix_attention(q, k, v))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    x = rng.standard_normal((41, 70), dtype=np.float32)
+    w = rng.standard_normal((70, 50), dtype=np.float32)
+    want = f64(x)[2:-2, 5:] @ f64(w)[5:, 1:-2]
+    np.testing.assert_allclose(f64(library.inner_block_product(x, w)), want, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((3, 29, 75), dtype=np.float32)
+    want = softmax(f64(x)[:, 1:])
+    np.testing.assert_allclose(f64(library.later_rows_softmax(x)), want, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.execute

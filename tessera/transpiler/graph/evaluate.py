@@ -515,8 +515,8 @@ class Evaluator:
 
     def _indexed(self, node: ast.Subscript, v: Value) -> Value:
         """``x[...]`` of a tensor or tile: ``None`` is a new axis of one element, ``:``
-        keeps an axis, ``...`` the axes no other item names, and ``a:b`` on a tensor's
-        last axis keeps those columns (``_columns``)."""
+        keeps an axis, ``...`` the axes no other item names, and ``a:b`` keeps part of a
+        tensor's axis (``_sliced``)."""
         rank = v.type.rank
         if sum(isinstance(item, ast.EllipsisLit) for item in node.index) > 1:
             raise SemanticError("an index has at most one '...'", node.span)
@@ -531,28 +531,29 @@ class Evaluator:
                 items.append(None)
             else:
                 items.append(item)
-        axes, axis, columns = [], 0, None
+        axes: list[int] = []
+        slices: dict[int, ast.Slice] = {}
+        axis = 0
         for position, item in enumerate(items):
             if isinstance(item, ast.NoneLit):
                 axes.append(position)
                 continue
-            last = axis == rank - 1 and isinstance(v.type, TensorType)
-            if item is not None and not (isinstance(item, ast.Slice) and last and not item.step):
-                raise SemanticError(
-                    (
-                        "only ':', None (a new axis of one element), '...' and a slice of the "
-                        "last axis (x[..., a:b]) index a tensor"
-                        if isinstance(v.type, TensorType)
-                        else "only ':' and None (a new axis of one element) index a tile; "
-                        "tile.split cuts one into parts"
-                    ),
-                    item.span,
-                )
             if item is not None:
-                columns = item
+                if not isinstance(item, ast.Slice) or item.step or isinstance(v.type, TileType):
+                    raise SemanticError(
+                        (
+                            "only ':', None (a new axis of one element), '...' and slices "
+                            "a:b index a tensor"
+                            if isinstance(v.type, TensorType)
+                            else "only ':' and None (a new axis of one element) index a tile; "
+                            "tile.split cuts one into parts"
+                        ),
+                        item.span,
+                    )
+                slices[axis] = item
             axis += 1
-        if columns is not None:
-            v = self._columns(v, columns)
+        if slices:
+            v = self._sliced(v, slices, node.span)
             if not axes:
                 return v
         dims = list(v.type.dims)
@@ -565,18 +566,28 @@ class Evaluator:
             "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
         )[0]
 
-    def _columns(self, x: Value, item: ast.Slice) -> Value:
-        """``x[..., a:b]``: columns ``[a, b)`` of each row, as NumPy's slice (a negative
-        bound counts from the end), but never empty or past the end (checked at run time
-        where the sizes are symbolic). A view: the kernels that read it read the rows
-        where they lie, as they read ``split_qkv``'s parts."""
+    def _sliced(self, x: Value, slices: dict[int, ast.Slice], span: Span) -> Value:
+        """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis, as
+        NumPy's slices (a negative bound counts from the end), but never empty or past
+        the end (checked at run time where the sizes are symbolic). A view: the kernels
+        that read it read each row where it lies, as they read ``split_qkv``'s parts."""
         if x.type.rank < 2:
             raise SemanticError(
                 "a slice of a vector is not supported yet; of one row it is: "
                 "x.reshape(1, -1)[:, a:b]",
-                item.span,
+                span,
             )
-        size = x.type.dims[-1]
+        dims, starts = list(x.type.dims), [Dim.const(0)] * x.type.rank
+        for axis, item in slices.items():
+            starts[axis], stop = self._slice_bounds(x.type.dims[axis], item)
+            dims[axis] = stop - starts[axis]
+        result = TensorType(tuple(dims), x.type.dtype)
+        attrs = (("perm", tuple(range(x.type.rank))), ("starts", tuple(starts)))
+        return self._runtime(span).emit("slice", (x,), (result,), attrs, (), span)[0]
+
+    def _slice_bounds(self, size: Dim, item: ast.Slice) -> tuple[Dim, Dim]:
+        """Where slice ``item`` of an axis of ``size`` elements starts and stops, with the
+        guards that keep it whole, non-empty and inside the axis."""
         bounds = []
         for bound, default in ((item.lower, Dim.const(0)), (item.upper, size)):
             if bound is None:
@@ -593,7 +604,7 @@ class Evaluator:
                     f"a slice bound is an integer or a size, not {describe(ev.value)}", ev.span
                 )
         start, stop = bounds
-        shown = f"the slice {start}:{stop} of a last dim of {size}"
+        shown = f"the slice {start}:{stop} of a dim of {size}"
         for bound in bounds:
             if not bound.is_integral:  # "C/2": whole where C is a multiple of 2
                 self._runtime(item.span).guard(
@@ -608,13 +619,11 @@ class Evaluator:
             if gap.constant is not None and gap.constant < 0:
                 raise SemanticError(f"{shown} {problem}", item.span)
             if gap.constant is None and any(c < 0 for _, c in gap.terms):  # sizes are >= 0
-                # as sizes against a number: C - 24 >= 0 is C >= 24
                 number = Dim.const(sum((c for m, c in gap.terms if not m), Fraction(0)))
-                self._runtime(item.span).guard("at_least", gap - number, -number, shown, item.span)
-        rank = x.type.rank
-        result = TensorType((*x.type.dims[:-1], stop - start), x.type.dtype)
-        attrs = (("perm", tuple(range(rank))), ("start", start))
-        return self._runtime(item.span).emit("slice", (x,), (result,), attrs, (), item.span)[0]
+                if len((gap - number).terms) == 1:  # C - 24 >= 0 reads C >= 24
+                    low, high = -number, gap - number
+                self._runtime(item.span).guard("at_most", low, high, shown, item.span)
+        return start, stop
 
     # -- calls -------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from .values import Const, DimValue, Ev, describe
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
-    "last_two_swapped", "rows_permuted", "retyping_view", "view_column", "folded",
+    "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
     "ELEMENTWISE_MATH", "COMPARISONS", "named_operands", "is_mask",
 ]  # fmt: skip
 
@@ -912,9 +912,9 @@ def _cast_like(call: OpCall) -> object:
 def rows_permuted(op: Op) -> bool:
     """Whether ``op`` is a transpose that keeps the last axis in place (``[S, H, D]`` as
     ``[H, S, D]``), or one of ``split_qkv``'s three, which is such a transpose of a block
-    of its operand's columns, or a slice of the last axis (``x[..., a:b]``, a block of
-    columns with no transpose): its rows are the operand's rows, which a kernel can load
-    where they lie, so it is a view rather than a kernel of its own."""
+    of its operand's columns, or a slice (``x[..., a:b]``, ``x[:, :T]``: a block with no
+    transpose): its rows are the operand's rows, which a kernel can load where they
+    lie, so it is a view rather than a kernel of its own."""
     perm = op.attr("perm") if op.kind in ("transpose", "split_qkv", "slice") else None
     return perm is not None and keeps_last_axis(perm)
 
@@ -927,17 +927,20 @@ def retyping_view(op: Op) -> bool:
     return op.kind == "reshape" or (op.kind == "transpose" and rows_permuted(op))
 
 
-def view_column(op: Op) -> Dim:
-    """Where the columns that a row permutation reads start in each row of its operand:
-    0 for a transpose, ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k, v),
-    whose ``[..., H, S, D]`` lies in the rows of ``[..., S, 3*H*D]``, and ``a`` for
-    ``x[..., a:b]``."""
+def view_starts(op: Op) -> tuple[Dim, ...]:
+    """Where a row permutation's view starts along each axis of the access to its operand
+    that ``Access.rows_permuted`` gives (the axes after the rows merged): nowhere but 0
+    for a transpose; at column ``part * H * D`` for part ``part`` of ``split_qkv`` (q, k,
+    v), whose ``[..., H, S, D]`` lies in the rows of ``[..., S, 3*H*D]``; and at ``a``
+    along each axis that ``x[..., a:b]`` slices."""
     if op.kind == "slice":
-        return op.attr("start")
+        return op.attr("starts")
+    rank = op.attr("perm")[-2] + 2
+    zero = Dim.const(0)
     if op.kind != "split_qkv":
-        return Dim.const(0)
+        return (zero,) * rank
     dims = op.result.type.dims
-    return dims[-3] * dims[-1] * op.attr("part")
+    return (*(zero,) * (rank - 1), dims[-3] * dims[-1] * op.attr("part"))
 
 
 def has_transpose_kernel(perm: tuple[int, ...]) -> bool:

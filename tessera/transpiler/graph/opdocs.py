@@ -60,9 +60,10 @@ _VALUES = """\
 | `x.T` | `transpose(x)` (`tile.transpose` for a tile) |
 | `x.to(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in PyTorch and Triton |
 | `x[:, None]` | a new axis of size 1 (for broadcasting); `...` stands for the axes not named |
-| `x[..., a:b]` | columns `[a, b)` of a tensor's last axis, as in NumPy (a negative bound counts \
-from the end; sizes may be bounds: `h[:, :F]`); a view that the kernels reading it read where \
-it lies. Slicing another axis, with a step, or a tile (`tile.split` does) is not supported |
+| `x[:, a:b]` | elements `[a, b)` of a tensor's axis, on any axes of a tensor of two or more, \
+as in NumPy (a negative bound counts from the end; sizes may be bounds: `h[..., :F]`, \
+`k[:, :T]`); a view that the kernels reading it read where it lies. An integer index, a \
+step, and slices of a vector or a tile (`tile.split` does) are not supported |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
 | `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
 | `float(n)`, `int(n)` | a number or a size as a scalar |

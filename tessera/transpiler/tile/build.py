@@ -13,6 +13,7 @@ import dataclasses
 
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
+from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
@@ -192,12 +193,18 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
         if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
     }
     last = ops[-1]
-    stored = anchor.kind == "flash_attention" and last is not anchor and rows_permuted(last)
+    stored = (
+        anchor.kind == "flash_attention"
+        and last is not anchor
+        and last.kind == "transpose"
+        and rows_permuted(last)
+    )
     if stored and last.operands[0].id not in rename:
         perm = last.attr("perm")
         inverse = tuple(perm.index(axis) for axis in range(len(perm)))
         out = _retyped(rename, last.result, merged_rows(last.result.type, inverse))
-        views[last.operands[0].id] = View(last.operands[0], out, inverse)
+        starts = (Dim.const(0),) * (inverse[-2] + 2)
+        views[last.operands[0].id] = View(last.operands[0], out, inverse, starts)
     return views
 
 

@@ -27,7 +27,7 @@ from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, 
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
-from ..graph.graph_ops import rows_permuted, view_column
+from ..graph.graph_ops import rows_permuted, view_starts
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType, in_memory
@@ -251,7 +251,7 @@ def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
 def view_of(op: Op, rename: dict[int, Value]) -> View:
     """The view that a row permutation ``op`` (a transpose, or a part of ``split_qkv``)
     gives of the kernel parameter its operand maps to."""
-    return View(op.result, rename[op.operands[0].id], op.attr("perm"), view_column(op))
+    return View(op.result, rename[op.operands[0].id], op.attr("perm"), view_starts(op))
 
 
 def rows_permuted_load(lowering: Any, view: View, out: Access) -> Value:

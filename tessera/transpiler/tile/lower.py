@@ -57,17 +57,24 @@ class View:
     tensor: Value
     source: Value
     perm: tuple[int, ...]
-    #: where the permuted tensor's merged columns start in each row of ``source``
-    #: (``split_qkv``'s k and v lie after q)
-    column: Dim = Dim.const(0)  # noqa: RUF009 - a Dim is immutable
+    #: where the view starts along each axis of ``source`` as ``Access.rows_permuted``
+    #: reads it (``split_qkv``'s k and v lie after q; a slice starts where it says)
+    starts: tuple[Dim, ...]
 
     def access(self, out: Access) -> Access:
-        """Where an access ``out`` to the operand lies in ``source``."""
-        *axes, last = out.rows_permuted(self.perm).axes
-        moved = dataclasses.replace(
-            last, offset=last.offset + self.column, extent=last.extent + self.column
+        """Where an access ``out`` to the operand lies in ``source``: each axis moved to
+        where the view starts along it, and ending where the view does."""
+        axes = out.rows_permuted(self.perm).axes
+        return Access(
+            tuple(
+                (
+                    a
+                    if s == Dim.const(0)
+                    else dataclasses.replace(a, offset=a.offset + s, extent=a.extent + s)
+                )
+                for a, s in zip(axes, self.starts, strict=True)
+            )
         )
-        return Access((*axes, moved))
 
 
 @dataclass(frozen=True)
