@@ -758,6 +758,10 @@ def tile_where(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R"
     return tile.where(a != b, b - a, -1.0)
 
 @kernel
+def int_ratio(x: Tensor["R", "C", f32], n: int, m: int) -> Tensor["R", "C", f32]:
+    return x * (n / m) + float(n)
+
+@kernel
 def swiglu_halves(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
     F = h.shape[-1] / 2
     return silu(h[:, :F]) * h[:, F:]
@@ -1429,6 +1433,15 @@ def test_slices_of_leading_axes_are_read_where_they_lie(library: Any) -> None:
     x = rng.standard_normal((3, 29, 75), dtype=np.float32)
     want = softmax(f64(x)[:, 1:])
     np.testing.assert_allclose(f64(library.later_rows_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_int_parameters_divide_as_floats(library: Any) -> None:
+    x = np.random.default_rng(60).standard_normal((37, 75), dtype=np.float32)
+    for n, m in ((3, 2), (7, -4)):  # C would give 1 and -1 for n / m
+        want = f64(x) * (n / m) + n
+        np.testing.assert_allclose(f64(library.int_ratio(x, n, m)), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.execute

@@ -332,8 +332,19 @@ class Evaluator:
             else:
                 raise SemanticError(f"'{node.op}' is not defined on {describe(v)}", ev.span)
         kind = "float" if "float" in kinds or node.op == "/" else "int"
+        if node.op == "/" and "float" not in kinds:  # n / m of ints divides as floats do
+            operands = [self._widened(v, node.span) for v in operands]
         return self._runtime(node.span).emit(
             _ARITH[node.op], tuple(operands), (ScalarType(kind),), attrs, (), node.span
+        )[0]
+
+    def _widened(self, v: Value, span: Span) -> Value:
+        """``float(v)`` of an int scalar ``v``: ``v * 1.0``, which C widens as Python does
+        (an op of its own would need every backend to print it)."""
+        if v.type != ScalarType("int"):
+            return v
+        return self._runtime(span).emit(
+            "mul", (v,), (ScalarType("float"),), (("b", 1.0),), (), span
         )[0]
 
     def _logic(self, node: ast.BoolOp | ast.Compare) -> Any:
@@ -753,7 +764,13 @@ class Evaluator:
                 raise SemanticError(f"{name}({shown}) is not a finite number", node.span) from None
         if isinstance(v, DimValue):
             return v if name == "int" else self._dim_as_float(v, node.span)
-        raise SemanticError(f"{name}() takes a number or a size, not {describe(v)}", args[0].span)
+        if name == "float" and isinstance(v, Value) and v.type == ScalarType("int"):
+            return self._widened(v, node.span)
+        raise SemanticError(
+            f"{name}() takes a number, a size{' or an int' if name == 'float' else ''}, "
+            f"not {describe(v)}",
+            args[0].span,
+        )
 
     def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:
         spec = OpSpec("append", (), lambda c: None, "graph")

@@ -66,7 +66,8 @@ as in NumPy (a negative bound counts from the end; sizes may be bounds: `h[..., 
 step, and slices of a vector or a tile (`tile.split` does) are not supported |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
 | `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
-| `float(n)`, `int(n)` | a number or a size as a scalar |
+| `float(n)`, `int(n)` | a number or a size as a scalar; `float(n)` of an `int` parameter \
+too. `n / m` of ints is a float, as in Python |
 | `INF`, `NAN` | infinity and not-a-number constants (`-INF` for masks) |
 | `Schedule(block=..., k=..., warps=..., stages=...)` | a schedule for `@kernel.schedule` \
 (also `vector=`, `swizzle=`); `with_block(...)`, `with_warps(...)`, ... derive variants |

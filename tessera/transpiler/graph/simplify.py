@@ -25,6 +25,7 @@ from .dtypes import DType
 from .graph_ops import has_transpose_kernel, last_two_swapped
 from .ir import GraphModule, Op, Value
 from .rewrite import Rewriter, map_functions
+from .types import ScalarType
 
 __all__ = ["simplify"]
 
@@ -33,6 +34,8 @@ _IDENTITY = {"mul": 1, "div": 1, "pow": 1, "add": 0}
 
 def _same_type(a: Value, b: Value) -> bool:
     ta, tb = a.type, b.type
+    if isinstance(ta, ScalarType) or isinstance(tb, ScalarType):
+        return ta == tb  # n * 1.0 of an int n is a float: float(n)
     return (
         getattr(ta, "dims", None) == getattr(tb, "dims", None)
         and getattr(ta, "dtype", None) == getattr(tb, "dtype", None)
