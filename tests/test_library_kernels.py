@@ -801,6 +801,15 @@ def inner_block_product(x: Tensor["M", "K", f32],
     return x[2:-2, 5:] @ w[5:, 1:-2]
 
 @kernel
+def last_token_logits(h: Tensor["B", "S", "C", f32],
+                      w: Tensor["C", "V", f32]) -> Tensor["B", "V", f32]:
+    return h[:, -1] @ w
+
+@kernel
+def second_head(x: Tensor["B", "H", "S", "D", bf16]) -> Tensor["B", "S", "D", f32]:
+    return cast(x[:, 1], f32) * 2.0
+
+@kernel
 def later_rows_softmax(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "R-1", "C", f32]:
     return softmax(x[:, 1:])
 """ + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
@@ -831,6 +840,8 @@ RESHAPED = {
     "cache_prefix_attention": lambda q, k, v: q.shape,
     "inner_block_product": lambda x, w: (x.shape[0] - 4, w.shape[1] - 3),
     "later_rows_softmax": lambda x: (x.shape[0], x.shape[1] - 1, x.shape[2]),
+    "last_token_logits": lambda h, w: (h.shape[0], w.shape[1]),
+    "second_head": lambda x: (x.shape[0], *x.shape[2:]),
     "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
@@ -1433,6 +1444,20 @@ def test_slices_of_leading_axes_are_read_where_they_lie(library: Any) -> None:
     x = rng.standard_normal((3, 29, 75), dtype=np.float32)
     want = softmax(f64(x)[:, 1:])
     np.testing.assert_allclose(f64(library.later_rows_softmax(x)), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_an_integer_index_takes_one_element_without_its_axis(library: Any) -> None:
+    rng = np.random.default_rng(61)
+    h = rng.standard_normal((3, 29, 40), dtype=np.float32)
+    w = rng.standard_normal((40, 50), dtype=np.float32)
+    want = f64(h)[:, -1] @ f64(w)
+    np.testing.assert_allclose(f64(library.last_token_logits(h, w)), want, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((2, 3, 29, 40), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(f64(library.second_head(x)), f64(x)[:, 1] * 2)
+    with pytest.raises(ValueError, match=r"H = 1 breaks H >= 2 \(the index 1 of a dim of H"):
+        library.second_head(x[:, :1].copy())
 
 
 @pytest.mark.execute

@@ -526,14 +526,15 @@ class Evaluator:
 
     def _indexed(self, node: ast.Subscript, v: Value) -> Value:
         """``x[...]`` of a tensor or tile: ``None`` is a new axis of one element, ``:``
-        keeps an axis, ``...`` the axes no other item names, and ``a:b`` keeps part of a
-        tensor's axis (``_sliced``)."""
+        keeps an axis, ``...`` the axes no other item names, ``a:b`` keeps part of a
+        tensor's axis (``_sliced``), and an integer one element of it, without the axis:
+        ``x[:, -1]`` is ``x[:, -1:]`` reshaped."""
         rank = v.type.rank
         if sum(isinstance(item, ast.EllipsisLit) for item in node.index) > 1:
             raise SemanticError("an index has at most one '...'", node.span)
         named = [i for i in node.index if not isinstance(i, (ast.NoneLit, ast.EllipsisLit))]
         if len(named) > rank:
-            raise SemanticError(f"too many ':' for a rank-{rank} value", node.span)
+            raise SemanticError(f"too many indices for a rank-{rank} value", node.span)
         items: list[ast.Expr | None] = []  # None: the whole axis
         for item in node.index:
             if isinstance(item, ast.EllipsisLit):
@@ -542,81 +543,74 @@ class Evaluator:
                 items.append(None)
             else:
                 items.append(item)
-        axes: list[int] = []
-        slices: dict[int, ast.Slice] = {}
+        bounds: dict[int, tuple[Dim, Dim, Span]] = {}
+        shape: list[int | None] = []  # the result's axes: the source's, or None for a new one
         axis = 0
-        for position, item in enumerate(items):
+        for item in items:
             if isinstance(item, ast.NoneLit):
-                axes.append(position)
+                shape.append(None)
                 continue
             if item is not None:
-                if not isinstance(item, ast.Slice) or item.step or isinstance(v.type, TileType):
+                if isinstance(v.type, TileType) or (isinstance(item, ast.Slice) and item.step):
                     raise SemanticError(
                         (
-                            "only ':', None (a new axis of one element), '...' and slices "
-                            "a:b index a tensor"
-                            if isinstance(v.type, TensorType)
-                            else "only ':' and None (a new axis of one element) index a tile; "
+                            "only ':' and None (a new axis of one element) index a tile; "
                             "tile.split cuts one into parts"
+                            if isinstance(v.type, TileType)
+                            else "a slice with a step is not supported"
                         ),
                         item.span,
                     )
-                slices[axis] = item
+                bounds[axis] = self._slice_bounds(v.type.dims[axis], item)
+            if item is None or isinstance(item, ast.Slice):  # an integer drops the axis
+                shape.append(axis)
             axis += 1
-        if slices:
-            v = self._sliced(v, slices, node.span)
-            if not axes:
-                return v
-        dims = list(v.type.dims)
-        for axis in axes:
-            dims.insert(axis, Dim.const(1))
-        result = v.type.with_(dims=tuple(dims))
+        shape += range(axis, rank)  # the axes after the last item are whole
+        if bounds:
+            v = self._sliced(v, bounds, node.span)
+        if shape == list(range(rank)):
+            return v
+        dims = tuple(Dim.const(1) if a is None else v.type.dims[a] for a in shape)
+        if len(shape) - shape.count(None) == rank:  # new axes only
+            kind = "expand_dims"
+            attrs = (("axes", tuple(i for i, a in enumerate(shape) if a is None)),)
+        else:
+            kind, attrs = "reshape", (("shape", dims),)
+        result = v.type.with_(dims=dims)
         if isinstance(result, TensorType):
             result = TensorType(result.dims, result.dtype)
-        return self._runtime(node.span).emit(
-            "expand_dims", (v,), (result,), (("axes", tuple(axes)),), (), node.span
-        )[0]
+        return self._runtime(node.span).emit(kind, (v,), (result,), attrs, (), node.span)[0]
 
-    def _sliced(self, x: Value, slices: dict[int, ast.Slice], span: Span) -> Value:
-        """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis, as
-        NumPy's slices (a negative bound counts from the end), but never empty or past
-        the end (checked at run time where the sizes are symbolic). A view: the kernels
-        that read it read each row where it lies, as they read ``split_qkv``'s parts."""
+    def _sliced(self, x: Value, bounds: dict[int, tuple[Dim, Dim, Span]], span: Span) -> Value:
+        """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis. A view:
+        the kernels that read it read each row where it lies, as they read
+        ``split_qkv``'s parts."""
         if x.type.rank < 2:
             raise SemanticError(
-                "a slice of a vector is not supported yet; of one row it is: "
+                "indexing a vector is not supported yet; indexing one row is: "
                 "x.reshape(1, -1)[:, a:b]",
                 span,
             )
         dims, starts = list(x.type.dims), [Dim.const(0)] * x.type.rank
-        for axis, item in slices.items():
-            starts[axis], stop = self._slice_bounds(x.type.dims[axis], item)
-            dims[axis] = stop - starts[axis]
+        for axis, (start, stop, _) in bounds.items():
+            starts[axis], dims[axis] = start, stop - start
         result = TensorType(tuple(dims), x.type.dtype)
         attrs = (("perm", tuple(range(x.type.rank))), ("starts", tuple(starts)))
         return self._runtime(span).emit("slice", (x,), (result,), attrs, (), span)[0]
 
-    def _slice_bounds(self, size: Dim, item: ast.Slice) -> tuple[Dim, Dim]:
-        """Where slice ``item`` of an axis of ``size`` elements starts and stops, with the
-        guards that keep it whole, non-empty and inside the axis."""
-        bounds = []
-        for bound, default in ((item.lower, Dim.const(0)), (item.upper, size)):
-            if bound is None:
-                bounds.append(default)
-                continue
-            ev = self.eval(bound)
-            if isinstance(ev.value, DimValue):
-                bounds.append(ev.value.dim)
-            elif is_int(ev.value):
-                i = ev.value.value
-                bounds.append(size + Dim.const(i) if i < 0 else Dim.const(i))
-            else:
-                raise SemanticError(
-                    f"a slice bound is an integer or a size, not {describe(ev.value)}", ev.span
-                )
-        start, stop = bounds
-        shown = f"the slice {start}:{stop} of a dim of {size}"
-        for bound in bounds:
+    def _slice_bounds(self, size: Dim, item: ast.Expr) -> tuple[Dim, Dim, Span]:
+        """Where ``item`` (a slice, as NumPy's, or an integer: one element) takes an axis of
+        ``size`` elements from and to, with the guards that keep it whole, non-empty and
+        inside the axis where the sizes are symbolic."""
+        if isinstance(item, ast.Slice):
+            start = Dim.const(0) if item.lower is None else self._bound(size, item.lower)
+            stop = size if item.upper is None else self._bound(size, item.upper)
+            shown = f"the slice {start}:{stop} of a dim of {size}"
+        else:
+            start = self._bound(size, item)
+            stop = start + Dim.const(1)
+            shown = f"the index {start} of a dim of {size}"
+        for bound in (start, stop):
             if not bound.is_integral:  # "C/2": whole where C is a multiple of 2
                 self._runtime(item.span).guard(
                     "divisible", *bound.fraction(), f"{shown}: {bound} is whole", item.span
@@ -634,7 +628,20 @@ class Evaluator:
                 if len((gap - number).terms) == 1:  # C - 24 >= 0 reads C >= 24
                     low, high = -number, gap - number
                 self._runtime(item.span).guard("at_most", low, high, shown, item.span)
-        return start, stop
+        return start, stop, item.span
+
+    def _bound(self, size: Dim, expr: ast.Expr) -> Dim:
+        """An index or a slice bound: an integer (from the end if negative) or a size."""
+        ev = self.eval(expr)
+        if isinstance(ev.value, DimValue):
+            return ev.value.dim
+        if is_int(ev.value):
+            i = ev.value.value
+            return size + Dim.const(i) if i < 0 else Dim.const(i)
+        raise SemanticError(
+            f"an index or a slice bound is an integer or a size, not {describe(ev.value)}",
+            ev.span,
+        )
 
     # -- calls -------------------------------------------------------------------
 
