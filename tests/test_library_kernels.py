@@ -810,6 +810,10 @@ def second_head(x: Tensor["B", "H", "S", "D", bf16]) -> Tensor["B", "S", "D", f3
     return cast(x[:, 1], f32) * 2.0
 
 @kernel
+def columns_on_a_new_axis(x: Tensor["N", "C", f32]) -> Tensor["N", 1, 4, f32]:
+    return x[..., None, :4] * 2.0
+
+@kernel
 def later_rows_softmax(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "R-1", "C", f32]:
     return softmax(x[:, 1:])
 """ + (ROOT / "examples" / "decoder_block.tsr").read_text(encoding="utf-8")
@@ -842,6 +846,7 @@ RESHAPED = {
     "later_rows_softmax": lambda x: (x.shape[0], x.shape[1] - 1, x.shape[2]),
     "last_token_logits": lambda h, w: (h.shape[0], w.shape[1]),
     "second_head": lambda x: (x.shape[0], *x.shape[2:]),
+    "columns_on_a_new_axis": lambda x: (x.shape[0], 1, 4),
     "split_heads_t": lambda x, w: (4, x.shape[0], w.shape[1] // 4),
     "heads_first": lambda x, y: y.shape,
     "rows_last": lambda x: (x.shape[2], x.shape[0], x.shape[1], x.shape[3]),
@@ -1458,6 +1463,8 @@ def test_an_integer_index_takes_one_element_without_its_axis(library: Any) -> No
     np.testing.assert_array_equal(f64(library.second_head(x)), f64(x)[:, 1] * 2)
     with pytest.raises(ValueError, match=r"H = 1 breaks H >= 2 \(the index 1 of a dim of H"):
         library.second_head(x[:, :1].copy())
+    y = rng.standard_normal((29, 40), dtype=np.float32)
+    np.testing.assert_array_equal(library.columns_on_a_new_axis(y), y[..., None, :4] * 2)
 
 
 @pytest.mark.execute

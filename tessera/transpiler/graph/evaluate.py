@@ -571,7 +571,7 @@ class Evaluator:
         if shape == list(range(rank)):
             return v
         dims = tuple(Dim.const(1) if a is None else v.type.dims[a] for a in shape)
-        if len(shape) - shape.count(None) == rank:  # new axes only
+        if not bounds and len(shape) - shape.count(None) == rank:  # new axes only
             kind = "expand_dims"
             attrs = (("axes", tuple(i for i, a in enumerate(shape) if a is None)),)
         else:
@@ -633,8 +633,9 @@ class Evaluator:
     def _bound(self, size: Dim, expr: ast.Expr) -> Dim:
         """An index or a slice bound: an integer (from the end if negative) or a size."""
         ev = self.eval(expr)
-        if isinstance(ev.value, DimValue):
-            return ev.value.dim
+        if isinstance(ev.value, DimValue):  # -C counts from the end, as -1 does
+            dim = ev.value.dim
+            return size + dim if dim.terms and all(c < 0 for _, c in dim.terms) else dim
         if is_int(ev.value):
             i = ev.value.value
             return size + Dim.const(i) if i < 0 else Dim.const(i)

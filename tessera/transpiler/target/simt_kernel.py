@@ -487,12 +487,8 @@ class _Emitter(TileOps, TmaCopies):
         if op.kind == "where":
             mask, a, b = named_operands(op, ("cond", "a", "b"))
             cond, a, b = (self.at(x, index, out) for x in (mask, a, b))
-            producer = self.producers.get(mask.id)
-            if (
-                self.forms[mask.id].kind != "lazy"
-                or producer is None
-                or producer.kind not in _COMPARED
-            ):
+            compared = getattr(self.producers.get(mask.id), "kind", None) in _COMPARED
+            if not (compared and self.forms[mask.id].kind == "lazy"):
                 cond = f"{cond} != 0.0f"  # a mask held as a float (OpenCL C tests ints only)
             return f"{cond} ? {a} : {b}"
         if op.kind == "dropout":
