@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 python3 - <<'PY' || exit 2
 import importlib.util, sys
-need = ["lark", "jinja2", "numpy", "ml_dtypes", "cupy", "torch", "pytest", "hypothesis"]
+need = ["lark", "interegular", "jinja2", "numpy", "ml_dtypes", "cupy", "torch", "pytest", "hypothesis"]
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"gpu-check: python3 lacks {', '.join(missing)}")

@@ -9,8 +9,11 @@ on its flash backend. Tessera's kernels get torch tensors where they lie (no cop
 
 Each case checks Tessera's output against the peer's first (the relative error is
 recorded, not asserted), then times both interleaved with CUDA events, median of
-several runs after warm-up. A case Tessera cannot compile or run is recorded with the
-message. Results go to ``bench/results/gpu.json`` with the device's name.
+several runs after warm-up, two ways: ``queue`` calls launched back to back (the GPU's
+time per call, as in a model's forward pass, where the host runs ahead: ``ratio``),
+and one call alone, waited for (the host's work for the call included: ``call_ratio``).
+A case Tessera cannot compile or run is recorded with the message. Results go to
+``bench/results/gpu.json`` with the device's name.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="timed runs per kernel (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+    parser.add_argument("--queue", type=int, default=10, help="calls per back-to-back run")
     parser.add_argument("--arch", default="sm_90a", help="the CUDA arch to compile for")
     parser.add_argument("--quick", action="store_true", help="one size of each kind")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
@@ -65,17 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/gpu.py needs an NVIDIA GPU (torch sees none)")
         return 2
 
-    bench = _Bench(torch, args.runs, args.warmup, args.arch)
-    sizes = [4096] if args.quick else [4096, 8192]
-    seqs = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384]
-    for dtype in GEMM_DTYPES:
-        for n in sizes:
-            bench.gemm(dtype, n)
-    for d in (64, 128):
-        for s in seqs:
-            for causal in (False, True):
-                bench.attention(4, 16, s, d, causal)
-
+    bench = _Bench(torch, args.runs, args.warmup, args.queue, args.arch)
     report = {
         "device": torch.cuda.get_device_name(),
         "capability": "sm_{}{}".format(*torch.cuda.get_device_capability()),
@@ -84,10 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "runs": args.runs,
         "warmup": args.warmup,
+        "queue": args.queue,
         "cases": bench.cases,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    # The JSON is rewritten after every case, so that a run cut short (a hung kernel,
+    # a lost machine) keeps what it measured. The figures most asked for (GEMM 8192,
+    # attention at head dim 128 and long sequences) come first within their kind.
+    sizes = [4096] if args.quick else [8192, 4096]
+    seqs = [4096, 1024] if args.quick else [4096, 8192, 16384, 1024, 2048]
+    for dtype in GEMM_DTYPES:
+        for n in sizes:
+            bench.gemm(dtype, n)
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for d in (128, 64):
+        for s in seqs:
+            for causal in (False, True):
+                bench.attention(4, 16, s, d, causal)
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
     _table(report)
     return 0
 
@@ -95,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 class _Bench:
     """The cases measured so far, and how to measure one."""
 
-    def __init__(self, torch: Any, runs: int, warmup: int, arch: str) -> None:
-        self.torch, self.runs, self.warmup, self.arch = torch, runs, warmup, arch
+    def __init__(self, torch: Any, runs: int, warmup: int, queue: int, arch: str) -> None:
+        self.torch, self.runs, self.warmup, self.queue = torch, runs, warmup, queue
+        self.arch = arch
         self.cases: list[dict[str, Any]] = []
         self._loaded: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
 
@@ -177,38 +186,48 @@ class _Bench:
         diff = (out.float() - want.float()).norm() / want.float().norm()
         case["relative_error"] = float(diff)
         result = torch.empty_like(out)
-        times = _interleaved(torch, [lambda: ours(*inputs, out=result), peer],
-                             self.runs, self.warmup)  # fmt: skip
-        ours_ms, peer_ms = (statistics.median(t) for t in times)
+        queued, alone = _interleaved(torch, [lambda: ours(*inputs, out=result), peer],
+                                     self.runs, self.warmup, self.queue)  # fmt: skip
+        ours_ms, peer_ms = (statistics.median(t) for t in queued)
+        ours_call, peer_call = (statistics.median(t) for t in alone)
         case.update(
             tessera_ms=round(ours_ms, 4),
             peer_ms=round(peer_ms, 4),
             ratio=round(peer_ms / ours_ms, 3),
             tessera_tflops=round(case["flop"] / ours_ms / 1e9, 1),
             peer_tflops=round(case["flop"] / peer_ms / 1e9, 1),
+            tessera_call_ms=round(ours_call, 4),
+            peer_call_ms=round(peer_call, 4),
+            call_ratio=round(peer_call / ours_call, 3),
         )
-        print(f"{_label(case)}: ratio {case['ratio']} (error {case['relative_error']:.1e})")
+        print(f"{_label(case)}: ratio {case['ratio']}, one call {case['call_ratio']}"
+              f" (error {case['relative_error']:.1e})")  # fmt: skip
 
 
 def _interleaved(
-    torch: Any, fns: list[Callable[[], Any]], runs: int, warmup: int
-) -> list[list[float]]:
-    """Milliseconds per run of each function, taken in turn so that clocks and heat
-    treat them alike; CUDA events around each launch."""
+    torch: Any, fns: list[Callable[[], Any]], runs: int, warmup: int, queue: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Milliseconds per call of each function, taken in turn so that clocks and heat
+    treat them alike, with CUDA events: the mean of ``queue`` calls launched back to back,
+    and one call alone, from before its host work to its end on the GPU."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
-    times: list[list[float]] = [[] for _ in fns]
+    queued: list[list[float]] = [[] for _ in fns]
+    alone: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
-        for fn, sink in zip(fns, times, strict=True):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            sink.append(start.elapsed_time(end))
-    return times
+        for fn, q, a in zip(fns, queued, alone, strict=True):
+            for calls, sink in ((queue, q), (1, a)):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                end.synchronize()
+                sink.append(start.elapsed_time(end) / calls)
+    return queued, alone
 
 
 def _label(case: dict[str, Any]) -> str:
@@ -220,17 +239,20 @@ def _label(case: dict[str, Any]) -> str:
 
 def _table(report: dict[str, Any]) -> None:
     print(f"\n{report['device']} ({report['capability']}), Tessera {report['arch']}")
-    print(f"{'case':<40} {'tessera':>10} {'peer':>10} {'ratio':>6} {'TFLOP/s':>8} {'error':>8}")
+    print(f"{'case':<36} {'tessera':>10} {'peer':>10} {'ratio':>6} {'TFLOP/s':>8} "
+          f"{'one call':>8} {'error':>8}")  # fmt: skip
     for c in report["cases"]:
         if "error" in c:
-            print(f"{_label(c):<40} {'failed: ' + c['error'].splitlines()[0][:60]}")
+            print(f"{_label(c):<36} {'failed: ' + c['error'].splitlines()[0][:60]}")
             continue
         times = f"{c['tessera_ms']:>8.3f}ms {c['peer_ms']:>8.3f}ms {c['ratio']:>6.3f}"
-        print(f"{_label(c):<40} {times} {c['tessera_tflops']:>8.1f} {c['relative_error']:>8.1e}")
-    ratios = [c["ratio"] for c in report["cases"] if "ratio" in c]
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"geometric mean ratio (peer time / Tessera time): {geo:.3f}")
+        print(f"{_label(c):<36} {times} {c['tessera_tflops']:>8.1f} {c['call_ratio']:>8.3f} "
+              f"{c['relative_error']:>8.1e}")  # fmt: skip
+    for key in ("ratio", "call_ratio"):
+        ratios = [c[key] for c in report["cases"] if key in c]
+        if ratios:
+            geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            print(f"geometric mean {key} (peer time / Tessera time): {geo:.3f}")
 
 
 if __name__ == "__main__":

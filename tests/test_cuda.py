@@ -391,12 +391,12 @@ SABOTAGED = {
         "gemm:gemm", "sm_90a", "kb / 4 % 2);", "(kb / 4 + 1) % 2);"),
     "TMA copies whose bytes the barrier is not told of": (
         "gemm:gemm", "sm_90a",
-        "tsr_landed + 1, ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 16384 : 0) : 0);",
+        "tsr_landed + 1, ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 32768 : 0) : 0);",
         "tsr_landed + 1, 0);"),
 
     "a TMA box's coordinates outermost first": (
-        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 128*pid_n, 0)",
-        "&b_map, tsr_landed + 0, 0, 128*pid_n)"),
+        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 256*pid_n + 64, 0)",
+        "&b_map, tsr_landed + 0, 0, 256*pid_n + 64)"),
     "an fp8 wgmma stepping along k as a 16-bit one does": (
         "mlp:linear_fp8", "sm_90a", "kk < 128; kk += 32)", "kk < 128; kk += 16)"),
     "an ldmatrix of a row-major b without .trans": (
@@ -449,7 +449,8 @@ def _torch_put(a: np.ndarray) -> Any:
 def _torch_take(t: Any, dtype: np.dtype) -> np.ndarray:
     import torch
 
-    return t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().view(dtype)
+    flat = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().view(dtype)
+    return flat.reshape(tuple(t.shape))
 
 
 def _cupy_put(a: np.ndarray) -> Any:

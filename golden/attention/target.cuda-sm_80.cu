@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
-  const long long pid_m = blockIdx.x;
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   const float s = (float)(D);
@@ -280,14 +280,26 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    if (32*nblk + 32 <= S && 32*nblk + 31 <= 128*pid_m) {
+      // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        p[t] = (32*nblk + j >= S ? -__int_as_float(0x7f800000) : ((32*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+      for (int frag = 0; frag < 4; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int t = frag * 4 + reg;
+          p[t] = (((dot[t] * scale)));
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int frag = 0; frag < 4; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
+          const int t = frag * 4 + reg;
+          p[t] = (32*nblk + j >= S ? -__int_as_float(0x7f800000) : ((32*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+        }
       }
     }
     float m_c[2];
@@ -310,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        p[t] = expf(p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)]));
+        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -334,8 +346,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
@@ -537,14 +549,28 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    #pragma unroll
-    for (int frag = 0; frag < 8; ++frag) {
+    if (64*nblk + 64 <= S) {
+      // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-        const int t = frag * 4 + reg;
-        P[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+      for (int frag = 0; frag < 8; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
+          const int t = frag * 4 + reg;
+          P[t] = ((causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int frag = 0; frag < 8; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
+          const int t = frag * 4 + reg;
+          P[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
       }
     }
     float m_c[2];
@@ -567,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        P[t] = expf(P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)]));
+        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -591,8 +617,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

@@ -266,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
-  const long long pid_m = blockIdx.x;
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -413,14 +413,26 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       tsr_wgmma_wait<0>();
       // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
       float p[64];
-      #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      if (128*nblk + 128 <= S && 128*nblk + 127 <= 128*pid_m) {
+        // every mask is a no-op on this block
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
-          p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+        for (int frag = 0; frag < 16; ++frag) {
+          #pragma unroll
+          for (int reg = 0; reg < 4; ++reg) {
+            const int t = frag * 4 + reg;
+            p[t] = (((dot[t] * scale)));
+          }
+        }
+      } else {
+        #pragma unroll
+        for (int frag = 0; frag < 16; ++frag) {
+          #pragma unroll
+          for (int reg = 0; reg < 4; ++reg) {
+            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+            const int t = frag * 4 + reg;
+            p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+          }
         }
       }
       float m_c[2];
@@ -443,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          p[t] = expf(p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
+          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -467,8 +479,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
         const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-        alpha[r] = expf(m[r] - m_fin);
-        beta[r] = expf(m_c[r] - m_fin);
+        alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+        beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
         l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
         m[r] = m_new;
       }
@@ -682,14 +694,28 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       const float s_1 = rsqrtf(s);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
       float P[64];
-      #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      if (128*nblk + 128 <= S) {
+        // every mask is a no-op on this block
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
-          P[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+        for (int frag = 0; frag < 16; ++frag) {
+          #pragma unroll
+          for (int reg = 0; reg < 4; ++reg) {
+            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+            const int t = frag * 4 + reg;
+            P[t] = ((causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+          }
+        }
+      } else {
+        #pragma unroll
+        for (int frag = 0; frag < 16; ++frag) {
+          #pragma unroll
+          for (int reg = 0; reg < 4; ++reg) {
+            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
+            const int t = frag * 4 + reg;
+            P[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+          }
         }
       }
       float m_c[2];
@@ -712,7 +738,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          P[t] = expf(P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)]));
+          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -736,8 +762,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
         const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-        alpha[r] = expf(m[r] - m_fin);
-        beta[r] = expf(m_c[r] - m_fin);
+        alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+        beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
         l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
         m[r] = m_new;
       }

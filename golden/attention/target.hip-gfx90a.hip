@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __shared__ unsigned short p_stage[4224];
-  const long long pid_m = blockIdx.x;
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   const float s = (float)(D);
@@ -165,14 +165,26 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    if (64*nblk + 64 <= S && 64*nblk + 63 <= 64*pid_m) {
+      // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
-        p[t] = (64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+      for (int frag = 0; frag < 2; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int t = frag * 16 + reg;
+          p[t] = (((dot[t] * scale)));
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int frag = 0; frag < 2; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int j = frag % 2 * 32 + lane % 32;
+          const int t = frag * 16 + reg;
+          p[t] = (64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+        }
       }
     }
     float m_c[16];
@@ -198,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = expf(p[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg]));
+        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -225,8 +237,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
@@ -392,14 +404,28 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    if (64*nblk + 64 <= S) {
+      // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
-        P[t] = (64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+      for (int frag = 0; frag < 2; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int j = frag % 2 * 32 + lane % 32;
+          const int t = frag * 16 + reg;
+          P[t] = ((causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int frag = 0; frag < 2; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int j = frag % 2 * 32 + lane % 32;
+          const int t = frag * 16 + reg;
+          P[t] = (64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
       }
     }
     float m_c[16];
@@ -425,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        P[t] = expf(P[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg]));
+        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -452,8 +478,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

@@ -60,7 +60,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __local float tsr_rows[512];
   __local float p_stage[1056];
-  const long pid_m = get_group_id(0);
+  const long pid_m = get_num_groups(0) - 1 - get_group_id(0);  // the last rows first: they run the most blocks
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   const float s = (float)(D);
@@ -136,12 +136,22 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
-      for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
-        const int t = r * 2 + c;
-        p[t] = (32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+    if (32*nblk + 32 <= S && 32*nblk + 31 <= 32*pid_m) {
+      // every mask is a no-op on this block
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 2; ++c) {
+          const int t = r * 2 + c;
+          p[t] = (((dot[t] * scale)));
+        }
+      }
+    } else {
+      for (int r = 0; r < 4; ++r) {
+        const int i = ty + r * 8;
+        for (int c = 0; c < 2; ++c) {
+          const int j = tx + c * 16;
+          const int t = r * 2 + c;
+          p[t] = (32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+        }
       }
     }
     float m_c[4];
@@ -161,7 +171,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        p[t] = exp(p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r]));
+        p[t] = exp2((p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -183,8 +193,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp(m[r] - m_fin);
-      beta[r] = exp(m_c[r] - m_fin);
+      alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
@@ -315,12 +325,24 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const float s_1 = rsqrt(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
-    for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
-      for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
-        const int t = r * 2 + c;
-        P[t] = (32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+    if (32*nblk + 32 <= S) {
+      // every mask is a no-op on this block
+      for (int r = 0; r < 4; ++r) {
+        const int i = ty + r * 8;
+        for (int c = 0; c < 2; ++c) {
+          const int j = tx + c * 16;
+          const int t = r * 2 + c;
+          P[t] = ((causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
+      }
+    } else {
+      for (int r = 0; r < 4; ++r) {
+        const int i = ty + r * 8;
+        for (int c = 0; c < 2; ++c) {
+          const int j = tx + c * 16;
+          const int t = r * 2 + c;
+          P[t] = (32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+        }
       }
     }
     float m_c[4];
@@ -340,7 +362,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        P[t] = exp(P[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r]));
+        P[t] = exp2((P[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -362,8 +384,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp(m[r] - m_fin);
-      beta[r] = exp(m_c[r] - m_fin);
+      alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

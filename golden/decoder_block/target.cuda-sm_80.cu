@@ -677,11 +677,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    for (int r = 0; r < 8; ++r) {
-      for (int c = 0; c < 4; ++c) {
-        const int j = tx + c * 16;
-        const int t = r * 4 + c;
-        p[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+    if (64*nblk + 64 <= S) {
+      // every mask is a no-op on this block
+      for (int r = 0; r < 8; ++r) {
+        for (int c = 0; c < 4; ++c) {
+          const int t = r * 4 + c;
+          p[t] = ((dot[t] * scale));
+        }
+      }
+    } else {
+      for (int r = 0; r < 8; ++r) {
+        for (int c = 0; c < 4; ++c) {
+          const int j = tx + c * 16;
+          const int t = r * 4 + c;
+          p[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+        }
       }
     }
     float m_c[8];
@@ -701,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int r = 0; r < 8; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
-        p[t] = expf(p[t] - (m_c[r] == -__int_as_float(0x7f800000) ? 0.0f : m_c[r]));
+        p[t] = exp2f((p[t] - (m_c[r] == -__int_as_float(0x7f800000) ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[8];
@@ -724,8 +734,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int r = 0; r < 8; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

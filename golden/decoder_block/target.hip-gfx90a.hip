@@ -570,13 +570,25 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    #pragma unroll
-    for (int frag = 0; frag < 1; ++frag) {
+    if (32*nblk + 32 <= S) {
+      // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int j = frag % 1 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
-        p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+      for (int frag = 0; frag < 1; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int t = frag * 16 + reg;
+          p[t] = ((dot[t] * scale));
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int frag = 0; frag < 1; ++frag) {
+        #pragma unroll
+        for (int reg = 0; reg < 16; ++reg) {
+          const int j = frag % 1 * 32 + lane % 32;
+          const int t = frag * 16 + reg;
+          p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+        }
       }
     }
     float m_c[16];
@@ -602,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = expf(p[t] - (m_c[frag / 1 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 1 * 16 + reg]));
+        p[t] = exp2f((p[t] - (m_c[frag / 1 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 1 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -629,8 +641,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_fin);
-      beta[r] = expf(m_c[r] - m_fin);
+      alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

@@ -402,11 +402,21 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    for (int r = 0; r < 4; ++r) {
-      for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
-        const int t = r * 2 + c;
-        p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+    if (32*nblk + 32 <= S) {
+      // every mask is a no-op on this block
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 2; ++c) {
+          const int t = r * 2 + c;
+          p[t] = ((dot[t] * scale));
+        }
+      }
+    } else {
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 2; ++c) {
+          const int j = tx + c * 16;
+          const int t = r * 2 + c;
+          p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+        }
       }
     }
     float m_c[4];
@@ -426,7 +436,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        p[t] = exp(p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r]));
+        p[t] = exp2((p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -448,8 +458,8 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
       const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp(m[r] - m_fin);
-      beta[r] = exp(m_c[r] - m_fin);
+      alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
+      beta[r] = exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }

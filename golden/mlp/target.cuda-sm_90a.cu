@@ -187,16 +187,16 @@ __device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, uns
                :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
 }
 
-// d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
-// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
+// d += a @ b on one warpgroup's m64n256k16 tile of bf16: `d` is the warp's 32 m16n8
+// accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
 // a descriptor too. TransA and TransB say that a is M-major and b N-major.
 template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7,"
       " %8, %9, %10, %11, %12, %13, %14, %15,"
       " %16, %17, %18, %19, %20, %21, %22, %23,"
@@ -204,8 +204,16 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
       " %32, %33, %34, %35, %36, %37, %38, %39,"
       " %40, %41, %42, %43, %44, %45, %46, %47,"
       " %48, %49, %50, %51, %52, %53, %54, %55,"
-      " %56, %57, %58, %59, %60, %61, %62, %63},"
-      " %64, %65, p, 1, 1, %67, %68;\n"
+      " %56, %57, %58, %59, %60, %61, %62, %63,"
+      " %64, %65, %66, %67, %68, %69, %70, %71,"
+      " %72, %73, %74, %75, %76, %77, %78, %79,"
+      " %80, %81, %82, %83, %84, %85, %86, %87,"
+      " %88, %89, %90, %91, %92, %93, %94, %95,"
+      " %96, %97, %98, %99, %100, %101, %102, %103,"
+      " %104, %105, %106, %107, %108, %109, %110, %111,"
+      " %112, %113, %114, %115, %116, %117, %118, %119,"
+      " %120, %121, %122, %123, %124, %125, %126, %127},"
+      " %128, %129, p, 1, 1, %131, %132;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -214,20 +222,28 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
         "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
       : "memory");
 }
 
-// d += a @ b on one warpgroup's m64n128k32 tile of fp8_e4m3: `d` is the warp's 16 m16n8
-// accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
+// d += a @ b on one warpgroup's m64n256k32 tile of fp8_e4m3: `d` is the warp's 32 m16n8
+// accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
 // a descriptor too. Both are K-major, the only way wgmma takes fp8_e4m3.
-__device__ inline void tsr_wgmma_m64n128k32_fp8_e4m3_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long long a, unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7,"
       " %8, %9, %10, %11, %12, %13, %14, %15,"
       " %16, %17, %18, %19, %20, %21, %22, %23,"
@@ -235,8 +251,16 @@ __device__ inline void tsr_wgmma_m64n128k32_fp8_e4m3_ss(float* d, unsigned long 
       " %32, %33, %34, %35, %36, %37, %38, %39,"
       " %40, %41, %42, %43, %44, %45, %46, %47,"
       " %48, %49, %50, %51, %52, %53, %54, %55,"
-      " %56, %57, %58, %59, %60, %61, %62, %63},"
-      " %64, %65, p, 1, 1;\n"
+      " %56, %57, %58, %59, %60, %61, %62, %63,"
+      " %64, %65, %66, %67, %68, %69, %70, %71,"
+      " %72, %73, %74, %75, %76, %77, %78, %79,"
+      " %80, %81, %82, %83, %84, %85, %86, %87,"
+      " %88, %89, %90, %91, %92, %93, %94, %95,"
+      " %96, %97, %98, %99, %100, %101, %102, %103,"
+      " %104, %105, %106, %107, %108, %109, %110, %111,"
+      " %112, %113, %114, %115, %116, %117, %118, %119,"
+      " %120, %121, %122, %123, %124, %125, %126, %127},"
+      " %128, %129, p, 1, 1;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -245,7 +269,15 @@ __device__ inline void tsr_wgmma_m64n128k32_fp8_e4m3_ss(float* d, unsigned long 
         "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1)
       : "memory");
 }
@@ -253,13 +285,13 @@ __device__ inline void tsr_wgmma_m64n128k32_fp8_e4m3_ss(float* d, unsigned long 
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 384 threads per program
+// grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131136 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
   unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
@@ -302,19 +334,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, 256*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? B[(i) * N + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
     }
     if (64 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -334,19 +368,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 1, 128*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 1, 128*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, 256*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 128*pid_n + j < N ? B[(64 + i) * N + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? B[(64 + i) * N + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
     }
     for (long long kb = 0; kb * 64 < K; ++kb) {
       if (64*kb + 128 < K) {
@@ -368,27 +404,29 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &B_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 128*pid_n + j < N ? B[(64*kb + 128 + i) * N + 128*pid_n + j] : 0;
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 256;
+            const long long j = e - i * 256;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? B[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[64];
+    float acc[128];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
@@ -401,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -411,23 +449,23 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
     tsr_wgmma_wait<0>();
     // mlp.tsr:13: return gelu(matmul(A, B) + bias)
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < N ? bias[256*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -435,13 +473,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map W_in_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131136 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
   unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
@@ -484,19 +522,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 128*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 128*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, 256*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 128*pid_n + j < F ? W_in[(i) * F + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 256*pid_n + j < F ? W_in[(i) * F + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
     }
     if (64 < D) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -516,19 +556,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 1, 128*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 1, 128*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, 256*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 128*pid_n + j < F ? W_in[(64 + i) * F + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 256*pid_n + j < F ? W_in[(64 + i) * F + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
     }
     for (long long kb = 0; kb * 64 < D; ++kb) {
       if (64*kb + 128 < D) {
@@ -550,27 +592,29 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_in_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 128*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 128*pid_n + j] : 0;
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 256;
+            const long long j = e - i * 256;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 256*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[64];
+    float acc[128];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
@@ -583,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -593,23 +637,23 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     tsr_wgmma_wait<0>();
     // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < F ? b_in[256*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 128*pid_n + j0])) {
-          tsr_store_pair(&h[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 256*pid_n + j0])) {
+          tsr_store_pair(&h[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 128*pid_n + j0 < F) h[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (128*pid_m + i < T && 256*pid_n + j0 < F) h[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -617,13 +661,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(D/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D, const __grid_constant__ tsr_tensor_map h_map, const __grid_constant__ tsr_tensor_map W_out_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131136 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
   unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
@@ -666,19 +710,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 128*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 128*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, 256*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 128*pid_n + j < D ? W_out[(i) * D + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 256*pid_n + j < D ? W_out[(i) * D + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
     }
     if (64 < F) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -698,19 +744,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 1, 128*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 1, 128*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, 256*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
-          b_tile_smem[1 * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 128*pid_n + j < D ? W_out[(64 + i) * D + 128*pid_n + j] : 0;
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 256*pid_n + j < D ? W_out[(64 + i) * D + 256*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
     }
     for (long long kb = 0; kb * 64 < F; ++kb) {
       if (64*kb + 128 < F) {
@@ -732,27 +780,29 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_out_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 128*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 8192 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 128*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 128*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 128*pid_n + j] : 0;
+          for (long long e = ptid; e < 16384; e += 128) {
+            const long long i = e / 256;
+            const long long j = e - i * 256;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 256*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[64];
+    float acc[128];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
@@ -765,7 +815,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 8192 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -775,23 +825,23 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     tsr_wgmma_wait<0>();
     // mlp.tsr:21: return residual(x, h @ W_out + b_out)
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f)))));
+          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 256*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 256*pid_n + j]) : 0.0f) + (acc[t] + (256*pid_n + j < D ? b_out[256*pid_n + j] : 0.0f)))));
         }
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 128*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * D + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * D + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (128*pid_m + i < T && 256*pid_n + j0 < D) out[(128*pid_m + i) * D + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -799,13 +849,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map w_map) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131136 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 131072);  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
   unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
@@ -848,18 +898,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 128*pid_n);
+          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 256*pid_n);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
+        for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && j < D ? w[(128*pid_n + i) * D + j] : 0;
+          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && j < D ? w[(256*pid_n + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
     }
     if (128 < D) {
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -879,18 +929,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &w_map, tsr_landed + 1, 128, 128*pid_n);
+          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, 256*pid_n);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
+        for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && 128 + j < D ? w[(128*pid_n + i) * D + 128 + j] : 0;
+          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128 + j < D ? w[(256*pid_n + i) * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
     }
     for (long long kb = 0; kb * 128 < D; ++kb) {
       if (128*kb + 256 < D) {
@@ -912,26 +962,26 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
         // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
         if (w_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_n);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 256*pid_n);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
+          for (long long e = ptid; e < 32768; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_n + i < F && 128*kb + 256 + j < D ? w[(128*pid_n + i) * D + 128*kb + 256 + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128*kb + 256 + j < D ? w[(256*pid_n + i) * D + 128*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[64];
+    float acc[128];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
@@ -944,7 +994,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 32) {
-        tsr_wgmma_m64n128k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk % 128, 16, 1024));
+        tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -954,23 +1004,23 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
     tsr_wgmma_wait<0>();
     // mlp.tsr:31: return x @ w.T + bias
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f))));
+          pair[half] = (tsr_round_bf16((acc[t] + (256*pid_n + j < F ? bias[256*pid_n + j] : 0.0f))));
         }
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 128*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 128*pid_n + j0 < F) out[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (128*pid_m + i < T && 256*pid_n + j0 < F) out[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

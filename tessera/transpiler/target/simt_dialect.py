@@ -38,6 +38,8 @@ class Dialect:
     #: Fused multiply-add and maximum of floats.
     fma: str
     fmax: str
+    #: 2 to a float power: the online softmax's exponential (``simt_tiles.exp_online``).
+    exp2: str
     #: ``x`` to an integer power ``n``.
     pown: str
     #: How a helper function and a kernel are declared (``{threads}`` per program).
@@ -48,6 +50,8 @@ class Dialect:
     #: The thread's index in its program, and the program's index along each grid axis.
     thread_index: str
     program_index: tuple[str, ...]
+    #: How many programs the launch has along each axis.
+    program_count: tuple[str, ...]
     #: The number of threads of a program, as the header's group reductions read it.
     program_size: str
     #: Unsigned 16-, 32- and 64-bit types, and float <-> bits reinterpretation.
@@ -172,12 +176,14 @@ OPENCL = Dialect(
     barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     fma="fma",
     fmax="fmax",
+    exp2="exp2",
     pown="pown({x}, (int)({n}))",
     function="inline",
     kernel="__kernel __attribute__((reqd_work_group_size({threads}, 1, 1)))\nvoid",
     pointer="__global {const}{type}* restrict {name}",
     thread_index="get_local_id(0)",
     program_index=("get_group_id(0)", "get_group_id(1)", "get_group_id(2)"),
+    program_count=("get_num_groups(0)", "get_num_groups(1)", "get_num_groups(2)"),
     program_size="get_local_size(0)",
     u16="ushort",
     u32="uint",
@@ -212,12 +218,14 @@ HIP = Dialect(
     barrier="__syncthreads();",
     fma="fmaf",
     fmax="fmaxf",
+    exp2="exp2f",
     pown="powf({x}, (float)({n}))",
     function="__device__ inline",
     kernel='extern "C" __global__ void __launch_bounds__({threads})',
     pointer="{const}{type}* __restrict__ {name}",
     thread_index="(int)threadIdx.x",
     program_index=("blockIdx.x", "blockIdx.y", "blockIdx.z"),
+    program_count=("gridDim.x", "gridDim.y", "gridDim.z"),
     program_size="(int)blockDim.x",
     u16="unsigned short",
     u32="unsigned int",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
+from ..graph.ir import walk
 from ..graph.types import TensorType
 from ..schedule.hardware import hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
@@ -77,9 +78,11 @@ class _KernelView:
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
         self.launch_grid = _launch_grid(simt.grid)
         text = "\n".join(simt.body)
+        reverse = _longest_last(kernel, simt)
         self.pids = [
             f"const {d.index_type} {pid} = {index};"
-            for pid, index in _program_ids(simt.grid, d, simt.sizes)
+            + ("  // the last rows first: they run the most blocks" if reverse and i == 0 else "")
+            for i, (pid, index) in enumerate(_program_ids(simt.grid, d, simt.sizes, reverse))
             if re.search(rf"\b{pid}\b", text)
         ]
         # A size that only the grid's extent needs is still a parameter, so that every
@@ -103,13 +106,32 @@ def _launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]
     return [*axes[: _AXES - 1], (folded, 1)]
 
 
+def _longest_last(kernel: TileKernel, simt: SimtKernel) -> bool:
+    """Whether the programs along the first grid axis do more work the later they come:
+    a loop that stops at the program's own rows (causal attention's, over keys) runs
+    one block more for each. Such programs start last-first, so that the long ones run
+    in the first waves and the short ones fill the last, instead of the longest
+    starting last and running alone at the end (causal bf16 attention at head dim 128
+    on an H200: 0.994 against 0.983 ms at S 4096, 13.16 against 12.99 at S 16384)."""
+    if not simt.grid:
+        return False
+    first = simt.grid[0][0]
+    return any(
+        op.kind == "for" and op.attr("stop") is not None and first in op.attr("stop").symbols()
+        for op in walk(kernel.body)
+    )
+
+
 def _program_ids(
-    grid: tuple[tuple[str, Dim, int], ...], d: Dialect, sizes: dict[str, str]
+    grid: tuple[tuple[str, Dim, int], ...], d: Dialect, sizes: dict[str, str], reverse: bool
 ) -> list[tuple[str, str]]:
-    """Each program id's C expression: the group's position along its axis, or, for the
-    batch axes folded into the last one, its digit of that position (the innermost
-    batch axis varies fastest, as in memory)."""
+    """Each program id's C expression: the group's position along its axis (counted
+    from the end along the first axis when ``reverse``), or, for the batch axes folded
+    into the last one, its digit of that position (the innermost batch axis varies
+    fastest, as in memory)."""
     ids = [(pid, d.program_index[axis]) for axis, (pid, _, _) in enumerate(grid[: _AXES - 1])]
+    if reverse and ids:
+        ids[0] = (ids[0][0], f"{d.program_count[0]} - 1 - {d.program_index[0]}")
     folded = grid[_AXES - 1 :]
     position = d.program_index[_AXES - 1]
     for i, (pid, extent, _) in enumerate(folded):

@@ -14,6 +14,7 @@ shared scratch array.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..graph.dims import Dim
@@ -815,6 +816,13 @@ class TileOps:
             self.line(f"{name}[r] = {combine.format(a=f'{name}[r]', b=other)};")
         self.close()
 
+    def exp_online(self, x: str) -> str:
+        """``exp(x)`` of the online softmax, as ``2^(x log2(e))``: a multiply and the GPU's
+        base-2 exponential, where ``expf`` adds a range reduction of several instructions
+        per score. Attention at head dim 128 spent a fifth of its time on them (bf16, S
+        16384 on an H200: 28.6 ms with ``expf``, 22.8 ms with this; bench/README.md)."""
+        return f"{self.d.exp2}(({x}) * {self.d.literal(math.log2(math.e))})"
+
     def op_softmax_online(self, op: Op) -> None:
         """``p = exp(s - max)`` per row, with the row max and the row sum of ``p``; a row
         with nothing unmasked (max -inf) subtracts 0, so its ``p`` is 0, not NaN. ``p``
@@ -831,7 +839,7 @@ class TileOps:
         self.walk(dist)
         row = f"{m}[{self.row_slot(dist)}]"
         finite = f"({row} == {self.d.literal(float('-inf'))} ? 0.0f : {row})"
-        self.line(f"{p}[t] = {self.d.unary['exp']}({p}[t] - {finite});")
+        self.line(f"{p}[t] = {self.exp_online(f'{p}[t] - {finite}')};")
         self.close_walk()
         self.row_reduce(l_, p, dist, "{a} + {b}", "0.0f")
         for value, name in ((m_val, m), (l_val, l_)):
@@ -859,11 +867,10 @@ class TileOps:
         self.line(f"float {alpha}[{rows.slots}], {beta}[{rows.slots}];")
         self.unroll()
         self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
-        exp = self.d.unary["exp"]
         self.line(f"const float m_new = {self.d.fmax}({m_form.name}[r], {names[m_c]}[r]);")
         self.line(f"const float m_fin = m_new == {inf} ? 0.0f : m_new;")
-        self.line(f"{alpha}[r] = {exp}({m_form.name}[r] - m_fin);")
-        self.line(f"{beta}[r] = {exp}({names[m_c]}[r] - m_fin);")
+        self.line(f"{alpha}[r] = {self.exp_online(f'{m_form.name}[r] - m_fin')};")
+        self.line(f"{beta}[r] = {self.exp_online(f'{names[m_c]}[r] - m_fin')};")
         self.line(
             f"{l_form.name}[r] = {l_form.name}[r] * {alpha}[r] + {names[l_c]}[r] * {beta}[r];"
         )
