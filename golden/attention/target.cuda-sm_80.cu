@@ -204,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[2];
@@ -213,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      m[r] = (-__int_as_float(0x7f800000));
+      m[r] = -__int_as_float(0x7f800000);
     }
   }
   float l[2];
@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      l[r] = (0.0f);
+      l[r] = 0.0f;
     }
   }
   for (long long nblk = 0; nblk * 32 < S && nblk * 32 < 128*pid_m + 128; ++nblk) {
@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          p[t] = (((dot[t] * scale)));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -298,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
           const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          p[t] = (32*nblk + j >= S ? -__int_as_float(0x7f800000) : ((32*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+          p[t] = 32*nblk + j >= S ? -__int_as_float(0x7f800000) : ((32*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale));
         }
       }
     }
@@ -471,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[2];
@@ -480,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      m[r] = (-__int_as_float(0x7f800000));
+      m[r] = -__int_as_float(0x7f800000);
     }
   }
   float l[2];
@@ -489,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      l[r] = (0.0f);
+      l[r] = 0.0f;
     }
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
@@ -558,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = ((causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -569,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = 64*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }

@@ -378,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     float m[2];
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        m[r] = (-__int_as_float(0x7f800000));
+        m[r] = -__int_as_float(0x7f800000);
       }
     }
     float l[2];
@@ -396,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        l[r] = (0.0f);
+        l[r] = 0.0f;
       }
     }
     for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
@@ -420,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
           #pragma unroll
           for (int reg = 0; reg < 4; ++reg) {
             const int t = frag * 4 + reg;
-            p[t] = (((dot[t] * scale)));
+            p[t] = dot[t] * scale;
           }
         }
       } else {
@@ -431,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale)));
+            p[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale));
           }
         }
       }
@@ -657,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     float m[2];
@@ -666,7 +666,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        m[r] = (-__int_as_float(0x7f800000));
+        m[r] = -__int_as_float(0x7f800000);
       }
     }
     float l[2];
@@ -675,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        l[r] = (0.0f);
+        l[r] = 0.0f;
       }
     }
     for (long long nblk = 0; nblk * 128 < S; ++nblk) {
@@ -703,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = ((causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+            P[t] = causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1);
           }
         }
       } else {
@@ -714,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1)));
+            P[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1));
           }
         }
       }

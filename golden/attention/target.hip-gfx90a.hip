@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[16];
@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      m[r] = (-INFINITY);
+      m[r] = -INFINITY;
     }
   }
   float l[16];
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      l[r] = (0.0f);
+      l[r] = 0.0f;
     }
   }
   for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
         #pragma unroll
         for (int reg = 0; reg < 16; ++reg) {
           const int t = frag * 16 + reg;
-          p[t] = (((dot[t] * scale)));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = (64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+          p[t] = 64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale));
         }
       }
     }
@@ -329,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[16];
@@ -338,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      m[r] = (-INFINITY);
+      m[r] = -INFINITY;
     }
   }
   float l[16];
@@ -347,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      l[r] = (0.0f);
+      l[r] = 0.0f;
     }
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
@@ -413,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = ((causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -424,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = (64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = 64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }

@@ -83,16 +83,16 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   for (int r = 0; r < 4; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = (-INFINITY);
+    m[r] = -INFINITY;
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
-    l[r] = (0.0f);
+    l[r] = 0.0f;
   }
   for (long nblk = 0; nblk * 32 < S && nblk * 32 < 32*pid_m + 32; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -141,7 +141,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
           const int t = r * 2 + c;
-          p[t] = (((dot[t] * scale)));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -150,7 +150,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = (32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale)));
+          p[t] = 32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
         }
       }
     }
@@ -270,16 +270,16 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   for (int r = 0; r < 4; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = (-INFINITY);
+    m[r] = -INFINITY;
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
-    l[r] = (0.0f);
+    l[r] = 0.0f;
   }
   for (long nblk = 0; nblk * 32 < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -332,7 +332,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = ((causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -341,7 +341,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = (32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1)));
+          P[t] = 32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }

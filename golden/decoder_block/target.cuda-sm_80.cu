@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -347,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -489,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -617,16 +617,16 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[8];
   for (int r = 0; r < 8; ++r) {
-    m[r] = (-__int_as_float(0x7f800000));
+    m[r] = -__int_as_float(0x7f800000);
   }
   float l[8];
   for (int r = 0; r < 8; ++r) {
-    l[r] = (0.0f);
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
     tsr_copy_wait<0>();
@@ -682,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) {
           const int t = r * 4 + c;
-          p[t] = ((dot[t] * scale));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -690,7 +690,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 4; ++c) {
           const int j = tx + c * 16;
           const int t = r * 4 + c;
-          p[t] = (64*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+          p[t] = 64*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale);
         }
       }
     }
@@ -858,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -1042,7 +1042,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -1185,7 +1185,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -1328,7 +1328,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < F; ++kb) {

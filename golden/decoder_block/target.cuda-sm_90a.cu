@@ -238,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -413,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -716,16 +716,16 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[8];
   for (int r = 0; r < 8; ++r) {
-    m[r] = (-__int_as_float(0x7f800000));
+    m[r] = -__int_as_float(0x7f800000);
   }
   float l[8];
   for (int r = 0; r < 8; ++r) {
-    l[r] = (0.0f);
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 128 < S; ++nblk) {
     tsr_copy_wait<0>();
@@ -781,7 +781,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) {
           const int t = r * 8 + c;
-          p[t] = ((dot[t] * scale));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -789,7 +789,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 8; ++c) {
           const int j = tx + c * 16;
           const int t = r * 8 + c;
-          p[t] = (128*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+          p[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale);
         }
       }
     }
@@ -990,7 +990,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -1207,7 +1207,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -1383,7 +1383,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < C; ++kb) {
@@ -1559,7 +1559,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < F; ++kb) {

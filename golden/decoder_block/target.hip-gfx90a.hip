@@ -165,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -281,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -397,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -499,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[16];
@@ -508,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      m[r] = (-INFINITY);
+      m[r] = -INFINITY;
     }
   }
   float l[16];
@@ -517,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int rs = 0; rs < 16; ++rs) {
       const int r = fm * 16 + rs;
-      l[r] = (0.0f);
+      l[r] = 0.0f;
     }
   }
   for (long long nblk = 0; nblk * 32 < S; ++nblk) {
@@ -577,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
         #pragma unroll
         for (int reg = 0; reg < 16; ++reg) {
           const int t = frag * 16 + reg;
-          p[t] = ((dot[t] * scale));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -587,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
         for (int reg = 0; reg < 16; ++reg) {
           const int j = frag % 1 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -INFINITY : (dot[t] * scale);
         }
       }
     }
@@ -745,7 +745,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -903,7 +903,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -1020,7 +1020,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < C; ++kb) {
@@ -1137,7 +1137,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 16 < F; ++kb) {

@@ -121,7 +121,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -191,7 +191,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -261,7 +261,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -349,16 +349,16 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   for (int r = 0; r < 4; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = (-INFINITY);
+    m[r] = -INFINITY;
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
-    l[r] = (0.0f);
+    l[r] = 0.0f;
   }
   for (long nblk = 0; nblk * 32 < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -407,7 +407,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
           const int t = r * 2 + c;
-          p[t] = ((dot[t] * scale));
+          p[t] = dot[t] * scale;
         }
       }
     } else {
@@ -415,7 +415,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = (32*nblk + j >= S ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -INFINITY : (dot[t] * scale);
         }
       }
     }
@@ -517,7 +517,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -625,7 +625,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -696,7 +696,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < C; ++kb) {
@@ -767,7 +767,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 16 < F; ++kb) {

@@ -277,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -441,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < D; ++kb) {
@@ -605,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < F; ++kb) {
@@ -769,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 64 < D; ++kb) {

@@ -430,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     for (long long kb = 0; kb * 64 < K; ++kb) {
@@ -618,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     for (long long kb = 0; kb * 64 < D; ++kb) {
@@ -806,7 +806,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     for (long long kb = 0; kb * 64 < F; ++kb) {
@@ -985,7 +985,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     for (long long kb = 0; kb * 128 < D; ++kb) {

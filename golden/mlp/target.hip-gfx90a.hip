@@ -163,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -282,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < D; ++kb) {
@@ -401,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < F; ++kb) {
@@ -518,7 +518,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 64 < D; ++kb) {

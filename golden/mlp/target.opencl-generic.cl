@@ -122,7 +122,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < K; ++kb) {
@@ -193,7 +193,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < D; ++kb) {
@@ -264,7 +264,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < F; ++kb) {
@@ -335,7 +335,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 64 < D; ++kb) {

@@ -331,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -465,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int t = frag * 4 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -653,7 +653,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] = (0.0f);
+        acc[t] = 0.0f;
       }
     }
     for (long long kb = 0; kb * 64 < K; ++kb) {

@@ -146,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
@@ -416,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = frag * 16 + reg;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {

@@ -73,7 +73,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < K; ++kb) {
@@ -144,7 +144,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   for (int r = 0; r < 8; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < K; ++kb) {
@@ -215,7 +215,7 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
-      acc[t] = (0.0f);
+      acc[t] = 0.0f;
     }
   }
   for (long kb = 0; kb * 32 < K; ++kb) {

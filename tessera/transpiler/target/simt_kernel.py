@@ -453,7 +453,7 @@ class _Emitter(TileOps, TmaCopies):
     def fill(self, x: Value, dist: Distribution, name: str) -> None:
         index = self.walk(dist)
         slot = "r" if isinstance(dist, (Rows, FragmentRows)) else "t"
-        self.line(f"{name}[{slot}] = {self.at(x, index, tuple(x.type.dims))};")
+        self.line(f"{name}[{slot}] = {_bare(self.at(x, index, tuple(x.type.dims)))};")
         self.close_walk()
 
     def masks_in(self, x: Value) -> dict[int, str]:
@@ -891,6 +891,24 @@ class _Emitter(TileOps, TmaCopies):
                 self.forms[result.id] = Form("scalar", (), f"({choose(())})")
             else:
                 self.lazy(result, choose, then, other)
+
+
+def _bare(expr: str) -> str:
+    """``expr`` without the parentheses around all of it, which an assignment of it
+    does not need (each lazy value's expression comes parenthesized)."""
+    while expr.startswith("(") and _closing(expr) == len(expr) - 1:
+        expr = expr[1:-1]
+    return expr
+
+
+def _closing(expr: str) -> int:
+    """Where the parenthesis that opens ``expr`` closes."""
+    depth = 0
+    for k, ch in enumerate(expr):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return k
+    return -1
 
 
 def _slots(dist: Distribution | None, threads: int) -> int:
