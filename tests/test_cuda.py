@@ -397,6 +397,10 @@ SABOTAGED = {
     "a TMA box's coordinates outermost first": (
         "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 256*pid_n + 64, 0)",
         "&b_map, tsr_landed + 0, 0, 256*pid_n + 64)"),
+    "a causal block on the diagonal taken for one the mask leaves whole": (
+        "attention:attention", "sm_90a", "128*nblk + 127 <= 128*pid_m", "128*nblk <= 128*pid_m"),
+    "the ragged last key block taken for a whole one": (
+        "attention:flash_attention", "sm_90a", "if (128*nblk + 128 <= S) {", "if (true) {"),
     "an fp8 wgmma stepping along k as a 16-bit one does": (
         "mlp:linear_fp8", "sm_90a", "kk < 128; kk += 32)", "kk < 128; kk += 16)"),
     "an ldmatrix of a row-major b without .trans": (
