@@ -502,6 +502,24 @@ def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> 
             "    return where(x > 0.0, x, 0.01 * x)\n",
             [("elementwise", ["greater", "mul", "where"])],
         ),
+        # masks joined with and / or / not: one kernel
+        (
+            "    return where(x > 0.0 and x < 1.0 or not x > -2.0, x, 0.0)\n",
+            [
+                (
+                    "elementwise",
+                    [
+                        "greater",
+                        "less",
+                        "logical_and",
+                        "greater",
+                        "logical_not",
+                        "logical_or",
+                        "where",
+                    ],
+                )
+            ],
+        ),
         # and then a reduction's prologue
         (
             "    return sum(cast(x > 0.0, f32) * exp(x))\n",

@@ -758,6 +758,21 @@ def tile_where(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R"
     return tile.where(a != b, b - a, -1.0)
 
 @kernel
+def band_or_far(x: Tensor["R", "C", f32], lo: float) -> Tensor["R", "C", f32]:
+    return where(x > lo and x < 1.0 or not x > -2.0, x, 0.0)
+
+@kernel
+def gate_and_sign(x: Tensor["R", "C", bf16], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return where(b < 0.5 and x > 0.0, x, b)
+
+@kernel
+def tile_and_not(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    a = tile.load(x, rows=T.m)
+    b = tile.load(y, rows=T.m)
+    return tile.where(a > 0.0 and not b > a, a, b)
+
+@kernel
 def int_ratio(x: Tensor["R", "C", f32], n: int, m: int) -> Tensor["R", "C", f32]:
     return x * (n / m) + float(n)
 
@@ -1399,6 +1414,25 @@ def test_where_picks_by_a_comparison(library: Any) -> None:
     y[::3] = rng.standard_normal((13, 75), dtype=np.float32)
     want = np.where(x != y, f64(y) - f64(x), -1.0)
     np.testing.assert_allclose(f64(library.tile_where(x, y)), want, rtol=1e-6)
+
+
+def test_masks_join_with_and_or_not(library: Any) -> None:
+    """``and``, ``or`` and ``not`` of masks, elementwise, also of a mask held as floats
+    between kernels (``b < 0.5`` over [C], read by a kernel over [R, C]) and in a tile
+    kernel; ``or`` binds looser than ``and``, and ``not`` than a comparison."""
+    rng = np.random.default_rng(58)
+    x = rng.standard_normal((37, 75), dtype=np.float32) * 2
+    for lo in (-0.5, 0.25):
+        hold = (f64(x) > lo) & (f64(x) < 1.0) | ~(f64(x) > -2.0)
+        want = np.where(hold, f64(x), 0.0)
+        np.testing.assert_array_equal(f64(library.band_or_far(x, lo)), want)
+    xb = rng.standard_normal((37, 75), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.random(75, dtype=np.float32)
+    want = np.where((f64(b) < 0.5) & (f64(xb) > 0), f64(xb), f64(b))
+    np.testing.assert_array_equal(f64(library.gate_and_sign(xb, b)), want)
+    y = rng.standard_normal((37, 75), dtype=np.float32)
+    want = np.where((f64(x) > 0) & ~(f64(y) > f64(x)), f64(x), f64(y))
+    np.testing.assert_array_equal(f64(library.tile_and_not(x, y)), want)
 
 
 @pytest.mark.execute

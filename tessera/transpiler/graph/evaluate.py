@@ -19,7 +19,7 @@ from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
-from .graph_ops import COMPARISONS, GRAPH_OPS, folded, is_mask
+from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
@@ -63,7 +63,7 @@ CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = ("float", "int", "range", "dict", "Schedule", "device", "prefetch")
 #: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
-_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast"})
+_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
 #: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
@@ -225,7 +225,12 @@ class Evaluator:
         if node.op == "not":
             if isinstance(v, Const):
                 return Const(not v.value)
-            raise SemanticError("'not' needs a value known at compile time", node.span)
+            if is_mask(v):
+                return self.call_op(GRAPH_OPS["logical_not"], [operand], [], node.span, "not")
+            raise SemanticError(
+                "'not' needs a mask (a comparison of tensors) or a value known at compile time",
+                node.span,
+            )
         if (
             isinstance(v, Const)
             and isinstance(v.value, (int, float))
@@ -380,18 +385,20 @@ class Evaluator:
             raise SemanticError("these values cannot be compared", node.span) from None
 
     def _elementwise_compare(self, node: ast.BoolOp | ast.Compare, values: list[Ev]) -> Any:
-        """A comparison of tensors or tiles: a mask, elementwise. One comparison at a
-        time: ``and`` and ``or`` of masks, and chains, are nested ``where``s instead."""
+        """A comparison of tensors or tiles, or ``and``/``or`` of masks: a mask,
+        elementwise. One comparison at a time: a chain is two, joined with ``and``."""
         if isinstance(node, ast.BoolOp):
-            raise SemanticError(
-                f"'{node.op}' of tensors is not supported: nest where() instead "
-                "(where(a, where(b, x, y), y) picks x where both hold)",
-                node.span,
-            )
+            result = values[0]
+            for ev in values[1:]:
+                combined = self.call_op(
+                    GRAPH_OPS[LOGICAL[node.op]], [result, ev], [], node.span, node.op
+                )
+                result = Ev(combined, node.span, node)
+            return result.value
         if len(node.ops) > 1:
             raise SemanticError(
                 "a chain of comparisons of tensors is not supported: compare one pair at a "
-                "time, and nest where()",
+                "time, and join them with 'and' (0.0 < x and x < 1.0)",
                 node.span,
             )
         kind = COMPARISONS.get(node.ops[0])

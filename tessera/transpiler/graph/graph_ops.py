@@ -21,7 +21,7 @@ from .values import Const, DimValue, Ev, describe
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
-    "ELEMENTWISE_MATH", "COMPARISONS", "named_operands", "is_mask",
+    "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -30,6 +30,9 @@ COMPARISONS = {
     "!=": "not_equal",
 }  # fmt: skip
 
+#: ``and``, ``or`` and ``not`` of masks, and the ops they are: each gives a mask.
+LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
+
 #: The elementwise math a kernel computes on each element of a tile, wherever it is
 #: fused (before or after a library kernel's op, or alone): arithmetic, the extremes,
 #: the unary math, casts, comparisons and ``where``. Fusion, canonicalization and the
@@ -37,7 +40,7 @@ COMPARISONS = {
 ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
     "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "where",
-    *COMPARISONS.values(),
+    *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
 GRAPH_OPS: dict[str, OpSpec] = {}
@@ -218,6 +221,32 @@ for _symbol, _kind in COMPARISONS.items():
 def is_mask(value: object) -> bool:
     """Whether ``value`` is a comparison's result: a tensor or tile of dtype ``bool``."""
     return isinstance(value, Value) and getattr(value.type, "dtype", None) == BOOL
+
+
+def _logical(call: OpCall) -> object:
+    """Masks combined elementwise, with NumPy broadcasting: ``x > 0.0 and x < 1.0``
+    holds where both comparisons do, ``or`` where either does, ``not m`` where ``m``
+    does not. The operands are masks (comparisons, or these); the result is one, which
+    ``where`` and ``cast`` read."""
+    names = ("x",) if call.spec.name == "logical_not" else ("a", "b")
+    values = [call.raw(name) for name in names]
+    for name, value in zip(names, values, strict=True):
+        if not is_mask(value):
+            raise call.error(
+                f"'{name}' must be a mask (a comparison, such as x > 0.0), not {describe(value)}",
+                at=name,
+            )
+    if len({type(v.type) for v in values}) > 1:
+        raise call.error("combines two tensors or two tiles, not a tensor and a tile")
+    dims = values[0].type.dims
+    if len(values) == 2:
+        dims = broadcast(call, "a", "b", dims, values[1].type.dims)
+    return call.emit(call.spec.name, tuple(values), type(values[0].type)(dims, BOOL))
+
+
+for _kind in ("logical_and", "logical_or"):
+    register(_kind, P("a"), P("b"), level="any")(_logical)
+register("logical_not", P("x"), level="any")(_logical)
 
 
 def _where(call: OpCall) -> object:

@@ -21,6 +21,8 @@ _OPERATORS = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**",
     **{kind: symbol for symbol, kind in COMPARISONS.items()},
 }  # fmt: skip
+#: How the ops of masks are written.
+_WORDS = {"logical_and": "a and b", "logical_or": "a or b", "logical_not": "not x"}
 
 _INTRO = """\
 # Operations
@@ -85,10 +87,12 @@ def render_ops_doc() -> str:
     graph = [s for s in GRAPH_OPS.values() if s.level == "graph"]
     tile = [s for s in GRAPH_OPS.values() if s.level == "tile"]
     anywhere = [s for s in GRAPH_OPS.values() if s.level == "any"]
-    parts = [_INTRO, "## Arithmetic and comparisons (graph functions and tile kernels)\n"]
+    parts = [_INTRO, "## Arithmetic, comparisons and logic (graph functions and tile kernels)\n"]
     for spec in anywhere:
         symbol = _OPERATORS.get(spec.name)
         written = f"`a {symbol} b`" if symbol else "`-x`"
+        if spec.name in _WORDS:
+            written = f"`{_WORDS[spec.name]}`"
         parts.append(f"### {written} ({spec.name})\n\n{spec.doc}\n")
     parts.append("## Graph operations\n")
     parts += [_entry(s) for s in graph]

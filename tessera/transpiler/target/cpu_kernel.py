@@ -45,6 +45,9 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: The comparisons, as C++ operators: a bool, which a tile of floats holds as 1.0 or 0.0.
 _COMPARED = {kind: symbol for symbol, kind in COMPARISONS.items()}
 _OPERATORS = {**_BINARY, **_COMPARED}
+#: ``and``, ``or`` and ``not`` of masks, as C++ operators: their operands are bools
+#: (comparisons) or masks held as floats, which C++ takes as true where not 0.0.
+_LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_not": "!"}
 #: Binary ops that are calls, not operators.
 _CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of"}
 #: An element of a tile in generated code: ``name[index]``.
@@ -406,7 +409,10 @@ class _Emitter:
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
         out = _shape(out_type)
-        if op.kind in _OPERATORS or op.kind in _CALLED:
+        if op.kind in _LOGICAL:
+            parts = [f"({self._arg(x, out)})" for x in op.operands]
+            expr = f"!{parts[0]}" if len(parts) == 1 else f" {_LOGICAL[op.kind]} ".join(parts)
+        elif op.kind in _OPERATORS or op.kind in _CALLED:
             a, b = (self._arg(x, out) for x in binary_operands(op))
             expr = (
                 f"{_CALLED[op.kind]}({a}, {b})"
@@ -936,6 +942,7 @@ def _is_elementwise(op: Op) -> bool:
         or op.kind in _CALLED
         or op.kind in _UNARY
         or op.kind in _COMPARED
+        or op.kind in _LOGICAL
         or op.kind in ("cast", "dropout", "where")
     )
 

@@ -68,7 +68,14 @@ _CALLED = ("maximum", "minimum")
 #: The comparisons, as C operators: an int, which a float holds as 1.0 or 0.0.
 _COMPARED = {kind: symbol for symbol, kind in COMPARISONS.items()}
 _OPERATORS = {**_BINARY, **_COMPARED}
-_ELEMENTWISE = frozenset({*_OPERATORS, *_UNARY, *_CALLED, "pow", "cast", "dropout", "where"})
+#: ``and``, ``or`` and ``not`` of masks, as C operators; their operands are conditions
+#: (comparisons) or masks held as floats, which C takes as true where not 0.0.
+_LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_not": "!"}
+#: The ops whose expression is a condition, which ``where`` reads as it is.
+_CONDITIONS = frozenset({*_COMPARED, *_LOGICAL})
+_ELEMENTWISE = frozenset(
+    {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "dropout", "where"}
+)
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them.
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
@@ -514,6 +521,9 @@ class _Emitter(TileOps, TmaCopies):
 
     def expression(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
         d = self.d
+        if op.kind in _LOGICAL:
+            parts = [f"({_bare(self.at(x, index, out))})" for x in op.operands]
+            return f"!{parts[0]}" if len(parts) == 1 else f" {_LOGICAL[op.kind]} ".join(parts)
         if op.kind in _OPERATORS or op.kind in _CALLED or op.kind == "pow":
             a, b = (self.at(x, index, out) for x in binary_operands(op))
             if op.kind == "pow":
@@ -526,7 +536,7 @@ class _Emitter(TileOps, TmaCopies):
         if op.kind == "where":
             mask, a, b = named_operands(op, ("cond", "a", "b"))
             cond, a, b = (self.at(x, index, out) for x in (mask, a, b))
-            compared = getattr(self.producers.get(mask.id), "kind", None) in _COMPARED
+            compared = getattr(self.producers.get(mask.id), "kind", None) in _CONDITIONS
             if not (compared and self.forms[mask.id].kind == "lazy"):
                 cond = f"{cond} != 0.0f"  # a mask held as a float (OpenCL C tests ints only)
             return f"{cond} ? {a} : {b}"

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..graph.dims import Dim
-from ..graph.graph_ops import COMPARISONS
+from ..graph.graph_ops import COMPARISONS, LOGICAL
 from ..graph.ir import Block, Op, Value, new_value
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
@@ -38,7 +38,7 @@ ZERO_PRESERVING = frozenset(
 )
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).
-_DIRTYING = frozenset({*COMPARISONS.values(), "where"})
+_DIRTYING = frozenset({*COMPARISONS.values(), *LOGICAL.values(), "where"})
 
 
 @dataclass(frozen=True)

@@ -414,10 +414,12 @@ _BINARY = {
     "div": lambda a, b: a / b, "pow": lambda a, b: a**b, "maximum": np.fmax, "minimum": np.fmin,
     "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or,
 }  # fmt: skip
 _UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "gelu": _gelu,
     "silu": lambda x: x / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "neg": lambda x: -x, "abs": np.abs, "sin": np.sin, "cos": np.cos,
+    "logical_not": np.logical_not,
 }  # fmt: skip
