@@ -87,15 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     # attention at head dim 128 and long sequences) come first within their kind.
     sizes = [4096] if args.quick else [8192, 4096]
     seqs = [4096, 1024] if args.quick else [4096, 8192, 16384, 1024, 2048]
-    for dtype in GEMM_DTYPES:
-        for n in sizes:
-            bench.gemm(dtype, n)
-            args.out.write_text(json.dumps(report, indent=2) + "\n")
-    for d in (128, 64):
-        for s in seqs:
-            for causal in (False, True):
-                bench.attention(4, 16, s, d, causal)
-                args.out.write_text(json.dumps(report, indent=2) + "\n")
+    runs = [lambda t=dtype, n=n: bench.gemm(t, n) for dtype in GEMM_DTYPES for n in sizes]
+    runs += [lambda s=s, d=d, c=causal: bench.attention(4, 16, s, d, c)
+             for d in (128, 64) for s in seqs for causal in (False, True)]  # fmt: skip
+    for run in runs:
+        run()
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     _table(report)
     return 0
 
