@@ -224,10 +224,6 @@ def is_mask(value: object) -> bool:
 
 
 def _logical(call: OpCall) -> object:
-    """Masks combined elementwise, with NumPy broadcasting: ``x > 0.0 and x < 1.0``
-    holds where both comparisons do, ``or`` where either does, ``not m`` where ``m``
-    does not. The operands are masks (comparisons, or these); the result is one, which
-    ``where`` and ``cast`` read."""
     names = ("x",) if call.spec.name == "logical_not" else ("a", "b")
     values = [call.raw(name) for name in names]
     for name, value in zip(names, values, strict=True):
@@ -244,9 +240,38 @@ def _logical(call: OpCall) -> object:
     return call.emit(call.spec.name, tuple(values), type(values[0].type)(dims, BOOL))
 
 
+#: What each op of masks holds where, and an example: the reference text of each.
+_LOGICAL_DOCS = {
+    "logical_and": "true where both ``a`` and ``b`` are, elementwise with NumPy broadcasting: "
+    "``x > lo and x < hi`` holds inside the interval.",
+    "logical_or": "true where ``a`` or ``b`` is, elementwise with NumPy broadcasting: "
+    "``x < lo or x > hi`` holds outside the interval. ``and`` binds tighter, as in Python.",
+    "logical_not": "true where ``x`` is false, elementwise: ``not x > 0.0`` holds where ``x`` "
+    "is at most 0 and where it is NaN.",
+}
+
+
+def _logical_rule(kind: str) -> Callable[[OpCall], object]:
+    """The rule of one op of masks, with its own reference text."""
+
+    def rule(call: OpCall) -> object:
+        return _logical(call)
+
+    operands = (
+        "The operand is a mask (a comparison, or one of these)"
+        if kind == "logical_not"
+        else "The operands are masks (comparisons, or these)"
+    )
+    rule.__doc__ = (
+        f"A mask {_LOGICAL_DOCS[kind]} {operands}, and so is the result, which ``where`` "
+        "and ``cast`` read."
+    )
+    return rule
+
+
 for _kind in ("logical_and", "logical_or"):
-    register(_kind, P("a"), P("b"), level="any")(_logical)
-register("logical_not", P("x"), level="any")(_logical)
+    register(_kind, P("a"), P("b"), level="any")(_logical_rule(_kind))
+register("logical_not", P("x"), level="any")(_logical_rule("logical_not"))
 
 
 def _where(call: OpCall) -> object:
