@@ -38,7 +38,9 @@ _GEMM = {
     # CPUs: a 256 x 256 f32 accumulator and a 256 x 256 tile of B fit a 1 MiB L2 (an f32
     # A is read in place), and 256 rows divide into the micro-kernel's 6- or 8-row
     # blocks with little remainder (SGEMM 2048 on 2 cores: 82.4-83.2 ms against
-    # 82.9-84.8 ms for 128 x 256; 512 to 4096 all 1-2% faster).
+    # 82.9-84.8 ms for 128 x 256; 512 to 4096 all 1-2% faster). 512 x 256 copies half as
+    # much of B and was 1.7% faster at 2048, but it halves the programs when M is 257 to
+    # 512, and sizes are rarely known here: a 512 x 256 product would use one core of two.
     "cpu": [(256, 256, 1024, 1, 1)],
 }
 # (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
