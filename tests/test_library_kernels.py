@@ -601,6 +601,22 @@ def tail_range_bf16(x: Tensor["B", "R", "C", bf16]) -> Tensor["B", f32]:
     return sum(x, axis=(1, 2)) - cast(x.min(axis=(1, 2)), f32)
 
 @kernel
+def apart_sum(x: Tensor["A", "B", "C", f32]) -> Tensor["B", f32]:
+    return sum(x, axis=(0, 2))
+
+@kernel
+def apart_max_keep(x: Tensor["A", "B", "C", "D", f32]) -> Tensor[1, "B", 1, "D", f32]:
+    return max(x, axis=(0, 2), keepdims=True)
+
+@kernel
+def apart_mean(x: Tensor["A", "B", "C", "D", f32]) -> Tensor["B", "D", f32]:
+    return mean(x, axis=(-2, 0))
+
+@kernel
+def apart_min_bf16(x: Tensor["A", "B", "C", bf16]) -> Tensor["B", bf16]:
+    return x.min(axis=(2, 0))
+
+@kernel
 def named_result(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     y = x * 2.0 + 1.0
     return y
@@ -882,6 +898,9 @@ RESHAPED = {
     "spatial_mean": lambda x: (x.shape[0], x.shape[3]),
     "tail_max": lambda x: (x.shape[0], 1, 1),
     "tail_range_bf16": lambda x: x.shape[:1],
+    "apart_sum": lambda x: x.shape[1:2],
+    "apart_max_keep": lambda x: (1, x.shape[1], 1, x.shape[3]),
+    "apart_mean": lambda x: (x.shape[1], x.shape[3]),
     "heads_scores": lambda x, y: (x.shape[0], 2, x.shape[1], y.shape[1]),
     "heads_values": lambda p, y: (*p.shape[:-1], 40),
     "rest_inferred": lambda x, w: (x.shape[0] * x.shape[1] * w.shape[1],),
@@ -975,6 +994,8 @@ def _result(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], np.dtype
         return shape, np.dtype(ml_dtypes.float8_e4m3fn)
     elif name == "row_range":
         return shape[:-1], np.dtype(ml_dtypes.bfloat16)
+    elif name == "apart_min_bf16":
+        return shape[1:2], np.dtype(ml_dtypes.bfloat16)
     elif name == "column_mins":
         shape = (shape[0], shape[2])
     return shape, np.dtype(np.float32)
@@ -1812,6 +1833,25 @@ def test_reductions_over_several_adjacent_axes(library: Any) -> None:
     z = rng.standard_normal((2, 37, 45)).astype(ml_dtypes.bfloat16)
     want = f64(z).sum(axis=(1, 2)) - f64(z).min(axis=(1, 2))
     np.testing.assert_allclose(f64(library.tail_range_bf16(z)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_reductions_over_axes_apart(library: Any) -> None:
+    """``axis=(0, 2)`` reduces both, as in numpy, whatever their order: they are moved
+    next to each other first (it was an error that said to transpose them). With a
+    kept last axis (``[A, B, C, D]``), the reduced axes end up in the middle."""
+    rng = np.random.default_rng(70)
+    x = rng.standard_normal((3, 5, 37), dtype=np.float32)
+    np.testing.assert_allclose(f64(library.apart_sum(x)), f64(x).sum(axis=(0, 2)),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    y = rng.standard_normal((3, 5, 7, 33), dtype=np.float32)
+    out = f64(library.apart_max_keep(y))
+    np.testing.assert_array_equal(out, f64(y).max(axis=(0, 2), keepdims=True))
+    np.testing.assert_allclose(f64(library.apart_mean(y)), f64(y).mean(axis=(0, 2)),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    z = rng.standard_normal((3, 5, 37)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(f64(library.apart_min_bf16(z)), f64(z).min(axis=(0, 2)))
 
 
 @pytest.mark.execute

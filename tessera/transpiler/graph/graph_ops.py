@@ -484,8 +484,10 @@ def _relu(call: OpCall) -> object:
 
 def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] | None]:
     """What a reduction reduces: ``x`` and its ``axis``, and ``keepdims``; or, for a
-    tuple of adjacent axes (``axis=(1, 2)``), ``x`` with them merged (a view), the
-    merged axis, and the dims the result is reshaped to."""
+    tuple of axes (``axis=(1, 2)``), ``x`` with them merged (a view), the merged axis,
+    and the dims the result is reshaped to. Axes apart (``axis=(0, 2)``) are first moved
+    next to the last of them, the others keeping their order: a transpose, which keeps
+    the last axis where it is (so its rows are read in place) unless it is reduced."""
     axes = call.raw("axis")
     keepdims = call.const("keepdims", bool)
     if not (isinstance(axes, Const) and isinstance(axes.value, (tuple, list))):
@@ -494,14 +496,19 @@ def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] 
     whole = all(isinstance(a, int) and not isinstance(a, bool) for a in axes.value)
     if not axes.value or not whole or not all(-rank <= a < rank for a in axes.value):
         raise call.error(f"axes {tuple(axes.value)} are not axes of a rank-{rank} value", at="axis")
-    picked = sorted(a % rank for a in axes.value)
+    picked = sorted({a % rank for a in axes.value})
+    if len(picked) != len(axes.value):
+        raise call.error(f"axes {tuple(axes.value)} name an axis twice", at="axis")
+    kept = tuple(Dim.const(1) if i in picked else d for i, d in enumerate(dims))
+    result = kept if keepdims else tuple(d for i, d in enumerate(dims) if i not in picked)
     first, last = picked[0], picked[-1]
     if picked != list(range(first, last + 1)):
-        raise call.error(
-            f"axes {tuple(axes.value)} are not next to each other: reduce one axis at a "
-            "time, or transpose them together first",
-            at="axis",
-        )
+        before = tuple(i for i in range(last) if i not in picked)
+        perm = (*before, *picked, *range(last + 1, rank))
+        moved = tuple(dims[i] for i in perm)
+        x = call.emit("transpose", (x,), TensorType(moved, x.type.dtype, x.type.policies),
+                      attrs=(("perm", perm),))  # fmt: skip
+        dims, first, last = moved, len(before), len(before) + len(picked) - 1
     shape = (
         *dims[:first],
         math.prod(dims[first : last + 1], start=Dim.const(1)),
@@ -509,8 +516,6 @@ def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] 
     )
     view = call.emit("reshape", (x,), TensorType(shape, x.type.dtype, x.type.policies),
                      attrs=(("shape", shape),))  # fmt: skip
-    kept = tuple(Dim.const(1) if first <= i <= last else d for i, d in enumerate(dims))
-    result = kept if keepdims else (*dims[:first], *dims[last + 1 :])
     return view, first, False, result
 
 
@@ -540,7 +545,8 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
     )
     rule.__doc__ = (
         f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``; a "
-        f"tuple of adjacent axes reduces them all. {dtype}"
+        "tuple of axes reduces them all (axes apart, as ``(0, 2)``, are moved together "
+        f"first, which costs a copy). {dtype}"
     )
     return rule
 
@@ -552,7 +558,8 @@ for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
 @register("min", P("x"), P("axis", -1), P("keepdims", False))
 def _min(call: OpCall) -> object:
     """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
-    of adjacent axes reduces them all. Keeps the input dtype. It is ``-max(-x)``,
+    of axes reduces them all (axes apart, as ``(0, 2)``, are moved together first, which
+    costs a copy). Keeps the input dtype. It is ``-max(-x)``,
     exactly: the maximum's kernel, negating where it loads and where it stores."""
     x, axis, keepdims, result = _reduced(call, call.tensor("x"))
     negated = call.emit("neg", (x,), elementwise_type(x))
