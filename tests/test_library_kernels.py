@@ -789,6 +789,17 @@ def tile_and_not(x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]) -> Tensor["
     return tile.where(a > 0.0 and not b > a, a, b)
 
 @kernel
+def tile_cat(a: Tensor["R", "C", f32], b: Tensor["R", "D", f32]) -> Tensor["R", "C+D", f32]:
+    T = tile.context()
+    return tile.concat((tile.load(a, rows=T.m), tile.load(b, rows=T.m)), axis=1)
+
+@kernel
+def tile_cat_wider(x: Tensor["R", "C", f32],
+                   y: Tensor["R", "C+2", f32]) -> Tensor["R", "2*C+2", f32]:
+    T = tile.context()
+    return tile.concat((tile.load(x, rows=T.m), tile.load(y, rows=T.m) * 2.0), axis=1)
+
+@kernel
 def int_ratio(x: Tensor["R", "C", f32], n: int, m: int) -> Tensor["R", "C", f32]:
     return x * (n / m) + float(n)
 
@@ -899,6 +910,8 @@ RESHAPED = {
     "tail_max": lambda x: (x.shape[0], 1, 1),
     "tail_range_bf16": lambda x: x.shape[:1],
     "apart_sum": lambda x: x.shape[1:2],
+    "tile_cat": lambda a, b: (a.shape[0], a.shape[1] + b.shape[1]),
+    "tile_cat_wider": lambda x, y: (x.shape[0], x.shape[1] + y.shape[1]),
     "apart_max_keep": lambda x: (1, x.shape[1], 1, x.shape[3]),
     "apart_mean": lambda x: (x.shape[1], x.shape[3]),
     "heads_scores": lambda x, y: (x.shape[0], 2, x.shape[1], y.shape[1]),
@@ -1833,6 +1846,20 @@ def test_reductions_over_several_adjacent_axes(library: Any) -> None:
     z = rng.standard_normal((2, 37, 45)).astype(ml_dtypes.bfloat16)
     want = f64(z).sum(axis=(1, 2)) - f64(z).min(axis=(1, 2))
     np.testing.assert_allclose(f64(library.tail_range_bf16(z)), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_tile_concat_of_rows_whose_widths_are_sums(library: Any) -> None:
+    """Whole rows of widths ``C`` and ``D`` joined into rows of ``C+D``. The C++ indexed
+    the joined tile with ``i * C + D`` for ``i * (C + D)``: most of the result was
+    wrong on the CPU, every other backend right."""
+    rng = np.random.default_rng(71)
+    a = rng.standard_normal((37, 19), dtype=np.float32)
+    b = rng.standard_normal((37, 45), dtype=np.float32)
+    np.testing.assert_array_equal(library.tile_cat(a, b), np.concatenate([a, b], axis=1))
+    y = rng.standard_normal((37, 21), dtype=np.float32)
+    np.testing.assert_array_equal(library.tile_cat_wider(a, y), np.concatenate([a, 2 * y], 1))
 
 
 @pytest.mark.execute

@@ -529,10 +529,10 @@ class _Emitter:
     def op_concat(self, op: Op) -> None:
         axis = op.attr("axis")
         name = self.allocate(op.result)
-        _, cols = (self.c(d) for d in _shape(op.result.type))
+        cols = self.factor(_shape(op.result.type)[1])
         start = Dim.const(0)
         for part in op.operands:
-            pcols = self.c(_shape(part.type)[1])
+            pcols = self.factor(_shape(part.type)[1])
             dst = (f"{name}[i * {cols} + {self.c(start)} + j]" if axis == 1
                    else f"{name}[({self.c(start)} + i) * {cols} + j]")  # fmt: skip
             self._loops(_shape(part.type), f"{dst} = {self.name(part)}[i * {pcols} + j];")
@@ -576,7 +576,7 @@ class _Emitter:
             r0, c0 = (self.c(self.defs[x.id].attr("offset")) for x in (rows, cols))
             self._fold(op, f"{r0} + i + 1 - ({c0})")
             return
-        n = self.c(_shape(s.type)[1])
+        n = self.factor(_shape(s.type)[1])
         name = self.result_in_place(op, (0,))
         masked = f"{self.name(cols)}[j] > {self.name(rows)}[i]"
         value = f"{masked} ? {c_float(float('-inf'))} : {self.name(s)}[i * {n} + j]"
@@ -620,7 +620,7 @@ class _Emitter:
         r, c = tile
         return (
             base,
-            self.c(dims[-1]),  # the row stride; a view's columns may end before the row does
+            self.factor(dims[-1]),  # the row stride; a view's columns may end before the row does
             self.c(r.offset),
             self.c(c.offset),
             self.c(r.extent),
