@@ -224,6 +224,8 @@ def is_mask(value: object) -> bool:
 
 
 def _logical(call: OpCall) -> object:
+    """``and``, ``or`` and ``not`` of masks: one rule, registered for each with its own
+    reference text (``_logical_rule``)."""
     names = ("x",) if call.spec.name == "logical_not" else ("a", "b")
     values = [call.raw(name) for name in names]
     for name, value in zip(names, values, strict=True):
@@ -486,8 +488,8 @@ def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] 
     """What a reduction reduces: ``x`` and its ``axis``, and ``keepdims``; or, for a
     tuple of axes (``axis=(1, 2)``), ``x`` with them merged (a view), the merged axis,
     and the dims the result is reshaped to. Axes apart (``axis=(0, 2)``) are first moved
-    next to the last of them, the others keeping their order: a transpose, which keeps
-    the last axis where it is (so its rows are read in place) unless it is reduced."""
+    next to the last of them, the others keeping their order: a transpose, which costs a
+    copy (and keeps the last axis where it is, unless it is reduced)."""
     axes = call.raw("axis")
     keepdims = call.const("keepdims", bool)
     if not (isinstance(axes, Const) and isinstance(axes.value, (tuple, list))):
@@ -559,8 +561,8 @@ for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
 def _min(call: OpCall) -> object:
     """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
     of axes reduces them all (axes apart, as ``(0, 2)``, are moved together first, which
-    costs a copy). Keeps the input dtype. It is ``-max(-x)``,
-    exactly: the maximum's kernel, negating where it loads and where it stores."""
+    costs a copy). Keeps the input dtype. It is ``-max(-x)``, exactly: the maximum's
+    kernel, negating where it loads and where it stores."""
     x, axis, keepdims, result = _reduced(call, call.tensor("x"))
     negated = call.emit("neg", (x,), elementwise_type(x))
     dims = _reduce_dims(x.type.dims, axis, keepdims)
