@@ -1865,9 +1865,9 @@ def test_tile_concat_of_rows_whose_widths_are_sums(library: Any) -> None:
 @pytest.mark.execute
 @needs_gxx
 def test_reductions_over_axes_apart(library: Any) -> None:
-    """``axis=(0, 2)`` reduces both, as in numpy, whatever their order: they are moved
-    next to each other first (it was an error that said to transpose them). With a
-    kept last axis (``[A, B, C, D]``), the reduced axes end up in the middle."""
+    """``axis=(0, 2)`` reduces both, as in numpy, whatever their order: one run of
+    adjacent axes at a time, the last first (it was an error that said to transpose
+    them). Of ``[A, B, C, D]`` neither run is last, so both are column reductions."""
     rng = np.random.default_rng(70)
     x = rng.standard_normal((3, 5, 37), dtype=np.float32)
     np.testing.assert_allclose(f64(library.apart_sum(x)), f64(x).sum(axis=(0, 2)),

@@ -484,16 +484,21 @@ def _relu(call: OpCall) -> object:
 # ----------------------------------------------------------------- reductions
 
 
-def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] | None]:
-    """What a reduction reduces: ``x`` and its ``axis``, and ``keepdims``; or, for a
-    tuple of axes (``axis=(1, 2)``), ``x`` with them merged (a view), the merged axis,
-    and the dims the result is reshaped to. Axes apart (``axis=(0, 2)``) are first moved
-    next to the last of them, the others keeping their order: a transpose, which costs a
-    copy (and keeps the last axis where it is, unless it is reduced)."""
+#: One reduction over one axis: ``(call, x, axis, keepdims)`` to the reduced value.
+Reduce = Callable[[OpCall, Value, int, bool], Value]
+
+
+def _over_axes(call: OpCall, x: Value, reduce: Reduce) -> Value:
+    """``reduce`` over the ``axis`` and with the ``keepdims`` of the call. A tuple of axes
+    is reduced one run of adjacent axes at a time, each run merged (a view), the last
+    run first: of ``[A, B, C]`` over ``(0, 2)``, the rows of ``C`` and then the columns
+    of the ``[A, B]`` partial results, so that the large pass is a row reduction and no
+    copy of ``x`` is made. Max and min are exact so; sums are reassociated, as any
+    parallel sum is; a mean of means over equal groups is the mean."""
     axes = call.raw("axis")
     keepdims = call.const("keepdims", bool)
     if not (isinstance(axes, Const) and isinstance(axes.value, (tuple, list))):
-        return x, call.axis("axis", x.type.rank), keepdims, None
+        return reduce(call, x, call.axis("axis", x.type.rank), keepdims)
     rank, dims = x.type.rank, x.type.dims
     whole = all(isinstance(a, int) and not isinstance(a, bool) for a in axes.value)
     if not axes.value or not whole or not all(-rank <= a < rank for a in axes.value):
@@ -501,43 +506,39 @@ def _reduced(call: OpCall, x: Value) -> tuple[Value, int, bool, tuple[Dim, ...] 
     picked = sorted({a % rank for a in axes.value})
     if len(picked) != len(axes.value):
         raise call.error(f"axes {tuple(axes.value)} name an axis twice", at="axis")
+    runs: list[list[int]] = []
+    for a in picked:
+        if runs and runs[-1][-1] == a - 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    for run in reversed(runs):
+        first, last = run[0], run[-1]
+        if first != last:
+            d = x.type.dims
+            shape = (*d[:first], math.prod(d[first : last + 1], start=Dim.const(1)), *d[last + 1 :])
+            x = call.emit("reshape", (x,), TensorType(shape, x.type.dtype, x.type.policies),
+                          attrs=(("shape", shape),))  # fmt: skip
+        x = reduce(call, x, first, False)
+    if not keepdims:
+        return x
     kept = tuple(Dim.const(1) if i in picked else d for i, d in enumerate(dims))
-    result = kept if keepdims else tuple(d for i, d in enumerate(dims) if i not in picked)
-    first, last = picked[0], picked[-1]
-    if picked != list(range(first, last + 1)):
-        before = tuple(i for i in range(last) if i not in picked)
-        perm = (*before, *picked, *range(last + 1, rank))
-        moved = tuple(dims[i] for i in perm)
-        x = call.emit("transpose", (x,), TensorType(moved, x.type.dtype, x.type.policies),
-                      attrs=(("perm", perm),))  # fmt: skip
-        dims, first, last = moved, len(before), len(before) + len(picked) - 1
-    shape = (
-        *dims[:first],
-        math.prod(dims[first : last + 1], start=Dim.const(1)),
-        *dims[last + 1 :],
-    )
-    view = call.emit("reshape", (x,), TensorType(shape, x.type.dtype, x.type.policies),
-                     attrs=(("shape", shape),))  # fmt: skip
-    return view, first, False, result
-
-
-def _reshaped_to(call: OpCall, value: Value, dims: tuple[Dim, ...] | None) -> Value:
-    if dims is None or dims == value.type.dims:
-        return value
-    return call.emit("reshape", (value,), value.type.with_(dims=dims), attrs=(("shape", dims),))
+    return call.emit("reshape", (x,), x.type.with_(dims=kept), attrs=(("shape", kept),))
 
 
 def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
-    def rule(call: OpCall) -> object:
-        x, axis, keepdims, result = _reduced(call, call.tensor("x"))
+    def one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
+        """The reduction over one axis."""
         dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
         if kind == "sum" and x.type.dtype != dtype:  # the terms in the accumulation dtype
             x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
         dims = _reduce_dims(x.type.dims, axis, keepdims)
-        reduced = call.emit(
+        return call.emit(
             kind, (x,), TensorType(dims, dtype), attrs=(("axis", axis), ("keepdims", keepdims))
         )
-        return _reshaped_to(call, reduced, result)
+
+    def rule(call: OpCall) -> object:
+        return _over_axes(call, call.tensor("x"), one)
 
     what = {"sum": "Sum", "max": "Maximum", "mean": "Mean"}[kind]
     dtype = (
@@ -547,8 +548,8 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
     )
     rule.__doc__ = (
         f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``; a "
-        "tuple of axes reduces them all (axes apart, as ``(0, 2)``, are moved together "
-        f"first, which costs a copy). {dtype}"
+        "tuple of axes reduces them all, in any order: ``axis=(0, 2)`` of ``[A, B, C]`` "
+        f"reduces the rows of ``C``, then the ``[A, B]`` partial results over ``A``. {dtype}"
     )
     return rule
 
@@ -557,18 +558,21 @@ for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
     register(_kind, P("x"), P("axis", -1), P("keepdims", False))(_reduction(_kind, _keeps))
 
 
-@register("min", P("x"), P("axis", -1), P("keepdims", False))
-def _min(call: OpCall) -> object:
-    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
-    of axes reduces them all (axes apart, as ``(0, 2)``, are moved together first, which
-    costs a copy). Keeps the input dtype. It is ``-max(-x)``, exactly: the maximum's
-    kernel, negating where it loads and where it stores."""
-    x, axis, keepdims, result = _reduced(call, call.tensor("x"))
+def _min_one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
+    """The minimum over one axis, as the maximum of ``-x``, negated."""
     negated = call.emit("neg", (x,), elementwise_type(x))
     dims = _reduce_dims(x.type.dims, axis, keepdims)
     top = call.emit("max", (negated,), TensorType(dims, x.type.dtype),
                     attrs=(("axis", axis), ("keepdims", keepdims)))  # fmt: skip
-    return _reshaped_to(call, call.emit("neg", (top,), top.type), result)
+    return call.emit("neg", (top,), top.type)
+
+
+@register("min", P("x"), P("axis", -1), P("keepdims", False))
+def _min(call: OpCall) -> object:
+    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
+    of axes reduces them all, in any order. Keeps the input dtype. It is ``-max(-x)``,
+    exactly: the maximum's kernel, negating where it loads and where it stores."""
+    return _over_axes(call, call.tensor("x"), _min_one)
 
 
 def _softmax(kind: str) -> Callable[[OpCall], object]:
