@@ -1,16 +1,18 @@
 """Benchmark: the CPU backend against numpy (OpenBLAS) and PyTorch, in one process.
 
-Kernels: SGEMM at 512, 1024, 1500 (a ragged size: its last tiles are short), 2048
-(4096 with --full) against ``numpy.matmul`` and ``torch.matmul``; softmax, log_softmax,
-layernorm and rmsnorm over 4096 x 4096 f32 against torch and against this machine's
-copy bandwidth (numpy ``copyto`` of the same bytes); attention f32 B1 H8 S1024 and
-S2048 D64, causal and not, against torch ``scaled_dot_product_attention``; model code
-written out, against the same expressions in torch: elementwise ops that read a value
-more than once, fused into one kernel (a GELU over 4096 x 4096, ``y * sigmoid(y)`` after
-an SGEMM 2048), and Llama's RMSNorm (which is the library's rmsnorm); and what a call
-costs beyond its kernel, 1000 calls of a 4 x 4 SGEMM against numpy's and torch's. Each
-case is timed interleaved with its peers, median of several runs after warm-up. Results
-go to ``bench/results/cpu.json``; a peer that is not installed is recorded as null.
+Kernels: SGEMM at 512, 1024, 1500 (a ragged size: its last tiles are short), 2048 (4096
+with --full) against ``numpy.matmul`` and ``torch.matmul``; softmax, log_softmax,
+layernorm and rmsnorm over 4096 x 4096 f32 against torch and against this machine's copy
+bandwidth (numpy ``copyto`` of the same bytes); reductions that are not over rows (the
+column sums of 4096 x 4096, a sum over axes 0 and 2 of 64 x 256 x 1024) against numpy
+and torch; attention f32 B1 H8 S1024 and S2048 D64, causal and not, against torch
+``scaled_dot_product_attention``; model code written out, against the same expressions
+in torch: elementwise ops that read a value more than once, fused into one kernel (a
+GELU over 4096 x 4096, ``y * sigmoid(y)`` after an SGEMM 2048), and Llama's RMSNorm
+(which is the library's rmsnorm); and what a call costs beyond its kernel, 1000 calls of
+a 4 x 4 SGEMM against numpy's and torch's. Each case is timed interleaved with its
+peers, median of several runs after warm-up. Results go to ``bench/results/cpu.json``; a
+peer that is not installed is recorded as null.
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ def layernorm_rows(x: Tensor["R", "C", f32], w: Tensor["C", f32],
 @kernel
 def rmsnorm_rows(x: Tensor["R", "C", f32], w: Tensor["C", f32]) -> Tensor["R", "C", f32]:
     return rmsnorm(x, w, eps=1e-6)
+
+@kernel
+def column_sums(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:
+    return sum(x, axis=0)
+
+@kernel
+def sum_outer_axes(x: Tensor["A", "B", "C", f32]) -> Tensor["B", f32]:
+    return sum(x, axis=(0, 2))
 
 @kernel
 def attention(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", f32],
@@ -200,6 +210,22 @@ def main() -> None:
         rows.append({"case": name, "seconds": t,
                      "gb_per_s": {k: v and round(moved / v / 1e9, 1) for k, v in t.items()},
                      "of_copy_bandwidth": round(t["copy"] / t["tessera_into"], 3),
+                     "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
+
+    # Reductions that are not over rows: over the columns (through a transpose), and
+    # over two axes apart (one run of adjacent axes at a time).
+    y = rng.standard_normal((64, 256, 1024), dtype=np.float32)
+    ty = torch.from_numpy(y) if torch else None
+    reductions = {
+        "column sums 4096x4096": (partial(lib.column_sums, x), partial(np.sum, x, axis=0),
+                                  (lambda: tx.sum(0)) if torch else None),
+        "sum over axes (0, 2) of 64x256x1024": (partial(lib.sum_outer_axes, y),
+                                                partial(np.sum, y, axis=(0, 2)),
+                                                (lambda: ty.sum((0, 2))) if torch else None),
+    }  # fmt: skip
+    for name, (ours, numpy_peer, torch_peer) in reductions.items():
+        t = timed({"tessera": ours, "numpy": numpy_peer, "torch": torch_peer}, args.runs)
+        rows.append({"case": name, "seconds": t, "vs_numpy": ratio(t["numpy"], t["tessera"]),
                      "vs_torch": ratio(t["torch"], t["tessera"])})  # fmt: skip
 
     # A value read more than once stays in its kernel's registers; torch runs each op.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -371,6 +372,14 @@ inline float* scratch(i64 floats) {
   if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
+}
+
+// The storage of a function's intermediate tensors, `bytes` long and not cleared: each
+// kernel writes the whole tensor it produces before another reads it. (Cleared, as a
+// std::vector clears, it cost each call a single-threaded memset: column sums of a
+// 4096 x 4096 f32 tensor, through a 64 MiB transpose, took 49.7 ms against 36.3.)
+inline std::unique_ptr<unsigned char[]> buffer(i64 bytes) {
+  return std::unique_ptr<unsigned char[]>(new unsigned char[static_cast<std::size_t>(bytes)]);
 }
 
 }  // namespace tsr
