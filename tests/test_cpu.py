@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import ml_dtypes
@@ -115,6 +116,45 @@ def f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     want /= want.sum(axis=1, keepdims=True)
     assert not np.isnan(out).any()
     assert np.abs(out - want).max() < 1e-6
+
+
+def test_intermediates_are_kept_per_thread_and_grown() -> None:
+    """A function's intermediate tensors live in blocks that the calling thread keeps
+    from call to call: a call at a larger size grows them, a smaller one reuses them,
+    two functions share them, and another thread has its own. (The sanitizer test
+    checks that a grown block is large enough.)"""
+    src = """\
+@kernel
+def column_sums(x: Tensor["R", "C", f32]) -> Tensor["C", f32]:
+    return sum(x, axis=0)
+
+@kernel
+def two_layers(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32],
+               c: Tensor["N", "P", f32]) -> Tensor["M", "P", f32]:
+    return relu(a @ b) @ c
+"""
+    lib = tessera.compile(src, target="cpu").load()
+    rng = np.random.default_rng(5)
+    failures: list[BaseException] = []
+
+    def check(rows: int, cols: int) -> None:
+        try:
+            x = rng.standard_normal((rows, cols), dtype=np.float32)
+            got = lib.column_sums(x)
+            np.testing.assert_allclose(got, f64(x).sum(0), rtol=1e-4, atol=1e-4)
+            a, b, c = (rng.standard_normal(s, dtype=np.float32)
+                       for s in ((rows, cols), (cols, 33), (33, 9)))  # fmt: skip
+            want = np.maximum(f64(a) @ f64(b), 0.0) @ f64(c)
+            np.testing.assert_allclose(lib.two_layers(a, b, c), want, rtol=1e-4, atol=1e-3)
+        except BaseException as error:  # reported from the main thread
+            failures.append(error)
+
+    for rows, cols in ((7, 5), (301, 257), (9, 3)):
+        check(rows, cols)
+    other = threading.Thread(target=check, args=(129, 65))
+    other.start()
+    other.join()
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "f16", "bf16"])
@@ -259,6 +299,9 @@ for kind, rank, axis, keepdims in REDUCTIONS:
     getattr(axes, f"{{kind}}_{{rank}}_{{axis}}_{{int(keepdims)}}")(x[rank])
 for rank, axis in SOFTMAXES:
     getattr(axes, f"softmax_{{rank}}_{{axis}}")(x[rank])
+# intermediates live in blocks the calling thread keeps: a larger call must grow them
+for shape in ((2, 3, 5), (40, 33, 29), (3, 4, 2)):
+    axes.sum_3_0_0(rng.standard_normal(shape, dtype=np.float32))
 print("clean")
 """
 

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -374,12 +373,22 @@ inline float* scratch(i64 floats) {
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
-// The storage of a function's intermediate tensors, `bytes` long and not cleared: each
-// kernel writes the whole tensor it produces before another reads it. (Cleared, as a
-// std::vector clears, it cost each call a single-threaded memset: column sums of a
-// 4096 x 4096 f32 tensor, through a 64 MiB transpose, took 49.7 ms against 36.3.)
-inline std::unique_ptr<unsigned char[]> buffer(i64 bytes) {
-  return std::unique_ptr<unsigned char[]>(new unsigned char[static_cast<std::size_t>(bytes)]);
+// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
+// long. The calling thread keeps its blocks from call to call and grows one when a call
+// needs more, so that a function called again does not fault its intermediates' pages in
+// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
+// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
+// runs one call at a time, and nothing clears a block between calls: each kernel writes
+// all of its result before another kernel reads it.
+inline unsigned char* buffer(std::size_t slot, i64 bytes) {
+  static thread_local std::vector<std::vector<unsigned char>> blocks;
+  if (blocks.size() <= slot) blocks.resize(slot + 1);
+  std::vector<unsigned char>& block = blocks[slot];
+  if (static_cast<i64>(block.size()) < bytes) {
+    block = std::vector<unsigned char>();  // free the old block before the larger one
+    block.resize(static_cast<std::size_t>(bytes));
+  }
+  return block.data();
 }
 
 // ---------------------------------------------------------------- dot

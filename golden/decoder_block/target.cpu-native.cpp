@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -374,12 +373,22 @@ inline float* scratch(i64 floats) {
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
-// The storage of a function's intermediate tensors, `bytes` long and not cleared: each
-// kernel writes the whole tensor it produces before another reads it. (Cleared, as a
-// std::vector clears, it cost each call a single-threaded memset: column sums of a
-// 4096 x 4096 f32 tensor, through a 64 MiB transpose, took 49.7 ms against 36.3.)
-inline std::unique_ptr<unsigned char[]> buffer(i64 bytes) {
-  return std::unique_ptr<unsigned char[]>(new unsigned char[static_cast<std::size_t>(bytes)]);
+// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
+// long. The calling thread keeps its blocks from call to call and grows one when a call
+// needs more, so that a function called again does not fault its intermediates' pages in
+// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
+// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
+// runs one call at a time, and nothing clears a block between calls: each kernel writes
+// all of its result before another kernel reads it.
+inline unsigned char* buffer(std::size_t slot, i64 bytes) {
+  static thread_local std::vector<std::vector<unsigned char>> blocks;
+  if (blocks.size() <= slot) blocks.resize(slot + 1);
+  std::vector<unsigned char>& block = blocks[slot];
+  if (static_cast<i64>(block.size()) < bytes) {
+    block = std::vector<unsigned char>();  // free the old block before the larger one
+    block.resize(static_cast<std::size_t>(bytes));
+  }
+  return block.data();
 }
 
 // ---------------------------------------------------------------- dot
@@ -996,21 +1005,21 @@ static void decoder_block_k9_launch(const float* t12, const float* w2, const flo
 
 // ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3 -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6, k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
 extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq, const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1, const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
-  const auto slot0 = tsr::buffer(4*C*S);
-  const auto slot1 = tsr::buffer(4*C*S);
-  const auto slot2 = tsr::buffer(4*C*S);
-  const auto slot3 = tsr::buffer(4*C*S);
-  const auto slot4 = tsr::buffer(4*F*S);
-  const auto slot5 = tsr::buffer(4*F*S);
-  float* const h_buffer = reinterpret_cast<float*>(slot0.get());
-  float* const t0_buffer = reinterpret_cast<float*>(slot1.get());
-  float* const t2_buffer = reinterpret_cast<float*>(slot2.get());
-  float* const t4_buffer = reinterpret_cast<float*>(slot3.get());
-  float* const t6_buffer = reinterpret_cast<float*>(slot0.get());
-  float* const x_1_buffer = reinterpret_cast<float*>(slot1.get());
-  float* const h_1_buffer = reinterpret_cast<float*>(slot0.get());
-  float* const t10_buffer = reinterpret_cast<float*>(slot4.get());
-  float* const t12_buffer = reinterpret_cast<float*>(slot5.get());
+  unsigned char* const slot0 = tsr::buffer(0, 4*C*S);
+  unsigned char* const slot1 = tsr::buffer(1, 4*C*S);
+  unsigned char* const slot2 = tsr::buffer(2, 4*C*S);
+  unsigned char* const slot3 = tsr::buffer(3, 4*C*S);
+  unsigned char* const slot4 = tsr::buffer(4, 4*F*S);
+  unsigned char* const slot5 = tsr::buffer(5, 4*F*S);
+  float* const h_buffer = reinterpret_cast<float*>(slot0);
+  float* const t0_buffer = reinterpret_cast<float*>(slot1);
+  float* const t2_buffer = reinterpret_cast<float*>(slot2);
+  float* const t4_buffer = reinterpret_cast<float*>(slot3);
+  float* const t6_buffer = reinterpret_cast<float*>(slot0);
+  float* const x_1_buffer = reinterpret_cast<float*>(slot1);
+  float* const h_1_buffer = reinterpret_cast<float*>(slot0);
+  float* const t10_buffer = reinterpret_cast<float*>(slot4);
+  float* const t12_buffer = reinterpret_cast<float*>(slot5);
   decoder_block_k0_launch(x, norm1, h_buffer, S, C);
   decoder_block_k1_launch(h_buffer, wq, t0_buffer, S, C);
   decoder_block_k2_launch(h_buffer, wk, t2_buffer, S, C);

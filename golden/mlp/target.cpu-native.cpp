@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -361,12 +360,22 @@ inline float* scratch(i64 floats) {
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
-// The storage of a function's intermediate tensors, `bytes` long and not cleared: each
-// kernel writes the whole tensor it produces before another reads it. (Cleared, as a
-// std::vector clears, it cost each call a single-threaded memset: column sums of a
-// 4096 x 4096 f32 tensor, through a 64 MiB transpose, took 49.7 ms against 36.3.)
-inline std::unique_ptr<unsigned char[]> buffer(i64 bytes) {
-  return std::unique_ptr<unsigned char[]>(new unsigned char[static_cast<std::size_t>(bytes)]);
+// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
+// long. The calling thread keeps its blocks from call to call and grows one when a call
+// needs more, so that a function called again does not fault its intermediates' pages in
+// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
+// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
+// runs one call at a time, and nothing clears a block between calls: each kernel writes
+// all of its result before another kernel reads it.
+inline unsigned char* buffer(std::size_t slot, i64 bytes) {
+  static thread_local std::vector<std::vector<unsigned char>> blocks;
+  if (blocks.size() <= slot) blocks.resize(slot + 1);
+  std::vector<unsigned char>& block = blocks[slot];
+  if (static_cast<i64>(block.size()) < bytes) {
+    block = std::vector<unsigned char>();  // free the old block before the larger one
+    block.resize(static_cast<std::size_t>(bytes));
+  }
+  return block.data();
 }
 
 // ---------------------------------------------------------------- dot
@@ -666,8 +675,8 @@ extern "C" void tessera_linear_gelu(const tsr::bf16* A, const tsr::bf16* B, cons
 
 // ---- mlp: k0 -> mlp_k0, k1 -> mlp_k1
 extern "C" void tessera_mlp(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, const tsr::bf16* W_out, const float* b_out, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
-  const auto slot0 = tsr::buffer(2*F*T);
-  tsr::bf16* const h_buffer = reinterpret_cast<tsr::bf16*>(slot0.get());
+  unsigned char* const slot0 = tsr::buffer(0, 2*F*T);
+  tsr::bf16* const h_buffer = reinterpret_cast<tsr::bf16*>(slot0);
   mlp_k0_launch(x, W_in, b_in, h_buffer, T, D, F);
   mlp_k1_launch(h_buffer, W_out, b_out, x, out, T, F, D);
 }

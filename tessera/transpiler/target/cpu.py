@@ -118,11 +118,13 @@ class _FunctionView:
         self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]
         body: list[str] = []
         for slot, size in sorted(slots.items()):
-            body.append(f"const auto slot{slot} = tsr::buffer({c_dim(size, sizes)});")
+            body.append(
+                f"unsigned char* const slot{slot} = tsr::buffer({slot}, {c_dim(size, sizes)});"
+            )
         for name, b in buffers.items():
             body.append(
                 f"{C_TYPES[b.type.dtype.name]}* const {c_name[name]} = "
-                f"reinterpret_cast<{C_TYPES[b.type.dtype.name]}*>(slot{b.slot}.get());"
+                f"reinterpret_cast<{C_TYPES[b.type.dtype.name]}*>(slot{b.slot});"
             )
         for kernel in program.kernels:
             view = views[kernel.name]
