@@ -526,9 +526,10 @@ def _over_axes(call: OpCall, x: Value, reduce: Reduce) -> Value:
     return call.emit("reshape", (x,), x.type.with_(dims=kept), attrs=(("shape", kept),))
 
 
-def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
+def _one_axis(kind: str, keeps_dtype: bool) -> Reduce:
+    """The reduction ``kind`` over one axis, in its result dtype."""
+
     def one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
-        """The reduction over one axis."""
         dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
         if kind == "sum" and x.type.dtype != dtype:  # the terms in the accumulation dtype
             x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
@@ -536,6 +537,12 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         return call.emit(
             kind, (x,), TensorType(dims, dtype), attrs=(("axis", axis), ("keepdims", keepdims))
         )
+
+    return one
+
+
+def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
+    one = _one_axis(kind, keeps_dtype)
 
     def rule(call: OpCall) -> object:
         return _over_axes(call, call.tensor("x"), one)
@@ -558,21 +565,14 @@ for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
     register(_kind, P("x"), P("axis", -1), P("keepdims", False))(_reduction(_kind, _keeps))
 
 
-def _min_one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
-    """The minimum over one axis, as the maximum of ``-x``, negated."""
-    negated = call.emit("neg", (x,), elementwise_type(x))
-    dims = _reduce_dims(x.type.dims, axis, keepdims)
-    top = call.emit("max", (negated,), TensorType(dims, x.type.dtype),
-                    attrs=(("axis", axis), ("keepdims", keepdims)))  # fmt: skip
-    return call.emit("neg", (top,), top.type)
-
-
 @register("min", P("x"), P("axis", -1), P("keepdims", False))
 def _min(call: OpCall) -> object:
     """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
     of axes reduces them all, in any order. Keeps the input dtype. It is ``-max(-x)``,
-    exactly: the maximum's kernel, negating where it loads and where it stores."""
-    return _over_axes(call, call.tensor("x"), _min_one)
+    exactly: the maximum's kernels, negating where the first loads and the last stores."""
+    x = call.tensor("x")
+    top = _over_axes(call, call.emit("neg", (x,), elementwise_type(x)), _one_axis("max", True))
+    return call.emit("neg", (top,), top.type)
 
 
 def _softmax(kind: str) -> Callable[[OpCall], object]:
