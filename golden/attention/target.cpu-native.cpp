@@ -21,6 +21,13 @@
 #include <immintrin.h>
 #endif
 
+// GCC vectorizes the max and min reductions that `omp simd reduction` marks; Clang (14
+// at least) cannot without -ffinite-math-only, keeps them scalar, and says so with
+// -Wpass-failed. The result is the same either way, so the remark is silenced.
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 namespace tsr {
 
 using i64 = std::int64_t;
@@ -242,9 +249,9 @@ inline float exp_nonpositive(float x) {
 // target has less). Vectors never cross a function boundary, so the code means the
 // same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
 #if defined(__AVX512F__)
-constexpr int kLanes = 16, kRows = 8;  // 16 accumulators of 32 registers
+constexpr int kLanes = 16;
 #else
-constexpr int kLanes = 8, kRows = 6;  // 12 accumulators of 16 registers
+constexpr int kLanes = 8;
 #endif
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -394,6 +401,11 @@ inline unsigned char* buffer(std::size_t slot, i64 bytes) {
 // ---------------------------------------------------------------- dot
 
 constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
+#if defined(__AVX512F__)
+constexpr int kRows = 8;  // 16 accumulators of 32 registers
+#else
+constexpr int kRows = 6;  // 12 accumulators of 16 registers
+#endif
 
 // The register-blocked core of mma: an R x kPanel block of `out` held in 2R vector
 // accumulators while p runs over k; each step loads one row segment of `b` and
