@@ -1,8 +1,7 @@
 """Build and run the CPU backend's output: g++, a shared object, ctypes, numpy.
 
 ``load(program)`` compiles the generated C++ once per distinct source and flags
-(the shared object is cached under ``$TESSERA_CACHE_DIR``, else
-``$XDG_CACHE_HOME/tessera``, else ``~/.cache/tessera``), loads it, and returns
+(the shared object is cached in ``tessera.cachedir.cache_dir()``), loads it, and returns
 an object with one callable per function of the ``.tsr`` file, named as in the
 source. A call checks every argument against the metadata (dtype, rank,
 contiguity, the sizes its dims give, the guards), allocates the result, runs
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cachedir import cache_dir
 from .entry import Entry, Library
 from .foreign import TensorView
 
@@ -32,13 +32,6 @@ __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_di
 class BuildError(RuntimeError):
     """The C++ compiler rejected the generated source (a compiler bug, or a broken
     toolchain); the message has its output."""
-
-
-def cache_dir() -> Path:
-    if "TESSERA_CACHE_DIR" in os.environ:
-        return Path(os.environ["TESSERA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tessera"
 
 
 def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .frontend import ast
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
@@ -31,14 +31,14 @@ from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
-from .target.cpu import CpuModule, emit_cpu
-from .target.nvrtc import CudaBinary, NvrtcUnavailable, build
-from .target.simt_dialect import DIALECTS
-from .target.simt_kernel import NotLowered
-from .target.simt_module import SimtModule, emit_simt
 from .tile.build import tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
+
+if TYPE_CHECKING:  # a backend is imported when a program is compiled for it
+    from .target.cpu import CpuModule
+    from .target.nvrtc import CudaBinary
+    from .target.simt_module import SimtModule
 
 __all__ = [
     "STAGES",
@@ -141,7 +141,13 @@ def _target_stage(
             )
     diags.check()
     if options.target == "cpu":
+        from .target.cpu import emit_cpu
+
         return emit_cpu(irs["tile"])
+    from .target.simt_dialect import DIALECTS
+    from .target.simt_kernel import NotLowered
+    from .target.simt_module import emit_simt
+
     try:
         return emit_simt(irs["tile"], DIALECTS[options.target])
     except NotLowered as exc:
@@ -167,6 +173,8 @@ def _binary_stage(
         raise StageNotImplemented(
             "ptx", f"PTX and cubin dumps are for the cuda target, not {options.target}"
         )
+    from .target.nvrtc import NvrtcUnavailable, build
+
     try:
         meta = irs["meta"]
         return build(irs["target"].source, meta["arch"], meta["build"]["options"])

@@ -17,6 +17,7 @@ from lark import Lark
 from lark.exceptions import UnexpectedInput
 from lark.lexer import PatternStr
 
+from ...cachedir import private_cache_dir
 from . import ast
 from .builder import Builder
 from .diagnostics import ERROR_LIMIT, Diagnostic, Diagnostics
@@ -37,8 +38,11 @@ def _parser() -> tuple[Lark, Indenter, Builder, dict[str, str]]:
     grammar = resources.files("tessera.grammar").joinpath("tessera.lark").read_text("utf-8")
     indenter = Indenter()
     builder = Builder()
+    # Building the LALR tables takes most of a second; they are kept between runs.
+    tables = private_cache_dir("parser")
     lark = Lark(
         grammar,
+        cache=str(tables / "tessera.lark.cache") if tables else False,
         parser="lalr",
         lexer="basic",
         strict=True,

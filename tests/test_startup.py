@@ -1,0 +1,78 @@
+"""Start-up: what ``import tessera`` and one compilation load, and the caches that keep
+the parser tables and compiled templates between runs (their speed is measured in
+bench/compile.py, not here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tessera
+from tessera.cachedir import private_cache_dir
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def _modules_after(code: str, cache: Path) -> set[str]:
+    """The modules loaded in a fresh interpreter after running ``code``."""
+    script = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, check=True, cwd=ROOT)  # fmt: skip
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_import_tessera_loads_no_compiler_stage(tmp_path: Path) -> None:
+    loaded = _modules_after("import tessera", tmp_path)
+    heavy = {"tessera.transpiler.pipeline", "numpy", "jinja2", "lark"}
+    assert not heavy & loaded
+
+
+def test_a_compilation_loads_only_its_own_backend(tmp_path: Path) -> None:
+    """Compiling for the CPU needs neither the SIMT emitters nor numpy nor the tuner;
+    compiling for OpenCL needs no CPU emitter."""
+    code = "import tessera\ntessera.compile_file('examples/mlp.tsr', target='{}').source"
+    cpu = _modules_after(code.format("cpu"), tmp_path)
+    assert "tessera.transpiler.target.cpu" in cpu
+    assert not {m for m in cpu if "simt" in m or m.startswith(("numpy", "tessera.tune"))}
+    opencl = _modules_after(code.format("opencl"), tmp_path)
+    assert "tessera.transpiler.target.simt_module" in opencl
+    assert "tessera.transpiler.target.cpu" not in opencl
+
+
+def test_parser_tables_are_kept_and_a_damaged_copy_is_rebuilt(tmp_path: Path) -> None:
+    code = "import tessera\nprint(tessera.compile_file('examples/mlp.tsr').inspect_ir('graph'))"
+    first = _modules_after(code, tmp_path)
+    tables = tmp_path / "parser" / "tessera.lark.cache"
+    assert tables.is_file() and "lark" in first
+    assert (tmp_path / "parser").stat().st_mode & 0o777 == 0o700
+    tables.write_bytes(b"not a parser\n")
+    _modules_after(code, tmp_path)  # check=True: the compilation still succeeds
+    assert tables.read_bytes() != b"not a parser\n"
+
+
+def test_a_cache_folder_others_can_write_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parser tables and template bytecode are loaded as code: a folder anyone can
+    write to is never trusted with them."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    assert private_cache_dir("parser") == tmp_path / "parser"
+    os.chmod(tmp_path / "parser", 0o777)
+    assert private_cache_dir("parser") is None
+    os.chmod(tmp_path, 0o777)
+    assert private_cache_dir("templates") is None
+
+
+def test_public_names_resolve_on_first_use() -> None:
+    assert tessera.compile is tessera.transpiler.pipeline.compile
+    assert set(dir(tessera)) == set(tessera.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'compiles'"):
+        _ = tessera.compiles
