@@ -27,6 +27,8 @@ import tessera
 from tessera.runtime import cuda as cuda_runtime
 from tessera.runtime.cuda import CudaUnavailable, _cupy, check_arch
 from tessera.runtime.foreign import BIT_CARRIERS
+from tessera.transpiler.schedule.hardware import hardware_for
+from tessera.transpiler.target.nvrtc import parse_report
 
 from .conftest import ROOT, SOURCES
 from .gpusim import simulated_cupy, use_simulator
@@ -118,6 +120,37 @@ def test_compiles_with_nvcc_warning_free_without_spills(path: str, arch: str, tm
     )
     assert frames, report
     assert {f for frame in frames for f in frame} == {"0"}, report
+    _check_shared_memory(tessera.compile_file(ROOT / path, target="cuda", arch=arch), report)
+
+
+def _check_shared_memory(program: tessera.Program, report: str) -> None:
+    """Every launch fits its arch: ptxas's static shared memory (the kernel's own arrays)
+    plus the dynamic arena the metadata asks for, and the metadata's count of the static
+    arrays is ptxas's, give or take what ptxas reserves (at most 1 KiB)."""
+    meta, static = program.ir("meta"), parse_report(report)
+    limit = hardware_for("cuda", meta["arch"]).smem_bytes
+    for launch in (launch for f in meta["functions"] for launch in f["launches"]):
+        ptxas = static[launch["kernel"]].shared_bytes
+        assert 0 <= ptxas - launch["static_smem"] <= 1024, (launch, ptxas)
+        assert launch["dynamic_smem"] + ptxas <= limit, (launch, ptxas, limit)
+
+
+@pytest.mark.compile
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_attention_of_any_head_dim_fits_shared_memory(arch: str, dtype: str, tmp_path: Path):
+    """A symbolic head dim takes the widest head-dim tile; with f32 operands the
+    probabilities and the row maxima also pass through arrays the kernel declares
+    itself (they once took a decoder block's attention to 238,080 bytes on sm_90a)."""
+    source = f"""\
+@kernel
+def mha(q: Tensor["B", "H", "S", "D", {dtype}], k: Tensor["B", "H", "S", "D", {dtype}],
+        v: Tensor["B", "H", "S", "D", {dtype}]) -> Tensor["B", "H", "S", "D", {dtype}]:
+    return ops.flash_attention(q, k, v, causal=True)
+"""
+    _, report = _nvcc("mha.tsr", arch, tmp_path, text=source)
+    _check_shared_memory(tessera.compile(source, "mha.tsr", target="cuda", arch=arch), report)
 
 
 @pytest.mark.compile

@@ -651,14 +651,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 163840 bytes, given at launch
+  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
-  float* const v_tile_smem = (float*)(tsr_smem + 98304);
+  float* const v_tile_smem = (float*)(tsr_smem + 65536);
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
+  const int tx = lid % 16, ty = lid / 16;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
   __shared__ float tsr_rows[2048];
   __shared__ float p_stage[16512];
   const long long pid_m = blockIdx.x;
@@ -678,39 +678,6 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
   }
-  // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-  if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
-      if (t2_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
-        }
-      }
-    }
-  }
-  // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-  if (0 < S) {
-    for (int e = lid; e < 2048; e += 256) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
-      if (t4_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[32];
   for (int r = 0; r < 8; ++r) {
@@ -728,48 +695,43 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 128 < S; ++nblk) {
-    tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
-        if (t2_aligned) {
-          const int bytes = 128*nblk + 128 + i < S ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 128 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((128*nblk + 128 + i) * C + 64*pid_b0 + j) : t2, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S ? t2[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
-          }
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 4;
+      if (t2_aligned) {
+        const int bytes = 128*nblk + i < S ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((128*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + i < S ? t2[(128*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (128*nblk + 128 < S) {
-      for (int e = lid; e < 2048; e += 256) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
-        if (t4_aligned) {
-          const int bytes = 128*nblk + 128 + i < S ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 128 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((128*nblk + 128 + i) * C + 64*pid_b0 + j) : t4, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 128 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + 128 + i < S ? t4[(128*nblk + 128 + i) * C + 64*pid_b0 + j + q] : 0;
-          }
+    for (int e = lid; e < 2048; e += 256) {
+      const int i = e / 16;
+      const int j = e % 16 * 4;
+      if (t4_aligned) {
+        const int bytes = 128*nblk + i < S ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((128*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+      } else {
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + i < S ? t4[(128*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
-    tsr_copy_commit();
+    __syncthreads();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = k_tile_smem[((nblk) % 2 * 128 + tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -857,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int kk = 0; kk < 128 && kk < S - 128*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 129 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[((nblk) % 2 * 128 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Hardware", "hardware_for", "KIB"]
+__all__ = ["Hardware", "hardware_for", "KIB", "GRID_COLUMNS"]
 
 KIB = 1024
+
+
+#: Threads along a Grid tile's columns in the SIMT backends: a half warp reads 16
+#: neighbouring elements. A row vector of such a tile is combined across them through
+#: a shared array of GRID_COLUMNS floats per row, which the schedule must count.
+GRID_COLUMNS = 16
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .hardware import KIB, Hardware
+from .hardware import GRID_COLUMNS, KIB, Hardware
 from .problem import Problem
 
 __all__ = ["Resources", "resources"]
@@ -39,12 +39,17 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         accumulators = bm * bn // threads
     elif kind == "attention":
         smem = (bm * bd + stages * 2 * bn * bd) * size
-        if hw.kind == "gpu" and hw.target != "cuda":
-            # Without mma.sync's fragments, the probabilities reach their product with
-            # the values through shared memory: a bm x bn tile, rows padded by 4 bytes,
-            # in the values' dtype for the matrix cores and in f32 for FMA loops.
-            p_size = 4 if hw.mma == "simt" else size
+        if hw.kind == "gpu" and (hw.target != "cuda" or size == 4):
+            # Without 16-bit mma fragments (other targets, and tf32 on CUDA), the
+            # probabilities reach their product with the values through shared memory:
+            # a bm x bn tile, rows padded by 4 bytes, in the values' dtype for the matrix
+            # cores and in f32 for FMA loops and tf32.
+            p_size = 4 if hw.mma == "simt" or size == 4 else size
             smem += bm * (bn + 4 // p_size) * p_size
+        if hw.kind == "gpu" and hw.target == "cuda" and size == 4:
+            # tf32 scores sit in a Grid, whose row maxima and sums are combined across
+            # the threads of a row through GRID_COLUMNS floats per row.
+            smem += bm * min(GRID_COLUMNS, threads) * 4
         accumulators = (bm * bd + bm * bn) // threads
     else:
         smem = 0

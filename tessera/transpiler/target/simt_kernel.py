@@ -32,6 +32,7 @@ from ..graph.dims import Dim
 from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType
+from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
@@ -40,7 +41,6 @@ from .naming import GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
 from .simt_layout import (
-    GRID_COLUMNS,
     Distribution,
     Element,
     Flat,
@@ -110,6 +110,9 @@ class SimtKernel:
     wgmma: frozenset[tuple[str, int, str]] = frozenset()
     #: Bytes of shared memory its arena needs (the planned buffers, TMA's barriers).
     smem_bytes: int = 0
+    #: Bytes of the shared arrays it declares itself (reduction scratch, staged tiles),
+    #: which a program needs on top of the arena.
+    static_smem_bytes: int = 0
     #: The tensor maps it takes after its sizes, and the ranks its TMA copies move.
     tensor_maps: tuple[TensorMap, ...] = ()
     tma_ranks: frozenset[int] = frozenset()
@@ -171,6 +174,7 @@ class _Emitter(TileOps, TmaCopies):
         self.planned = {s.buffer: s.layout for s in kernel.smem}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
+        self.static_smem_bytes = 0
         self.depth = 1
         self.sources = SourceLines()
         #: While a walk over a distribution runs: that distribution, and where it began.
@@ -205,6 +209,13 @@ class _Emitter(TileOps, TmaCopies):
         """A declaration at the top of the kernel, once however often it is needed."""
         self.prologue.setdefault(key, text)
 
+    def declare_shared(self, ctype: str, name: str, count: int, element_bytes: int) -> None:
+        """A shared array of ``count`` elements at the top of the kernel, once; its bytes
+        count toward the kernel's static shared memory."""
+        if name not in self.prologue:
+            self.static_smem_bytes += count * element_bytes
+        self.declare(name, self.d.local(ctype, name, count))
+
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.symbols)
 
@@ -231,7 +242,7 @@ class _Emitter(TileOps, TmaCopies):
         sizes = {d: self.symbols[d] for d in self.dims}
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
                           tuple(self.prologue.values()), tuple(self.lines),
-                          frozenset(self.wgmma), self.smem_bytes,
+                          frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer))  # fmt: skip
 
@@ -676,7 +687,7 @@ class _Emitter(TileOps, TmaCopies):
         rows = dims[0].constant
         name = self.namer.fresh(op.result.name, "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
-        self.declare("scratch", self.d.local("float", "tsr_scratch", self.kernel.threads))
+        self.declare_shared("float", "tsr_scratch", self.kernel.threads, 4)
         i64 = self.d.index_type
         self.line(f"float {name}[{rows}];")
         self.unroll()

@@ -29,14 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..graph.dims import Dim
+from ..schedule.hardware import GRID_COLUMNS
 
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
            "Element", "CHUNK_BYTES", "grid_for", "rows_for", "smem_index",
            "sw128_panel"]  # fmt: skip
 
-#: Threads along a Grid tile's columns: a half warp reads 16 neighbouring elements.
-GRID_COLUMNS = 16
 #: The XOR swizzle permutes 16-byte chunks within groups of at most 8.
 CHUNK_BYTES = 16
 _SWIZZLE_GROUP = 8

@@ -17,7 +17,7 @@ from typing import Any
 from ..graph.dims import Dim
 from ..graph.ir import walk
 from ..graph.types import TensorType
-from ..schedule.hardware import hardware_for
+from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .cexpr import c_dim
@@ -75,6 +75,7 @@ class _KernelView:
         self.tensor_maps = simt.tensor_maps
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
+        self.static_smem_bytes = simt.static_smem_bytes
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
         self.launch_grid = _launch_grid(simt.grid)
         text = "\n".join(simt.body)
@@ -165,7 +166,8 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
     it is defined, when a kernel uses an operation the emitter does not lower yet."""
     views: dict[str, _KernelView] = {}
-    lanes = hardware_for(module.target, module.arch).lanes
+    hw = hardware_for(module.target, module.arch)
+    lanes = hw.lanes
     # Kernels are extern "C": their names share one namespace with the C library's, and
     # with what the dialect declares in every kernel's scope.
     namer = Namer(C_LIBRARY | GPU_BUILTINS)
@@ -181,6 +183,7 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
                 simt = emit_simt_kernel(kernel, d, dims, lanes, align)
                 views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(kernel.name))
+                _check_shared_memory(simt, hw)
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""
                 raise NotLowered(
@@ -239,6 +242,18 @@ def _buffers(program: TileProgram) -> list[dict[str, str]]:
             for b in program.host.buffers]  # fmt: skip
 
 
+def _check_shared_memory(simt: SimtKernel, hw: Hardware) -> None:
+    """The schedule's estimate of shared memory must cover what the kernel declares:
+    a program that asks for more than the arch has fails at launch, far from here."""
+    total = simt.smem_bytes + simt.static_smem_bytes
+    if hw.kind == "gpu" and total > hw.smem_bytes:
+        raise AssertionError(
+            f"{simt.name} needs {total} bytes of shared memory ({simt.smem_bytes} planned, "
+            f"{simt.static_smem_bytes} declared by the kernel); {hw.arch} allows "
+            f"{hw.smem_bytes}, and the schedule did not see it"
+        )
+
+
 def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]:
     maps = [m.name for m in view.tensor_maps]
     launch: dict[str, Any] = {
@@ -249,6 +264,7 @@ def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]
     }
     if d.dynamic_arena:
         launch["dynamic_smem"] = view.smem_bytes
+        launch["static_smem"] = view.static_smem_bytes
     if view.tensor_maps:
         launch["tensor_maps"] = [m.meta() for m in view.tensor_maps]
     return launch

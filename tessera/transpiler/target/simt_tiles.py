@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..graph.dims import Dim
+from ..graph.dtypes import DTYPES
 from ..graph.ir import Op, Value
 from ..tile.ir import Access, Mma, SharedType, Slot
 from ..tile.tma import fits_tma
@@ -754,7 +755,7 @@ class TileOps:
         ctype = self.d.storage[dtype]
         rows, cols = dist.rows, dist.cols
         stride = cols + (1 if dtype == "f32" else 2)
-        self.declare(name, self.d.local(ctype, name, rows * stride))
+        self.declare_shared(ctype, name, rows * stride, DTYPES[dtype].bits // 8)
         self.line(self.d.barrier)
         self.walk(dist)
         self.line(self.d.write(dtype, name, f"i * {stride} + j", value))
@@ -772,8 +773,7 @@ class TileOps:
     def row_combine(self, name: str, rows: Rows, combine: str) -> None:
         """Every thread's ``name[r]`` becomes the combination over the threads of its row."""
         threads, tx = self.kernel.threads, self.kernel.threads // rows.ty
-        self.declare(f"rows{rows.slots}",
-                     self.d.local("float", "tsr_rows", rows.slots * threads))  # fmt: skip
+        self.declare_shared("float", "tsr_rows", rows.slots * threads, 4)
         self.line(f"for (int r = 0; r < {rows.slots}; ++r) tsr_rows[r * {threads} + lid] = "
                   f"{name}[r];")  # fmt: skip
         self.line(self.d.barrier)
