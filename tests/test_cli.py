@@ -96,14 +96,14 @@ def test_program_errors_come_before_missing_stages(
         (["--target", "hip", "--emit", "ptx"], "for the cuda target, not hip"),
         (["--target", "cpu", "--emit", "meta", "--resources"], "--resources goes with"),
         (["--target", "cuda", "--arch", "gfx90a"], "target cuda has no arch 'gfx90a'"),
-        (["--arch", "sm_80"], "--arch needs a target"),
+        (["--arch", "gfx90a"], "target cuda has no arch 'gfx90a'"),
         (["-D", "S"], "expected SYM=VALUE"),
         (["-D", "S=0"], "must be a positive integer"),
         (["-D", "S=abc"], "must be a positive integer"),
         (["-D", "1S=4"], "a symbol must be a name"),
         (["-D", "S=4", "-D", "S=8"], "-D S given twice"),
         (["--kernel", "nope", "--emit", "ast"], "no kernel named 'nope'"),
-        (["--emit", "sched"], "the 'sched' stage depends on the target"),
+        (["-o", "notes.txt", "--arch", "gfx90a"], "target cuda has no arch 'gfx90a'"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -113,6 +113,17 @@ def test_usage_errors_exit_2(
     assert status == 2
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("stage", ["target", "sched", "tile", "meta"])
+def test_without_a_target_or_an_output_suffix_the_default_is_cuda_sm_80(
+    stage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As --help says: the stages that need a target get CUDA for sm_80."""
+    status, out, err = run([ATTENTION, "--emit", stage], capsys)
+    assert (status, err) == (0, "")
+    explicit = tessera.compile_file(ATTENTION, target="cuda", arch="sm_80").inspect_ir(stage)
+    assert out == explicit
 
 
 def test_kernel_selects_one_function(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from .. import __version__
 from ..transpiler.frontend.diagnostics import CompileError
-from ..transpiler.options import SUFFIXES, TARGETS, Options, OptionsError, target_for_output
+from ..transpiler.options import (
+    DEFAULT_TARGET,
+    SUFFIXES,
+    TARGETS,
+    Options,
+    OptionsError,
+    target_for_output,
+)
 from ..transpiler.pipeline import (
     STAGES,
     InternalCompilerError,
@@ -36,7 +43,8 @@ _COMMANDS = {"tune": tune_main, "cache": cache_main}
 
 _EPILOG = f"""\
 The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
-unless --target says otherwise. Without -o the result goes to standard output.
+unless --target says otherwise; with neither it is {DEFAULT_TARGET} ({TARGETS[DEFAULT_TARGET][0]}).
+Without -o the result goes to standard output.
 
 stages (--emit):
   ast     the parsed program, printed back as canonical .tsr
@@ -73,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", metavar="FILE.tsr", help="the Tessera source file")
     parser.add_argument("-o", dest="output", metavar="OUT", help="write the result to OUT")
     parser.add_argument(
-        "--target", choices=list(TARGETS), help="the backend (default: from the -o suffix)"
+        "--target",
+        choices=list(TARGETS),
+        help=f"the backend (default: from the -o suffix, else {DEFAULT_TARGET})",
     )
     arches = "; ".join(f"{t}: {', '.join(a)}" for t, a in TARGETS.items())
     parser.add_argument(
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    target = args.target or (target_for_output(args.output) if args.output else None)
+    target = args.target or (args.output and target_for_output(args.output)) or DEFAULT_TARGET
     try:
         options = Options.create(target, args.arch, args.defines, args.kernel)
     except OptionsError as exc:

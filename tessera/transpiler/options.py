@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from .schedule.tuned import TunedSchedules
 
-__all__ = ["Options", "OptionsError", "TARGETS", "SUFFIXES", "target_for_output"]
+__all__ = ["Options", "OptionsError", "TARGETS", "DEFAULT_TARGET", "SUFFIXES", "target_for_output"]
 
 #: Targets and the architectures each accepts; the first is the default.
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -24,6 +24,9 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "cpu": ("native", "x86-64-v2", "x86-64-v3", "x86-64-v4", "armv8-a"),
     "opencl": ("generic",),
 }
+
+#: The target of a command line that names none, by option or output suffix.
+DEFAULT_TARGET = "cuda"
 
 #: Output suffix to target, for ``-o kernel.cu``.
 SUFFIXES = {".cu": "cuda", ".hip": "hip", ".cpp": "cpu", ".cl": "opencl"}

@@ -49,8 +49,13 @@ class Diagnostic:
     message: str
     span: Span | None = None
     notes: tuple[Note, ...] = ()
-    #: The file a location-less diagnostic is about (an empty file, say).
+    #: The file the diagnostic is about: its span's, or given for a location-less one
+    #: (an empty file, say).
     file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.file is None and self.span is not None:
+            object.__setattr__(self, "file", self.span.file)
 
     def render(self) -> str:
         lines = [_headline(self.span, self.file, self.severity.value, self.message)]
