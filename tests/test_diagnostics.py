@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tessera
@@ -108,3 +110,16 @@ def test_inspect_ir_of_a_kernel_not_lowered_yet_says_so() -> None:
         program.load()
     with pytest.raises(ValueError, match="unknown stage 'sass'"):
         program.inspect_ir("sass")
+
+
+def test_every_diagnostic_names_its_file(tmp_path: Path) -> None:
+    """Tools that sort or link diagnostics read ``file``: from ``compile_file`` it is
+    the path given, for located and location-less diagnostics alike."""
+    broken = tmp_path / "broken.tsr"
+    broken.write_text("def f(x)\n    return x\n\ndef g(y)\n    return y\n")
+    empty = tmp_path / "empty.tsr"
+    empty.write_text("")
+    for path in (broken, empty):
+        with pytest.raises(tessera.CompileError) as info:
+            tessera.compile_file(path)
+        assert {d.file for d in info.value.diagnostics} == {str(path)}
