@@ -150,6 +150,16 @@ class Evaluator:
     def eval(self, node: ast.Expr) -> Ev:
         return Ev(self._eval(node), node.span, node)
 
+    def operand(self, node: ast.Expr) -> Ev:
+        """An operand or argument of a larger expression. Its own error is reported here
+        and the operand poisoned, so that the others are still checked: one statement
+        can hold several mistakes (``softmax(x, axis=2) + gleu(x)``), each reported once."""
+        try:
+            return self.eval(node)
+        except SemanticError as exc:
+            (self.function or self.owner).diags.error(exc.message, exc.span, exc.notes)
+            return Ev(POISON, node.span, node)
+
     def _eval(self, node: ast.Expr) -> Any:
         if isinstance(node, ast.Name):
             return self.lookup(node.id, node.span)
@@ -186,7 +196,7 @@ class Evaluator:
         raise SemanticError("this expression is not supported here", node.span)
 
     def _sequence(self, node: ast.TupleExpr | ast.ListExpr) -> Any:
-        items = [self.eval(e) for e in node.elts]
+        items = [self.operand(e) for e in node.elts]
         if any(isinstance(i.value, Poison) for i in items):
             return POISON
         values = []
@@ -246,7 +256,7 @@ class Evaluator:
         raise SemanticError(f"cannot negate {describe(v)}", node.span)
 
     def _binary(self, node: ast.BinOp) -> Any:
-        left, right = self.eval(node.left), self.eval(node.right)
+        left, right = self.operand(node.left), self.operand(node.right)
         a, b = left.value, right.value
         if isinstance(a, Poison) or isinstance(b, Poison):
             return POISON
@@ -664,8 +674,8 @@ class Evaluator:
             # is x.reshape(("N",))
             dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
             node = dataclasses.replace(node, args=(dims,))
-        args = [self.eval(a) for a in node.args]
-        keywords = [(k.name, self.eval(k.value), k.span) for k in node.keywords]
+        args = [self.operand(a) for a in node.args]
+        keywords = [(k.name, self.operand(k.value), k.span) for k in node.keywords]
         if isinstance(callee.value, Poison) or any(
             isinstance(e.value, Poison) for e in [*args, *(k[1] for k in keywords)]
         ):

@@ -371,9 +371,12 @@ def _matmul(call: OpCall) -> object:
             )  # fmt: skip
     ta, tb = a.type, b.type
     inner = tb.dims[-2] if tb.rank > 1 else tb.dims[0]
+    # A [N, K] weight (PyTorch's Linear layout) meets [.., K] by its last dim.
+    transposed = tb.rank > 1 and tb.dims[-1] == ta.dims[-1]
+    hint = f"; to multiply by its transpose, write {call.ev('b').text}.T" if transposed else ""
     call.same_dim(
         ta.dims[-1], inner,
-        lambda: f"inner dimensions differ: {call.shape_of('a')}, {call.shape_of('b')}",
+        lambda: f"inner dimensions differ: {call.shape_of('a')}, {call.shape_of('b')}{hint}",
         f"inner dimension {ta.dims[-1]} == {inner}", ("a", "b"),
     )  # fmt: skip
     if ta.dtype != tb.dtype:
