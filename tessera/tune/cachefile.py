@@ -18,12 +18,12 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..files import write_file
 from ..transpiler.schedule.tuned import Timing, TunedRecord, TunedSchedules, TuningKey, knobs
 
 __all__ = ["FORMAT", "VERSION", "CacheWarning", "read", "merge", "update", "schedules_for"]
@@ -59,8 +59,10 @@ def merge(*caches: Iterable[TunedRecord]) -> list[TunedRecord]:
 
 
 def update(path: str | Path, records: Iterable[TunedRecord]) -> list[TunedRecord]:
-    """Merge records into a cache file under its lock; returns what the file now holds."""
-    path = Path(path)
+    """Merge records into a cache file under its lock; returns what the file now holds.
+    A symlinked cache is the file it points to: its lock and the file moved aside sit
+    there, and the link stays."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         current, readable = _read(path)
@@ -72,7 +74,7 @@ def update(path: str | Path, records: Iterable[TunedRecord]) -> list[TunedRecord
                 stacklevel=2,
             )
         merged = merge(current, records)
-        _write(path, merged)
+        write_file(path, dumps(merged))
     return merged
 
 
@@ -150,19 +152,6 @@ def _encode(record: TunedRecord) -> dict[str, Any]:
         "baseline_ms": None if record.baseline_ms is None else round(record.baseline_ms, 4),
         "measured": record.measured,
     }  # fmt: skip
-
-
-def _write(path: Path, records: list[TunedRecord]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(dumps(records))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @contextlib.contextmanager
