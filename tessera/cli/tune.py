@@ -116,9 +116,11 @@ def _summary(record: TunedRecord) -> str:
     sizes = " ".join(f"{name}={value}" for name, value in record.sizes)
     config = " ".join(f"{k}={v}" for k, v in record.config)
     line = f"{key.function}/{key.launch} [{sizes}] {config}: {record.ms:.3f} ms"
-    if record.baseline_ms is not None:
-        line += f" (untuned {record.baseline_ms:.3f} ms, {record.baseline_ms / record.ms:.2f}x)"
-    return line
+    if record.baseline_ms is None:
+        return line
+    if not 0 < record.ms < float("inf"):  # rounded to 0, or no timing: no ratio
+        return line + f" (untuned {record.baseline_ms:.3f} ms)"
+    return line + f" (untuned {record.baseline_ms:.3f} ms, {record.baseline_ms / record.ms:.2f}x)"
 
 
 class _BarHandler(logging.Handler):
