@@ -12,7 +12,7 @@ import contextlib
 import os
 import stat
 
-__all__ = ["write_file"]
+__all__ = ["write_file", "is_special"]
 
 
 def write_file(path: str | os.PathLike[str], content: str | bytes) -> None:
@@ -29,10 +29,7 @@ def write_file(path: str | os.PathLike[str], content: str | bytes) -> None:
     cannot be written.
     """
     data = content.encode("utf-8") if isinstance(content, str) else content
-    try:
-        mode: int | None = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None  # nothing there yet, or a dangling link: create its target
+    mode = _mode(path)
     if mode is not None and not stat.S_ISREG(mode):
         # Opened by the name given, not its real path: /dev/stdout resolves through
         # /proc to names such as "pipe:[1234]" that only the kernel can open.
@@ -40,6 +37,23 @@ def write_file(path: str | os.PathLike[str], content: str | bytes) -> None:
             handle.write(data)
         return
     _replace(os.path.realpath(path), data, None if mode is None else stat.S_IMODE(mode))
+
+
+def is_special(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` (its links followed) is there and is not a regular file: a device,
+    a FIFO, a directory. ``write_file`` writes such a path directly; a writer that would
+    read, lock or move the file first must leave it alone too."""
+    mode = _mode(path)
+    return mode is not None and not stat.S_ISREG(mode)
+
+
+def _mode(path: str | os.PathLike[str]) -> int | None:
+    """``st_mode`` of what ``path`` names; None when nothing is there yet, or only a
+    dangling link (whose target ``write_file`` creates)."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
 
 
 def _replace(target: str, data: bytes, mode: int | None) -> None:

@@ -11,8 +11,11 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import re
 import shutil
+import stat
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -392,6 +395,93 @@ def test_the_cli_warns_about_a_bad_cache_and_compiles(
     assert status == 0 and out.endswith("no records\n") and why in err
 
 
+def merged_into(
+    into: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """``tesserac cache merge`` of a one-record cache into ``into``."""
+    source = write(tmp_path / "source.json", record(key_of()))
+    return cli(["cache", "merge", str(source), "--into", str(into)], capsys)
+
+
+def test_a_cache_through_a_symlink_writes_its_target_and_keeps_its_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "shared").mkdir()
+    target = write(tmp_path / "shared" / "c.json", record(key_of(sizes={"M": 9, "N": 9, "K": 9})))
+    target.chmod(0o640)
+    link = tmp_path / "c.json"
+    link.symlink_to(Path("shared") / "c.json")
+    status, out, err = merged_into(link, tmp_path, capsys)
+    assert (status, err) == (0, "") and out.endswith("2 records\n")
+    assert link.is_symlink() and len(cachefile.read(target)) == 2
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert (tmp_path / "shared" / "c.json.lock").exists()
+    assert not (tmp_path / "c.json.lock").exists()
+
+
+def test_a_cache_into_a_fifo_is_written_and_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--into /dev/stdout``: a FIFO stands in for it, so no device is touched."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+
+    def reader() -> None:
+        with open(fifo, encoding="utf-8") as handle:
+            got.append(handle.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    status, _, err = merged_into(fifo, tmp_path, capsys)
+    thread.join(10)
+    assert (status, err) == (0, "")
+    assert got == [cachefile.dumps([record(key_of())])]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "pipe", "source.json", "source.json.lock"
+    ]  # fmt: skip
+
+
+def test_a_cache_into_a_device_is_written_in_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--into /dev/null`` as root must neither move the node aside as unreadable nor
+    put a lock beside it. A regular file stands in for the device: ``os.stat`` says it
+    is one."""
+    source = write(tmp_path / "source.json", record(key_of()))
+    device = tmp_path / "null"
+    device.write_text("not a cache")
+    inode = device.stat().st_ino
+    real_stat = os.stat
+
+    def fake_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        result = real_stat(path, *args, **kwargs)
+        if os.fspath(path) != str(device):
+            return result
+        return os.stat_result((stat.S_IFCHR | 0o666, *tuple(result)[1:]))
+
+    monkeypatch.setattr(os, "stat", fake_stat)
+    status, _, err = cli(["cache", "merge", str(source), "--into", str(device)], capsys)
+    monkeypatch.undo()
+    assert (status, err) == (0, "")
+    assert device.stat().st_ino == inode
+    assert device.read_text() == cachefile.dumps([record(key_of())])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "null", "source.json", "source.json.lock"
+    ]  # fmt: skip
+
+
+def test_a_cache_that_cannot_be_written_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    into = tmp_path / "file" / "c.json"
+    status, out, err = merged_into(into, tmp_path, capsys)
+    assert (status, out) == (1, "")
+    assert err == f"tesserac: error: cannot write '{into}': Not a directory\n"
+
+
 def _writer(path: str, first: int, start: Any) -> None:
     """Write 15 records one at a time, as a tuner does after each launch."""
     start.wait()  # all writers at once, so that their updates overlap
@@ -536,6 +626,22 @@ def test_the_cli_tunes_past_malformed_records(
     for index, (_, _, why) in enumerate(MALFORMED.values(), start=1):
         assert f"record {index} " in err and why in err
     assert [r.config for r in cachefile.read(cache)] == [unfit.config, ANY]
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_the_cli_says_when_the_cache_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "k.tsr"
+    source.write_text(SGEMM)
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "c.json"
+    status, out, err = cli(["tune", str(source), "-D", "M=40", "-D", "N=70", "-D", "K=30",
+                            "--cache", str(cache), "--budget-ms", "5", "--max-candidates", "2"],
+                           capsys)  # fmt: skip
+    assert (status, out) == (1, "")
+    assert err.endswith(f"tesserac: error: {cache}: Not a directory\n")
 
 
 @needs_gpp

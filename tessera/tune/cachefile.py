@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..files import write_file
+from ..files import is_special, write_file
 from ..transpiler.graph.schedule_spec import check_value
 from ..transpiler.schedule.tuned import (
     CacheWarning,
@@ -70,7 +70,12 @@ def merge(*caches: Iterable[TunedRecord]) -> list[TunedRecord]:
 def update(path: str | Path, records: Iterable[TunedRecord]) -> list[TunedRecord]:
     """Merge records into a cache file under its lock; returns what the file now holds.
     A symlinked cache is the file it points to: its lock and the file moved aside sit
-    there, and the link stays."""
+    there, and the link stays. A path that is not a regular file (``/dev/stdout``, a
+    FIFO) is only written: never read, locked beside or moved aside."""
+    if is_special(path):
+        merged = merge(records)
+        write_file(path, dumps(merged))
+        return merged
     path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
