@@ -6,7 +6,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tessera.transpiler.options import Options, OptionsError, target_for_output
 
 from .conftest import ROOT
 from .helpers import BRANCH_WITH_STATEMENTS
+from .special_files import make_fifo
 
 pytestmark = pytest.mark.unit
 ATTENTION = str(ROOT / "examples" / "attention.tsr")
@@ -112,19 +112,10 @@ def test_output_to_a_fifo_writes_it_and_leaves_it(
 ) -> None:
     """As ``-o /dev/stdout`` or ``-o /dev/null`` does, without touching a real device."""
     fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    got: list[str] = []
-
-    def reader() -> None:
-        with open(fifo, encoding="utf-8") as handle:
-            got.append(handle.read())
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
+    reader = make_fifo(fifo)
     status, _, err = run([ATTENTION, "--emit", "ast", "-o", str(fifo)], capsys)
-    thread.join(10)
     assert status == 0, err
-    assert got == [tessera.compile_file(ATTENTION).inspect_ir("ast")]
+    assert reader.text() == tessera.compile_file(ATTENTION).inspect_ir("ast")
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 

@@ -1,21 +1,22 @@
 """``tessera.files.write_file``: how every output file is written.
 
 Nothing here writes to a device: the device case is a FIFO, or a regular file
-in ``tmp_path`` that ``os.stat`` is made to call a character device.
+in ``tmp_path`` that ``os.stat`` is made to call a character device
+(``tests/special_files.py``).
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tessera import files
 from tessera.files import write_file
+
+from .special_files import make_fifo, stat_as_device
 
 pytestmark = pytest.mark.unit
 
@@ -28,19 +29,6 @@ def umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
-
-
-def read_fifo(fifo: Path) -> tuple[threading.Thread, list[bytes]]:
-    """A reader of ``fifo`` in a thread: a FIFO's writer blocks until someone reads."""
-    got: list[bytes] = []
-
-    def reader() -> None:
-        with open(fifo, "rb") as handle:
-            got.append(handle.read())
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    return thread, got
 
 
 def test_a_new_file_gets_the_mode_the_umask_gives(tmp_path: Path, umask: None) -> None:
@@ -81,11 +69,9 @@ def test_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
 
 def test_a_fifo_is_written_and_stays_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    thread, got = read_fifo(fifo)
+    reader = make_fifo(fifo)
     write_file(fifo, "through the pipe\n")
-    thread.join(10)
-    assert got == [b"through the pipe\n"]
+    assert reader.text() == "through the pipe\n"
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
@@ -97,17 +83,7 @@ def test_a_device_is_written_in_place_never_replaced(
     device = tmp_path / "null"
     device.write_text("previous content")
     inode = device.stat().st_ino
-    real_stat = os.stat
-
-    def fake_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
-        result = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
-        if os.fspath(path) != str(device):  # type: ignore[arg-type]
-            return result
-        fields = list(result)
-        fields[0] = stat.S_IFCHR | 0o666
-        return os.stat_result(fields)
-
-    monkeypatch.setattr(files.os, "stat", fake_stat)
+    stat_as_device(monkeypatch, device)
     write_file(device, "output")
     monkeypatch.undo()
     assert device.stat().st_ino == inode and device.read_text() == "output"

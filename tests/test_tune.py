@@ -11,11 +11,9 @@ import json
 import logging
 import math
 import multiprocessing
-import os
 import re
 import shutil
 import stat
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from tessera.tune.measure import disagreement
 from tessera.tune.toolchain import toolchain
 
 from .helpers import parse_ok
+from .special_files import make_fifo, stat_as_device
 
 pytestmark = pytest.mark.unit
 
@@ -424,19 +423,10 @@ def test_a_cache_into_a_fifo_is_written_and_left(
 ) -> None:
     """``--into /dev/stdout``: a FIFO stands in for it, so no device is touched."""
     fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    got: list[str] = []
-
-    def reader() -> None:
-        with open(fifo, encoding="utf-8") as handle:
-            got.append(handle.read())
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
+    reader = make_fifo(fifo)
     status, _, err = merged_into(fifo, tmp_path, capsys)
-    thread.join(10)
     assert (status, err) == (0, "")
-    assert got == [cachefile.dumps([record(key_of())])]
+    assert reader.text() == cachefile.dumps([record(key_of())])
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "pipe", "source.json", "source.json.lock"
@@ -453,15 +443,7 @@ def test_a_cache_into_a_device_is_written_in_place(
     device = tmp_path / "null"
     device.write_text("not a cache")
     inode = device.stat().st_ino
-    real_stat = os.stat
-
-    def fake_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-        result = real_stat(path, *args, **kwargs)
-        if os.fspath(path) != str(device):
-            return result
-        return os.stat_result((stat.S_IFCHR | 0o666, *tuple(result)[1:]))
-
-    monkeypatch.setattr(os, "stat", fake_stat)
+    stat_as_device(monkeypatch, device)
     status, _, err = cli(["cache", "merge", str(source), "--into", str(device)], capsys)
     monkeypatch.undo()
     assert (status, err) == (0, "")
@@ -642,6 +624,25 @@ def test_the_cli_says_when_the_cache_cannot_be_written(
                            capsys)  # fmt: skip
     assert (status, out) == (1, "")
     assert err.endswith(f"tesserac: error: {cache}: Not a directory\n")
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_the_cli_tunes_into_a_fifo_without_reading_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cache /dev/stdout``: the cache is only written (reading it would wait for input
+    that never comes). A FIFO stands in for the device."""
+    source = tmp_path / "k.tsr"
+    source.write_text(SGEMM)
+    fifo = tmp_path / "pipe"
+    reader = make_fifo(fifo)
+    status, _, err = cli(["tune", str(source), "-D", "M=40", "-D", "N=70", "-D", "K=30",
+                          "--cache", str(fifo), "--budget-ms", "5", "--max-candidates", "2"],
+                         capsys)  # fmt: skip
+    assert status == 0, err
+    assert '"function": "sgemm"' in (reader.text() or "")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 @needs_gpp
