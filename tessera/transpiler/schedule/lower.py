@@ -256,11 +256,16 @@ class _Scheduler:
         return knobs
 
     def _unfit(
-        self, record: TunedRecord, problem: Problem, spec: ScheduleSpec | None, knobs: dict
+        self,
+        record: TunedRecord,
+        problem: Problem,
+        spec: ScheduleSpec | None,
+        knobs: dict[str, Any],
     ) -> str | None:
         """Why a record cannot schedule this launch: its configuration is not a point of the
-        space the tuner searches (a narrowed space, or a hand-edited record: the space's
-        points are the ones known to lower for this kernel), or the machine cannot run it."""
+        space the tuner searches (the space was narrowed since, or the record was edited:
+        the tuner only ever records points it built and checked against the untuned
+        schedule), or the machine cannot run it."""
         space = space_of(spec, self.hw.kind, problem.works_like)
         config = dict(record.config)
         if set(config) != set(space) or any(config[k] not in space[k] for k in space):
