@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import tessera
+from tessera.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "cpu.json"
@@ -267,7 +268,7 @@ def main() -> None:
         "results": rows,
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_file(RESULTS, json.dumps(result, indent=2) + "\n")
     for row in rows:
         ratios = {k: v for k, v in row.items() if k.startswith(("vs_", "of_"))}
         print(f"{row['case']:<42} {row['seconds']['tessera'] * 1e3:9.2f} ms  {ratios}")

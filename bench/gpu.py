@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import tessera
+from tessera.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
              for d in (128, 64) for s in seqs for causal in (False, True)]  # fmt: skip
     for run in runs:
         run()
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_file(args.out, json.dumps(report, indent=2) + "\n")
     _table(report)
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import lark
 
 from tessera import __version__
+from tessera.files import write_file
 from tessera.transpiler.frontend import parser as tsr_parser
 from tessera.transpiler.frontend.diagnostics import Diagnostics
 from tessera.transpiler.frontend.source import SourceFile
@@ -87,7 +88,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_file(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

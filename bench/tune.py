@@ -23,6 +23,7 @@ import numpy as np
 from cpu import SOURCE, timed
 
 import tessera
+from tessera.files import write_file
 from tessera.tune import tune
 from tessera.tune.toolchain import toolchain
 
@@ -81,7 +82,7 @@ def main() -> None:
         "results": rows,
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    write_file(RESULTS, json.dumps(document, indent=2) + "\n")
 
 
 def _tiles(program: tessera.Program) -> dict[str, int]:

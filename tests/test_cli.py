@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from tessera.transpiler.options import Options, OptionsError, target_for_output
 
 from .conftest import ROOT
 from .helpers import BRANCH_WITH_STATEMENTS
+from .special_files import make_fifo
 
 pytestmark = pytest.mark.unit
 ATTENTION = str(ROOT / "examples" / "attention.tsr")
@@ -53,10 +56,65 @@ def test_errors_leave_no_output_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not target.exists()
 
 
-def test_unwritable_output_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status, _, err = run([ATTENTION, "--emit", "ast", "-o", str(tmp_path / "no/dir/x")], capsys)
-    assert status == 1
-    assert "cannot write" in err and "Traceback" not in err
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("no/dir/x.cu", "No such file or directory"),
+        ("file/x.cu", "Not a directory"),
+        ("folder", "Is a directory"),
+    ],
+)
+def test_unwritable_output_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, why: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    status, out, err = run([ATTENTION, "-o", str(tmp_path / where)], capsys)
+    assert (status, out) == (1, "")
+    assert err == f"tesserac: error: cannot write '{tmp_path / where}': {why}\n"
+
+
+def test_output_through_a_symlink_writes_its_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "src").mkdir()
+    for name in ("attention.cu", "attention_loader.py"):
+        (tmp_path / "src" / name).write_text("old")
+        (tmp_path / name).symlink_to(Path("src") / name)
+    cu, loader = tmp_path / "attention.cu", tmp_path / "attention_loader.py"
+    status, _, err = run([ATTENTION, "-o", str(cu), "--python-loader", str(loader)], capsys)
+    assert status == 0, err
+    assert cu.is_symlink() and loader.is_symlink()
+    assert 'extern "C" __global__' in (tmp_path / "src" / "attention.cu").read_text()
+    assert "RawModule" in (tmp_path / "src" / "attention_loader.py").read_text()
+
+
+def test_outputs_get_the_mode_of_a_new_file_or_of_the_one_they_replace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cu, loader = tmp_path / "attention.cu", tmp_path / "attention_loader.py"
+    loader.write_text("old")
+    loader.chmod(0o640)
+    old = os.umask(0o022)
+    try:
+        status, _, err = run([ATTENTION, "-o", str(cu), "--python-loader", str(loader)], capsys)
+    finally:
+        os.umask(old)
+    assert status == 0, err
+    assert stat.S_IMODE(cu.stat().st_mode) == 0o644
+    assert stat.S_IMODE(loader.stat().st_mode) == 0o640
+
+
+def test_output_to_a_fifo_writes_it_and_leaves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``-o /dev/stdout`` or ``-o /dev/null`` does, without touching a real device."""
+    fifo = tmp_path / "pipe"
+    reader = make_fifo(fifo)
+    status, _, err = run([ATTENTION, "--emit", "ast", "-o", str(fifo)], capsys)
+    assert status == 0, err
+    assert reader.text() == tessera.compile_file(ATTENTION).inspect_ir("ast")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def test_kernels_a_backend_does_not_lower_yet_say_so(

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import multiprocessing
 import re
 import shutil
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -29,6 +32,7 @@ from tessera.tune.measure import disagreement
 from tessera.tune.toolchain import toolchain
 
 from .helpers import parse_ok
+from .special_files import make_fifo, stat_as_device
 
 pytestmark = pytest.mark.unit
 
@@ -140,11 +144,13 @@ def test_a_changed_helper_changes_the_fingerprint() -> None:
 
 def test_a_space_decides_which_records_still_apply(tmp_path: Path) -> None:
     space = "@kernel.autotune(space=dict(BM=[32, 64], BN=[128]), budget_ms=5)\n"
-    cache = write(tmp_path / "c.json", record(key_of(space + SGEMM)))
+    point = {"block_m": 64, "block_n": 128}  # a record holds the knobs the space searches
+    cache = write(tmp_path / "c.json", record(key_of(space + SGEMM), point))
     assert "schedule tuned" in launch_of(space + SGEMM, cache)
     narrowed = space.replace("[32, 64]", "[32]")
     assert key_of(narrowed + SGEMM) == key_of(space + SGEMM)  # the space is not the kernel
-    assert "schedule tuned" not in launch_of(narrowed + SGEMM, cache)
+    with pytest.warns(CacheWarning, match="block_m=64 block_n=128 is not a point of the space"):
+        assert "schedule tuned" not in launch_of(narrowed + SGEMM, cache)
 
 
 def test_an_explicit_schedule_is_never_overridden(tmp_path: Path) -> None:
@@ -207,6 +213,26 @@ def test_merge_keeps_both_and_the_faster_of_one_key(
         '{"format": "tessera-schedule-cache", "version": 99, "records": []}',
         '{"something": "else"}',
         "",
+        '{"format": "tessera-schedule-cache", "version": 1, "records": 3}',
+        '{"format": "tessera-schedule-cache", "version": 1, "records": null}',
+        '{"format": "tessera-schedule-cache", "version": 1, "records": [{"measured": '
+        + "9" * 5000
+        + "}]}",
+        '{"format": "tessera-schedule-cache", "version": 1, "records": '
+        + "[" * 100_000
+        + "]" * 100_000
+        + "}",
+    ],
+    ids=[
+        "text",
+        "cut short",
+        "version",
+        "other",
+        "empty",
+        "records 3",
+        "records null",
+        "long number",
+        "deep nesting",
     ],
 )
 def test_a_bad_file_is_ignored_with_a_warning(tmp_path: Path, content: str) -> None:
@@ -231,17 +257,211 @@ def test_a_malformed_record_is_skipped_and_the_rest_kept(tmp_path: Path) -> None
         assert len(cachefile.read(cache)) == 1
 
 
-def test_the_cli_warns_about_a_bad_cache_and_compiles(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+#: Records that a hand edit, a merge gone wrong or another program can leave: (where in
+#: the record, the value put there, what the warning says). ``()`` is the record itself.
+MALFORMED = {
+    "not an object": ((), [1, 2], "the record is an array, not an object"),
+    "config a string": (("config",), "block_m=64", 'config is "block_m=64", not an object'),
+    "config 'abc'": (("config", "block_m"), "abc", "block_m takes positive integers, not 'abc'"),
+    "config 0": (("config", "block_n"), 0, "block_n takes positive integers, not 0"),
+    "config -64": (("config", "block_m"), -64, "block_m takes positive integers, not -64"),
+    "config true": (("config", "block_m"), True, "block_m takes positive integers, not True"),
+    "config 64.5": (("config", "block_k"), 64.5, "block_k takes positive integers, not 64.5"),
+    "config huge": (("config", "block_k"), 1 << 40, "block_k is at most 65536"),
+    "unknown knob": (("config", "tiles"), 64, "there is no knob 'tiles'"),
+    "sizes a list": (("sizes",), [["M", 300]], "sizes is an array, not an object"),
+    "size zero": (("sizes", "M"), 0, "sizes.M is 0, not an integer of at least 1"),
+    "size Infinity": (("sizes", "M"), math.inf, "sizes.M is Infinity"),
+    "ms Infinity": (("best", 0, "ms"), math.inf, "best[0].ms is Infinity, not a finite time"),
+    "ms NaN": (("best", 0, "ms"), math.nan, "best[0].ms is NaN"),
+    "ms negative": (("best", 0, "ms"), -1.0, "best[0].ms is -1.0"),
+    "baseline Infinity": (("baseline_ms",), -math.inf, "baseline_ms is -Infinity"),
+    "best a string": (("best",), "fast", 'best is "fast", not an array'),
+    "best config": (("best", 0, "config", "block_m"), -64, "best[0].config: block_m takes"),
+    "bucket Infinity": (("key", "bucket", 0, 1), math.inf, "key.bucket[0][1] is Infinity"),
+    "bucket pair": (("key", "bucket", 0), ["m"], "key.bucket[0] has 1 items"),
+    "key a string": (("key",), "sgemm", 'key is "sgemm", not an object'),
+    "kernel a number": (("key", "kernel"), 12, "key.kernel is 12, not a string"),
+    "measured -1": (("measured",), -1, "measured is -1, not an integer of at least 0"),
+}
+
+
+def edited(item: Any, where: tuple[Any, ...], value: Any) -> Any:
+    if not where:
+        return value
+    copy = json.loads(json.dumps(item))
+    inner = copy
+    for step in where[:-1]:
+        inner = inner[step]
+    inner[where[-1]] = value
+    return copy
+
+
+def cache_with(path: Path, where: tuple[Any, ...], value: Any) -> Path:
+    """A cache whose one record (tuned for SGEMM at SIZES) has ``value`` at ``where``."""
+    document = json.loads(write(path, record(key_of())).read_text())
+    document["records"][0] = edited(document["records"][0], where, value)
+    path.write_text(json.dumps(document))
+    return path
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(args)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, out, err
+
+
+def compiled_with(cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """``tesserac`` on SGEMM with the cache: it succeeds, writes the heuristic schedule's
+    source, and returns what it printed on standard error."""
     source = tmp_path / "k.tsr"
     source.write_text(SGEMM)
-    (tmp_path / "c.json").write_text("{")
-    status = main([str(source), "--target", "cpu", "--emit", "sched",
-                   "--schedule-cache", str(tmp_path / "c.json")])  # fmt: skip
-    out, err = capsys.readouterr()
-    assert status == 0 and "schedule heuristic" in out
-    assert err.startswith("tesserac: warning: schedule cache") and "not valid JSON" in err
+    out = tmp_path / "k.cpp"
+    sizes = [arg for name, size in SIZES.items() for arg in ("-D", f"{name}={size}")]
+    status, _, err = cli([str(source), *sizes, "--schedule-cache", str(cache), "-o", str(out)],
+                         capsys)  # fmt: skip
+    assert status == 0, err
+    untuned = tessera.compile(SGEMM, "k.tsr", target="cpu", defines=SIZES).source
+    assert out.read_text() == untuned.replace("k.tsr", str(source))
+    return err
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_record_is_dropped_with_a_warning_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    where, value, why = MALFORMED[case]
+    cache = cache_with(tmp_path / "c.json", where, value)
+    named = "record 0 " if where in ((), ("key",)) else "record 0 (sgemm/k0) "
+    warning = f"tesserac: warning: schedule cache {cache}: {named}is malformed ("
+    with pytest.warns(CacheWarning, match=re.escape(why)):
+        assert "schedule heuristic" in launch_of(SGEMM, cache)
+    err = compiled_with(cache, tmp_path, capsys)
+    assert err.startswith(warning) and why in err and err.endswith("); skipped\n")
+    status, out, err = cli(["cache", "show", str(cache)], capsys)
+    assert (status, out) == (0, f"{cache}: no records\n")
+    assert err.startswith(warning) and why in err
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ({"block_m": 48, "block_n": 128, "block_k": 128}, "block_m=48 block_n=128 is not a point"),
+        ({"block_m": 64, "block_n": 128}, "block_m=64 block_n=128 is not a point"),
+        ({**TUNED, "warps": 2}, "warps=2 is not a point"),
+        ({"block_m": 256, "block_n": 512, "block_k": 512}, "keeps 1536 KiB of panels"),
+    ],
+    ids=["not in the space", "a knob missing", "a knob more", "over the arch's limits"],
+)
+def test_a_record_the_kernel_or_machine_cannot_take_is_dropped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict[str, int], why: str
+) -> None:
+    cache = write(tmp_path / "c.json", record(key_of(), config))
+    with pytest.warns(CacheWarning, match=re.escape(why)):
+        assert "schedule heuristic" in launch_of(SGEMM, cache)
+    err = compiled_with(cache, tmp_path, capsys)
+    assert err.startswith("tesserac: warning: schedule cache record sgemm/k0 ")
+    assert why in err and err.endswith("; not used\n")
+
+
+def test_show_lists_a_record_measured_at_zero_ms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Times are rounded to 0.1 us in the file, so a tiny kernel's can be 0."""
+    cache = write(tmp_path / "c.json", record(key_of(), ms=0.0))
+    status, out, _ = cli(["cache", "show", str(cache)], capsys)
+    assert status == 0 and out.endswith(": 0.000 ms (untuned 0.000 ms)\n")
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("{", "is not valid JSON"),
+        ('{"format": "tessera-schedule-cache", "version": 1, "records": null}', '"records": null'),
+        ('{"format": "tessera-schedule-cache", "version": 1, "records": '
+         + "[" * 100_000 + "]" * 100_000 + "}", "nests arrays or objects too deeply"),
+    ],
+    ids=["cut short", "records null", "deep nesting"],
+)  # fmt: skip
+def test_the_cli_warns_about_a_bad_cache_and_compiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, why: str
+) -> None:
+    (tmp_path / "c.json").write_text(content)
+    err = compiled_with(tmp_path / "c.json", tmp_path, capsys)
+    assert err.startswith("tesserac: warning: schedule cache") and why in err
+    status, out, err = cli(["cache", "show", str(tmp_path / "c.json")], capsys)
+    assert status == 0 and out.endswith("no records\n") and why in err
+
+
+def merged_into(
+    into: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """``tesserac cache merge`` of a one-record cache into ``into``."""
+    source = write(tmp_path / "source.json", record(key_of()))
+    return cli(["cache", "merge", str(source), "--into", str(into)], capsys)
+
+
+def test_a_cache_through_a_symlink_writes_its_target_and_keeps_its_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "shared").mkdir()
+    target = write(tmp_path / "shared" / "c.json", record(key_of(sizes={"M": 9, "N": 9, "K": 9})))
+    target.chmod(0o640)
+    link = tmp_path / "c.json"
+    link.symlink_to(Path("shared") / "c.json")
+    status, out, err = merged_into(link, tmp_path, capsys)
+    assert (status, err) == (0, "") and out.endswith("2 records\n")
+    assert link.is_symlink() and len(cachefile.read(target)) == 2
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert (tmp_path / "shared" / "c.json.lock").exists()
+    assert not (tmp_path / "c.json.lock").exists()
+
+
+def test_a_cache_into_a_fifo_is_written_and_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--into /dev/stdout``: a FIFO stands in for it, so no device is touched."""
+    fifo = tmp_path / "pipe"
+    reader = make_fifo(fifo)
+    status, _, err = merged_into(fifo, tmp_path, capsys)
+    assert (status, err) == (0, "")
+    assert reader.text() == cachefile.dumps([record(key_of())])
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "pipe", "source.json", "source.json.lock"
+    ]  # fmt: skip
+
+
+def test_a_cache_into_a_device_is_written_in_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--into /dev/null`` as root must neither move the node aside as unreadable nor
+    put a lock beside it. A regular file stands in for the device: ``os.stat`` says it
+    is one."""
+    source = write(tmp_path / "source.json", record(key_of()))
+    device = tmp_path / "null"
+    device.write_text("not a cache")
+    inode = device.stat().st_ino
+    stat_as_device(monkeypatch, device)
+    status, _, err = cli(["cache", "merge", str(source), "--into", str(device)], capsys)
+    monkeypatch.undo()
+    assert (status, err) == (0, "")
+    assert device.stat().st_ino == inode
+    assert device.read_text() == cachefile.dumps([record(key_of())])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "null", "source.json", "source.json.lock"
+    ]  # fmt: skip
+
+
+def test_a_cache_that_cannot_be_written_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    into = tmp_path / "file" / "c.json"
+    status, out, err = merged_into(into, tmp_path, capsys)
+    assert (status, out) == (1, "")
+    assert err == f"tesserac: error: cannot write '{into}': Not a directory\n"
 
 
 def _writer(path: str, first: int, start: Any) -> None:
@@ -363,6 +583,66 @@ def test_the_cli_tunes_into_a_cache(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out.startswith("sgemm/k0 [K=30 M=40 N=70] ") and "untuned" in out
     assert "measuring" in err  # the progress lines
     assert [r.key.function for r in cachefile.read(cache)] == ["sgemm"]
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_the_cli_tunes_past_malformed_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every malformed record is dropped with a warning, and one of the kernel's own that
+    does not fit its space is no warm start; the tuned record is saved beside it."""
+    source = tmp_path / "k.tsr"
+    source.write_text(SGEMM)
+    unfit = record(key_of(), {"block_m": 48, "block_n": 128, "block_k": 128})
+    cache = write(tmp_path / "c.json", unfit)
+    document = json.loads(cache.read_text())
+    good = document["records"][0]
+    document["records"] += [edited(good, where, value) for where, value, _ in MALFORMED.values()]
+    cache.write_text(json.dumps(document))
+    status, out, err = cli(["tune", str(source), "-D", "M=40", "-D", "N=70", "-D", "K=30",
+                            "--cache", str(cache), "--budget-ms", "5", "--max-candidates", "2"],
+                           capsys)  # fmt: skip
+    assert status == 0, err
+    assert out.startswith("sgemm/k0 [K=30 M=40 N=70] ")
+    for index, (_, _, why) in enumerate(MALFORMED.values(), start=1):
+        assert f"record {index} " in err and why in err
+    assert [r.config for r in cachefile.read(cache)] == [unfit.config, ANY]
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_the_cli_says_when_the_cache_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "k.tsr"
+    source.write_text(SGEMM)
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "c.json"
+    status, out, err = cli(["tune", str(source), "-D", "M=40", "-D", "N=70", "-D", "K=30",
+                            "--cache", str(cache), "--budget-ms", "5", "--max-candidates", "2"],
+                           capsys)  # fmt: skip
+    assert (status, out) == (1, "")
+    assert err.endswith(f"tesserac: error: {cache}: Not a directory\n")
+
+
+@needs_gpp
+@pytest.mark.execute
+def test_the_cli_tunes_into_a_fifo_without_reading_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cache /dev/stdout``: the cache is only written (reading it would wait for input
+    that never comes). A FIFO stands in for the device."""
+    source = tmp_path / "k.tsr"
+    source.write_text(SGEMM)
+    fifo = tmp_path / "pipe"
+    reader = make_fifo(fifo)
+    status, _, err = cli(["tune", str(source), "-D", "M=40", "-D", "N=70", "-D", "K=30",
+                          "--cache", str(fifo), "--budget-ms", "5", "--max-candidates", "2"],
+                         capsys)  # fmt: skip
+    assert status == 0, err
+    assert '"function": "sgemm"' in (reader.text() or "")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 @needs_gpp

@@ -8,14 +8,13 @@ compiler error. A user's mistake never produces a Python traceback.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import traceback
 import warnings
 from pathlib import Path
 
 from .. import __version__
+from ..files import write_file
 from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.options import (
     DEFAULT_TARGET,
@@ -174,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     for path, content in files.items():
         try:
-            _write_atomically(Path(path), content)
+            write_file(path, content)
         except OSError as exc:
-            print(f"tesserac: error: cannot write '{path}': {exc.strerror}", file=sys.stderr)
+            why = exc.strerror or str(exc)
+            print(f"tesserac: error: cannot write '{path}': {why}", file=sys.stderr)
             return 1
     return 0
 
@@ -195,20 +195,3 @@ def _internal_error(message: object, cause: BaseException) -> int:
     print("This is a bug in tesserac; please report it with the input file.", file=sys.stderr)
     traceback.print_exception(cause, file=sys.stderr)
     return 3
-
-
-def _write_atomically(path: Path, content: str | bytes) -> None:
-    """Write via a temporary file so an interrupted run never leaves half a file."""
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        if isinstance(content, bytes):
-            with os.fdopen(fd, "wb") as binary:
-                binary.write(content)
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-                handle.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -79,6 +79,11 @@ def tune_main(argv: list[str]) -> int:
         except (OptionsError, TuneError) as exc:
             bar.close()
             parser.error(str(exc))
+        except OSError as exc:  # the cache cannot be written, the C++ compiler is missing
+            bar.close()
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"tesserac: error: {where}{exc.strerror or exc}", file=sys.stderr)
+            return 1
     bar.close()
     for record in records:
         print(_summary(record))
@@ -106,7 +111,12 @@ def cache_main(argv: list[str]) -> int:
                 print(f"{args.path}: no records")
             return 0
         records = cachefile.merge(*(cachefile.read(path) for path in args.sources))
-        total = cachefile.update(args.into, records)
+        try:
+            total = cachefile.update(args.into, records)
+        except OSError as exc:
+            why = exc.strerror or exc
+            print(f"tesserac: error: cannot write '{args.into}': {why}", file=sys.stderr)
+            return 1
     print(f"{args.into}: {len(total)} records")
     return 0
 
@@ -116,9 +126,11 @@ def _summary(record: TunedRecord) -> str:
     sizes = " ".join(f"{name}={value}" for name, value in record.sizes)
     config = " ".join(f"{k}={v}" for k, v in record.config)
     line = f"{key.function}/{key.launch} [{sizes}] {config}: {record.ms:.3f} ms"
-    if record.baseline_ms is not None:
-        line += f" (untuned {record.baseline_ms:.3f} ms, {record.baseline_ms / record.ms:.2f}x)"
-    return line
+    if record.baseline_ms is None:
+        return line
+    if not 0 < record.ms < float("inf"):  # rounded to 0, or no timing: no ratio
+        return line + f" (untuned {record.baseline_ms:.3f} ms)"
+    return line + f" (untuned {record.baseline_ms:.3f} ms, {record.baseline_ms / record.ms:.2f}x)"
 
 
 class _BarHandler(logging.Handler):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import is_special
 from ..runtime import cpu as cpu_runtime
 from ..transpiler.frontend.fingerprint import fingerprints
 from ..transpiler.frontend.source import SourceFile
@@ -221,7 +222,7 @@ class _Tuner:
 
         ranked = [_Candidate(searched(point.default), "baseline")]
         path = self._cache_path(point)
-        if path is not None:
+        if path is not None and not is_special(path):  # /dev/stdout, a FIFO: written only
             near = TunedSchedules(self.toolchain, tuple(cachefile.read(path)))
             record = near.nearest(point.key)
             if record is not None:

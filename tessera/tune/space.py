@@ -17,19 +17,9 @@ from typing import Any
 
 from ..transpiler.schedule.lower import TuningPoint
 from ..transpiler.schedule.resources import resources
+from ..transpiler.schedule.tuned import DEFAULT_SPACES, space_of
 
 __all__ = ["Space", "DEFAULT_SPACES", "space_for"]
-
-#: Default spaces by (machine kind, kernel kind).
-DEFAULT_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
-    ("cpu", "gemm"): {"block_m": (32, 64, 128, 256), "block_n": (64, 128, 256, 512),
-                      "block_k": (128, 256, 512)},
-    ("cpu", "attention"): {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256)},
-    ("gpu", "gemm"): {"block_m": (64, 128, 256), "block_n": (64, 128, 256),
-                      "block_k": (32, 64), "warps": (4, 8), "stages": (2, 3, 4)},
-    ("gpu", "attention"): {"block_m": (64, 128), "block_n": (32, 64, 128),
-                           "warps": (4, 8), "stages": (2, 3)},
-}  # fmt: skip
 
 #: The problem size each tile knob covers.
 _COVERS = {"block_m": "m", "block_n": "n", "block_k": "k"}
@@ -61,10 +51,7 @@ def space_for(point: TuningPoint) -> Space:
 
 
 def _choices(point: TuningPoint) -> dict[str, tuple[Any, ...]]:
-    if point.space is not None and point.space.choices:
-        return dict(point.space.choices)
-    kind = point.problem.works_like
-    return dict(DEFAULT_SPACES.get((point.hw.kind, kind), {}))
+    return space_of(point.space, point.hw.kind, point.problem.works_like)
 
 
 def _unfit(

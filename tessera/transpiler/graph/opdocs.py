@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ...files import write_file
 from .graph_ops import COMPARISONS, GRAPH_OPS
 from .opcall import OpSpec
 from .tile_ops import TILE_DIMS
@@ -109,7 +110,7 @@ def render_ops_doc() -> str:
 
 def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/ops.md")
-    target.write_text(render_ops_doc(), encoding="utf-8")
+    write_file(target, render_ops_doc())
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["ScheduleSpec", "KNOBS", "SPACE_KEYS", "apply_method"]
+__all__ = ["ScheduleSpec", "KNOBS", "SPACE_KEYS", "MAX_BLOCK", "apply_method", "check_value"]
 
 #: The knobs, in printing order, and what each is.
 KNOBS = {
@@ -27,6 +27,9 @@ KNOBS = {
     "vector": "elements per vector load",
     "swizzle": "shared-memory layout: 'xor' or 'none'",
 }
+#: The largest tile size along one axis: far above what any machine's shared memory or
+#: cache holds for a tile, so that a number beyond it is a typo or a corrupt file.
+MAX_BLOCK = 1 << 16
 #: Keys of an ``@kernel.autotune(space=dict(...))`` and their knobs.
 SPACE_KEYS = {
     "BM": "block_m",
@@ -77,18 +80,29 @@ def _check(knob: str, values: tuple[Any, ...]) -> None:
     if not values:
         raise ValueError(f"{knob} needs at least one value")
     for value in values:
-        if knob == "swizzle":
-            if value not in ("xor", "none"):
-                raise ValueError(f"swizzle is 'xor' or 'none', not {value!r}")
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{knob} takes positive integers, not {value!r}")
-        if knob == "warps" and (value > 32 or value & (value - 1)):
-            raise ValueError(f"warps is a power of two up to 32, not {value}")
-        if knob == "vector" and (value > 16 or value & (value - 1)):
-            raise ValueError(f"vector is a power of two up to 16, not {value}")
-        if knob == "stages" and value > 8:
-            raise ValueError(f"stages is at most 8, not {value}")
+        check_value(knob, value)
+
+
+def check_value(knob: str, value: Any) -> None:
+    """ValueError unless ``value`` is a value ``knob`` can take on some machine. Whether a
+    machine can run it is the schedule stage's question; this keeps the numbers that
+    reach it (from a ``.tsr`` file or a schedule cache) sane."""
+    if knob not in KNOBS:
+        raise ValueError(f"there is no knob '{knob}' (knobs: {', '.join(KNOBS)})")
+    if knob == "swizzle":
+        if value not in ("xor", "none"):
+            raise ValueError(f"swizzle is 'xor' or 'none', not {value!r}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{knob} takes positive integers, not {value!r}")
+    if knob.startswith("block_") and value > MAX_BLOCK:
+        raise ValueError(f"{knob} is at most {MAX_BLOCK}, not {value}")
+    if knob == "warps" and (value > 32 or value & (value - 1)):
+        raise ValueError(f"warps is a power of two up to 32, not {value}")
+    if knob == "vector" and (value > 16 or value & (value - 1)):
+        raise ValueError(f"vector is a power of two up to 16, not {value}")
+    if knob == "stages" and value > 8:
+        raise ValueError(f"stages is at most 8, not {value}")
 
 
 def _values(value: Any) -> tuple[Any, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from .ir import GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
 from .resources import resources
-from .tuned import TunedSchedules, TuningKey, bucket_of
+from .tuned import CacheWarning, TunedRecord, TunedSchedules, TuningKey, bucket_of, space_of
 from .verify import verify_schedule
 
 __all__ = [
@@ -239,19 +240,40 @@ class _Scheduler:
         self, group: Group, problem: Problem, spec: ScheduleSpec | None, default: dict[str, Any]
     ) -> dict[str, Any] | None:
         """The configuration of a record for this launch, when there is one that still
-        fits the machine and the function's space."""
+        fits the machine and the function's space; a record that does not is dropped with
+        a ``CacheWarning`` naming it (the file's types and ranges were checked on reading)."""
         if self.tuned is None:
             return None
         record = self.tuned.lookup(self._key(group, problem, self.tuned.toolchain))
         if record is None:
             return None
-        config = dict(record.config)
-        if spec is not None and any(config.get(k) not in values for k, values in spec.choices):
-            return None  # the space has changed since: the record answers another question
-        knobs = {**default, **config}
-        if resources(problem, knobs, self.hw).problems:
+        knobs = {**default, **dict(record.config)}
+        why = self._unfit(record, problem, spec, knobs)
+        if why is not None:
+            warnings.warn(f"schedule cache record {record.key}: {why}; not used", CacheWarning,
+                          stacklevel=2)  # fmt: skip
             return None
         return knobs
+
+    def _unfit(
+        self,
+        record: TunedRecord,
+        problem: Problem,
+        spec: ScheduleSpec | None,
+        knobs: dict[str, Any],
+    ) -> str | None:
+        """Why a record cannot schedule this launch: its configuration is not a point of the
+        space the tuner searches (the space was narrowed since, or the record was edited:
+        the tuner only ever records points it built and checked against the untuned
+        schedule), or the machine cannot run it."""
+        space = space_of(spec, self.hw.kind, problem.works_like)
+        config = dict(record.config)
+        if set(config) != set(space) or any(config[k] not in space[k] for k in space):
+            shown = " ".join(f"{k}={v}" for k, v in record.config) or "no knobs"
+            searched = " ".join(f"{k}={list(v)}" for k, v in space.items()) or "no knobs"
+            return f"{shown} is not a point of the space tuned over ({searched})"
+        problems = resources(problem, knobs, self.hw).problems
+        return problems[0] if problems else None
 
     def _knobs(self, group: Group, problem: Problem, anchor: Op) -> tuple[dict[str, Any], str]:
         """The kernel's schedule: an explicit point as written, else a tuned record's,

@@ -18,16 +18,46 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..graph.dims import Dim
+from ..graph.schedule_spec import ScheduleSpec
 from .problem import Problem
 
-__all__ = ["Bucket", "TuningKey", "Timing", "TunedRecord", "TunedSchedules", "bucket_of", "knobs"]
+__all__ = [
+    "Bucket", "CacheWarning", "DEFAULT_SPACES", "TuningKey", "Timing", "TunedRecord",
+    "TunedSchedules", "bucket_of", "knobs", "space_of",
+]  # fmt: skip
 
 #: Sizes by the problem's names (m, n, k, d, batch); None where the compile leaves it symbolic.
 Bucket = tuple[tuple[str, int | None], ...]
 #: A schedule as sorted (knob, value) pairs.
 Knobs = tuple[tuple[str, int | str], ...]
+
+
+#: Default spaces by (machine kind, kernel kind).
+DEFAULT_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
+    ("cpu", "gemm"): {"block_m": (32, 64, 128, 256), "block_n": (64, 128, 256, 512),
+                      "block_k": (128, 256, 512)},
+    ("cpu", "attention"): {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256)},
+    ("gpu", "gemm"): {"block_m": (64, 128, 256), "block_n": (64, 128, 256),
+                      "block_k": (32, 64), "warps": (4, 8), "stages": (2, 3, 4)},
+    ("gpu", "attention"): {"block_m": (64, 128), "block_n": (32, 64, 128),
+                           "warps": (4, 8), "stages": (2, 3)},
+}  # fmt: skip
+
+
+class CacheWarning(UserWarning):
+    """A schedule cache file, or a record in it, could not be used as it is."""
+
+
+def space_of(spec: ScheduleSpec | None, machine: str, kind: str) -> dict[str, tuple[Any, ...]]:
+    """The knobs the tuner searches for a launch, with their values: the function's space
+    when it has one, else the default space of the kernel's kind on this kind of machine
+    (``Hardware.kind``). A record's configuration is always a point of it."""
+    if spec is not None and spec.choices:
+        return dict(spec.choices)
+    return dict(DEFAULT_SPACES.get((machine, kind), {}))
 
 
 def knobs(config: Mapping[str, object]) -> Knobs:
