@@ -16,7 +16,7 @@ import numpy as np
 from ..transpiler.graph.dims import Dim, parse_dim
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
-from .foreign import TensorView, numpy_view
+from .foreign import TensorView, host_array, host_view, numpy_view
 
 __all__ = ["Entry", "Library", "evaluate", "argument"]
 
@@ -177,18 +177,27 @@ class Entry:
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         """What the checks need to know of a tensor argument. The host backends take
-        numpy arrays; a device backend may take its own tensors too."""
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"{self.name}(): '{p['name']}' must be a numpy array of {p['dtype']}")
-        return numpy_view(value)
+        any tensor in host memory, where it lies: a numpy array, or an object with
+        ``__dlpack__`` or the buffer protocol (a CPU torch tensor); a device backend
+        takes its own tensors instead."""
+        if isinstance(value, np.ndarray):
+            return numpy_view(value)
+        try:
+            return host_view(value)
+        except TypeError as exc:
+            raise TypeError(
+                f"{self.name}(): '{p['name']}' must be an array of {p['dtype']} in host "
+                f"memory (numpy, or with __dlpack__ or the buffer protocol): {exc}"
+            ) from None
 
     def _takes(self, want: np.dtype, view: TensorView) -> bool:
         """Whether a tensor of ``view``'s dtype may stand for one of ``want``."""
         return view.dtype == want
 
     def _argument(self, value: Any, view: TensorView) -> Any:
-        """What ``_run`` receives for a checked tensor: here the array itself."""
-        return value
+        """What ``_run`` receives for a checked tensor: here a numpy array over its
+        memory (the array itself, for a numpy array)."""
+        return value if isinstance(value, np.ndarray) else host_array(view)
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype, arrays: Mapping[str, Any]) -> Any:
         """The result's storage, when the caller gives no ``out``; ``arrays`` are the

@@ -21,7 +21,15 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-__all__ = ["TensorView", "DeviceKind", "describe", "numpy_view", "BIT_CARRIERS"]
+__all__ = [
+    "TensorView",
+    "DeviceKind",
+    "describe",
+    "numpy_view",
+    "host_view",
+    "host_array",
+    "BIT_CARRIERS",
+]
 
 
 class DeviceKind(enum.IntEnum):
@@ -145,6 +153,36 @@ def numpy_view(a: np.ndarray) -> TensorView:
         device_id=0,
         readonly=not a.flags.writeable,
     )
+
+
+def host_view(x: Any) -> TensorView:
+    """The view of a tensor in host memory that is not a NumPy array: one with
+    ``__dlpack__`` (a CPU torch tensor, a JAX array on the CPU) or the buffer protocol
+    (``memoryview``, ``array.array``). Nothing is copied. Raises TypeError for an object
+    that is neither, or a tensor on another device."""
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        view = describe(x)
+        if view.device_type not in (DeviceKind.CPU, DeviceKind.CUDA_HOST):
+            raise TypeError(f"it is on {view.device}, not in host memory")
+        return view
+    try:
+        return numpy_view(np.asarray(memoryview(x)))
+    except TypeError:
+        raise TypeError(
+            f"a {type(x).__name__} has neither __dlpack__ nor the buffer protocol"
+        ) from None
+
+
+def host_array(view: TensorView) -> np.ndarray:
+    """A NumPy array over the C-contiguous host memory ``view`` describes, for the
+    backends that hand arrays on (OpenCL's buffers copy from and back into it). The
+    memory stays its owner's: the caller keeps the owner alive while the array is used."""
+    assert view.dtype is not None and view.contiguous
+    count = int(np.prod(view.shape, dtype=np.int64))
+    if count == 0 or not view.address:
+        return np.empty(view.shape, dtype=view.dtype)
+    memory = (ctypes.c_byte * (count * view.dtype.itemsize)).from_address(view.address)
+    return np.frombuffer(memory, dtype=view.dtype).reshape(view.shape)
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, unit: int = 1) -> bool:
