@@ -35,6 +35,17 @@ def test_import_tessera_loads_no_compiler_stage(tmp_path: Path) -> None:
     assert not heavy & loaded
 
 
+def test_the_command_line_loads_no_tuner_runtime_or_backend(tmp_path: Path) -> None:
+    loaded = _modules_after("import tessera.cli", tmp_path)
+    assert not {
+        m
+        for m in loaded
+        if m.startswith(
+            ("numpy", "jinja2", "tessera.tune", "tessera.runtime", "tessera.transpiler.target")
+        )
+    }
+
+
 def test_a_compilation_loads_only_its_own_backend(tmp_path: Path) -> None:
     """Compiling for the CPU needs neither the SIMT emitters nor numpy nor the tuner;
     compiling for OpenCL needs no CPU emitter."""

@@ -31,14 +31,13 @@ from ..transpiler.pipeline import (
     compile_file,
     print_meta,
 )
-from ..transpiler.target.cupy_loader import LoaderError, python_loader
-from ..transpiler.target.nvrtc import with_resources
-from ..tune.cachefile import CacheWarning
-from .tune import cache_main, tune_main
+from ..transpiler.schedule.tuned import CacheWarning
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = {"tune": tune_main, "cache": cache_main}
+#: The subcommands, by the name of their function in ``tessera.cli.tune``: imported
+#: when used, since the tuner brings numpy and the runtimes with it.
+_COMMANDS = {"tune": "tune_main", "cache": "cache_main"}
 
 _EPILOG = f"""\
 The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
@@ -118,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _COMMANDS:
-        return _COMMANDS[argv[0]](argv[1:])
+        from . import tune
+
+        return getattr(tune, _COMMANDS[argv[0]])(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     target = args.target or (args.output and target_for_output(args.output)) or DEFAULT_TARGET
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in caught:
             print(f"tesserac: warning: {w.message}", file=sys.stderr)
         if args.resources:
+            from ..transpiler.target.nvrtc import with_resources
+
             text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
         else:
             text = program.inspect_ir(args.emit)
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     files = {args.output: text}
     if args.python_loader:
+        from ..transpiler.target.cupy_loader import LoaderError, python_loader
+
         try:
             files[args.python_loader] = python_loader(program.ir("meta"), Path(args.output).name)
         except LoaderError as exc:
