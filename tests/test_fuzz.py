@@ -7,6 +7,7 @@ so every accepted mutant doubles as a printer test.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import replace
 
 import pytest
@@ -20,12 +21,18 @@ from tessera.transpiler.frontend.source import SourceReadError, decode_source
 from tessera.transpiler.options import Options
 from tessera.transpiler.pipeline import Program
 
-from .conftest import EXAMPLES, SEEDS
+from .conftest import EXAMPLES, ROOT, SEEDS
 from .helpers import parse_ok, parse_text
 
 pytestmark = pytest.mark.fuzz
 
-CORPUS = [p.read_text(encoding="utf-8") for p in EXAMPLES + SEEDS]
+LIBRARY = sorted((ROOT / "tessera" / "stdlib").glob("*.tsr"))
+CORPUS = [p.read_text(encoding="utf-8") for p in EXAMPLES + SEEDS + LIBRARY]
+#: Every target and arch a mutant is compiled for, one drawn per case.
+TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
+           ("opencl", "generic")]  # fmt: skip
+#: A case that runs longer than this is a hang.
+HANG_SECONDS = 60
 VOCAB = [
     "def", "return", "if", "elif", "else", "for", "in", "with", "as", "from", "import",
     "pass", "and", "or", "not", "is", "None", "True", "False", "while", "break", "lambda",
@@ -38,9 +45,23 @@ VOCAB = [
 TOKEN = re.compile(r"\w+|\s+|.", re.S)
 
 
-def check(text: str) -> None:
+def check(text: str, target: str = "cuda", arch: str | None = None) -> None:
     """The property: whatever parses round-trips through the canonical printer, and the
-    whole pipeline ends in a result or in located diagnostics, never in a traceback."""
+    whole pipeline ends in a result or in located diagnostics, never in a traceback
+    (nor a hang: a case has HANG_SECONDS)."""
+    signal.signal(signal.SIGALRM, _hang)
+    signal.alarm(HANG_SECONDS)
+    try:
+        _check(text, target, arch)
+    finally:
+        signal.alarm(0)
+
+
+def _hang(signum: int, frame: object) -> None:
+    raise TimeoutError(f"the compiler ran for over {HANG_SECONDS} s on this input")
+
+
+def _check(text: str, target: str, arch: str | None) -> None:
     module, diags = parse_text(text, "fuzz.tsr")
     if module is not None and not diags.error_count:
         printed = print_module(module)
@@ -48,7 +69,9 @@ def check(text: str) -> None:
         assert again == module, printed
         assert print_module(again) == printed
     try:
-        tessera.compile(text, filename="fuzz.tsr", target="cuda")
+        assert tessera.compile(text, filename="fuzz.tsr", target=target, arch=arch).source
+    except tessera.StageNotImplemented as exc:  # a kernel this backend does not lower yet
+        assert "does not lower" in str(exc)
     except tessera.CompileError as exc:
         assert exc.diagnostics
         last_line = text.count("\n") + 2
@@ -58,23 +81,53 @@ def check(text: str) -> None:
         assert str(exc)
 
 
+#: What an extreme-number mutation puts in place of a number.
+EXTREMES = ["0", "-1", "0.0", "-0.0", "1e308", "1e-320", "9223372036854775807",
+            "9223372036854775808", "99999999999999999999999", "2**63", "0x10", "1_000"]  # fmt: skip
+#: What a dim string becomes: sizes that are always 0, negative or divide by zero.
+ZERO_DIMS = ['"S-S"', '"0*S"', '"S%1"', '"S/0"', '"S%0"', '"-S"', '"0"', '"S-S+1"']
+#: Characters that end or splice lines for a C compiler but not for Tessera, or not alike.
+STRAYS = ["\r", "\\", "\\\n", "\t", "\f", "\v", "\u2028", "*/", "/*", "\x00"]
+_NUMBER = re.compile(r"\b\d+(?:\.\d*)?(?:e-?\d+)?\b")
+_DIM = re.compile(r'"[A-Za-z_][^"\n]*"')
+
+
 @st.composite
 def mutants(draw: st.DrawFn) -> str:
+    """An example, seed snippet or library kernel, mutated one to four times: lines or
+    tokens deleted, duplicated, swapped or inserted, a number made extreme, a dim made
+    zero, an indentation changed, a stray control character or backslash put in."""
     text = draw(st.sampled_from(CORPUS))
     for _ in range(draw(st.integers(1, 4))):
-        unit = draw(st.sampled_from(["line", "token"]))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "insert", "number", "dim",
+                                   "indent", "stray"]))  # fmt: skip
+        if op in ("number", "dim"):
+            found = list((_NUMBER if op == "number" else _DIM).finditer(text))
+            if found:
+                m = draw(st.sampled_from(found))
+                new = draw(st.sampled_from(EXTREMES if op == "number" else ZERO_DIMS))
+                text = text[: m.start()] + new + text[m.end() :]
+            continue
+        if op == "stray":
+            at = draw(st.integers(0, len(text)))
+            text = text[:at] + draw(st.sampled_from(STRAYS)) + text[at:]
+            continue
+        unit = "line" if op == "indent" else draw(st.sampled_from(["line", "token"]))
         parts = text.split("\n") if unit == "line" else TOKEN.findall(text)
         if len(parts) < 2:
             break
         i = draw(st.integers(0, len(parts) - 1))
         j = draw(st.integers(0, len(parts) - 1))
-        op = draw(st.sampled_from(["delete", "duplicate", "swap", "insert"]))
         if op == "delete":
             del parts[i]
         elif op == "duplicate":
             parts.insert(i, parts[i])
         elif op == "swap":
             parts[i], parts[j] = parts[j], parts[i]
+        elif op == "indent":
+            parts[i] = draw(st.sampled_from(["", " ", "    ", "\t", "        "])) + parts[i].lstrip(
+                " \t"
+            )
         else:
             parts.insert(i, draw(st.sampled_from(VOCAB)))
         text = ("\n" if unit == "line" else "").join(parts)
@@ -199,9 +252,9 @@ def _dim_node(text: str, span: object) -> ast.Node:
     return ast.TypeExpr(text, span=span)
 
 
-@given(semantic_mutants())
-def test_semantic_mutations(text: str) -> None:
-    check(text)
+@given(semantic_mutants(), st.sampled_from(TARGETS))
+def test_semantic_mutations(text: str, target: tuple[str, str]) -> None:
+    check(text, *target)
 
 
 @given(token_soup)
@@ -209,9 +262,9 @@ def test_token_soup(text: str) -> None:
     check(text)
 
 
-@given(mutants())
-def test_mutated_examples(text: str) -> None:
-    check(text)
+@given(mutants(), st.sampled_from(TARGETS))
+def test_mutated_examples(text: str, target: tuple[str, str]) -> None:
+    check(text, *target)
 
 
 @given(st.text(max_size=200))
