@@ -228,9 +228,11 @@ class Entry:
             if not ok:
                 relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<=",
                             "at_least": ">="}  # fmt: skip
+                # A size on the right has its value shown too: H % ... == 0 with G = 4.
+                shown = g["right"] if g["right"].isdigit() else f"{g['right']} = {right}"
                 raise ValueError(
                     f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
-                    f"{relation[g['kind']]} {g['right']} ({g['reason']})"
+                    f"{relation[g['kind']]} {shown} ({g['reason']})"
                 )
 
 

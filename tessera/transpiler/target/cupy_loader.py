@@ -212,7 +212,9 @@ def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> lis
     else:
         test, relation = f"not {left} {_RELATIONS[g['kind']]} {right}", _RELATIONS[g["kind"]]
     said = _literal(g["left"])
-    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {_literal(g['right'])} "
+    # A size on the right has its value shown too, as the runtime's message does.
+    right_said = _literal(g["right"]) + ("" if g["right"].isdigit() else f" = {{{right}}}")
+    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {right_said} "
     reason = f"({g['reason']})"
     whole = _wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
     if all(len(line) <= _WIDTH for line in whole):
