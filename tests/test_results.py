@@ -26,7 +26,7 @@ from .helpers import assert_round_trip
 from .reference import f64
 from .test_cuda import needs_gxx
 from .test_gpusim import _library
-from .test_loader import _import
+from .test_loader import _import, assert_formatted
 from .test_opencl import _platform
 
 SOURCE = """\
@@ -249,3 +249,10 @@ def test_the_tuner_measures_a_function_of_several_results() -> None:
     assert not any(np.isnan(o).any() for o in outputs)
     runner.run(2)
     assert len(runner.times) == 2 and disagreement(runner.output(), outputs) is None
+
+
+def test_the_loader_of_several_results_is_formatted_and_lint_clean(tmp_path: Path) -> None:
+    program = tessera.compile(SOURCE, filename="results.tsr", target="cuda", arch="sm_80")
+    module = tmp_path / "results_loader.py"
+    module.write_text(python_loader(program.ir("meta"), "results.cu"))
+    assert_formatted(module)
