@@ -324,12 +324,13 @@ def check_case(
     fn = getattr(load(program), case.function)
     meta = next(f for f in program.ir("meta")["functions"] if f["name"] == case.function)
     placed = {k: placement.put(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
-    if meta["result"] is not None:
-        p = next(p for p in meta["params"] if p["name"] == "out")
-        dtype = np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
-        out = placement.put(np.full(expected["out"].shape, np.nan).astype(dtype))
-        fn(**placed, out=out)
-        got = {"out": placement.take(out, dtype)}
+    if meta["results"]:
+        params = {p["name"]: p for p in meta["params"]}
+        dtypes = {n: np.dtype(numpy_dtype(DTYPES[params[n]["dtype"]])) for n in meta["results"]}
+        outs = {n: placement.put(np.full(expected[n].shape, np.nan).astype(dtypes[n]))
+                for n in meta["results"]}  # fmt: skip
+        fn(**placed, out=outs["out"] if "out" in outs else tuple(outs.values()))
+        got = {n: placement.take(out, dtypes[n]) for n, out in outs.items()}
     else:
         fn(**placed)
         got = {k: placement.take(placed[k], inputs[k].dtype) for k in expected}

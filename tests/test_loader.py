@@ -58,9 +58,14 @@ def test_loader_matches_golden(
 def test_loader_is_formatted_and_lint_clean(source: str, tmp_path: Path) -> None:
     """black's default style, and ruff at black's line length: a downstream project can
     check the module in under its own formatter without a diff."""
-    pytest.importorskip("black", reason="needs black")
     module = tmp_path / f"{Path(source).stem}.py"
     module.write_text(_loader(ROOT / source))
+    assert_formatted(module)
+
+
+def assert_formatted(module: Path) -> None:
+    """The module is as black formats it, and ruff finds nothing at black's line length."""
+    pytest.importorskip("black", reason="needs black")
     black = subprocess.run([sys.executable, "-m", "black", "--check", "--diff", str(module)],
                            capture_output=True, text=True)  # fmt: skip
     assert black.returncode == 0, black.stdout

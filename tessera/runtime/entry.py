@@ -49,7 +49,8 @@ class Entry:
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
         self._inputs = [p for p in self._params if p.get("io") != "out"]
         self._input_names = {p["name"] for p in self._inputs}
-        self._result = next((p for p in self._params if p["name"] == meta["result"]), None)
+        by_name = {p["name"]: p for p in self._params}
+        self._results = [by_name[name] for name in meta["results"]]
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -63,7 +64,9 @@ class Entry:
         return out
 
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        """Run the function. ``out`` is an optional preallocated result array."""
+        """Run the function. ``out`` is an optional preallocated result array, or for a
+        function of several results a tuple of them (``None`` where one is allocated),
+        as numpy's ufuncs take it. A function of several results returns a tuple."""
         inputs = self._inputs
         if len(args) > len(inputs):
             raise TypeError(f"{self.name}() takes {len(inputs)} arguments, {len(args)} given")
@@ -88,18 +91,39 @@ class Entry:
             else:
                 values[p["name"]] = self._scalar(p, values[p["name"]])
         self._check_guards(sizes)
-        result = None
-        if self._result is not None:
-            p = self._result
-            if out is None:
+        results = []
+        for p, given in zip(self._results, self._outs(out), strict=True):
+            if given is None:
                 shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
-                out = self._allocate(shape, self._dtypes[p["name"]], arrays)
-            arrays[p["name"]] = self._tensor(p, out, dict(sizes))
-            result = out
-        elif out is not None:
-            raise TypeError(f"{self.name}() returns nothing; it takes no 'out'")
+                given = self._allocate(shape, self._dtypes[p["name"]], arrays)
+            arrays[p["name"]] = self._tensor(p, given, dict(sizes))
+            results.append(given)
         self._run(arrays, values, sizes)
-        return result
+        if len(results) > 1:
+            return tuple(results)
+        return results[0] if results else None
+
+    def _outs(self, out: Any) -> list[Any]:
+        """The caller's result arrays, one per result (None where none is given). Two
+        results in one array would leave one of them overwritten, so that is refused."""
+        count = len(self._results)
+        if count == 0:
+            if out is not None:
+                raise TypeError(f"{self.name}() returns nothing; it takes no 'out'")
+            return []
+        if count == 1:
+            return [out]
+        if out is None:
+            return [None] * count
+        if not isinstance(out, (tuple, list)) or len(out) != count:
+            raise TypeError(
+                f"{self.name}() returns {count} results; 'out' is a tuple of {count} arrays "
+                "(None where one is allocated)"
+            )
+        given = [o for o in out if o is not None]
+        if len({id(o) for o in given}) != len(given):
+            raise ValueError(f"{self.name}(): 'out' holds the same array for two results")
+        return list(out)
 
     def _run(
         self, arrays: Mapping[str, Any], values: Mapping[str, Any], sizes: Mapping[str, int]
@@ -213,9 +237,11 @@ class Entry:
             if not ok:
                 relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<=",
                             "at_least": ">="}  # fmt: skip
+                # A size on the right has its value shown too: H % ... == 0 with G = 4.
+                shown = g["right"] if g["right"].isdigit() else f"{g['right']} = {right}"
                 raise ValueError(
                     f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
-                    f"{relation[g['kind']]} {g['right']} ({g['reason']})"
+                    f"{relation[g['kind']]} {shown} ({g['reason']})"
                 )
 
 

@@ -32,8 +32,8 @@ _LOW_PRECISION_TOLERANCE = 3e-2
 class Inputs:
     #: Arguments by parameter name, in the function's order.
     args: dict[str, Any]
-    #: The result's shape and dtype, or None for a function that updates its arguments.
-    result: tuple[tuple[int, ...], np.dtype] | None
+    #: Each result's shape and dtype; none for a function that updates its arguments.
+    results: tuple[tuple[tuple[int, ...], np.dtype], ...]
 
     def fresh(self) -> list[Any]:
         return [a.copy() if isinstance(a, np.ndarray) else a for a in self.args.values()]
@@ -43,7 +43,7 @@ def make_inputs(meta: Mapping[str, Any], seed: int = 0) -> Inputs:
     """Random arguments for a function at the sizes its metadata fixes (``-D``)."""
     rng = np.random.default_rng(seed)
     args: dict[str, Any] = {}
-    result = None
+    results = []
     for p in meta["params"]:
         if p["kind"] == "scalar":
             args[p["name"]] = {"bool": False, "int": 1}.get(p["type"], 0.5)
@@ -51,10 +51,10 @@ def make_inputs(meta: Mapping[str, Any], seed: int = 0) -> Inputs:
         shape = tuple(_constant(d, p["name"]) for d in p["dims"])
         dtype = numpy_dtype(DTYPES[p["dtype"]])
         if p["io"] == "out":
-            result = (shape, np.dtype(dtype))
+            results.append((shape, np.dtype(dtype)))
         else:
             args[p["name"]] = rng.standard_normal(shape).astype(dtype)
-    return Inputs(args, result)
+    return Inputs(args, tuple(results))
 
 
 def _constant(text: str, where: str) -> int:
@@ -72,22 +72,19 @@ class Runner:
     inputs: Inputs
     times: list[float] = field(default_factory=list)
 
-    def output(self) -> np.ndarray | list[Any]:
-        """The result on fresh inputs, or the updated arguments of an in-place function."""
+    def output(self) -> list[Any]:
+        """The results on fresh inputs, or the updated arguments of an in-place function."""
         args = self.inputs.fresh()
-        if self.inputs.result is None:
+        if not self.inputs.results:
             self.function(*args)
             return [a for a in args if isinstance(a, np.ndarray)]
-        shape, dtype = self.inputs.result
-        out = np.full(shape, np.nan, dtype=dtype)
-        self.function(*args, out=out)
-        return out
+        outs = [np.full(shape, np.nan, dtype=dtype) for shape, dtype in self.inputs.results]
+        self.function(*args, out=_out(outs))
+        return outs
 
     def run(self, reps: int) -> None:
         args = list(self.inputs.args.values())
-        out = None
-        if self.inputs.result is not None:
-            out = np.empty(*self.inputs.result)
+        out = _out([np.empty(*r) for r in self.inputs.results])
         for _ in range(reps):
             start = time.perf_counter()
             if out is None:
@@ -99,6 +96,13 @@ class Runner:
     @property
     def median(self) -> float:
         return float(np.median(self.times)) if self.times else float("inf")
+
+
+def _out(outs: list[np.ndarray]) -> Any:
+    """A call's ``out=``: none, the one result array, or a tuple of several."""
+    if len(outs) > 1:
+        return tuple(outs)
+    return outs[0] if outs else None
 
 
 def disagreement(output: Any, reference: Any) -> str | None:

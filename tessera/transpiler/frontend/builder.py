@@ -381,6 +381,10 @@ class Builder:
                 policies.append(child)
         return ast.TypeExpr(str(name), args, tuple(policies), span=span)
 
+    def result_tuple(self, children: list, span: Span) -> ast.TypeExpr:
+        """``-> (A, B)``: the same type as ``-> tuple[A, B]``, which the printer writes."""
+        return ast.TypeExpr("tuple", tuple(children), span=span)
+
     def type_args(self, children: list, span: Span) -> _Items:
         return _marked(_Items, children, span)
 

@@ -14,9 +14,9 @@ from ..frontend.source import Span
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype
 from .opcall import SemanticError
-from .types import KVCacheType, ScalarType, TensorType, ValueType
+from .types import KVCacheType, ScalarType, TensorType, TupleType, ValueType
 
-__all__ = ["resolve_type", "TENSOR_TYPES", "TYPE_NAMES"]
+__all__ = ["resolve_type", "resolve_result", "TENSOR_TYPES", "TYPE_NAMES"]
 
 #: Names that declare a tensor. KTile is the seeds' name for a tile kernel's tensor argument.
 TENSOR_TYPES = ("Tensor", "KTile")
@@ -26,8 +26,29 @@ NUMERIC_POLICIES = ("accum", "stochastic_round", "loss_scale", "saturate")
 TYPE_NAMES = (*TENSOR_TYPES, "KVCache", "Tile", *SCALAR_TYPES)
 
 
+def resolve_result(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType | TupleType:
+    """The type a result annotation declares: one type, or ``tuple[A, B, ...]`` (written
+    ``(A, B, ...)`` too) for a function that returns several values."""
+    if node.name != "tuple":
+        return resolve_type(node, defines)
+    items = node.args or ()
+    if node.policies or len(items) < 2 or not all(isinstance(a, ast.TypeExpr) for a in items):
+        raise SemanticError(
+            "a tuple result lists the type of each returned value, two or more: "
+            'tuple[Tensor["N", f32], Tensor["N", f32]]',
+            node.span,
+        )
+    return TupleType(tuple(resolve_type(a, defines) for a in items))
+
+
 def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
     """The type an annotation declares; raises ``SemanticError`` at the bad part."""
+    if node.name == "tuple":
+        raise SemanticError(
+            "tuple[...] is a function's result type only: a parameter takes one tensor or "
+            "scalar",
+            node.span,
+        )
     if node.name in SCALAR_TYPES:
         _no_args(node)
         return ScalarType(node.name)

@@ -656,8 +656,12 @@ class Evaluator:
         if is_int(ev.value):
             i = ev.value.value
             return size + Dim.const(i) if i < 0 else Dim.const(i)
+        gather = ""
+        if isinstance(ev.value, Value) and isinstance(ev.value.type, TensorType):
+            gather = " (indexing by a tensor's values, a gather such as x[i, labels[i]], is not "
+            gather += "supported yet)"
         raise SemanticError(
-            f"an index or a slice bound is an integer or a size, not {describe(ev.value)}",
+            f"an index or a slice bound is an integer or a size, not {describe(ev.value)}" + gather,
             ev.span,
         )
 

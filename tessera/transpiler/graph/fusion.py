@@ -190,7 +190,7 @@ def _fuse_function(function: Function) -> Function:
     if function.kind == "tile":
         ops = function.body.ops
         return replace(function, groups=(Group("k0", "tile", tuple(range(len(ops)))),))
-    function = replace(function, body=_scalars_per_reader(_returned_params_copied(function)))
+    function = replace(function, body=_scalars_per_reader(_results_copied(function)))
     ops = function.body.ops
     if not ops:
         return function
@@ -217,19 +217,22 @@ def _fuse_function(function: Function) -> Function:
     return replace(function, groups=groups)
 
 
-def _returned_params_copied(function: Function) -> Block:
+def _results_copied(function: Function) -> Block:
     """The body, where the function returns a tensor parameter as it is (``return x``,
-    ``x * 1.0`` once ``simplify`` is done, ``transpose(x, (0, 1))``), with a copy of it
-    returned instead: a reshape to its own dims, which is a kernel of its own. The caller
-    gets a result it owns, as from any other function, and the function a kernel."""
+    ``x * 1.0`` once ``simplify`` is done, ``transpose(x, (0, 1))``), or returns a value
+    a second time (``return y, y``), with a copy of it returned instead: a reshape to its
+    own dims, which is a kernel of its own. Each result is then written by one kernel
+    into memory of its own: the caller gets results it owns, as from any other function,
+    and the function a kernel for each."""
     body = function.body
-    given = {p.value.id for p in function.params}
+    taken = {p.value.id for p in function.params}
     ops, yields = list(body.ops), []
     for v in body.yields:
-        if v.id in given and isinstance(v.type, TensorType):
+        if v.id in taken and isinstance(v.type, TensorType):
             copy = new_value(v.type, None, v.span)
             ops.append(Op("reshape", (v,), (copy,), (("shape", v.type.dims),), span=v.span))
             v = copy
+        taken.add(v.id)
         yields.append(v)
     return Block(body.args, tuple(ops), tuple(yields))
 

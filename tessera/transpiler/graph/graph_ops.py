@@ -682,16 +682,35 @@ for _kind in ("rmsnorm", "rmsnorm_safe"):
 # ------------------------------------------------------------------ attention
 
 
-def _kv_groups(q: tuple[Dim, ...], k: tuple[Dim, ...], v: tuple[Dim, ...]) -> int | None:
+def _kv_groups(
+    call: OpCall, q: tuple[Dim, ...], k: tuple[Dim, ...], v: tuple[Dim, ...]
+) -> Dim | None:
     """The number of k and v heads, where they are fewer than q's and each serves a
-    group of q heads (grouped-query attention: Llama's, Mistral's): the head axes, third
-    from the end, are numbers and the one divides the other. Otherwise None."""
+    group of q heads (grouped-query attention: Llama's, Mistral's): k's and v's head
+    axis (third from the end) is another size than q's, and not 1 (which broadcasts).
+    Sizes known at compile time must divide; a symbolic one (``q [B, H, S, D]``,
+    ``k [B, G, S, D]``) adds the guard ``H % G == 0``, checked at run time. None where
+    k and v have q's heads, or their head axes differ."""
     if len(q) < 3:
         return None
-    heads, groups = q[-3].constant, k[-3].constant
-    if heads is None or groups is None or v[-3] != k[-3] or groups in (1, heads):
+    heads, groups = q[-3], k[-3]
+    if v[-3] != groups or groups in (Dim.const(1), heads):
         return None
-    return groups if heads % groups == 0 else None
+    if heads.constant is not None and groups.constant is not None:
+        if heads.constant % groups.constant:
+            raise call.error(
+                f"grouped-query attention needs k's and v's heads to divide q's: "
+                f"{call.shape_of('q')}, {call.shape_of('k')} ({heads.constant} heads are not "
+                f"a multiple of {groups.constant})",
+                notes=call.notes_for("q", "k"),
+            )
+        return groups
+    call.emitter.guard(
+        "divisible", heads, groups,
+        f"{call.shown}: grouped-query attention: q's heads are a multiple of k's and v's",
+        call.span,
+    )  # fmt: skip
+    return groups
 
 
 @register(
@@ -706,7 +725,8 @@ def _flash_attention(call: OpCall) -> object:
     v may have fewer heads than q: a head axis (third from the end) of ``G`` heads that
     divides q's ``H`` gives each k and v head to ``H/G`` q heads, head ``h`` to group
     ``h // (H/G)`` (grouped-query attention), and a batch dim of 1 serves every q
-    (multi-query attention).
+    (multi-query attention). ``H`` and ``G`` may be sizes (``q [B, H, S, D]``,
+    ``k, v [B, G, S, D]``): each call then checks that ``G`` divides ``H``.
     ``causal`` masks the keys after each query, query ``i`` seeing keys ``0..i`` (the
     top-left corner, as PyTorch's ``is_causal``, when ``Sq != Sk``); ``dropout``
     (a probability, or a float parameter) drops attention weights and is an rng effect;
@@ -722,7 +742,7 @@ def _flash_attention(call: OpCall) -> object:
             f"q, k and v must have the same rank: {call.shape_of('q')}, {call.shape_of('k')}, "
             f"{call.shape_of('v')}", notes=call.notes_for("q", "k", "v"),
         )  # fmt: skip
-    groups = _kv_groups(tq.dims, tk.dims, tv.dims)
+    groups = _kv_groups(call, tq.dims, tk.dims, tv.dims)
     for i in range(tq.rank - 2):
         for name, t in (("k", tk), ("v", tv)):
             if t.dims[i] == Dim.const(1) or (groups and i == tq.rank - 3):
@@ -786,10 +806,11 @@ def _flash_attention(call: OpCall) -> object:
     return call.emit("reshape", (o,), TensorType(dims, tq.dtype), attrs=(("shape", dims),))
 
 
-def _heads_grouped(call: OpCall, x: Value, groups: int) -> Value:
-    """``x [..., H, S, D]`` as ``[..., groups, H/groups, S, D]``."""
+def _heads_grouped(call: OpCall, x: Value, groups: Dim) -> Value:
+    """``x [..., H, S, D]`` as ``[..., groups, H/groups, S, D]``: q head ``h`` is
+    ``[h // (H/groups), h % (H/groups)]``, next to k's and v's head ``h // (H/groups)``."""
     t = x.type
-    dims = (*t.dims[:-3], Dim.const(groups), t.dims[-3] / groups, *t.dims[-2:])
+    dims = (*t.dims[:-3], groups, t.dims[-3] / groups, *t.dims[-2:])
     return call.emit("reshape", (x,), t.with_(dims=dims), attrs=(("shape", dims),))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..frontend.source import Span
 from .dims import Dim
 from .schedule_spec import ScheduleSpec
-from .types import ValueType
+from .types import TupleType, ValueType
 
 __all__ = [
     "Value",
@@ -29,6 +29,7 @@ __all__ = [
     "GraphModule",
     "new_value",
     "walk",
+    "result_names",
 ]
 
 _ids = itertools.count()
@@ -124,7 +125,8 @@ class Function:
     #: "graph" (ops on tensors), "tile" (a tile kernel) or "declaration" (body ``...``).
     kind: str
     params: tuple[Param, ...]
-    result_type: ValueType | None
+    #: The declared result: one type, a ``TupleType`` for several, or None.
+    result_type: ValueType | TupleType | None
     body: Block
     guards: tuple[Guard, ...] = ()
     #: Decorators as written (canonical text), e.g. ``kernel.schedule(base)``.
@@ -150,3 +152,9 @@ def walk(block: Block) -> Any:
         yield op
         for region in op.regions:
             yield from walk(region)
+
+
+def result_names(count: int) -> tuple[str, ...]:
+    """The names a function's results are passed under, in order: ``out`` for one (a
+    call's ``out=``), ``out0``, ``out1``, ... for several (``out=(a, b)``)."""
+    return ("out",) if count == 1 else tuple(f"out{i}" for i in range(count))

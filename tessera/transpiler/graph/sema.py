@@ -18,12 +18,12 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from .annotations import resolve_type
+from .annotations import resolve_result, resolve_type
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
-from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
+from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value, result_names
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
@@ -32,8 +32,10 @@ from .types import (
     ScalarType,
     TensorType,
     TileType,
+    TupleType,
     ValueType,
     dims_text,
+    result_types,
 )
 from .values import (
     POISON,
@@ -354,7 +356,7 @@ class _FunctionAnalyzer:
         result_type = None
         if node.returns is not None:
             try:
-                result_type = resolve_type(node.returns, self.defines)
+                result_type = resolve_result(node.returns, self.defines)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
@@ -364,6 +366,7 @@ class _FunctionAnalyzer:
         else:
             kind = self.kind
             self._block(body, top=True)
+            self._check_result_names(params)
             if self.returned is None and result_type is not None:
                 self.diags.error(
                     f"'{node.name}' declares a result but never returns one", node.span,
@@ -506,12 +509,6 @@ class _FunctionAnalyzer:
                 self.diags.error(exc.message, exc.span, exc.notes)
                 self.env[p.name] = POISON
                 continue
-            if p.name == "out" and self.node.returns is not None:
-                self.diags.error(
-                    f"a parameter of '{self.node.name}' cannot be named 'out': that is the "
-                    "name its result is passed under (a call's out=); rename the parameter",
-                    p.span,
-                )
             value = new_value(t, p.name, p.span)
             self.env[p.name] = value
             self.param_spans[value.id] = (p.name, p.span)
@@ -694,24 +691,48 @@ class _FunctionAnalyzer:
         for v in values:
             if not isinstance(v, Value):
                 raise SemanticError(f"a kernel returns tensors, not {describe(v)}", stmt.value.span)
+        if self.kind == "tile" and len(values) > 1:
+            raise SemanticError(
+                f"a tile kernel returns one tile, not {len(values)}: each program stores its "
+                "block of one result; write the others with tile.store, or in a kernel of "
+                "their own",
+                stmt.value.span,
+            )
         declared = self._declared_result()
         if declared is not None:
-            if len(values) != 1:
+            wanted = result_types(declared)
+            if len(values) != len(wanted):
+                count = "one" if len(wanted) == 1 else str(len(wanted))
                 raise SemanticError(
-                    f"returns {len(values)} values, but the declared result is one {declared}",
+                    f"returns {len(values)} value{'s' if len(values) != 1 else ''}, but the "
+                    f"declared result is {count} ({declared})",
                     stmt.value.span,
                     (Note("the result type is declared here", self.node.returns.span),),
                 )  # fmt: skip
-            values = (self._match_result(values[0], declared, ev),)
+            values = tuple(
+                self._match_result(v, t, ev) for v, t in zip(values, wanted, strict=True)
+            )
         self.returned = tuple(values)
 
-    def _declared_result(self) -> ValueType | None:
+    def _declared_result(self) -> ValueType | TupleType | None:
         if self.node.returns is None:
             return None
         try:
-            return resolve_type(self.node.returns, self.defines)
+            return resolve_result(self.node.returns, self.defines)
         except SemanticError:
             return None  # already reported
+
+    def _check_result_names(self, params: tuple[Param, ...]) -> None:
+        """No parameter takes the name a result is passed under, or ``out``, which a call
+        passes them as (``out=``, ``out=(a, b)``)."""
+        taken = {"out", *result_names(len(self.returned))} if self.returned else set()
+        for p in params:
+            if p.value.name in taken:
+                self.diags.error(
+                    f"a parameter of '{self.node.name}' cannot be named '{p.value.name}': that "
+                    "is the name a result is passed under (a call's out=); rename the parameter",
+                    self.param_spans[p.value.id][1],
+                )
 
     def _match_result(self, value: Value, declared: ValueType, ev: Ev) -> Value:
         note = (Note("the result type is declared here", self.node.returns.span),)
@@ -953,7 +974,7 @@ class _Inlined(_FunctionAnalyzer):
         self._block(tuple(s for s in self.node.body if not _is_docstring(s, self.node.body)), True)
         if self.diags.error_count > errors or not self.returned:
             return POISON
-        return self.returned[0]
+        return self.returned if len(self.returned) > 1 else self.returned[0]
 
     def _bind(self, args: list[Ev], keywords: list) -> dict[str, Ev]:
         """The arguments by parameter, as Python binds them; defaults filled in."""

@@ -20,6 +20,8 @@ __all__ = [
     "BlockType",
     "ContextType",
     "ValueType",
+    "TupleType",
+    "result_types",
     "dims_text",
     "in_memory",
 ]
@@ -121,3 +123,21 @@ class ContextType:
 
 
 ValueType = TensorType | ScalarType | TileType | KVCacheType | BlockType | ContextType
+
+
+@dataclass(frozen=True)
+class TupleType:
+    """The declared result of a function that returns several values
+    (``-> tuple[A, B]``, or ``-> (A, B)``): a function's result only, never a value's."""
+
+    items: tuple[ValueType, ...]
+
+    def __str__(self) -> str:
+        return "tuple<" + ", ".join(str(t) for t in self.items) + ">"
+
+
+def result_types(declared: ValueType | TupleType | None) -> tuple[ValueType, ...]:
+    """The types a declared result lists, one per returned value."""
+    if declared is None:
+        return ()
+    return declared.items if isinstance(declared, TupleType) else (declared,)

@@ -97,15 +97,16 @@ class HostProgram:
     function: str
     kind: str
     inputs: tuple[str, ...]
-    result: str | None
+    #: The returned values, in order (none for a function that updates its arguments).
+    results: tuple[str, ...]
     launches: tuple[Launch, ...]
     buffers: tuple[Buffer, ...] = ()
     guards: tuple[Guard, ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
     #: The defaults of scalar inputs, by input name.
     defaults: tuple[tuple[str, bool | int | float], ...] = ()
-    #: The inputs' declared types, in order, then the result's: a kernel may read an input
-    #: or write the result with other dims (a reshape), but the entry takes them as
+    #: The inputs' declared types, in order, then the results': a kernel may read an input
+    #: or write a result with other dims (a reshape), but the entry takes them as
     #: declared.
     types: tuple[ValueType, ...] = field(default=(), compare=False, repr=False)
 

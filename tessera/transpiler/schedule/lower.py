@@ -22,7 +22,7 @@ from ..graph.graph_ops import rows_permuted
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, Value, walk
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
-from ..graph.types import TensorType, TileType
+from ..graph.types import TensorType, TileType, result_types
 from ..options import Options
 from .hardware import Hardware, hardware_for
 from .heuristics import default_knobs, score
@@ -142,14 +142,14 @@ class _Scheduler:
         inputs = tuple(self.names[p.value.id] for p in f.params)
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
-        result = self.names[f.body.yields[0].id] if f.body.yields else None
-        out = f.result_type or next((v.type for v in f.body.yields), None)
-        types = tuple(p.value.type for p in f.params) + (
-            (out,) if isinstance(out, TensorType) else ()
+        results = tuple(self.names[v.id] for v in f.body.yields)
+        declared = result_types(f.result_type) or tuple(v.type for v in f.body.yields)
+        types = tuple(p.value.type for p in f.params) + tuple(
+            t for t in declared if isinstance(t, TensorType)
         )
         if f.kind == "declaration":
             return HostProgram(
-                f.name, f.kind, inputs, result, (), span=f.span, defaults=defaults, types=types
+                f.name, f.kind, inputs, results, (), span=f.span, defaults=defaults, types=types
             )
         launches = []
         writer: dict[int, int] = {}
@@ -160,7 +160,7 @@ class _Scheduler:
                 for value in op.results:
                     writer[value.id] = index
         return HostProgram(
-            f.name, f.kind, inputs, result, tuple(launches),
+            f.name, f.kind, inputs, results, tuple(launches),
             self._buffers(writer), tuple(self.guards), span=f.span, defaults=defaults,
             types=types,
         )  # fmt: skip
@@ -231,8 +231,9 @@ class _Scheduler:
         f = self.function
         types = [p.value.type for p in f.params]
         dtypes = ",".join(str(t.dtype) for t in types if isinstance(t, TensorType))
-        if isinstance(f.result_type, TensorType):
-            dtypes += f"->{f.result_type.dtype}"
+        outs = [t for t in result_types(f.result_type) if isinstance(t, TensorType)]
+        if outs:
+            dtypes += "->" + ",".join(str(t.dtype) for t in outs)
         return TuningKey(f.name, group.name, self.fingerprint, self.hw.target, self.hw.arch,
                          toolchain, dtypes, bucket_of(problem))  # fmt: skip
 

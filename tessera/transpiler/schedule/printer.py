@@ -29,8 +29,8 @@ def _program(p: HostProgram) -> list[str]:
         )
     for launch in p.launches:
         lines += _launch(launch)
-    if p.result is not None:
-        lines.append(f"  return {p.result}")
+    if p.results:
+        lines.append(f"  return {', '.join(p.results)}")
     return [*lines, "}"]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
+from ..graph.ir import result_names
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
@@ -109,9 +110,10 @@ class _FunctionView:
         c_name |= {name: namer.fresh(f"{name}_buffer") for name in buffers}
         c_name |= sizes
         decls = []
+        results = result_names(len(host.results))
         for name, t in params:
             if isinstance(t, TensorType):
-                const = "" if name == "out" or written(program, name) else "const "
+                const = "" if name in results or written(program, name) else "const "
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {c_name[name]}")
             else:
                 decls.append(f"const {_scalar(t)} {c_name[name]}")

@@ -66,7 +66,7 @@ def _size_names(f: Mapping[str, Any]) -> dict[str, str]:
     (a size ``x`` would overwrite the tensor ``x``); then underscores are appended."""
     # An int parameter named like a size gives the size its value: the two are one name.
     params = {p["name"] for p in f["params"] if p.get("type") != "int"}
-    taken = set(_MODULE) | params | {b["name"] for b in f["buffers"]}
+    taken = set(_MODULE) | params | {"out"} | {b["name"] for b in f["buffers"]}
     taken |= {m["name"] for launch in f["launches"] for m in launch.get("tensor_maps", ())}
     free = [d for d in f["dims"] if d not in taken and not keyword.iskeyword(d)]
     taken |= set(free)
@@ -114,7 +114,7 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     """One function's signature, docstring and body, indented as printed."""
     name = f["name"]
     inputs = [p for p in f["params"] if p.get("io") != "out"]
-    result = next((p for p in f["params"] if p["name"] == f["result"]), None)
+    results = [p for name in f["results"] for p in f["params"] if p["name"] == name]
     names = _size_names(f)
     bound: set[str] = set()
     body: list[str] = []
@@ -125,7 +125,10 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
             body.extend(_tensor_checks(4, name, p, bound, names))
     for g in f["guards"]:
         body.extend(_guard(name, g, names))
-    if result is not None:
+    if len(results) > 1:
+        unpacked = ", ".join(r["name"] for r in results)
+        body.append(f"    {unpacked} = {_tuple(['None'] * len(results))} if out is None else out")
+    for result in results:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
         shape = _tuple([_py_size(d, names) for d in result["dims"]])
         body.append(f"    if {out} is None:")
@@ -148,20 +151,24 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
             args = [m["tensor"], element_bytes, dims, _tuple([str(b) for b in m["box"]])]
             body.extend(_wrap(4, f"{m['name']} = _tensor_map(", args, ")"))
         body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))
-    if result is not None:
-        body.append(f"    return {result['name']}")
+    if results:
+        body.append(f"    return {', '.join(r['name'] for r in results)}")
     # Defaults as the .tsr file gives them, where Python allows them: on the parameters
     # after the last one without.
     required = max((i for i, p in enumerate(inputs) if "default" not in p), default=-1)
     params = [f"{p['name']}: {'cupy.ndarray' if p['kind'] == 'tensor' else p['type']}"
               + (f" = {p['default']!r}" if i > required else "")
               for i, p in enumerate(inputs)]  # fmt: skip
-    if result is not None:
-        params += ["*", f"{result['name']}: cupy.ndarray | None = None"]
-    returns = "cupy.ndarray" if result is not None else "None"
+    returns = "None"
+    if len(results) == 1:
+        params += ["*", "out: cupy.ndarray | None = None"]
+        returns = "cupy.ndarray"
+    elif results:
+        params += ["*", "out: tuple | None = None"]
+        returns = f"tuple[{', '.join(['cupy.ndarray'] * len(results))}]"
     return {
         "signature": _wrap(0, f"def {name}(", params, f") -> {returns}:"),
-        "doc": _doc(name, inputs, result),
+        "doc": _doc(name, inputs, results),
         "body": body,
     }
 
@@ -205,7 +212,9 @@ def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> lis
     else:
         test, relation = f"not {left} {_RELATIONS[g['kind']]} {right}", _RELATIONS[g["kind"]]
     said = _literal(g["left"])
-    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {_literal(g['right'])} "
+    # A size on the right has its value shown too, as the runtime's message does.
+    right_said = _literal(g["right"]) + ("" if g["right"].isdigit() else f" = {{{right}}}")
+    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {right_said} "
     reason = f"({g['reason']})"
     whole = _wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
     if all(len(line) <= _WIDTH for line in whole):
@@ -227,13 +236,14 @@ def _quoted(text: str, prefix: str = "") -> str:
     return prefix + '"' + text.replace('"', '\\"') + '"'
 
 
-def _doc(name: str, inputs: list[Mapping[str, Any]], result: Mapping[str, Any] | None) -> list[str]:
+def _doc(name: str, inputs: list[Mapping[str, Any]], results: list[Mapping[str, Any]]) -> list[str]:
     """The signature as the ``.tsr`` file gives it, dtypes and dims included: the
     docstring, on one line or one argument per line."""
     args = [f"{p['name']}: {p['type']}" + (f" = {p['default']!r}" if "default" in p else "")
             if p["kind"] == "scalar"
             else f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]" for p in inputs]  # fmt: skip
-    tail = f" -> {result['dtype']}[{', '.join(result['dims'])}]" if result is not None else ""
+    shown = [f"{r['dtype']}[{', '.join(r['dims'])}]" for r in results]
+    tail = f" -> {shown[0]}" if len(shown) == 1 else f" -> ({', '.join(shown)})" if shown else ""
     return _wrap(4, f'"""{name}(', args, f'){tail}"""')
 
 

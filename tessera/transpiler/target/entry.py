@@ -1,16 +1,17 @@
 """A graph function's entry as every backend exposes it: parameters, sizes, guards.
 
 An entry takes the function's tensors and scalars in ``.tsr`` order, then its
-result (``out``), then every size symbol in order of first appearance in the
-tensors' dims. The metadata (``--emit meta``) describes it the same way for
-every target, so that one argument checker serves all runtimes.
+results (``out``, or ``out0``, ``out1``, ... for several), then every size symbol
+in order of first appearance in the tensors' dims. The metadata (``--emit meta``)
+describes it the same way for every target, so that one argument checker serves
+all runtimes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..graph.ir import walk
+from ..graph.ir import result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
 
@@ -29,14 +30,14 @@ def symbols(types: list[Any]) -> tuple[str, ...]:
 
 
 def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
-    """The entry's parameters by name and type: the function's inputs, then its result."""
+    """The entry's parameters by name and type: the function's inputs, then its results."""
     by_name: dict[str, Any] = {}
     for kernel in program.kernels:
         for p in kernel.params:
             by_name.setdefault(p.name, p.type)
     names = [n.removeprefix("%") for n in program.host.inputs]
-    if program.host.result is not None and program.host.kind != "declaration":
-        names.append("out")
+    if program.host.kind != "declaration":
+        names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
     return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name]
 
@@ -53,10 +54,11 @@ def written(program: TileProgram, name: str) -> bool:
 def signature_meta(program: TileProgram) -> dict[str, Any]:
     """The entry's parameters, sizes, result and guards, as the metadata holds them."""
     params = []
+    results = result_names(len(program.host.results))
     defaults = {n.removeprefix("%"): v for n, v in program.host.defaults}
     for name, t in entry_params(program):
         if isinstance(t, TensorType):
-            io = "out" if name == "out" else "inout" if written(program, name) else "in"
+            io = "out" if name in results else "inout" if written(program, name) else "in"
             params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
                            "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
         else:
@@ -67,7 +69,7 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
         "name": program.host.function,
         "params": params,
         "dims": list(symbols([t for _, t in entry_params(program)])),
-        "result": "out" if any(p["name"] == "out" for p in params) else None,
+        "results": [p["name"] for p in params if p["name"] in results],
         "guards": [{"kind": g.kind, "left": str(g.left), "right": str(g.right),
                     "reason": g.reason} for g in program.host.guards],
     }  # fmt: skip

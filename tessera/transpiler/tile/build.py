@@ -16,7 +16,7 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
-from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
+from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType, in_memory
 from ..options import Options
@@ -93,12 +93,15 @@ def _lower_launch(
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
     names = {name: value for value, name in _named_values(function)}
-    result = function.body.yields[0] if function.body.yields else None
+    yields = function.body.yields
+    # A kernel takes a result by the name the entry passes it under (``out``, or ``out0``,
+    # ``out1``, ...), an intermediate by the name every launch takes it by.
+    results = {v.id: out for v, out in zip(yields, result_names(len(yields)), strict=True)}
     rename: dict[int, Value] = {}
     for printed in (*launch.reads, *launch.writes):
         if printed in names:
             v = names[printed]
-            rename[v.id] = new_value(in_memory(v.type), _param_name(v, result, printed))
+            rename[v.id] = new_value(in_memory(v.type), results.get(v.id, param_name(printed)))
     ops = kernel_order([function.body.ops[i] for i in group.ops])
     split = next(
         (op for op in ops if op.kind == "split_qkv" and op.result.type.dims[-3].constant is None),
@@ -267,13 +270,6 @@ def _chain(ops: list[Op], result: Value) -> bool:
         )
         for op in ops
     )
-
-
-def _param_name(value: Value, result: Value | None, printed: str) -> str:
-    """A kernel parameter's name: ``out`` for the function's result, named in the source
-    or not, which the entry passes under that name; else the name every launch takes the
-    value by (``param_name``: an intermediate buffer is passed under it)."""
-    return "out" if value is result else param_name(printed)
 
 
 def _named_values(function: Function) -> list[tuple[Value, str]]:
