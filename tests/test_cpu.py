@@ -517,3 +517,19 @@ def math(x: Tensor["N", f32], e: Tensor["N", f32], t: Tensor["N", f32]):
     finite = np.isfinite(x)
     assert np.max(np.abs(t[finite] - want_t[finite])) < 3e-7
     assert (t[-4], t[-3]) == (-1.0, 1.0) and np.isnan(t[-2])
+
+
+def test_keyword_only_parameters_are_taken_by_name_only() -> None:
+    """As in Python: a parameter after a bare ``*`` cannot be passed by position, and
+    the callable's docstring shows the ``*``."""
+    src = """\
+@kernel
+def f(x: Tensor["N", f32], *, scale: float, shift: float = 1.0) -> Tensor["N", f32]:
+    return x * scale + shift
+"""
+    f = tessera.compile(src, target="cpu").load().f
+    assert f.__doc__ == "f(x: f32[N], *, scale: float, shift: float = 1.0, out=None)"
+    x = np.random.default_rng(2).standard_normal(13, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"takes 1 positional arguments \(scale, shift by name"):
+        f(x, 2.0)
+    np.testing.assert_allclose(f(x, scale=2.0), f64(x) * 2.0 + 1.0, rtol=1e-6)

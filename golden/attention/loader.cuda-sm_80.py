@@ -127,14 +127,15 @@ def flash_attention(
     q: cupy.ndarray,
     k: cupy.ndarray,
     v: cupy.ndarray,
-    causal: bool,
     *,
+    causal: bool,
     out: cupy.ndarray | None = None,
 ) -> cupy.ndarray:
     """flash_attention(
         q: bf16[BH, S, D],
         k: bf16[BH, S, D],
         v: bf16[BH, S, D],
+        *,
         causal: bool,
     ) -> bf16[BH, S, D]"""
     q = _tensor("flash_attention", "q", q, "uint16", 3)

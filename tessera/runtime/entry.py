@@ -15,6 +15,7 @@ import numpy as np
 
 from ..transpiler.graph.dims import Dim, parse_dim
 from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.target.entry import signature_items
 from ..transpiler.tile.interpret import numpy_dtype
 from .foreign import TensorView, host_array, host_view, numpy_view
 
@@ -48,29 +49,34 @@ class Entry:
         self._dtypes = {p["name"]: np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
         self._inputs = [p for p in self._params if p.get("io") != "out"]
+        #: The inputs a caller may pass by position: those before a bare ``*``.
+        self._positional = [p for p in self._inputs if not p.get("keyword_only")]
         self._input_names = {p["name"] for p in self._inputs}
         by_name = {p["name"]: p for p in self._params}
         self._results = [by_name[name] for name in meta["results"]]
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
-        out = []
-        for p in self._params:
-            if p["kind"] == "scalar":
-                default = f" = {p['default']!r}" if "default" in p else ""
-                out.append(f"{p['name']}: {p['type']}{default}")
-            elif p["io"] != "out":
-                out.append(f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]")
-        return out
+        """The parameters as the docstring shows them, ``out`` last."""
+        items = signature_items(self._inputs)
+        if len(self._inputs) < len(self._params):
+            items += [] if "*" in items else ["*"]
+            items.append("out=None")
+        return items
 
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         """Run the function. ``out`` is an optional preallocated result array, or for a
         function of several results a tuple of them (``None`` where one is allocated),
         as numpy's ufuncs take it. A function of several results returns a tuple."""
-        inputs = self._inputs
-        if len(args) > len(inputs):
-            raise TypeError(f"{self.name}() takes {len(inputs)} arguments, {len(args)} given")
-        values = dict(zip((p["name"] for p in inputs), args, strict=False))
+        inputs, positional = self._inputs, self._positional
+        if len(args) > len(positional):
+            named = [p["name"] for p in inputs if p.get("keyword_only")]
+            only = f" ({', '.join(named)} by name only)" if named else ""
+            raise TypeError(
+                f"{self.name}() takes {len(positional)} positional arguments{only}, "
+                f"{len(args)} given"
+            )
+        values = dict(zip((p["name"] for p in positional), args, strict=False))
         for name, value in kwargs.items():
             if name not in self._input_names:
                 raise TypeError(f"{self.name}() has no parameter '{name}'")

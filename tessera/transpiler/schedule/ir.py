@@ -105,6 +105,8 @@ class HostProgram:
     span: Span | None = field(default=None, compare=False, repr=False)
     #: The defaults of scalar inputs, by input name.
     defaults: tuple[tuple[str, bool | int | float], ...] = ()
+    #: The inputs declared after a bare ``*``: a caller passes them by name.
+    keyword_only: tuple[str, ...] = ()
     #: The inputs' declared types, in order, then the results': a kernel may read an input
     #: or write a result with other dims (a reshape), but the entry takes them as
     #: declared.

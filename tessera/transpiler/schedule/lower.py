@@ -142,6 +142,7 @@ class _Scheduler:
         inputs = tuple(self.names[p.value.id] for p in f.params)
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
+        keyword_only = tuple(self.names[p.value.id] for p in f.params if p.keyword_only)
         results = tuple(self.names[v.id] for v in f.body.yields)
         declared = result_types(f.result_type) or tuple(v.type for v in f.body.yields)
         types = tuple(p.value.type for p in f.params) + tuple(
@@ -149,8 +150,9 @@ class _Scheduler:
         )
         if f.kind == "declaration":
             return HostProgram(
-                f.name, f.kind, inputs, results, (), span=f.span, defaults=defaults, types=types
-            )
+                f.name, f.kind, inputs, results, (), span=f.span, defaults=defaults,
+                keyword_only=keyword_only, types=types,
+            )  # fmt: skip
         launches = []
         writer: dict[int, int] = {}
         for index, group in enumerate(f.groups):
@@ -162,7 +164,7 @@ class _Scheduler:
         return HostProgram(
             f.name, f.kind, inputs, results, tuple(launches),
             self._buffers(writer), tuple(self.guards), span=f.span, defaults=defaults,
-            types=types,
+            keyword_only=keyword_only, types=types,
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:

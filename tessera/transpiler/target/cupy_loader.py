@@ -19,6 +19,7 @@ from typing import Any
 from ..graph.dims import parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
+from .entry import signature_items
 from .render import environment
 
 __all__ = ["LoaderError", "python_loader"]
@@ -153,18 +154,24 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))
     if results:
         body.append(f"    return {', '.join(r['name'] for r in results)}")
-    # Defaults as the .tsr file gives them, where Python allows them: on the parameters
-    # after the last one without.
-    required = max((i for i, p in enumerate(inputs) if "default" not in p), default=-1)
+    # Defaults as the .tsr file gives them, where Python allows them: on the positional
+    # parameters after the last one without, and on every keyword-only one.
+    positional = [p for p in inputs if not p.get("keyword_only")]
+    required = max((i for i, p in enumerate(positional) if "default" not in p), default=-1)
     params = [f"{p['name']}: {'cupy.ndarray' if p['kind'] == 'tensor' else p['type']}"
-              + (f" = {p['default']!r}" if i > required else "")
-              for i, p in enumerate(inputs)]  # fmt: skip
+              + (f" = {p['default']!r}" if "default" in p and (i > required or i < 0) else "")
+              for i, p in [*enumerate(positional), *((-1, p) for p in inputs
+                                                    if p.get("keyword_only"))]]  # fmt: skip
+    if len(positional) < len(inputs):
+        params.insert(len(positional), "*")
     returns = "None"
+    if results:
+        params += [] if "*" in params else ["*"]
     if len(results) == 1:
-        params += ["*", "out: cupy.ndarray | None = None"]
+        params.append("out: cupy.ndarray | None = None")
         returns = "cupy.ndarray"
     elif results:
-        params += ["*", "out: tuple | None = None"]
+        params.append("out: tuple | None = None")
         returns = f"tuple[{', '.join(['cupy.ndarray'] * len(results))}]"
     return {
         "signature": _wrap(0, f"def {name}(", params, f") -> {returns}:"),
@@ -239,9 +246,7 @@ def _quoted(text: str, prefix: str = "") -> str:
 def _doc(name: str, inputs: list[Mapping[str, Any]], results: list[Mapping[str, Any]]) -> list[str]:
     """The signature as the ``.tsr`` file gives it, dtypes and dims included: the
     docstring, on one line or one argument per line."""
-    args = [f"{p['name']}: {p['type']}" + (f" = {p['default']!r}" if "default" in p else "")
-            if p["kind"] == "scalar"
-            else f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]" for p in inputs]  # fmt: skip
+    args = signature_items(inputs)
     shown = [f"{r['dtype']}[{', '.join(r['dims'])}]" for r in results]
     tail = f" -> {shown[0]}" if len(shown) == 1 else f" -> ({', '.join(shown)})" if shown else ""
     return _wrap(4, f'"""{name}(', args, f'){tail}"""')

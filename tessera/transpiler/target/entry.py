@@ -9,13 +9,14 @@ all runtimes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..graph.ir import result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
 
-__all__ = ["symbols", "entry_params", "written", "signature_meta"]
+__all__ = ["signature_items", "symbols", "entry_params", "written", "signature_meta"]
 
 
 def symbols(types: list[Any]) -> tuple[str, ...]:
@@ -51,11 +52,28 @@ def written(program: TileProgram, name: str) -> bool:
     )
 
 
+def signature_items(inputs: list[Mapping[str, Any]]) -> list[str]:
+    """An entry's inputs as its documentation shows them, from their metadata: dtypes,
+    dims and defaults as the ``.tsr`` file gives them, and ``*`` before the keyword-only
+    ones (``q: bf16[BH, S, D], *, causal: bool``)."""
+    items = []
+    for p in inputs:
+        if p.get("keyword_only") and "*" not in items:
+            items.append("*")
+        if p["kind"] == "scalar":
+            default = f" = {p['default']!r}" if "default" in p else ""
+            items.append(f"{p['name']}: {p['type']}{default}")
+        else:
+            items.append(f"{p['name']}: {p['dtype']}[{', '.join(p['dims'])}]")
+    return items
+
+
 def signature_meta(program: TileProgram) -> dict[str, Any]:
     """The entry's parameters, sizes, result and guards, as the metadata holds them."""
     params = []
     results = result_names(len(program.host.results))
     defaults = {n.removeprefix("%"): v for n, v in program.host.defaults}
+    keyword_only = {n.removeprefix("%") for n in program.host.keyword_only}
     for name, t in entry_params(program):
         if isinstance(t, TensorType):
             io = "out" if name in results else "inout" if written(program, name) else "in"
@@ -65,6 +83,8 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
             params.append({"name": name, "kind": "scalar", "type": t.kind})
             if name in defaults:
                 params[-1]["default"] = defaults[name]
+        if name in keyword_only:
+            params[-1]["keyword_only"] = True
     return {
         "name": program.host.function,
         "params": params,
