@@ -472,6 +472,13 @@ inline void mma_block(float* out, const float* a, const float* b, i64 ld_out, i6
   for (int r = 0; r < R; ++r) std::memcpy(out + r * ld_out, c[r], sizeof c[r]);
 }
 
+// A gathered element's column: the index (an integer held in a float tile) clamped into
+// [0, size), so that an index nobody checked still reads inside the row.
+inline i64 clamp_index(float index, i64 size) {
+  const i64 i = static_cast<i64>(index);
+  return i < 0 ? 0 : i < size ? i : size - 1;
+}
+
 // How much of a tile axis of `size` elements is live: `bound` clamped to [0, size].
 inline i64 live(i64 size, i64 bound) { return bound < 0 ? 0 : bound < size ? bound : size; }
 
