@@ -30,8 +30,10 @@ from .test_opencl import _platform
 
 SOURCE = """\
 @kernel
-def cross_entropy(logits: Tensor["N", "C", f32], labels: Tensor["N", 1, i32]) -> Tensor["N", 1, f32]:
-    return logsumexp_safe(logits, axis=-1, keepdims=True) - take_along_axis(logits, labels, axis=-1)
+def cross_entropy(logits: Tensor["N", "C", f32],
+                  labels: Tensor["N", 1, i32]) -> Tensor["N", 1, f32]:
+    lse = logsumexp_safe(logits, axis=-1, keepdims=True)
+    return lse - take_along_axis(logits, labels, axis=-1)
 
 @kernel
 def columns(x: Tensor["N", "C", f32], idx: Tensor["N", "K", i32]) -> Tensor["N", "K", f32]:
