@@ -285,6 +285,12 @@ CASES = (
     Case("tessera/stdlib/logsumexp.tsr", "logsumexp",
          lambda rng: {"x": _normal(rng, (R, C), scale=30.0)},
          lambda a: {"out": logsumexp(a["x"])}, 1e-6),
+    # a tile kernel has no range check: indices past either end are clamped into the row
+    Case("tessera/stdlib/take_along_axis.tsr", "take_along_axis",
+         lambda rng: {"x": _normal(rng, (R, C)),
+                      "index": rng.integers(-5, C + 5, (R, 7)).astype(np.int32)},
+         lambda a: {"out": np.take_along_axis(f64(a["x"]), np.clip(a["index"], 0, C - 1),
+                                              axis=-1)}, 1e-7),
     Case("tessera/stdlib/fused_adam.tsr", "fused_adam",
          lambda rng: {"param": _normal(rng, (1100,)), "grad": _normal(rng, (1100,)),
                       "exp_avg": _normal(rng, (1100,), scale=0.1),

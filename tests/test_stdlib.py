@@ -30,6 +30,7 @@ EXPECTED = {
     "row_mean": ("reduction", ["ceil(R/4)"]),
     "row_sum": ("reduction", ["ceil(R/4)"]),
     "softmax": ("reduction", ["ceil(R/4)"]),
+    "take_along_axis": ("reduction", ["ceil(R/4)"]),
     "transpose": ("layout", ["ceil(M/64)", "ceil(N/64)"]),
 }
 

@@ -96,7 +96,7 @@ class Entry:
                 arrays[p["name"]] = self._tensor(p, values[p["name"]], sizes)
             else:
                 values[p["name"]] = self._scalar(p, values[p["name"]])
-        self._check_guards(sizes)
+        self._check_guards(sizes, values)
         results = []
         for p, given in zip(self._results, self._outs(out), strict=True):
             if given is None:
@@ -234,10 +234,13 @@ class Entry:
         checked inputs, for a backend that allocates where they lie."""
         return np.empty(shape, dtype=dtype)
 
-    def _check_guards(self, sizes: Mapping[str, int]) -> None:
+    def _check_guards(self, sizes: Mapping[str, int], values: Mapping[str, Any]) -> None:
         for g in self.meta["guards"]:
             left = evaluate(g["left"], sizes, "guard")
             right = evaluate(g["right"], sizes, "guard")
+            if g["kind"] == "indices":
+                self._check_indices(g, values[g["tensor"]], left, right)
+                continue
             ok = {"equal": left == right, "divisible": right != 0 and left % right == 0,
                   "at_most": left <= right, "at_least": left >= right}[g["kind"]]  # fmt: skip
             if not ok:
@@ -249,6 +252,32 @@ class Entry:
                     f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
                     f"{relation[g['kind']]} {shown} ({g['reason']})"
                 )
+
+    def _check_indices(self, g: Mapping[str, Any], array: Any, low: int, bound: int) -> None:
+        """An index tensor's values are in ``[low, bound)``: a gather's kernel would
+        clamp a wrong one, and give a wrong answer without a word."""
+        extremes = _extremes(array)
+        if extremes is None:
+            return
+        smallest, largest = extremes
+        if low <= smallest and largest < bound:
+            return
+        bad = smallest if smallest < low else largest
+        shown = g["right"] if g["right"].isdigit() else f"{g['right']} = {bound}"
+        raise ValueError(
+            f"{self.name}(): '{g['tensor']}' holds the index {bad}, outside [{g['left']}, "
+            f"{shown}) ({g['reason']})"
+        )
+
+
+def _extremes(array: Any) -> tuple[int, int] | None:
+    """The smallest and largest element of a checked tensor argument, reduced where it
+    lies (numpy's, cupy's and torch's ``min`` and ``max``: two numbers come back from a
+    GPU, not the tensor); None for an empty one."""
+    numel = getattr(array, "numel", None)
+    if (numel() if callable(numel) else array.size) == 0:
+        return None
+    return int(array.min()), int(array.max())
 
 
 class Library:

@@ -217,16 +217,27 @@ def use_simulator(monkeypatch: Any, cupy: Any, sanitize: bool = False) -> None:
 
 class DeviceArray:
     """An array in the simulated GPU's memory: host memory, so that addresses are real.
-    It shows what CuPy's arrays show a caller (shape, dtype, flags)."""
+    It shows what CuPy's arrays show a caller (shape, dtype, flags, size), and reduces
+    as they do (``min``, ``max``: a 0-d array)."""
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
-        self.shape, self.dtype, self.ndim, self.flags = (
+        self.shape, self.dtype, self.ndim, self.flags, self.size = (
             data.shape,
             data.dtype,
             data.ndim,
             data.flags,
+            data.size,
         )
+
+    def min(self) -> DeviceArray:
+        return DeviceArray(np.asarray(self.data.min()))
+
+    def max(self) -> DeviceArray:
+        return DeviceArray(np.asarray(self.data.max()))
+
+    def __int__(self) -> int:
+        return int(self.data)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

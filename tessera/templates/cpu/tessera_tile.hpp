@@ -247,6 +247,15 @@ inline float exp_nonpositive(float x) {
 inline float max_of(float a, float b) { return a >= b || b != b ? a : b; }
 inline float min_of(float a, float b) { return a <= b || b != b ? a : b; }
 
+// ---------------------------------------------------------------- gather
+
+// A gathered element's column: the index (an integer held in a float tile) clamped into
+// [0, size), so that an index nobody checked still reads inside the row.
+inline i64 clamp_index(float index, i64 size) {
+  const i64 i = static_cast<i64>(index);
+  return i < 0 ? 0 : i < size ? i : size - 1;
+}
+
 // ---------------------------------------------------------------- dropout
 
 // Philox4x32-10 (Salmon, Moraes, Dror and Shaw, SC'11), the first word of the block for

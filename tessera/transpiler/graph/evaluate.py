@@ -658,8 +658,8 @@ class Evaluator:
             return size + Dim.const(i) if i < 0 else Dim.const(i)
         gather = ""
         if isinstance(ev.value, Value) and isinstance(ev.value.type, TensorType):
-            gather = " (indexing by a tensor's values, a gather such as x[i, labels[i]], is not "
-            gather += "supported yet)"
+            gather = " (a gather by a tensor's values, x[i, labels[i]], is "
+            gather += "take_along_axis(x, labels, axis=-1))"
         raise SemanticError(
             f"an index or a slice bound is an integer or a size, not {describe(ev.value)}" + gather,
             ev.span,

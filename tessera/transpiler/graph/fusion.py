@@ -66,7 +66,7 @@ _ANCHORS = {
 }
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
-    "rmsnorm", "rmsnorm_safe", "sum", "max", "mean",
+    "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
@@ -303,7 +303,10 @@ def _kernels(
             viewed = sorted({i for g in kept for i in g})
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
-            for v in sorted(op.operands, key=lambda v: -kernel_of.get(v.id, -1)):
+            # a row kernel computes a prologue where it loads its first operand only (a
+            # norm's weight, a gather's indices are read from memory)
+            joinable = op.operands if cls == "elementwise" else op.operands[:1]
+            for v in sorted(joinable, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)
                 alone = uses.get(v.id) == 1 or v.id in shared
                 if k is None or not alone or not can_join(k, op, v.id):

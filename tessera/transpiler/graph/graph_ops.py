@@ -623,6 +623,68 @@ def _logsumexp(call: OpCall) -> object:
     )  # fmt: skip
 
 
+@register("take_along_axis", P("x"), P("indices"), P("axis", -1))
+def _take_along_axis(call: OpCall) -> object:
+    """Elements of ``x`` picked along ``axis`` by an integer tensor, as numpy's
+    ``take_along_axis``: ``out[i, j] = x[i, indices[i, j]]`` for ``axis=-1``, the gather
+    that a loss from integer labels reads (``take_along_axis(logits, labels, axis=-1)`` of
+    ``labels [N, 1]``). ``indices`` has ``x``'s rank and its sizes on the other axes; the
+    result has ``indices``' shape and ``x``'s dtype. Where ``indices`` is a parameter, a
+    value outside ``[0, x.shape[axis])`` is a ``ValueError`` before the launch, on every
+    target; an index computed in the function is clamped into that range, so no read is
+    ever out of bounds. Another axis than the last is gathered between transposes."""
+    x = _float_input(call, "x")
+    indices = call.tensor("indices")
+    if indices.type.dtype.kind != "int":
+        raise call.error(
+            f"the indices must be an integer tensor; {call.ev('indices').text} is "
+            f"{indices.type.dtype}", at="indices",
+        )  # fmt: skip
+    rank = x.type.rank
+    if indices.type.rank != rank or rank == 0:
+        raise call.error(
+            f"the indices need x's rank, at least 1; {call.shape_of('x')}, "
+            f"{call.shape_of('indices')}", at="indices",
+        )  # fmt: skip
+    axis = call.axis("axis", rank)
+    for k in range(rank):
+        if k != axis:
+            call.same_dim(
+                indices.type.dims[k], x.type.dims[k],
+                lambda: f"the indices' sizes on the other axes are x's: {call.shape_of('x')}, "
+                f"{call.shape_of('indices')}",
+                f"indices size {indices.type.dims[k]} == {x.type.dims[k]}", ("x", "indices"),
+            )  # fmt: skip
+    call.emitter.index_guard(indices, x.type.dims[axis], call.shown, call.span)
+    perm = (*(k for k in range(rank) if k != axis), axis)
+    if perm == tuple(range(rank)):
+        return _gathered_rows(call, x, indices)
+    back = tuple(perm.index(k) for k in range(rank))
+    moved = _gathered_rows(call, _permuted(call, x, perm), _permuted(call, indices, perm))
+    return _permuted(call, moved, back)
+
+
+def _permuted(call: OpCall, x: Value, perm: tuple[int, ...]) -> Value:
+    dims = tuple(x.type.dims[i] for i in perm)
+    return call.emit("transpose", (x,), TensorType(dims, x.type.dtype), attrs=(("perm", perm),))
+
+
+def _gathered_rows(call: OpCall, x: Value, indices: Value) -> Value:
+    """``take_along_axis`` over the last axis, the library kernel's; a vector is the
+    one row of itself viewed as ``[1, N]``."""
+    out = TensorType(indices.type.dims, x.type.dtype)
+    if x.type.rank > 1:
+        return call.emit("take_along_axis", (x, indices), out)
+    rows = [_as_row(call, v) for v in (x, indices)]
+    row = call.emit("take_along_axis", tuple(rows), TensorType(rows[1].type.dims, x.type.dtype))
+    return call.emit("reshape", (row,), out, attrs=(("shape", out.dims),))
+
+
+def _as_row(call: OpCall, v: Value) -> Value:
+    dims = (Dim.const(1), *v.type.dims)
+    return call.emit("reshape", (v,), TensorType(dims, v.type.dtype), attrs=(("shape", dims),))
+
+
 def _norm(kind: str, with_bias: bool) -> Callable[[OpCall], object]:
     def rule(call: OpCall) -> object:
         x = _float_input(call, "x")

@@ -86,6 +86,8 @@ class Guard:
     ``kind`` is ``"equal"`` (``left == right``), ``"divisible"`` (``left``
     is a multiple of ``right``), ``"at_most"`` (``left <= right``) or ``"at_least"``
     (``left >= right``). The left side is the one a failed check names.
+    ``"indices"`` is on the values of the integer tensor parameter ``tensor``: each is
+    in ``[left, right)`` (a gather's index, ``take_along_axis``'s, within the axis).
     """
 
     kind: str
@@ -93,8 +95,11 @@ class Guard:
     right: Dim
     reason: str
     span: Span | None = field(default=None, compare=False, repr=False)
+    tensor: str = ""
 
     def __str__(self) -> str:
+        if self.kind == "indices":
+            return f"{self.left} <= {self.tensor}[...] < {self.right}"
         if self.kind == "divisible":
             return f"{self.left} % {self.right} == 0"
         relation = {"equal": "==", "at_most": "<=", "at_least": ">="}[self.kind]

@@ -318,6 +318,18 @@ class _FunctionAnalyzer:
         if all((g.kind, g.left, g.right) != (kind, left, right) for g in self.guards):
             self.guards.append(guard)
 
+    def index_guard(self, indices: Value, bound: Dim, reason: str, span: Span) -> bool:
+        """Check at run time that the values of ``indices`` lie in ``[0, bound)``, where
+        ``indices`` is a parameter; False where it is an intermediate, which no entry
+        sees (the kernel clamps such an index instead)."""
+        if indices.id not in self.param_spans:
+            return False
+        name = self.param_spans[indices.id][0]
+        guard = Guard("indices", Dim.const(0), bound, reason, span, tensor=name)
+        if all((g.kind, g.tensor, g.right) != ("indices", name, bound) for g in self.guards):
+            self.guards.append(guard)
+        return True
+
     def attach(self, result: Value, attr: tuple[str, Any]) -> None:
         """Add an attribute to the op that produced ``result``."""
         ops = self.blocks[-1]

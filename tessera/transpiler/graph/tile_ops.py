@@ -394,6 +394,28 @@ def _col_index(call: OpCall) -> object:
     return call.emit("tile.col_index", (block,), TileType((block.type.size,), I32))
 
 
+@register("tile.gather", P("x"), P("index"), level="tile")
+def _gather(call: OpCall) -> object:
+    """Elements of each row of ``x`` picked by an integer tile: ``out[i, j] = x[i,
+    index[i, j]]`` (numpy's ``take_along_axis`` over the last axis). ``index`` has
+    ``x``'s rows; the result has ``index``'s shape and ``x``'s dtype. An index outside
+    ``[0, columns)`` is clamped into it, so no read is out of bounds: a graph function's
+    ``take_along_axis`` checks its index parameter's range before the launch."""
+    x, index = call.tensor("x"), call.tensor("index")
+    if index.type.dtype.kind != "int":
+        raise call.error(
+            f"the index must be an integer tile; {call.ev('index').text} is {index.type.dtype}",
+            at="index",
+        )
+    if x.type.rank != 2 or index.type.rank != 2:
+        raise call.error(
+            f"gathers from rows of a 2-D tile by a 2-D index; {dims_text(x.type.dims)} by "
+            f"{dims_text(index.type.dims)}"
+        )
+    _same(call, x.type.dims[0], index.type.dims[0], "the index's rows and x's")
+    return call.emit("tile.gather", (x, index), x.type.with_(dims=index.type.dims))
+
+
 @register("tile.broadcast", P("x"), P("shape"), level="tile")
 def _broadcast(call: OpCall) -> object:
     """Stretch a tile to ``shape``; dims of size 1 stretch, others must match."""

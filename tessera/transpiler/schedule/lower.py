@@ -51,7 +51,7 @@ TEMPLATES = {
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
-    "rotary_embedding": "rotary_embedding",
+    "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
 }  # fmt: skip
 
 

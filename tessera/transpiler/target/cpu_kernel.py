@@ -34,7 +34,8 @@ C_TYPES = {
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
-         "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2"}  # fmt: skip
+         "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2",
+         "i32": "std::trunc"}  # fmt: skip
 _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "tsr::i64"}
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
@@ -514,6 +515,18 @@ class _Emitter:
 
     def op_sum(self, op: Op) -> None:
         self._reduce(op, "r + {x}", "0.0f", "+")
+
+    def op_gather(self, op: Op) -> None:
+        """``out[i, j] = x[i, index[i, j]]``, the index clamped into the row: an index the
+        entry did not check (one computed in the function) reads inside the row."""
+        x, index = op.operands
+        out = _shape(op.result.type)
+        cols = self.factor(_shape(x.type)[1])
+        name = self.allocate(op.result)
+        column = f"tsr::clamp_index({self._arg(index, out)}, {cols})"
+        self._loops(
+            out, f"{name}[{self._index(op.result, out)}] = {self.name(x)}[i * {cols} + {column}];"
+        )
 
     def op_split(self, op: Op) -> None:
         x = op.operands[0]

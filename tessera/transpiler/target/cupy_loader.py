@@ -33,7 +33,7 @@ _WIDTH = 88  # black's default line length
 #: The module's own names, which a function's body reads: a size does not take them, and
 #: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
-    _DEFAULT_SMEM _module _kernel _launch _driver _tensor_map _tensor _shape"""
+    _DEFAULT_SMEM _module _kernel _launch _driver _tensor_map _tensor _shape _indices"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
@@ -54,10 +54,11 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
                 )
     functions = [_function(f) for f in meta["functions"]]
     tma = any("tensor_maps" in launch for f in meta["functions"] for launch in f["launches"])
+    indices = any(g["kind"] == "indices" for f in meta["functions"] for g in f["guards"])
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
-        tma=tma,
+        tma=tma, indices=indices,
     )  # fmt: skip
 
 
@@ -213,6 +214,11 @@ def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> lis
     """The guard's test and the runtime's message, split before the reason when the
     message does not fit on a line."""
     left, right = _paren(_py_size(g["left"], names)), _paren(_py_size(g["right"], names))
+    if g["kind"] == "indices":
+        shown = _quoted(g["right"] if g["right"].isdigit() else f"{g['right']} = {{{right}}}", "f")
+        args = [f'"{function}"', f'"{g["tensor"]}"', g["tensor"], left, right, shown,
+                _quoted(g["reason"])]  # fmt: skip
+        return _wrap(4, "_indices(", args, ")")
     if g["kind"] == "divisible":
         nonzero = "" if right.isdigit() and int(right) else f"{right} == 0 or "
         test, relation = f"{nonzero}{left} % {right} != 0", "% ... == 0 with"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..graph.ir import result_names, walk
+from ..graph.ir import Guard, result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
 
@@ -90,6 +90,13 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
         "params": params,
         "dims": list(symbols([t for _, t in entry_params(program)])),
         "results": [p["name"] for p in params if p["name"] in results],
-        "guards": [{"kind": g.kind, "left": str(g.left), "right": str(g.right),
-                    "reason": g.reason} for g in program.host.guards],
+        "guards": [_guard_meta(g) for g in program.host.guards],
     }  # fmt: skip
+
+
+def _guard_meta(g: Guard) -> dict[str, str]:
+    """A guard as the metadata holds it; one on a tensor's values names the tensor."""
+    meta = {"kind": g.kind, "left": str(g.left), "right": str(g.right), "reason": g.reason}
+    if g.kind == "indices":
+        meta["tensor"] = g.tensor
+    return meta

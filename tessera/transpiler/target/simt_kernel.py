@@ -605,6 +605,19 @@ class _Emitter(TileOps, TmaCopies):
 
         self.lazy(op.results[0], dropped, op.operands[0])
 
+    def op_gather(self, op: Op) -> None:
+        """``out[i, j] = x[i, index[i, j]]``, the index clamped into the row, as an
+        expression: a row of ``x`` loaded from memory is read where it lies."""
+        x, index = op.operands
+        out, rows = tuple(op.result.type.dims), tuple(x.type.dims)
+        cols = self.c(rows[1])
+
+        def element(idx: tuple[str, ...]) -> str:
+            column = f"tsr_clamp_index({_bare(self.at(index, idx, out))}, {cols})"
+            return self.at(x, (idx[0], column), rows)
+
+        self.lazy(op.result, element, x, index)
+
     def op_split(self, op: Op) -> None:
         x = op.operands[0]
         axis = op.attr("axis") % len(x.type.dims)

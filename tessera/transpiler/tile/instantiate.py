@@ -56,6 +56,7 @@ TEMPLATE_PARAMS = {
     "row_mean": ("x",),
     "row_max": ("x",),
     "logsumexp": ("x",),
+    "take_along_axis": ("x", "index"),
 }
 
 

@@ -283,6 +283,10 @@ class _Program:
     def op_sum(self, op: Op, x: np.ndarray) -> np.ndarray:
         return x.sum(axis=op.attr("axis"), dtype=np.float32)
 
+    def op_gather(self, op: Op, x: np.ndarray, index: np.ndarray) -> np.ndarray:
+        columns = np.clip(np.asarray(index).astype(np.int64), 0, x.shape[1] - 1)
+        return np.take_along_axis(x, columns, axis=1)
+
     def op_split(self, op: Op, x: np.ndarray) -> tuple:
         return tuple(np.split(x, len(op.results), axis=op.attr("axis")))
 
