@@ -27,6 +27,7 @@ from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
+from .tile_sizes import head_dim_values
 from .types import (
     BlockType,
     ScalarType,
@@ -369,9 +370,11 @@ class _FunctionAnalyzer:
                     f"'{node.name}' declares a result but never returns one", node.span,
                     (Note("the result type is declared here", node.returns.span),),
                 )  # fmt: skip
-        ops = tuple(self.blocks[0])
+        body = Block((), tuple(self.blocks[0]), self.returned or ())
+        if kind == "tile":
+            body = head_dim_values(body, self.diags.error)
         function = Function(
-            node.name, kind, params, result_type, Block((), ops, self.returned or ()),
+            node.name, kind, params, result_type, body,
             tuple(self.guards), decorators, span=node.span,
             schedule=self.schedule, schedule_span=self.schedule_span,
         )  # fmt: skip
