@@ -962,7 +962,8 @@ def _all_reduce(call: OpCall) -> object:
 
 @register("cast", P("x"), P("dtype"))
 def _cast(call: OpCall) -> object:
-    """Convert to ``dtype``, rounding to nearest even (saturating for fp8 under ``@saturate``)."""
+    """Convert to ``dtype``, rounding to nearest even; past an fp8 dtype's range,
+    fp8_e4m3 gives NaN and fp8_e5m2 infinity (``@saturate`` does not clamp yet)."""
     x = call.tensor("x")
     dtype = call.dtype("dtype")
     return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))

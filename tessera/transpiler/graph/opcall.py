@@ -102,6 +102,8 @@ class Emitter(Protocol):
 
     def declaration_note(self, value: Any) -> tuple[Note, ...]: ...
 
+    def warning(self, message: str, span: Span) -> None: ...
+
 
 @dataclass
 class OpCall:
@@ -135,6 +137,10 @@ class OpCall:
     ) -> SemanticError:
         span = self.args[at].span if at is not None and at in self.args else self.span
         return SemanticError(f"{self.shown}: {message}", span, notes)
+
+    def warn(self, message: str, at: str) -> None:
+        """Warn at an argument, as ``error`` reports at one."""
+        self.emitter.warning(f"{self.shown}: {message}", self.args[at].span)
 
     def tensor(self, name: str) -> Value:
         """A tensor argument (a tile in a tile op)."""

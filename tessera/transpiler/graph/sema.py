@@ -18,12 +18,13 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from .annotations import resolve_type
+from .annotations import resolve_type, unimplemented_policies
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
 from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
+from .not_yet import NOT_YET, not_yet
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
@@ -51,11 +52,6 @@ from .values import (
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
 
-#: Decorators that are part of the language but not implemented, and what is missing.
-_NOT_YET = {
-    "autodiff": "Tessera does not differentiate functions yet",
-    "verify.numerics": "numerics are not verified yet",
-}
 #: Decorators a function may carry, and the keywords each accepts (None: no call).
 KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
@@ -325,6 +321,9 @@ class _FunctionAnalyzer:
                 ops[i] = replace(ops[i], attrs=(*ops[i].attrs, attr))
                 return
 
+    def warning(self, message: str, span: Span) -> None:
+        self.diags.warning(message, span)
+
     def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
         v = ev.value
         if isinstance(v, Value) and v.id in self.param_spans:
@@ -356,6 +355,7 @@ class _FunctionAnalyzer:
         if node.returns is not None:
             try:
                 result_type = resolve_type(node.returns, self.defines)
+                self._warn_unimplemented(node.returns)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
@@ -380,6 +380,10 @@ class _FunctionAnalyzer:
         )  # fmt: skip
         return function
 
+    def _warn_unimplemented(self, annotation: ast.TypeExpr) -> None:
+        for message, span in unimplemented_policies(annotation):
+            self.diags.warning(message, span)
+
     def _decorators(self) -> tuple[str, ...]:
         texts = []
         for decorator in self.node.decorators:
@@ -398,10 +402,8 @@ class _FunctionAnalyzer:
                 (Note("decorators: " + ", ".join("@" + d for d in KERNEL_DECORATORS)),),
             )
         accepted = KERNEL_DECORATORS[name]
-        if name in _NOT_YET:
-            self.diags.warning(
-                f"@{name} is accepted but has no effect yet: {_NOT_YET[name]}", decorator.span
-            )
+        if "@" + name in NOT_YET:
+            self.diags.warning(not_yet("@" + name), decorator.span)
         if decorator.args is None:
             if accepted is not None and name != "kernel.autotune":
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
@@ -504,6 +506,7 @@ class _FunctionAnalyzer:
                 continue
             try:
                 t = resolve_type(p.annotation, self.defines)
+                self._warn_unimplemented(p.annotation)
                 default = None if p.default is None else self._default(p, t)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
@@ -789,6 +792,7 @@ class _FunctionAnalyzer:
                 value = self.evaluator.eval(arg).value
                 if isinstance(value, Poison):
                     return
+            self.diags.warning(not_yet(f"with {name}(...)"), call.span)
             texts.append(print_expr(call))
         self.with_attrs.extend(texts)
         try:
@@ -1066,4 +1070,5 @@ class _CalledFrom:
         self._diags.error(message, span, (*notes, self._note))
 
     def warning(self, message: str, span: Span | None = None) -> None:
-        self._diags.warning(message, span)
+        if not any(d.message == message and d.span == span for d in self._diags.items):
+            self._diags.warning(message, span)
