@@ -15,6 +15,7 @@ from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 from tessera.transpiler.graph.opdocs import render_ops_doc
 
 from .conftest import ROOT
+from .reference import f32_attention_source
 
 pytestmark = pytest.mark.unit
 OPS_DOC = ROOT / "docs" / "ops.md"
@@ -84,12 +85,24 @@ class Figure:
 
     path: str
     text: str
-    figure: Callable[[], int]
+    figure: Callable[[], int | dict[str, int]]
     words: bool = True
 
     def expected(self) -> str:
-        n = self.figure()
-        return self.text.format(n=WORDS[n] if self.words and n < len(WORDS) else n)
+        """The sentence with the figure (``{n}``), or the named figures, in place."""
+        figures = self.figure()
+        figures = figures if isinstance(figures, dict) else {"n": figures}
+        return self.text.format(**{k: WORDS[n] if self.words and n < len(WORDS) else n
+                                   for k, n in figures.items()})  # fmt: skip
+
+
+def _hip_attention_plan() -> dict[str, int]:
+    """The schedule of f32 attention over a run-time head dim (128 wide) on gfx90a."""
+    program = tessera.compile(f32_attention_source(False), "attention.tsr", target="hip")
+    (launch,) = program.ir("sched").programs[0].launches
+    tiles = dict(launch.tiles)
+    return {"m": tiles["BM"], "n": tiles["BN"], "head": tiles["BD"], "warps": launch.warps,
+            "smem": launch.smem_bytes}  # fmt: skip
 
 
 VECTOR = 'v: Tensor["N", f32]'
@@ -108,6 +121,8 @@ FIGURES = [
            lambda: len(_launches("examples/mlp.tsr", "mlp"))),
     Figure("docs/cuda-backend.md", "and two of its {n} sm_80 kernels",
            lambda: sum(len(_launches("examples/mlp.tsr", f)) for f in ("linear_gelu", "mlp"))),
+    Figure("docs/schedule-ir.md", "f32 attention with a {head}-wide head on gfx90a runs {m} x {n} "
+           "blocks on {warps} wavefront, {smem} bytes of LDS", _hip_attention_plan),
     Figure("examples/norms.tsr", "Each is {n} kernel:",
            lambda: max(len(_launches("examples/norms.tsr", f))
                        for f in ("row_softmax", "pre_norm", "rms", "add_rms"))),
