@@ -573,7 +573,7 @@ def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> 
         ),
         # and then a reduction's prologue
         (
-            "    return sum(cast(x > 0.0, f32) * exp(x))\n",
+            "    return sum(cast(x > 0.0, f32) * exp(x), axis=-1)\n",
             [("reduction", ["greater", "cast", "exp", "mul", "sum"])],
         ),
         # a chain at a smaller shape is computed once, and read by the larger kernel

@@ -53,6 +53,22 @@ def flash_attention(q: Tensor["BH", "S", "D", f32], k: Tensor["BH", "S", "D", f3
     return acc / l[:, None]
 """
 
+#: Reductions over every axis, as numpy's are without ``axis`` (which warns, here in
+#: ``total``), at ragged sizes.
+EVERY_AXIS = """\
+@kernel
+def total(x: Tensor["B", "R", "C", f32]) -> Tensor[f32]:
+    return sum(x)
+
+@kernel
+def spread(x: Tensor["R", "C", f32]) -> Tensor[f32]:
+    return x.max(axis=None) - min(x, axis=None)
+
+@kernel
+def centered(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return x - mean(x, axis=None, keepdims=True)
+"""
+
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
            ("hip", "gfx90a")]  # fmt: skip
 
@@ -102,3 +118,25 @@ def test_the_seeds_head_dim_scale_is_the_head_dims(
     assert not np.isnan(out).any(), "some outputs were never written"
     error = np.abs(f64(out) - want).max() / np.abs(want).max()
     assert error < 1e-5, f"relative error {error:.2e}"
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a or t for t, a in TARGETS])
+def test_reductions_without_an_axis_reduce_every_axis(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``sum(x)``, ``max(x)``, ``min(x)`` and ``mean(x)`` as numpy computes them: to a 0-d
+    result, or one of shape ``[1, 1]`` broadcast back with ``keepdims``."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = _load(EVERY_AXIS, target, arch, monkeypatch, None)
+    rng = np.random.default_rng(7)
+    x3, x = rng.standard_normal((3, 37, 50)), rng.standard_normal((37, 50))
+    for name, arg, want in (
+        ("total", x3, f64(x3.astype(np.float32)).sum()),
+        ("spread", x, np.float32(x.max()) - np.float32(x.min())),
+        ("centered", x, f64(x.astype(np.float32)) - f64(x.astype(np.float32)).mean()),
+    ):
+        out = np.full(np.shape(want), np.nan, np.float32)
+        getattr(lib, name)(arg.astype(np.float32), out=out)
+        error = np.abs(f64(out) - want).max() / np.abs(want).max()
+        assert error < 1e-5, f"{name}: relative error {error:.2e}"

@@ -104,6 +104,8 @@ class Emitter(Protocol):
 
     def warning(self, message: str, span: Span) -> None: ...
 
+    def reduced_every_axis(self, old: tuple[Dim, ...], span: Span) -> None: ...
+
 
 @dataclass
 class OpCall:
@@ -138,9 +140,10 @@ class OpCall:
         span = self.args[at].span if at is not None and at in self.args else self.span
         return SemanticError(f"{self.shown}: {message}", span, notes)
 
-    def warn(self, message: str, at: str) -> None:
-        """Warn at an argument, as ``error`` reports at one."""
-        self.emitter.warning(f"{self.shown}: {message}", self.args[at].span)
+    def warn(self, message: str, at: str | None = None) -> None:
+        """Warn at an argument, or at the call, as ``error`` reports."""
+        span = self.args[at].span if at is not None else self.span
+        self.emitter.warning(f"{self.shown}: {message}", span)
 
     def tensor(self, name: str) -> Value:
         """A tensor argument (a tile in a tile op)."""

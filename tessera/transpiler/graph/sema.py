@@ -251,6 +251,9 @@ class _FunctionAnalyzer:
         self.schedule_span: Span | None = None
         #: the functions whose bodies are running here: this one, and those it calls
         self.stack: tuple[str, ...] = (node.name,)
+        #: reductions without ``axis=`` that reduced every axis, with the dims the old
+        #: default (the last axis) gave, for the error at a result declared so
+        self.every_axis: list[tuple[tuple[Dim, ...], Span]] = []
 
     # -- calls of the file's other functions -----------------------------------------
 
@@ -323,6 +326,9 @@ class _FunctionAnalyzer:
 
     def warning(self, message: str, span: Span) -> None:
         self.diags.warning(message, span)
+
+    def reduced_every_axis(self, old: tuple[Dim, ...], span: Span) -> None:
+        self.every_axis.append((old, span))
 
     def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
         v = ev.value
@@ -719,6 +725,23 @@ class _FunctionAnalyzer:
         except SemanticError:
             return None  # already reported
 
+    def _check_old_default(self, got: TensorType, declared: TensorType, ev: Ev) -> None:
+        """A declared result of the shape that a reduction without ``axis=`` gave when it
+        reduced the last axis only: the program relied on that default."""
+        if got.dims == declared.dims:
+            return
+        span = next((span for old, span in self.every_axis if old == declared.dims), None)
+        if span is not None:
+            raise SemanticError(
+                f"returns {dims_text(got.dims)}, but the declared result is "
+                f"{dims_text(declared.dims)}, which a reduction without axis= gave when it "
+                "reduced only the last axis: it now reduces every axis, as numpy and PyTorch "
+                "do; write axis=-1 to reduce the last one",
+                ev.span,
+                (Note("the reduction without axis= is here", span),
+                 Note("the result type is declared here", self.node.returns.span)),
+            )  # fmt: skip
+
     def _match_result(self, value: Value, declared: ValueType, ev: Ev) -> Value:
         note = (Note("the result type is declared here", self.node.returns.span),)
         got = value.type
@@ -736,6 +759,7 @@ class _FunctionAnalyzer:
                     note,
                 )
         else:
+            self._check_old_default(got, declared, ev)
             if got.rank != declared.rank:
                 raise SemanticError(
                     f"returns {dims_text(got.dims)}, but the declared result is "
