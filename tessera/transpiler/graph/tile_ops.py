@@ -413,7 +413,8 @@ def _broadcast(call: OpCall) -> object:
 def _range_n(call: OpCall) -> object:
     """Loop over ``extent`` in blocks of ``block`` rows: ``for b in tile.range_n(k.shape,
     T.n, prefetch=2)``. ``extent`` is a size, or a tensor's shape, whose second-to-last dim
-    (its rows) is used. ``prefetch`` is how many blocks to load ahead."""
+    (its rows) is used. ``prefetch`` is a hint that does nothing yet: the schedule's
+    ``stages`` decide how many blocks are loaded ahead."""
     raise call.error("can only be used as the iterable of a 'for' loop")
 
 
