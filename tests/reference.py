@@ -172,6 +172,24 @@ def adam(p: Any, g: Any, m: Any, v: Any, lr: float, step: int, b1: float, b2: fl
     return {"param": p - m_hat * lr / (np.sqrt(v_hat) + eps), "exp_avg": m, "exp_avg_sq": v}
 
 
+def decoder_block(a: dict[str, Any], heads: int) -> np.ndarray:
+    """``examples/decoder_block.tsr``: pre-norm attention over heads of 64 and a SwiGLU MLP,
+    each with its residual add."""
+    x = f64(a["x"])
+    rows = x.shape[0]
+
+    def split(t: np.ndarray) -> np.ndarray:
+        return t.reshape(rows, heads, 64).transpose(1, 0, 2)
+
+    h = rmsnorm(x, a["norm1"], 1e-6)
+    q, k, v = (split(h @ f64(a[w])) for w in ("wq", "wk", "wv"))
+    mixed = attention(q, k, v, causal=False).transpose(1, 0, 2).reshape(rows, -1)
+    x = x + mixed @ f64(a["wo"])
+    h = rmsnorm(x, a["norm2"], 1e-6)
+    gate = h @ f64(a["w1"])
+    return x + (gate / (1.0 + np.exp(-gate)) * (h @ f64(a["w3"]))) @ f64(a["w2"])
+
+
 @dataclass(frozen=True)
 class Case:
     """One function of a ``.tsr`` file, its inputs, and what it must compute."""
@@ -206,6 +224,15 @@ def _qkv(shape: tuple[int, ...], names: str = "QKV") -> Callable[[np.random.Gene
     return lambda rng: {n: _normal(rng, shape, BF16) for n in names}
 
 
+def _decoder_inputs(rng: np.random.Generator, heads: int = 2, hidden: int = 97) -> dict:
+    width = 64 * heads
+    weights = {w: _normal(rng, (width, width), scale=width**-0.5) for w in ("wq", "wk", "wv", "wo")}
+    return {"x": _normal(rng, (R, width)), "norm1": _normal(rng, (width,)), **weights,
+            "norm2": _normal(rng, (width,)), "w1": _normal(rng, (width, hidden), scale=0.1),
+            "w3": _normal(rng, (width, hidden), scale=0.1),
+            "w2": _normal(rng, (hidden, width), scale=0.1)}  # fmt: skip
+
+
 CASES = (
     Case("examples/mlp.tsr", "linear_gelu",
          lambda rng: {**_gemm_inputs(BF16)(rng), "bias": _normal(rng, (N,))},
@@ -238,6 +265,8 @@ CASES = (
          lambda rng: {"x": _normal(rng, (B, S, C)), "residual": _normal(rng, (B, S, C)),
                       "weight": _normal(rng, (C,))},
          lambda a: {"out": rmsnorm(f64(a["x"] + a["residual"]), a["weight"], 1e-6)}, 1e-5),
+    Case("examples/decoder_block.tsr", "decoder_block", _decoder_inputs,
+         lambda a: {"out": decoder_block(a, heads=2)}, 1e-4),
     Case("examples/schedules.tsr", "gemm", _gemm_inputs(np.float16),
          lambda a: {"out": f64(a["A"]) @ f64(a["B"])}, 2e-3),
     Case("examples/schedules.tsr", "skinny_gemm", _gemm_inputs(np.float16),

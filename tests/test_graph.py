@@ -13,6 +13,7 @@ from tessera.transpiler.frontend.diagnostics import Diagnostics
 from tessera.transpiler.graph.dims import Dim, DimSyntaxError, parse_dim
 from tessera.transpiler.graph.dtypes import DTYPES, promote
 from tessera.transpiler.graph.ir import Block, Function, GraphModule, Op
+from tessera.transpiler.graph.not_yet import NOT_YET
 from tessera.transpiler.graph.passes import GRAPH_PASSES, PassError, run_graph_passes
 from tessera.transpiler.graph.printer import value_names
 from tessera.transpiler.graph.sema import analyze
@@ -216,6 +217,56 @@ def test_decorators_without_effect_say_so() -> None:
     assert [d.message for d in program.diagnostics] == [
         "@autodiff is accepted but has no effect yet: Tessera does not differentiate "
         "functions yet"
+    ]
+
+
+#: A program that asks for every feature that does nothing yet, and where it warns.
+NOT_YET_PROGRAM = """\
+@autodiff @verify.numerics(stable=True)
+@kernel
+def f(x: Tensor["R", "C", bf16 @stochastic_round], y: Tensor["R", "C", fp8_e4m3 @saturate],
+      z: Tensor["R", "C", f32 @loss_scale(1024)], w: Tensor["R", "C", bf16 @accum(bf16)],
+      c: KVCache["B", "H", "S", "D", bf16] @rolling_window @device(gpu) @paged @checkpointable
+      @fp32_master) -> Tensor["R", "C", f32]:
+    with device(gpu), prefetch(x):
+        y = x + z
+    return y
+
+@kernel
+def g(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    return tile.load(x, rows=T.m, vector=T.vector, prefetch=2)
+"""
+NOT_YET_WARNINGS = [
+    (1, 1, "@autodiff"), (1, 11, "@verify.numerics"), (3, 32, "@stochastic_round"),
+    (3, 81, "@saturate"), (4, 31, "@loss_scale"), (4, 76, "@accum(bf16)"),
+    (5, 44, "@rolling_window"), (5, 60, "@device"), (5, 73, "@paged"),
+    (5, 80, "@checkpointable"), (6, 7, "@fp32_master"), (7, 10, "with device(...)"),
+    (7, 23, "with prefetch(...)"), (14, 42, "tile.load: vector="), (14, 61, "tile.load: prefetch="),
+]  # fmt: skip
+
+
+def test_every_feature_without_effect_warns_at_its_line() -> None:
+    """Policies, decorators, ``with`` items and load hints that change nothing yet each say
+    so where the program asks for them, with what happens instead; none is an error."""
+    program = tessera.compile(NOT_YET_PROGRAM, filename="w.tsr", target="cpu")
+    got = [(d.span.line, d.span.column, d.message) for d in program.diagnostics]
+    features = [feature.split(": ")[-1] for _, _, feature in NOT_YET_WARNINGS]
+    assert got == [
+        (line, column, f"{shown} is accepted but has no effect yet: {NOT_YET[feature]}")
+        for (line, column, shown), feature in zip(NOT_YET_WARNINGS, features, strict=True)
+    ]
+    assert set(features) == set(NOT_YET)
+
+
+def test_a_function_called_twice_warns_once() -> None:
+    program = tessera.compile(
+        "def h(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    with device(gpu):\n"
+        "        y = x * 2.0\n    return y\n\n"
+        "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return h(h(x))\n"
+    )
+    assert [(d.span.line, d.message.split(" is ")[0]) for d in program.diagnostics] == [
+        (2, "with device(...)")
     ]
 
 
@@ -522,7 +573,7 @@ def test_an_intermediate_that_only_elementwise_ops_read_is_fused_into_them() -> 
         ),
         # and then a reduction's prologue
         (
-            "    return sum(cast(x > 0.0, f32) * exp(x))\n",
+            "    return sum(cast(x > 0.0, f32) * exp(x), axis=-1)\n",
             [("reduction", ["greater", "cast", "exp", "mul", "sum"])],
         ),
         # a chain at a smaller shape is computed once, and read by the larger kernel

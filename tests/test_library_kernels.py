@@ -384,7 +384,7 @@ def column_mins(x: Tensor["A", "R", "C", f32]) -> Tensor["A", "C", f32]:
 
 @kernel
 def row_range(x: Tensor["R", "C", bf16]) -> Tensor["R", bf16]:
-    return max(x) - min(x)
+    return max(x, axis=-1) - min(x, axis=-1)
 
 @kernel
 def tile_row_min(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
@@ -755,7 +755,7 @@ def masked_scores(s: Tensor["B", "R", "C", f32],
 
 @kernel
 def count_at_least(x: Tensor["R", "C", f32], t: float) -> Tensor["R", f32]:
-    return sum(cast(x >= t, f32))
+    return sum(cast(x >= t, f32), axis=-1)
 
 @kernel
 def column_gate(x: Tensor["R", "C", bf16], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:

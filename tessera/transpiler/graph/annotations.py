@@ -13,10 +13,17 @@ from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype
+from .not_yet import NOT_YET, not_yet
 from .opcall import SemanticError
 from .types import KVCacheType, ScalarType, TensorType, TupleType, ValueType
 
-__all__ = ["resolve_type", "resolve_result", "TENSOR_TYPES", "TYPE_NAMES"]
+__all__ = [
+    "resolve_type",
+    "resolve_result",
+    "unimplemented_policies",
+    "TENSOR_TYPES",
+    "TYPE_NAMES",
+]
 
 #: Names that declare a tensor. KTile is the seeds' name for a tile kernel's tensor argument.
 TENSOR_TYPES = ("Tensor", "KTile")
@@ -80,6 +87,24 @@ def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
     raise SemanticError(
         f"unknown type '{node.name}'{did_you_mean(node.name, TYPE_NAMES)}", node.span
     )
+
+
+def unimplemented_policies(node: ast.TypeExpr) -> list[tuple[str, Span]]:
+    """A warning, at its policy, for each policy of a resolved type that does nothing
+    yet (``not_yet``): the dtype's numerics policies, a cache's state policies; in each
+    type of a tuple result."""
+    if node.name == "tuple":
+        return [w for a in node.args or () if isinstance(a, ast.TypeExpr)
+                for w in unimplemented_policies(a)]  # fmt: skip
+    dtype = node.args[-1] if node.args else None
+    policies = (*node.policies, *(dtype.policies if isinstance(dtype, ast.TypeExpr) else ()))
+    found = []
+    for policy in policies:
+        args = f"({', '.join(map(print_expr, policy.args))})" if policy.name == "accum" else ""
+        feature = f"@{policy.name}{args}"
+        if feature in NOT_YET:
+            found.append((not_yet(feature), policy.span))
+    return found
 
 
 def _no_args(node: ast.TypeExpr) -> None:

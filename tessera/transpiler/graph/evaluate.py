@@ -16,6 +16,7 @@ from typing import Any
 
 from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
+from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
@@ -24,6 +25,7 @@ from .ir import Value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
+from .tile_sizes import check_size_as_number
 from .types import KVCacheType, ScalarType, TensorType, TileType
 from .values import (
     POISON,
@@ -303,9 +305,10 @@ class Evaluator:
                 "floats, or pass the size as an int parameter",
                 ev.span,
             )
-        return Ev(self._dim_as_float(v, span), ev.span, ev.text)
+        return Ev(self._dim_as_float(v, ev.span, ev.text), ev.span, ev.text)
 
-    def _dim_as_float(self, v: DimValue, span: Span) -> Const | Value:
+    def _dim_as_float(self, v: DimValue, span: Span, text: str) -> Const | Value:
+        check_size_as_number(v.dim, text, span)
         if v.dim.constant is not None:
             return Const(float(v.dim.constant))
         return self._runtime(span).emit(
@@ -792,7 +795,7 @@ class Evaluator:
                 shown = str(v.value) if len(str(v.value)) <= 20 else str(v.value)[:17] + "..."
                 raise SemanticError(f"{name}({shown}) is not a finite number", node.span) from None
         if isinstance(v, DimValue):
-            return v if name == "int" else self._dim_as_float(v, node.span)
+            return v if name == "int" else self._dim_as_float(v, node.span, print_expr(node))
         if name == "float" and isinstance(v, Value) and v.type == ScalarType("int"):
             return self._widened(v, node.span)
         raise SemanticError(

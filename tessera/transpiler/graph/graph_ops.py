@@ -487,6 +487,14 @@ def _relu(call: OpCall) -> object:
 # ----------------------------------------------------------------- reductions
 
 
+#: What a reduction's ``axis`` may be, for its documentation.
+_AXES = (
+    "a tuple of axes reduces them all, in any order: ``axis=(0, 2)`` of ``[A, B, C]`` "
+    "reduces the rows of ``C``, then the ``[A, B]`` partial results over ``A``. Without "
+    "``axis`` (or with ``axis=None``) it reduces every axis, to a 0-d tensor, as numpy "
+    "and PyTorch do; on a tensor of rank 2 or more that warns, since the default used to "
+    "be the last axis: write ``axis=-1`` for that."
+)
 #: One reduction over one axis: ``(call, x, axis, keepdims)`` to the reduced value.
 Reduce = Callable[[OpCall, Value, int, bool], Value]
 
@@ -500,6 +508,9 @@ def _over_axes(call: OpCall, x: Value, reduce: Reduce) -> Value:
     parallel sum is; a mean of means over equal groups is the mean."""
     axes = call.raw("axis")
     keepdims = call.const("keepdims", bool)
+    if isinstance(axes, Const) and axes.value is None:
+        _all_axes_by_default(call, x, keepdims)
+        axes = Const(tuple(range(x.type.rank)))
     if not (isinstance(axes, Const) and isinstance(axes.value, (tuple, list))):
         return reduce(call, x, call.axis("axis", x.type.rank), keepdims)
     rank, dims = x.type.rank, x.type.dims
@@ -529,6 +540,24 @@ def _over_axes(call: OpCall, x: Value, reduce: Reduce) -> Value:
     return call.emit("reshape", (x,), x.type.with_(dims=kept), attrs=(("shape", kept),))
 
 
+def _all_axes_by_default(call: OpCall, x: Value, keepdims: bool) -> None:
+    """Without ``axis=``, a reduction reduces every axis, as numpy's and PyTorch's do.
+    It used to reduce the last one only, so a program that relied on that would now
+    compute another number: where the two differ (a rank of 2 or more) the call warns,
+    and tells the analyser what the old default gave, so that a declared result of
+    that shape is an error that says to write ``axis=-1``. ``axis=None`` says "every
+    axis" without the warning."""
+    if call.given("axis") or x.type.rank < 2:
+        return
+    old = (*x.type.dims[:-1], *((Dim.const(1),) if keepdims else ()))
+    call.warn(
+        f"without axis=, this reduces every axis of {dims_text(x.type.dims)}, as numpy and "
+        "PyTorch do (it used to reduce only the last one): write axis=-1 for the last "
+        "axis, or axis=None for every axis"
+    )
+    call.emitter.reduced_every_axis(old, call.span)
+
+
 def _one_axis(kind: str, keeps_dtype: bool) -> Reduce:
     """The reduction ``kind`` over one axis, in its result dtype."""
 
@@ -556,23 +585,20 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         if keeps_dtype
         else "The result has the accumulation dtype (f32 for floats, i32 for integers)."
     )
-    rule.__doc__ = (
-        f"{what} over ``axis`` (default: the last), dropping it unless ``keepdims``; a "
-        "tuple of axes reduces them all, in any order: ``axis=(0, 2)`` of ``[A, B, C]`` "
-        f"reduces the rows of ``C``, then the ``[A, B]`` partial results over ``A``. {dtype}"
-    )
+    rule.__doc__ = f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}"
     return rule
 
 
 for _kind, _keeps in (("sum", False), ("max", True), ("mean", False)):
-    register(_kind, P("x"), P("axis", -1), P("keepdims", False))(_reduction(_kind, _keeps))
+    register(_kind, P("x"), P("axis", None), P("keepdims", False))(_reduction(_kind, _keeps))
 
 
-@register("min", P("x"), P("axis", -1), P("keepdims", False))
+@register("min", P("x"), P("axis", None), P("keepdims", False))
 def _min(call: OpCall) -> object:
-    """Minimum over ``axis`` (default: the last), dropping it unless ``keepdims``; a tuple
-    of axes reduces them all, in any order. Keeps the input dtype. It is ``-max(-x)``,
-    exactly: the maximum's kernels, negating where the first loads and the last stores."""
+    """Minimum over ``axis``, dropping it unless ``keepdims``; as for ``max``, a tuple of
+    axes reduces them all, and no ``axis`` every axis. Keeps the input dtype. It is
+    ``-max(-x)``, exactly: the maximum's kernels, negating where the first loads and the
+    last stores."""
     x = call.tensor("x")
     top = _over_axes(call, call.emit("neg", (x,), elementwise_type(x)), _one_axis("max", True))
     return call.emit("neg", (top,), top.type)
@@ -604,7 +630,7 @@ def _log_softmax(call: OpCall) -> object:
     """``log(softmax(x))`` over ``axis`` (default: the last), as PyTorch's ``log_softmax``:
     ``x - max(x) - log(sum(exp(x - max(x))))``, computed in f32, so it neither overflows
     nor gives ``-inf`` where the softmax rounds to 0; same shape and dtype. The loss of
-    a classifier reads it (``-sum(t * log_softmax(logits))``)."""
+    a classifier reads it (``-sum(t * log_softmax(logits), axis=-1)``)."""
     x = _float_input(call, "x")
     axis = call.axis("axis", x.type.rank)
     return call.emit("log_softmax", (x,), elementwise_type(x), attrs=(("axis", axis),))
@@ -1048,7 +1074,8 @@ def _all_reduce(call: OpCall) -> object:
 
 @register("cast", P("x"), P("dtype"))
 def _cast(call: OpCall) -> object:
-    """Convert to ``dtype``, rounding to nearest even (saturating for fp8 under ``@saturate``)."""
+    """Convert to ``dtype``, rounding to nearest even; past an fp8 dtype's range,
+    fp8_e4m3 gives NaN and fp8_e5m2 infinity (``@saturate`` does not clamp yet)."""
     x = call.tensor("x")
     dtype = call.dtype("dtype")
     return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))

@@ -104,6 +104,10 @@ class Emitter(Protocol):
 
     def declaration_note(self, value: Any) -> tuple[Note, ...]: ...
 
+    def warning(self, message: str, span: Span) -> None: ...
+
+    def reduced_every_axis(self, old: tuple[Dim, ...], span: Span) -> None: ...
+
 
 @dataclass
 class OpCall:
@@ -137,6 +141,11 @@ class OpCall:
     ) -> SemanticError:
         span = self.args[at].span if at is not None and at in self.args else self.span
         return SemanticError(f"{self.shown}: {message}", span, notes)
+
+    def warn(self, message: str, at: str | None = None) -> None:
+        """Warn at an argument, or at the call, as ``error`` reports."""
+        span = self.args[at].span if at is not None else self.span
+        self.emitter.warning(f"{self.shown}: {message}", span)
 
     def tensor(self, name: str) -> Value:
         """A tensor argument (a tile in a tile op)."""

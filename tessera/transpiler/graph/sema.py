@@ -18,15 +18,17 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from .annotations import resolve_result, resolve_type
+from .annotations import resolve_result, resolve_type, unimplemented_policies
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
 from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value, result_names
+from .not_yet import NOT_YET, not_yet
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
+from .tile_sizes import head_dim_values
 from .types import (
     BlockType,
     ScalarType,
@@ -52,11 +54,6 @@ from .values import (
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
 
-#: Decorators that are part of the language but not implemented, and what is missing.
-_NOT_YET = {
-    "autodiff": "Tessera does not differentiate functions yet",
-    "verify.numerics": "numerics are not verified yet",
-}
 #: Decorators a function may carry, and the keywords each accepts (None: no call).
 KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
@@ -256,6 +253,9 @@ class _FunctionAnalyzer:
         self.schedule_span: Span | None = None
         #: the functions whose bodies are running here: this one, and those it calls
         self.stack: tuple[str, ...] = (node.name,)
+        #: reductions without ``axis=`` that reduced every axis, with the dims the old
+        #: default (the last axis) gave, for the error at a result declared so
+        self.every_axis: list[tuple[tuple[Dim, ...], Span]] = []
 
     # -- calls of the file's other functions -----------------------------------------
 
@@ -338,6 +338,12 @@ class _FunctionAnalyzer:
                 ops[i] = replace(ops[i], attrs=(*ops[i].attrs, attr))
                 return
 
+    def warning(self, message: str, span: Span) -> None:
+        self.diags.warning(message, span)
+
+    def reduced_every_axis(self, old: tuple[Dim, ...], span: Span) -> None:
+        self.every_axis.append((old, span))
+
     def declaration_note(self, ev: Ev) -> tuple[Note, ...]:
         v = ev.value
         if isinstance(v, Value) and v.id in self.param_spans:
@@ -369,6 +375,7 @@ class _FunctionAnalyzer:
         if node.returns is not None:
             try:
                 result_type = resolve_result(node.returns, self.defines)
+                self._warn_unimplemented(node.returns)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
@@ -384,13 +391,19 @@ class _FunctionAnalyzer:
                     f"'{node.name}' declares a result but never returns one", node.span,
                     (Note("the result type is declared here", node.returns.span),),
                 )  # fmt: skip
-        ops = tuple(self.blocks[0])
+        body = Block((), tuple(self.blocks[0]), self.returned or ())
+        if kind == "tile":
+            body = head_dim_values(body, self.diags.error)
         function = Function(
-            node.name, kind, params, result_type, Block((), ops, self.returned or ()),
+            node.name, kind, params, result_type, body,
             tuple(self.guards), decorators, span=node.span,
             schedule=self.schedule, schedule_span=self.schedule_span,
         )  # fmt: skip
         return function
+
+    def _warn_unimplemented(self, annotation: ast.TypeExpr) -> None:
+        for message, span in unimplemented_policies(annotation):
+            self.diags.warning(message, span)
 
     def _decorators(self) -> tuple[str, ...]:
         texts = []
@@ -410,10 +423,8 @@ class _FunctionAnalyzer:
                 (Note("decorators: " + ", ".join("@" + d for d in KERNEL_DECORATORS)),),
             )
         accepted = KERNEL_DECORATORS[name]
-        if name in _NOT_YET:
-            self.diags.warning(
-                f"@{name} is accepted but has no effect yet: {_NOT_YET[name]}", decorator.span
-            )
+        if "@" + name in NOT_YET:
+            self.diags.warning(not_yet("@" + name), decorator.span)
         if decorator.args is None:
             if accepted is not None and name != "kernel.autotune":
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
@@ -516,6 +527,7 @@ class _FunctionAnalyzer:
                 continue
             try:
                 t = resolve_type(p.annotation, self.defines)
+                self._warn_unimplemented(p.annotation)
                 default = None if p.default is None else self._default(p, t)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
@@ -746,6 +758,23 @@ class _FunctionAnalyzer:
                     self.param_spans[p.value.id][1],
                 )
 
+    def _check_old_default(self, got: TensorType, declared: TensorType, ev: Ev) -> None:
+        """A declared result of the shape that a reduction without ``axis=`` gave when it
+        reduced the last axis only: the program relied on that default."""
+        if got.dims == declared.dims:
+            return
+        span = next((span for old, span in self.every_axis if old == declared.dims), None)
+        if span is not None:
+            raise SemanticError(
+                f"returns {dims_text(got.dims)}, but the declared result is "
+                f"{dims_text(declared.dims)}, which a reduction without axis= gave when it "
+                "reduced only the last axis: it now reduces every axis, as numpy and PyTorch "
+                "do; write axis=-1 to reduce the last one",
+                ev.span,
+                (Note("the reduction without axis= is here", span),
+                 Note("the result type is declared here", self.node.returns.span)),
+            )  # fmt: skip
+
     def _match_result(self, value: Value, declared: ValueType, ev: Ev) -> Value:
         note = (Note("the result type is declared here", self.node.returns.span),)
         got = value.type
@@ -763,6 +792,7 @@ class _FunctionAnalyzer:
                     note,
                 )
         else:
+            self._check_old_default(got, declared, ev)
             if got.rank != declared.rank:
                 raise SemanticError(
                     f"returns {dims_text(got.dims)}, but the declared result is "
@@ -819,6 +849,7 @@ class _FunctionAnalyzer:
                 value = self.evaluator.eval(arg).value
                 if isinstance(value, Poison):
                     return
+            self.diags.warning(not_yet(f"with {name}(...)"), call.span)
             texts.append(print_expr(call))
         self.with_attrs.extend(texts)
         try:
@@ -1096,4 +1127,5 @@ class _CalledFrom:
         self._diags.error(message, span, (*notes, self._note))
 
     def warning(self, message: str, span: Span | None = None) -> None:
-        self._diags.warning(message, span)
+        if not any(d.message == message and d.span == span for d in self._diags.items):
+            self._diags.warning(message, span)

@@ -15,6 +15,7 @@ from .dtypes import F32, I32, accumulator
 from .dtypes import Policies as _Policies
 from .graph_ops import UNARY_DOCS, broadcast, register
 from .ir import Value
+from .not_yet import not_yet
 from .opcall import OpCall, P
 from .types import BlockType, ScalarType, TensorType, TileType, dims_text
 from .values import Const, DimValue, Ev, ShapeValue
@@ -101,7 +102,8 @@ def _load(call: OpCall) -> object:
     program's own block of that size) or a block index from ``tile.range_n`` (that
     block); ``cols`` left out is the whole last dim. The rows may be given positionally:
     ``tile.load(k, nblk, cols=T.d)``. A 1-D tensor takes ``rows=`` or ``cols=``, or
-    neither for the whole vector. ``vector`` and ``prefetch`` are hints for the schedule."""
+    neither for the whole vector. ``vector`` and ``prefetch`` are hints that do nothing
+    yet (the schedule decides both), and warn."""
     src = call.raw("src")
     if not isinstance(src, Value) or not isinstance(src.type, TensorType):
         raise call.error("'src' must be a tensor parameter of the kernel", at="src")
@@ -109,6 +111,7 @@ def _load(call: OpCall) -> object:
     for hint in ("vector", "prefetch"):
         if call.given(hint):
             attrs += ((hint, str(call.dim(hint))),)
+            call.warn(not_yet(f"{hint}="), at=hint)
     return call.emit("tile.load", (src, *blocks), TileType(dims, src.type.dtype), attrs=attrs)
 
 
@@ -432,7 +435,8 @@ def _broadcast(call: OpCall) -> object:
 def _range_n(call: OpCall) -> object:
     """Loop over ``extent`` in blocks of ``block`` rows: ``for b in tile.range_n(k.shape,
     T.n, prefetch=2)``. ``extent`` is a size, or a tensor's shape, whose second-to-last dim
-    (its rows) is used. ``prefetch`` is how many blocks to load ahead."""
+    (its rows) is used. ``prefetch`` is a hint that does nothing yet: the schedule's
+    ``stages`` decide how many blocks are loaded ahead."""
     raise call.error("can only be used as the iterable of a 'for' loop")
 
 

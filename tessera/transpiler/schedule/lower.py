@@ -189,6 +189,7 @@ class _Scheduler:
                 group.name, group.kind, index, template, epilogue, (), 0, 0, 0, "none", 1, (),
                 0, 0, None, "host" if group.kind == "host" else "runtime", reads, writes,
             )  # fmt: skip
+        errors = self.diags.error_count
         problem = self._problem(group, ops, anchor)
         knobs, source = self._knobs(group, problem, anchor)
         if problem.d is not None and problem.d.constant is None and "block_d" in knobs:
@@ -196,15 +197,17 @@ class _Scheduler:
                 "at_most", problem.d, Dim.const(int(knobs["block_d"])),
                 f"{group.name}: the head dim fits the schedule's head-dim tile", anchor.span,
             ))  # fmt: skip
+        tiles = _tiles(group.kind if group.kind == "tile" else problem.works_like, knobs,
+                       self._tile_dims())  # fmt: skip
+        if group.kind == "tile" and self.diags.error_count == errors:  # one error a kernel
+            self._check_sized(tiles)
         cost = resources(problem, knobs, self.hw)
         dot = group.kind in ("gemm", "attention") or (
             group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
         )
         return Launch(
-            group.name, group.kind, index, template, epilogue,
-            _tiles(group.kind if group.kind == "tile" else problem.works_like, knobs,
-                   self._tile_dims()),
-            int(knobs["warps"]), int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
+            group.name, group.kind, index, template, epilogue, tiles, int(knobs["warps"]),
+            int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
             self.hw.mma if dot else None, source, reads, writes, prologue,
         )  # fmt: skip
@@ -399,17 +402,28 @@ class _Scheduler:
             return Problem("tile", dtype, dims[0], shape="elementwise")
         return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="reduction")
 
+    def _check_sized(self, tiles: tuple[tuple[str, int], ...]) -> None:
+        """Every tile size a tile kernel uses has a value in its schedule. The schedule
+        sizes them by the kernel's shape (``_SIZED_AS``); another use, such as
+        ``cols=T.n`` in a kernel that returns one value per row, left the size without
+        a value in the generated code (which did not build), and given one, each program
+        would read the first block of its axis only, of a width that the target picks."""
+        sized = {name for name, _ in tiles}
+        for op in walk(self.function.body):
+            missing = sorted(_tile_symbols(op) - sized)
+            if missing:
+                self.diags.error(
+                    f"{missing[0]} has no size in '{self.function.name}': the schedule sizes "
+                    f"it only as {_SIZED_AS[missing[0]]}; here each program would cover a "
+                    "block of its axis of no known width. Load the whole axis instead "
+                    "(cols= left out)",
+                    op.span,
+                )
+                return
+
     def _tile_dims(self) -> frozenset[str]:
         """The tile sizes (``T.m``, ...) a tile kernel's types and loops mention."""
-        found: set[str] = set()
-        for op in walk(self.function.body):
-            for v in op.results:
-                for dim in getattr(v.type, "dims", ()) or ():
-                    found |= dim.symbols()
-            for _, attr in op.attrs:
-                if isinstance(attr, Dim):
-                    found |= attr.symbols()
-        return frozenset(s for s in found if s.startswith("T."))
+        return frozenset(s for op in walk(self.function.body) for s in _tile_symbols(op))
 
     def _boundary(self, group: Group) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Values the group reads from outside and values it writes for others."""
@@ -481,6 +495,22 @@ def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:
         if isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
             total += abs(math.log2(value / other))
     return total
+
+
+#: What gives each tile size a value in a tile kernel's schedule.
+_SIZED_AS = {
+    "T.m": "the result's row blocks",
+    "T.n": "the column blocks of a [rows, cols] result, or the key blocks of attention",
+    "T.k": "the step of the loop that a tile.dot accumulates over",
+    "T.d": "the head dim of attention or of a tile.dot's operands",
+}
+
+
+def _tile_symbols(op: Op) -> set[str]:
+    """The tile sizes (``T.m``, ...) that an op's result types and attributes mention."""
+    dims = [d for v in op.results for d in getattr(v.type, "dims", ()) or ()]
+    dims += [attr for _, attr in op.attrs if isinstance(attr, Dim)]
+    return {s for d in dims for s in d.symbols() if s.startswith("T.")}
 
 
 def _product(dims: Any) -> Dim:

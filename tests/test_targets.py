@@ -1,0 +1,142 @@
+"""One program, one result, on every target and under every schedule.
+
+The schedule picks tile sizes per target: the CPU's row block is not OpenCL's, and a
+head-dim tile is as wide as the widest head it serves (128 for a run-time ``D``). A
+result must not follow them. Seed 004's FlashAttention scales its scores by
+``tile.rsqrt(float(T.d))``: that read the tile's width, so a head dim of 64 under a
+128-wide tile gave softmax(s / sqrt(128)) on the CPU and the simulated GPUs, and, where
+``-D D=64`` made the tile 64 wide, the right answer. ``T.d`` read as a number is now the
+head dim its tile spans, and the sizes the schedule picks outright (``T.m``, ``T.n``,
+``T.k``, ``T.vector``) cannot be read as numbers at all (``tests/errors``).
+
+Every example and library function has a reference case (``tests/reference.py``) that
+``test_cpu``, ``test_opencl``, ``test_cuda`` and ``test_hip`` run on each target with
+the same random inputs against the same float64 reference: the first test here keeps
+that list whole.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tessera
+
+from .conftest import ROOT, SOURCES
+from .reference import CASES, attention, f64
+from .test_gpusim import _library
+from .test_opencl import _platform
+
+#: Seed 004's FlashAttention, in f32, as the seed writes its scale.
+SEED_ATTENTION = """\
+@kernel
+def flash_attention(q: Tensor["BH", "S", "D", f32], k: Tensor["BH", "S", "D", f32],
+                    v: Tensor["BH", "S", "D", f32], *, causal: bool) -> Tensor["BH", "S", "D", f32]:
+    T = tile.context()
+    Qb = tile.load(q, rows=T.m, cols=T.d)
+    acc = tile.zeros((T.m, T.d), f32)
+    m = tile.full((T.m,), -INF)
+    l = tile.zeros((T.m,), f32)
+    for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+        Kb = tile.load(k, nblk, cols=T.d)
+        Vb = tile.load(v, nblk, cols=T.d)
+        S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(T.d))
+        if causal:
+            tile.mask_causal(S, tile.row_index(), tile.col_index(nblk))
+        P, m_c, l_c = tile.softmax_online(S)
+        acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
+    return acc / l[:, None]
+"""
+
+#: Reductions over every axis, as numpy's are without ``axis`` (which warns, here in
+#: ``total``), at ragged sizes.
+EVERY_AXIS = """\
+@kernel
+def total(x: Tensor["B", "R", "C", f32]) -> Tensor[f32]:
+    return sum(x)
+
+@kernel
+def spread(x: Tensor["R", "C", f32]) -> Tensor[f32]:
+    return x.max(axis=None) - min(x, axis=None)
+
+@kernel
+def centered(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return x - mean(x, axis=None, keepdims=True)
+"""
+
+TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
+           ("hip", "gfx90a")]  # fmt: skip
+
+
+def _functions(path: str) -> list[str]:
+    return re.findall(r"^def (\w+)\(", (ROOT / path).read_text(encoding="utf-8"), re.M)
+
+
+def test_every_example_and_library_function_has_a_reference_case() -> None:
+    covered = {(case.path, case.function) for case in CASES}
+    missing = [f"{path}:{name}" for path in SOURCES for name in _functions(path)
+               if (path, name) not in covered]  # fmt: skip
+    assert not missing, f"functions that no target runs against a reference: {missing}"
+
+
+def _load(source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
+          defines: dict[str, int] | None) -> Any:  # fmt: skip
+    """The source's functions built for ``target``: on the CPU, on PoCL, or on the
+    simulated GPU (``tests/gpusim``)."""
+    if shutil.which("g++") is None and target != "opencl":
+        pytest.skip("needs g++ (the CPU backend and the GPU simulator are built with it)")
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    if target in ("cuda", "hip"):
+        return _library(source, target, arch, monkeypatch, defines=defines)
+    return tessera.compile(source, filename="seed.tsr", target=target, defines=defines).load()
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a or t for t, a in TARGETS])
+@pytest.mark.parametrize(("head", "fixed"), [(64, False), (64, True), (40, False)],
+                         ids=["D=64", "-D D=64", "D=40"])  # fmt: skip
+def test_the_seeds_head_dim_scale_is_the_head_dims(
+    target: str, arch: str | None, head: int, fixed: bool, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """``tile.rsqrt(float(T.d))`` is ``1/sqrt(D)`` whatever width the schedule gives the
+    head-dim tile: a run-time D of 64 and of 40 (ragged) under a 128-wide tile, and D
+    fixed to the tile's width."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = _load(SEED_ATTENTION, target, arch, monkeypatch, {"D": head} if fixed else None)
+    rng = np.random.default_rng(head)
+    q, k, v = (rng.standard_normal((3, 37, head)).astype(np.float32) for _ in range(3))
+    out = np.full(q.shape, np.nan, np.float32)
+    lib.flash_attention(q, k, v, causal=True, out=out)
+    want = attention(q, k, v, causal=True)
+    assert not np.isnan(out).any(), "some outputs were never written"
+    error = np.abs(f64(out) - want).max() / np.abs(want).max()
+    assert error < 1e-5, f"relative error {error:.2e}"
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a or t for t, a in TARGETS])
+def test_reductions_without_an_axis_reduce_every_axis(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``sum(x)``, ``max(x)``, ``min(x)`` and ``mean(x)`` as numpy computes them: to a 0-d
+    result, or one of shape ``[1, 1]`` broadcast back with ``keepdims``."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = _load(EVERY_AXIS, target, arch, monkeypatch, None)
+    rng = np.random.default_rng(7)
+    x3, x = rng.standard_normal((3, 37, 50)), rng.standard_normal((37, 50))
+    for name, arg, want in (
+        ("total", x3, f64(x3.astype(np.float32)).sum()),
+        ("spread", x, np.float32(x.max()) - np.float32(x.min())),
+        ("centered", x, f64(x.astype(np.float32)) - f64(x.astype(np.float32)).mean()),
+    ):
+        out = np.full(np.shape(want), np.nan, np.float32)
+        getattr(lib, name)(arg.astype(np.float32), out=out)
+        error = np.abs(f64(out) - want).max() / np.abs(want).max()
+        assert error < 1e-5, f"{name}: relative error {error:.2e}"
