@@ -259,6 +259,16 @@ def test_every_feature_without_effect_warns_at_its_line() -> None:
     assert set(features) == set(NOT_YET)
 
 
+def test_a_policy_in_a_tuple_result_warns_too() -> None:
+    program = tessera.compile(
+        "@kernel\ndef f(x: Tensor['N', f32]) -> (Tensor['N', f32], "
+        "Tensor['N', fp8_e4m3 @saturate]):\n    return x, cast(x, fp8_e4m3)\n"
+    )
+    assert [(d.span.line, d.message.split(" is ")[0]) for d in program.diagnostics] == [
+        (2, "@saturate")
+    ]
+
+
 def test_a_function_called_twice_warns_once() -> None:
     program = tessera.compile(
         "def h(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    with device(gpu):\n"
