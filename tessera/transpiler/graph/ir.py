@@ -29,7 +29,13 @@ __all__ = [
     "GraphModule",
     "new_value",
     "walk",
+    "RESULT",
 ]
+
+#: The name a function's result goes by from the Tile IR on, and the keyword a call
+#: passes a preallocated result under (``f(x, out=y)``). No parameter may have it
+#: (semantic analysis says so), so that only a declared result is ever taken for one.
+RESULT = "out"
 
 _ids = itertools.count()
 

@@ -23,7 +23,7 @@ from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
-from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value
+from .ir import RESULT, Block, Function, GraphModule, Guard, Op, Param, Value, new_value
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
 from .tile_ops import range_extent
@@ -506,10 +506,12 @@ class _FunctionAnalyzer:
                 self.diags.error(exc.message, exc.span, exc.notes)
                 self.env[p.name] = POISON
                 continue
-            if p.name == "out" and self.node.returns is not None:
+            if p.name == RESULT:
+                # Even in a function with no result: the runtimes would take it for one.
                 self.diags.error(
-                    f"a parameter of '{self.node.name}' cannot be named 'out': that is the "
-                    "name its result is passed under (a call's out=); rename the parameter",
+                    f"a parameter of '{self.node.name}' cannot be named '{RESULT}': that is "
+                    f"the name a result is passed under (a call's {RESULT}=); rename the "
+                    "parameter, and declare a result with '-> Tensor[...]'",
                     p.span,
                 )
             value = new_value(t, p.name, p.span)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
+from ..graph.ir import RESULT
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
@@ -111,7 +112,7 @@ class _FunctionView:
         decls = []
         for name, t in params:
             if isinstance(t, TensorType):
-                const = "" if name == "out" or written(program, name) else "const "
+                const = "" if name == RESULT or written(program, name) else "const "
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {c_name[name]}")
             else:
                 decls.append(f"const {_scalar(t)} {c_name[name]}")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..graph.ir import walk
+from ..graph.ir import RESULT, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
 
-__all__ = ["symbols", "entry_params", "written", "signature_meta"]
+__all__ = ["symbols", "entry_params", "returns", "written", "signature_meta"]
 
 
 def symbols(types: list[Any]) -> tuple[str, ...]:
@@ -35,10 +35,15 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
         for p in kernel.params:
             by_name.setdefault(p.name, p.type)
     names = [n.removeprefix("%") for n in program.host.inputs]
-    if program.host.result is not None and program.host.kind != "declaration":
-        names.append("out")
+    if returns(program):
+        names.append(RESULT)
     declared = dict(zip(names, program.host.types, strict=False))
     return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name]
+
+
+def returns(program: TileProgram) -> bool:
+    """Whether the function declares a result, which its entry takes last, as ``out``."""
+    return program.host.result is not None and program.host.kind != "declaration"
 
 
 def written(program: TileProgram, name: str) -> bool:
@@ -54,9 +59,10 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
     """The entry's parameters, sizes, result and guards, as the metadata holds them."""
     params = []
     defaults = {n.removeprefix("%"): v for n, v in program.host.defaults}
+    result = RESULT if returns(program) else None
     for name, t in entry_params(program):
         if isinstance(t, TensorType):
-            io = "out" if name == "out" else "inout" if written(program, name) else "in"
+            io = "out" if name == result else "inout" if written(program, name) else "in"
             params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
                            "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
         else:
@@ -67,7 +73,7 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
         "name": program.host.function,
         "params": params,
         "dims": list(symbols([t for _, t in entry_params(program)])),
-        "result": "out" if any(p["name"] == "out" for p in params) else None,
+        "result": result,
         "guards": [{"kind": g.kind, "left": str(g.left), "right": str(g.right),
                     "reason": g.reason} for g in program.host.guards],
     }  # fmt: skip

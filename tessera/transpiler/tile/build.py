@@ -16,7 +16,7 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
-from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value
+from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType, in_memory
 from ..options import Options
@@ -85,7 +85,7 @@ def _lower_launch(
     if group.kind == "tile":
         output = None
         if isinstance(function.result_type, TensorType):
-            output = new_value(function.result_type, "out")
+            output = new_value(function.result_type, RESULT)
         own = tuple(p.value for p in function.params)
         given = KernelInput(
             name, function.name, own + ((output,) if output is not None else ()),
@@ -273,7 +273,7 @@ def _param_name(value: Value, result: Value | None, printed: str) -> str:
     """A kernel parameter's name: ``out`` for the function's result, named in the source
     or not, which the entry passes under that name; else the name every launch takes the
     value by (``param_name``: an intermediate buffer is passed under it)."""
-    return "out" if value is result else param_name(printed)
+    return RESULT if value is result else param_name(printed)
 
 
 def _named_values(function: Function) -> list[tuple[Value, str]]:
