@@ -146,6 +146,22 @@ def test_program_errors_come_before_missing_stages(
     assert status == 1 and "'(' was never closed" in err
 
 
+def test_a_define_that_takes_a_dim_past_64_bits_is_an_error_at_the_dim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value that fits alone may not fit multiplied: the dim is checked with it."""
+    source = tmp_path / "big.tsr"
+    source.write_text(
+        '@kernel\ndef f(x: Tensor["R", "4*N", f32]) -> Tensor["R", "4*N", f32]:\n'
+        "    return x * 2.0\n"
+    )
+    status, out, err = run([str(source), "--target", "cpu", "-D", f"N={2**62}"], capsys)
+    assert status == 1 and out == ""
+    assert f"big.tsr:2:22: error: this dim is {2**64}, more than a 64-bit size holds" in err
+    status, out, _ = run([str(source), "--target", "cpu", "-D", f"N={2**61 - 1}"], capsys)
+    assert status == 0 and f"{2**63 - 4}" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -158,6 +174,9 @@ def test_program_errors_come_before_missing_stages(
         (["-D", "S"], "expected SYM=VALUE"),
         (["-D", "S=0"], "must be a positive integer"),
         (["-D", "S=abc"], "must be a positive integer"),
+        (["-D", "S=-3"], "must be a positive integer"),
+        (["-D", "S=9223372036854775808"], "does not fit in 64 bits (at most 9223372036854775807)"),
+        (["-D", "S=99999999999999999999999"], "does not fit in 64 bits"),
         (["-D", "1S=4"], "a symbol must be a name"),
         (["-D", "S=4", "-D", "S=8"], "-D S given twice"),
         (["--kernel", "nope", "--emit", "ast"], "no kernel named 'nope'"),

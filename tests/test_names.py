@@ -15,7 +15,12 @@ every backend, against the float64 reference, outputs poisoned first.
 
 from __future__ import annotations
 
+import keyword
+import re
+import shutil
+import subprocess
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +29,23 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.transpiler.target.header import Section, split
+from tessera.transpiler.target.naming import (
+    C_KEYWORDS,
+    C_LIBRARY,
+    GPU_BUILTINS,
+    OPENCL_BUILTINS,
+)
+from tessera.transpiler.target.render import environment, header
+from tessera.transpiler.target.simt_dialect import DIALECTS
+from tessera.transpiler.target.simt_tiles import WGMMA_FORMS
 
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import attention, f64, rmsnorm
-from .test_cuda import ARCHS, _cupy_put, _cupy_take, _nvcc, needs_gxx, needs_nvcc
+from .test_cpu import STRICT
+from .test_cuda import ARCHS, NVCC, _cupy_put, _cupy_take, _nvcc, needs_gxx, needs_nvcc
 from .test_gpusim import _library
-from .test_hip import _hipcc_warning_free, needs_hipcc
+from .test_hip import HIPCC, _hipcc_warning_free, needs_hipcc
 from .test_loader import _loader_module
 from .test_opencl import _platform
 
@@ -192,3 +208,120 @@ def test_a_loop_counter_named_like_the_generated_codes_own(library: Any, causal:
     out = library.printf(q, k, v, causal=causal)
     want = attention(f64(q), f64(k), f64(v), causal=causal)
     assert np.abs(f64(out) - want).max() < 2e-2
+
+
+def _defined(text: str) -> set[str]:
+    """The names a tile-primitives header defines, in every section."""
+    preamble, sections, _ = split(text)
+    return set().union(Section("", preamble).defines, *(s.defines for s in sections))
+
+
+def _template_words(path: str) -> tuple[set[str], set[str]]:
+    """The names a module template writes itself (``area``, ``lid``), outside its Jinja
+    tags and comments, and the suffixes it appends to names it is given (``_launch``)."""
+    text = resources.files("tessera.templates").joinpath(path).read_text()
+    text = re.sub(r"\{#.*?#\}|\{%.*?%\}|//[^\n]*", " ", text, flags=re.S)
+    suffixes = set(re.findall(r"\}\}(_\w+)", text))
+    text = re.sub(r"\{\{.*?\}\}\w*", " ", text, flags=re.S)
+    return set(re.findall(r"\b[A-Za-z_]\w*", text)), suffixes
+
+
+def _generated_names() -> list[str]:
+    """Every name the headers and the module templates of every target declare, read
+    from them (a TMA copy of each rank and a wgmma of each form included), the names the
+    templates make of a kernel's and a program id's (``f_launch``, ``pid_m_count``) and
+    of a function's (``tessera_f``), and ``main``: each a kernel, a parameter and a size
+    below."""
+    names = _defined(header("cpu/tessera_tile.hpp"))
+    wgmma = [(dtype, 64, form) for dtype in WGMMA_FORMS for form in ("ss", "rs")]
+    for dialect in DIALECTS.values():
+        primitives = (
+            environment("simt")
+            .get_template("tessera_tile.j2")
+            .render(d=dialect, wgmma=wgmma, forms=WGMMA_FORMS, tma_ranks=[1, 2, 3, 4, 5])
+        )
+        names |= _defined(primitives)
+    stems = {"f", "pid_m"}
+    for template in ("cpu/module.cpp.j2", "simt/module.j2"):
+        words, suffixes = _template_words(template)
+        names |= words | {stem + suffix for stem in stems for suffix in suffixes}
+    entry = tessera.compile(GENERATED.format(name="f", param="y", size="S"), target="cpu")
+    names |= {entry.ir("meta")["functions"][0]["symbol"], "pid_m_count", "main"}
+    # What a .tsr file cannot name: Python's keywords, and the names the kernels below use.
+    return sorted(n for n in names if not keyword.iskeyword(n) and n not in {"R", "w", "x"})
+
+
+GENERATED = """\
+@kernel
+def {name}({param}: Tensor["R", "{size}", f32],
+           w: Tensor["{size}", f32]) -> Tensor["R", "{size}", f32]:
+    return rmsnorm({param}, w, eps=1e-6)
+"""
+GENERATED_TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
+                     ("hip", "gfx90a")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def generated_names() -> str:
+    """One kernel per name: named by it, with the next name as its parameter and the
+    one after as its size, so that each name is all three once."""
+    names = _generated_names()
+    kernels = [GENERATED.format(name=n, param=names[(i + 1) % len(names)],
+                                size=names[(i + 2) % len(names)])
+               for i, n in enumerate(names)]  # fmt: skip
+    return "\n".join(kernels)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target", "arch"), GENERATED_TARGETS, ids=lambda v: v)
+def test_no_name_meets_one_the_generated_code_declares(
+    generated_names: str, target: str, arch: str | None, tmp_path: Path
+) -> None:
+    """Every name the headers and templates declare, as a kernel, a parameter and a size,
+    compiles warning-free on every target (and OpenCL's kernels are found by name)."""
+    if target == "cuda" and arch is not None:
+        if NVCC is None:
+            pytest.skip("needs nvcc (the CUDA toolkit)")
+        _nvcc("generated.tsr", arch, tmp_path, text=generated_names)
+        return
+    if target == "hip" and HIPCC is None:
+        pytest.skip("needs hipcc (apt-get install hipcc)")
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    if target == "cpu" and shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    program = tessera.compile(generated_names, "generated.tsr", target=target, arch=arch)
+    if target == "hip":
+        _hipcc_warning_free(program.source, tmp_path)
+    elif target == "opencl":
+        program.load()
+    else:
+        (tmp_path / "k.cpp").write_text(program.source)
+        done = subprocess.run(["g++", *STRICT, "-fsyntax-only", "k.cpp"], cwd=tmp_path,
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[:4000]
+
+
+#: The prefixes of the OpenCL built-ins that OpenCL C 1.2, which the files are written
+#: in, does not declare: OpenCL 2.0's and vendor extensions'.
+_LATER_OPENCL = ("intel_", "amd_", "arm_", "sub_group_", "work_group_", "get_sub_group",
+                 "get_max_sub_group", "get_num_sub_groups", "get_enqueued", "ndrange_",
+                 "enqueue_", "get_default_queue", "is_valid_", "capture_event",
+                 "create_user_event", "release_event", "retain_event", "set_user_event",
+                 "atomic_", "dot_", "bitfield_", "bit_reverse", "get_image_num_")  # fmt: skip
+# (OpenCL 1.1's atomic_add and the like, which 2.0's atomic_ prefix hides here, are
+# in OPENCL_BUILTINS too.)
+
+
+def test_every_opencl_builtin_is_reserved() -> None:
+    """Every built-in function that OpenCL C declares (read from the OpenCL header that
+    clang and PoCL build with) is a name no kernel takes."""
+    headers = sorted(Path("/usr").glob("lib/llvm-*/lib/clang/*/include/opencl-c.h"))
+    headers += sorted(Path("/usr").glob("share/pocl/include/opencl-c.h"))
+    if not headers:
+        pytest.skip("needs the OpenCL C header of clang or PoCL (opencl-c.h)")
+    declared = set(re.findall(r"__ovld\b[^;{(]*?\b(\w+)\s*\(", headers[-1].read_text()))
+    reserved = C_KEYWORDS | C_LIBRARY | GPU_BUILTINS | OPENCL_BUILTINS
+    later = ("__", "as_", "convert_", *_LATER_OPENCL)
+    missing = sorted(n for n in declared - reserved if not n.startswith(later))
+    assert not missing, missing

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from .frontend.ast import INT64_MAX
 from .schedule.tuned import TunedSchedules
 
 __all__ = ["Options", "OptionsError", "TARGETS", "DEFAULT_TARGET", "SUFFIXES", "target_for_output"]
@@ -105,6 +106,10 @@ def _parse_defines(defines: Mapping[str, int] | Iterable[str]) -> tuple[tuple[st
             raise OptionsError(f"-D {name}: a symbol must be a name such as S or D_h")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise OptionsError(f"-D {name}={value}: the value must be a positive integer")
+        if value > INT64_MAX:
+            raise OptionsError(
+                f"-D {name}={value}: the value does not fit in 64 bits (at most {INT64_MAX})"
+            )
         if name in pairs and pairs[name] != value:
             raise OptionsError(f"-D {name} given twice, as {pairs[name]} and {value}")
         pairs[name] = value

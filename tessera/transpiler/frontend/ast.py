@@ -26,8 +26,15 @@ class Name(Node):
     id: str
 
 
+#: The largest integer of a program: every integer is a 64-bit signed one in the
+#: generated code (sizes, ``int`` scalars, literals), and a larger one would not compile
+#: or would wrap.
+INT64_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class IntLit(Node):
+    #: From 0 to ``INT64_MAX``; a minus sign is an operator.
     value: int
 
 

@@ -392,7 +392,7 @@ class Builder:
         return ast.StrLit(self._string_value(children[0]), span=span)
 
     def dim_int(self, children: list, span: Span) -> ast.IntLit:
-        return ast.IntLit(int(children[0].replace("_", "")), span=span)
+        return self.int_lit(children, span)
 
     def policy(self, children: list, span: Span) -> ast.Policy:
         if len(children) == 1:
@@ -517,7 +517,13 @@ class Builder:
         return ast.Name(self._identifier(children[0]), span=span)
 
     def int_lit(self, children: list, span: Span) -> ast.IntLit:
-        return ast.IntLit(int(children[0].replace("_", "")), span=span)
+        value = int(children[0].replace("_", ""))
+        if value > ast.INT64_MAX:
+            self.diags.error(
+                f"the integer {value} does not fit in 64 bits (the largest is {ast.INT64_MAX})",
+                span,
+            )
+        return ast.IntLit(value, span=span)
 
     def float_lit(self, children: list, span: Span) -> ast.FloatLit:
         return ast.FloatLit(float(children[0].replace("_", "")), span=span)

@@ -138,6 +138,19 @@ def _tensor_args(
 
 
 def _dim(arg: ast.TypeExpr | ast.StrLit | ast.IntLit, defines: dict[str, int]) -> Dim:
+    """The dim, its ``-D`` symbols replaced by their values; each of its coefficients
+    is a 64-bit integer in the generated code, so one that does not fit (``"4*N"`` with
+    ``-D N=4611686018427387904``) is an error here."""
+    dim = _resolved_dim(arg, defines)
+    if any(max(abs(c.numerator), c.denominator) > ast.INT64_MAX for _, c in dim.terms):
+        raise SemanticError(
+            f"this dim is {dim}, more than a 64-bit size holds (at most {ast.INT64_MAX})",
+            arg.span,
+        )
+    return dim
+
+
+def _resolved_dim(arg: ast.TypeExpr | ast.StrLit | ast.IntLit, defines: dict[str, int]) -> Dim:
     if isinstance(arg, ast.IntLit):
         if arg.value <= 0:
             raise SemanticError(f"a dim must be positive, not {arg.value}", arg.span)

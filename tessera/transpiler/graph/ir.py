@@ -30,7 +30,13 @@ __all__ = [
     "new_value",
     "walk",
     "result_names",
+    "RESULT",
 ]
+
+#: The name a function's result goes by from the Tile IR on, and the keyword a call
+#: passes a preallocated result under (``f(x, out=y)``). No parameter may have it
+#: (semantic analysis says so), so that only a declared result is ever taken for one.
+RESULT = "out"
 
 _ids = itertools.count()
 
@@ -162,4 +168,4 @@ def walk(block: Block) -> Any:
 def result_names(count: int) -> tuple[str, ...]:
     """The names a function's results are passed under, in order: ``out`` for one (a
     call's ``out=``), ``out0``, ``out1``, ... for several (``out=(a, b)``)."""
-    return ("out",) if count == 1 else tuple(f"out{i}" for i in range(count))
+    return (RESULT,) if count == 1 else tuple(f"{RESULT}{i}" for i in range(count))

@@ -23,7 +23,18 @@ from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
 from .graph_ops import GRAPH_OPS
-from .ir import Block, Function, GraphModule, Guard, Op, Param, Value, new_value, result_names
+from .ir import (
+    RESULT,
+    Block,
+    Function,
+    GraphModule,
+    Guard,
+    Op,
+    Param,
+    Value,
+    new_value,
+    result_names,
+)
 from .not_yet import NOT_YET, not_yet
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
@@ -385,12 +396,12 @@ class _FunctionAnalyzer:
         else:
             kind = self.kind
             self._block(body, top=True)
-            self._check_result_names(params)
             if self.returned is None and result_type is not None:
                 self.diags.error(
                     f"'{node.name}' declares a result but never returns one", node.span,
                     (Note("the result type is declared here", node.returns.span),),
                 )  # fmt: skip
+        self._check_result_names(params, declared=result_type is not None)
         body = Block((), tuple(self.blocks[0]), self.returned or ())
         if kind == "tile":
             body = head_dim_values(body, self.diags.error)
@@ -746,15 +757,18 @@ class _FunctionAnalyzer:
         except SemanticError:
             return None  # already reported
 
-    def _check_result_names(self, params: tuple[Param, ...]) -> None:
+    def _check_result_names(self, params: tuple[Param, ...], declared: bool) -> None:
         """No parameter takes the name a result is passed under, or ``out``, which a call
-        passes them as (``out=``, ``out=(a, b)``)."""
-        taken = {"out", *result_names(len(self.returned))} if self.returned else set()
+        passes them as (``out=``, ``out=(a, b)``): not even in a function without a
+        result, whose parameter the runtimes would take for one."""
+        taken = {RESULT, *result_names(len(self.returned or ()))}
+        hint = "" if declared else ", and declare a result with '-> Tensor[...]'"
         for p in params:
             if p.value.name in taken:
                 self.diags.error(
                     f"a parameter of '{self.node.name}' cannot be named '{p.value.name}': that "
-                    "is the name a result is passed under (a call's out=); rename the parameter",
+                    f"is the name a result is passed under (a call's {RESULT}=); rename the "
+                    f"parameter{hint}",
                     self.param_spans[p.value.id][1],
                 )
 

@@ -20,7 +20,7 @@ from ..graph.ir import result_names
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
-from .cpu_kernel import C_TYPES, CKernel, emit_kernel
+from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
 from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
@@ -58,11 +58,11 @@ def _used(name: str, text: str) -> bool:
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel) -> None:
+    def __init__(self, kernel: TileKernel, name: str) -> None:
         dims = symbols([p.type for p in kernel.params])
-        self.c: CKernel = emit_kernel(kernel, dims)
+        self.c: CKernel = emit_kernel(kernel, dims, name)
         body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
-        grid_text = " ".join(extent for _, extent in self.c.grid)
+        grid_text = " ".join(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
         self.source = _origin(kernel)
         self.grid = self.c.grid
@@ -72,7 +72,7 @@ class _KernelView:
         sizes = self.c.sizes
         used_dims = [sizes[d] for d in dims if _used(sizes[d], body_text)]
         launch_dims = [d for d in dims if _used(sizes[d], body_text + " " + grid_text)]
-        pids = [pid for pid, _ in self.c.grid if _used(pid, body_text)]
+        pids = [pid for pid, _, _ in self.c.grid if _used(pid, body_text)]
         tensors = [p.decl for p in self.c.params]
         self.program_params = [*tensors, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
         self.program_args = [p.name for p in self.c.params] + used_dims + pids
@@ -89,10 +89,10 @@ def _origin(kernel: TileKernel) -> str:
 
 
 class _FunctionView:
-    def __init__(self, program: TileProgram, views: dict[str, _KernelView]) -> None:
+    def __init__(self, program: TileProgram, views: dict[str, _KernelView], symbol: str) -> None:
         host = program.host
         self.name = host.function
-        self.symbol = f"tessera_{host.function}"
+        self.symbol = symbol
         params = entry_params(program)
         self.dims = symbols([t for _, t in params])
         buffers = {b.param: b for b in host.buffers}
@@ -103,7 +103,9 @@ class _FunctionView:
         # The entry's own names for its sizes, and for the tensors and buffers it passes
         # on: the caller's, unless C++ or the names this function uses (slots, launches)
         # take them.
-        reserved = {f"slot{s}" for s in slots} | {f"{k.name}_launch" for k in program.kernels}
+        reserved = {f"slot{s}" for s in slots} | {
+            f"{views[k.name].name}_launch" for k in program.kernels
+        }
         sizes = symbol_names(self.dims, frozenset(reserved))
         namer = Namer(frozenset(reserved) | frozenset(sizes.values()))
         c_name = {name: namer.fresh(name, "arg") for name, _ in params}
@@ -131,7 +133,7 @@ class _FunctionView:
         for kernel in program.kernels:
             view = views[kernel.name]
             args = [c_name.get(a, a) for a in view.launch_args]
-            body.append(f"{kernel.name}_launch({', '.join(args)});")
+            body.append(f"{view.name}_launch({', '.join(args)});")
         text = "\n".join(body)
         body += [f"static_cast<void>({d});" for d in sizes.values() if not _used(d, text)]
         self.body = body
@@ -149,8 +151,15 @@ def _scalar(t: Any) -> str:
 
 
 def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuModule:
-    views = {k.name: _KernelView(k) for p in module.programs for k in p.kernels}
-    functions = [_FunctionView(p, views) for p in module.programs if p.kernels]
+    # The file's functions share one namespace: the entries ``tessera_<function>``,
+    # whose names are the file's interface and go first, then each kernel's
+    # ``<kernel>_program`` and ``<kernel>_launch``, under a name that takes none of them.
+    programs = [p for p in module.programs if p.kernels]
+    names = Namer()
+    entries = {p.host.function: names.fresh(f"tessera_{p.host.function}") for p in programs}
+    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS))
+             for p in programs for k in p.kernels}  # fmt: skip
+    functions = [_FunctionView(p, views, entries[p.host.function]) for p in programs]
     template = environment("cpu").get_template("module.cpp.j2")
     context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
                    kernels=list(views.values()), functions=functions,

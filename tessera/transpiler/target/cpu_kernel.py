@@ -25,7 +25,7 @@ from .cexpr import c_dim, c_factor, c_float
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
-__all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
+__all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "ROUND"]
 
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
@@ -81,16 +81,23 @@ class CKernel:
     #: The printed name of each size symbol (a keyword or a name of the generated
     #: code's own takes a suffix).
     sizes: dict[str, str]
-    #: Program ids and their extents (C expressions), outermost first.
-    grid: tuple[tuple[str, str], ...]
+    #: Program ids, their extents (C expressions) and the names the launch gives the
+    #: extents, outermost first.
+    grid: tuple[tuple[str, str, str], ...]
     #: Floats of scratch one program needs (a C expression) and the pointers into it.
     scratch: str
     storage: tuple[str, ...]
     body: tuple[str, ...]
 
 
-def emit_kernel(kernel: TileKernel, dims: tuple[str, ...]) -> CKernel:
-    return _Emitter(kernel, dims).run()
+#: The functions of a kernel, by the suffix they add to its name.
+KERNEL_FUNCTIONS = ("_program", "_launch")
+
+
+def emit_kernel(kernel: TileKernel, dims: tuple[str, ...], name: str) -> CKernel:
+    """The kernel's C++, its functions named after ``name`` (``name_program``,
+    ``name_launch``), which the file has given it."""
+    return _Emitter(kernel, dims, name).run()
 
 
 _LINE_FLOATS = 16  # floats in a 64-byte cache line, as tsr::kLineFloats
@@ -109,13 +116,14 @@ def _shape(t: Any) -> tuple[Dim, ...]:
 
 
 class _Emitter:
-    def __init__(self, kernel: TileKernel, dims: tuple[str, ...]) -> None:
+    def __init__(self, kernel: TileKernel, dims: tuple[str, ...], name: str) -> None:
         self.kernel = kernel
+        self.stem = name
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
         # The program and launch functions are called by these names where the
         # kernel's parameters are in scope.
-        functions = frozenset({f"{kernel.name}_program", f"{kernel.name}_launch"})
+        functions = frozenset(name + suffix for suffix in KERNEL_FUNCTIONS)
         self.symbols = symbol_names((*dims, *pids), functions)
         self.namer = Namer(frozenset(self.symbols.values()) | functions)
         self.names: dict[int, str] = {}
@@ -239,7 +247,9 @@ class _Emitter:
             else:
                 params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar", source=p.name))
         self.block(self.kernel.body)
-        grid = tuple((self.symbols[a.name], self._extent(a.extent, a.block))
+        # The launch names each extent, next to the sizes and the program ids.
+        grid = tuple((self.symbols[a.name], self._extent(a.extent, a.block),
+                      self.namer.fresh(f"{self.symbols[a.name]}_count"))
                      for a in self.kernel.grid)  # fmt: skip
         offsets = []
         total = "0"
@@ -248,7 +258,7 @@ class _Emitter:
             size = _whole_lines(size)
             total = size if total == "0" else f"{total} + {size}"
         return CKernel(
-            self.kernel.name, self.kernel.function, tuple(params),
+            self.stem, self.kernel.function, tuple(params),
             {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),
             tuple(self.lines),
         )  # fmt: skip

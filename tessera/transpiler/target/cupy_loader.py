@@ -20,7 +20,7 @@ from ..graph.dims import parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
 from .entry import signature_items
-from .render import environment
+from .render import environment, python_text
 
 __all__ = ["LoaderError", "python_loader"]
 
@@ -244,9 +244,8 @@ def _literal(text: str) -> str:
 def _quoted(text: str, prefix: str = "") -> str:
     """A string literal of ``text``, quoted as black quotes it: double quotes unless the
     text holds double quotes and no single ones."""
-    if '"' in text and "'" not in text:
-        return f"{prefix}'{text}'"
-    return prefix + '"' + text.replace('"', '\\"') + '"'
+    quote = "'" if '"' in text and "'" not in text else '"'
+    return f"{prefix}{quote}{python_text(text, quote)}{quote}"
 
 
 def _doc(name: str, inputs: list[Mapping[str, Any]], results: list[Mapping[str, Any]]) -> list[str]:

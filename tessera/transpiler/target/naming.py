@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "GPU_BUILTINS", "symbol_names"]
+__all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "GPU_BUILTINS", "OPENCL_BUILTINS", "OWN_PREFIX",
+           "symbol_names"]  # fmt: skip
+
+#: The prefix of every name the tile-primitives headers and the emitters declare at a
+#: GPU file's scope (``tsr_group_sum``, ``tsr_smem``, ``tsr_tensor_map``), as ``tsr::``
+#: is the CPU header's namespace: a name from the source loses it, as it loses the two
+#: underscores that C reserves to the compiler, so that it never meets one of them.
+OWN_PREFIX = "tsr_"
 
 #: C and C++ keywords, the standard types and macros of the headers a generated file
 #: includes, and names the generated code declares itself.
@@ -38,10 +45,11 @@ _LIBRARY = """norm normf norm3d norm3df norm4d norm4df rnorm rnormf rnorm3d rnor
     cyl_bessel_i0 cyl_bessel_i0f cyl_bessel_i1 cyl_bessel_i1f fdivide fdividef max min
     abs labs llabs div ldiv printf fprintf sprintf snprintf puts malloc calloc realloc
     free memcpy memmove memset memcmp strlen strcmp abort exit atexit assert clock time
-    rand srand select poll read write open close sleep usleep signal qsort"""
+    rand srand select poll read write open close sleep usleep signal qsort main"""
 #: Functions a GPU file's headers declare with C linkage (the C math library, in its
 #: float and long double forms too, CUDA's additions, and what the host headers of
-#: nvcc and hipcc bring), which an ``extern "C"`` kernel cannot be named.
+#: nvcc and hipcc bring), which an ``extern "C"`` kernel cannot be named; nor ``main``,
+#: which no CUDA, HIP or OpenCL kernel may be.
 C_LIBRARY = frozenset(
     [f"{name}{form}" for name in _MATH.split() for form in ("", "f", "l")] + _LIBRARY.split()
 )
@@ -52,6 +60,24 @@ _GPU = """threadIdx blockIdx blockDim gridDim warpSize dim3 atomicAdd atomicSub 
     get_global_size get_num_groups get_work_dim barrier mem_fence read_mem_fence
     write_mem_fence mad mad24 mul24 clamp mix step smoothstep sign degrees radians
     vload_half vstore_half half uchar ushort uint ulong"""
+_OPENCL = """get_global_offset acospi asinpi atanpi atan2pi tanpi fract pown powr rootn
+    maxmag minmag lgamma_r cross dot distance
+    length normalize fast_distance fast_length fast_normalize abs_diff add_sat hadd rhadd
+    clz mad_hi mad_sat mul_hi rotate sub_sat upsample popcount isequal isnotequal isgreater
+    isgreaterequal isless islessequal islessgreater isfinite isinf isnan isnormal isordered
+    isunordered signbit any all bitselect shuffle shuffle2 vec_step prefetch
+    async_work_group_copy async_work_group_strided_copy wait_group_events read_imagef
+    read_imagei read_imageui read_imageh write_imagef write_imagei write_imageui
+    write_imageh get_image_width get_image_height get_image_depth get_image_dim
+    get_image_channel_data_type get_image_channel_order get_image_array_size native_divide
+    native_recip native_powr native_exp10 native_rsqrt half_divide half_recip half_powr
+    half_exp10 half_rsqrt ctz get_fence get_global_linear_id get_local_linear_id"""
+#: OpenCL's atomic functions (1.1 and its 1.0 extensions'), and the half-precision
+#: loads and stores in every width and rounding.
+_ATOMICS = "add sub xchg inc dec cmpxchg min max and or xor"
+_HALF = [f"{op}{a}_half{n}{r}" for op in ("vload", "vstore") for a in ("", "a")
+         for n in ("", 2, 3, 4, 8, 16) for r in ("", "_rte", "_rtz", "_rtp", "_rtn")
+         if op == "vstore" or not r]  # fmt: skip
 _SCALARS = "char uchar short ushort int uint long ulong longlong ulonglong float double half"
 #: What CUDA, HIP and OpenCL C declare in every kernel's scope: the thread indices,
 #: OpenCL's work-item functions and conversions, the vector types. A source name that
@@ -63,23 +89,44 @@ GPU_BUILTINS = frozenset(
     + [f"{form}_{m}" for form in ("native", "half") for m in _MATH.split()]
     + [f"{op}{n}" for op in ("vload", "vstore") for n in (2, 3, 4, 8, 16)]
 )
+#: The rest of OpenCL C 1.2's built-in functions (math, geometric, integer, relational,
+#: atomic, image, vector loads and stores). A kernel named like one overloads it, under
+#: a name the runtime cannot find (``dot``); the code calls none of them, so a value may
+#: have their names.
+OPENCL_BUILTINS = frozenset(
+    _OPENCL.split()
+    + [f"{prefix}_{op}" for prefix in ("atomic", "atom") for op in _ATOMICS.split()]
+    + _HALF
+)
+
+
+def _reserved_prefix(name: str) -> bool:
+    """Whether ``name`` starts as only the compiler's names (``__shared__``) or the
+    generated code's own (``tsr_smem``) may."""
+    return name.startswith(("__", OWN_PREFIX))
 
 
 class Namer:
     def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
         self.used: set[str] = set(C_KEYWORDS) | set(reserved)
 
-    def fresh(self, wanted: str | None, fallback: str = "t") -> str:
+    def fresh(
+        self, wanted: str | None, fallback: str = "t", suffixes: tuple[str, ...] = ("",)
+    ) -> str:
+        """A name for ``wanted``, unused so far; with ``suffixes``, a stem whose every
+        suffixed form is unused, all of which it takes: a CPU kernel's name is the stem
+        of its functions ``f_program`` and ``f_launch``, which neither a function
+        ``f_launch``'s nor an entry's name may be."""
         base = re.sub(r"\W", "_", wanted or fallback).rstrip("_")
-        if base.startswith("__"):  # reserved to the implementation (``__shared__``)
-            base = base.lstrip("_")
+        while _reserved_prefix(base):
+            base = base.lstrip("_").removeprefix(OWN_PREFIX)
         if not base or base[0].isdigit():
             base = f"{fallback}{base}"
         name, n = base, 1
-        while name in self.used:
+        while any(name + suffix in self.used for suffix in suffixes):
             name = f"{base}_{n}"
             n += 1
-        self.used.add(name)
+        self.used.update(name + suffix for suffix in suffixes)
         return name
 
 
@@ -93,7 +140,7 @@ def symbol_names(
     taken = C_KEYWORDS | C_LIBRARY | reserved
 
     def kept(s: str) -> bool:
-        return s not in taken and not s.startswith("__")
+        return s not in taken and not _reserved_prefix(s)
 
-    namer = Namer(reserved | {s for s in symbols if kept(s)})
+    namer = Namer(taken | {s for s in symbols if kept(s)})
     return {s: s if kept(s) else namer.fresh(s) for s in symbols}

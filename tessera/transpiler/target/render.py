@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 import jinja2
@@ -9,15 +10,21 @@ import jinja2
 from ...cachedir import private_cache_dir
 from ..frontend.source import Span
 
-__all__ = ["environment", "header", "SourceLines"]
+__all__ = ["environment", "header", "SourceLines", "comment_text", "python_text"]
+
+#: What ends a line in a C-family compiler when it stands at a line's end: a backslash
+#: (which splices the next line on) and its trigraph ``??/`` (C99 and OpenCL C).
+_SPLICE = re.compile(r"(?:\\|\?\?/|\s)+\Z")
 
 
 def environment(target: str) -> jinja2.Environment:
-    """The Jinja environment of ``tessera/templates/<target>``: strict, no escaping.
-    Compiling a template takes a tenth of a second, so the compiled form is kept
-    between runs where a private cache folder can be had."""
+    """The Jinja environment of ``tessera/templates/<target>``: strict, no escaping but
+    where a template asks for it: text the source decides (its file's name) goes
+    through the ``comment`` filter into a C comment, the ``python`` filter into a
+    Python string. Compiling a template takes a tenth of a second, so the compiled form
+    is kept between runs where a private cache folder can be had."""
     compiled = private_cache_dir("templates")
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("tessera", f"templates/{target}"),
         bytecode_cache=jinja2.FileSystemBytecodeCache(str(compiled)) if compiled else None,
         undefined=jinja2.StrictUndefined,
@@ -26,12 +33,39 @@ def environment(target: str) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["comment"] = comment_text
+    env.filters["python"] = python_text
+    return env
 
 
 def header(path: str) -> str:
     """A tile-primitives header's text, without its include guard, for inlining."""
     text = resources.files("tessera.templates").joinpath(path).read_text()
     return text.replace("#pragma once\n", "").strip()
+
+
+def comment_text(text: str) -> str:
+    """``text`` (a ``.tsr`` line, a file name: anything the source decides) as it may
+    stand in a ``//`` comment of generated C++, CUDA, HIP or OpenCL C, with nothing that
+    could end the comment or reach the next line: every character Python does not
+    print (CR and LF, which end a line for g++ and clang though not for Tessera, the
+    other controls, Unicode line and paragraph separators, bidirectional overrides) is
+    written as its escape (``\\r``), ``*/`` as ``*\\/``, and a backslash or ``??/`` at the
+    end, which would splice the next generated line into the comment, is dropped. An
+    ordinary line comes out as it is."""
+    escaped = "".join(
+        ch if ch.isprintable() or ch == "\t" else ch.encode("unicode_escape").decode("ascii")
+        for ch in text.strip()
+    )
+    return _SPLICE.sub("", escaped.replace("*/", "*\\/"))
+
+
+def python_text(text: str, quote: str = '"') -> str:
+    """``text`` escaped to stand between ``quote`` characters in generated Python, in a
+    string literal or a docstring: backslashes, the quote and every character Python
+    does not print are escaped, so that no name or file name ends the string."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped.replace(quote, "\\" + quote)
 
 
 class SourceLines:
@@ -47,4 +81,4 @@ class SourceLines:
         self.last = (span.file, span.line)
         lines = span.source.text.split("\n")
         text = lines[span.line - 1].strip() if span.line <= len(lines) else ""
-        return f"// {span.file.rsplit('/', 1)[-1]}:{span.line}: {text}"
+        return "// " + comment_text(f"{span.file.rsplit('/', 1)[-1]}:{span.line}: {text}")

@@ -37,7 +37,7 @@ from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import c_dim, c_factor
-from .naming import GPU_BUILTINS, Namer, symbol_names
+from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
 from .simt_layout import (
@@ -77,12 +77,11 @@ _ELEMENTWISE = frozenset(
     {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "dropout", "where"}
 )
 #: Variables of the generated code and names every dialect declares; no value is named
-#: after them.
+#: after them (nor after the header's and the template's ``tsr_`` names: ``OWN_PREFIX``).
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
-                       "part", "m_new", "m_fin", "a_k", "b_k", "tsr_scratch", "tsr_rows",
-                       "tsr_smem", "lane", "wave", "frag", "reg", "fm", "fn", "q", "a_frag",
-                       "b_frag", "frag_acc", "rs", "bytes", "a_step", "tsr_landed", "j0",
-                       "pair", "half"}) | GPU_BUILTINS  # fmt: skip
+                       "part", "m_new", "m_fin", "a_k", "b_k", "lane", "wave", "frag", "reg",
+                       "fm", "fn", "q", "a_frag", "b_frag", "frag_acc", "rs", "bytes", "a_step",
+                       "j0", "pair", "half"}) | GPU_BUILTINS  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,8 @@ class _Emitter(TileOps, TmaCopies):
         #: Printed names of the symbols in sizes and offsets: sizes, program ids and loop
         #: counters keep theirs unless C or the loops this emitter writes take them.
         self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
-        self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED)
+        # Nor does a value take the name of a function the code may call (``rsqrt``).
+        self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY)
         self.forms: dict[int, Form] = {}
         self.uses = use_counts(kernel.body)
         self.producers = producers(kernel.body)

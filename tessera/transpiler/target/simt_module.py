@@ -23,7 +23,7 @@ from ..tile.smem import arena_alignment
 from .cexpr import c_dim
 from .entry import signature_meta, symbols
 from .header import C_SYMBOL, needed
-from .naming import C_LIBRARY, GPU_BUILTINS, Namer
+from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
 from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
@@ -168,9 +168,9 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     views: dict[str, _KernelView] = {}
     hw = hardware_for(module.target, module.arch)
     lanes = hw.lanes
-    # Kernels are extern "C": their names share one namespace with the C library's, and
-    # with what the dialect declares in every kernel's scope.
-    namer = Namer(C_LIBRARY | GPU_BUILTINS)
+    # Kernels are extern "C": their names share one namespace with the C library's, with
+    # what the dialect declares in every kernel's scope, and with OpenCL's built-ins.
+    namer = Namer(C_LIBRARY | GPU_BUILTINS | OPENCL_BUILTINS)
     # A dynamic arena (CUDA's) is one symbol in the whole file, declared alike in all
     # its kernels; a static one is each kernel's own.
     every = [k for p in module.programs for k in p.kernels]

@@ -16,7 +16,7 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
-from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value, result_names
+from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType, in_memory
 from ..options import Options
@@ -85,7 +85,7 @@ def _lower_launch(
     if group.kind == "tile":
         output = None
         if isinstance(function.result_type, TensorType):
-            output = new_value(function.result_type, "out")
+            output = new_value(function.result_type, RESULT)
         own = tuple(p.value for p in function.params)
         given = KernelInput(
             name, function.name, own + ((output,) if output is not None else ()),
