@@ -130,8 +130,15 @@ def _tile_stage(
 
 
 def _target_stage(
-    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+    irs: Mapping[str, Any], source: SourceFile, options: Options, diags: Diagnostics
 ) -> CpuModule | SimtModule:
+    """The source for the target, stamped with its provenance."""
+    from .target.provenance import provenance, stamp
+
+    return stamp(_emit(irs, options, diags), provenance(source.text, irs["sched"]))
+
+
+def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuModule | SimtModule:
     for program in irs["tile"].programs:
         for launch, why, span in program.runtime:
             diags.error(

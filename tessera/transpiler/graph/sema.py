@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import PurePath
 from typing import Any
 
 from ..frontend import ast
@@ -147,7 +148,10 @@ class _ModuleAnalyzer:
                     )
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
-        return GraphModule(self.module.span.file, tuple(functions), tuple(constants))
+        # The file's name, not the folder it was found in: every stage and output that
+        # names it is the same from any checkout or working directory.
+        name = PurePath(self.module.span.file).name
+        return GraphModule(name, tuple(functions), tuple(constants))
 
     def _bind(self, name: str, value: Any, span: Span) -> None:
         self.globals[name] = value
