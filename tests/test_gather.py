@@ -21,12 +21,11 @@ import pytest
 import tessera
 from tessera.transpiler.target.cupy_loader import python_loader
 
+from .everywhere import EVERY_TARGET, load_everywhere
 from .gpusim import simulated_cupy, use_simulator
 from .reference import f64
 from .test_cuda import needs_gxx
-from .test_gpusim import _library
 from .test_loader import _import, assert_formatted
-from .test_opencl import _platform
 
 SOURCE = """\
 @kernel
@@ -53,17 +52,6 @@ def computed(x: Tensor["N", "C", f32], idx: Tensor["N", "K", i32]) -> Tensor["N"
 """
 
 N, C, K = 37, 50, 7
-
-needs_opencl = pytest.mark.skipif(
-    _platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}"
-)
-TARGETS = [
-    pytest.param("cpu", None, marks=needs_gxx),
-    pytest.param("opencl", None, marks=needs_opencl),
-    pytest.param("cuda", "sm_80", marks=needs_gxx),
-    pytest.param("cuda", "sm_90a", marks=needs_gxx),
-    pytest.param("hip", "gfx90a", marks=needs_gxx),
-]
 
 
 def _take(x: np.ndarray, idx: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -114,26 +102,20 @@ def _check_range(lib: Any) -> None:
         lib.first_axis(np.ones((C, N), np.float32), idx)
 
 
-def _load(target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    if target in ("cpu", "opencl"):
-        return tessera.compile(SOURCE, filename="gather.tsr", target=target).load()
-    return _library(SOURCE, target, arch, monkeypatch)
-
-
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS)
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 def test_take_along_axis_equals_numpy(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _run_all(_load(target, arch, monkeypatch))
+    _run_all(load_everywhere(SOURCE, target, arch, monkeypatch))
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS)
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 def test_an_index_out_of_range_is_a_value_error(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _check_range(_load(target, arch, monkeypatch))
+    _check_range(load_everywhere(SOURCE, target, arch, monkeypatch))
 
 
 @needs_gxx

@@ -10,17 +10,13 @@ the CPU, on OpenCL, and for CUDA (sm_80, sm_90a) and HIP on the simulated GPU.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 import tessera
 
+from .everywhere import EVERY_TARGET, load_everywhere
 from .reference import attention
-from .test_cuda import needs_gxx
-from .test_gpusim import _library
-from .test_opencl import _platform
 
 SOURCE = """\
 @kernel
@@ -29,30 +25,13 @@ def gqa(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "G", "S", "D", f32],
     return ops.flash_attention(q, k, v, causal=True)
 """
 
-needs_opencl = pytest.mark.skipif(
-    _platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}"
-)
-TARGETS = [
-    pytest.param("cpu", None, marks=needs_gxx),
-    pytest.param("opencl", None, marks=needs_opencl),
-    pytest.param("cuda", "sm_80", marks=needs_gxx),
-    pytest.param("cuda", "sm_90a", marks=needs_gxx),
-    pytest.param("hip", "gfx90a", marks=needs_gxx),
-]
-
-
-def _load(target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    if target in ("cpu", "opencl"):
-        return tessera.compile(SOURCE, filename="gqa.tsr", target=target).load()
-    return _library(SOURCE, target, arch, monkeypatch)
-
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS)
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 def test_each_query_head_reads_its_groups_keys(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lib = _load(target, arch, monkeypatch)
+    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
     rng = np.random.default_rng(11)
     for heads, groups, length in [(8, 2, 37), (4, 1, 70)]:
         q = rng.standard_normal((2, heads, length, 24)).astype(np.float32)
@@ -67,11 +46,11 @@ def test_each_query_head_reads_its_groups_keys(
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS[:3])
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET[:3])
 def test_heads_that_groups_do_not_divide_are_refused_at_the_call(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lib = _load(target, arch, monkeypatch)
+    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
     q = np.ones((1, 6, 5, 8), np.float32)
     k = np.ones((1, 4, 5, 8), np.float32)
     with pytest.raises(

@@ -21,13 +21,12 @@ import tessera
 from tessera.transpiler.target.cupy_loader import python_loader
 from tessera.tune.measure import Runner, disagreement, make_inputs
 
+from .everywhere import EVERY_TARGET, load_everywhere
 from .gpusim import simulated_cupy, use_simulator
 from .helpers import assert_round_trip
 from .reference import f64
 from .test_cuda import needs_gxx
-from .test_gpusim import _library
 from .test_loader import _import, assert_formatted
-from .test_opencl import _platform
 
 SOURCE = """\
 @kernel
@@ -129,24 +128,10 @@ def _run_all(lib: Any) -> None:
     np.testing.assert_allclose(out, x - np.exp(f64(x)), rtol=1e-5, atol=1e-5)
 
 
-@needs_gxx
 @pytest.mark.execute
-def test_cpu() -> None:
-    _run_all(tessera.compile(SOURCE, filename="results.tsr", target="cpu").load())
-
-
-@pytest.mark.execute
-@pytest.mark.skipif(_platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}")
-def test_opencl() -> None:
-    _run_all(tessera.compile(SOURCE, filename="results.tsr", target="opencl").load())
-
-
-@needs_gxx
-@pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
-                                              ("hip", "gfx90a")])  # fmt: skip
-def test_simulated_gpu(target: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    _run_all(_library(SOURCE, target, arch, monkeypatch))
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_every_target(target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_all(load_everywhere(SOURCE, target, arch, monkeypatch))
 
 
 @needs_gxx

@@ -18,19 +18,14 @@ that list whole.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-import tessera
-
 from .conftest import ROOT, SOURCES
+from .everywhere import EVERY_TARGET, load_everywhere
 from .reference import CASES, attention, f64
-from .test_gpusim import _library
-from .test_opencl import _platform
 
 #: Seed 004's FlashAttention, in f32, as the seed writes its scale.
 SEED_ATTENTION = """\
@@ -69,9 +64,6 @@ def centered(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return x - mean(x, axis=None, keepdims=True)
 """
 
-TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
-           ("hip", "gfx90a")]  # fmt: skip
-
 
 def _functions(path: str) -> list[str]:
     return re.findall(r"^def (\w+)\(", (ROOT / path).read_text(encoding="utf-8"), re.M)
@@ -84,21 +76,8 @@ def test_every_example_and_library_function_has_a_reference_case() -> None:
     assert not missing, f"functions that no target runs against a reference: {missing}"
 
 
-def _load(source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
-          defines: dict[str, int] | None) -> Any:  # fmt: skip
-    """The source's functions built for ``target``: on the CPU, on PoCL, or on the
-    simulated GPU (``tests/gpusim``)."""
-    if shutil.which("g++") is None and target != "opencl":
-        pytest.skip("needs g++ (the CPU backend and the GPU simulator are built with it)")
-    if target == "opencl" and _platform() is not None:
-        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
-    if target in ("cuda", "hip"):
-        return _library(source, target, arch, monkeypatch, defines=defines)
-    return tessera.compile(source, filename="seed.tsr", target=target, defines=defines).load()
-
-
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a or t for t, a in TARGETS])
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 @pytest.mark.parametrize(("head", "fixed"), [(64, False), (64, True), (40, False)],
                          ids=["D=64", "-D D=64", "D=40"])  # fmt: skip
 def test_the_seeds_head_dim_scale_is_the_head_dims(
@@ -109,7 +88,7 @@ def test_the_seeds_head_dim_scale_is_the_head_dims(
     head-dim tile: a run-time D of 64 and of 40 (ragged) under a 128-wide tile, and D
     fixed to the tile's width."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    lib = _load(SEED_ATTENTION, target, arch, monkeypatch, {"D": head} if fixed else None)
+    lib = load_everywhere(SEED_ATTENTION, target, arch, monkeypatch, {"D": head} if fixed else None)
     rng = np.random.default_rng(head)
     q, k, v = (rng.standard_normal((3, 37, head)).astype(np.float32) for _ in range(3))
     out = np.full(q.shape, np.nan, np.float32)
@@ -121,14 +100,14 @@ def test_the_seeds_head_dim_scale_is_the_head_dims(
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a or t for t, a in TARGETS])
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 def test_reductions_without_an_axis_reduce_every_axis(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``sum(x)``, ``max(x)``, ``min(x)`` and ``mean(x)`` as numpy computes them: to a 0-d
     result, or one of shape ``[1, 1]`` broadcast back with ``keepdims``."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    lib = _load(EVERY_AXIS, target, arch, monkeypatch, None)
+    lib = load_everywhere(EVERY_AXIS, target, arch, monkeypatch)
     rng = np.random.default_rng(7)
     x3, x = rng.standard_normal((3, 37, 50)), rng.standard_normal((37, 50))
     for name, arg, want in (

@@ -1,0 +1,39 @@
+"""One source run on every target the suite can run: the CPU, OpenCL on PoCL, and CUDA
+(sm_80, sm_90a) and HIP on the simulated GPU (``tests/gpusim``). A test parametrized
+by ``EVERY_TARGET`` loads its functions with ``load_everywhere``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import tessera
+
+from .test_cuda import needs_gxx
+from .test_gpusim import _library
+from .test_opencl import _platform
+
+needs_opencl = pytest.mark.skipif(
+    _platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}"
+)
+
+#: (target, arch) for every target, each skipped where its tool is missing.
+EVERY_TARGET = [
+    pytest.param("cpu", None, marks=needs_gxx, id="cpu"),
+    pytest.param("opencl", None, marks=needs_opencl, id="opencl"),
+    pytest.param("cuda", "sm_80", marks=needs_gxx, id="sm_80"),
+    pytest.param("cuda", "sm_90a", marks=needs_gxx, id="sm_90a"),
+    pytest.param("hip", "gfx90a", marks=needs_gxx, id="gfx90a"),
+]
+
+
+def load_everywhere(
+    source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
+    defines: dict[str, int] | None = None,
+) -> Any:  # fmt: skip
+    """The source's functions built for ``target``: on the CPU, on PoCL, or on the
+    simulated GPU."""
+    if target in ("cuda", "hip"):
+        return _library(source, target, arch, monkeypatch, defines=defines)
+    return tessera.compile(source, filename="program.tsr", target=target, defines=defines).load()
