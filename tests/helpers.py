@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import tessera
 from tessera.transpiler.frontend import ast
 from tessera.transpiler.frontend.diagnostics import Diagnostics, Severity
 from tessera.transpiler.frontend.parser import parse
@@ -72,3 +74,29 @@ def run_sanitized(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
            "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}  # fmt: skip
     return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
+
+
+#: A loop that only stores (it yields nothing), and one that walks columns in T.k blocks
+#: without a product: ``[M, K]`` into ``y = 2 x`` and row sums.
+STORE_IN_A_LOOP = """\
+@kernel
+def f(x: Tensor["M", "K", f32], y: Tensor["M", "K", f32]) -> Tensor["M", f32]:
+    T = tile.context()
+    for kb in tile.range_n(x.shape[1], T.k):
+        tile.store(y, tile.load(x, rows=T.m, cols=kb) * 2.0, rows=T.m, cols=kb)
+    acc = tile.zeros((T.m,), f32)
+    for kb in tile.range_n(x.shape[1], T.k):
+        acc += tile.sum(tile.load(x, rows=T.m, cols=kb), axis=1)
+    return acc
+"""
+
+
+def check_store_in_a_loop(target: str) -> None:
+    """Runs ``STORE_IN_A_LOOP`` on ``target`` at a size that is no multiple of its tiles."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((37, 301)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    out = np.full(37, np.nan, np.float32)
+    tessera.compile(STORE_IN_A_LOOP, target=target).load().f(x, y, out=out)
+    np.testing.assert_allclose(y, 2.0 * x.astype(np.float64), rtol=1e-6)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)

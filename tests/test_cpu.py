@@ -18,7 +18,7 @@ from tessera.runtime.cpu import build
 from tessera.transpiler.target.cpu import DEFAULT_FLAGS
 
 from .conftest import EXAMPLES, ROOT
-from .helpers import run_sanitized
+from .helpers import check_store_in_a_loop, run_sanitized
 from .reference import (
     CASES,
     F32_MATMUL_SOURCE,
@@ -510,3 +510,7 @@ def math(x: Tensor["N", f32], e: Tensor["N", f32], t: Tensor["N", f32]):
     finite = np.isfinite(x)
     assert np.max(np.abs(t[finite] - want_t[finite])) < 3e-7
     assert (t[-4], t[-3]) == (-1.0, 1.0) and np.isnan(t[-2])
+
+
+def test_a_loop_that_only_stores_runs() -> None:
+    check_store_in_a_loop("cpu")

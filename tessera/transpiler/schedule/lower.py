@@ -24,7 +24,7 @@ from ..graph.schedule_spec import ScheduleSpec
 from ..graph.types import TensorType, TileType
 from ..options import Options
 from .hardware import Hardware, hardware_for
-from .heuristics import default_knobs, score
+from .heuristics import default_knobs, loop_tiles, score
 from .ir import GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
@@ -199,8 +199,8 @@ class _Scheduler:
         )
         return Launch(
             group.name, group.kind, index, template, epilogue,
-            _tiles(group.kind if group.kind == "tile" else problem.works_like, knobs,
-                   self._tile_dims()),
+            _tiles(group.kind if group.kind == "tile" else problem.works_like,
+                   {**loop_tiles(problem, self.hw), **knobs}, self._tile_dims()),
             int(knobs["warps"]), int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
             self.hw.mma if dot else None, source, reads, writes, prologue,
