@@ -369,6 +369,13 @@ class _FunctionAnalyzer:
                     f"'{node.name}' declares a result but never returns one", node.span,
                     (Note("the result type is declared here", node.returns.span),),
                 )  # fmt: skip
+            if self.returned and result_type is None and kind == "tile":
+                self.diags.error(
+                    f"'{node.name}' returns a tile but declares no result type: a tile does "
+                    "not say the dims of the tensor it is stored into; declare them, as in "
+                    "'-> Tensor[\"N\", f32]'",
+                    node.span,
+                )
         ops = tuple(self.blocks[0])
         function = Function(
             node.name, kind, params, result_type, Block((), ops, self.returned or ()),
