@@ -100,3 +100,67 @@ def check_store_in_a_loop(target: str) -> None:
     tessera.compile(STORE_IN_A_LOOP, target=target).load().f(x, y, out=out)
     np.testing.assert_allclose(y, 2.0 * x.astype(np.float64), rtol=1e-6)
     np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+#: Loads, stores and casts of i8 and i32, as parameters, results and intermediates (in a
+#: kernel and between two), and a product whose integer result leaves the mma's fragments.
+INTEGERS = """\
+@kernel
+def to_i8(y: Tensor["R", "C", f32]) -> Tensor["R", "C", i8]:
+    return cast(y, i8)
+
+@kernel
+def from_ints(x: Tensor["R", "C", i8], z: Tensor["R", "C", i32]) -> Tensor["R", "C", f32]:
+    return cast(x, f32) * 0.5 + cast(z, f32)
+
+@kernel
+def through_i8(y: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return cast(cast(y, i8), f32) + y
+
+@kernel
+def between_kernels(y: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    q = cast(y, i8)
+    return cast(sum(q, axis=1), f32) + sum(cast(q, f32) * cast(q, f32), axis=1)
+
+@kernel
+def copy_i32(z: Tensor["R", "C", i32]) -> Tensor["R", "C", i32]:
+    return z
+
+@kernel
+def product_i32(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N", i32]:
+    return cast(matmul(a, b), i32)
+"""
+
+
+def _as_i8(y: np.ndarray) -> np.ndarray:
+    """A float as an i8 converts: toward zero, then the low 8 bits."""
+    return y.astype(np.int32).astype(np.int8)
+
+
+def check_integers(lib: object) -> None:
+    """Runs ``INTEGERS``' functions (``lib``: the loaded library) at a ragged size, on
+    values that convert toward zero and past i8's range, outputs poisoned first."""
+    rng = np.random.default_rng(11)
+    y = (rng.standard_normal((37, 45)) * 150).astype(np.float32)
+    x = rng.integers(-128, 128, (37, 45)).astype(np.int8)
+    z = rng.integers(-(2**24), 2**24, (37, 45)).astype(np.int32)
+    out_i8 = np.full(y.shape, 77, np.int8)
+    lib.to_i8(y, out=out_i8)
+    np.testing.assert_array_equal(out_i8, _as_i8(y))
+    out = np.full(y.shape, np.nan, np.float32)
+    lib.from_ints(x, z, out=out)
+    np.testing.assert_allclose(out, x * 0.5 + z.astype(np.float64), rtol=1e-7)
+    lib.through_i8(y, out=out)
+    np.testing.assert_allclose(out, _as_i8(y) + y.astype(np.float64), rtol=1e-6)
+    rows = np.full(37, np.nan, np.float32)
+    lib.between_kernels(y, out=rows)
+    q = _as_i8(y).astype(np.float64)
+    np.testing.assert_allclose(rows, q.sum(axis=1) + (q * q).sum(axis=1), rtol=1e-6)
+    out_i32 = np.full(z.shape, -7, np.int32)
+    lib.copy_i32(z, out=out_i32)
+    np.testing.assert_array_equal(out_i32, z)
+    a = rng.integers(-8, 8, (37, 45)).astype(np.float32)
+    b = rng.integers(-8, 8, (45, 29)).astype(np.float32)
+    product = np.full((37, 29), -7, np.int32)
+    lib.product_i32(a, b, out=product)
+    np.testing.assert_array_equal(product, (a.astype(np.int64) @ b).astype(np.int32))

@@ -18,7 +18,7 @@ from tessera.runtime.cpu import build
 from tessera.transpiler.target.cpu import DEFAULT_FLAGS
 
 from .conftest import EXAMPLES, ROOT
-from .helpers import check_store_in_a_loop, run_sanitized
+from .helpers import INTEGERS, check_integers, check_store_in_a_loop, run_sanitized
 from .reference import (
     CASES,
     F32_MATMUL_SOURCE,
@@ -514,3 +514,7 @@ def math(x: Tensor["N", f32], e: Tensor["N", f32], t: Tensor["N", f32]):
 
 def test_a_loop_that_only_stores_runs() -> None:
     check_store_in_a_loop("cpu")
+
+
+def test_integer_loads_stores_and_casts() -> None:
+    check_integers(tessera.compile(INTEGERS, target="cpu").load())

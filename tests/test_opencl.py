@@ -18,7 +18,7 @@ import tessera
 from tessera.runtime.opencl import OpenclUnavailable, _queue
 
 from .conftest import ROOT
-from .helpers import BRANCH_WITH_STATEMENTS, check_store_in_a_loop
+from .helpers import BRANCH_WITH_STATEMENTS, INTEGERS, check_integers, check_store_in_a_loop
 from .reference import (
     BF16,
     CASES,
@@ -127,3 +127,7 @@ def test_the_source_is_self_contained_and_names_its_lines() -> None:
 
 def test_a_loop_that_only_stores_runs() -> None:
     check_store_in_a_loop("opencl")
+
+
+def test_integer_loads_stores_and_casts() -> None:
+    check_integers(tessera.compile(INTEGERS, target="opencl").load())

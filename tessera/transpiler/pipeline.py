@@ -21,8 +21,8 @@ from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severit
 from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
 from .frontend.printer import print_module
-from .frontend.source import SourceFile, SourceReadError, read_source
-from .graph.ir import GraphModule
+from .frontend.source import SourceFile, SourceReadError, Span, read_source
+from .graph.ir import GraphModule, walk
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
@@ -32,6 +32,7 @@ from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
 from .target.cpu import CpuModule, emit_cpu
+from .target.cpu_kernel import C_TYPES
 from .target.nvrtc import CudaBinary, NvrtcUnavailable, build
 from .target.simt_dialect import DIALECTS
 from .target.simt_kernel import NotLowered
@@ -116,9 +117,33 @@ def _graph_stage(
 def _sched_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> ScheduleModule:
+    _check_dtypes(irs["graph"], options.target, diags)
+    diags.check()
     module = schedule_module(irs["graph"], options, diags, fingerprints(irs["ast"]))
     diags.check()
     return module
+
+
+def _check_dtypes(graph: GraphModule, target: str, diags: Diagnostics) -> None:
+    """Refuse, at its first use, each dtype that ``target`` cannot hold in memory: the
+    first stage that depends on the target is where its dtypes are known."""
+    stored = C_TYPES if target == "cpu" else DIALECTS[target].storage
+    seen: set[str] = set()
+
+    def check(value_type: Any, span: Span | None) -> None:
+        dtype = getattr(value_type, "dtype", None)
+        if dtype is None or dtype.kind == "bool" or dtype.name in stored or dtype.name in seen:
+            return
+        seen.add(dtype.name)
+        diags.error(f"{dtype.name} tensors are not supported on the {target} target yet", span)
+
+    for function in graph.functions:
+        for param in function.params:
+            check(param.value.type, param.value.span)
+        for op in walk(function.body):
+            for result in op.results:
+                check(result.type, op.span)
+        check(function.result_type, function.span)
 
 
 def _tile_stage(

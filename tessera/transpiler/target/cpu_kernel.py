@@ -29,12 +29,13 @@ __all__ = ["CParam", "CKernel", "emit_kernel", "C_TYPES", "ROUND"]
 
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
-    "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t",
+    "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t", "i8": "std::int8_t",
     "bool": "float",  # a mask between kernels: 1.0 and 0.0
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
-         "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2"}  # fmt: skip
+         "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2",
+         "i32": "tsr::round_i32", "i8": "tsr::round_i8"}  # fmt: skip
 _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "tsr::i64"}
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",

@@ -761,7 +761,7 @@ class _Emitter(TileOps, TmaCopies):
         if (
             isinstance(dist, Fragments)
             and dist.shape.pair_col
-            and self.d.pair_writes
+            and tensor.type.dtype.name in self.d.pair_writes
             and not at.axes[-1].index
         ):
             self.store_pairs(tensor, tile, at, dist)
