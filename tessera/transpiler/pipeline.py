@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .frontend import ast
+from .frontend.depth import recursion_headroom
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
 from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
@@ -227,6 +228,10 @@ class Program:
         self._run(until)
 
     def _run(self, until: str | None) -> None:
+        with recursion_headroom():
+            self._stages(until)
+
+    def _stages(self, until: str | None) -> None:
         names = [s.name for s in PIPELINE]
         asked = names.index(until) if until in names else -1
         for index, stage in enumerate(PIPELINE):
@@ -273,7 +278,8 @@ class Program:
         ir = self.ir(stage)
         show = next(s.show for s in PIPELINE if s.name == stage)
         try:
-            return show(ir)
+            with recursion_headroom():
+                return show(ir)
         except Exception as exc:
             raise InternalCompilerError(stage, exc) from exc
 

@@ -212,23 +212,15 @@ def _statements(body: tuple[ast.Stmt, ...]) -> Iterator[ast.Stmt]:
 
 
 def _calls_tile_context(body: tuple[ast.Stmt, ...]) -> bool:
-    def visit(node: Any) -> bool:
-        if isinstance(node, ast.Call):
-            func = node.func
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr == "context"
-                and isinstance(func.value, ast.Name)
-                and func.value.id == "tile"
-            ):
-                return True
-        if isinstance(node, ast.Node):
-            return any(visit(getattr(node, f)) for f in node.__dataclass_fields__ if f != "span")
-        if isinstance(node, tuple):
-            return any(visit(x) for x in node)
-        return False
-
-    return any(visit(s) for s in body)
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "context"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "tile"
+        for stmt in body
+        for node, _ in ast.walk(stmt)
+    )
 
 
 class _FunctionAnalyzer:

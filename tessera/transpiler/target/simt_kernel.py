@@ -528,7 +528,7 @@ class _Emitter(TileOps, TmaCopies):
             a, b = (self.at(x, index, out) for x in binary_operands(op))
             if op.kind == "pow":
                 exponent = binary_operands(op)[1]
-                integer = isinstance(exponent, Value) and exponent.type.kind == "int"
+                integer = isinstance(exponent, Value) and exponent.type == ScalarType("int")
                 return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
             if op.kind in _CALLED:
                 return f"{d.unary[op.kind]}({a}, {b})"
