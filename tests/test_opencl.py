@@ -18,7 +18,14 @@ import tessera
 from tessera.runtime.opencl import OpenclUnavailable, _queue
 
 from .conftest import ROOT
-from .helpers import BRANCH_WITH_STATEMENTS, INTEGERS, check_integers, check_store_in_a_loop
+from .helpers import (
+    BRANCH_WITH_STATEMENTS,
+    INTEGERS,
+    ZERO_SIZES,
+    check_integers,
+    check_store_in_a_loop,
+    check_zero_sizes,
+)
 from .reference import (
     BF16,
     CASES,
@@ -131,3 +138,8 @@ def test_a_loop_that_only_stores_runs() -> None:
 
 def test_integer_loads_stores_and_casts() -> None:
     check_integers(tessera.compile(INTEGERS, target="opencl").load())
+
+
+def test_sizes_of_zero_run() -> None:
+    """OpenCL has no empty buffers: an empty tensor's is a byte that nothing reads."""
+    check_zero_sizes(tessera.compile(ZERO_SIZES, target="opencl").load())
