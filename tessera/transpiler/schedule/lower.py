@@ -132,6 +132,7 @@ class _Scheduler:
         self.tuned = tuned
         self.fingerprint = fingerprint
         self.names = value_names(function)
+        self.readers = _readers(function.body)
         self.guards: list[Guard] = list(function.guards)
         #: Where the schedule being applied was written, for its diagnostics.
         self.span: Span | None = function.schedule_span
@@ -392,17 +393,18 @@ class _Scheduler:
         nested = [inner for op in ops for inner in walk(Block((), (op,)))]
         inside = {v.id for op in nested for v in op.results}
         inside |= {a.id for op in nested for region in op.regions for a in region.args}
-        reads: list[str] = []
+        reads: dict[str, None] = {}  # in order of first read
         for op in nested:
             for v in op.operands:
-                name = self.names[v.id]
-                if v.id not in inside and name not in reads and not isinstance(v.type, TileType):
-                    reads.append(name)
-        used_outside = {v.id for v in self.function.body.yields}
-        for other in self.function.body.ops:
-            if other not in ops:
-                used_outside |= {v.id for v in other.operands}
-        writes = tuple(self.names[v.id] for op in ops for v in op.results if v.id in used_outside)
+                if v.id not in inside and not isinstance(v.type, TileType):
+                    reads[self.names[v.id]] = None
+        members = set(group.ops)
+        writes = tuple(
+            self.names[v.id]
+            for op in ops
+            for v in op.results
+            if not self.readers.get(v.id, set()) <= members
+        )
         if group.kind == "tile" and self.function.body.yields:
             writes = (self.names[self.function.body.yields[0].id],)
         return tuple(reads), writes
@@ -423,6 +425,17 @@ class _Scheduler:
             if i not in returned and isinstance(values[i].type, TensorType)
         ]
         return plan_buffers(intervals)
+
+
+def _readers(body: Block) -> dict[int, set[int]]:
+    """The indices of the ops of ``body`` that read each value, with -1 for its yields."""
+    readers: dict[int, set[int]] = {}
+    for i, op in enumerate(body.ops):
+        for v in op.operands:
+            readers.setdefault(v.id, set()).add(i)
+    for v in body.yields:
+        readers.setdefault(v.id, set()).add(-1)
+    return readers
 
 
 def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -21,7 +21,7 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import c_dim, c_factor, c_float
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
@@ -127,6 +127,8 @@ class _Emitter:
         self.uses = use_counts(kernel.body)
         #: Elementwise results computed inside their one consumer's loop, by value id.
         self.inlined: dict[int, str] = {}
+        #: How many ops each inlined expression holds, by value id.
+        self.inlined_ops: dict[int, int] = {}
         self.users: dict[int, Op] = {}
         self.defs: dict[int, Op] = {}
         #: Masks folded into the online softmax that reads them, as per-row column limits
@@ -401,11 +403,22 @@ class _Emitter:
         are stored: its row loops then read contiguous floats."""
         result = op.results[0]
         user = self.users.get(result.id)
-        if self.uses.get(result.id) != 1 or user is None:
+        if self.uses.get(result.id) != 1 or user is None or self._held(op) > MAX_INLINED_OPS:
             return False
         if _is_elementwise(user) or (user.kind == "mask_edge" and not self._absorbed(user)):
             return _shape(user.results[0].type) == _shape(result.type)
         return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
+
+    def _held(self, op: Op) -> int:
+        """How many ops the expression of ``op`` would hold, inlined."""
+        inner = (self.inlined_ops.get(v.id, 0) for v in op.operands if isinstance(v, Value))
+        return 1 + max(inner, default=0)
+
+    def _inline(self, op: Op, expr: str) -> None:
+        """Compute ``op`` inside its consumer's loop, as ``expr``."""
+        self.inlined[op.result.id] = expr
+        self.inlined_ops[op.result.id] = self._held(op)
+        self.names[op.result.id] = self.namer.fresh(op.result.name)
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
@@ -438,8 +451,7 @@ class _Emitter:
             self.scalar(op, expr)
             return
         if self._fusable(op):
-            self.inlined[op.result.id] = _rounded(expr, out_type.dtype)
-            self.names[op.result.id] = self.namer.fresh(op.result.name)
+            self._inline(op, _rounded(expr, out_type.dtype))
             return
         candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
         name = self.result_in_place(op, candidates)
@@ -593,8 +605,7 @@ class _Emitter:
         bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
         expr = f"tsr::select({bound}, {c_float(op.attr('fill'))}, {self._arg(x, out)})"
         if self._fusable(op):
-            self.inlined[op.result.id] = expr
-            self.names[op.result.id] = self.namer.fresh(op.result.name)
+            self._inline(op, expr)
             return
         name = self.result_in_place(op, (0,))
         self._loops(out, f"{name}[{self._index(x, out)}] = {expr};")

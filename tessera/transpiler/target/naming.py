@@ -68,6 +68,9 @@ GPU_BUILTINS = frozenset(
 class Namer:
     def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
         self.used: set[str] = set(C_KEYWORDS) | set(reserved)
+        #: For each base, the suffix to try first: every smaller one is taken, so that
+        #: a kernel of n unnamed values is named in linear time.
+        self.next: dict[str, int] = {}
 
     def fresh(self, wanted: str | None, fallback: str = "t") -> str:
         base = re.sub(r"\W", "_", wanted or fallback).rstrip("_")
@@ -75,10 +78,11 @@ class Namer:
             base = base.lstrip("_")
         if not base or base[0].isdigit():
             base = f"{fallback}{base}"
-        name, n = base, 1
+        name, n = base, self.next.get(base, 1)
         while name in self.used:
             name = f"{base}_{n}"
             n += 1
+        self.next[base] = n
         self.used.add(name)
         return name
 

@@ -35,7 +35,7 @@ from ..graph.types import ScalarType, TensorType
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import c_dim, c_factor
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor
 from .naming import GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -143,6 +143,8 @@ class _Emitter(TileOps, TmaCopies):
         self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
         self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED)
         self.forms: dict[int, Form] = {}
+        #: How many elementwise ops each lazy value's expression holds, by value id.
+        self.chained: dict[int, int] = {}
         self.uses = use_counts(kernel.body)
         self.producers = producers(kernel.body)
         self.lanes = lanes
@@ -569,7 +571,16 @@ class _Emitter(TileOps, TmaCopies):
             self.line(f"{name}[e] = {self.expression(op, index, out)};")
             self.close()
             return
-        self.lazy(op.results[0], lambda idx: self.expression(op, idx, out), *op.operands)
+        self.lazy(result, lambda idx: self.expression(op, idx, out), *op.operands)
+        inner = (self.chained.get(v.id, 0) for v in op.operands if isinstance(v, Value))
+        self.chained[result.id] = 1 + max(inner, default=0)
+        if self.chained[result.id] > MAX_INLINED_OPS and _constant(out):
+            # (a tile of run-time size has no registers to hold it: its chain stays whole)
+            dist = self.forms[result.id].dist or Flat(out)
+            self.forms[result.id] = self.materialize(
+                result, dist, self.namer.fresh(result.name, "v")
+            )
+            self.chained[result.id] = 0
 
     def op_full(self, op: Op) -> None:
         value = self.d.literal(float(op.attr("value")))
