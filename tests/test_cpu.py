@@ -18,7 +18,15 @@ from tessera.runtime.cpu import build
 from tessera.transpiler.target.cpu import DEFAULT_FLAGS
 
 from .conftest import EXAMPLES, ROOT
-from .helpers import run_sanitized
+from .helpers import (
+    INTEGERS,
+    ZERO_SIZES,
+    check_column_blocks,
+    check_integers,
+    check_store_in_a_loop,
+    check_zero_sizes,
+    run_sanitized,
+)
 from .reference import (
     CASES,
     F32_MATMUL_SOURCE,
@@ -533,3 +541,19 @@ def f(x: Tensor["N", f32], *, scale: float, shift: float = 1.0) -> Tensor["N", f
     with pytest.raises(TypeError, match=r"takes 1 positional arguments \(scale, shift by name"):
         f(x, 2.0)
     np.testing.assert_allclose(f(x, scale=2.0), f64(x) * 2.0 + 1.0, rtol=1e-6)
+
+
+def test_a_loop_that_only_stores_runs() -> None:
+    check_store_in_a_loop("cpu")
+
+
+def test_a_loop_in_column_blocks_without_a_product_runs() -> None:
+    check_column_blocks("cpu")
+
+
+def test_integer_loads_stores_and_casts() -> None:
+    check_integers(tessera.compile(INTEGERS, target="cpu").load())
+
+
+def test_sizes_of_zero_run() -> None:
+    check_zero_sizes(tessera.compile(ZERO_SIZES, target="cpu").load())

@@ -24,7 +24,7 @@ from tessera.transpiler.tile import passes
 
 from .conftest import ROOT
 from .gpusim import load_hip, simulated_cupy, use_simulator
-from .helpers import run_sanitized
+from .helpers import INTEGERS, ZERO_SIZES, check_integers, check_zero_sizes, run_sanitized
 from .reference import (
     FP8,
     assert_rounded_once,
@@ -220,6 +220,18 @@ def test_attention_at_edge_sizes(
     out = np.full((bh, s, d), np.nan, np.float32).astype(ml_dtypes.bfloat16)
     attn(q, k, v, out=out)
     _check(out, attention(q, k, v, causal), 2e-2)
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+def test_sizes_of_zero_run(target: str, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_zero_sizes(_library(ZERO_SIZES, target, arch, monkeypatch))
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
+def test_integer_loads_stores_and_casts(
+    target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_integers(_library(INTEGERS, target, arch, monkeypatch))
 
 
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])

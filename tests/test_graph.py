@@ -210,6 +210,26 @@ def test_effects_pin_operations_in_program_order() -> None:
     ]  # fmt: skip
 
 
+def test_effects_inside_loops_and_branches_are_kept() -> None:
+    """A loop or branch that yields nothing but stores is itself a store: dead-code removal
+    keeps it, at every depth."""
+    module = graph(
+        "@kernel\ndef f(x: Tensor['M', 'K', f32], y: Tensor['M', 'K', f32], *, flag: bool):\n"
+        "    T = tile.context()\n"
+        "    for kb in tile.range_n(x.shape[1], T.k):\n"
+        "        tile.store(y, tile.load(x, rows=T.m, cols=kb), rows=T.m, cols=kb)\n"
+        "    if flag:\n"
+        "        for kb in tile.range_n(x.shape[1], T.k):\n"
+        "            if flag:\n"
+        "                tile.store(y, tile.load(x, rows=T.m, cols=kb), rows=T.m, cols=kb)\n"
+    )
+    loop, branch = module.functions[0].body.ops
+    assert [op.kind for op in loop.regions[0].ops] == ["tile.load", "tile.store"]
+    (inner,) = branch.regions[0].ops
+    (inner_branch,) = inner.regions[0].ops
+    assert [op.kind for op in inner_branch.regions[0].ops] == ["tile.load", "tile.store"]
+
+
 def test_decorators_without_effect_say_so() -> None:
     program = tessera.compile(
         "@jit @autodiff\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x\n"

@@ -18,7 +18,14 @@ import tessera
 from tessera.runtime.opencl import OpenclUnavailable, _queue
 
 from .conftest import ROOT
-from .helpers import BRANCH_WITH_STATEMENTS
+from .helpers import (
+    BRANCH_WITH_STATEMENTS,
+    INTEGERS,
+    ZERO_SIZES,
+    check_integers,
+    check_store_in_a_loop,
+    check_zero_sizes,
+)
 from .reference import (
     BF16,
     CASES,
@@ -123,3 +130,16 @@ def test_the_source_is_self_contained_and_names_its_lines() -> None:
     lines = (ROOT / "tessera/stdlib/layernorm.tsr").read_text().splitlines()
     line = next(n for n, text in enumerate(lines, 1) if "normed = centered" in text)
     assert f"// layernorm.tsr:{line}: {lines[line - 1].strip()}" in source
+
+
+def test_a_loop_that_only_stores_runs() -> None:
+    check_store_in_a_loop("opencl")
+
+
+def test_integer_loads_stores_and_casts() -> None:
+    check_integers(tessera.compile(INTEGERS, target="opencl").load())
+
+
+def test_sizes_of_zero_run() -> None:
+    """OpenCL has no empty buffers: an empty tensor's is a byte that nothing reads."""
+    check_zero_sizes(tessera.compile(ZERO_SIZES, target="opencl").load())

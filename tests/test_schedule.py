@@ -213,17 +213,18 @@ def test_f32_operands_on_sm_80_spread_a_product_over_more_warps(
     [
         ("T.n", "    return tile.sum(tile.load(x, rows=T.m, cols=T.n), axis=1)\n"),
         ("T.k", "    acc = tile.zeros((T.m,), f32)\n"
-                "    for kb in tile.range_n(x.shape[-1], T.k):\n"
-                "        acc = acc + tile.sum(tile.load(x, rows=T.m, cols=kb), axis=1)\n"
+                "    for kb in tile.range_n(x.shape[-1], T.n):\n"
+                "        acc = acc + tile.sum(tile.load(x, rows=T.m, cols=T.k), axis=1)\n"
                 "    return acc\n"),
     ],
 )  # fmt: skip
 def test_a_tile_size_the_schedule_does_not_size_is_an_error(
     size: str, body: str, target: str
 ) -> None:
-    """A row kernel's schedule sizes its row blocks only: ``cols=T.n`` there reached the
-    generated code as the name ``T.n`` (which did not build), and with a value it would
-    have summed the first block of each row only, of a width the target picks."""
+    """A row kernel's schedule sizes its row blocks, and the step of a loop, only:
+    ``cols=T.n`` there reached the generated code as the name ``T.n`` (which did not
+    build), and with a value it would have summed the first block of each row only, of a
+    width the target picks. (A loop that steps by ``T.k`` gets a step: ``test_cpu``.)"""
     text = (
         '@kernel\ndef f(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:\n'
         "    T = tile.context()\n" + body

@@ -55,10 +55,9 @@ class OpenclFunction(Entry):
         import pyopencl as cl
 
         context = self._queue.context
-        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
-        device = {name: cl.Buffer(context, flags, hostbuf=a) for name, a in arrays.items()}
+        device = {name: _buffer(context, a.nbytes, a) for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
-            device[name] = cl.Buffer(context, cl.mem_flags.READ_WRITE, size=size)
+            device[name] = _buffer(context, size)
         scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
             counts = self._programs(launch, sizes)
@@ -71,9 +70,23 @@ class OpenclFunction(Entry):
             group = (threads,) + (1,) * (len(grid) - 1)
             cl.enqueue_nd_range_kernel(self._queue, kernel, grid, group)
         for p in self._params:
-            if p["kind"] == "tensor" and p["io"] != "in":
+            if p["kind"] == "tensor" and p["io"] != "in" and arrays[p["name"]].nbytes:
                 cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
         self._queue.finish()
+
+
+def _buffer(context: Any, size: int, host: np.ndarray | None = None) -> Any:
+    """A device buffer of ``size`` bytes, filled from ``host`` where given. OpenCL has no
+    buffer of 0 bytes (INVALID_BUFFER_SIZE): an empty tensor gets one byte, which no
+    program reads, as none reads past a tensor's end."""
+    import pyopencl as cl
+
+    flags = cl.mem_flags.READ_WRITE
+    if size == 0:
+        return cl.Buffer(context, flags, size=1)
+    if host is None:
+        return cl.Buffer(context, flags, size=size)
+    return cl.Buffer(context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
 
 
 class OpenclLibrary(Library):

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .frontend import ast
+from .frontend.depth import recursion_headroom
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
 from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
 from .frontend.printer import print_module
-from .frontend.source import SourceFile, SourceReadError, read_source
-from .graph.ir import GraphModule
+from .frontend.source import SourceFile, SourceReadError, Span, read_source
+from .graph.ir import GraphModule, walk
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
@@ -116,9 +117,38 @@ def _graph_stage(
 def _sched_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> ScheduleModule:
+    _check_dtypes(irs["graph"], options.target, diags)
+    diags.check()
     module = schedule_module(irs["graph"], options, diags, fingerprints(irs["ast"]))
     diags.check()
     return module
+
+
+def _check_dtypes(graph: GraphModule, target: str, diags: Diagnostics) -> None:
+    """Refuse, at its first use, each dtype that ``target`` cannot hold in memory: the
+    first stage that depends on the target is where its dtypes are known."""
+    if target == "cpu":
+        from .target.cpu_kernel import C_TYPES as stored
+    else:
+        from .target.simt_dialect import DIALECTS
+
+        stored = DIALECTS[target].storage
+    seen: set[str] = set()
+
+    def check(value_type: Any, span: Span | None) -> None:
+        dtype = getattr(value_type, "dtype", None)
+        if dtype is None or dtype.kind == "bool" or dtype.name in stored or dtype.name in seen:
+            return
+        seen.add(dtype.name)
+        diags.error(f"{dtype.name} tensors are not supported on the {target} target yet", span)
+
+    for function in graph.functions:
+        for param in function.params:
+            check(param.value.type, param.value.span)
+        for op in walk(function.body):
+            for result in op.results:
+                check(result.type, op.span)
+        check(function.result_type, function.span)
 
 
 def _tile_stage(
@@ -217,6 +247,10 @@ class Program:
         self._run(until)
 
     def _run(self, until: str | None) -> None:
+        with recursion_headroom():
+            self._stages(until)
+
+    def _stages(self, until: str | None) -> None:
         names = [s.name for s in PIPELINE]
         asked = names.index(until) if until in names else -1
         for index, stage in enumerate(PIPELINE):
@@ -263,7 +297,8 @@ class Program:
         ir = self.ir(stage)
         show = next(s.show for s in PIPELINE if s.name == stage)
         try:
-            return show(ir)
+            with recursion_headroom():
+                return show(ir)
         except Exception as exc:
             raise InternalCompilerError(stage, exc) from exc
 

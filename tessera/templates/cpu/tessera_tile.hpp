@@ -46,6 +46,7 @@ struct e5m2 { std::uint8_t bits; };
 
 inline float to_float(float x) { return x; }
 inline float to_float(std::int32_t x) { return static_cast<float>(x); }
+inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
 // A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
@@ -159,6 +160,11 @@ inline std::uint32_t small_bits(float r, int e, int m) {
 
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
+// A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
+// of that i32 (numpy's astype(np.int32).astype(np.int8)).
+inline void store_as(std::int8_t* dst, float x) {
+  *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
+}
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
 inline void store_as(f16* dst, float x) {
   dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
@@ -168,6 +174,16 @@ inline void store_as(e4m3* dst, float x) {
 }
 inline void store_as(e5m2* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
+}
+
+// ---------------------------------------------------------------- integers
+
+// A cast to an integer dtype inside a kernel: the value the tensor element would hold.
+inline float round_i32(float x) { return static_cast<float>(static_cast<std::int32_t>(x)); }
+inline float round_i8(float x) {
+  std::int8_t held;
+  store_as(&held, x);
+  return static_cast<float>(held);
 }
 
 // ---------------------------------------------------------------- math

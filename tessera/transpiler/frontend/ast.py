@@ -8,7 +8,8 @@ compares equal to it (the round-trip property the tests rely on).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 
 from .source import Span
 
@@ -328,3 +329,26 @@ class Module(Node):
 
     def functions(self) -> tuple[FunctionDef, ...]:
         return tuple(s for s in self.body if isinstance(s, FunctionDef))
+
+
+def walk(root: Node) -> Iterator[tuple[Node, int]]:
+    """Every node under ``root`` (itself included) with its depth below it, parents before
+    children, in source order. Iterative, so that no tree is too deep to walk."""
+    stack: list[tuple[Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        yield node, depth
+        children = [c for value in _fields(node) for c in _nodes(value)]
+        stack.extend((c, depth + 1) for c in reversed(children))
+
+
+def _fields(node: Node) -> Iterator[object]:
+    return (getattr(node, f.name) for f in fields(node) if f.name != "span")
+
+
+def _nodes(value: object) -> Iterator[Node]:
+    if isinstance(value, Node):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _nodes(item)

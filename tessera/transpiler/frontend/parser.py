@@ -20,6 +20,7 @@ from lark.lexer import PatternStr
 from ...cachedir import private_cache_dir
 from . import ast
 from .builder import Builder
+from .depth import MAX_DEPTH
 from .diagnostics import ERROR_LIMIT, Diagnostic, Diagnostics
 from .indenter import Indenter, LayoutError
 from .source import SourceFile
@@ -90,7 +91,22 @@ def parse(source: SourceFile, diags: Diagnostics) -> ast.Module | None:
         diags.report(diagnostic)
     if module is not None and not module.body and not diags.error_count:
         diags.error("file has no code, only comments and blank lines", file=source.name)
+    if module is not None:
+        _check_depth(module, diags)
     return module
+
+
+def _check_depth(module: ast.Module, diags: Diagnostics) -> None:
+    """One error for each top-level statement that nests deeper than ``MAX_DEPTH``
+    levels, at the first node past the limit: later passes recurse on the nesting."""
+    for statement in module.body:
+        too_deep = next((n for n, depth in ast.walk(statement) if depth >= MAX_DEPTH), None)
+        if too_deep is not None:
+            diags.error(
+                f"nested too deeply: more than {MAX_DEPTH} levels of expressions and blocks; "
+                "give parts of it names",
+                too_deep.span,
+            )
 
 
 def _position(diagnostic: Diagnostic) -> tuple[int, int]:

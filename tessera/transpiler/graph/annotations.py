@@ -157,12 +157,16 @@ def _resolved_dim(arg: ast.TypeExpr | ast.StrLit | ast.IntLit, defines: dict[str
         return Dim.const(arg.value)
     if isinstance(arg, ast.StrLit):
         try:
-            dim = parse_dim(arg.value)
+            dim = parse_dim(arg.value).substitute(defines)
         except DimSyntaxError as exc:
             raise SemanticError(
                 f'bad dim "{arg.value}": {exc.message}', _inside(arg, exc.offset)
             ) from None
-        return dim.substitute(defines)
+        if dim.constant is not None and dim.constant <= 0:
+            raise SemanticError(
+                f'a dim must be positive: "{arg.value}" is {dim.constant}', arg.span
+            )
+        return dim
     if lookup_dtype(arg.name) is not None:
         raise SemanticError(f"the dtype '{arg.name}' must be the last argument", arg.span)
     if arg.args is not None or arg.policies:

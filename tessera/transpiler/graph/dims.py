@@ -11,10 +11,12 @@ parentheses; nothing else is a dim, and a dim's text never reaches C++.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property, lru_cache
+
+from ..frontend.depth import MAX_DEPTH
 
 __all__ = ["Dim", "DimSyntaxError", "parse_dim"]
 
@@ -229,6 +231,7 @@ class _DimParser:
             self.tokens.append((kind, match.group(kind), match.start(kind)))
             pos = match.end()
         self.index = 0
+        self.depth = 0
 
     def parse(self) -> Dim:
         if not self.tokens:
@@ -270,8 +273,17 @@ class _DimParser:
         token = self._peek()
         if token is not None and token[1] == "-":
             self.index += 1
-            return -self._unary()
+            return -self._nested(self._unary, token[2])
         return self._atom()
+
+    def _nested(self, parse: Callable[[], Dim], offset: int) -> Dim:
+        """``parse()`` one level deeper, within the depth every nesting is held to."""
+        if self.depth >= MAX_DEPTH:
+            raise DimSyntaxError(f"nested too deeply: more than {MAX_DEPTH} levels", offset)
+        self.depth += 1
+        dim = parse()
+        self.depth -= 1
+        return dim
 
     def _atom(self) -> Dim:
         token = self._peek()
@@ -286,7 +298,7 @@ class _DimParser:
         if kind == "name":
             return Dim.sym(value)
         if value == "(":
-            dim = self._sum()
+            dim = self._nested(self._sum, offset)
             closing = self._peek()
             if closing is None or closing[1] != ")":
                 raise DimSyntaxError("'(' in a dim is never closed", offset)

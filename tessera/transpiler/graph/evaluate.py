@@ -285,6 +285,9 @@ class Evaluator:
             )
         values = [v for v in (a, b) if isinstance(v, Value)]
         left, right = (self._size_as_number(ev, values, node.span) for ev in (left, right))
+        if node.op in ("/", "//", "%") and is_number(right.value) and right.value.value == 0:
+            # as when both sides are numbers: a constant zero divisor is a mistake, not inf
+            raise SemanticError("division by zero", node.span)
         if not any(isinstance(v.type, (TensorType, TileType)) for v in values):
             return self._scalar_arith(node, left, right)
         return self.call_op(GRAPH_OPS[_ARITH[node.op]], [left, right], [], node.span, node.op)

@@ -48,6 +48,8 @@ one kernel.
 
 from __future__ import annotations
 
+from bisect import insort
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from .graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
@@ -174,6 +176,15 @@ class _Kernel:
     #: the index of the op that the kernel is built around (a product, a reduction), whose
     #: prologue values its epilogue cannot read; None for elementwise ops alone
     anchor: int | None = None
+    #: whether one of its ops keeps a reduced axis (``keepdims``)
+    keeps_dims: bool = False
+
+    def add(self, indices: Iterable[int], ops: tuple[Op, ...]) -> None:
+        """Take in ops by index, kept in program order. Ops mostly come in order, so
+        that this costs a constant time each and fusing a long program stays linear."""
+        for i in indices:
+            insort(self.ops, i)
+            self.keeps_dims |= bool(ops[i].attr("keepdims"))
 
 
 def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
@@ -270,7 +281,8 @@ def _kernels(
 
     def own_kernel(indices: list[int]) -> None:
         last = ops[indices[-1]]
-        kernels.append(_Kernel("host" if _is_scalar(last) else "elementwise", indices))
+        kernels.append(_Kernel("host" if _is_scalar(last) else "elementwise"))
+        kernels[-1].add(indices, ops)
         for i in indices:
             kernel_of.update((r.id, len(kernels) - 1) for r in ops[i].results)
 
@@ -287,7 +299,7 @@ def _kernels(
             and uses[op.operands[0].id] == 1
             and _stored_in_place(kernels[source], op, ops)
         ):
-            kernels[source].ops.append(index)
+            kernels[source].add((index,), ops)
             kernel_of[op.result.id] = source
             continue
         if _placed_with_reader(op, reader_count):
@@ -319,7 +331,7 @@ def _kernels(
                     # and scalars after it, and an op reading another tensor starts the
                     # next kernel; so does one that reads a value of the prologue
                     # (``d / sqrt(mean(d * d))``), which the epilogue no longer has
-                    kept = any(ops[i].attr("keepdims") for i in kernels[k].ops)
+                    kept = kernels[k].keeps_dims
                     anchor = kernels[k].anchor
                     prologue = anchor is not None and any(
                         kernel_of.get(w.id) == k and produced[w.id] < anchor for w in op.operands
@@ -338,7 +350,7 @@ def _kernels(
             target = None
         if target is not None and cls == "elementwise":
             for j in _chains_absorbed(op, target, kernels, kernel_of, ops, uses):
-                kernels[target].ops = sorted((*kernels[target].ops, *kernels[j].ops))
+                kernels[target].add(kernels[j].ops, ops)
                 for i in kernels[j].ops:
                     kernel_of.update((r.id, target) for r in ops[i].results)
                 kernels[j].ops = []
@@ -347,7 +359,7 @@ def _kernels(
             if cls != "elementwise":
                 kernels[-1].anchor = index
             target = len(kernels) - 1
-        kernels[target].ops = sorted((*kernels[target].ops, *viewed, index))
+        kernels[target].add((*viewed, index), ops)
         for result in op.results:
             kernel_of[result.id] = target
     for indices in views.values():  # returned as they are
@@ -356,7 +368,7 @@ def _kernels(
         joins = source is not None and uses[last.operands[0].id] == 1
         if last.kind == "reshape" and joins and _takes_epilogue(kernels[source], ops):
             # its kernel writes the result reshaped
-            kernels[source].ops = sorted((*kernels[source].ops, indices[-1]))
+            kernels[source].add((indices[-1],), ops)
         else:
             own_kernel(indices)
     return _shared_views_copied([k for k in kernels if k.ops], ops)

@@ -1231,15 +1231,18 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
             if None in dims:
                 raise call.error("only one dim can be -1", at=name)
             dims.append(None)
-        elif isinstance(item, int):
-            if item <= 0:
-                raise call.error(f"dims are positive (or -1, for the rest), not {item}", at=name)
-            dims.append(Dim.const(item))
+            continue
+        if isinstance(item, int):
+            dim = Dim.const(item)
         elif isinstance(item, str):
             try:
-                dims.append(parse_dim(item).substitute(call.emitter.defines))
+                dim = parse_dim(item).substitute(call.emitter.defines)
             except DimSyntaxError as exc:
                 raise call.error(f'bad dim "{item}": {exc.message}', at=name) from None
         else:
-            dims.append(item)
+            dim = item
+        if dim.constant is not None and dim.constant <= 0:
+            written = f'"{item}" ({dim.constant})' if isinstance(item, str) else str(dim)
+            raise call.error(f"dims are positive (or -1, for the rest), not {written}", at=name)
+        dims.append(dim)
     return tuple(dims)

@@ -8,10 +8,9 @@ from dataclasses import replace
 
 from .ir import Block, Function, GraphModule, Op, Value
 
-__all__ = ["map_functions", "substitute", "remove_dead", "use_counts", "Rewriter"]
-
-#: Ops whose results may be dropped when nobody uses them.
-_KEEP = ("tile.store", "kvcache.append")
+__all__ = [
+    "map_functions", "substitute", "remove_dead", "has_effects", "use_counts", "Rewriter",
+]  # fmt: skip
 
 
 def map_functions(module: GraphModule, fn: Callable[[Function], Function]) -> GraphModule:
@@ -38,13 +37,19 @@ def substitute(block: Block, mapping: dict[int, Value]) -> Block:
     return Block(block.args, tuple(ops), tuple(get(v) for v in block.yields))
 
 
+def has_effects(op: Op) -> bool:
+    """Whether ``op`` or any op in its regions has an effect: a loop or branch whose body
+    stores is itself a store, kept even when it yields nothing."""
+    return bool(op.effects) or any(has_effects(o) for r in op.regions for o in r.ops)
+
+
 def remove_dead(block: Block) -> Block:
     """Drop ops without effects whose results nobody uses, innermost first."""
     used: set[int] = {v.id for v in block.yields}
     kept: list[Op] = []
     for op in reversed(block.ops):
         regions = tuple(remove_dead(r) for r in op.regions)
-        live = op.effects or op.kind in _KEEP or any(r.id in used for r in op.results)
+        live = any(r.id in used for r in op.results) or has_effects(op)
         if not live:
             continue
         op = replace(op, regions=regions)

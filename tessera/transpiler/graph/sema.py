@@ -226,23 +226,15 @@ def _statements(body: tuple[ast.Stmt, ...]) -> Iterator[ast.Stmt]:
 
 
 def _calls_tile_context(body: tuple[ast.Stmt, ...]) -> bool:
-    def visit(node: Any) -> bool:
-        if isinstance(node, ast.Call):
-            func = node.func
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr == "context"
-                and isinstance(func.value, ast.Name)
-                and func.value.id == "tile"
-            ):
-                return True
-        if isinstance(node, ast.Node):
-            return any(visit(getattr(node, f)) for f in node.__dataclass_fields__ if f != "span")
-        if isinstance(node, tuple):
-            return any(visit(x) for x in node)
-        return False
-
-    return any(visit(s) for s in body)
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "context"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "tile"
+        for stmt in body
+        for node, _ in ast.walk(stmt)
+    )
 
 
 class _FunctionAnalyzer:
@@ -405,6 +397,13 @@ class _FunctionAnalyzer:
                     f"'{node.name}' declares a result but never returns one", node.span,
                     (Note("the result type is declared here", node.returns.span),),
                 )  # fmt: skip
+            if self.returned and result_type is None and kind == "tile":
+                self.diags.error(
+                    f"'{node.name}' returns a tile but declares no result type: a tile does "
+                    "not say the dims of the tensor it is stored into; declare them, as in "
+                    "'-> Tensor[\"N\", f32]'",
+                    node.span,
+                )
         self._check_result_names(params, declared=result_type is not None)
         body = Block((), tuple(self.blocks[0]), self.returned or ())
         if kind == "tile":

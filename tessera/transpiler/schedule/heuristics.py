@@ -16,7 +16,7 @@ from .hardware import Hardware
 from .problem import Problem
 from .resources import resources
 
-__all__ = ["default_knobs", "candidates", "score"]
+__all__ = ["default_knobs", "candidates", "score", "loop_tiles"]
 
 Knobs = dict[str, object]
 
@@ -132,6 +132,14 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         return [{**base, "block_m": rows, "warps": 4 if hw.kind == "gpu" else 1, "stages": 1}]
     elements = 1024 if hw.kind == "gpu" else 8192
     return [{**base, "block_m": elements, "warps": 8 if hw.kind == "gpu" else 1, "stages": 1}]
+
+
+def loop_tiles(problem: Problem, hw: Hardware) -> Knobs:
+    """Tile sizes for a tile kernel whose shape does not choose them: a row-block kernel
+    that walks its columns with ``tile.range_n(..., T.k)``, say. They are the first gemm
+    candidate's, whose steps suit the machine's loads for this dtype."""
+    gemm = candidates(Problem("gemm", problem.dtype, problem.m, d=problem.d), hw)
+    return {k: gemm[0][k] for k in ("block_n", "block_k", "block_d")}
 
 
 def score(problem: Problem, knobs: Knobs, hw: Hardware) -> float:

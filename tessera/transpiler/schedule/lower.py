@@ -25,7 +25,7 @@ from ..graph.schedule_spec import ScheduleSpec
 from ..graph.types import TensorType, TileType, result_types
 from ..options import Options
 from .hardware import Hardware, hardware_for
-from .heuristics import default_knobs, score
+from .heuristics import default_knobs, loop_tiles, score
 from .ir import GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
@@ -133,6 +133,7 @@ class _Scheduler:
         self.tuned = tuned
         self.fingerprint = fingerprint
         self.names = value_names(function)
+        self.readers = _readers(function.body)
         self.guards: list[Guard] = list(function.guards)
         #: Where the schedule being applied was written, for its diagnostics.
         self.span: Span | None = function.schedule_span
@@ -197,8 +198,12 @@ class _Scheduler:
                 "at_most", problem.d, Dim.const(int(knobs["block_d"])),
                 f"{group.name}: the head dim fits the schedule's head-dim tile", anchor.span,
             ))  # fmt: skip
-        tiles = _tiles(group.kind if group.kind == "tile" else problem.works_like, knobs,
-                       self._tile_dims())  # fmt: skip
+        # A loop in T.k (or T.n, T.d) blocks without a product still needs its step; no
+        # other use of an unsized tile gets one (``_check_sized``).
+        steps = {k: v for k, v in loop_tiles(problem, self.hw).items()
+                 if _KNOB_SYMBOL[k] in self._loop_steps()}  # fmt: skip
+        tiles = _tiles(group.kind if group.kind == "tile" else problem.works_like,
+                       {**steps, **knobs}, self._tile_dims())  # fmt: skip
         if group.kind == "tile" and self.diags.error_count == errors:  # one error a kernel
             self._check_sized(tiles)
         cost = resources(problem, knobs, self.hw)
@@ -421,6 +426,11 @@ class _Scheduler:
                 )
                 return
 
+    def _loop_steps(self) -> frozenset[str]:
+        """The tile sizes a tile kernel's ``tile.range_n`` loops step by."""
+        return frozenset(s for op in walk(self.function.body) if op.kind == "tile.for"
+                         for s in op.attr("block").symbols() if s.startswith("T."))  # fmt: skip
+
     def _tile_dims(self) -> frozenset[str]:
         """The tile sizes (``T.m``, ...) a tile kernel's types and loops mention."""
         return frozenset(s for op in walk(self.function.body) for s in _tile_symbols(op))
@@ -431,17 +441,18 @@ class _Scheduler:
         nested = [inner for op in ops for inner in walk(Block((), (op,)))]
         inside = {v.id for op in nested for v in op.results}
         inside |= {a.id for op in nested for region in op.regions for a in region.args}
-        reads: list[str] = []
+        reads: dict[str, None] = {}  # in order of first read
         for op in nested:
             for v in op.operands:
-                name = self.names[v.id]
-                if v.id not in inside and name not in reads and not isinstance(v.type, TileType):
-                    reads.append(name)
-        used_outside = {v.id for v in self.function.body.yields}
-        for other in self.function.body.ops:
-            if other not in ops:
-                used_outside |= {v.id for v in other.operands}
-        writes = tuple(self.names[v.id] for op in ops for v in op.results if v.id in used_outside)
+                if v.id not in inside and not isinstance(v.type, TileType):
+                    reads[self.names[v.id]] = None
+        members = set(group.ops)
+        writes = tuple(
+            self.names[v.id]
+            for op in ops
+            for v in op.results
+            if not self.readers.get(v.id, set()) <= members
+        )
         if group.kind == "tile" and self.function.body.yields:
             writes = (self.names[self.function.body.yields[0].id],)
         return tuple(reads), writes
@@ -462,6 +473,17 @@ class _Scheduler:
             if i not in returned and isinstance(values[i].type, TensorType)
         ]
         return plan_buffers(intervals)
+
+
+def _readers(body: Block) -> dict[int, set[int]]:
+    """The indices of the ops of ``body`` that read each value, with -1 for its yields."""
+    readers: dict[int, set[int]] = {}
+    for i, op in enumerate(body.ops):
+        for v in op.operands:
+            readers.setdefault(v.id, set()).add(i)
+    for v in body.yields:
+        readers.setdefault(v.id, set()).add(-1)
+    return readers
 
 
 def _around(kind: str, ops: list[Op], anchor: Op) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -504,6 +526,10 @@ _SIZED_AS = {
     "T.k": "the step of the loop that a tile.dot accumulates over",
     "T.d": "the head dim of attention or of a tile.dot's operands",
 }
+
+
+#: The tile size each loop knob gives a value to.
+_KNOB_SYMBOL = {"block_n": "T.n", "block_k": "T.k", "block_d": "T.d"}
 
 
 def _tile_symbols(op: Op) -> set[str]:

@@ -7,7 +7,13 @@ from fractions import Fraction
 
 from ..graph.dims import Dim
 
-__all__ = ["c_dim", "c_factor", "c_float"]
+__all__ = ["c_dim", "c_factor", "c_float", "MAX_INLINED_OPS"]
+
+#: The most elementwise ops that one expression of generated code holds: a longer chain
+#: is computed into an array every so many ops, so that each expression, and the time
+#: to write it, stays bounded (a chain of n ops written as one expression takes time
+#: n^2 to write, and as deep a recursion).
+MAX_INLINED_OPS = 64
 
 
 def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:

@@ -21,7 +21,7 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import c_dim, c_factor, c_float
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
@@ -29,13 +29,13 @@ __all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "R
 
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
-    "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t",
+    "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t", "i8": "std::int8_t",
     "bool": "float",  # a mask between kernels: 1.0 and 0.0
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
          "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2",
-         "i32": "std::trunc"}  # fmt: skip
+         "i32": "tsr::round_i32", "i8": "tsr::round_i8"}  # fmt: skip
 _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "tsr::i64"}
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
@@ -135,6 +135,8 @@ class _Emitter:
         self.uses = use_counts(kernel.body)
         #: Elementwise results computed inside their one consumer's loop, by value id.
         self.inlined: dict[int, str] = {}
+        #: How many ops each inlined expression holds, by value id.
+        self.inlined_ops: dict[int, int] = {}
         self.users: dict[int, Op] = {}
         self.defs: dict[int, Op] = {}
         #: Masks folded into the online softmax that reads them, as per-row column limits
@@ -411,11 +413,22 @@ class _Emitter:
         are stored: its row loops then read contiguous floats."""
         result = op.results[0]
         user = self.users.get(result.id)
-        if self.uses.get(result.id) != 1 or user is None:
+        if self.uses.get(result.id) != 1 or user is None or self._held(op) > MAX_INLINED_OPS:
             return False
         if _is_elementwise(user) or (user.kind == "mask_edge" and not self._absorbed(user)):
             return _shape(user.results[0].type) == _shape(result.type)
         return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
+
+    def _held(self, op: Op) -> int:
+        """How many ops the expression of ``op`` would hold, inlined."""
+        inner = (self.inlined_ops.get(v.id, 0) for v in op.operands if isinstance(v, Value))
+        return 1 + max(inner, default=0)
+
+    def _inline(self, op: Op, expr: str) -> None:
+        """Compute ``op`` inside its consumer's loop, as ``expr``."""
+        self.inlined[op.result.id] = expr
+        self.inlined_ops[op.result.id] = self._held(op)
+        self.names[op.result.id] = self.namer.fresh(op.result.name)
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
@@ -448,8 +461,7 @@ class _Emitter:
             self.scalar(op, expr)
             return
         if self._fusable(op):
-            self.inlined[op.result.id] = _rounded(expr, out_type.dtype)
-            self.names[op.result.id] = self.namer.fresh(op.result.name)
+            self._inline(op, _rounded(expr, out_type.dtype))
             return
         candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
         name = self.result_in_place(op, candidates)
@@ -615,8 +627,7 @@ class _Emitter:
         bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
         expr = f"tsr::select({bound}, {c_float(op.attr('fill'))}, {self._arg(x, out)})"
         if self._fusable(op):
-            self.inlined[op.result.id] = expr
-            self.names[op.result.id] = self.namer.fresh(op.result.name)
+            self._inline(op, expr)
             return
         name = self.result_in_place(op, (0,))
         self._loops(out, f"{name}[{self._index(x, out)}] = {expr};")

@@ -26,7 +26,8 @@ __all__ = ["LoaderError", "python_loader"]
 
 #: The cupy dtype that holds each Tessera dtype: bf16 and fp8 travel as their bits.
 _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
-            "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "f64": "float64"}  # fmt: skip
+            "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "i8": "int8",
+            "f64": "float64"}  # fmt: skip
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
 _RELATIONS = {"equal": "==", "at_most": "<=", "at_least": ">="}
 _WIDTH = 88  # black's default line length

@@ -109,6 +109,9 @@ def _reserved_prefix(name: str) -> bool:
 class Namer:
     def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
         self.used: set[str] = set(C_KEYWORDS) | set(reserved)
+        #: For each base, the suffix to try first: every smaller one is taken, so that
+        #: a kernel of n unnamed values is named in linear time.
+        self.next: dict[str, int] = {}
 
     def fresh(
         self, wanted: str | None, fallback: str = "t", suffixes: tuple[str, ...] = ("",)
@@ -122,10 +125,13 @@ class Namer:
             base = base.lstrip("_").removeprefix(OWN_PREFIX)
         if not base or base[0].isdigit():
             base = f"{fallback}{base}"
-        name, n = base, 1
+        # Numbering goes on where the last name of this base stopped: a file with
+        # thousands of temporaries does not count up from 1 for each.
+        name, n = base, self.next.get(base, 1)
         while any(name + suffix in self.used for suffix in suffixes):
             name = f"{base}_{n}"
             n += 1
+        self.next[base] = n
         self.used.update(name + suffix for suffix in suffixes)
         return name
 

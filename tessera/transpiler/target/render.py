@@ -8,7 +8,7 @@ from importlib import resources
 import jinja2
 
 from ...cachedir import private_cache_dir
-from ..frontend.source import Span
+from ..frontend.source import SourceFile, Span
 
 __all__ = ["environment", "header", "SourceLines", "comment_text", "python_text"]
 
@@ -74,11 +74,16 @@ class SourceLines:
 
     def __init__(self) -> None:
         self.last: tuple[str, int] | None = None
+        #: The lines of the source last commented on, split once, not once a comment.
+        self.source: SourceFile | None = None
+        self.lines: list[str] = []
 
     def comment(self, span: Span | None) -> str | None:
         if span is None or (span.file, span.line) == self.last:
             return None
         self.last = (span.file, span.line)
-        lines = span.source.text.split("\n")
+        if span.source is not self.source:
+            self.source, self.lines = span.source, span.source.text.split("\n")
+        lines = self.lines
         text = lines[span.line - 1].strip() if span.line <= len(lines) else ""
         return "// " + comment_text(f"{span.file.rsplit('/', 1)[-1]}:{span.line}: {text}")

@@ -147,19 +147,22 @@ _READS = {
     "f32": "{p}[{o}]", "tf32": "tsr_round_tf32({p}[{o}])", "bf16": "tsr_bf16_to_float({p}[{o}])",
     "f16": "tsr_f16_to_float({p}[{o}])", "fp8_e4m3": "tsr_fp8_e4m3_to_float({p}[{o}])",
     "fp8_e5m2": "tsr_fp8_e5m2_to_float({p}[{o}])", "i32": "(float){p}[{o}]",
+    "i8": "(float){p}[{o}]",
 }  # fmt: skip
 _STORED = {
     "f32": "{v}", "tf32": "tsr_round_tf32({v})", "bf16": "tsr_float_to_bf16({v})",
     "f16": "tsr_float_to_f16({v})", "fp8_e4m3": "tsr_float_to_fp8_e4m3({v})",
-    "fp8_e5m2": "tsr_float_to_fp8_e5m2({v})", "i32": "(int)({v})",
+    "fp8_e5m2": "tsr_float_to_fp8_e5m2({v})", "i32": "(int)({v})", "i8": "tsr_float_to_i8({v})",
 }  # fmt: skip
 _WRITES = {dtype: "{p}[{o}] = " + stored + ";" for dtype, stored in _STORED.items()}
-#: Two neighbouring elements in one store (the header's ``tsr_store_pair``).
+#: Two neighbouring elements in one store (the header's ``tsr_store_pair``), for the
+#: float dtypes: integer results of products are rare enough to store one at a time.
 _PAIRS = {
     dtype: "tsr_store_pair(&{p}[{o}], "
     + ", ".join(stored.replace("{v}", half) for half in ("{lo}", "{hi}"))
     + ");"
     for dtype, stored in _STORED.items()
+    if dtype not in ("i32", "i8")
 }
 
 OPENCL = Dialect(
@@ -167,7 +170,7 @@ OPENCL = Dialect(
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",
-             "fp8_e4m3": "uchar", "fp8_e5m2": "uchar", "i32": "int"},
+             "fp8_e4m3": "uchar", "fp8_e5m2": "uchar", "i32": "int", "i8": "char"},
     reads={**_READS, "f16": "vload_half({o}, {p})"},
     writes={**_WRITES, "f16": "vstore_half_rte({v}, {o}, {p});"},
     local_qualifier="__local",
@@ -210,7 +213,7 @@ HIP = Dialect(
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
     storage={"f32": "float", "tf32": "float", "f16": "unsigned short",
              "bf16": "unsigned short", "fp8_e4m3": "unsigned char", "fp8_e5m2": "unsigned char",
-             "i32": "int"},
+             "i32": "int", "i8": "signed char"},
     reads=_READS,
     writes=_WRITES,
     local_qualifier="__shared__",

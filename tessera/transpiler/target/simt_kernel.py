@@ -36,7 +36,7 @@ from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import c_dim, c_factor
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -146,6 +146,8 @@ class _Emitter(TileOps, TmaCopies):
         # Nor does a value take the name of a function the code may call (``rsqrt``).
         self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY)
         self.forms: dict[int, Form] = {}
+        #: How many elementwise ops each lazy value's expression holds, by value id.
+        self.chained: dict[int, int] = {}
         self.uses = use_counts(kernel.body)
         self.producers = producers(kernel.body)
         self.lanes = lanes
@@ -539,7 +541,7 @@ class _Emitter(TileOps, TmaCopies):
             a, b = (self.at(x, index, out) for x in binary_operands(op))
             if op.kind == "pow":
                 exponent = binary_operands(op)[1]
-                integer = isinstance(exponent, Value) and exponent.type.kind == "int"
+                integer = isinstance(exponent, Value) and exponent.type == ScalarType("int")
                 return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
             if op.kind in _CALLED:
                 return f"{d.unary[op.kind]}({a}, {b})"
@@ -580,7 +582,16 @@ class _Emitter(TileOps, TmaCopies):
             self.line(f"{name}[e] = {self.expression(op, index, out)};")
             self.close()
             return
-        self.lazy(op.results[0], lambda idx: self.expression(op, idx, out), *op.operands)
+        self.lazy(result, lambda idx: self.expression(op, idx, out), *op.operands)
+        inner = (self.chained.get(v.id, 0) for v in op.operands if isinstance(v, Value))
+        self.chained[result.id] = 1 + max(inner, default=0)
+        if self.chained[result.id] > MAX_INLINED_OPS and _constant(out):
+            # (a tile of run-time size has no registers to hold it: its chain stays whole)
+            dist = self.forms[result.id].dist or Flat(out)
+            self.forms[result.id] = self.materialize(
+                result, dist, self.namer.fresh(result.name, "v")
+            )
+            self.chained[result.id] = 0
 
     def op_full(self, op: Op) -> None:
         value = self.d.literal(float(op.attr("value")))
@@ -785,7 +796,7 @@ class _Emitter(TileOps, TmaCopies):
         if (
             isinstance(dist, Fragments)
             and dist.shape.pair_col
-            and self.d.pair_writes
+            and tensor.type.dtype.name in self.d.pair_writes
             and not at.axes[-1].index
         ):
             self.store_pairs(tensor, tile, at, dist)

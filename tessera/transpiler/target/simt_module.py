@@ -16,7 +16,6 @@ from typing import Any
 
 from ..graph.dims import Dim
 from ..graph.ir import walk
-from ..graph.types import TensorType
 from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
@@ -178,7 +177,6 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     for program in module.programs:
         for kernel in program.kernels:
             try:
-                _check_dtypes(kernel, d)
                 dims = symbols([p.type for p in kernel.params])
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
                 simt = emit_simt_kernel(kernel, d, dims, lanes, align)
@@ -202,12 +200,6 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
     return SimtModule(source, _meta(module, views, d))
-
-
-def _check_dtypes(kernel: TileKernel, d: Dialect) -> None:
-    for p in kernel.params:
-        if isinstance(p.type, TensorType) and p.type.dtype.name not in d.storage:
-            raise NotLowered(f"{p.type.dtype.name} tensors")
 
 
 def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict[str, Any]:

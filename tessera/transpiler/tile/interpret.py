@@ -37,7 +37,7 @@ __all__ = ["TileRuntimeError", "run_kernel", "run_function", "numpy_dtype", "rou
 _NUMPY = {
     "f32": np.float32, "tf32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
     "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
-    "i32": np.int32, "f64": np.float64,
+    "i32": np.int32, "i8": np.int8, "f64": np.float64,
 }  # fmt: skip
 
 
@@ -50,9 +50,10 @@ def numpy_dtype(dtype: DType) -> Any:
 
 
 def round_to(x: Any, dtype: DType) -> Any:
-    """``x`` rounded to ``dtype`` and held in f32 (i32 stays integral)."""
-    if dtype.name == "i32":
-        return np.asarray(x, dtype=np.int32)
+    """``x`` rounded to ``dtype`` and held in f32 (i32 and i8 stay integral): an integer
+    converts toward zero, and an i8 keeps the low 8 bits of that i32."""
+    if dtype.name in ("i32", "i8"):
+        return np.asarray(x).astype(np.int32).astype(numpy_dtype(dtype))
     if dtype.name == "tf32":
         bits = np.asarray(x, dtype=np.float32).view(np.uint32)
         rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & np.uint32(0xFFFFE000)
