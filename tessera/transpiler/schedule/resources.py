@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .hardware import GRID_COLUMNS, KIB, Hardware
+from .hardware import GRID_COLUMNS, KIB, Hardware, instruction
 from .problem import Problem
 
 __all__ = ["Resources", "resources"]
@@ -39,16 +39,20 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         accumulators = bm * bn // threads
     elif kind == "attention":
         smem = (bm * bd + stages * 2 * bn * bd) * size
-        if hw.kind == "gpu" and (hw.target != "cuda" or size == 4):
-            # Without 16-bit mma fragments (other targets, and tf32 on CUDA), the
-            # probabilities reach their product with the values through shared memory:
-            # a bm x bn tile, rows padded by 4 bytes, in the values' dtype for the matrix
-            # cores and in f32 for FMA loops and tf32.
-            p_size = 4 if hw.mma == "simt" or size == 4 else size
+        # Scores of FMA loops (a dtype the arch's matrix cores do not take), and of tf32
+        # on CUDA, sit in a Grid, whose row maxima and sums are combined across the
+        # threads of a row through GRID_COLUMNS floats per row.
+        grid = hw.kind == "gpu" and (
+            instruction(hw, problem.dtype.name, bn)[0] == "fma"
+            or (hw.target == "cuda" and size == 4)
+        )
+        if hw.kind == "gpu" and (hw.target != "cuda" or grid):
+            # Without 16-bit mma fragments, the probabilities reach their product with
+            # the values through shared memory: a bm x bn tile, rows padded by 4 bytes,
+            # in the values' dtype for the matrix cores and in f32 for FMA loops and tf32.
+            p_size = 4 if grid else size
             smem += bm * (bn + 4 // p_size) * p_size
-        if hw.kind == "gpu" and hw.target == "cuda" and size == 4:
-            # tf32 scores sit in a Grid, whose row maxima and sums are combined across
-            # the threads of a row through GRID_COLUMNS floats per row.
+        if grid:
             smem += bm * min(GRID_COLUMNS, threads) * 4
         accumulators = (bm * bd + bm * bn) // threads
     else:

@@ -14,35 +14,11 @@ from dataclasses import replace
 
 from ..graph.ir import Op, Value, walk
 from ..graph.types import TileType
-from ..schedule.hardware import Hardware
+from ..schedule.hardware import Hardware, instruction
 from .ir import Mma, TileKernel
 from .rewrite import producers, rewrite, use_counts
 
 __all__ = ["legalize", "instruction"]
-
-# (target, arch or "*", operand dtype) -> (instruction, (m, n, k))
-_INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, tuple[int, int, int]]] = {
-    ("cuda", "sm_80", "bf16"): ("mma.sync.bf16", (16, 8, 16)),
-    ("cuda", "sm_80", "f16"): ("mma.sync.f16", (16, 8, 16)),
-    ("cuda", "sm_80", "tf32"): ("mma.sync.tf32", (16, 8, 8)),
-    # sm_80 has no fp8 mma: the fragments are widened to f16 in registers.
-    ("cuda", "sm_80", "fp8_e4m3"): ("mma.sync.f16", (16, 8, 16)),
-    ("cuda", "sm_80", "fp8_e5m2"): ("mma.sync.f16", (16, 8, 16)),
-    ("cuda", "sm_90a", "bf16"): ("wgmma.bf16", (64, 0, 16)),
-    ("cuda", "sm_90a", "f16"): ("wgmma.f16", (64, 0, 16)),
-    # wgmma takes tf32 operands K-major only, and reads them from shared memory as
-    # they lie there, not rounded to tf32 as the tensors' reads must be: tf32 runs on
-    # mma.sync, whose fragments are rounded as they are loaded.
-    ("cuda", "sm_90a", "tf32"): ("mma.sync.tf32", (16, 8, 8)),
-    # fp8 runs on wgmma (k32) where both operands are K-major (see _K_MAJOR_ONLY).
-    ("cuda", "sm_90a", "fp8_e4m3"): ("wgmma.fp8_e4m3", (64, 0, 32)),
-    ("cuda", "sm_90a", "fp8_e5m2"): ("wgmma.fp8_e5m2", (64, 0, 32)),
-    ("hip", "*", "bf16"): ("mfma_f32_32x32x8bf16_1k", (32, 32, 8)),
-    ("hip", "*", "f16"): ("mfma_f32_32x32x8f16", (32, 32, 8)),
-    ("hip", "*", "f32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),
-    ("hip", "*", "tf32"): ("mfma_f32_32x32x2f32", (32, 32, 2)),  # tf32 values are f32s
-    ("hip", "gfx942", "fp8_e4m3"): ("mfma_f32_32x32x16_fp8_fp8", (32, 32, 16)),
-}
 
 #: The wgmma forms that take both operands K-major (``a`` as ``[m, k]``, ``b`` stored as
 #: ``[n, k]``: ``a @ b.T``), from shared memory, in whole 128-byte rows of the swizzle,
@@ -54,21 +30,6 @@ _K_MAJOR_ONLY = {
 }
 #: The widest wgmma, and the bytes of a row of its operands' swizzle.
 _WGMMA_N, _SWIZZLE_ROW = 256, 128
-
-
-def instruction(hw: Hardware, dtype: str, n_tile: int) -> tuple[str, tuple[int, int, int], str]:
-    """The matrix instruction for a dot of ``dtype`` operands (FMA where there is none), and
-    where it reads its operands. A GPU product reads them from shared memory as it runs:
-    ``wgmma`` through descriptors, ``mma.sync`` and MFMA a k step of fragments at a time,
-    the FMA loop each thread the elements it multiplies. The CPU's micro-kernel reads
-    packed registers."""
-    if hw.kind == "cpu":
-        return "simd.fma", (4, 2 * hw.lanes, 1), "registers"
-    for key in ((hw.target, hw.arch, dtype), (hw.target, "*", dtype)):
-        if key in _INSTRUCTIONS:
-            inst, (m, n, k) = _INSTRUCTIONS[key]
-            return inst, (m, n or n_tile, k), "shared"
-    return "fma", (1, 1, 1), "shared"
 
 
 def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) -> tuple[int, int]:
