@@ -15,8 +15,9 @@ SOURCES = [str(p.relative_to(ROOT)) for p in EXAMPLES] + sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
 )
 
-#: Examples per fuzz test; six fuzz tests give 3,600 cases, ten times that with --fuzz-long.
-FUZZ_EXAMPLES = 600
+#: Examples per fuzz test: six fuzz tests give 1,200 cases, and --fuzz-long fifty times
+#: that (10,000 mutants of the examples, seed snippets and library kernels alone).
+FUZZ_EXAMPLES = 200
 
 settings.register_profile(
     "ci",
@@ -26,7 +27,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 settings.register_profile(
-    "long", parent=settings.get_profile("ci"), max_examples=10 * FUZZ_EXAMPLES
+    "long", parent=settings.get_profile("ci"), max_examples=50 * FUZZ_EXAMPLES
 )
 settings.load_profile("ci")
 

@@ -85,7 +85,9 @@ def tile_errors(body: str, params: str = "x: Tensor['R', 'C', f32]") -> list[str
     [
         ("t = tile.load(x)", "tile.load: needs rows= (a tile size such as T.m)"),
         ("t = tile.split(tile.load(x, rows=T.m), 1, axis=1)",
-         "tile.split: parts must be at least 2"),
+         "tile.split: parts must be 2 to 64, not 1"),
+        ("a, b = tile.split(tile.load(x, rows=T.m), 9223372036854775807, axis=1)",
+         "tile.split: parts must be 2 to 64, not 9223372036854775807"),
         ("t = tile.max(tile.load(x, rows=T.m), axis=2)", "tile.max: axis 2 is out of range"),
         ("a = tile.load(x, rows=T.m)\nt = tile.concat((a, a[:, None]), axis=1)",
          "tile.concat: joins tile<[T.m, C], f32> with tile<[T.m, 1, C], f32>"),

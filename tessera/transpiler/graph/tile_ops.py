@@ -264,6 +264,11 @@ def _tile_min(call: OpCall) -> object:
     return call.emit("neg", (top,), top.type)
 
 
+#: The most tiles one split gives: each is a value of its own (a split of a symbolic dim
+#: into 2**63 parts once exhausted the compiler's memory).
+_MAX_PARTS = 64
+
+
 @register("tile.split", P("x"), P("parts"), P("axis"), level="tile")
 def _split(call: OpCall) -> object:
     """Split a tile into ``parts`` equal tiles along ``axis``: ``x1, x2 = tile.split(t, 2,
@@ -271,8 +276,8 @@ def _split(call: OpCall) -> object:
     x = call.tensor("x")
     parts = call.const("parts", int)
     axis = call.axis("axis", x.type.rank)
-    if parts < 2:
-        raise call.error(f"parts must be at least 2, not {parts}", at="parts")
+    if not 2 <= parts <= _MAX_PARTS:
+        raise call.error(f"parts must be 2 to {_MAX_PARTS}, not {parts}", at="parts")
     size = x.type.dims[axis] / parts
     if not size.is_integral:
         if x.type.dims[axis].constant is not None:
