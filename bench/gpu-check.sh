@@ -4,6 +4,8 @@
 #
 #   bench/gpu-check.sh [tier|bench|all] [LOGDIR]
 #
+# JOBS=N runs the tier in N pytest-xdist workers (default 1); the benchmark always runs
+# alone on the GPU.
 # Runs from the checkout with the python3 on PATH (no install: the repository goes on
 # PYTHONPATH), after checking that it has what the checks import. Logs, the device's
 # clocks and the benchmark's JSON go to LOGDIR (default bench/results/gpu-logs); the
@@ -27,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 
 status=0
 if [ "$what" = tier ] || [ "$what" = all ]; then
-    python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests 2>&1 \
+    python3 -m pytest -q -p no:cacheprovider -n "${JOBS:-1}" -m gpu -rs tests 2>&1 \
         | tee "$logs/tier.log"
     status=${PIPESTATUS[0]}
 fi

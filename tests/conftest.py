@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,14 @@ settings.register_profile(
 )
 settings.load_profile("ci")
 
+#: One build cache for the whole run, shared by its xdist workers (they inherit the
+#: controller's environment: a kernel two workers compile is built once, and builds are
+#: atomic renames) and by no other run, so each run checks cold builds and leaves the
+#: user's own cache alone. The controller removes it at the end.
+RUN_CACHE = Path(tempfile.gettempdir()) / f"tessera-tests-{os.getpid()}"
+if "TESSERA_CACHE_DIR" not in os.environ:
+    os.environ["TESSERA_CACHE_DIR"] = str(RUN_CACHE)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -48,6 +59,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--fuzz-long"):
         settings.load_profile("long")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput") and os.environ["TESSERA_CACHE_DIR"] == str(
+        RUN_CACHE
+    ):
+        shutil.rmtree(RUN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

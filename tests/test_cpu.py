@@ -49,11 +49,6 @@ STRICT = ("-std=c++17", "-O1", "-fopenmp", "-Wall", "-Wextra", "-Werror")
 COMPILERS = {"g++": ("-fsyntax-only",), "clang++": ("-c", "-o", "k.o")}
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("path", EXAMPLES + STDLIB, ids=lambda p: p.stem)
 def test_generated_cpp_compiles_warning_free(path: Path, compiler: str, tmp_path: Path) -> None:
@@ -287,7 +282,7 @@ sys.path.insert(0, {root!r})
 import tessera
 from tessera.runtime.cpu import load
 from tests.reference import CASES, F32_MATMUL_SOURCE, f32_attention_source
-flags = ["-std=c++17", "-O1", "-g", "-fopenmp", "-shared", "-fPIC",
+flags = ["-std=c++17", "-O0", "-g", "-fopenmp", "-shared", "-fPIC",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 for case in CASES:
     program = tessera.compile_file(case.path, target="cpu")
