@@ -219,3 +219,20 @@ TILE_HEAD = (
 )  # fmt: skip
 def test_wrong_tiles_are_errors_at_the_call(dtype: str, cols: str, op: str, message: str) -> None:
     assert message in _compile_error(TILE_HEAD.format(dtype=dtype, cols=cols, op=op))
+
+
+def test_a_reduction_of_a_scattered_tile_is_refused_on_the_gpu_targets() -> None:
+    """Each element of a scattered tile is a loop written before the statement that reads
+    it; a row reduction reads elements inside its own loop, so a GPU target says it does
+    not lower one, where it would have printed code that does not build."""
+    source = (
+        '@kernel\ndef f(x: Tensor["N", "C", f32], i: Tensor["N", "K", i32],\n'
+        '      v: Tensor["N", "K", f32]) -> Tensor["N", f32]:\n'
+        "    T = tile.context()\n"
+        "    t = tile.scatter(tile.load(x, rows=T.m), tile.load(i, rows=T.m), "
+        "tile.load(v, rows=T.m))\n"
+        "    return tile.sum(t, axis=1)\n"
+    )
+    program = tessera.compile(source, filename="sum.tsr", target="opencl")
+    with pytest.raises(NotImplementedError, match="a scattered tile read outside a walk"):
+        _ = program.source
