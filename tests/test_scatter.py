@@ -134,6 +134,8 @@ def _check_range(lib: Any) -> None:
                 ValueError, match=rf"'idx' holds the index {bad}, outside \[0, C = {C}\)"
             ):
                 getattr(lib, function)(x, idx, v)
+    with pytest.raises(ValueError, match=r"C = 0 breaks C >= 1 \(scatter_add: an index computed"):
+        lib.computed(np.ones((N, 0), np.float32), np.zeros((N, K), np.int32), v)
     idx = np.full((K, N), C, np.int32)
     with pytest.raises(ValueError, match=rf"'idx' holds the index {C}, outside \[0, C = {C}\)"):
         lib.first_axis(np.ones((C, N), np.float32), idx, np.ones((K, N), np.float32))

@@ -707,7 +707,8 @@ def _along_axis(call: OpCall) -> tuple[Value, Value, int]:
     """(x, indices, axis) of a gather or a scatter along an axis: ``indices`` is an
     integer tensor of ``x``'s rank and its sizes on the other axes. An index parameter
     is checked against ``x.shape[axis]`` before the launch; the kernels clamp any other
-    index into the row, so no access is out of bounds."""
+    index into the row, which must then hold an element, so no access is out of
+    bounds."""
     x = _float_input(call, "x")
     indices = call.tensor("indices")
     if indices.type.dtype.kind != "int":
@@ -730,7 +731,12 @@ def _along_axis(call: OpCall) -> tuple[Value, Value, int]:
                 f"{call.shape_of('indices')}",
                 f"indices size {indices.type.dims[k]} == {x.type.dims[k]}", ("x", "indices"),
             )  # fmt: skip
-    call.emitter.index_guard(indices, x.type.dims[axis], call.shown, call.span)
+    bound = x.type.dims[axis]
+    if not call.emitter.index_guard(indices, bound, call.shown, call.span) and not bound.constant:
+        # an index the function computes is clamped into the axis: an empty one has no
+        # element to clamp it to (the index would be -1)
+        reason = f"{call.shown}: an index computed in the function needs an element to name"
+        call.emitter.guard("at_least", bound, Dim.const(1), reason, call.span)
     return x, indices, axis
 
 
