@@ -100,6 +100,9 @@ def _check_range(lib: Any) -> None:
     idx = np.full((K, N), C, np.int32)
     with pytest.raises(ValueError, match=rf"'idx' holds the index {C}, outside \[0, C = {C}\)"):
         lib.first_axis(np.ones((C, N), np.float32), idx)
+    # an index computed in the function is clamped into the row: an empty row has no element
+    with pytest.raises(ValueError, match=r"C = 0 breaks C >= 1 \(take_along_axis: an index comp"):
+        lib.computed(np.ones((N, 0), np.float32), np.zeros((N, K), np.int32))
 
 
 @pytest.mark.execute

@@ -263,10 +263,10 @@ inline float exp_nonpositive(float x) {
 inline float max_of(float a, float b) { return a >= b || b != b ? a : b; }
 inline float min_of(float a, float b) { return a <= b || b != b ? a : b; }
 
-// ---------------------------------------------------------------- gather
+// ---------------------------------------------------------------- gather and scatter
 
-// A gathered element's column: the index (an integer held in a float tile) clamped into
-// [0, size), so that an index nobody checked still reads inside the row.
+// The column a gather reads or a scatter writes: the index (an integer held in a float
+// tile) clamped into [0, size), so that an index nobody checked stays inside the row.
 inline i64 clamp_index(float index, i64 size) {
   const i64 i = static_cast<i64>(index);
   return i < 0 ? 0 : i < size ? i : size - 1;

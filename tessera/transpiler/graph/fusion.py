@@ -69,6 +69,7 @@ _ANCHORS = {
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
+    "put_along_axis", "scatter_add",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
@@ -316,7 +317,7 @@ def _kernels(
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             # a row kernel computes a prologue where it loads its first operand only (a
-            # norm's weight, a gather's indices are read from memory)
+            # norm's weight, a gather's or a scatter's indices are read from memory)
             joinable = op.operands if cls == "elementwise" else op.operands[:1]
             for v in sorted(joinable, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)

@@ -659,6 +659,56 @@ def _take_along_axis(call: OpCall) -> object:
     value outside ``[0, x.shape[axis])`` is a ``ValueError`` before the launch, on every
     target; an index computed in the function is clamped into that range, so no read is
     ever out of bounds. Another axis than the last is gathered between transposes."""
+    x, indices, axis = _along_axis(call)
+    return _by_rows(call, "take_along_axis", axis, (x, indices), indices.type.dims)
+
+
+@register("put_along_axis", P("x"), P("indices"), P("values"), P("axis", -1))
+def _put_along_axis(call: OpCall) -> object:
+    """``x`` with ``values`` written along ``axis`` where an integer tensor says, as
+    numpy's ``put_along_axis`` but as a new tensor (``x`` is unchanged): ``out[i,
+    indices[i, j]] = values[i, j]`` for ``axis=-1``; where a row repeats an index, its
+    last ``j`` wins, on every target. ``indices`` is checked as ``take_along_axis``'s;
+    ``values`` has its shape; the result has ``x``'s shape and dtype."""
+    return _scattered(call, "put_along_axis")
+
+
+@register("scatter_add", P("x"), P("indices"), P("values"), P("axis", -1))
+def _scatter_add(call: OpCall) -> object:
+    """``x`` with ``values`` added along ``axis`` where an integer tensor says:
+    ``out[i, indices[i, j]] += values[i, j]`` for ``axis=-1``, a repeated index summing
+    its values in ``j`` order (numpy's ``add.at``), so that the result is the same on
+    every target and every run. It is the gradient of ``take_along_axis``: the ``dy``
+    of ``take_along_axis(x, indices)`` flows back to a finite ``x`` as
+    ``scatter_add(x * 0.0, indices, dy)``. ``indices`` is checked as
+    ``take_along_axis``'s; ``values`` has its shape; the result has ``x``'s shape and
+    dtype."""
+    return _scattered(call, "scatter_add")
+
+
+def _scattered(call: OpCall, kind: str) -> Value:
+    x, indices, axis = _along_axis(call)
+    values = _float_input(call, "values")
+
+    def mismatch() -> str:
+        return (
+            f"the values need the indices' shape; {call.shape_of('indices')}, "
+            f"{call.shape_of('values')}"
+        )
+
+    if values.type.rank != indices.type.rank:
+        raise call.error(mismatch(), at="values")
+    for v, i in zip(values.type.dims, indices.type.dims, strict=True):
+        call.same_dim(v, i, mismatch, f"values size {v} == {i}", ("indices", "values"))
+    return _by_rows(call, kind, axis, (x, indices, values), x.type.dims)
+
+
+def _along_axis(call: OpCall) -> tuple[Value, Value, int]:
+    """(x, indices, axis) of a gather or a scatter along an axis: ``indices`` is an
+    integer tensor of ``x``'s rank and its sizes on the other axes. An index parameter
+    is checked against ``x.shape[axis]`` before the launch; the kernels clamp any other
+    index into the row, which must then hold an element, so no access is out of
+    bounds."""
     x = _float_input(call, "x")
     indices = call.tensor("indices")
     if indices.type.dtype.kind != "int":
@@ -681,29 +731,39 @@ def _take_along_axis(call: OpCall) -> object:
                 f"{call.shape_of('indices')}",
                 f"indices size {indices.type.dims[k]} == {x.type.dims[k]}", ("x", "indices"),
             )  # fmt: skip
-    call.emitter.index_guard(indices, x.type.dims[axis], call.shown, call.span)
+    bound = x.type.dims[axis]
+    if not call.emitter.index_guard(indices, bound, call.shown, call.span) and not bound.constant:
+        # an index the function computes is clamped into the axis: an empty one has no
+        # element to clamp it to (the index would be -1)
+        reason = f"{call.shown}: an index computed in the function needs an element to name"
+        call.emitter.guard("at_least", bound, Dim.const(1), reason, call.span)
+    return x, indices, axis
+
+
+def _by_rows(
+    call: OpCall, kind: str, axis: int, operands: tuple[Value, ...], dims: tuple[Dim, ...]
+) -> Value:
+    """The library row kernel ``kind`` along ``axis``, its result of ``dims`` in the
+    first operand's dtype: another axis than the last is moved last by transposes and
+    back, and a vector is the one row of itself viewed as ``[1, N]``."""
+    rank = len(dims)
     perm = (*(k for k in range(rank) if k != axis), axis)
-    if perm == tuple(range(rank)):
-        return _gathered_rows(call, x, indices)
-    back = tuple(perm.index(k) for k in range(rank))
-    moved = _gathered_rows(call, _permuted(call, x, perm), _permuted(call, indices, perm))
-    return _permuted(call, moved, back)
+    if perm != tuple(range(rank)):
+        back = tuple(perm.index(k) for k in range(rank))
+        moved = tuple(_permuted(call, v, perm) for v in operands)
+        row = _by_rows(call, kind, rank - 1, moved, tuple(dims[k] for k in perm))
+        return _permuted(call, row, back)
+    out = TensorType(dims, operands[0].type.dtype)
+    if rank > 1:
+        return call.emit(kind, operands, out)
+    rows = tuple(_as_row(call, v) for v in operands)
+    row = call.emit(kind, rows, TensorType((Dim.const(1), *dims), out.dtype))
+    return call.emit("reshape", (row,), out, attrs=(("shape", out.dims),))
 
 
 def _permuted(call: OpCall, x: Value, perm: tuple[int, ...]) -> Value:
     dims = tuple(x.type.dims[i] for i in perm)
     return call.emit("transpose", (x,), TensorType(dims, x.type.dtype), attrs=(("perm", perm),))
-
-
-def _gathered_rows(call: OpCall, x: Value, indices: Value) -> Value:
-    """``take_along_axis`` over the last axis, the library kernel's; a vector is the
-    one row of itself viewed as ``[1, N]``."""
-    out = TensorType(indices.type.dims, x.type.dtype)
-    if x.type.rank > 1:
-        return call.emit("take_along_axis", (x, indices), out)
-    rows = [_as_row(call, v) for v in (x, indices)]
-    row = call.emit("take_along_axis", tuple(rows), TensorType(rows[1].type.dims, x.type.dtype))
-    return call.emit("reshape", (row,), out, attrs=(("shape", out.dims),))
 
 
 def _as_row(call: OpCall, v: Value) -> Value:

@@ -669,8 +669,16 @@ class _FunctionAnalyzer:
             for element, value in zip(target.elts, values, strict=True):
                 self._assign(element, Ev(value, ev.span, ev.source))
             return
+        scatter = ""
+        if isinstance(target, ast.Subscript) and self.kind == "tile":
+            scatter = " (a scatter into a tile's rows is tile.scatter(x, index, values), "
+            scatter += "or tile.scatter_add: each gives a new tile)"
+        elif isinstance(target, ast.Subscript):
+            scatter = " (a scatter, x[i, labels[i]] = v, is put_along_axis(x, labels, v, axis=-1), "
+            scatter += "and += is scatter_add(x, labels, v, axis=-1): each gives a new tensor)"
         raise SemanticError(
-            "only names can be assigned; tensors and tiles are values, not storage", target.span
+            "only names can be assigned; tensors and tiles are values, not storage" + scatter,
+            target.span,
         )
 
     def _named(self, value: Any, name: str) -> Any:

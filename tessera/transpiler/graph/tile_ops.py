@@ -409,6 +409,41 @@ def _gather(call: OpCall) -> object:
     ``x``'s rows; the result has ``index``'s shape and ``x``'s dtype. An index outside
     ``[0, columns)`` is clamped into it, so no read is out of bounds: a graph function's
     ``take_along_axis`` checks its index parameter's range before the launch."""
+    x, index = _rows_and_index(call, "gathers from")
+    return call.emit("tile.gather", (x, index), x.type.with_(dims=index.type.dims))
+
+
+@register("tile.scatter", P("x"), P("index"), P("values"), level="tile")
+def _scatter(call: OpCall) -> object:
+    """``x`` with each row's ``values`` written where an integer tile says: ``out[i,
+    index[i, j]] = values[i, j]`` (numpy's ``put_along_axis`` over the last axis), the
+    last ``j`` winning where a row repeats an index. ``index`` and ``values`` have one
+    shape and ``x``'s rows; the result has ``x``'s shape and dtype. An index outside
+    ``[0, columns)`` is clamped into it, so no write is out of bounds."""
+    return _scattered(call, "tile.scatter")
+
+
+@register("tile.scatter_add", P("x"), P("index"), P("values"), level="tile")
+def _scatter_add(call: OpCall) -> object:
+    """``x`` with each row's ``values`` added where an integer tile says: ``out[i,
+    index[i, j]] += values[i, j]``, a repeated index summing in ``j`` order (numpy's
+    ``add.at``), the same on every target. Shapes and clamping as ``tile.scatter``."""
+    return _scattered(call, "tile.scatter_add")
+
+
+def _scattered(call: OpCall, kind: str) -> Value:
+    x, index = _rows_and_index(call, "scatters into")
+    values = call.tensor("values")
+    if values.type.rank != 2:
+        raise call.error(f"the values are a 2-D tile, not {dims_text(values.type.dims)}")
+    for a, b in zip(values.type.dims, index.type.dims, strict=True):
+        _same(call, a, b, "the values' shape and the index's")
+    return call.emit(kind, (x, index, values), x.type)
+
+
+def _rows_and_index(call: OpCall, verb: str) -> tuple[Value, Value]:
+    """(x, index) of a gather or a scatter along rows: an integer 2-D index with the
+    rows of the 2-D ``x``."""
     x, index = call.tensor("x"), call.tensor("index")
     if index.type.dtype.kind != "int":
         raise call.error(
@@ -417,11 +452,11 @@ def _gather(call: OpCall) -> object:
         )
     if x.type.rank != 2 or index.type.rank != 2:
         raise call.error(
-            f"gathers from rows of a 2-D tile by a 2-D index; {dims_text(x.type.dims)} by "
+            f"{verb} rows of a 2-D tile by a 2-D index; {dims_text(x.type.dims)} by "
             f"{dims_text(index.type.dims)}"
         )
     _same(call, x.type.dims[0], index.type.dims[0], "the index's rows and x's")
-    return call.emit("tile.gather", (x, index), x.type.with_(dims=index.type.dims))
+    return x, index
 
 
 @register("tile.broadcast", P("x"), P("shape"), level="tile")

@@ -550,6 +550,33 @@ class _Emitter:
             out, f"{name}[{self._index(op.result, out)}] = {self.name(x)}[i * {cols} + {column}];"
         )
 
+    def op_scatter(self, op: Op) -> None:
+        self._scatter(op, "{v}")
+
+    def op_scatter_add(self, op: Op) -> None:
+        self._scatter(op, "{out} + {v}")
+
+    def _scatter(self, op: Op, combine: str) -> None:
+        """``x`` copied, then each row's values written (or added) in ``j`` order where
+        the row's indices say, each clamped into the row: a repeated index takes the
+        last value (or sums in order), and no write is out of bounds."""
+        x, index, values = op.operands
+        out, by = _shape(op.result.type), _shape(index.type)
+        cols = self.factor(out[1])
+        name = self.allocate(op.result)
+        self._loops(out, f"{name}[{self._index(op.result, out)}] = {self._arg(x, out)};")
+        self.line(f"for (tsr::i64 i = 0; i < {self.c(out[0])}; ++i) {{")
+        self.line(f"  for (tsr::i64 j = 0; j < {self.c(by[1])}; ++j) {{")
+        column = self.namer.fresh("column")
+        self.line(
+            f"    const tsr::i64 {column} = tsr::clamp_index({self._arg(index, by)}, {cols});"
+        )
+        slot = f"{name}[i * {cols} + {column}]"
+        value = combine.format(out=slot, v=self._arg(values, by))
+        self.line(f"    {slot} = {_rounded(value, op.result.type.dtype)};")
+        self.line("  }")
+        self.line("}")
+
     def op_split(self, op: Op) -> None:
         x = op.operands[0]
         axis = op.attr("axis")

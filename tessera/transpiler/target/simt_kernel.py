@@ -629,6 +629,39 @@ class _Emitter(TileOps, TmaCopies):
 
         self.lazy(op.result, element, x, index)
 
+    def op_scatter(self, op: Op) -> None:
+        self.scatter(op, "{v}")
+
+    def op_scatter_add(self, op: Op) -> None:
+        self.scatter(op, "{out} + {v}")
+
+    def scatter(self, op: Op, combine: str) -> None:
+        """``x`` with each row's values written (or added) where its indices say, each
+        index clamped into the row, as a lazy value: an element starts as ``x``'s and
+        takes, in ``k`` order, every value whose index names its column, so that a
+        repeated index takes the last value (or sums in order) with no atomics, the same
+        on every run. Each element reads its row's ``K`` indices: a loop written before
+        the statement that reads it, inside the walk over the elements of that
+        statement (a store's, a fill's); a reduction of a scatter is not lowered."""
+        x, index, values = op.operands
+        rows, by = tuple(x.type.dims), tuple(index.type.dims)
+        dtype, cols, count = op.result.type.dtype.name, self.c(rows[1]), self.c(by[1])
+
+        def element(idx: tuple[str, ...]) -> str:
+            if not isinstance(self.walking, (Flat, Grid)):
+                raise NotLowered("a scattered tile read outside a walk over its elements")
+            name, k = self.namer.fresh("scattered"), self.namer.fresh("k")
+            at = (idx[0], k)
+            hit = f"tsr_clamp_index({_bare(self.at(index, at, by))}, {cols}) == {idx[1]}"
+            value = self.d.round(dtype, combine.format(out=name, v=self.at(values, at, by)))
+            self.line(f"float {name} = {_bare(self.at(x, idx, rows))};")
+            self.open(f"for ({self.d.index_type} {k} = 0; {k} < {count}; ++{k})")
+            self.line(f"if ({hit}) {name} = {value};")
+            self.close()
+            return name
+
+        self.lazy(op.result, element, x, index, values)
+
     def op_split(self, op: Op) -> None:
         x = op.operands[0]
         axis = op.attr("axis") % len(x.type.dims)

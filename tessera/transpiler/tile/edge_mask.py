@@ -229,6 +229,17 @@ class _Masker:
         self.pads[op.result.id] = tuple(state)
         return [*ops, op]
 
+    def op_scatter(self, op: Op) -> list[Op]:
+        """A scatter keeps ``x``'s padding, which a clamped index may write into: taken
+        as anything."""
+        x, _, values = op.operands
+        rows, cols = self.state(x)
+        rows = _join(rows, self.state(values)[0])
+        self.pads[op.result.id] = tuple(p.dirty() if p else None for p in (rows, cols))
+        return [op]
+
+    op_scatter_add = op_scatter
+
     def op_softmax_online(self, op: Op) -> list[Op]:
         ops, op = self._reduce(op, 0, 1, -math.inf)
         rows, cols = self.state(op.operands[0])

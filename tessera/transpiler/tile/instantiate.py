@@ -57,6 +57,8 @@ TEMPLATE_PARAMS = {
     "row_max": ("x",),
     "logsumexp": ("x",),
     "take_along_axis": ("x", "index"),
+    "put_along_axis": ("x", "index", "values"),
+    "scatter_add": ("x", "index", "values"),
 }
 
 

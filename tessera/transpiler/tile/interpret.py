@@ -78,15 +78,22 @@ def run_function(
         _bind_sizes(kernel, arrays, sizes)
     for guard in program.host.guards:
         left, right = _eval(guard.left, sizes), _eval(guard.right, sizes)
-        holds = {"equal": left == right, "divisible": left % right == 0, "at_most": left <= right,
-                 "at_least": left >= right}  # fmt: skip
-        if not holds[guard.kind]:
+        if guard.kind == "indices":  # on the values of an index tensor, as the runtime checks
+            index = np.asarray(arrays[guard.tensor])
+            holds = index.size == 0 or (left <= index.min() and index.max() < right)
+        else:
+            holds = {"equal": left == right, "divisible": left % right == 0,
+                     "at_most": left <= right, "at_least": left >= right}[guard.kind]  # fmt: skip
+        if not holds:
             raise TileRuntimeError(f"guard {guard} fails with {sizes}: {guard.reason}")
     for kernel in program.kernels:
         for param in kernel.params:
             if param.name not in arrays and isinstance(param.type, TensorType):
                 shape = tuple(_eval(d, sizes) for d in param.type.dims)
-                arrays[param.name] = np.full(shape, poison).astype(numpy_dtype(param.type.dtype))
+                dtype = numpy_dtype(param.type.dtype)
+                # an integer tensor (a transposed index) has no NaN: its smallest value
+                fill = poison if param.type.dtype.is_float else np.iinfo(dtype).min
+                arrays[param.name] = np.full(shape, fill).astype(dtype)
         run_kernel(kernel, arrays, sizes)
     return arrays
 
@@ -287,6 +294,28 @@ class _Program:
     def op_gather(self, op: Op, x: np.ndarray, index: np.ndarray) -> np.ndarray:
         columns = np.clip(np.asarray(index).astype(np.int64), 0, x.shape[1] - 1)
         return np.take_along_axis(x, columns, axis=1)
+
+    def op_scatter(
+        self, op: Op, x: np.ndarray, index: np.ndarray, values: np.ndarray
+    ) -> np.ndarray:
+        out, rows, columns = self._scattered(x, index)
+        out[rows, columns] = values  # numpy assigns a repeated index its last value
+        return out
+
+    def op_scatter_add(
+        self, op: Op, x: np.ndarray, index: np.ndarray, values: np.ndarray
+    ) -> np.ndarray:
+        out, rows, columns = self._scattered(x, index)
+        np.add.at(out, (rows, columns), values)
+        return out
+
+    @staticmethod
+    def _scattered(x: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A copy of ``x`` to scatter into, and the (row, column) of each index, the
+        column clamped into the row as the kernels clamp it."""
+        columns = np.clip(np.asarray(index).astype(np.int64), 0, x.shape[1] - 1)
+        rows = np.broadcast_to(np.arange(x.shape[0])[:, None], columns.shape)
+        return np.array(x, dtype=np.float32), rows, columns
 
     def op_split(self, op: Op, x: np.ndarray) -> tuple:
         return tuple(np.split(x, len(op.results), axis=op.attr("axis")))
