@@ -215,6 +215,7 @@ class _Scheduler:
             int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
             self.hw.mma if dot else None, source, reads, writes, prologue,
+            persistent=bool(knobs.get("persistent", False)),
         )  # fmt: skip
 
     def _spec(self, anchor: Op) -> ScheduleSpec | None:
