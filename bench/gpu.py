@@ -277,11 +277,15 @@ def _table(report: dict[str, Any]) -> None:
         times = f"{c['tessera_ms']:>8.3f}ms {c['peer_ms']:>8.3f}ms {c['ratio']:>6.3f}"
         print(f"{_label(c):<36} {times} {c['tessera_tflops']:>8.1f} {c['call_ratio']:>8.3f} "
               f"{c['relative_error']:>8.1e}")  # fmt: skip
-    for key in ("ratio", "call_ratio"):
-        ratios = [c[key] for c in report["cases"] if key in c]
-        if ratios:
-            geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            print(f"geometric mean {key} (peer time / Tessera time): {geo:.3f}")
+    variants = dict.fromkeys(c.get("variant", "default") for c in report["cases"])
+    for variant in variants:
+        for key in ("ratio", "call_ratio"):
+            ratios = [c[key] for c in report["cases"]
+                      if key in c and c.get("variant", "default") == variant]  # fmt: skip
+            if ratios:
+                geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                print(f"geometric mean {key} (peer time / Tessera time), {variant} kernels: "
+                      f"{geo:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

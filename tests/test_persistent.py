@@ -27,9 +27,10 @@ import tessera
 
 from . import gpusim
 from .conftest import ROOT
-from .gpusim import simulated_cupy, use_simulator
+from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import f64
 from .test_cuda import _check_shared_memory, _nvcc, needs_gxx, needs_nvcc, no_gpu
+from .test_loader import _loader_module
 
 #: The simulated GPU's multiprocessors: the programs of a persistent launch.
 UNITS = 3
@@ -110,6 +111,21 @@ def test_persistent_gemms_match_float64(
 ) -> None:
     launches = _build(monkeypatch)
     _check_cases(program.load(), SIZES, launches, UNITS)
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_the_python_loader_launches_a_program_per_multiprocessor(
+    program: tessera.Program, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launches = _build(monkeypatch)
+    cupy = simulated_cupy("sm_90a", multiprocessors=UNITS)
+    loader = _loader_module(program, tmp_path, cupy, monkeypatch, simulated_driver())
+    rng = np.random.default_rng(3)
+    a, b = _bf16(rng, 300, 72), _bf16(rng, 72, 600)
+    out = loader.mm(cupy.asarray(a.view(np.uint16)), cupy.asarray(b.view(np.uint16)))
+    _check(out.get(), f64(a) @ f64(b), 1e-5)
+    assert launches == [("mm", (UNITS, 1, 1))]
 
 
 @pytest.mark.gpu
