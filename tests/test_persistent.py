@@ -104,6 +104,18 @@ def test_the_schedule_asks_and_specialized_gemms_loop_over_tiles(
     assert str(program.inspect_ir("sched")).count("  persistent\n") == 4
 
 
+@pytest.mark.parametrize(
+    ("schedule", "persistent"),
+    [("persistent=[True, False]", False), ("persistent=[True]", True), ("warps=8", False)],
+)
+def test_a_space_of_both_keeps_the_heuristics_choice(schedule: str, persistent: bool) -> None:
+    """The schedule scores both alike; among equals the heuristic's choice wins."""
+    source = SOURCE.split("\n\n\n")[0].replace("persistent=True", schedule)
+    sched = tessera.compile(source, target="cuda", arch="sm_90a", defines={"M": 4096, "N": 4096,
+                            "K": 4096}).inspect_ir("sched")  # fmt: skip
+    assert ("  persistent\n" in str(sched)) is persistent
+
+
 @pytest.mark.execute
 @needs_gxx
 def test_persistent_gemms_match_float64(

@@ -515,7 +515,9 @@ def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:
     total = 0.0
     for name, value in knobs.items():
         other = default.get(name)
-        if isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
+        if isinstance(value, bool):  # a switch (``persistent``): one step when it differs
+            total += value != other
+        elif isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
             total += abs(math.log2(value / other))
     return total
 
