@@ -30,6 +30,7 @@ from .conftest import ROOT
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import f64
 from .test_cuda import _check_shared_memory, _nvcc, needs_gxx, needs_nvcc, no_gpu
+from .test_gpusim import _bf16, _check
 from .test_loader import _loader_module
 
 #: The simulated GPU's multiprocessors: the programs of a persistent launch.
@@ -228,14 +229,3 @@ def test_persistent_gemms_compile_without_spills_and_fit_shared_memory(
                         report)  # fmt: skip
     assert len(frames) == 4 and {f for frame in frames for f in frame} == {"0"}, report
     _check_shared_memory(program, report)
-
-
-def _bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
-
-
-def _check(have: np.ndarray, want: np.ndarray, rtol: float) -> None:
-    have = f64(have)
-    assert not np.isnan(have).any(), "some outputs were never written"
-    error = np.abs(have - want).max() / max(np.abs(want).max(), 1e-30)
-    assert error < rtol, f"relative error {error:.2e}"
