@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
 
 GEMM = """\
-@kernel
+{decorator}
 def gemm(A: Tensor["M", "K", {dtype}], B: Tensor[{b}, {dtype}]) -> Tensor["M", "N", {out}]:
     return {product}
 """
@@ -46,6 +46,12 @@ def attention(q: Tensor["B", "H", "S", "D", bf16], k: Tensor["B", "H", "S", "D",
               v: Tensor["B", "H", "S", "D", bf16]) -> Tensor["B", "H", "S", "D", bf16]:
     return ops.flash_attention(q, k, v, causal={causal})
 """
+
+#: The GEMM kernels timed side by side in each case, by variant: one program per output
+#: tile (the schedule's default), and one per multiprocessor looping over the tiles.
+GEMM_VARIANTS = {"default": "@kernel", "persistent": "@kernel.schedule(Schedule(persistent=True))"}
+#: The kinds of case, for ``--cases``.
+KINDS = ("gemm", "attention")
 
 #: Tessera's dtype name, torch's, and the output dtype (fp8 products write bf16).
 GEMM_DTYPES = {"bf16": ("bfloat16", "bf16"), "f16": ("float16", "f16"),
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="sm_90a", help="the CUDA arch to compile for")
     parser.add_argument("--quick", action="store_true", help="one size of each kind")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    parser.add_argument("--cases", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="the kinds of case to run (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import torch
@@ -88,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     # attention at head dim 128 and long sequences) come first within their kind.
     sizes = [4096] if args.quick else [8192, 4096]
     seqs = [4096, 1024] if args.quick else [4096, 8192, 16384, 1024, 2048]
-    runs = [lambda t=dtype, n=n: bench.gemm(t, n) for dtype in GEMM_DTYPES for n in sizes]
-    runs += [lambda s=s, d=d, c=causal: bench.attention(4, 16, s, d, c)
-             for d in (128, 64) for s in seqs for causal in (False, True)]  # fmt: skip
+    runs = []
+    if "gemm" in args.cases:
+        runs += [lambda t=dtype, n=n: bench.gemm(t, n) for dtype in GEMM_DTYPES for n in sizes]
+    if "attention" in args.cases:
+        runs += [lambda s=s, d=d, c=causal: bench.attention(4, 16, s, d, c)
+                 for d in (128, 64) for s in seqs for causal in (False, True)]  # fmt: skip
     for run in runs:
         run()
         write_file(args.out, json.dumps(report, indent=2) + "\n")
@@ -124,14 +135,14 @@ class _Bench:
         case = {"kind": "gemm", "dtype": dtype, "M": n, "N": n, "K": n, "flop": 2 * n**3}
         a = torch.randn(n, n, device="cuda").to(getattr(torch, torch_dtype))
         b = torch.randn(n, n, device="cuda").to(getattr(torch, torch_dtype))
-        source = GEMM.format(dtype=dtype, out=out, b='"K", "N"', product="A @ B")
+        layout = dict(b='"K", "N"', product="A @ B")
         if dtype.startswith("fp8"):
             # cuBLAS multiplies fp8 with B column-major only: W = B.T stored [N, K],
             # which Tessera reads as it lies in A @ W.T.
             one = torch.ones((), device="cuda")
             b = b.t().contiguous()
             case["layout"] = "A @ W.T"
-            source = GEMM.format(dtype=dtype, out=out, b='"N", "K"', product="A @ B.T")
+            layout = dict(b='"N", "K"', product="A @ B.T")
 
             def peer() -> Any:
                 return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
@@ -142,7 +153,9 @@ class _Bench:
             def peer() -> Any:
                 return torch.matmul(a, b)
 
-        self._measure(case, source, "gemm", (a, b), peer)
+        sources = {variant: GEMM.format(decorator=decorator, dtype=dtype, out=out, **layout)
+                   for variant, decorator in GEMM_VARIANTS.items()}  # fmt: skip
+        self._measure(case, sources, "gemm", (a, b), peer)
 
     def attention(self, b: int, h: int, s: int, d: int, causal: bool) -> None:
         torch = self.torch
@@ -159,47 +172,64 @@ class _Bench:
                 return sdpa(q, k, v, is_causal=causal)
 
         source = ATTENTION.format(causal=causal)
-        self._measure(case, source, "attention", (q, k, v), peer, defines={"D": d})
+        self._measure(case, {"default": source}, "attention", (q, k, v), peer, defines={"D": d})
 
     def _measure(
         self,
         case: dict[str, Any],
-        source: str,
+        sources: dict[str, str],
         name: str,
         inputs: tuple[Any, ...],
         peer: Callable[[], Any],
         defines: dict[str, int] | None = None,
     ) -> None:
+        """Each variant's kernel against the peer: outputs compared, then all of them
+        timed in turn in one run, so that every variant's ratio has the same peer."""
         torch = self.torch
-        self.cases.append(case)
         try:
-            ours = self._kernel(source, name, defines or {})
-            out = ours(*inputs)
             want = peer()
             torch.cuda.synchronize()
-        except Exception as exc:  # a case that fails is recorded, and the others run
-            case["error"] = "".join(traceback.format_exception_only(exc)).strip()
-            print(f"{_label(case)}: {case['error'].splitlines()[0]}")
+        except Exception as exc:  # recorded as each variant's error, and the others run
+            failed = "".join(traceback.format_exception_only(exc)).strip()
+            for variant in sources:
+                self.cases.append({**case, "variant": variant, "error": f"the peer: {failed}"})
+            print(f"{_label(case)}: the peer: {failed.splitlines()[0]}")
             return
-        diff = (out.float() - want.float()).norm() / want.float().norm()
-        case["relative_error"] = float(diff)
-        result = torch.empty_like(out)
-        queued, alone = _interleaved(torch, [lambda: ours(*inputs, out=result), peer],
+        timed: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+        for variant, source in sources.items():
+            this = {**case, "variant": variant}
+            self.cases.append(this)
+            try:
+                ours = self._kernel(source, name, defines or {})
+                out = ours(*inputs)
+                torch.cuda.synchronize()
+            except Exception as exc:  # a case that fails is recorded, and the others run
+                this["error"] = "".join(traceback.format_exception_only(exc)).strip()
+                print(f"{_label(this)}: {this['error'].splitlines()[0]}")
+                continue
+            diff = (out.float() - want.float()).norm() / want.float().norm()
+            this["relative_error"] = float(diff)
+            result = torch.empty_like(out)
+            timed.append((this, lambda ours=ours, result=result: ours(*inputs, out=result)))
+        if not timed:
+            return
+        queued, alone = _interleaved(torch, [fn for _, fn in timed] + [peer],
                                      self.runs, self.warmup, self.queue)  # fmt: skip
-        ours_ms, peer_ms = (statistics.median(t) for t in queued)
-        ours_call, peer_call = (statistics.median(t) for t in alone)
-        case.update(
-            tessera_ms=round(ours_ms, 4),
-            peer_ms=round(peer_ms, 4),
-            ratio=round(peer_ms / ours_ms, 3),
-            tessera_tflops=round(case["flop"] / ours_ms / 1e9, 1),
-            peer_tflops=round(case["flop"] / peer_ms / 1e9, 1),
-            tessera_call_ms=round(ours_call, 4),
-            peer_call_ms=round(peer_call, 4),
-            call_ratio=round(peer_call / ours_call, 3),
-        )
-        print(f"{_label(case)}: ratio {case['ratio']}, one call {case['call_ratio']}"
-              f" (error {case['relative_error']:.1e})")  # fmt: skip
+        peer_ms, peer_call = statistics.median(queued[-1]), statistics.median(alone[-1])
+        for (this, _), q, a in zip(timed, queued[:-1], alone[:-1], strict=True):
+            ours_ms, ours_call = statistics.median(q), statistics.median(a)
+            this.update(
+                tessera_ms=round(ours_ms, 4),
+                peer_ms=round(peer_ms, 4),
+                ratio=round(peer_ms / ours_ms, 3),
+                tessera_tflops=round(this["flop"] / ours_ms / 1e9, 1),
+                peer_tflops=round(this["flop"] / peer_ms / 1e9, 1),
+                tessera_call_ms=round(ours_call, 4),
+                peer_call_ms=round(peer_call, 4),
+                call_ratio=round(peer_call / ours_call, 3),
+            )
+            print(f"{_label(this)}: ratio {this['ratio']}, one call {this['call_ratio']}"
+                  f" (error {this['relative_error']:.1e})")  # fmt: skip
 
 
 def _interleaved(
@@ -229,10 +259,11 @@ def _interleaved(
 
 
 def _label(case: dict[str, Any]) -> str:
+    variant = "" if case.get("variant", "default") == "default" else f" {case['variant']}"
     if case["kind"] == "gemm":
-        return f"gemm {case['dtype']} {case['M']}"
+        return f"gemm {case['dtype']} {case['M']}{variant}"
     causal = " causal" if case["causal"] else ""
-    return f"attention B{case['B']} H{case['H']} S{case['S']} D{case['D']}{causal}"
+    return f"attention B{case['B']} H{case['H']} S{case['S']} D{case['D']}{causal}{variant}"
 
 
 def _table(report: dict[str, Any]) -> None:
@@ -246,11 +277,15 @@ def _table(report: dict[str, Any]) -> None:
         times = f"{c['tessera_ms']:>8.3f}ms {c['peer_ms']:>8.3f}ms {c['ratio']:>6.3f}"
         print(f"{_label(c):<36} {times} {c['tessera_tflops']:>8.1f} {c['call_ratio']:>8.3f} "
               f"{c['relative_error']:>8.1e}")  # fmt: skip
-    for key in ("ratio", "call_ratio"):
-        ratios = [c[key] for c in report["cases"] if key in c]
-        if ratios:
-            geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            print(f"geometric mean {key} (peer time / Tessera time): {geo:.3f}")
+    variants = dict.fromkeys(c.get("variant", "default") for c in report["cases"])
+    for variant in variants:
+        for key in ("ratio", "call_ratio"):
+            ratios = [c[key] for c in report["cases"]
+                      if key in c and c.get("variant", "default") == variant]  # fmt: skip
+            if ratios:
+                geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                print(f"geometric mean {key} (peer time / Tessera time), {variant} kernels: "
+                      f"{geo:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

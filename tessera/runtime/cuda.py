@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,9 @@ class CudaFunction(Entry):
             if launch["dynamic_smem"] > _DEFAULT_SMEM:
                 kernel.max_dynamic_shared_size_bytes = launch["dynamic_smem"]
             self._kernels[launch["kernel"]] = kernel
+        # A persistent launch runs a program per multiprocessor, each looping over tiles.
+        persistent = any(launch.get("persistent") for launch in meta["launches"])
+        self._units = multiprocessors() if persistent else 0
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         if isinstance(value, np.ndarray):
@@ -165,6 +169,8 @@ class CudaFunction(Entry):
             grid = self._programs(launch, sizes)
             if 0 in grid:
                 continue  # an empty tensor: no program to run
+            if launch.get("persistent"):
+                grid = [min(math.prod(grid), self._units)]
             for m in launch.get("tensor_maps", ()):
                 device[m["name"]] = _tensor_map(m, device[m["tensor"]], sizes)
             args = tuple(argument(a, device, scalars, sizes) for a in launch["args"])
@@ -204,6 +210,11 @@ class CudaLibrary(Library):
             code=source, options=tuple(meta["build"]["options"]), backend="nvrtc"
         )
         super().__init__(meta, [CudaFunction(module, f) for f in meta["functions"]])
+
+
+def multiprocessors() -> int:
+    """The current GPU's multiprocessors: a persistent launch's programs."""
+    return int(_cupy().cuda.Device().attributes["MultiProcessorCount"])
 
 
 def load(source: str, meta: Mapping[str, Any]) -> CudaLibrary:

@@ -297,15 +297,17 @@ class _Module:
         return self._launchers[name]
 
 
-def simulated_cupy(arch: str, sanitize: bool = False) -> Any:
+def simulated_cupy(arch: str, sanitize: bool = False, multiprocessors: int = 4) -> Any:
     """The parts of CuPy that Tessera's runtime and loaders use, over the simulator, for
-    a GPU of ``arch``'s compute capability; with ``sanitize``, modules are built under
-    AddressSanitizer and UBSan, as ``compute-sanitizer`` checks a GPU's."""
+    a GPU of ``arch``'s compute capability with ``multiprocessors`` (the programs of a
+    persistent launch); with ``sanitize``, modules are built under AddressSanitizer and
+    UBSan, as ``compute-sanitizer`` checks a GPU's."""
     capability = arch.removeprefix("sm_").rstrip("a")
     stream = SimpleNamespace(ptr=0)
-    gpu = SimpleNamespace(id=0, compute_capability=capability)
+    gpu = SimpleNamespace(id=0, compute_capability=capability,
+                          attributes={"MultiProcessorCount": multiprocessors})  # fmt: skip
     return SimpleNamespace(
-        cuda=SimpleNamespace(get_current_stream=lambda: stream, Device=lambda: gpu),
+        cuda=SimpleNamespace(get_current_stream=lambda: stream, Device=lambda id=0: gpu),
         RawModule=functools.partial(_Module, sanitize=sanitize),
         RawKernel=_Launcher,
         ndarray=DeviceArray,

@@ -45,7 +45,7 @@ from .values import (
 __all__ = ["Evaluator", "TileContext", "is_number", "is_int", "STDLIB", "SCHEDULE_ARGS"]
 
 SCHEDULE_ARGS = (
-    "block", "k", "warps", "stages", "vector", "swizzle",
+    "block", "k", "warps", "stages", "vector", "swizzle", "persistent",
     "block_m", "block_n", "block_k", "block_d",
 )  # fmt: skip
 SCHEDULE_METHODS = {

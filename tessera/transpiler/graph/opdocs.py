@@ -75,7 +75,8 @@ slice `i:i+1`, copied, reshaped |
 too. `n / m` of ints is a float, as in Python |
 | `INF`, `NAN` | infinity and not-a-number constants (`-INF` for masks) |
 | `Schedule(block=..., k=..., warps=..., stages=...)` | a schedule for `@kernel.schedule` \
-(also `vector=`, `swizzle=`); `with_block(...)`, `with_warps(...)`, ... derive variants |
+(also `vector=`, `swizzle=`, `persistent=`); `with_block(...)`, `with_warps(...)`, ... \
+derive variants |
 | `op.with_schedule(s)` | a standard-library op with an explicit schedule |
 """
 

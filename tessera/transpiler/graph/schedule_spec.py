@@ -26,6 +26,7 @@ KNOBS = {
     "stages": "pipeline stages of the staged copies",
     "vector": "elements per vector load",
     "swizzle": "shared-memory layout: 'xor' or 'none'",
+    "persistent": "one program per multiprocessor, looping over output tiles (sm_90a GEMMs)",
 }
 #: The largest tile size along one axis: far above what any machine's shared memory or
 #: cache holds for a tile, so that a number beyond it is a typo or a corrupt file.
@@ -93,6 +94,10 @@ def check_value(knob: str, value: Any) -> None:
         if value not in ("xor", "none"):
             raise ValueError(f"swizzle is 'xor' or 'none', not {value!r}")
         return
+    if knob == "persistent":
+        if not isinstance(value, bool):
+            raise ValueError(f"persistent is True or False, not {value!r}")
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{knob} takes positive integers, not {value!r}")
     if knob.startswith("block_") and value > MAX_BLOCK:
@@ -120,6 +125,7 @@ _SIMPLE = {
     "stages": "stages",
     "vector": "vector",
     "swizzle": "swizzle",
+    "persistent": "persistent",
 }
 
 
@@ -131,7 +137,8 @@ def apply_method(
     if method == "Schedule":
         if args:
             raise ValueError(
-                "Schedule takes keyword arguments: block=, k=, warps=, stages=, vector=, swizzle="
+                "Schedule takes keyword arguments: block=, k=, warps=, stages=, vector=, "
+                "swizzle=, persistent="
             )
         for key, value in keywords.items():
             spec = apply_method(

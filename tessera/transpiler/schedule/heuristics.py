@@ -90,7 +90,9 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     """The heuristic's candidate schedules for a problem, best first when sizes are unknown."""
     vector = max(1, hw.vector_bytes // problem.bytes) if hw.kind == "gpu" else hw.lanes
     swizzle = "xor" if hw.kind == "gpu" else "none"
-    base: Knobs = {"vector": vector, "swizzle": swizzle, "split_k": 1}
+    # Persistent GEMMs are off until measured against one program per tile on a GPU
+    # (``bench/gpu.py`` times both); a schedule may ask for them.
+    base: Knobs = {"vector": vector, "swizzle": swizzle, "split_k": 1, "persistent": False}
     kind = problem.works_like
     if kind == "gemm":
         # On GPUs, f32 operands keep tiles at most 128 wide: at 128 x 256 on sm_90a, a

@@ -62,6 +62,9 @@ class Launch:
     writes: tuple[str, ...]
     #: The fused ops that compute the template's first operand where it is loaded.
     prologue: tuple[str, ...] = ()
+    #: One program per multiprocessor, each looping over output tiles in a grouped order
+    #: (a specialized GEMM on sm_90a; ``docs/cuda-backend.md``), instead of one per tile.
+    persistent: bool = False
 
     def tile(self, name: str) -> int | None:
         return dict(self.tiles).get(name)

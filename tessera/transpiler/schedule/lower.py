@@ -216,6 +216,7 @@ class _Scheduler:
             int(knobs["stages"]), int(knobs["vector"]), str(knobs["swizzle"]),
             int(knobs.get("split_k", 1)), _grid(problem, knobs), cost.threads, cost.smem_bytes,
             self.hw.mma if dot else None, source, reads, writes, prologue,
+            persistent=bool(knobs.get("persistent", False)),
         )  # fmt: skip
 
     def _spec(self, anchor: Op) -> ScheduleSpec | None:
@@ -515,7 +516,9 @@ def _distance(knobs: dict[str, Any], default: dict[str, Any]) -> float:
     total = 0.0
     for name, value in knobs.items():
         other = default.get(name)
-        if isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
+        if isinstance(value, bool):  # a switch (``persistent``): one step when it differs
+            total += value != other
+        elif isinstance(value, int) and isinstance(other, int) and value > 0 and other > 0:
             total += abs(math.log2(value / other))
     return total
 

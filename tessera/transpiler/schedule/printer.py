@@ -47,6 +47,7 @@ def _launch(k: Launch) -> list[str]:
     tiles = " ".join(f"{name}={value}" for name, value in k.tiles)
     knobs = f"    tiles {tiles}  warps {k.warps}  stages {k.stages}  vector {k.vector}"
     knobs += f"  swizzle {k.swizzle}" + (f"  split_k {k.split_k}" if k.split_k > 1 else "")
+    knobs += "  persistent" if k.persistent else ""
     grid = f"    grid [{', '.join(str(g) for g in k.grid)}]  threads {k.threads}"
     if k.smem_bytes:
         smem = f"{k.smem_bytes // KIB} KiB" if k.smem_bytes % KIB == 0 else f"{k.smem_bytes} B"

@@ -34,7 +34,7 @@ _WIDTH = 88  # black's default line length
 #: The module's own names, which a function's body reads: a size does not take them, and
 #: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
-    _DEFAULT_SMEM _module _kernel _launch _driver _tensor_map _tensor _shape _indices"""
+    _DEFAULT_SMEM _module _kernel _launch _persistent _driver _tensor_map _tensor _shape _indices"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
@@ -56,10 +56,12 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     functions = [_function(f) for f in meta["functions"]]
     tma = any("tensor_maps" in launch for f in meta["functions"] for launch in f["launches"])
     indices = any(g["kind"] == "indices" for f in meta["functions"] for g in f["guards"])
+    persistent = any(launch.get("persistent") for f in meta["functions"]
+                     for launch in f["launches"])  # fmt: skip
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
-        tma=tma, indices=indices,
+        tma=tma, indices=indices, persistent=persistent,
     )  # fmt: skip
 
 
@@ -186,6 +188,8 @@ def _launch(launch: Mapping[str, Any], names: Mapping[str, str]) -> list[str | l
     """The arguments of ``_launch``: kernel, grid in blocks, threads, shared memory, and
     the kernel's arguments (sizes as 64-bit integers, as the kernels declare them)."""
     grid = [_blocks(_py_size(g["extent"], names), g["block"]) for g in launch["grid"]]
+    if launch.get("persistent"):  # a program per multiprocessor, each looping over tiles
+        grid = [f"_persistent({' * '.join(grid)})"]
     args = [f"cupy.int64({names[a]})" if a in names else a for a in launch["args"]]
     return [f'"{launch["kernel"]}"', _tuple(grid), str(launch["threads"]),
             str(launch["dynamic_smem"]), args]  # fmt: skip

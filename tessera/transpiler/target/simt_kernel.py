@@ -55,6 +55,7 @@ from .simt_layout import (
     rows_for,
     rows_of,
 )
+from .simt_persistent import PersistentTiles
 from .simt_tiles import SmemView, TileOps
 from .simt_tma import TensorMap, TmaCopies
 
@@ -128,7 +129,7 @@ def emit_simt_kernel(
     return _Emitter(kernel, dialect, dims, lanes, arena_align).run()
 
 
-class _Emitter(TileOps, TmaCopies):
+class _Emitter(TileOps, TmaCopies, PersistentTiles):
     def __init__(
         self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int,
         arena_align: int,

@@ -83,8 +83,9 @@ class _KernelView:
             f"const {d.index_type} {pid} = {index};"
             + ("  // the last rows first: they run the most blocks" if reverse and i == 0 else "")
             for i, (pid, index) in enumerate(_program_ids(simt.grid, d, simt.sizes, reverse))
-            if re.search(rf"\b{pid}\b", text)
+            if re.search(rf"\b{pid}\b", text) and not kernel.persistent  # each tile's own
         ]
+        self.persistent = kernel.persistent
         # A size that only the grid's extent needs is still a parameter, so that every
         # launch passes the function's sizes alike. The comments quote the .tsr source,
         # whose sizes are no uses (``reshape("B", "S", C)``).
@@ -257,6 +258,8 @@ def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]
     if d.dynamic_arena:
         launch["dynamic_smem"] = view.smem_bytes
         launch["static_smem"] = view.static_smem_bytes
+    if view.persistent:
+        launch["persistent"] = True
     if view.tensor_maps:
         launch["tensor_maps"] = [m.meta() for m in view.tensor_maps]
     return launch

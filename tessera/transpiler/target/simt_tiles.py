@@ -191,6 +191,7 @@ class TileOps:
 
     def stage_index(self, slot: Slot) -> str:
         """The pipeline stage (a buffer's slot, a stage's barrier) an iteration uses."""
+        slot = self.pipelined(slot)
         if slot.stages == 1 or slot.index.constant is not None:
             return str((slot.index.constant or 0) % slot.stages)
         return f"({self.c(slot.index)}) % {slot.stages}"

@@ -145,18 +145,23 @@ class TmaCopies:
         self.line(f"tsr_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
         self.line(f"const int ptid = lid - {threads};")
         self.role, self.team = "producer", ("ptid", self.kernel.producer)
+        self.open_tiles(loop)
+        # In a persistent kernel a tile's first stages may still hold the last tile's.
         for group in _groups(body.ops[:at]):
-            self.producer_group(group)
+            self.producer_group(group, ahead=self.kernel.persistent)
         self.open(self.loop_header(loop))
         self.producer_group([op for op in loop.regions[0].ops if op.kind in moves], ahead=True)
         self.close()
+        self.close_tiles()
         self.close()
         self.otherwise()
         self.line(f"tsr_setmaxnreg_inc<{_COMPUTE_REGISTERS}>();")
         self.role, self.team = "consumer", ("lid", threads)
         rest = [op for op in body.ops[:at] if op.kind not in moves] + list(body.ops[at:])
         start = len(self.lines)
+        self.open_tiles(loop)
         self.block(replace(body, ops=tuple(rest)))
+        self.close_tiles()
         blocking = [line for line in self.lines[start:] if _BLOCK_WIDE.search(line)]
         assert not blocking, f"a specialized kernel's computing threads wait for all: {blocking}"
         self.close()
@@ -175,7 +180,7 @@ class TmaCopies:
             self.open(f"if ({live})")
         if ahead:
             slot: Slot = first.attr("slot")
-            index, stages = parenthesized(self.c(slot.index)), slot.stages
+            index, stages = parenthesized(self.c(self.pipelined(slot).index)), slot.stages
             self.line(f"if ({index} >= {stages}) tsr_mbarrier_wait(tsr_free + "
                       f"{self.stage_index(slot)}, ({index} / {stages} + 1) % 2);")  # fmt: skip
         self.block(replace(self.kernel.body, ops=tuple(ops)))
@@ -186,7 +191,7 @@ class TmaCopies:
         """A computing warpgroup is done with a stage: one arrival per warpgroup (a
         ``lag`` of 1 frees the stage the iteration before read, none before the first)."""
         slot: Slot = op.attr("slot")
-        guard = f"{self.c(slot.index)} >= 0 && " if op.attr("lag") else ""
+        guard = f"{self.c(self.pipelined(slot).index)} >= 0 && " if op.attr("lag") else ""
         self.line(f"if ({guard}lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + "
                   f"{self.stage_index(slot)});")  # fmt: skip
 
@@ -250,7 +255,7 @@ class TmaCopies:
         """Wait for the phase of the stage's barrier that the iteration's copies complete."""
         slot: Slot = op.attr("slot")
         self.released = slot
-        parity = f"{parenthesized(self.c(slot.index))} / {slot.stages} % 2"
+        parity = f"{parenthesized(self.c(self.pipelined(slot).index))} / {slot.stages} % 2"
         self.line(f"tsr_mbarrier_wait(tsr_landed + {self.stage_index(slot)}, {parity});")
 
     def tensor_map(self, tensor: Value, box: tuple[int, ...]) -> TensorMap:

@@ -264,6 +264,9 @@ class TileKernel:
     #: Threads of a producer warpgroup beside ``threads``, which only issues the copies
     #: of the pipelined loop (warp specialization); 0 where every thread computes.
     producer: int = 0
+    #: One program per multiprocessor looping over the output tiles (the schedule's
+    #: ``persistent``); kept only where the kernel is specialized (``specialize.py``).
+    persistent: bool = False
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property

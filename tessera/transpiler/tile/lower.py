@@ -105,7 +105,7 @@ def lower_tile_function(function: Function, launch: Launch, given: KernelInput) 
     return TileKernel(
         given.name, given.function, launch.name, given.kind, given.template, given.params,
         lowering.grid, lowering.tiles, launch.threads, launch.warps, launch.stages,
-        launch.vector, launch.swizzle, body, span=function.span,
+        launch.vector, launch.swizzle, body, span=function.span, persistent=launch.persistent,
     )  # fmt: skip
 
 

@@ -35,7 +35,8 @@ def print_kernel(kernel: TileKernel) -> list[str]:
     printer = OpPrinter(name_values(list(kernel.params), kernel.body))
     template = "" if kernel.template == "tile_kernel" else f", {kernel.template} from the library"
     out = [f"kernel @{kernel.name} ({kernel.kind}{template}) {{"]
-    out.append("  grid [" + ", ".join(str(a) for a in kernel.grid) + "]")
+    persistent = "  persistent: one program per multiprocessor" if kernel.persistent else ""
+    out.append("  grid [" + ", ".join(str(a) for a in kernel.grid) + "]" + persistent)
     tiles = " ".join(f"{name}={size}" for name, size in kernel.tiles)
     producer = f" + {kernel.producer} producer" if kernel.producer else ""
     out.append(

@@ -44,6 +44,18 @@ _THROUGH = ("transpose", "cast")
 
 
 def specialize_warps(kernel: TileKernel, hw: Hardware) -> TileKernel:
+    specialized = _specialized(kernel, hw)
+    # A persistent kernel loops over output tiles in both roles, with the stages' phases
+    # running on across tiles: only a specialized GEMM over a 2-D grid of tiles does.
+    persistent = (
+        kernel.persistent and specialized.producer > 0 and len(kernel.grid) == 2
+        and kernel.kind == "gemm"
+        and all(op.attr("stop") is None for op in walk(kernel.body) if op.kind == "for")
+    )  # fmt: skip
+    return replace(specialized, persistent=persistent)
+
+
+def _specialized(kernel: TileKernel, hw: Hardware) -> TileKernel:
     loop, stages = pipelined_loop(kernel), tma_stages(kernel)
     if hw.arch != "sm_90a" or loop is None or stages is None:
         return kernel
