@@ -8,6 +8,7 @@ compiler error. A user's mistake never produces a Python traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import traceback
 import warnings
@@ -35,9 +36,13 @@ from ..transpiler.schedule.tuned import CacheWarning
 
 __all__ = ["main", "build_parser"]
 
-#: The subcommands, by the name of their function in ``tessera.cli.tune``: imported
-#: when used, since the tuner brings numpy and the runtimes with it.
-_COMMANDS = {"tune": "tune_main", "cache": "cache_main"}
+#: The subcommands: (module of ``tessera.cli``, function), imported when used, since
+#: the tuner brings numpy and the runtimes with it.
+_COMMANDS = {
+    "tune": ("tune", "tune_main"),
+    "cache": ("tune", "cache_main"),
+    "check": ("check", "check_main"),
+}
 
 _EPILOG = f"""\
 The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
@@ -58,6 +63,7 @@ stages (--emit):
 commands:
   tesserac tune FILE.tsr ...   measure schedules and record the fastest in a cache file
   tesserac cache show|merge    look at and combine schedule cache files
+  tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
 
 examples:
   tesserac attention.tsr -o attention.cu
@@ -117,9 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _COMMANDS:
-        from . import tune
-
-        return getattr(tune, _COMMANDS[argv[0]])(argv[1:])
+        module, function = _COMMANDS[argv[0]]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     target = args.target or (args.output and target_for_output(args.output)) or DEFAULT_TARGET
