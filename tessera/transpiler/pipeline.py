@@ -194,7 +194,10 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
 def _meta_stage(
     irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
 ) -> dict[str, Any]:
-    return irs["target"].meta
+    """The target's metadata, with each kernel's register estimate and roofline hint."""
+    from .check.analysis import kernel_analysis
+
+    return {**irs["target"].meta, "analysis": kernel_analysis(irs["tile"], options)}
 
 
 def print_meta(meta: Mapping[str, Any]) -> str:
