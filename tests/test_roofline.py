@@ -38,6 +38,7 @@ def test_a_product_is_compute_bound_and_a_softmax_memory_bound() -> None:
     assert gemm["intensity"] == pytest.approx(2 * 1024**3 / (8 * 1024**2), rel=1e-3)
     assert gemm["bound"] == "compute" and gemm["attainable_tflops"] == PEAKS["sm_80"].matrix_tflops
     assert softmax["bound"] == "memory" and softmax["intensity"] < 1
+    assert softmax["peak_tflops"] == 19.5 and softmax["bandwidth_gbs"] == 2039
     assert softmax["ridge"] == pytest.approx(19.5e12 / 2039e9, abs=0.01)
     assert 0 < found["mm"]["registers_estimate"] <= 255
 

@@ -42,6 +42,7 @@ _COMMANDS = {
     "tune": ("tune", "tune_main"),
     "cache": ("tune", "cache_main"),
     "check": ("check", "check_main"),
+    "inspect": ("inspect", "inspect_main"),
 }
 
 _EPILOG = f"""\
@@ -64,6 +65,7 @@ commands:
   tesserac tune FILE.tsr ...   measure schedules and record the fastest in a cache file
   tesserac cache show|merge    look at and combine schedule cache files
   tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
+  tesserac inspect FILE.tsr -o PAGE.html   the stages side by side, as an HTML page
 
 examples:
   tesserac attention.tsr -o attention.cu

@@ -105,7 +105,9 @@ def roofline(kernel: TileKernel, arch: str, defines: Mapping[str, int]) -> dict[
     ridge = tflops * 1e12 / (peak.bandwidth_gbs * 1e9)
     attainable = min(tflops, flops / moved * peak.bandwidth_gbs / 1e3)
     hint.update(
-        peak=f"{peak.part}: {tflops:g} TFLOP/s, {peak.bandwidth_gbs:g} GB/s",
+        peak=peak.part,
+        peak_tflops=tflops,
+        bandwidth_gbs=peak.bandwidth_gbs,
         ridge=round(ridge, 2),
         bound="compute" if flops / moved >= ridge else "memory",
         attainable_tflops=round(attainable, 2),
