@@ -24,6 +24,7 @@ from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, Span, read_source
 from .graph.ir import GraphModule, walk
+from .graph.numerics import verify_numerics
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
@@ -111,6 +112,7 @@ def _graph_stage(
 ) -> GraphModule:
     graph = analyze(irs["ast"], options, diags)
     diags.check()
+    verify_numerics(irs["ast"], graph, diags)
     return run_graph_passes(graph)
 
 
