@@ -257,8 +257,11 @@ class _Ranges:
         overlap = a.lo <= b.hi and b.lo <= a.hi
         degenerate = a.lo == a.hi or b.lo == b.hi
         if same_sign and overlap and not degenerate:
-            self.warn(op, f"catastrophic cancellation: a difference of two terms of one sign "
-                      f"whose ranges overlap ({a} and {b}) may lose every significant digit")  # fmt: skip
+            self.warn(
+                op,
+                "catastrophic cancellation: a difference of two terms of one sign whose "
+                f"ranges overlap ({a} and {b}) may lose every significant digit",
+            )
 
     def rule(self, op: Op, kind: str, args: list[Interval]) -> Interval:
         first = args[0] if args else UNBOUNDED
