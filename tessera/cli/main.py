@@ -56,8 +56,9 @@ stages (--emit):
   sched   Schedule IR: tiles, warps, stages, grid, memory plan
   tile    Tile IR: memory spaces, staged copies, mma, barriers
   target  the generated source (the default)
-  meta    kernel metadata as JSON: parameters, launch spec, buffers (with --resources,
-          also each kernel's registers, shared memory and spills, from NVRTC)
+  meta    kernel metadata as JSON: parameters, launch spec, buffers, each kernel's
+          roofline hint and register estimate (with --resources, also each kernel's
+          registers, shared memory and spills, from NVRTC)
   ptx     the CUDA file compiled to PTX by NVRTC (cuda only)
   cubin   the CUDA file compiled to a cubin by NVRTC (cuda only; binary, so -o FILE)
 
