@@ -12,22 +12,10 @@ import argparse
 import sys
 
 from ..transpiler.check import THRESHOLD, check_module
-from ..transpiler.frontend.diagnostics import CompileError
-from ..transpiler.options import DEFAULT_TARGET, TARGETS, OptionsError
-from ..transpiler.pipeline import InternalCompilerError, StageNotImplemented, compile_file
+from ..transpiler.pipeline import compile_file
+from .common import add_compile_options, run_reported
 
-__all__ = ["check_main", "add_compile_options"]
-
-
-def add_compile_options(parser: argparse.ArgumentParser) -> None:
-    """The options that say what to compile: the file, target, arch, sizes, kernel."""
-    parser.add_argument("file", metavar="FILE.tsr")
-    parser.add_argument("--target", choices=list(TARGETS), default=DEFAULT_TARGET,
-                        help=f"the backend (default: {DEFAULT_TARGET})")  # fmt: skip
-    parser.add_argument("--arch", metavar="ARCH", help="the architecture (default: the first)")
-    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="SYM=VALUE",
-                        help="fix a symbolic dim to a constant (repeatable)")  # fmt: skip
-    parser.add_argument("--kernel", metavar="NAME", help="only the function NAME")
+__all__ = ["check_main"]
 
 
 def check_main(argv: list[str]) -> int:
@@ -43,23 +31,14 @@ def check_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.bank_threshold < 1:
         parser.error("--bank-threshold must be at least 1")
-    try:
+
+    def check() -> int:
         program = compile_file(args.file, target=args.target, arch=args.arch,
                                defines=args.defines, kernel=args.kernel, until="tile")  # fmt: skip
         findings = check_module(program.ir("tile"), args.bank_threshold)
-    except CompileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    except OptionsError as exc:
-        parser.error(str(exc))
-    except StageNotImplemented as exc:
-        print(f"tesserac: error: {exc}", file=sys.stderr)
-        return 2
-    except InternalCompilerError as exc:
-        from .main import _internal_error
+        for finding in findings:
+            print(finding.diagnostic().render(), file=sys.stderr)
+        print(f"tesserac check: {len(findings)} finding(s)", file=sys.stderr)
+        return 1 if findings else 0
 
-        return _internal_error(exc, exc.cause)
-    for finding in findings:
-        print(finding.diagnostic().render(), file=sys.stderr)
-    print(f"tesserac check: {len(findings)} finding(s)", file=sys.stderr)
-    return 1 if findings else 0
+    return run_reported(parser, check)

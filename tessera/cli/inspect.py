@@ -10,10 +10,8 @@ import argparse
 import sys
 
 from ..files import write_file
-from ..transpiler.frontend.diagnostics import CompileError
-from ..transpiler.options import OptionsError
-from ..transpiler.pipeline import InternalCompilerError, StageNotImplemented, compile_file
-from .check import add_compile_options
+from ..transpiler.pipeline import compile_file
+from .common import add_compile_options, run_reported
 
 __all__ = ["inspect_main"]
 
@@ -28,28 +26,19 @@ def inspect_main(argv: list[str]) -> int:
     parser.add_argument("-o", dest="output", metavar="PAGE.html", required=True,
                         help="the page to write")  # fmt: skip
     args = parser.parse_args(argv)
-    from ..inspector import inspector_page
 
-    try:
+    def inspect() -> int:
+        from ..inspector import inspector_page
+
         program = compile_file(args.file, target=args.target, arch=args.arch,
                                defines=args.defines, kernel=args.kernel)  # fmt: skip
         page = inspector_page(program)
-    except CompileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    except OptionsError as exc:
-        parser.error(str(exc))
-    except StageNotImplemented as exc:
-        print(f"tesserac: error: {exc}", file=sys.stderr)
-        return 2
-    except InternalCompilerError as exc:
-        from .main import _internal_error
+        try:
+            write_file(args.output, page)
+        except OSError as exc:
+            print(f"tesserac: error: cannot write '{args.output}': {exc.strerror or exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        return 0
 
-        return _internal_error(exc, exc.cause)
-    try:
-        write_file(args.output, page)
-    except OSError as exc:
-        print(f"tesserac: error: cannot write '{args.output}': {exc.strerror or exc}",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+    return run_reported(parser, inspect)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from .. import __version__
 from ..files import write_file
-from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.options import (
     DEFAULT_TARGET,
     SUFFIXES,
@@ -25,14 +24,9 @@ from ..transpiler.options import (
     OptionsError,
     target_for_output,
 )
-from ..transpiler.pipeline import (
-    STAGES,
-    InternalCompilerError,
-    StageNotImplemented,
-    compile_file,
-    print_meta,
-)
+from ..transpiler.pipeline import STAGES, compile_file, print_meta
 from ..transpiler.schedule.tuned import CacheWarning
+from .common import REPORTED, report
 
 __all__ = ["main", "build_parser"]
 
@@ -155,16 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
         else:
             text = program.inspect_ir(args.emit)
-    except CompileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    except OptionsError as exc:
-        parser.error(str(exc))
-    except StageNotImplemented as exc:
-        print(f"tesserac: error: {exc}", file=sys.stderr)
-        return 2
-    except InternalCompilerError as exc:
-        return _internal_error(exc, exc.cause)
+    except REPORTED as exc:
+        return report(parser, exc)
     except Exception as exc:  # a bug in the driver itself
         return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
     for warning in program.diagnostics:

@@ -22,6 +22,7 @@ not a count.
 from __future__ import annotations
 
 from ..graph.ir import Block, Op, Value, walk
+from ..graph.rewrite import block_uses
 from ..graph.types import TileType
 from ..schedule.hardware import GRID_COLUMNS, Hardware
 from ..tile.ir import Mma, TileKernel
@@ -129,9 +130,4 @@ class _Pressure:
 
 
 def _uses(op: Op) -> set[int]:
-    found = {v.id for v in op.operands}
-    for region in op.regions:
-        found |= {v.id for v in region.yields}
-        for inner in region.ops:
-            found |= _uses(inner)
-    return found
+    return {v.id for v in op.operands}.union(*map(block_uses, op.regions))
