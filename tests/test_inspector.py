@@ -12,7 +12,7 @@ import pytest
 
 import tessera
 from tessera.cli.main import main
-from tessera.inspector import page_data
+from tessera.inspector import inspector_page, page_data
 
 from .conftest import ROOT
 
@@ -35,8 +35,12 @@ needs_chromium = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def attention() -> dict:
-    program = tessera.compile_file(ROOT / "examples/attention.tsr", target="cuda", arch="sm_80")
+def program() -> tessera.transpiler.pipeline.Program:
+    return tessera.compile_file(ROOT / "examples/attention.tsr", target="cuda", arch="sm_80")
+
+
+@pytest.fixture(scope="module")
+def attention(program: tessera.transpiler.pipeline.Program) -> dict:
     return page_data(program)
 
 
@@ -86,13 +90,15 @@ def test_the_page_is_self_contained_and_its_text_is_data(tmp_path: Path) -> None
 
 
 @needs_chromium
-def test_a_click_highlights_the_stages_in_chromium(tmp_path: Path) -> None:
+def test_a_click_highlights_the_stages_in_chromium(
+    program: tessera.transpiler.pipeline.Program, tmp_path: Path
+) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     page = tmp_path / "attention.html"
-    assert main(["inspect", str(ROOT / "examples/attention.tsr"), "-o", str(page)]) == 0
+    page.write_text(inspector_page(program))
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000"):
