@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --emit meta for CUDA: build with NVRTC and add what ptxas gave each "
         "kernel (registers, shared memory, barriers, stack frame, spills)",
     )  # fmt: skip
+    parser.add_argument(
+        "--debug", action="store_true",
+        help="a debug build: the metadata has each launch check what it writes for NaN and "
+        "infinity (the OpenCL runtime runs the checks)",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     target = args.target or (args.output and target_for_output(args.output)) or DEFAULT_TARGET
     try:
-        options = Options.create(target, args.arch, args.defines, args.kernel)
+        options = Options.create(target, args.arch, args.defines, args.kernel, debug=args.debug)
     except OptionsError as exc:
         parser.error(str(exc))
     loads_cuda = options.target == "cuda" and args.output and args.emit == "target"
@@ -186,6 +191,7 @@ def _as_kwargs(options: Options) -> dict:
         "arch": options.arch,
         "defines": dict(options.defines),
         "kernel": options.kernel,
+        "debug": options.debug,
     }
 
 

@@ -14,8 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..transpiler.graph.ir import GraphModule
-from ..transpiler.schedule.ir import ScheduleModule
+from ..transpiler.check.origins import launch_lines
 from ..transpiler.tile.ir import TileModule
 
 __all__ = ["LineMap", "launch_lines", "graph_map", "sched_map", "tile_map", "target_map"]
@@ -31,25 +30,6 @@ _MARKER = re.compile(r"^(\s*)// ([^:\s]+\.tsr):(\d+): ")
 _ENTRY = re.compile(
     r'^extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(|^void (\w+)\('
 )
-
-
-def launch_lines(graph: GraphModule, sched: ScheduleModule, file: str) -> dict[str, list[int]]:
-    """Per ``function/launch``: the user's lines of the ops fused into it."""
-    functions = {f.name: f for f in graph.functions}
-    found: dict[str, list[int]] = {}
-    for host in sched.programs:
-        function = functions.get(host.function)
-        for launch in host.launches:
-            lines: set[int] = set()
-            if function is not None and launch.group < len(function.groups):
-                for index in function.groups[launch.group].ops:
-                    span = function.body.ops[index].span
-                    if span is not None and span.file == file:
-                        lines.add(span.line)
-            if not lines and host.span is not None and host.span.file == file:
-                lines.add(host.span.line)
-            found[f"{host.function}/{launch.name}"] = sorted(lines)
-    return found
 
 
 def _add(found: LineMap, sources: Iterable[int], at: int) -> None:
