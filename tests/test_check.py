@@ -85,22 +85,29 @@ def test_a_read_before_its_async_copy_is_waited_for_races() -> None:
     assert any("asynchronous copy" in r.message for r in races)
 
 
-def test_a_race_on_one_path_only_is_found() -> None:
-    """A barrier in one branch of an ``if`` orders nothing on the other path."""
+def _barrier_in_branch(arms: int):
+    """The OpenCL GEMM with the barrier of its loop moved into an ``if``: into its first
+    arm only (``arms=1``, the other path has none) or into both."""
     kernel = _kernels("tessera/stdlib/gemm.tsr", "opencl", None)[0]
     loop = next(op for op in kernel.body.ops if op.kind == "for")
     body = loop.regions[0]
     barrier = next(op for op in body.ops if op.kind == "barrier")
-    flag = kernel.params[0]
-    branch = tessera.transpiler.graph.ir.Op(
-        "if", (flag,), (), regions=(Block((), (barrier,)), Block((), ()))
-    )
+    regions = (Block((), (barrier,)), Block((), (barrier,) if arms == 2 else ()))
+    branch = tessera.transpiler.graph.ir.Op("if", (kernel.params[0],), (), regions=regions)
     ops = tuple(branch if op is barrier else op for op in body.ops)
     loop_ops = tuple(
         replace(op, regions=(replace(body, ops=ops),)) if op is loop else op
         for op in kernel.body.ops
     )
-    assert find_races(replace(kernel, body=replace(kernel.body, ops=loop_ops)))
+    return replace(kernel, body=replace(kernel.body, ops=loop_ops))
+
+
+def test_a_barrier_on_one_path_only_orders_nothing() -> None:
+    assert find_races(_barrier_in_branch(1))
+
+
+def test_a_barrier_on_both_paths_orders_the_accesses() -> None:
+    assert find_races(_barrier_in_branch(2)) == []
 
 
 def test_a_global_tensor_written_and_read_elsewhere_races() -> None:

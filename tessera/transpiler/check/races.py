@@ -109,7 +109,8 @@ class _Checker:
         elif op.kind == "for":
             return self.loop(op, state)
         elif op.regions:
-            after = state.copy()
+            # Every path through the branch; one without an else region also goes past.
+            after = state.copy() if len(op.regions) == 1 else _State(group=state.group)
             for region in op.regions:
                 after.merge(self.block(region, state.copy()))
             return after

@@ -132,7 +132,9 @@ def _op(op: Op) -> tuple[Dim, Dim, bool]:
     if op.regions:
         return _block(op.regions[0])
     if op.kind in ("load", "store"):
-        tile = op.result.type if op.kind == "load" else op.operands[1].type
+        tile = op.results[0].type if op.kind == "load" else op.operands[-1].type
+        if not isinstance(tile, TileType):
+            return zero, zero, False
         return zero, _elements(tile) * tile.dtype.bits / 8, False
     if op.kind == "copy":
         buf: SharedType = op.operands[1].type
