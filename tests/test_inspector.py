@@ -85,7 +85,7 @@ def test_the_page_is_self_contained_and_its_text_is_data(tmp_path: Path) -> None
     assert main(["inspect", str(path), "--target", "opencl", "-o", str(page)]) == 0
     html = page.read_text()
     # The source's "</script>" cannot end the data early: only the page's two do.
-    assert html.count("</script>") == 2 and "<\\/script><img" in html
+    assert html.count("</script>") == 2 and "\\u003c/script>\\u003cimg" in html
     assert not re.search(r"(src|href)=\"?https?:", html)
 
 

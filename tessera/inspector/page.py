@@ -81,6 +81,7 @@ def inspector_page(program: Program) -> str:
     """The page for a compiled program."""
     template = resources.files("tessera").joinpath("templates/inspector/page.html").read_text()
     data = json.dumps(page_data(program), sort_keys=True)
-    # Inside a <script> element only "</" could end it early.
-    data = data.replace("</", "<\\/")
+    # No "<" at all inside the <script> element: neither "</script>" nor "<!--" can end or
+    # change it. "<" appears only inside JSON strings, where \u003c is the same text.
+    data = data.replace("<", "\\u003c")
     return template.replace("/*DATA*/{}", data)
