@@ -8,6 +8,7 @@ compiler error. A user's mistake never produces a Python traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import traceback
 import warnings
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from .. import __version__
 from ..files import write_file
-from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.options import (
     DEFAULT_TARGET,
     SUFFIXES,
@@ -24,20 +24,20 @@ from ..transpiler.options import (
     OptionsError,
     target_for_output,
 )
-from ..transpiler.pipeline import (
-    STAGES,
-    InternalCompilerError,
-    StageNotImplemented,
-    compile_file,
-    print_meta,
-)
+from ..transpiler.pipeline import STAGES, compile_file, print_meta
 from ..transpiler.schedule.tuned import CacheWarning
+from .common import REPORTED, report
 
 __all__ = ["main", "build_parser"]
 
-#: The subcommands, by the name of their function in ``tessera.cli.tune``: imported
-#: when used, since the tuner brings numpy and the runtimes with it.
-_COMMANDS = {"tune": "tune_main", "cache": "cache_main"}
+#: The subcommands: (module of ``tessera.cli``, function), imported when used, since
+#: the tuner brings numpy and the runtimes with it.
+_COMMANDS = {
+    "tune": ("tune", "tune_main"),
+    "cache": ("tune", "cache_main"),
+    "check": ("check", "check_main"),
+    "inspect": ("inspect", "inspect_main"),
+}
 
 _EPILOG = f"""\
 The target follows from the output suffix ({', '.join(f'{s} {t}' for s, t in SUFFIXES.items())})
@@ -50,14 +50,17 @@ stages (--emit):
   sched   Schedule IR: tiles, warps, stages, grid, memory plan
   tile    Tile IR: memory spaces, staged copies, mma, barriers
   target  the generated source (the default)
-  meta    kernel metadata as JSON: parameters, launch spec, buffers (with --resources,
-          also each kernel's registers, shared memory and spills, from NVRTC)
+  meta    kernel metadata as JSON: parameters, launch spec, buffers, each kernel's
+          roofline hint and register estimate (with --resources, also each kernel's
+          registers, shared memory and spills, from NVRTC)
   ptx     the CUDA file compiled to PTX by NVRTC (cuda only)
   cubin   the CUDA file compiled to a cubin by NVRTC (cuda only; binary, so -o FILE)
 
 commands:
   tesserac tune FILE.tsr ...   measure schedules and record the fastest in a cache file
   tesserac cache show|merge    look at and combine schedule cache files
+  tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
+  tesserac inspect FILE.tsr -o PAGE.html   the stages side by side, as an HTML page
 
 examples:
   tesserac attention.tsr -o attention.cu
@@ -110,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --emit meta for CUDA: build with NVRTC and add what ptxas gave each "
         "kernel (registers, shared memory, barriers, stack frame, spills)",
     )  # fmt: skip
+    parser.add_argument(
+        "--debug", action="store_true",
+        help="a debug build: the metadata has each launch check what it writes for NaN and "
+        "infinity (the OpenCL runtime runs the checks)",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
@@ -117,14 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _COMMANDS:
-        from . import tune
-
-        return getattr(tune, _COMMANDS[argv[0]])(argv[1:])
+        module, function = _COMMANDS[argv[0]]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     target = args.target or (args.output and target_for_output(args.output)) or DEFAULT_TARGET
     try:
-        options = Options.create(target, args.arch, args.defines, args.kernel)
+        options = Options.create(target, args.arch, args.defines, args.kernel, debug=args.debug)
     except OptionsError as exc:
         parser.error(str(exc))
     loads_cuda = options.target == "cuda" and args.output and args.emit == "target"
@@ -147,16 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
         else:
             text = program.inspect_ir(args.emit)
-    except CompileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    except OptionsError as exc:
-        parser.error(str(exc))
-    except StageNotImplemented as exc:
-        print(f"tesserac: error: {exc}", file=sys.stderr)
-        return 2
-    except InternalCompilerError as exc:
-        return _internal_error(exc, exc.cause)
+    except REPORTED as exc:
+        return report(parser, exc)
     except Exception as exc:  # a bug in the driver itself
         return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
     for warning in program.diagnostics:
@@ -192,6 +191,7 @@ def _as_kwargs(options: Options) -> dict:
         "arch": options.arch,
         "defines": dict(options.defines),
         "kernel": options.kernel,
+        "debug": options.debug,
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .entry import Entry, Library, argument
+from .sentinel import check_finite
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
 
@@ -69,10 +70,21 @@ class OpenclFunction(Entry):
             grid = (counts[0] * threads, *counts[1:])
             group = (threads,) + (1,) * (len(grid) - 1)
             cl.enqueue_nd_range_kernel(self._queue, kernel, grid, group)
+            if "sentinel" in launch:
+                self._check(launch, device)
         for p in self._params:
             if p["kind"] == "tensor" and p["io"] != "in" and arrays[p["name"]].nbytes:
                 cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
         self._queue.finish()
+
+    def _check(self, launch: Mapping[str, Any], device: Mapping[str, Any]) -> None:
+        """A debug build's sentinel: what the launch wrote, read back and checked."""
+        import pyopencl as cl
+
+        for write in launch["sentinel"]["writes"]:
+            data = np.empty(device[write["name"]].size, np.uint8)
+            cl.enqueue_copy(self._queue, data, device[write["name"]])
+            check_finite(launch, write["name"], data)
 
 
 def _buffer(context: Any, size: int, host: np.ndarray | None = None) -> Any:

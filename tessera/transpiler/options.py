@@ -56,6 +56,9 @@ class Options:
     kernel: str | None = None
     #: Tuned schedules to use where they apply (``--schedule-cache``).
     schedule_cache: TunedSchedules | None = None
+    #: Debug builds (``--debug``): after each launch the runtime checks what the kernel
+    #: wrote for NaN and infinity (OpenCL; see docs/tools.md).
+    debug: bool = False
 
     def __post_init__(self) -> None:
         if self.target is not None and self.target not in TARGETS:
@@ -82,9 +85,10 @@ class Options:
         defines: Mapping[str, int] | Iterable[str] | None = None,
         kernel: str | None = None,
         schedule_cache: TunedSchedules | None = None,
+        debug: bool = False,
     ) -> Options:
         """Build options from user input: ``defines`` as a mapping or ``SYM=VALUE`` strings."""
-        return cls(target, arch, _parse_defines(defines or ()), kernel, schedule_cache)
+        return cls(target, arch, _parse_defines(defines or ()), kernel, schedule_cache, debug)
 
     @property
     def resolved_arch(self) -> str | None:

@@ -24,6 +24,7 @@ from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, Span, read_source
 from .graph.ir import GraphModule, walk
+from .graph.numerics import verify_numerics
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
@@ -111,6 +112,7 @@ def _graph_stage(
 ) -> GraphModule:
     graph = analyze(irs["ast"], options, diags)
     diags.check()
+    verify_numerics(irs["ast"], graph, diags)
     return run_graph_passes(graph)
 
 
@@ -192,9 +194,18 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
 
 
 def _meta_stage(
-    irs: Mapping[str, Any], _: SourceFile, options: Options, diags: Diagnostics
+    irs: Mapping[str, Any], source: SourceFile, options: Options, diags: Diagnostics
 ) -> dict[str, Any]:
-    return irs["target"].meta
+    """The target's metadata, with each kernel's register estimate and roofline hint, and
+    in a debug build what each launch's sentinel checks."""
+    from .check.analysis import kernel_analysis
+
+    meta = {**irs["target"].meta, "analysis": kernel_analysis(irs["tile"], options)}
+    if options.debug:
+        from .check.sentinels import with_sentinels
+
+        meta = with_sentinels(meta, irs["graph"], irs["sched"], irs["tile"], source.name)
+    return meta
 
 
 def print_meta(meta: Mapping[str, Any]) -> str:
@@ -338,12 +349,15 @@ def compile(
     kernel: str | None = None,
     until: str | None = None,
     schedule_cache: str | Path | TunedSchedules | None = None,
+    debug: bool = False,
 ) -> Program:
     """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic.
     With ``until``, later stages run only when their IR is asked for; with
     ``schedule_cache`` (a file ``tesserac tune`` wrote), launches it has records for
-    take the tuned schedule."""
-    options = Options.create(target, arch, defines, kernel, _schedules(schedule_cache, target))
+    take the tuned schedule. With ``debug``, the OpenCL runtime checks what each launch
+    writes for NaN and infinity."""
+    schedules = _schedules(schedule_cache, target)
+    options = Options.create(target, arch, defines, kernel, schedules, debug)
     return Program(SourceFile(filename, src), options, until)
 
 
@@ -356,9 +370,12 @@ def compile_file(
     kernel: str | None = None,
     until: str | None = None,
     schedule_cache: str | Path | TunedSchedules | None = None,
+    debug: bool = False,
 ) -> Program:
-    """Compile a ``.tsr`` file. A missing or undecodable file is a ``CompileError``."""
-    options = Options.create(target, arch, defines, kernel, _schedules(schedule_cache, target))
+    """Compile a ``.tsr`` file, as ``compile`` compiles text. A missing or undecodable
+    file is a ``CompileError``."""
+    schedules = _schedules(schedule_cache, target)
+    options = Options.create(target, arch, defines, kernel, schedules, debug)
     return Program(read_file(path), options, until)
 
 

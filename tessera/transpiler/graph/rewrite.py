@@ -9,7 +9,8 @@ from dataclasses import replace
 from .ir import Block, Function, GraphModule, Op, Value
 
 __all__ = [
-    "map_functions", "substitute", "remove_dead", "has_effects", "use_counts", "Rewriter",
+    "map_functions", "substitute", "remove_dead", "has_effects", "use_counts", "block_uses",
+    "Rewriter",
 ]  # fmt: skip
 
 
@@ -56,7 +57,7 @@ def remove_dead(block: Block) -> Block:
         kept.append(op)
         used |= {v.id for v in op.operands}
         for region in regions:
-            used |= _uses(region)
+            used |= block_uses(region)
     return Block(block.args, tuple(reversed(kept)), block.yields)
 
 
@@ -89,12 +90,13 @@ def reader_counts(block: Block) -> dict[int, int]:
     return counts
 
 
-def _uses(block: Block) -> set[int]:
+def block_uses(block: Block) -> set[int]:
+    """The ids of every value that ``block``'s ops (nested ones too) and yields read."""
     found = {v.id for v in block.yields}
     for op in block.ops:
         found |= {v.id for v in op.operands}
         for region in op.regions:
-            found |= _uses(region)
+            found |= block_uses(region)
     return found
 
 

@@ -1,0 +1,55 @@
+"""Accuracy of the register-pressure estimate: each example's kernels, estimated from
+the Tile IR (``--emit meta``'s ``analysis``) and counted by ptxas (NVRTC's report), on
+sm_80 and sm_90a. One NVRTC build per example and arch. Results go to
+``bench/results/registers.json``: per kernel both numbers and the relative error, and
+per arch the mean absolute error and how many kernels are within 15%.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tessera
+from tessera.transpiler.target.nvrtc import build
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("sm_80", "sm_90a")
+
+
+def measure() -> dict:
+    results: dict = {"kernels": [], "summary": {}}
+    for arch in ARCHS:
+        errors = []
+        for path in sorted((ROOT / "examples").glob("*.tsr")):
+            program = tessera.compile_file(path, target="cuda", arch=arch)
+            meta = program.ir("meta")
+            counted = build(program.source, arch, meta["build"]["options"]).resources
+            for entry in meta["analysis"]:
+                estimate, registers = (
+                    entry["registers_estimate"],
+                    counted[entry["kernel"]].registers,
+                )
+                error = (estimate - registers) / registers
+                errors.append(abs(error))
+                row = {"arch": arch, "example": path.name, "kernel": entry["kernel"]}
+                row.update(estimate=estimate, ptxas=registers, error=round(error, 3))
+                results["kernels"].append(row)
+        results["summary"][arch] = {
+            "kernels": len(errors),
+            "mean_abs_error": round(sum(errors) / len(errors), 3),
+            "max_abs_error": round(max(errors), 3),
+            "within_15_percent": sum(e <= 0.15 for e in errors),
+        }
+    return results
+
+
+def main() -> None:
+    results = measure()
+    out = ROOT / "bench" / "results" / "registers.json"
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Register-pressure estimate: the 32-bit registers a thread of a kernel needs.
+
+The Tile IR says which tiles a program holds in registers and how long each lives, so
+the estimate is the most words of live owned tiles (a product's, a reduction's, a loop's
+carried values) one thread holds at any op, on top of a
+fixed base (addresses, sizes, indices and loop counters). A tile of constant size is
+spread over the program's threads (a 128x128 f32 accumulator over 256 threads is 64
+words each); a per-row vector is repeated across the 16 threads of a row of the
+``Grid`` (``GRID_COLUMNS``); a tile with a symbolic dim is walked a vector at a time
+and holds one vector. An operand that a matrix instruction reads from shared memory
+costs the fragments of one k step: ``mma.sync`` keeps a strip of ``a`` (4 registers
+per 16 rows of the warp's tile) and one ``b`` fragment, the FMA loop a column of its
+``Grid`` block of ``a`` and a row of ``b``, ``wgmma`` none. The compiler
+caps what a thread may hold at what ``__launch_bounds__`` leaves it (a 384-thread
+block that must fit once per multiprocessor: 168), and so does the estimate.
+
+It is a model, checked against ptxas on the examples (``tests/test_tools_perf.py``),
+for the inspector and ``--emit meta`` to show where a schedule presses on registers:
+not a count.
+"""
+
+from __future__ import annotations
+
+from ..graph.ir import Block, Op, Value, walk
+from ..graph.rewrite import block_uses
+from ..graph.types import TileType
+from ..schedule.hardware import GRID_COLUMNS, Hardware
+from ..tile.ir import Mma, TileKernel
+
+__all__ = ["estimate_registers"]
+
+#: Ops whose results a thread holds in registers. The others (loads, elementwise math,
+#: casts, masks) are lazy: the code computes each element where it is used, from the
+#: registers of the owned values and from memory.
+_OWNED = frozenset({"mma", "dot", "softmax_online", "softmax_accumulate", "sum", "max", "min",
+                    "mean", "argmax", "argmin", "cumsum"})  # fmt: skip
+
+#: Registers every kernel spends on pointers, sizes, indices and loop counters; sm_90a
+#: kernels keep tensor-map and barrier addresses besides.
+BASE = {"sm_90a": 40}
+_BASE = 32
+_REGISTER_FILE = 65536
+
+
+def estimate_registers(kernel: TileKernel, hw: Hardware) -> int:
+    """The estimated registers per thread of ``kernel`` (0 on CPUs)."""
+    if hw.kind != "gpu":
+        return 0
+    model = _Pressure(kernel)
+    for op in walk(kernel.body):
+        model.note_fragments(op)
+    words = model.block(kernel.body, 0)
+    return min(BASE.get(hw.arch, _BASE) + words, _cap(kernel, hw))
+
+
+def _cap(kernel: TileKernel, hw: Hardware) -> int:
+    """What the launch bounds leave a thread: a producer warpgroup's kernel runs one
+    block per multiprocessor, each thread with its share of the register file."""
+    if not kernel.producer:
+        return hw.regs_per_thread
+    share = _REGISTER_FILE // (kernel.threads + kernel.producer) // 8 * 8
+    return min(hw.regs_per_thread, share)
+
+
+class _Pressure:
+    def __init__(self, kernel: TileKernel) -> None:
+        self.kernel = kernel
+        self.takers: dict[int, Op] = {}
+        self.fragments: dict[int, int] = {}
+
+    def words(self, value: Value) -> int:
+        """The registers one thread spends on ``value``."""
+        if value.id in self.fragments:
+            return self.fragments[value.id]
+        t = value.type
+        if not isinstance(t, TileType):
+            return 0
+        dims = [d.constant for d in t.dims]
+        per_word = max(1, 32 // max(t.dtype.bits, 1))
+        if any(d is None for d in dims):
+            return 4  # walked a vector at a time
+        count = 1
+        for d in dims:
+            count *= d
+        if len(dims) == 1:
+            count *= GRID_COLUMNS  # a row vector in each thread of its row
+        return -(-count // (self.kernel.threads * per_word))
+
+    def block(self, block: Block, outside: int) -> int:
+        last: dict[int, int] = {}
+        for index, op in enumerate(block.ops):
+            for used in _uses(op):
+                last[used] = index
+        for value in block.yields:
+            last[value.id] = len(block.ops)
+        live: dict[int, int] = {a.id: self.words(a) for a in block.args if a.id in last}
+        worst = outside + sum(live.values())
+        for index, op in enumerate(block.ops):
+            carried = {v.id for v in op.operands} if op.kind == "for" else set()
+            for region in op.regions:
+                across = sum(w for v, w in live.items() if v not in carried)
+                worst = max(worst, self.block(region, outside + across))
+            # Registers of operands that die here hold the results (an accumulator is
+            # updated in place).
+            for value in [v for v in live if last.get(v, -1) <= index]:
+                del live[value]
+            for result in op.results:
+                owned = op.kind in _OWNED or result.id in self.fragments
+                if owned and result.id in last:
+                    live[result.id] = self.words(result)
+            worst = max(worst, outside + sum(live.values()))
+        return worst
+
+    def note_fragments(self, op: Op) -> None:
+        """Operands a matrix instruction reads from shared memory cost the fragments of
+        one k step, not the tile."""
+        mma = op.attr("mma")
+        if not isinstance(mma, Mma) or mma.operands != "shared":
+            return
+        if mma.inst.startswith("mma.sync"):
+            strip = mma.warp_tile[0] // 16 * 4 + 2
+        elif mma.inst == "fma":  # a column of a's block and a row of b's, per k step
+            rows, cols = (d.constant or 0 for d in op.results[0].type.dims[-2:])
+            tx = min(GRID_COLUMNS, self.kernel.threads)
+            strip = rows // max(1, self.kernel.threads // tx) + cols // tx
+        else:
+            strip = 0
+        for operand in op.operands[:2]:
+            self.fragments.setdefault(operand.id, strip // 2)
+
+
+def _uses(op: Op) -> set[int]:
+    return {v.id for v in op.operands}.union(*map(block_uses, op.regions))

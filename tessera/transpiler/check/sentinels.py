@@ -1,0 +1,57 @@
+"""NaN/Inf sentinels of a debug build: what each launch writes, for the runtime to check.
+
+In a debug build (``debug=True``, ``tesserac --debug``) each launch of the metadata
+carries a ``sentinel``: the ``.tsr`` line of its kernel and the float tensors it writes
+(its results and the intermediates later launches read), by the names its arguments
+have. After the launch, the runtime reads them back and raises at the first NaN or
+infinity, naming the kernel and the line, so that the first kernel to produce one is
+found, not the last to pass it on.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..graph.ir import GraphModule, walk
+from ..schedule.ir import ScheduleModule
+from ..tile.ir import TileKernel, TileModule
+from .origins import launch_lines
+
+__all__ = ["with_sentinels"]
+
+
+def with_sentinels(
+    meta: dict[str, Any], graph: GraphModule, sched: ScheduleModule, module: TileModule, file: str
+) -> dict[str, Any]:
+    """``meta`` with a ``sentinel`` in each launch of a kernel that writes a float tensor,
+    at the first line of ``file`` (the user's source) that the launch runs."""
+    kernels = {k.name: k for program in module.programs for k in program.kernels}
+    origins = launch_lines(graph, sched, file)
+    name = file.rsplit("/", 1)[-1]
+    meta = copy.deepcopy(meta)
+    meta["debug"] = True
+    for function in meta["functions"]:
+        for launch in function["launches"]:
+            kernel = kernels.get(launch["kernel"])
+            if kernel is not None:
+                writes = _writes(kernel, launch["args"])
+                if writes:
+                    lines = origins.get(f"{kernel.function}/{kernel.launch}")
+                    line = f"{name}:{lines[0]}" if lines else _line(kernel)
+                    launch["sentinel"] = {"line": line, "writes": writes}
+    return meta
+
+
+def _writes(kernel: TileKernel, args: list[str]) -> list[dict[str, str]]:
+    stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+    return [
+        {"name": name, "dtype": param.type.dtype.name}
+        for param, name in zip(kernel.params, args, strict=False)
+        if param.id in stored and param.type.dtype.is_float
+    ]
+
+
+def _line(kernel: TileKernel) -> str:
+    span = kernel.span
+    return f"{span.file.rsplit('/', 1)[-1]}:{span.line}" if span is not None else kernel.function

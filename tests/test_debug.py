@@ -1,0 +1,59 @@
+"""Debug builds: each launch's NaN/Inf sentinel, at the user's line (OpenCL on PoCL)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.cli.main import main
+from tessera.runtime.sentinel import NonFiniteError
+
+from .test_opencl import _platform
+
+SOURCE = """\
+@kernel
+def f(x: Tensor["R", "C", f32], w: Tensor["C", "C", f32]) -> Tensor["R", "C", f32]:
+    y = matmul(x, w)
+    z = log(y)
+    return softmax(z, axis=-1) * 2.0
+"""
+
+
+def test_a_debug_build_names_each_launch_and_what_it_writes() -> None:
+    plain = tessera.compile(SOURCE, "dbg.tsr", target="opencl").ir("meta")
+    assert "debug" not in plain and all(
+        "sentinel" not in launch for f in plain["functions"] for launch in f["launches"]
+    )
+    meta = tessera.compile(SOURCE, "dbg.tsr", target="opencl", debug=True).ir("meta")
+    assert meta["debug"] is True
+    sentinels = [launch["sentinel"] for launch in meta["functions"][0]["launches"]]
+    assert sentinels == [
+        {"line": "dbg.tsr:3", "writes": [{"name": "z", "dtype": "f32"}]},
+        {"line": "dbg.tsr:5", "writes": [{"name": "out", "dtype": "f32"}]},
+    ]
+
+
+def test_the_debug_switch(tmp_path, capsys) -> None:
+    path = tmp_path / "dbg.tsr"
+    path.write_text(SOURCE)
+    assert main([str(path), "--target", "opencl", "--emit", "meta", "--debug"]) == 0
+    assert json.loads(capsys.readouterr().out)["debug"] is True
+
+
+@pytest.mark.execute
+@pytest.mark.skipif(_platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}")
+def test_the_first_kernel_to_write_nan_is_named() -> None:
+    lib = tessera.compile(SOURCE, "dbg.tsr", target="opencl", debug=True).load()
+    rng = np.random.default_rng(7)
+    x = rng.uniform(0.5, 1.5, (5, 37)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (37, 37)).astype(np.float32)
+    z = np.log(x.astype(np.float64) @ w)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(lib.f(x, w), 2 * e / e.sum(axis=-1, keepdims=True), rtol=1e-4)
+    w[:, 3] = -1.0  # column 3 of the product is negative: its log is NaN
+    with pytest.raises(NonFiniteError, match=r"kernel 'f_k0' \(dbg\.tsr:3\) wrote nan to 'z' "
+                       r"at flat index 3 \(5 non-finite values\)"):  # fmt: skip
+        lib.f(x, w)

@@ -1,0 +1,67 @@
+"""Roofline hints and register estimates in ``--emit meta`` (``analysis``).
+
+The estimates are checked against ptxas's count in ``test_nvrtc.py``, from the build
+that test makes anyway; ``bench/registers.py`` measures every example.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tessera
+from tessera.transpiler.check.roofline import PEAKS, kernel_cost
+
+from .conftest import ROOT
+
+GEMM = """\
+@kernel
+def mm(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return matmul(a, b)
+
+@kernel
+def sm(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return softmax(x, axis=-1)
+"""
+
+
+def _analysis(target: str, arch: str | None, defines: dict | None = None) -> dict:
+    program = tessera.compile(GEMM, "mm.tsr", target=target, arch=arch, defines=defines)
+    return {entry["kernel"]: entry for entry in program.ir("meta")["analysis"]}
+
+
+def test_a_product_is_compute_bound_and_a_softmax_memory_bound() -> None:
+    found = _analysis("cuda", "sm_80")
+    gemm, softmax = found["mm"]["roofline"], found["sm"]["roofline"]
+    assert gemm["flops"] == "2*K*M*N"
+    assert gemm["bytes"] == "2*K*M + 2*K*N + 4*M*N"
+    assert gemm["at"] == {"K": 1024, "M": 1024, "N": 1024}
+    assert gemm["intensity"] == pytest.approx(2 * 1024**3 / (8 * 1024**2), rel=1e-3)
+    assert gemm["bound"] == "compute" and gemm["attainable_tflops"] == PEAKS["sm_80"].matrix_tflops
+    assert softmax["bound"] == "memory" and softmax["intensity"] < 1
+    assert softmax["peak_tflops"] == 19.5 and softmax["bandwidth_gbs"] == 2039
+    assert softmax["ridge"] == pytest.approx(19.5e12 / 2039e9, abs=0.01)
+    assert 0 < found["mm"]["registers_estimate"] <= 255
+
+
+def test_the_sizes_given_decide_the_bound() -> None:
+    """A product of 16 rows reads as much as it computes: memory-bound on an H100."""
+    thin = _analysis("cuda", "sm_90a", {"M": 16, "K": 8192, "N": 8192})["mm"]["roofline"]
+    flops, moved = 2 * 16 * 8192 * 8192, 2 * 16 * 8192 + 2 * 8192 * 8192 + 4 * 16 * 8192
+    assert thin["at"] == {} and thin["intensity"] == pytest.approx(flops / moved, rel=1e-3)
+    assert thin["bound"] == "memory"
+
+
+def test_a_cpu_kernel_has_costs_but_no_peak() -> None:
+    entry = _analysis("cpu", None)["mm"]
+    assert "registers_estimate" not in entry
+    assert entry["roofline"]["flops"] == "2*K*M*N" and entry["roofline"]["bound"] is None
+
+
+def test_loops_multiply_their_body() -> None:
+    """The library's attention: two products of S x S x D per (batch, head), the key loop
+    counted whole."""
+    program = tessera.compile_file(ROOT / "examples/attention.tsr", target="cuda", until="tile")
+    kernel = program.ir("tile").programs[1].kernels[0]
+    flops = kernel_cost(kernel).flops.value({"BH": 1, "S": 1024, "D": 128})
+    products = 2 * 2 * 1024 * 1024 * 128
+    assert products < flops < 1.1 * products
