@@ -176,6 +176,15 @@ inline void store_as(e5m2* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
 }
 
+// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
+// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
+// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
+inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+// An integer has no NaN: a saturating conversion of NaN to one gives 0.
+inline float saturate_int(float x, float lo, float hi) {
+  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
+}
+
 // ---------------------------------------------------------------- integers
 
 // A cast to an integer dtype inside a kernel: the value the tensor element would hold.

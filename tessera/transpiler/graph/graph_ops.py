@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import BOOL, F32, DType, accumulator, promote
+from .dtypes import BOOL, F32, DType, accumulator, promote, saturation_error
 from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
@@ -1072,13 +1072,26 @@ def _all_reduce(call: OpCall) -> object:
 # ------------------------------------------------------------- shape and type
 
 
-@register("cast", P("x"), P("dtype"))
+@register("cast", P("x"), P("dtype"), P("saturate", False, keyword_only=True))
 def _cast(call: OpCall) -> object:
     """Convert to ``dtype``, rounding to nearest even; past an fp8 dtype's range,
-    fp8_e4m3 gives NaN and fp8_e5m2 infinity (``@saturate`` does not clamp yet)."""
+    fp8_e4m3 gives NaN and fp8_e5m2 infinity, unless ``saturate=True`` (or the result's
+    type says ``@saturate``): then a value past the range gives the largest finite one
+    (``docs/numerics.md``)."""
     x = call.tensor("x")
     dtype = call.dtype("dtype")
-    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
+    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=cast_attrs(call, dtype))
+
+
+def cast_attrs(call: OpCall, dtype: DType) -> tuple[tuple[str, object], ...]:
+    """A cast's attributes: its dtype, and ``saturate`` where the call asks for it (and
+    ``dtype`` can saturate)."""
+    if not call.const("saturate", bool):
+        return (("dtype", dtype),)
+    why = saturation_error(dtype)
+    if why is not None:
+        raise call.error(why.replace("@saturate", "saturate=True"), at="saturate")
+    return (("dtype", dtype), ("saturate", True))
 
 
 @register("cast_like", P("x"), P("like"))

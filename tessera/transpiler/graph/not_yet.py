@@ -17,7 +17,6 @@ NOT_YET = {
     "@autodiff": "Tessera does not differentiate functions yet",
     "@verify.numerics": "numerics are not verified yet",
     "@stochastic_round": "results round to nearest even",
-    "@saturate": "past the dtype's range, fp8_e4m3 gives NaN and fp8_e5m2 infinity",
     "@loss_scale": "nothing is scaled",
     "@accum(bf16)": "products and sums accumulate in f32",
     "@rolling_window": "the cache keeps every position up to its S_max",

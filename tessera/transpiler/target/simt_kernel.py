@@ -36,7 +36,7 @@ from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, saturated
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -560,7 +560,8 @@ class _Emitter(TileOps, TmaCopies):
             return f"tsr_dropout({x}, {seed}, {place}, {p})"
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":
-            return d.round(op.result.type.dtype.name, x)
+            dtype = op.result.type.dtype
+            return d.round(dtype.name, saturated(x, dtype, "tsr_") if op.attr("saturate") else x)
         if op.kind == "neg":
             return f"-{x}"
         return f"{d.unary[op.kind]}({x})"
