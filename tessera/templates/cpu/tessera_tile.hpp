@@ -143,8 +143,8 @@ inline std::uint32_t small_bits(float r, int e, int m) {
   const float a = std::fabs(r);
   const int bias = (1 << (e - 1)) - 1;
   std::uint32_t out;
-  if (std::isnan(r)) {
-    out = (1u << (e + m)) - 1u;
+  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
+    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
   } else if (std::isinf(r)) {
     out = ((1u << e) - 1u) << m;
   } else if (a < std::ldexp(1.0f, 1 - bias)) {

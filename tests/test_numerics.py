@@ -1,0 +1,167 @@
+"""The semantics of ``docs/numerics.md``, checked bit for bit on every target (the CPU,
+OpenCL on PoCL, CUDA and HIP on the simulated GPU) against a NumPy and ml_dtypes
+emulation: the targets agree with the emulation, so they agree with one another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera
+from tessera.transpiler.frontend.diagnostics import CompileError
+
+from .everywhere import EVERY_TARGET, load_everywhere
+
+FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+SATURATING = """\
+@kernel
+def e4m3(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3 @saturate]:
+    return cast(x, fp8_e4m3)
+
+@kernel
+def e5m2(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2 @saturate]:
+    return x.to(fp8_e5m2)
+
+@kernel
+def int8(x: Tensor["R", "C", f32]) -> Tensor["R", "C", i8 @saturate]:
+    return cast(x, i8)
+
+@kernel
+def product(a: Tensor["R", "C", fp8_e4m3],
+            b: Tensor["R", "C", fp8_e4m3]) -> Tensor["R", "C", fp8_e4m3 @saturate]:
+    return a * b
+
+@kernel
+def gemm(x: Tensor["R", "K", f32],
+         w: Tensor["K", "C", f32]) -> Tensor["R", "C", fp8_e5m2 @accum(f32) @saturate]:
+    return x @ w
+
+@kernel
+def explicit(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return cast(cast(x, fp8_e4m3, saturate=True), f32) + cast(cast(x, i8, saturate=True), f32)
+
+@kernel
+def unsaturated(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
+    return cast(x, fp8_e4m3)
+
+@kernel
+def tile_cast(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2]:
+    T = tile.context()
+    return tile.cast(tile.load(x, rows=T.m), fp8_e5m2, saturate=True)
+"""
+
+#: Columns per row of the test matrices: not a multiple of any tile.
+COLUMNS = 13
+
+
+def _narrowing_values() -> np.ndarray:
+    """Floats that test every narrowing: each fp8 value of both formats, the midpoints
+    between neighbours and the floats on either side of them, values just past each
+    format's largest and far past it, the infinities, NaN (whose sign no target keeps
+    alike: ``docs/numerics.md``), and i8's edges."""
+    parts = []
+    for np_type in FP8.values():
+        finite = np.arange(256, dtype=np.uint8).view(np_type).astype(np.float64)
+        finite = np.unique(finite[np.isfinite(finite)])
+        mid = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)
+        largest = finite.max()
+        parts += [finite, mid, np.nextafter(mid, np.float32(-np.inf)),
+                  np.nextafter(mid, np.float32(np.inf)),
+                  largest * np.array([1.03, 1.07, 1.5, 4.0])]  # fmt: skip
+    parts.append(np.array([127.4, 127.6, 128.0, 128.9, 300.0, 1e30, np.inf]))
+    values = np.concatenate(parts)
+    return np.concatenate([values, -values, [np.nan]]).astype(np.float32)
+
+
+def _matrix(values: np.ndarray) -> np.ndarray:
+    """``values`` as rows of ``COLUMNS``, the last row padded with ones."""
+    padded = np.ones(-(-len(values) // COLUMNS) * COLUMNS, values.dtype)
+    padded[: len(values)] = values
+    return padded.reshape(-1, COLUMNS)
+
+
+def saturated(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The emulation: a saturating conversion of f32 ``x`` to ``dtype``."""
+    if dtype == "i8":
+        clamped = np.clip(np.nan_to_num(x, nan=0.0), -128, 127)
+        return clamped.astype(np.int32).astype(np.int8)
+    largest = float(ml_dtypes.finfo(FP8[dtype]).max)
+    return np.clip(x, -largest, largest).astype(FP8[dtype])
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint8 if x.dtype.itemsize == 1 else np.uint32)
+
+
+def _run(function: Callable[..., Any], dtype: Any, *args: np.ndarray) -> np.ndarray:
+    """``function``'s result, written over two different poisons that must not show."""
+    results = []
+    for poison in (0x7F, 0x01):
+        out = np.full(args[0].shape[:-1] + (args[-1].shape[-1],), poison, np.uint8)
+        out = (
+            out.view(dtype) if np.dtype(dtype).itemsize == 1 else np.full(out.shape, np.nan, dtype)
+        )
+        function(*args, out=out)
+        results.append(out)
+    np.testing.assert_array_equal(_bits(results[0]), _bits(results[1]))
+    return results[0]
+
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_saturating_conversions_are_bit_identical_everywhere(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each way of asking for saturation (a result's ``@saturate``, after a cast, after
+    math in fp8, after a product accumulated in f32; ``cast(..., saturate=True)``;
+    ``tile.cast``) gives the emulation's bits; without it, e4m3 overflows to NaN."""
+    lib = load_everywhere(SATURATING, target, arch, monkeypatch)
+    x = _matrix(_narrowing_values())
+    for name, dtype in (("e4m3", "fp8_e4m3"), ("e5m2", "fp8_e5m2"), ("int8", "i8")):
+        want = saturated(x, dtype)
+        np.testing.assert_array_equal(_bits(_run(getattr(lib, name), want.dtype, x)), _bits(want))
+    want = saturated(x, "fp8_e5m2")
+    np.testing.assert_array_equal(_bits(_run(lib.tile_cast, want.dtype, x)), _bits(want))
+    want = x.astype(FP8["fp8_e4m3"])
+    np.testing.assert_array_equal(_bits(_run(lib.unsaturated, want.dtype, x)), _bits(want))
+    want = saturated(x, "fp8_e4m3").astype(np.float32) + saturated(x, "i8").astype(np.float32)
+    np.testing.assert_array_equal(_run(lib.explicit, np.float32, x), want)
+
+    e4m3 = FP8["fp8_e4m3"]
+    a = saturated(np.nan_to_num(x), "fp8_e4m3")  # a NaN's sign after math is not specified
+    b = np.roll(a, 1, axis=0)
+    want = saturated(a.astype(np.float32) * b.astype(np.float32), "fp8_e4m3")
+    np.testing.assert_array_equal(_bits(_run(lib.product, e4m3, a, b)), _bits(want))
+
+    finite = np.nan_to_num(x[:40], posinf=1e30, neginf=-1e30)
+    eye = np.eye(COLUMNS, dtype=np.float32)
+    want = saturated(finite, "fp8_e5m2")
+    np.testing.assert_array_equal(_bits(_run(lib.gemm, want.dtype, finite, eye)), _bits(want))
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @saturate]:\n    return cast(x, bf16)\n",
+         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not bf16"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', i32 @saturate]:\n    return cast(x, i32)\n",
+         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not i32"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', f16]:\n"
+         "    return cast(x, f16, saturate=True)\n",
+         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2 and i8, not f16"),
+        ("def f(x: Tensor['N', f32], s: bool) -> Tensor['N', i8]:\n"
+         "    return cast(x, i8, saturate=s)\n",
+         "2:33: error: cast: 'saturate' must be a bool known at compile time"),
+    ],
+)  # fmt: skip
+def test_saturation_of_a_dtype_without_it_is_an_error_at_its_line(
+    source: str, message: str
+) -> None:
+    with pytest.raises(CompileError) as info:
+        tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
+    line, rest = message.split(":", 1)
+    assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)
