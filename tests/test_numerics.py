@@ -18,7 +18,16 @@ from .everywhere import EVERY_TARGET, load_everywhere
 
 FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 
-SATURATING = """\
+SOURCE = """\
+@kernel
+def chain_bf16(a: Tensor["R", "C", bf16], b: Tensor["R", "C", bf16]) -> Tensor["R", "C", bf16]:
+    return a * b + a
+
+@kernel
+def chain_e5m2(a: Tensor["R", "C", fp8_e5m2],
+               b: Tensor["R", "C", fp8_e5m2]) -> Tensor["R", "C", fp8_e5m2]:
+    return (a - b) * b
+
 @kernel
 def e4m3(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3 @saturate]:
     return cast(x, fp8_e4m3)
@@ -95,12 +104,15 @@ def saturated(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
-    return x.view(np.uint8 if x.dtype.itemsize == 1 else np.uint32)
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
-def _run(function: Callable[..., Any], dtype: Any, *args: np.ndarray) -> np.ndarray:
-    """``function``'s result, written over two different poisons that must not show."""
-    shape = (*args[0].shape[:-1], args[-1].shape[-1])
+def _run(
+    function: Callable[..., Any], dtype: Any, *args: np.ndarray, shape: tuple[int, ...] = ()
+) -> np.ndarray:
+    """``function``'s result (of ``shape``, else the first argument's rows by the last
+    one's columns), written over two different poisons that must not show."""
+    shape = shape or (*args[0].shape[:-1], args[-1].shape[-1])
     results = []
     for poison in (0x7F, 0x01):  # NaN in e4m3 and e5m2, and the smallest subnormal
         if np.dtype(dtype).itemsize == 1:
@@ -120,7 +132,7 @@ def test_saturating_conversions_are_bit_identical_everywhere(
     """Each way of asking for saturation (a result's ``@saturate``, after a cast, after
     math in fp8, after a product accumulated in f32; ``cast(..., saturate=True)``;
     ``tile.cast``) gives the emulation's bits; without it, e4m3 overflows to NaN."""
-    lib = load_everywhere(SATURATING, target, arch, monkeypatch)
+    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
     x = _matrix(_narrowing_values())
     for name, dtype in (("e4m3", "fp8_e4m3"), ("e5m2", "fp8_e5m2"), ("int8", "i8")):
         want = saturated(x, dtype)
@@ -166,3 +178,22 @@ def test_saturation_of_a_dtype_without_it_is_an_error_at_its_line(
         tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
     line, rest = message.split(":", 1)
     assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)
+
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_each_ops_result_is_rounded_to_its_dtype_everywhere(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elementwise math on bf16 and fp8 values rounds each op's result to the dtype, on
+    the GPU targets as on the CPU, so the results agree bit for bit (a chain computed in
+    f32 and rounded once would differ in about one element in ten)."""
+    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
+    rng = np.random.default_rng(39)
+    for name, np_type in (("chain_bf16", ml_dtypes.bfloat16), ("chain_e5m2", FP8["fp8_e5m2"])):
+        a, b = (rng.standard_normal((67, COLUMNS)).astype(np_type) for _ in range(2))
+        fa, fb = a.astype(np.float32), b.astype(np.float32)
+        if name == "chain_bf16":
+            want = ((fa * fb).astype(np_type).astype(np.float32) + fa).astype(np_type)
+        else:
+            want = ((fa - fb).astype(np_type).astype(np.float32) * fb).astype(np_type)
+        np.testing.assert_array_equal(_bits(_run(getattr(lib, name), np_type, a, b)), _bits(want))

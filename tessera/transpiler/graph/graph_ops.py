@@ -39,7 +39,7 @@ LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
 #: tile passes share it.
 ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "where",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "cast", "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
@@ -406,6 +406,7 @@ UNARY_DOCS = {
     "gelu": "GELU, the tanh approximation used by GPT-2 and BERT",
     "silu": "``x * sigmoid(x)`` (swish)",
     "abs": "absolute value",
+    "round": "rounding to the nearest integer, ties to even (as Python's ``round``)",
 }
 
 
@@ -427,6 +428,7 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x * _sigmoid(x),
     "abs": abs,
+    "round": lambda x: float(round(x)),
 }
 
 

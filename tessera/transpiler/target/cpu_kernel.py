@@ -40,7 +40,8 @@ _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
     "tanh": "tsr::tanh", "sigmoid": "tsr::sigmoid", "gelu": "tsr::gelu", "silu": "tsr::silu",
-    "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
+    "relu": "tsr::relu", "abs": "std::fabs", "round": "std::nearbyint", "sin": "std::sin",
+    "cos": "std::cos", "neg": "-",
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: The comparisons, as C++ operators: a bool, which a tile of floats holds as 1.0 or 0.0.

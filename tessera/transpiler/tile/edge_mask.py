@@ -34,7 +34,20 @@ __all__ = ["mask_edges", "ZERO_PRESERVING"]
 
 #: Elementwise ops with f(0) == 0: zero padding stays zero.
 ZERO_PRESERVING = frozenset(
-    {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal", "dropout"}
+    {
+        "neg",
+        "relu",
+        "sqrt",
+        "tanh",
+        "gelu",
+        "silu",
+        "cast",
+        "abs",
+        "round",
+        "sin",
+        "mask_causal",
+        "dropout",
+    }
 )
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).

@@ -437,6 +437,6 @@ _UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "gelu": _gelu,
     "silu": lambda x: x / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
-    "neg": lambda x: -x, "abs": np.abs, "sin": np.sin, "cos": np.cos,
+    "neg": lambda x: -x, "abs": np.abs, "round": np.rint, "sin": np.sin, "cos": np.cos,
     "logical_not": np.logical_not,
 }  # fmt: skip
