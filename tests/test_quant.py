@@ -12,6 +12,7 @@ import pytest
 import tessera
 from tessera.transpiler.frontend.diagnostics import CompileError
 
+from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
 from .test_numerics import FP8, _bits, _run
 
@@ -47,10 +48,6 @@ def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
 def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
     return dequantize(q, s, dtype=bf16)
 
-@kernel
-def linear(x: Tensor["M", "K", bf16], q: Tensor["K", "N", i8],
-           s: Tensor["K/{GROUP}", "N", f32]) -> Tensor["M", "N", f32]:
-    return x @ dequantize(q, s, group={GROUP}, dtype=bf16)
 """
 
 
@@ -104,11 +101,40 @@ def test_quantize_and_dequantize_are_bit_identical_everywhere(
         _bits(_run(lib.back_per_column, want.dtype, e4m3, column)), _bits(want)
     )
 
-    x = rng.standard_normal((37, K)).astype(ml_dtypes.bfloat16)
-    weight = (q.astype(np.float64) * _per_group(group)).astype(ml_dtypes.bfloat16)
-    want = x.astype(np.float64) @ weight.astype(np.float64)
-    have = _run(lib.linear, np.float32, x, q, group)
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_quantized_linear_layers_match_dequantize_then_multiply(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``examples/quant_linear.tsr``: weights quantized per column by the example's own
+    function, multiplied in the main loop (``w8a16``) and, per group, through
+    ``dequantize`` (``linear_per_group``), against float64 NumPy at ragged sizes."""
+    source = (ROOT / "examples" / "quant_linear.tsr").read_text(encoding="utf-8")
+    lib = load_everywhere(source, target, arch, monkeypatch)
+    rng = np.random.default_rng(8)
+    m, k, n = 37, 160, 77  # K: several K blocks on every target, and a ragged last one
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    q = _run(lib.quantize_weights, np.int8, w, scale, shape=w.shape)
+    np.testing.assert_array_equal(q, quantized(w, scale, "i8"))
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    want = x.astype(np.float64) @ (q.astype(np.float64) * scale)
+    have = _run(lib.w8a16, np.float32, x, q, scale)
     np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+    group = (rng.random((k // 32, n)) * 0.02 + 0.005).astype(np.float32)
+    weight = (q.astype(np.float32) * np.repeat(group, 32, axis=0)).astype(ml_dtypes.bfloat16)
+    want = x.astype(np.float64) @ weight.astype(np.float64)
+    have = _run(lib.linear_per_group, np.float32, x, q, group)
+    np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call() -> None:
+    source = (ROOT / "examples" / "quant_linear.tsr").read_text(encoding="utf-8")
+    lib = tessera.compile(source, filename="quant_linear.tsr", target="cpu").load()
+    x = np.ones((4, 64), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match="N"):
+        lib.w8a16(x, np.ones((64, 8), np.int8), np.ones(9, np.float32))
 
 
 @pytest.mark.parametrize(
