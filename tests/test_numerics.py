@@ -64,6 +64,42 @@ def tile_cast(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2]:
     return tile.cast(tile.load(x, rows=T.m), fp8_e5m2, saturate=True)
 """
 
+#: Rows per group of ``tests/test_quant.py``'s per-group scales.
+GROUP = 4
+
+QUANTIZING = f"""\
+@kernel
+def per_tensor(w: Tensor["K", "N", f32], s: Tensor[1, f32]) -> Tensor["K", "N", i8]:
+    return quantize(w, s, i8)
+
+@kernel
+def per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", fp8_e4m3]:
+    return quantize(w, s, fp8_e4m3)
+
+@kernel
+def per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
+              z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i8]:
+    return quantize(w, s, i8, zero_point=z, group={GROUP})
+
+@kernel
+def per_group_e5m2(w: Tensor["K", "N", f32],
+                   s: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", fp8_e5m2]:
+    return quantize(w, s, fp8_e5m2, group={GROUP})
+
+@kernel
+def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
+                   z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
+    return dequantize(q, s, zero_point=z, group={GROUP})
+
+@kernel
+def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, dtype=bf16)
+
+"""
+
+#: Both programs, built once per target for the tests of both files.
+PROGRAM = SOURCE + "\n" + QUANTIZING
+
 #: Columns per row of the test matrices: not a multiple of any tile.
 COLUMNS = 13
 
@@ -132,7 +168,7 @@ def test_saturating_conversions_are_bit_identical_everywhere(
     """Each way of asking for saturation (a result's ``@saturate``, after a cast, after
     math in fp8, after a product accumulated in f32; ``cast(..., saturate=True)``;
     ``tile.cast``) gives the emulation's bits; without it, e4m3 overflows to NaN."""
-    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
+    lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
     x = _matrix(_narrowing_values())
     for name, dtype in (("e4m3", "fp8_e4m3"), ("e5m2", "fp8_e5m2"), ("int8", "i8")):
         want = saturated(x, dtype)
@@ -187,7 +223,7 @@ def test_each_ops_result_is_rounded_to_its_dtype_everywhere(
     """Elementwise math on bf16 and fp8 values rounds each op's result to the dtype, on
     the GPU targets as on the CPU, so the results agree bit for bit (a chain computed in
     f32 and rounded once would differ in about one element in ten)."""
-    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
+    lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
     rng = np.random.default_rng(39)
     for name, np_type in (("chain_bf16", ml_dtypes.bfloat16), ("chain_e5m2", FP8["fp8_e5m2"])):
         a, b = (rng.standard_normal((67, COLUMNS)).astype(np_type) for _ in range(2))

@@ -14,41 +14,10 @@ from tessera.transpiler.frontend.diagnostics import CompileError
 
 from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_numerics import FP8, _bits, _run
+from .test_numerics import FP8, GROUP, PROGRAM, _bits, _run
 
-#: Rows per group: K is a multiple of it, N is not a multiple of any tile.
-GROUP = 4
+#: K is a multiple of the group size, N is not a multiple of any tile.
 K, N = 24, 13
-
-SOURCE = f"""\
-@kernel
-def per_tensor(w: Tensor["K", "N", f32], s: Tensor[1, f32]) -> Tensor["K", "N", i8]:
-    return quantize(w, s, i8)
-
-@kernel
-def per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", fp8_e4m3]:
-    return quantize(w, s, fp8_e4m3)
-
-@kernel
-def per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
-              z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i8]:
-    return quantize(w, s, i8, zero_point=z, group={GROUP})
-
-@kernel
-def per_group_e5m2(w: Tensor["K", "N", f32],
-                   s: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", fp8_e5m2]:
-    return quantize(w, s, fp8_e5m2, group={GROUP})
-
-@kernel
-def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
-                   z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
-    return dequantize(q, s, zero_point=z, group={GROUP})
-
-@kernel
-def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
-    return dequantize(q, s, dtype=bf16)
-
-"""
 
 
 def _per_group(a: np.ndarray) -> np.ndarray:
@@ -71,7 +40,7 @@ def quantized(w: np.ndarray, scale: np.ndarray, dtype: str, zero: np.ndarray | N
 def test_quantize_and_dequantize_are_bit_identical_everywhere(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lib = load_everywhere(SOURCE, target, arch, monkeypatch)
+    lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
     rng = np.random.default_rng(39)
     w = (rng.standard_normal((K, N)) * 4).astype(np.float32)
     w[0, :4] = [1e6, -1e6, 2.5, -3.5]  # saturates; ties go to even
@@ -129,9 +98,11 @@ def test_quantized_linear_layers_match_dequantize_then_multiply(
     np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call() -> None:
+def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     source = (ROOT / "examples" / "quant_linear.tsr").read_text(encoding="utf-8")
-    lib = tessera.compile(source, filename="quant_linear.tsr", target="cpu").load()
+    lib = load_everywhere(source, "cpu", None, monkeypatch)  # the build the test above made
     x = np.ones((4, 64), ml_dtypes.bfloat16)
     with pytest.raises(ValueError, match="N"):
         lib.w8a16(x, np.ones((64, 8), np.int8), np.ones(9, np.float32))
@@ -170,8 +141,10 @@ def test_mistakes_are_errors_at_their_line(body: str, message: str) -> None:
     assert str(info.value).startswith(f"q.tsr:{message}"), str(info.value)
 
 
-def test_a_group_that_does_not_divide_k_at_run_time_is_a_clear_error() -> None:
-    lib = tessera.compile(SOURCE, filename="q.tsr", target="cpu").load()
+def test_a_group_that_does_not_divide_k_at_run_time_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lib = load_everywhere(PROGRAM, "cpu", None, monkeypatch)
     w = np.ones((K + 2, N), np.float32)
     group = np.ones(((K + 2) // GROUP, N), np.float32)
     with pytest.raises(ValueError, match="K/4 is not a whole number"):
