@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -48,6 +49,38 @@ def _median_seconds(functions: dict[str, Callable[[], object]]) -> dict[str, flo
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _case(
+    m: int, lib: Any, graph: Any, q: np.ndarray, scale: np.ndarray,
+    weight_bf16: torch.Tensor, weight_f32: torch.Tensor, rng: np.random.Generator,
+) -> dict[str, object]:  # fmt: skip
+    """One size's timings, ratios and bandwidths."""
+    x = rng.standard_normal((m, SIZE)).astype(ml_dtypes.bfloat16)
+    x_bf16 = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    x_f32 = torch.from_numpy(x.astype(np.float32))
+    out = np.empty((m, SIZE), np.float32)
+    source, target = np.empty(q.nbytes, np.uint8), np.empty(q.nbytes, np.uint8)
+    seconds = _median_seconds({
+        "tessera_w8a16": lambda: lib.w8a16(x, q, scale, out=out),
+        "tessera_dequantize_then_matmul": lambda: graph.linear(x, q, scale, out=out),
+        "torch_bf16_dequantized": lambda: torch.matmul(x_bf16, weight_bf16),
+        "torch_f32_dequantized": lambda: torch.matmul(x_f32, weight_f32),
+        "copy_int8_weight_bytes": lambda: np.copyto(target, source),
+    })  # fmt: skip
+    case = {
+        "m": m, "n": SIZE, "k": SIZE,
+        "ms": {k: round(v * 1e3, 3) for k, v in seconds.items()},
+        "int8_weight_gb_per_s": {k: round(q.nbytes / v / 1e9, 2) for k, v in seconds.items()},
+        "ratio_w8a16_over_torch_bf16": round(
+            seconds["torch_bf16_dequantized"] / seconds["tessera_w8a16"], 3),
+        "ratio_w8a16_over_torch_f32": round(
+            seconds["torch_f32_dequantized"] / seconds["tessera_w8a16"], 3),
+        "fraction_of_copy_bandwidth": round(
+            seconds["copy_int8_weight_bytes"] / seconds["tessera_w8a16"], 3),
+    }  # fmt: skip
+    print(json.dumps(case))
+    return case
+
+
 def main() -> None:
     lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
     graph = tessera.compile(
@@ -64,33 +97,7 @@ def main() -> None:
     lib.quantize_weights(w, scale, out=q)
     weight_bf16 = torch.from_numpy(q.astype(np.float32) * scale).to(torch.bfloat16)
     weight_f32 = torch.from_numpy(q.astype(np.float32) * scale)
-    source, target = np.empty(q.nbytes, np.uint8), np.empty(q.nbytes, np.uint8)
-    cases = []
-    for m in (1, 16):
-        x = rng.standard_normal((m, SIZE)).astype(ml_dtypes.bfloat16)
-        x_bf16 = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
-        x_f32 = torch.from_numpy(x.astype(np.float32))
-        out = np.empty((m, SIZE), np.float32)
-        seconds = _median_seconds({
-            "tessera_w8a16": lambda: lib.w8a16(x, q, scale, out=out),
-            "tessera_dequantize_then_matmul": lambda: graph.linear(x, q, scale, out=out),
-            "torch_bf16_dequantized": lambda: torch.matmul(x_bf16, weight_bf16),
-            "torch_f32_dequantized": lambda: torch.matmul(x_f32, weight_f32),
-            "copy_int8_weight_bytes": lambda: np.copyto(target, source),
-        })  # fmt: skip
-        gbps = {k: q.nbytes / v / 1e9 for k, v in seconds.items()}
-        cases.append({
-            "m": m, "n": SIZE, "k": SIZE,
-            "ms": {k: round(v * 1e3, 3) for k, v in seconds.items()},
-            "int8_weight_gb_per_s": {k: round(v, 2) for k, v in gbps.items()},
-            "ratio_w8a16_over_torch_bf16": round(
-                seconds["torch_bf16_dequantized"] / seconds["tessera_w8a16"], 3),
-            "ratio_w8a16_over_torch_f32": round(
-                seconds["torch_f32_dequantized"] / seconds["tessera_w8a16"], 3),
-            "fraction_of_copy_bandwidth": round(
-                seconds["copy_int8_weight_bytes"] / seconds["tessera_w8a16"], 3),
-        })  # fmt: skip
-        print(json.dumps(cases[-1]))
+    cases = [_case(m, lib, graph, q, scale, weight_bf16, weight_f32, rng) for m in (1, 16)]
     result = {
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "numpy": np.__version__},
