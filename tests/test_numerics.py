@@ -233,3 +233,26 @@ def test_each_ops_result_is_rounded_to_its_dtype_everywhere(
         else:
             want = ((fa - fb).astype(np_type).astype(np.float32) * fb).astype(np_type)
         np.testing.assert_array_equal(_bits(_run(getattr(lib, name), np_type, a, b)), _bits(want))
+
+
+def test_a_saturated_result_marks_the_conversion_that_produces_it() -> None:
+    """In a tile kernel too: the ``tile.cast`` returned, or the one semantic analysis adds
+    after f32 math; a parameter returned as it is has no conversion to mark."""
+    program = tessera.compile(
+        "@kernel\n"
+        "def t(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', fp8_e5m2 @saturate]:\n"
+        "    T = tile.context()\n"
+        "    return tile.cast(tile.load(x, rows=T.m), fp8_e5m2)\n\n"
+        "@kernel\n"
+        "def u(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', fp8_e5m2 @saturate]:\n"
+        "    T = tile.context()\n"
+        "    return tile.load(x, rows=T.m) * 2.0\n\n"
+        "@kernel\n"
+        "def v(x: Tensor['R', 'C', i8 @saturate]) -> Tensor['R', 'C', i8 @saturate]:\n"
+        "    return x\n",
+        filename="t.tsr",
+        target="cpu",
+    )
+    casts = [line.split("//")[-1].strip() for line in program.inspect_ir("tile").splitlines()
+             if " cast " in line and "saturate = true" in line]  # fmt: skip
+    assert casts == ["4:12", "9:12"]
