@@ -1,92 +1,258 @@
-"""``@verify.numerics``: interval analysis over the Graph IR, with findings at the
-user's line, and the library's stable kernels passing."""
+"""The semantics of ``docs/numerics.md``, checked bit for bit on every target (the CPU,
+OpenCL on PoCL, CUDA and HIP on the simulated GPU) against a NumPy and ml_dtypes
+emulation: the targets agree with the emulation, so they agree with one another."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
 import pytest
 
 import tessera
+from tessera.transpiler.frontend.diagnostics import CompileError
 
-from .conftest import ROOT
+from .everywhere import EVERY_TARGET, load_everywhere
 
-BOUNDED = "@verify.numerics(stable=True, bounded=[-100, 100])\n"
-PER_PARAM = '@verify.numerics(stable=True, bounded={"x": [-100, 100], "q": [-100, 100], ' \
-    '"k": [-100, 100], "v": [-100, 100]})\n'  # fmt: skip
+FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 
+SOURCE = """\
+@kernel
+def chain_bf16(a: Tensor["R", "C", bf16], b: Tensor["R", "C", bf16]) -> Tensor["R", "C", bf16]:
+    return a * b + a
 
-def _findings(source: str) -> list[tuple[int, str]]:
-    program = tessera.compile(source, filename="n.tsr", until="graph")
-    return [(d.span.line, d.message) for d in program.diagnostics]
+@kernel
+def chain_e5m2(a: Tensor["R", "C", fp8_e5m2],
+               b: Tensor["R", "C", fp8_e5m2]) -> Tensor["R", "C", fp8_e5m2]:
+    return (a - b) * b
 
+@kernel
+def e4m3(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3 @saturate]:
+    return cast(x, fp8_e4m3)
 
-def _function(body: str, decorator: str = BOUNDED) -> str:
-    return (decorator + '@kernel\ndef f(x: Tensor["R", "C", f32], w: Tensor["C", f32], '
-            'b: Tensor["C", f32]) -> Tensor["R", "C", f32]:\n' + body)  # fmt: skip
+@kernel
+def e5m2(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2 @saturate]:
+    return x.to(fp8_e5m2)
 
+@kernel
+def int8(x: Tensor["R", "C", f32]) -> Tensor["R", "C", i8 @saturate]:
+    return cast(x, i8)
 
-def test_exp_of_a_wide_range_may_overflow_at_its_line() -> None:
-    found = _findings(_function("    y = x * 2.0\n    return tanh(exp(y))\n"))
-    assert len(found) == 1 and found[0][0] == 5
-    assert "exp may overflow f32: its argument can reach 200 (range [-200, 200]" in found[0][1]
-    assert "inputs in [-100, 100]" in found[0][1]
-    assert _findings(_function("    return tanh(exp(x * 0.5))\n", "")) == []  # not asked for
+@kernel
+def product(a: Tensor["R", "C", fp8_e4m3],
+            b: Tensor["R", "C", fp8_e4m3]) -> Tensor["R", "C", fp8_e4m3 @saturate]:
+    return a * b
 
+@kernel
+def gemm(x: Tensor["R", "K", f32],
+         w: Tensor["K", "C", f32]) -> Tensor["R", "C", fp8_e5m2 @accum(f32) @saturate]:
+    return x @ w
 
-def test_subtracting_the_maximum_proves_exp_and_its_sum_safe() -> None:
-    body = ("    e = exp(x - max(x, axis=-1)[:, None])\n"
-            "    return e / sum(e, axis=-1)[:, None]\n")  # fmt: skip
-    assert _findings(_function(body)) == []
-    assert _findings(_function("    return softmax_safe(x) + softmax(x)\n")) == []
+@kernel
+def explicit(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return cast(cast(x, fp8_e4m3, saturate=True), f32) + cast(cast(x, i8, saturate=True), f32)
 
+@kernel
+def unsaturated(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
+    return cast(x, fp8_e4m3)
 
-def test_a_division_by_a_range_containing_zero() -> None:
-    found = _findings(_function("    return tanh(x / (x - 1.0))\n"))
-    assert [line for line, _ in found] == [4]
-    assert "div divides by a range that contains zero: [-101, 99]" in found[0][1]
-    assert _findings(_function("    return tanh(x / (x * x + 1.0))\n")) == []
-
-
-def test_cancellation_when_stable() -> None:
-    body = ("    v = mean(x * x, axis=-1) - mean(x, axis=-1) * mean(x, axis=-1)\n"
-            "    return tanh(x - mean(x, axis=-1)[:, None] + v[:, None])\n")  # fmt: skip
-    found = _findings(_function(body))
-    assert [line for line, _ in found] == [4]
-    assert "catastrophic cancellation" in found[0][1] and "[0, 1e+04]" in found[0][1]
-    relaxed = BOUNDED.replace("stable=True, ", "")
-    assert _findings(_function(body, relaxed)) == []
-
-
-def test_the_result_must_stay_in_the_declared_range() -> None:
-    found = _findings(_function("    return x * 2.0\n"))
-    assert found == [(1, "@verify.numerics: the result of 'f' may reach [-200, 200], "
-                      "outside the declared [-100, 100]")]  # fmt: skip
-    assert _findings(_function("    return tanh(x) * 100.0\n")) == []
-
-
-def test_the_library_graph_ops_pass() -> None:
-    source = PER_PARAM + """@kernel
-def g(x: Tensor["R", "C", f32], w: Tensor["C", f32], b: Tensor["C", f32],
-      q: Tensor["B", "H", "S", "D", bf16], k: Tensor["B", "H", "S", "D", bf16],
-      v: Tensor["B", "H", "S", "D", bf16]) -> Tensor["R", "C", f32]:
-    a = ops.flash_attention(q, k, v, causal=True)
-    return softmax(x, axis=-1) + layernorm(x, w, b) + log_softmax(x)
+@kernel
+def tile_cast(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2]:
+    T = tile.context()
+    return tile.cast(tile.load(x, rows=T.m), fp8_e5m2, saturate=True)
 """
-    assert _findings(source) == []
+
+#: Rows per group of ``tests/test_quant.py``'s per-group scales.
+GROUP = 4
+
+QUANTIZING = f"""\
+@kernel
+def per_tensor(w: Tensor["K", "N", f32], s: Tensor[1, f32]) -> Tensor["K", "N", i8]:
+    return quantize(w, s, i8)
+
+@kernel
+def per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", fp8_e4m3]:
+    return quantize(w, s, fp8_e4m3)
+
+@kernel
+def per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
+              z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i8]:
+    return quantize(w, s, i8, zero_point=z, group={GROUP})
+
+@kernel
+def per_group_e5m2(w: Tensor["K", "N", f32],
+                   s: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", fp8_e5m2]:
+    return quantize(w, s, fp8_e5m2, group={GROUP})
+
+@kernel
+def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
+                   z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
+    return dequantize(q, s, zero_point=z, group={GROUP})
+
+@kernel
+def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, dtype=bf16)
+
+"""
+
+#: Both programs, built once per target for the tests of both files.
+PROGRAM = SOURCE + "\n" + QUANTIZING
+
+#: Columns per row of the test matrices: not a multiple of any tile.
+COLUMNS = 13
 
 
-@pytest.mark.parametrize("name", ["softmax", "layernorm", "flash_attention", "log_softmax",
-                                  "logsumexp", "rmsnorm"])  # fmt: skip
-def test_the_library_kernels_pass(name: str) -> None:
-    text = (ROOT / "tessera/stdlib" / f"{name}.tsr").read_text()
-    assert _findings(text.replace("@kernel\n", PER_PARAM + "@kernel\n", 1)) == []
+def _narrowing_values() -> np.ndarray:
+    """Floats that test every narrowing: each fp8 value of both formats, the midpoints
+    between neighbours and the floats on either side of them, values just past each
+    format's largest and far past it, the infinities, NaN (whose sign no target keeps
+    alike: ``docs/numerics.md``), and i8's edges."""
+    parts = []
+    for np_type in FP8.values():
+        finite = np.arange(256, dtype=np.uint8).view(np_type).astype(np.float64)
+        finite = np.unique(finite[np.isfinite(finite)])
+        mid = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)
+        largest = finite.max()
+        parts += [finite, mid, np.nextafter(mid, np.float32(-np.inf)),
+                  np.nextafter(mid, np.float32(np.inf)),
+                  largest * np.array([1.03, 1.07, 1.5, 4.0])]  # fmt: skip
+    parts.append(np.array([127.4, 127.6, 128.0, 128.9, 300.0, 1e30, np.inf]))
+    values = np.concatenate(parts)
+    return np.concatenate([values, -values, [np.nan]]).astype(np.float32)
 
 
-def test_a_softmax_without_its_maximum_overflows() -> None:
-    """The library softmax with the maximum's subtraction taken out: the seeded defect."""
-    text = (ROOT / "tessera/stdlib/softmax.tsr").read_text()
-    unsafe = text.replace("rows - tile.max(rows, axis=1)[:, None]", "rows")
-    assert unsafe != text
-    found = _findings(unsafe.replace("@kernel\n", PER_PARAM + "@kernel\n", 1))
-    assert [m.split(":")[1].strip() for _, m in found] == ["exp may overflow f32"]
-    line = next(i for i, t in enumerate(unsafe.splitlines(), 1) if "tile.exp" in t)
-    assert found[0][0] == line + PER_PARAM.count("\n")
+def _matrix(values: np.ndarray) -> np.ndarray:
+    """``values`` as rows of ``COLUMNS``, the last row padded with ones."""
+    padded = np.ones(-(-len(values) // COLUMNS) * COLUMNS, values.dtype)
+    padded[: len(values)] = values
+    return padded.reshape(-1, COLUMNS)
+
+
+def saturated(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The emulation: a saturating conversion of f32 ``x`` to ``dtype``."""
+    if dtype == "i8":
+        clamped = np.clip(np.nan_to_num(x, nan=0.0), -128, 127)
+        return clamped.astype(np.int32).astype(np.int8)
+    largest = float(ml_dtypes.finfo(FP8[dtype]).max)
+    return np.clip(x, -largest, largest).astype(FP8[dtype])
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def _run(
+    function: Callable[..., Any], dtype: Any, *args: np.ndarray, shape: tuple[int, ...] = ()
+) -> np.ndarray:
+    """``function``'s result (of ``shape``, else the first argument's rows by the last
+    one's columns), written over two different poisons that must not show."""
+    shape = shape or (*args[0].shape[:-1], args[-1].shape[-1])
+    results = []
+    for poison in (0x7F, 0x01):  # NaN in e4m3 and e5m2, and the smallest subnormal
+        if np.dtype(dtype).itemsize == 1:
+            out = np.full(shape, poison, np.uint8).view(dtype)
+        else:
+            out = np.full(shape, np.nan if poison == 0x7F else -7.0, dtype)
+        function(*args, out=out)
+        results.append(out)
+    np.testing.assert_array_equal(_bits(results[0]), _bits(results[1]))
+    return results[0]
+
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_saturating_conversions_are_bit_identical_everywhere(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each way of asking for saturation (a result's ``@saturate``, after a cast, after
+    math in fp8, after a product accumulated in f32; ``cast(..., saturate=True)``;
+    ``tile.cast``) gives the emulation's bits; without it, e4m3 overflows to NaN."""
+    lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
+    x = _matrix(_narrowing_values())
+    for name, dtype in (("e4m3", "fp8_e4m3"), ("e5m2", "fp8_e5m2"), ("int8", "i8")):
+        want = saturated(x, dtype)
+        np.testing.assert_array_equal(_bits(_run(getattr(lib, name), want.dtype, x)), _bits(want))
+    want = saturated(x, "fp8_e5m2")
+    np.testing.assert_array_equal(_bits(_run(lib.tile_cast, want.dtype, x)), _bits(want))
+    want = x.astype(FP8["fp8_e4m3"])
+    np.testing.assert_array_equal(_bits(_run(lib.unsaturated, want.dtype, x)), _bits(want))
+    want = saturated(x, "fp8_e4m3").astype(np.float32) + saturated(x, "i8").astype(np.float32)
+    np.testing.assert_array_equal(_run(lib.explicit, np.float32, x), want)
+
+    e4m3 = FP8["fp8_e4m3"]
+    a = saturated(np.nan_to_num(x), "fp8_e4m3")  # a NaN's sign after math is not specified
+    b = np.roll(a, 1, axis=0)
+    want = saturated(a.astype(np.float32) * b.astype(np.float32), "fp8_e4m3")
+    np.testing.assert_array_equal(_bits(_run(lib.product, e4m3, a, b)), _bits(want))
+
+    finite = np.nan_to_num(x[:40], posinf=1e30, neginf=-1e30)
+    eye = np.eye(COLUMNS, dtype=np.float32)
+    want = saturated(finite, "fp8_e5m2")
+    np.testing.assert_array_equal(_bits(_run(lib.gemm, want.dtype, finite, eye)), _bits(want))
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @saturate]:\n    return cast(x, bf16)\n",
+         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not bf16"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', i32 @saturate]:\n    return cast(x, i32)\n",
+         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not i32"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', f16]:\n"
+         "    return cast(x, f16, saturate=True)\n",
+         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2 and i8, not f16"),
+        ("def f(x: Tensor['N', f32], s: bool) -> Tensor['N', i8]:\n"
+         "    return cast(x, i8, saturate=s)\n",
+         "2:33: error: cast: 'saturate' must be a bool known at compile time"),
+    ],
+)  # fmt: skip
+def test_saturation_of_a_dtype_without_it_is_an_error_at_its_line(
+    source: str, message: str
+) -> None:
+    with pytest.raises(CompileError) as info:
+        tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
+    line, rest = message.split(":", 1)
+    assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)
+
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_each_ops_result_is_rounded_to_its_dtype_everywhere(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elementwise math on bf16 and fp8 values rounds each op's result to the dtype, on
+    the GPU targets as on the CPU, so the results agree bit for bit (a chain computed in
+    f32 and rounded once differs in about a third of the elements)."""
+    lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
+    rng = np.random.default_rng(39)
+    for name, np_type in (("chain_bf16", ml_dtypes.bfloat16), ("chain_e5m2", FP8["fp8_e5m2"])):
+        a, b = (rng.standard_normal((67, COLUMNS)).astype(np_type) for _ in range(2))
+        fa, fb = a.astype(np.float32), b.astype(np.float32)
+        if name == "chain_bf16":
+            want = ((fa * fb).astype(np_type).astype(np.float32) + fa).astype(np_type)
+        else:
+            want = ((fa - fb).astype(np_type).astype(np.float32) * fb).astype(np_type)
+        np.testing.assert_array_equal(_bits(_run(getattr(lib, name), np_type, a, b)), _bits(want))
+
+
+def test_a_saturated_result_marks_the_conversion_that_produces_it() -> None:
+    """In a tile kernel too: the ``tile.cast`` returned, or the one semantic analysis adds
+    after f32 math; a parameter returned as it is has no conversion to mark."""
+    program = tessera.compile(
+        "@kernel\n"
+        "def t(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', fp8_e5m2 @saturate]:\n"
+        "    T = tile.context()\n"
+        "    return tile.cast(tile.load(x, rows=T.m), fp8_e5m2)\n\n"
+        "@kernel\n"
+        "def u(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', fp8_e5m2 @saturate]:\n"
+        "    T = tile.context()\n"
+        "    return tile.load(x, rows=T.m) * 2.0\n\n"
+        "@kernel\n"
+        "def v(x: Tensor['R', 'C', i8 @saturate]) -> Tensor['R', 'C', i8 @saturate]:\n"
+        "    return x\n",
+        filename="t.tsr",
+        target="cpu",
+    )
+    casts = [line.split("//")[-1].strip() for line in program.inspect_ir("tile").splitlines()
+             if " cast " in line and "saturate = true" in line]  # fmt: skip
+    assert casts == ["4:12", "9:12"]

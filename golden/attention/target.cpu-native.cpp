@@ -150,8 +150,8 @@ inline std::uint32_t small_bits(float r, int e, int m) {
   const float a = std::fabs(r);
   const int bias = (1 << (e - 1)) - 1;
   std::uint32_t out;
-  if (std::isnan(r)) {
-    out = (1u << (e + m)) - 1u;
+  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
+    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
   } else if (std::isinf(r)) {
     out = ((1u << e) - 1u) << m;
   } else if (a < std::ldexp(1.0f, 1 - bias)) {
@@ -181,6 +181,15 @@ inline void store_as(e4m3* dst, float x) {
 }
 inline void store_as(e5m2* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
+}
+
+// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
+// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
+// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
+inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+// An integer has no NaN: a saturating conversion of NaN to one gives 0.
+inline float saturate_int(float x, float lo, float hi) {
+  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
 }
 
 // ---------------------------------------------------------------- math

@@ -48,14 +48,14 @@ __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 __device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
   const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return __int_as_float(0x7fffffff);
+  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);  // NaN, its sign kept
   if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
   return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
 __device__ inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
   const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return mantissa ? __int_as_float(0x7fffffff) : __uint_as_float(sign | 0x7f800000u);
+  if (exponent == 31) return __uint_as_float(sign | (mantissa ? 0x7fc00000u : 0x7f800000u));
   if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
   return __uint_as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
 }
@@ -89,6 +89,13 @@ __device__ inline unsigned char tsr_float_to_fp8_e5m2(float value) {
 
 __device__ inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
 __device__ inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
+
+// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
+// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
+// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
+__device__ inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+// An integer has no NaN: a saturating conversion of NaN to one gives 0.
+__device__ inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
 
 // ---------------------------------------------------------------- math
 

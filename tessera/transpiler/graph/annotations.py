@@ -12,7 +12,7 @@ from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype
+from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype, saturation_error
 from .not_yet import NOT_YET, not_yet
 from .opcall import SemanticError
 from .types import KVCacheType, ScalarType, TensorType, TupleType, ValueType
@@ -212,10 +212,9 @@ def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
             loss_scale = _loss_scale(policy, dtype)
         elif policy.name == "saturate":
             _flag(policy)
-            if dtype.is_float and dtype.bits > 8:
-                raise SemanticError(
-                    f"@saturate applies to fp8 and integer dtypes, not {dtype}", policy.span
-                )
+            why = saturation_error(dtype)
+            if why is not None:
+                raise SemanticError(why, policy.span)
             saturate = True
         else:
             raise SemanticError(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DType", "DTYPES", "ALIASES", "BOOL", "lookup_dtype", "Policies", "promote", "accumulator",
+    "SATURATION", "saturation_error",
 ]  # fmt: skip
 
 
@@ -121,3 +122,21 @@ def accumulator(dtype: DType, policies: Policies) -> DType:
     if policies.accum is not None:
         return policies.accum
     return F32 if dtype.is_float else I32
+
+
+#: The range a saturating conversion clamps to, by dtype: the largest finite value of each
+#: fp8 format (``docs/numerics.md``), and an integer's whole range.
+SATURATION: dict[str, tuple[float, float]] = {
+    "fp8_e4m3": (-448.0, 448.0),
+    "fp8_e5m2": (-57344.0, 57344.0),
+    "i8": (-128.0, 127.0),
+}
+
+
+def saturation_error(dtype: DType) -> str | None:
+    """Why values of ``dtype`` cannot saturate, or None where they can: the wider floats
+    hold every value their computations give but infinities, which are meant; i32 has no
+    float that is its largest value."""
+    if dtype.name in SATURATION:
+        return None
+    return f"@saturate applies to fp8_e4m3, fp8_e5m2 and i8, not {dtype}"

@@ -73,7 +73,7 @@ _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 #: On a tile, a method is the tile operation of that name (``s.max(axis=1)``), where
 #: there is one.
 _METHODS = (
-    "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
+    "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round",
     "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe", "log_softmax",
     "logsumexp_safe",
 )  # fmt: skip

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import BOOL, F32, DType, accumulator, promote
+from .dtypes import BOOL, F32, DType, accumulator, promote, saturation_error
 from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
@@ -39,7 +39,7 @@ LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
 #: tile passes share it.
 ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "cast", "where",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "cast", "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
@@ -406,6 +406,7 @@ UNARY_DOCS = {
     "gelu": "GELU, the tanh approximation used by GPT-2 and BERT",
     "silu": "``x * sigmoid(x)`` (swish)",
     "abs": "absolute value",
+    "round": "rounding to the nearest integer, ties to even (as Python's ``round``)",
 }
 
 
@@ -427,6 +428,7 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x * _sigmoid(x),
     "abs": abs,
+    "round": lambda x: float(round(x)),
 }
 
 
@@ -1132,13 +1134,26 @@ def _all_reduce(call: OpCall) -> object:
 # ------------------------------------------------------------- shape and type
 
 
-@register("cast", P("x"), P("dtype"))
+@register("cast", P("x"), P("dtype"), P("saturate", False, keyword_only=True))
 def _cast(call: OpCall) -> object:
     """Convert to ``dtype``, rounding to nearest even; past an fp8 dtype's range,
-    fp8_e4m3 gives NaN and fp8_e5m2 infinity (``@saturate`` does not clamp yet)."""
+    fp8_e4m3 gives NaN and fp8_e5m2 infinity, unless ``saturate=True`` (or the result's
+    type says ``@saturate``): then a value past the range gives the largest finite one
+    (``docs/numerics.md``)."""
     x = call.tensor("x")
     dtype = call.dtype("dtype")
-    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
+    return call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=cast_attrs(call, dtype))
+
+
+def cast_attrs(call: OpCall, dtype: DType) -> tuple[tuple[str, object], ...]:
+    """A cast's attributes: its dtype, and ``saturate`` where the call asks for it (and
+    ``dtype`` can saturate)."""
+    if not call.const("saturate", bool):
+        return (("dtype", dtype),)
+    why = saturation_error(dtype)
+    if why is not None:
+        raise call.error(why.replace("@saturate", "saturate=True"), at="saturate")
+    return (("dtype", dtype), ("saturate", True))
 
 
 @register("cast_like", P("x"), P("like"))

@@ -16,7 +16,6 @@ __all__ = ["NOT_YET", "not_yet"]
 NOT_YET = {
     "@autodiff": "Tessera does not differentiate functions yet",
     "@stochastic_round": "results round to nearest even",
-    "@saturate": "past the dtype's range, fp8_e4m3 gives NaN and fp8_e5m2 infinity",
     "@loss_scale": "nothing is scaled",
     "@accum(bf16)": "products and sums accumulate in f32",
     "@rolling_window": "the cache keeps every position up to its S_max",

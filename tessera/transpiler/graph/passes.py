@@ -9,6 +9,7 @@ from .canonicalize import canonicalize
 from .fusion import fuse
 from .ir import GraphModule
 from .rows import recognize_rows
+from .saturate import saturate_results
 from .simplify import simplify
 from .verify import VerifyError, verify
 
@@ -18,6 +19,7 @@ GraphPass = Callable[[GraphModule], GraphModule]
 
 #: (name, pass) in the order they run.
 GRAPH_PASSES: list[tuple[str, GraphPass]] = [
+    ("saturate", saturate_results),
     ("rows", recognize_rows),
     ("canonicalize", canonicalize),
     ("simplify", simplify),

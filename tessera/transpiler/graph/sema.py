@@ -19,6 +19,7 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
+from . import quant  # noqa: F401  (registers quantize and dequantize)
 from .annotations import resolve_result, resolve_type, unimplemented_policies
 from .dims import Dim
 from .dtypes import accumulator

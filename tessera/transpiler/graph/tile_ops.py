@@ -13,7 +13,7 @@ from collections.abc import Callable
 from .dims import Dim
 from .dtypes import F32, I32, accumulator
 from .dtypes import Policies as _Policies
-from .graph_ops import UNARY_DOCS, broadcast, register
+from .graph_ops import UNARY_DOCS, broadcast, cast_attrs, register
 from .ir import Value
 from .not_yet import not_yet
 from .opcall import OpCall, P
@@ -197,12 +197,13 @@ def _full(call: OpCall) -> object:
     return call.emit("tile.full", (), TileType(dims, dtype), attrs=(("value", value),))
 
 
-@register("tile.cast", P("x"), P("dtype"), level="tile")
+@register("tile.cast", P("x"), P("dtype"), P("saturate", False, keyword_only=True), level="tile")
 def _cast(call: OpCall) -> object:
-    """Convert a tile to ``dtype``, rounding to nearest even."""
+    """Convert a tile to ``dtype``, rounding to nearest even; ``saturate=True`` clamps
+    values past the dtype's range to its largest finite value, as ``cast`` does."""
     x = call.tensor("x")
     dtype = call.dtype("dtype")
-    return call.emit("tile.cast", (x,), x.type.with_(dtype=dtype), attrs=(("dtype", dtype),))
+    return call.emit("tile.cast", (x,), x.type.with_(dtype=dtype), attrs=cast_attrs(call, dtype))
 
 
 #: The graph's elementwise math, and relu, which tiles of integers may take too.

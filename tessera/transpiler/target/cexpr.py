@@ -6,8 +6,9 @@ import math
 from fractions import Fraction
 
 from ..graph.dims import Dim
+from ..graph.dtypes import SATURATION, DType
 
-__all__ = ["c_dim", "c_factor", "c_float", "MAX_INLINED_OPS"]
+__all__ = ["c_dim", "c_factor", "c_float", "saturated", "MAX_INLINED_OPS"]
 
 #: The most elementwise ops that one expression of generated code holds: a longer chain
 #: is computed into an array every so many ops, so that each expression, and the time
@@ -57,3 +58,12 @@ def c_float(value: float) -> str:
     if "e" not in text and "." not in text:
         text += ".0"
     return text + "f"
+
+
+def saturated(expr: str, dtype: DType, prefix: str) -> str:
+    """``expr`` clamped into ``dtype``'s range by the tile header's ``saturate`` (NaN to 0
+    for an integer, which has none), before it is rounded: C++ (``prefix`` ``tsr::``)
+    and the SIMT languages (``tsr_``) spell the header's functions alike."""
+    lo, hi = (c_float(bound) for bound in SATURATION[dtype.name])
+    function = "saturate" if dtype.is_float else "saturate_int"
+    return f"{prefix}{function}({expr}, {lo}, {hi})"

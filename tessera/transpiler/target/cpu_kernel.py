@@ -21,7 +21,7 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, saturated
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
@@ -40,7 +40,8 @@ _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
     "tanh": "tsr::tanh", "sigmoid": "tsr::sigmoid", "gelu": "tsr::gelu", "silu": "tsr::silu",
-    "relu": "tsr::relu", "abs": "std::fabs", "sin": "std::sin", "cos": "std::cos", "neg": "-",
+    "relu": "tsr::relu", "abs": "std::fabs", "round": "std::nearbyint", "sin": "std::sin",
+    "cos": "std::cos", "neg": "-",
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: The comparisons, as C++ operators: a bool, which a tile of floats holds as 1.0 or 0.0.
@@ -461,12 +462,14 @@ class _Emitter:
             self.scalar(op, expr)
             return
         if self._fusable(op):
-            self._inline(op, _rounded(expr, out_type.dtype))
+            self._inline(op, _rounded(expr, out_type.dtype, bool(op.attr("saturate"))))
             return
         candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
         name = self.result_in_place(op, candidates)
         self._loops(
-            out, f"{name}[{self._index(op.result, out)}] = {_rounded(expr, out_type.dtype)};"
+            out,
+            f"{name}[{self._index(op.result, out)}] = "
+            f"{_rounded(expr, out_type.dtype, bool(op.attr('saturate')))};",
         )
 
     # -- tiles --------------------------------------------------------------------------
@@ -1008,6 +1011,8 @@ def _is_elementwise(op: Op) -> bool:
     )
 
 
-def _rounded(expr: str, dtype: DType) -> str:
+def _rounded(expr: str, dtype: DType, saturate: bool = False) -> str:
+    if saturate:
+        expr = saturated(expr, dtype, "tsr::")
     rounding = ROUND.get(dtype.name)
     return f"{rounding}({expr})" if rounding else expr

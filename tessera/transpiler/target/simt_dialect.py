@@ -202,6 +202,7 @@ OPENCL = Dialect(
     unary={
         "exp": "exp", "pow": "pow", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
         "tanh": "tanh", "abs": "fabs", "sin": "sin", "cos": "cos", "relu": "tsr_relu",
+        "round": "rint",
         "maximum": "fmax", "minimum": "fmin",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
     },
@@ -247,6 +248,7 @@ HIP = Dialect(
     unary={
         "exp": "expf", "pow": "powf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
         "tanh": "tanhf", "abs": "fabsf", "sin": "sinf", "cos": "cosf", "relu": "tsr_relu",
+        "round": "rintf",
         "maximum": "fmaxf", "minimum": "fminf",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
     },

@@ -36,7 +36,7 @@ from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, saturated
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -63,7 +63,7 @@ __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-          "sin", "cos", "neg")  # fmt: skip
+          "round", "sin", "cos", "neg")  # fmt: skip
 #: Binary ops that are calls of the dialect's math functions, not operators.
 _CALLED = ("maximum", "minimum")
 #: The comparisons, as C operators: an int, which a float holds as 1.0 or 0.0.
@@ -534,6 +534,17 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         self.forms[result.id] = Form("lazy", tuple(result.type.dims), element=element, dist=dist)
 
     def expression(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
+        """An elementwise op's value at ``index``, rounded to its result's dtype, as every
+        op's result is (``docs/numerics.md``); a cast rounds, with saturation, itself."""
+        expr = self.math(op, index, out)
+        t = op.results[0].type
+        dtype = getattr(t, "dtype", None)
+        if op.kind == "cast" or dtype is None or dtype.name in ("f32", "bool"):
+            return expr
+        return self.d.round(dtype.name, expr)
+
+    def math(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
+        """An elementwise op's value at ``index``, computed in f32."""
         d = self.d
         if op.kind in _LOGICAL:
             parts = [f"({_bare(self.at(x, index, out))})" for x in op.operands]
@@ -561,7 +572,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
             return f"tsr_dropout({x}, {seed}, {place}, {p})"
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":
-            return d.round(op.result.type.dtype.name, x)
+            dtype = op.result.type.dtype
+            return d.round(dtype.name, saturated(x, dtype, "tsr_") if op.attr("saturate") else x)
         if op.kind == "neg":
             return f"-{x}"
         return f"{d.unary[op.kind]}({x})"

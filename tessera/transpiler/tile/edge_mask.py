@@ -33,9 +33,10 @@ from .masks import needs_mask
 __all__ = ["mask_edges", "ZERO_PRESERVING"]
 
 #: Elementwise ops with f(0) == 0: zero padding stays zero.
-ZERO_PRESERVING = frozenset(
-    {"neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "sin", "mask_causal", "dropout"}
-)
+ZERO_PRESERVING = frozenset({
+    "neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "round", "sin", "mask_causal",
+    "dropout",
+})  # fmt: skip
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).
 _DIRTYING = frozenset({*COMPARISONS.values(), *LOGICAL.values(), "where"})

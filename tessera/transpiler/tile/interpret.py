@@ -26,13 +26,15 @@ import ml_dtypes
 import numpy as np
 
 from ..graph.dims import Dim
-from ..graph.dtypes import DType
+from ..graph.dtypes import SATURATION, DType
 from ..graph.graph_ops import binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value
 from ..graph.types import ScalarType, TensorType, TileType
 from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
 
-__all__ = ["TileRuntimeError", "run_kernel", "run_function", "numpy_dtype", "round_to"]
+__all__ = [
+    "TileRuntimeError", "run_kernel", "run_function", "numpy_dtype", "round_to", "saturate",
+]  # fmt: skip
 
 _NUMPY = {
     "f32": np.float32, "tf32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -59,6 +61,14 @@ def round_to(x: Any, dtype: DType) -> Any:
         rounded = (bits + 0xFFF + ((bits >> 13) & 1)) & np.uint32(0xFFFFE000)
         return rounded.view(np.float32)
     return np.asarray(x).astype(numpy_dtype(dtype)).astype(np.float32)
+
+
+def saturate(x: Any, dtype: DType) -> Any:
+    """``x`` clamped into ``dtype``'s range (``docs/numerics.md``): NaN stays NaN for a
+    float and gives 0 for an integer."""
+    lo, hi = SATURATION[dtype.name]
+    clamped = np.clip(x, lo, hi)
+    return clamped if dtype.is_float else np.where(np.isnan(clamped), 0.0, clamped)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -324,6 +334,8 @@ class _Program:
         return np.concatenate(tiles, axis=op.attr("axis"))
 
     def op_cast(self, op: Op, x: np.ndarray) -> np.ndarray:
+        if op.attr("saturate"):
+            return saturate(x, op.result.type.dtype)
         return x  # the result is rounded to its dtype like every other
 
     def op_mask_causal(self, op: Op, s: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> Any:
@@ -454,6 +466,6 @@ _UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "gelu": _gelu,
     "silu": lambda x: x / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
-    "neg": lambda x: -x, "abs": np.abs, "sin": np.sin, "cos": np.cos,
+    "neg": lambda x: -x, "abs": np.abs, "round": np.rint, "sin": np.sin, "cos": np.cos,
     "logical_not": np.logical_not,
 }  # fmt: skip

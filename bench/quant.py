@@ -1,0 +1,111 @@
+"""Benchmark: W8A16 linear layers on the CPU, against PyTorch with the weight already
+dequantized, in one process.
+
+``examples/quant_linear.tsr``'s ``w8a16`` (the int8 weight widened in the product's main
+loop) and the graph-level ``x @ dequantize(q, scale, dtype=bf16)`` (which dequantizes the
+weight into a bf16 temporary first), for M = 1 and 16 rows of activations and N = K =
+4096, against ``torch.matmul`` of bf16 activations by the weight dequantized to bf16
+ahead of time, and the same in f32. Each case is timed interleaved with its peers,
+median of several runs after a warm-up; the int8 weight's bytes over the time give the
+bandwidth each reaches, beside this machine's copy bandwidth (numpy ``copyto`` of that
+many bytes). Results go to ``bench/results/quant.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+import tessera
+from tessera.files import write_file
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "quant.json"
+SIZE = 4096
+RUNS = 7
+
+
+def _median_seconds(functions: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Each function's median time over ``RUNS`` interleaved runs, after one warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for f in functions.values():
+        f()
+    for _ in range(RUNS):
+        for name, f in functions.items():
+            time.sleep(0.2)  # OpenBLAS's and torch's threads stop spinning
+            f()
+            start = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _case(
+    m: int, lib: Any, graph: Any, q: np.ndarray, scale: np.ndarray,
+    weight_bf16: torch.Tensor, weight_f32: torch.Tensor, rng: np.random.Generator,
+) -> dict[str, object]:  # fmt: skip
+    """One size's timings, ratios and bandwidths."""
+    x = rng.standard_normal((m, SIZE)).astype(ml_dtypes.bfloat16)
+    x_bf16 = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    x_f32 = torch.from_numpy(x.astype(np.float32))
+    out = np.empty((m, SIZE), np.float32)
+    source, target = np.empty(q.nbytes, np.uint8), np.empty(q.nbytes, np.uint8)
+    seconds = _median_seconds({
+        "tessera_w8a16": lambda: lib.w8a16(x, q, scale, out=out),
+        "tessera_dequantize_then_matmul": lambda: graph.linear(x, q, scale, out=out),
+        "torch_bf16_dequantized": lambda: torch.matmul(x_bf16, weight_bf16),
+        "torch_f32_dequantized": lambda: torch.matmul(x_f32, weight_f32),
+        "copy_int8_weight_bytes": lambda: np.copyto(target, source),
+    })  # fmt: skip
+    case = {
+        "m": m, "n": SIZE, "k": SIZE,
+        "ms": {k: round(v * 1e3, 3) for k, v in seconds.items()},
+        "int8_weight_gb_per_s": {k: round(q.nbytes / v / 1e9, 2) for k, v in seconds.items()},
+        "ratio_w8a16_over_torch_bf16": round(
+            seconds["torch_bf16_dequantized"] / seconds["tessera_w8a16"], 3),
+        "ratio_w8a16_over_torch_f32": round(
+            seconds["torch_f32_dequantized"] / seconds["tessera_w8a16"], 3),
+        "fraction_of_copy_bandwidth": round(
+            seconds["copy_int8_weight_bytes"] / seconds["tessera_w8a16"], 3),
+    }  # fmt: skip
+    print(json.dumps(case))
+    return case
+
+
+def main() -> None:
+    lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
+    graph = tessera.compile(
+        "@kernel\ndef linear(x: Tensor['M', 'K', bf16], w: Tensor['K', 'N', i8], "
+        "s: Tensor['N', f32]) -> Tensor['M', 'N', f32]:\n"
+        "    return x @ dequantize(w, s, dtype=bf16)\n",
+        filename="linear.tsr",
+        target="cpu",
+    ).load()
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
+    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    q = np.zeros((SIZE, SIZE), np.int8)
+    lib.quantize_weights(w, scale, out=q)
+    weight_bf16 = torch.from_numpy(q.astype(np.float32) * scale).to(torch.bfloat16)
+    weight_f32 = torch.from_numpy(q.astype(np.float32) * scale)
+    cases = [_case(m, lib, graph, q, scale, weight_bf16, weight_f32, rng) for m in (1, 16)]
+    result = {
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "numpy": np.__version__},
+        "runs": RUNS,
+        "cases": cases,
+    }  # fmt: skip
+    write_file(RESULTS, json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
