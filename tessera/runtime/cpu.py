@@ -25,6 +25,7 @@ import numpy as np
 from ..cachedir import cache_dir
 from .entry import Entry, Library
 from .foreign import TensorView
+from .mpi import check_sizes, world
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -75,6 +76,8 @@ class CpuFunction(Entry):
     def _run(
         self, arrays: Mapping[str, int], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
+        if "mesh" in self.meta:
+            check_sizes(self.name, self.meta["mesh"], sizes)
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
         self._entry(*call, *(sizes[d] for d in self._dims))
@@ -96,5 +99,8 @@ class CpuLibrary(Library):
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:
     """Build (or find in the cache) and load a CPU module from its source and metadata."""
+    for f in meta["functions"]:
+        if "mesh" in f:
+            world(f["name"], f["mesh"])  # MPI is up, with one process per device
     flags = list(flags if flags is not None else meta["build"]["flags"])
     return CpuLibrary(build(source, flags, meta["build"]["compiler"]), meta)

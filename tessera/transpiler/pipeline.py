@@ -23,6 +23,7 @@ from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, Span, read_source
+from .graph.distribute import distribute
 from .graph.ir import GraphModule, walk
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
@@ -32,7 +33,7 @@ from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
-from .tile.build import tile_module
+from .tile.build import RUNTIME, tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
 
@@ -111,6 +112,8 @@ def _graph_stage(
 ) -> GraphModule:
     graph = analyze(irs["ast"], options, diags)
     diags.check()
+    graph = distribute(graph, diags)
+    diags.check()
     return run_graph_passes(graph)
 
 
@@ -171,6 +174,8 @@ def _target_stage(
 def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuModule | SimtModule:
     for program in irs["tile"].programs:
         for launch, why, span in program.runtime:
+            if options.target == "cpu" and why == RUNTIME["collective"]:
+                continue  # the entry calls MPI (target/cpu_mpi.py)
             diags.error(
                 f"'{program.host.function}': launch {launch} is {why}, which the "
                 f"{options.target} backend cannot run yet",
@@ -180,7 +185,7 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
     if options.target == "cpu":
         from .target.cpu import emit_cpu
 
-        return emit_cpu(irs["tile"])
+        return emit_cpu(irs["tile"], graph=irs["graph"])
     from .target.simt_dialect import DIALECTS
     from .target.simt_kernel import NotLowered
     from .target.simt_module import emit_simt
