@@ -38,15 +38,27 @@ def world(name: str, mesh: Mapping[str, Any]) -> Any:
 
 
 def check_sizes(name: str, mesh: Mapping[str, Any], sizes: Mapping[str, int]) -> None:
-    """A ValueError on every process unless all give the same sizes (their shards')."""
-    every = world(name, mesh).allgather(sorted(sizes.items()))
-    first = next((r for r, theirs in enumerate(every) if theirs != every[0]), None)
-    if first is not None:
+    """A ValueError on every process unless all give the same sizes (their shards').
 
-        def shown(rank: int) -> str:
-            return ", ".join(f"{k}={v}" for k, v in every[rank])
+    One all-reduce of each size and its negation, for the largest and the smallest; only
+    where they differ (on every process alike) are the sizes gathered, for the message."""
+    import numpy as np
+    from mpi4py import MPI
 
-        raise ValueError(
-            f"{name}(): the processes' shards differ: rank 0 gives {shown(0)}, rank {first} "
-            f"{shown(first)}; each process passes its own block, all of one shape"
-        )
+    comm = world(name, mesh)
+    names = sorted(sizes)
+    values = np.array([sizes[k] for k in names], dtype=np.int64)
+    extremes = np.empty(2 * len(values), dtype=np.int64)
+    comm.Allreduce(np.concatenate([values, -values]), extremes, op=MPI.MAX)
+    if np.array_equal(extremes[: len(values)], -extremes[len(values) :]):
+        return
+    every = comm.allgather(values.tolist())
+    first = next(r for r, theirs in enumerate(every) if theirs != every[0])
+
+    def shown(rank: int) -> str:
+        return ", ".join(f"{k}={v}" for k, v in zip(names, every[rank], strict=True))
+
+    raise ValueError(
+        f"{name}(): the processes' shards differ: rank 0 gives {shown(0)}, rank {first} "
+        f"{shown(first)}; each process passes its own block, all of one shape"
+    )

@@ -96,6 +96,13 @@ class _Distributor:
         return value
 
     def _op(self, op: Op) -> None:
+        if op.regions and any(any(d) or p for d, p in self.layouts.values()):
+            # a loop body reads values of the function by name, which this pass does not
+            # follow: it could not tell a partial sum from a whole one there
+            raise SemanticError(
+                f"a '{op.kind}' region in a function with split tensors is not supported yet",
+                op.span,
+            )
         consumed = set()
         if op.kind in ("all_reduce", "reduce_scatter"):
             consumed = set(op.attr("axis").split(","))
