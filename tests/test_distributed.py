@@ -124,6 +124,7 @@ def _mpirun(n: int, *args: str, timeout: int = 240) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.execute
 @pytest.mark.parametrize("processes", [2, 4])
 def test_collectives_mlp_and_step_on_mpi_processes(processes: int) -> None:
     done = _mpirun(processes)
@@ -131,6 +132,67 @@ def test_collectives_mlp_and_step_on_mpi_processes(processes: int) -> None:
     assert f"ok: {processes} processes" in done.stdout
 
 
+@pytest.mark.execute
 def test_a_rank_that_dies_stops_every_rank() -> None:
     done = _mpirun(2, "die", timeout=120)
     assert done.returncode != 0
+
+
+COLLECTIVES = """
+@kernel
+def scaled(x: Tensor["N", 8, f32]) -> Tensor["N", 8, f32]:
+    with mesh(axes={"dp": 2, "tp": 2}):
+        y = all_reduce(x * 2.0, axis="tp")
+        z = all_gather(y, axis="dp")
+        w = reduce_scatter(z, axis="dp")
+        v = all_to_all(w, axis="tp")
+    return v
+"""
+
+
+def _nccl() -> Path | None:
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    return Path(next(iter(nvidia.nccl.__path__)))
+
+
+@pytest.mark.compile
+def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
+    """The CUDA file's NCCL host code builds with nvcc warning-free and links against
+    the nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
+    program = tessera.compile(COLLECTIVES, "scaled.tsr", target="cuda")
+    meta = program.ir("meta")["functions"][0]
+    assert [(c["kind"], c["after"]) for c in meta["collectives"]] == [
+        ("all_reduce", 1), ("all_gather", 1), ("reduce_scatter", 1), ("all_to_all", 1),
+    ]  # fmt: skip
+    with pytest.raises(RuntimeError, match="runs collectives"):
+        from tessera.runtime.cuda import load
+
+        load(program.source, program.ir("meta"))
+    nvcc, nccl = shutil.which("nvcc"), _nccl()
+    if nvcc is None or nccl is None:
+        pytest.skip("needs nvcc and the nvidia-nccl-cu13 wheel")
+    source = tmp_path / "scaled.cu"
+    source.write_text(program.source, encoding="utf-8")
+    library = tmp_path / "scaled.so"
+    done = subprocess.run(
+        [nvcc, "-arch=sm_80", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-Wall,-Wextra",
+         "-Werror", "all-warnings", f"-I{nccl / 'include'}", str(source),
+         f"-L{nccl / 'lib'}", "-l:libnccl.so.2", "-o", str(library)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    symbols = subprocess.run(["nm", "-D", str(library)], capture_output=True, text=True).stdout
+    assert all(f"T tessera_scaled_k{i}" in symbols for i in (1, 2, 3, 4))
+    assert "U ncclAllReduce" in symbols and "U ncclSend" in symbols
+
+
+def test_a_gather_along_another_dim_is_an_error_on_cuda() -> None:
+    source = COLLECTIVES.replace('all_gather(y, axis="dp")', 'all_gather(y, axis="dp", dim=1)')
+    source = source.replace('reduce_scatter(z, axis="dp")', "reduce_scatter(z, axis='dp', dim=1)")
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(source, "bad.tsr", target="cuda")
+    assert "on NCCL it runs along dim 0 only" in str(info.value)
+    tessera.compile(source, "good.tsr", target="cpu")  # MPI regroups: any dim

@@ -174,8 +174,11 @@ def _target_stage(
 def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuModule | SimtModule:
     for program in irs["tile"].programs:
         for launch, why, span in program.runtime:
-            if options.target == "cpu" and why == RUNTIME["collective"]:
-                continue  # the entry calls MPI (target/cpu_mpi.py)
+            if why == RUNTIME["collective"] and options.target in ("cpu", "cuda"):
+                limit = _collective_limit(irs, program, launch, options)
+                if limit is not None:
+                    diags.error(f"'{program.host.function}': {limit}", span)
+                continue
             diags.error(
                 f"'{program.host.function}': launch {launch} is {why}, which the "
                 f"{options.target} backend cannot run yet",
@@ -191,9 +194,25 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
     from .target.simt_module import emit_simt
 
     try:
-        return emit_simt(irs["tile"], DIALECTS[options.target])
+        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"])
     except NotLowered as exc:
         raise StageNotImplemented("target", str(exc)) from None
+
+
+def _collective_limit(
+    irs: Mapping[str, Any], program: Any, launch: str, options: Options
+) -> str | None:
+    """Why the target cannot run the collective of ``launch``, or None: the CPU entry
+    runs every one on MPI (target/cpu_mpi.py), the CUDA file's host code those that NCCL
+    can (target/cuda_nccl.py)."""
+    if options.target == "cpu":
+        return None
+    from .target.cuda_nccl import nccl_limit
+
+    function = next(f for f in irs["graph"].functions if f.name == program.host.function)
+    group = next(la.group for la in program.host.launches if la.name == launch)
+    op = function.body.ops[function.groups[group].ops[0]]
+    return nccl_limit(op)
 
 
 def _meta_stage(
