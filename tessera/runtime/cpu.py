@@ -25,7 +25,7 @@ import numpy as np
 from ..cachedir import cache_dir
 from .entry import Entry, Library
 from .foreign import TensorView
-from .mpi import check_sizes, world
+from .mpi import agree, world
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -69,6 +69,19 @@ class CpuFunction(Entry):
             *(ctypes.c_int64 for _ in self._dims),
         ]  # fmt: skip
 
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        """As ``Entry``'s; on a mesh, arguments refused on one process are refused on all
+        (``mpi.agree``), before any of them reaches a collective."""
+        if "mesh" not in self.meta:
+            return super().__call__(*args, out=out, **kwargs)
+        self._agreed = False
+        try:
+            return super().__call__(*args, out=out, **kwargs)
+        except (TypeError, ValueError) as exc:
+            if not self._agreed:
+                agree(self.name, self.meta["mesh"], self._dims, None, str(exc))
+            raise
+
     def _argument(self, value: np.ndarray, view: TensorView) -> int:
         """The array's address, which ``_run`` passes as the C pointer."""
         return view.address
@@ -77,7 +90,8 @@ class CpuFunction(Entry):
         self, arrays: Mapping[str, int], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
         if "mesh" in self.meta:
-            check_sizes(self.name, self.meta["mesh"], sizes)
+            self._agreed = True
+            agree(self.name, self.meta["mesh"], self._dims, sizes)
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
         self._entry(*call, *(sizes[d] for d in self._dims))

@@ -161,6 +161,13 @@ def main() -> None:
         assert "shards differ" in str(exc), exc
     else:
         COMM.Abort(1)
+    # an argument refused on one process only is refused on all, not left half-run
+    try:
+        lib.reduce_all(mine[RANK].astype(np.float64) if RANK == 0 else mine[RANK])
+    except ValueError as exc:
+        assert "process 0 refused its arguments" in str(exc), exc
+    else:
+        COMM.Abort(1)
     # a mesh of another size is refused before the build
     try:
         tessera.compile(THREE, "three.tsr", target="cpu").load()
