@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
+from .dims import Dim
 from .graph_ops import ELEMENTWISE_MATH
 from .ir import Function, GraphModule, Op, Value, new_value
 from .opcall import SemanticError
@@ -143,7 +144,7 @@ class _Distributor:
         if op.kind == "reshape" and op.result.type.dims == op.operands[0].type.dims:
             return [(ins[0][0], ())]  # a copy
         if op.kind in _ELEMENTWISE:
-            return [self._elementwise(op, [lay for _, lay in tensors])]
+            return [self._elementwise(op, tensors)]
         if op.kind in _ROWS and ins[0][0][-1] is None:
             return [(ins[0][0], ())]
         axis = next(a for _, (dims, _) in tensors for a in dims if a is not None)
@@ -195,17 +196,24 @@ class _Distributor:
         return out, (((reduced, _REDUCTIONS[op.kind]),) if reduced is not None else ())
 
     @staticmethod
-    def _elementwise(op: Op, layouts: list[Layout]) -> Layout:
+    def _elementwise(op: Op, tensors: list[tuple[Value, Layout]]) -> Layout:
+        """The operands' dims, aligned from the right as numpy broadcasts them: a dim split
+        in one operand is split alike in every other that has it (not broadcast from 1),
+        which per-device shapes alone cannot tell where the sizes happen to agree."""
         rank = op.result.type.rank
         dims: list[str | None] = [None] * rank
-        for operand_dims, _ in layouts:
+        for _, (operand_dims, _) in tensors:
             for i, axis in enumerate(operand_dims):
                 j = rank - len(operand_dims) + i
-                if axis is not None and dims[j] not in (None, axis):
+                dims[j] = dims[j] or axis
+        for value, (operand_dims, _) in tensors:
+            for i, axis in enumerate(operand_dims):
+                j = rank - len(operand_dims) + i
+                if axis != dims[j] and value.type.dims[i] != Dim.const(1):
+                    how = f"over '{axis}'" if axis else "whole"
                     raise SemanticError(
-                        f"{op.kind}: dim {j} is split over '{dims[j]}' in one operand and over "
-                        f"'{axis}' in another",
+                        f"{op.kind}: dim {j} is split over '{dims[j]}' in one operand and "
+                        f"{how} in another; split both alike, or all_gather the split one",
                         op.span,
                     )
-                dims[j] = dims[j] or axis
         return tuple(dims), ()
