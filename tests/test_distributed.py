@@ -87,6 +87,10 @@ IN_MESH = '    with mesh(axes={"dp": 2, "tp": 2}):\n        y = '
         (_function('x: Tensor["N", 8, f32] @shard(None, "tp"), b: Tensor[4, f32]',
                    IN_MESH + "x + b\n", 'Tensor["N", 8, f32] @shard(None, "tp")'),
          "4:13: add: dim 1 is split over 'tp' in one operand and whole in another"),
+        ("@kernel\ndef f(q: Tensor['S', 8, f32] @shard('tp', None), k: Tensor['S', 8, f32]"
+         ") -> Tensor['S', 8, f32] @shard('tp', None):\n" + IN_MESH
+         + "flash_attention(q, k, k, causal=True)\n    return y\n",
+         "4:13: flash_attention: causal queries split by rows over 'tp'"),
         (_function('x: Tensor["N", 8, bf16]', IN_MESH + "all_reduce(x)\n", 'Tensor["N", 8, bf16]'),
          "4:24: all_reduce: combines f32 or i32 values, not bf16"),
         (_function('x: Tensor["N", 8, f32]', '    with mesh(axes={"dp": 0}):\n        y = x\n'),

@@ -38,6 +38,17 @@ def step(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @
     return w - lr * g
 
 @kernel
+def attention(q: Tensor["B", "S", "D", f32] @shard(None, "tp", None),
+              k: Tensor["B", "S", "D", f32] @shard(None, "tp", None),
+              v: Tensor["B", "S", "D", f32] @shard(None, "tp", None)
+              ) -> Tensor["B", "S", "D", f32] @shard(None, "tp", None):
+    with mesh(axes=TP_MESH):
+        keys = all_gather(k, axis="tp", dim=1)
+        values = all_gather(v, axis="tp", dim=1)
+        o = flash_attention(q, keys, values, causal=False)
+    return o
+
+@kernel
 def reduce_all(x: Tensor["N", 3, f32]) -> Tensor["N", 3, f32]:
     with mesh(axes=TP_MESH):
         y = all_reduce(x, op="max")
@@ -140,6 +151,14 @@ def main() -> None:
     )
     want = gelu(x.astype(np.float64) @ w1) @ w2
     check("tensor-parallel MLP", out, block(want, 0, "dp", TP_MESH), 1e-5)
+
+    # sequence-parallel attention: queries split by rows, keys and values gathered
+    q, k, v = (rng.standard_normal((2, 6, 8)).astype(np.float32) for _ in range(3))
+    scores = q.astype(np.float64) @ k.transpose(0, 2, 1) / math.sqrt(8)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    shards = (block(a, 1, "tp", TP_MESH) for a in (q, k, v))
+    check("sequence-parallel attention", lib.attention(*shards), block(want, 1, "tp", TP_MESH))
 
     # the data-parallel step: the gradient's all-reduce inserted; deterministic sums
     O = 5

@@ -147,6 +147,8 @@ class _Distributor:
             return [self._elementwise(op, tensors)]
         if op.kind in _ROWS and ins[0][0][-1] is None:
             return [(ins[0][0], ())]
+        if op.kind == "flash_attention":
+            return [self._attention(op, [lay[0] for lay in ins[:3]])]
         axis = next(a for _, (dims, _) in tensors for a in dims if a is not None)
         raise SemanticError(
             f"{op.kind} on a tensor split over mesh axis '{axis}' is not supported: "
@@ -186,6 +188,28 @@ class _Distributor:
         dims = (None,) * (rank - len(dims)) + tuple(dims[-rank:] if rank else ())
         partial = ((inner_a, "sum"),) if inner_a is not None else ()
         return dims, partial
+
+    @staticmethod
+    def _attention(op: Op, layouts: list[tuple]) -> Layout:
+        """Attention whose queries are split by rows (sequence parallel) or whose batch and
+        heads are split alike in q, k and v: each device's rows need every key, so the
+        keys' and values' sequence and all feature dims must be whole. A causal mask
+        counts rows from the shard's first, so causal queries split by rows are refused."""
+        q, k, v = layouts
+        batch = q[:-2]
+        if k[:-2] != batch or v[:-2] != batch or any(k[-2:]) or any(v[-2:]) or q[-1]:
+            raise SemanticError(
+                "flash_attention: split q by rows, or q, k and v alike by batch and heads; "
+                "all_gather the keys and values over the axis that splits their sequence",
+                op.span,
+            )
+        if q[-2] is not None and op.attr("causal"):
+            raise SemanticError(
+                f"flash_attention: causal queries split by rows over '{q[-2]}' would mask "
+                "each shard as if its rows came first; split the batch or the heads instead",
+                op.span,
+            )
+        return q, ()
 
     @staticmethod
     def _reduction(op: Op, dims: tuple) -> Layout:
