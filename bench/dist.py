@@ -54,13 +54,15 @@ def mlp(x: Tensor["B", "D", f32], w1: Tensor["D", "F", f32],
 
 def timed(calls: list, comm, runs: int) -> list[float]:
     """The median seconds of each of ``calls`` over ``runs`` rounds after two, the calls
-    taking turns within a round (so that a busy moment of the machine falls on both),
-    every rank in step: each time is the slowest rank's."""
+    taking turns within a round, first one and then the other first (so that a busy
+    moment of the machine, or going first, falls on both), every rank in step: each
+    time is the slowest rank's."""
     from mpi4py import MPI
 
     times: list[list[float]] = [[] for _ in calls]
     for i in range(runs + 2):
-        for call, kept in zip(calls, times, strict=True):
+        turns = list(zip(calls, times, strict=True))
+        for call, kept in turns if i % 2 else reversed(turns):
             comm.Barrier()
             start = time.perf_counter()
             call()
