@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,9 @@ class BuildError(RuntimeError):
 
 def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:
     """The shared object for ``source``, compiled unless the cache has it."""
+    if shutil.which(compiler) is None:
+        hint = " (OpenMPI's compiler wrapper: apt-get install libopenmpi-dev)"
+        raise BuildError(f"{compiler} is not installed{hint if compiler == 'mpicxx' else ''}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([source, *flags, version]).encode()).hexdigest()[:24]
     target = cache_dir() / f"{key}.so"
