@@ -194,7 +194,7 @@ def test_effects_pin_operations_in_program_order() -> None:
         "@kernel\ndef f(x: Tensor['N', f32], c: KVCache['B', 'H', 'S', 'D', bf16],"
         " k: Tensor['B', 'H', 'S', 'D', bf16]) -> Tensor['N', f32]:\n"
         "    a = dropout(x, 0.1, seed=1)\n    c2 = c.append(k, k)\n"
-        "    s = all_reduce(x, op='max')\n"
+        "    with mesh(axes={'dp': 2}):\n        s = all_reduce(x, op='max')\n"
         "    b = dropout(x, 0.2, seed=2)\n    return x\n"
     )
     ops = module.functions[0].body.ops

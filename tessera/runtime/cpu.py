@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 from ..cachedir import cache_dir
 from .entry import Entry, Library
 from .foreign import TensorView
+from .mpi import agree, world
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -36,6 +38,9 @@ class BuildError(RuntimeError):
 
 def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:
     """The shared object for ``source``, compiled unless the cache has it."""
+    if shutil.which(compiler) is None:
+        hint = " (OpenMPI's compiler wrapper: apt-get install libopenmpi-dev)"
+        raise BuildError(f"{compiler} is not installed{hint if compiler == 'mpicxx' else ''}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([source, *flags, version]).encode()).hexdigest()[:24]
     target = cache_dir() / f"{key}.so"
@@ -68,6 +73,19 @@ class CpuFunction(Entry):
             *(ctypes.c_int64 for _ in self._dims),
         ]  # fmt: skip
 
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        """As ``Entry``'s; on a mesh, arguments refused on one process are refused on all
+        (``mpi.agree``), before any of them reaches a collective."""
+        if "mesh" not in self.meta:
+            return super().__call__(*args, out=out, **kwargs)
+        self._agreed = False
+        try:
+            return super().__call__(*args, out=out, **kwargs)
+        except (TypeError, ValueError) as exc:
+            if not self._agreed:
+                agree(self.name, self.meta["mesh"], self._dims, None, str(exc))
+            raise
+
     def _argument(self, value: np.ndarray, view: TensorView) -> int:
         """The array's address, which ``_run`` passes as the C pointer."""
         return view.address
@@ -75,6 +93,9 @@ class CpuFunction(Entry):
     def _run(
         self, arrays: Mapping[str, int], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:
+        if "mesh" in self.meta:
+            self._agreed = True
+            agree(self.name, self.meta["mesh"], self._dims, sizes)
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
         self._entry(*call, *(sizes[d] for d in self._dims))
@@ -96,5 +117,8 @@ class CpuLibrary(Library):
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:
     """Build (or find in the cache) and load a CPU module from its source and metadata."""
+    for f in meta["functions"]:
+        if "mesh" in f:
+            world(f["name"], f["mesh"])  # MPI is up, with one process per device
     flags = list(flags if flags is not None else meta["build"]["flags"])
     return CpuLibrary(build(source, flags, meta["build"]["compiler"]), meta)

@@ -218,7 +218,16 @@ def multiprocessors() -> int:
 
 
 def load(source: str, meta: Mapping[str, Any]) -> CudaLibrary:
-    """Compile a CUDA module from its source and metadata, for the current GPU."""
+    """Compile a CUDA module from its source and metadata, for the current GPU. A
+    function with collectives is refused: its NCCL host code needs nvcc, not NVRTC."""
+    for f in meta["functions"]:
+        if f.get("collectives"):
+            raise RuntimeError(
+                f"{f['name']}() runs collectives, which the CuPy runtime does not call yet: "
+                "build the file with nvcc against NCCL and call its tessera_"
+                f"{f['name']}_<launch> functions between the launches "
+                "(docs/distributed.md), or compile it for the cpu target and run it on MPI"
+            )
     return CudaLibrary(source, meta)
 
 

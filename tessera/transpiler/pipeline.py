@@ -23,6 +23,7 @@ from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, Span, read_source
+from .graph.distribute import distribute
 from .graph.ir import GraphModule, walk
 from .graph.numerics import verify_numerics
 from .graph.passes import run_graph_passes
@@ -33,7 +34,7 @@ from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
 from .schedule.tuned import TunedSchedules
-from .tile.build import tile_module
+from .tile.build import RUNTIME, tile_module
 from .tile.ir import TileModule
 from .tile.printer import print_tile
 
@@ -113,6 +114,8 @@ def _graph_stage(
     graph = analyze(irs["ast"], options, diags)
     diags.check()
     verify_numerics(irs["ast"], graph, diags)
+    graph = distribute(graph, diags)
+    diags.check()
     return run_graph_passes(graph)
 
 
@@ -173,6 +176,11 @@ def _target_stage(
 def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuModule | SimtModule:
     for program in irs["tile"].programs:
         for launch, why, span in program.runtime:
+            if why == RUNTIME["collective"] and options.target in ("cpu", "cuda"):
+                limit = _collective_limit(irs, program, launch, options)
+                if limit is not None:
+                    diags.error(f"'{program.host.function}': {limit}", span)
+                continue
             diags.error(
                 f"'{program.host.function}': launch {launch} is {why}, which the "
                 f"{options.target} backend cannot run yet",
@@ -182,15 +190,31 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
     if options.target == "cpu":
         from .target.cpu import emit_cpu
 
-        return emit_cpu(irs["tile"])
+        return emit_cpu(irs["tile"], graph=irs["graph"])
     from .target.simt_dialect import DIALECTS
     from .target.simt_kernel import NotLowered
     from .target.simt_module import emit_simt
 
     try:
-        return emit_simt(irs["tile"], DIALECTS[options.target])
+        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"])
     except NotLowered as exc:
         raise StageNotImplemented("target", str(exc)) from None
+
+
+def _collective_limit(
+    irs: Mapping[str, Any], program: Any, launch: str, options: Options
+) -> str | None:
+    """Why the target cannot run the collective of ``launch``, or None: the CPU entry
+    runs every one on MPI (target/cpu_mpi.py), the CUDA file's host code those that NCCL
+    can (target/cuda_nccl.py)."""
+    if options.target == "cpu":
+        return None
+    from .target.cuda_nccl import nccl_limit
+
+    function = next(f for f in irs["graph"].functions if f.name == program.host.function)
+    group = next(la.group for la in program.host.launches if la.name == launch)
+    op = function.body.ops[function.groups[group].ops[0]]
+    return nccl_limit(op)
 
 
 def _meta_stage(

@@ -60,8 +60,10 @@ def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
         _no_args(node)
         return ScalarType(node.name)
     if node.name in TENSOR_TYPES:
-        if node.policies:
-            policy = node.policies[0]
+        # @shard(...) places the tensor on a mesh (graph/mesh.py); it is no numerics policy
+        misplaced = [p for p in node.policies if p.name != "shard"]
+        if misplaced:
+            policy = misplaced[0]
             args = ", ".join(print_expr(a) for a in policy.args)
             text = f"@{policy.name}" + (f"({args})" if args else "")
             raise SemanticError(

@@ -64,6 +64,9 @@ _ANCHORS = {
     "flash_attention": "attention",
     "kvcache.append": "state",
     "all_reduce": "collective",
+    "all_gather": "collective",
+    "reduce_scatter": "collective",
+    "all_to_all": "collective",
     "transpose": "layout",
 }
 _REDUCTIONS = {

@@ -1117,20 +1117,6 @@ def _residual(call: OpCall) -> object:
     return call.emit("add", (x, y), TensorType(x.type.dims, dtype))
 
 
-@register("all_reduce", P("x"), P("op", "sum", keyword_only=True))
-def _all_reduce(call: OpCall) -> object:
-    """Combine ``x`` across the devices of the mesh with ``op`` (``"sum"``, ``"max"``,
-    ``"min"`` or ``"mean"``): same shape and dtype. A collective effect: every device must
-    reach it in the same order, so it is never reordered, merged or removed."""
-    x = call.tensor("x")
-    op = call.const("op", str)
-    if op not in ("sum", "max", "min", "mean"):
-        raise call.error(f"op must be sum, max, min or mean, not {op!r}", at="op")
-    return call.emit(
-        "all_reduce", (x,), elementwise_type(x), attrs=(("op", op),), effects=("collective",)
-    )
-
-
 # ------------------------------------------------------------- shape and type
 
 
@@ -1321,3 +1307,6 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
             raise call.error(f"dims are positive (or -1, for the rest), not {written}", at=name)
         dims.append(dim)
     return tuple(dims)
+
+
+from . import collectives as _collectives  # noqa: E402,F401  (registers the collectives)

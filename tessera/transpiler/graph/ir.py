@@ -147,6 +147,10 @@ class Function:
     #: The schedule from ``@kernel.schedule`` or ``@kernel.autotune(space=...)``.
     schedule: ScheduleSpec | None = None
     schedule_span: Span | None = field(default=None, compare=False, repr=False)
+    #: The mesh of a function with a ``with mesh(...)`` block (``graph.mesh.Mesh``), and
+    #: the shard spec of each parameter, then of the result (None: whole on each device).
+    mesh: Any = None
+    shards: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

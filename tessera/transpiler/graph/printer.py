@@ -42,6 +42,11 @@ def format_attr(value: Any) -> str:
     return str(value)  # ints, names, dims and dtypes print as themselves
 
 
+def _shard_text(spec: tuple[str | None, ...] | None) -> str:
+    """`` shard(dp, none)`` for a tensor split over a mesh; nothing for a whole one."""
+    return f" shard({', '.join(a or 'none' for a in spec)})" if spec else ""
+
+
 def value_names(function: Function) -> dict[int, str]:
     """The printed name of every value, in definition order: ``%acc``, ``%acc.1``, ``%0``.
 
@@ -153,12 +158,18 @@ class _FunctionPrinter(OpPrinter):
         out = [f"func @{f.name} ({f.kind}) {{"]
         for decorator in f.decorators:
             out.append(f"  @{decorator}")
+        if f.mesh is not None:
+            out.append(f"  mesh {{{f.mesh}}}  // one device's program: per-device shapes")
+        shards = iter(f.shards)
         for param in f.params:
             keyword = " keyword-only" if param.keyword_only else ""
             default = "" if param.default is None else f" = {param.default!r}"
-            out.append(f"  param {self.name(param.value)} : {param.value.type}{default}{keyword}")
+            shard = _shard_text(next(shards, None))
+            out.append(
+                f"  param {self.name(param.value)} : {param.value.type}{shard}{default}{keyword}"
+            )
         if f.result_type is not None:
-            out.append(f"  result : {f.result_type}")
+            out.append(f"  result : {f.result_type}{_shard_text(next(shards, None))}")
         for guard in f.guards:
             where = f"  at {guard.span.line}:{guard.span.column}" if guard.span is not None else ""
             out.append(f"  guard {guard}  // {guard.reason}{where}")

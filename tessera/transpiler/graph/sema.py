@@ -37,6 +37,7 @@ from .ir import (
     new_value,
     result_names,
 )
+from .mesh import Localizer, Mesh, ShardSpec, find_mesh, shard_policy, shard_spec
 from .not_yet import NOT_YET, not_yet
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import SPACE_KEYS, ScheduleSpec
@@ -250,6 +251,11 @@ class _FunctionAnalyzer:
         self.blocks: list[list[Op]] = [[]]
         self.guards: list[Guard] = []
         self.with_attrs: list[str] = []
+        #: the function's mesh, and the blocks of it that enclose the statement at hand
+        self.mesh: Mesh | None = None
+        self.mesh_depth = 0
+        self.localizer: Localizer | None = None
+        self.shards: list[ShardSpec | None] = []
         self.param_spans: dict[int, tuple[str, Span]] = {}
         #: the sizes the parameters' types name (``N`` of ``Tensor["N", f32]``), which the
         #: body may read by name, as it may ``x.shape[0]``
@@ -378,12 +384,14 @@ class _FunctionAnalyzer:
     def run(self) -> Function | None:
         node = self.node
         decorators = self._decorators()
+        self._find_mesh()
         params = self._params()
         result_type = None
         if node.returns is not None:
             try:
                 result_type = resolve_result(node.returns, self.defines)
                 self._warn_unimplemented(node.returns)
+                result_type = self._local_result(node.returns, result_type)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
@@ -413,8 +421,56 @@ class _FunctionAnalyzer:
             node.name, kind, params, result_type, body,
             tuple(self.guards), decorators, span=node.span,
             schedule=self.schedule, schedule_span=self.schedule_span,
+            mesh=self.mesh, shards=tuple(self.shards) if self.mesh else (),
         )  # fmt: skip
         return function
+
+    # -- the mesh ------------------------------------------------------------------
+
+    def _find_mesh(self) -> None:
+        """The mesh the function runs on, and how its parameters split sizes."""
+        try:
+            self.mesh = find_mesh(self.node.body, lambda e: self.evaluator.eval(e).value)
+        except SemanticError as exc:
+            self.diags.error(exc.message, exc.span, exc.notes)
+        if self.mesh is None:
+            return
+        sharded, taken = [], set(self.defines)
+        for p in self.node.params:
+            policy = shard_policy(p.annotation)
+            try:
+                t = resolve_type(p.annotation, self.defines) if p.annotation else None
+                if isinstance(t, TensorType):
+                    taken |= {s for d in t.dims for s in d.symbols()}
+                    if policy is not None:
+                        sharded.append((t, shard_spec(policy, t.rank, self.mesh)))
+            except SemanticError:
+                pass  # reported with the parameter
+        self.localizer = Localizer(self.mesh, sharded, taken)
+        self.dims.update(self.localizer.sizes)
+
+    def _local(self, node: ast.TypeExpr, t: Any, what: str, record: bool = True) -> Any:
+        """``t`` as one device of the mesh holds it (the type as declared without one)."""
+        policy = shard_policy(node)
+        if policy is not None and not isinstance(t, TensorType):
+            raise SemanticError(f"@shard splits a tensor, not {t}", policy.span)
+        spec = shard_spec(policy, t.rank, self.mesh) if policy is not None else None
+        if self.localizer is None:
+            return t
+        if record:
+            self.shards.append(spec)
+        return self.localizer.local(t, spec, what, node.span) if isinstance(t, TensorType) else t
+
+    def _local_result(self, node: ast.TypeExpr, t: Any, record: bool = True) -> Any:
+        if isinstance(t, TupleType):
+            items = [a for a in node.args or () if isinstance(a, ast.TypeExpr)]
+            return TupleType(tuple(self._local(a, i, "the result", record)
+                                   for a, i in zip(items, t.items, strict=True)))  # fmt: skip
+        return self._local(node, t, "the result", record)
+
+    def mesh_scope(self) -> Mesh | None:
+        """The mesh whose block encloses the op at hand, if one does."""
+        return self.mesh if self.mesh_depth else None
 
     def _warn_unimplemented(self, annotation: ast.TypeExpr) -> None:
         for message, span in unimplemented_policies(annotation):
@@ -543,6 +599,7 @@ class _FunctionAnalyzer:
             try:
                 t = resolve_type(p.annotation, self.defines)
                 self._warn_unimplemented(p.annotation)
+                t = self._local(p.annotation, t, f"'{p.name}'")
                 default = None if p.default is None else self._default(p, t)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
@@ -765,7 +822,8 @@ class _FunctionAnalyzer:
         if self.node.returns is None:
             return None
         try:
-            return resolve_result(self.node.returns, self.defines)
+            declared = resolve_result(self.node.returns, self.defines)
+            return self._local_result(self.node.returns, declared, record=False)
         except SemanticError:
             return None  # already reported
 
@@ -858,14 +916,24 @@ class _FunctionAnalyzer:
         for item in stmt.items:
             call = item.context
             name = print_expr(call.func) if isinstance(call, ast.Call) else None
-            if name not in ("device", "prefetch"):
+            if name not in ("device", "prefetch", "mesh"):
                 raise SemanticError(
-                    "a 'with' item is device(...) or prefetch(...)", item.context.span
+                    "a 'with' item is device(...), prefetch(...) or mesh(...)",
+                    item.context.span,
                 )
             if item.target is not None:
                 raise SemanticError(
                     f"{name}(...) gives no value to bind with 'as'", item.target.span
                 )
+            if name == "mesh":
+                if len(stmt.items) != 1:
+                    raise SemanticError("a 'with mesh(...)' block names nothing else", call.span)
+                self.mesh_depth += 1
+                try:
+                    self._block(stmt.body)
+                finally:
+                    self.mesh_depth -= 1
+                return
             args = [*call.args, *(k.value for k in call.keywords)]
             if name == "device":
                 if len(args) != 1 or not _is_device(args[0]):

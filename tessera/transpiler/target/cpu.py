@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
-from ..graph.ir import result_names
+from ..graph.ir import Function, GraphModule, result_names
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
 from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
+from .cpu_mpi import Collectives, mesh_meta
 from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
@@ -89,7 +90,13 @@ def _origin(kernel: TileKernel) -> str:
 
 
 class _FunctionView:
-    def __init__(self, program: TileProgram, views: dict[str, _KernelView], symbol: str) -> None:
+    def __init__(
+        self,
+        program: TileProgram,
+        views: dict[str, _KernelView],
+        symbol: str,
+        function: Function | None = None,
+    ) -> None:
         host = program.host
         self.name = host.function
         self.symbol = symbol
@@ -130,14 +137,31 @@ class _FunctionView:
                 f"{C_TYPES[b.type.dtype.name]}* const {c_name[name]} = "
                 f"reinterpret_cast<{C_TYPES[b.type.dtype.name]}*>(slot{b.slot});"
             )
-        for kernel in program.kernels:
-            view = views[kernel.name]
+        kernels = {k.launch: k for k in program.kernels}
+        collectives = (
+            Collectives(function, host.results, namer, c_name, sizes) if function else None
+        )
+        for launch in host.launches:
+            if launch.kind == "collective" and collectives is not None:
+                body.extend(collectives.call(launch))
+                continue
+            if launch.name not in kernels:
+                continue
+            view = views[kernels[launch.name].name]
             args = [c_name.get(a, a) for a in view.launch_args]
             body.append(f"{view.name}_launch({', '.join(args)});")
+        if collectives is not None and collectives.groups:
+            body[:0] = collectives.setup()
+        self.collective = collectives is not None and bool(collectives.groups)
         text = "\n".join(body)
         body += [f"static_cast<void>({d});" for d in sizes.values() if not _used(d, text)]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
+
+
+def _exchanges(program: TileProgram) -> bool:
+    """Whether the program runs a collective (a function may run nothing else)."""
+    return any(launch.kind == "collective" for launch in program.host.launches)
 
 
 def _larger(a: Dim, b: Dim) -> Dim:
@@ -150,31 +174,51 @@ def _scalar(t: Any) -> str:
     return {"float": "float", "int": "tsr::i64", "bool": "bool"}[t.kind]
 
 
-def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuModule:
+def emit_cpu(
+    module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS, graph: GraphModule | None = None
+) -> CpuModule:
     # The file's functions share one namespace: the entries ``tessera_<function>``,
     # whose names are the file's interface and go first, then each kernel's
     # ``<kernel>_program`` and ``<kernel>_launch``, under a name that takes none of them.
-    programs = [p for p in module.programs if p.kernels]
+    programs = [p for p in module.programs if p.kernels or _exchanges(p)]
     names = Namer()
     entries = {p.host.function: names.fresh(f"tessera_{p.host.function}") for p in programs}
     views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS))
              for p in programs for k in p.kernels}  # fmt: skip
-    functions = [_FunctionView(p, views, entries[p.host.function]) for p in programs]
+    by_name = {f.name: f for f in graph.functions} if graph is not None else {}
+    functions = [
+        _FunctionView(p, views, entries[p.host.function], by_name.get(p.host.function))
+        for p in programs
+    ]
     template = environment("cpu").get_template("module.cpp.j2")
     context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
                    kernels=list(views.values()), functions=functions,
                    entries=[f.symbol for f in functions])  # fmt: skip
     code = template.render(header="", **context)
-    source = template.render(header=needed(header("cpu/tessera_tile.hpp"), code), **context)
-    return CpuModule(source, _meta(module, functions, flags))
+    text = needed(header("cpu/tessera_tile.hpp"), code)
+    mpi = any(f.collective for f in functions)
+    if mpi:
+        text += "\n\n" + header("cpu/tessera_mpi.hpp").rstrip()
+    source = template.render(header=text, **context)
+    return CpuModule(source, _meta(module, functions, flags, by_name, mpi))
 
 
-def _meta(module: TileModule, functions: list[_FunctionView], flags: tuple[str, ...]) -> dict:
+def _meta(
+    module: TileModule,
+    functions: list[_FunctionView],
+    flags: tuple[str, ...],
+    graph: dict[str, Function],
+    mpi: bool,
+) -> dict:
     programs = {p.host.function: p for p in module.programs}
     entries = []
     for f in functions:
         signature = signature_meta(programs[f.name])
-        entries.append({"name": signature.pop("name"), "symbol": f.symbol, **signature,
-                        "kernels": [k.name for k in programs[f.name].kernels]})  # fmt: skip
-    return {"source": module.name, "target": "cpu", "arch": module.arch,
-            "build": {"compiler": "g++", "flags": list(flags)}, "functions": entries}  # fmt: skip
+        entry = {"name": signature.pop("name"), "symbol": f.symbol, **signature,
+                 "kernels": [k.name for k in programs[f.name].kernels]}  # fmt: skip
+        entries.append(entry | mesh_meta(graph.get(f.name)))
+    # mpicxx is g++ with MPI's include and library paths
+    compiler = "mpicxx" if mpi else "g++"
+    build = {"compiler": compiler, "flags": list(flags)}
+    return {"source": module.name, "target": "cpu", "arch": module.arch, "build": build,
+            "functions": entries}  # fmt: skip

@@ -47,6 +47,11 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     Raises ``LoaderError`` for a parameter named like one of the module's own names:
     the function's body, which reads that name, would see the argument instead."""
     for f in meta["functions"]:
+        if f.get("collectives"):
+            raise LoaderError(
+                f"function '{f['name']}' runs collectives, which a CuPy loader does not call "
+                "yet: build the CUDA file with nvcc against NCCL (docs/distributed.md)"
+            )
         for p in f["params"]:
             if p["name"] in _MODULE:
                 raise LoaderError(

@@ -40,7 +40,12 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
-    return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name]
+    # a tensor that only a collective reads or writes is still the entry's to take
+    results = dict(zip(program.host.results, result_names(len(program.host.results)), strict=True))
+    exchanged = {results.get(n, n.removeprefix("%")) for launch in program.host.launches
+                 if launch.kind == "collective"
+                 for n in (*launch.reads, *launch.writes)}  # fmt: skip
+    return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name or n in exchanged]
 
 
 def written(program: TileProgram, name: str) -> bool:

@@ -28,6 +28,7 @@ _CHOSEN_BY = {
     "explicit": "the source's schedule",
     "space": "the source's autotuning space",
     "tuned": "the tuning cache",
+    "runtime": "a collective, which runs no kernel",
 }
 
 

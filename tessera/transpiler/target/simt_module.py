@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph.dims import Dim
-from ..graph.ir import walk
+from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .cexpr import c_dim
+from .cpu_mpi import mesh_meta
+from .cuda_nccl import nccl_host_code, nccl_meta
 from .entry import signature_meta, symbols
 from .header import C_SYMBOL, needed
 from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
@@ -162,7 +164,7 @@ def _extent_text(extent: Any, block: int) -> str:
     return str(extent) if block == 1 else f"ceil({extent}/{block})"
 
 
-def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
+def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) -> SimtModule:
     """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
     it is defined, when a kernel uses an operation the emitter does not lower yet."""
     views: dict[str, _KernelView] = {}
@@ -200,7 +202,15 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
-    return SimtModule(source, _meta(module, views, d))
+    meta = _meta(module, views, d)
+    if d.name == "cuda" and graph is not None:
+        nccl = nccl_host_code(module, graph)
+        source += "\n" + nccl if nccl else ""
+        collectives = nccl_meta(module, graph)
+        for f in meta["functions"]:
+            f.update({"collectives": collectives[f["name"]]} if f["name"] in collectives else {})
+            f.update(mesh_meta(next(g for g in graph.functions if g.name == f["name"])))
+    return SimtModule(source, meta)
 
 
 def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict[str, Any]:

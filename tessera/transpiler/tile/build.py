@@ -34,14 +34,14 @@ from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, View, lower_tile_function
 from .passes import run_tile_passes
 
-__all__ = ["tile_module", "ANCHORS"]
+__all__ = ["tile_module", "ANCHORS", "RUNTIME"]
 
 #: Graph ops that a library kernel implements (``template_of`` says which kernel).
 ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS)
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = ELEMENTWISE_MATH | {"dropout"}
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
-_RUNTIME = {
+RUNTIME = {
     "host": "host-side work: a scalar computed for an op that is not elementwise (an "
     "elementwise op computes the scalars it reads; pass this one as a parameter)",
     "collective": "a collective of the runtime",
@@ -61,9 +61,9 @@ def tile_module(
         runtime: list[tuple[str, str, Span | None]] = []
         for launch in host.launches:
             group = function.groups[launch.group]
-            if group.kind in _RUNTIME:
+            if group.kind in RUNTIME:
                 first = function.body.ops[group.ops[0]]
-                runtime.append((launch.name, _RUNTIME[group.kind], first.span))
+                runtime.append((launch.name, RUNTIME[group.kind], first.span))
                 continue
             if launch.split_k > 1:
                 diags.warning(

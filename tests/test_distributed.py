@@ -1,0 +1,205 @@
+"""Meshes, shard specs and collectives: the language's checks, the distribution pass's
+collectives in ``--emit graph``, and runs on 2 and 4 MPI processes (tests/mpi/meshes.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tessera
+
+HERE = Path(__file__).parent
+
+MLP = """
+@kernel
+def mlp(x: Tensor["B", "D", f32], w1: Tensor["D", "F", f32] @shard(None, "tp"),
+        w2: Tensor["F", "D", f32] @shard("tp", None)) -> Tensor["B", "D", f32]:
+    with mesh(axes={"tp": 2}):
+        h = gelu(x @ w1)
+        y = h @ w2
+    return y
+
+@kernel
+def step(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @shard("dp", None),
+         w: Tensor["D", "O", f32], lr: float) -> Tensor["D", "O", f32]:
+    with mesh(axes={"dp": 4}):
+        g = transpose(x) @ (x @ w - t)
+    return w - lr * g
+"""
+
+
+def test_distribution_inserts_the_all_reduce_of_each_partial_sum() -> None:
+    graph = tessera.compile(MLP, "mlp.tsr", target="cpu").inspect_ir("graph")
+    assert "mesh {tp = 2}" in graph and "mesh {dp = 4}" in graph
+    assert "param %w1 : tensor<[D, F_local], f32> shard(none, tp)" in graph
+    assert "param %x : tensor<[B_local, D], f32> shard(dp, none)" in graph
+    inserted = [line.split("=", 1)[1] for line in graph.splitlines() if "all_reduce" in line]
+    assert len(inserted) == 2
+    assert inserted[0].startswith(" all_reduce %y {axis = tp, op = sum, inserted = true}")
+    assert inserted[1].startswith(" all_reduce %g {axis = dp, op = sum, inserted = true}")
+    # the step's all-reduce comes before the update that reads it, in program order
+    step = graph[graph.index("func @step") :]
+    assert step.index("all_reduce") < step.index("= mul %")
+
+
+def _errors(source: str) -> list[str]:
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(source, "bad.tsr", target="cpu")
+    return [f"{d.span.line}:{d.span.column}: {d.message}" for d in info.value.diagnostics]
+
+
+def _function(params: str, body: str, result: str = 'Tensor["N", 8, f32]') -> str:
+    return f"@kernel\ndef f({params}) -> {result}:\n{body}    return y\n"
+
+
+IN_MESH = '    with mesh(axes={"dp": 2, "tp": 2}):\n        y = '
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (_function('x: Tensor["N", 8, f32] @shard("pp", None)', IN_MESH + "x * 2.0\n"),
+         "2:37: the mesh has no axis 'pp'; its axes: dp, tp"),
+        (_function('x: Tensor["N", 7, f32] @shard(None, "tp")', IN_MESH + "x * 2.0\n",
+                   'Tensor["N", 7, f32]'),
+         "2:10: dim 1 of 'x' is 7, which the 2 devices of mesh axis 'tp' cannot split evenly"),
+        (_function('x: Tensor["N", 8, f32] @shard("dp")', IN_MESH + "x * 2.0\n"),
+         "2:30: @shard gives one entry per dim"),
+        (_function('x: Tensor["N", 8, f32] @shard("dp", None)', "    y = x * 2.0\n"),
+         "2:30: @shard needs a mesh"),
+        (_function('x: Tensor["N", 8, f32]', '    y = all_reduce(x, axis="tp")\n'),
+         "3:9: all_reduce: a collective runs inside the function's 'with mesh(...)' block"),
+        (_function('x: Tensor["N", 8, f32]', IN_MESH + 'all_reduce(x, axis="pp")\n'),
+         "4:32: all_reduce: the mesh has no axis 'pp'"),
+        (_function('x: Tensor["N", 8, f32]', IN_MESH + 'all_gather(x, axis="tp", dim=2)\n'),
+         "4:42: all_gather: axis 2 is out of range"),
+        (_function('x: Tensor["N", 6, f32]', IN_MESH + 'reduce_scatter(x, axis=("dp", "tp"), '
+                   "dim=1)\n", 'Tensor["N", 1, f32]'),
+         "4:54: reduce_scatter: dim 1 is 6, which 4 devices cannot split evenly"),
+        (_function('x: Tensor["N", 8, f32] @shard(None, "tp")', IN_MESH + "softmax(x)\n",
+                   'Tensor["N", 8, f32] @shard(None, "tp")'),
+         "4:13: softmax on a tensor split over mesh axis 'tp' is not supported"),
+        (_function('x: Tensor["N", 8, f32] @shard(None, "tp"), b: Tensor[4, f32]',
+                   IN_MESH + "x + b\n", 'Tensor["N", 8, f32] @shard(None, "tp")'),
+         "4:13: add: dim 1 is split over 'tp' in one operand and whole in another"),
+        ("@kernel\ndef f(q: Tensor['S', 8, f32] @shard('tp', None), k: Tensor['S', 8, f32]"
+         ") -> Tensor['S', 8, f32] @shard('tp', None):\n" + IN_MESH
+         + "flash_attention(q, k, k, causal=True)\n    return y\n",
+         "4:13: flash_attention: causal queries split by rows over 'tp'"),
+        (_function('x: Tensor["N", 8, bf16]', IN_MESH + "all_reduce(x)\n", 'Tensor["N", 8, bf16]'),
+         "4:24: all_reduce: combines f32 or i32 values, not bf16"),
+        (_function('x: Tensor["N", 8, f32]', '    with mesh(axes={"dp": 0}):\n        y = x\n'),
+         "3:20: mesh axis 'dp' has 1 to 4096 devices, not 0"),
+    ],
+)  # fmt: skip
+def test_bad_meshes_shards_and_collectives_are_errors_at_their_line(
+    source: str, message: str
+) -> None:
+    assert any(e.startswith(message) for e in _errors(source)), _errors(source)
+
+
+MPIRUN = shutil.which("mpirun")
+
+
+def _mpirun(n: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed")
+    if MPIRUN is None:
+        pytest.skip("mpirun (OpenMPI) is not installed")
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        MPIRUN,
+        "-n",
+        str(n),
+        "--oversubscribe",
+        sys.executable,
+        "-m",
+        "mpi4py",
+        str(HERE / "mpi" / "meshes.py"),
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize("processes", [2, 4])
+def test_collectives_mlp_and_step_on_mpi_processes(processes: int) -> None:
+    done = _mpirun(processes)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ok: {processes} processes" in done.stdout
+
+
+@pytest.mark.execute
+def test_a_rank_that_dies_stops_every_rank() -> None:
+    done = _mpirun(2, "die", timeout=120)
+    assert done.returncode != 0
+
+
+COLLECTIVES = """
+@kernel
+def scaled(x: Tensor["N", 8, f32]) -> Tensor["N", 8, f32]:
+    with mesh(axes={"dp": 2, "tp": 2}):
+        y = all_reduce(x * 2.0, axis="tp")
+        z = all_gather(y, axis="dp")
+        w = reduce_scatter(z, axis="dp")
+        v = all_to_all(w, axis="tp")
+    return v
+"""
+
+
+def _nccl() -> Path | None:
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    return Path(next(iter(nvidia.nccl.__path__)))
+
+
+@pytest.mark.compile
+def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
+    """The CUDA file's NCCL host code builds with nvcc warning-free and links against
+    the nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
+    program = tessera.compile(COLLECTIVES, "scaled.tsr", target="cuda")
+    meta = program.ir("meta")["functions"][0]
+    assert [(c["kind"], c["after"]) for c in meta["collectives"]] == [
+        ("all_reduce", 1), ("all_gather", 1), ("reduce_scatter", 1), ("all_to_all", 1),
+    ]  # fmt: skip
+    with pytest.raises(RuntimeError, match="runs collectives"):
+        from tessera.runtime.cuda import load
+
+        load(program.source, program.ir("meta"))
+    nvcc, nccl = shutil.which("nvcc"), _nccl()
+    if nvcc is None or nccl is None:
+        pytest.skip("needs nvcc and the nvidia-nccl-cu13 wheel")
+    source = tmp_path / "scaled.cu"
+    source.write_text(program.source, encoding="utf-8")
+    library = tmp_path / "scaled.so"
+    done = subprocess.run(
+        [nvcc, "-arch=sm_80", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-Wall,-Wextra",
+         "-Werror", "all-warnings", f"-I{nccl / 'include'}", str(source),
+         f"-L{nccl / 'lib'}", "-l:libnccl.so.2", "-o", str(library)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    symbols = subprocess.run(["nm", "-D", str(library)], capture_output=True, text=True).stdout
+    assert all(f"T tessera_scaled_k{i}" in symbols for i in (1, 2, 3, 4))
+    assert "U ncclAllReduce" in symbols and "U ncclSend" in symbols
+
+
+def test_a_gather_along_another_dim_is_an_error_on_cuda() -> None:
+    source = COLLECTIVES.replace('all_gather(y, axis="dp")', 'all_gather(y, axis="dp", dim=1)')
+    source = source.replace('reduce_scatter(z, axis="dp")', "reduce_scatter(z, axis='dp', dim=1)")
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(source, "bad.tsr", target="cuda")
+    assert "on NCCL it runs along dim 0 only" in str(info.value)
+    tessera.compile(source, "good.tsr", target="cpu")  # MPI regroups: any dim
