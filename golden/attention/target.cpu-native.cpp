@@ -3,7 +3,8 @@
 // Schedules (template, tiles, warps, stages; what chose them):
 // - attention k0: flash_attention BM=128 BN=256 BD=128, 1 warp, 1 stage (the heuristics)
 // - flash_attention k0: tile_kernel T.m=128 T.n=128 T.d=128, 4 warps, 2 stages (the source's autotuning space)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_attention, tessera_flash_attention.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -320,15 +321,6 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
-// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
-// when every row is in bounds, else a copy in `edge` with the missing rows zero.
-inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
-                             i64 rmax) {
-  if (r0 + rows <= rmax) return src + r0 * cols;
-  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
-  return edge;
-}
-
 // One butterfly of an in-register transpose: with S lanes per block, rows a and b
 // swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
 // kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
@@ -372,11 +364,6 @@ inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
   transpose(out, x, rows, cols, rows, cols);
 }
 
-// Scratch tiles start on cache lines (the compiler places each at a multiple of
-// kLineFloats), so that no vector load of a tile row splits over two lines.
-constexpr i64 kLineFloats = 64 / sizeof(float);
-inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
-
 // A per-thread scratch area for a program's tiles: grown once, reused by every program,
 // and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
 // split over two lines: SGEMM 2048 ran 4-7% slower. A page measured 1-2% faster than a
@@ -388,24 +375,6 @@ inline float* scratch(i64 floats) {
   if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
-}
-
-// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
-// long. The calling thread keeps its blocks from call to call and grows one when a call
-// needs more, so that a function called again does not fault its intermediates' pages in
-// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
-// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
-// runs one call at a time, and nothing clears a block between calls: each kernel writes
-// all of its result before another kernel reads it.
-inline unsigned char* buffer(std::size_t slot, i64 bytes) {
-  static thread_local std::vector<std::vector<unsigned char>> blocks;
-  if (blocks.size() <= slot) blocks.resize(slot + 1);
-  std::vector<unsigned char>& block = blocks[slot];
-  if (static_cast<i64>(block.size()) < bytes) {
-    block = std::vector<unsigned char>();  // free the old block before the larger one
-    block.resize(static_cast<std::size_t>(bytes));
-  }
-  return block.data();
 }
 
 // ---------------------------------------------------------------- dot
@@ -575,7 +544,8 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
 }
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p`
+//   (to v's dtype,
 // as tensor cores multiply it) before p @ v, which runs on its live corner: the first
 // n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
@@ -626,8 +596,11 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 
 // ---- attention: one program instance (launch k0 of attention: the library's flash_attention)
 
-static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
-  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768 + 16384);
+static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
+    const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
+      + 16384);
   float* const q_tile_smem = area + 0;
   float* const k_tile_smem = area + 16384;
   float* const v_tile_smem = area + 16384 + 32768;
@@ -649,7 +622,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256); ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256);
+      ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;
@@ -658,7 +632,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(t, k_tile, 256, 128);
-    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), tsr::live(128, D));
+    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m),
+        tsr::live(256, S - 256*nblk), tsr::live(128, D));
     float* const s_1 = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -672,7 +647,10 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128, tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk), S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128,
+        tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1,
+        [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk),
+        S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -686,7 +664,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D, t_4, 128, 128);
 }
 
-static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
+static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
@@ -698,8 +677,11 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
 }
 // ---- flash_attention: one program instance (tile kernel flash_attention)
 
-static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384);
+static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
+    const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
+    const tsr::i64 pid_b0) {
+  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
+      + 16384 + 128 + 128 + 16384 + 16384);
   float* const Qb_smem = area + 0;
   float* const Kb_smem = area + 16384;
   float* const Vb_smem = area + 16384 + 16384;
@@ -710,9 +692,12 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
   float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
   float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
-  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128;
-  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128;
+  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128 + 128;
+  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128 + 128 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_tile(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
@@ -732,7 +717,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     tsr::transpose(t, Kb, 128, 128);
-    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m), tsr::live(128, S - 128*nblk), tsr::live(128, D));
+    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m),
+        tsr::live(128, S - 128*nblk), tsr::live(128, D));
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);
     float* const S_1 = t_1;
@@ -751,7 +737,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
         const float row_0 = t_2[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < 128; ++j) {
-          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity() : S_1[i * 128 + j];
+          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity()
+              : S_1[i * 128 + j];
         }
       }
       std::copy_n(S_3, 16384, S_2);
@@ -763,7 +750,9 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2, [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128,
+        tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2,
+        [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   float* const t_4 = l;
@@ -777,7 +766,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   tsr::store_tile(out + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D, t_6, 128, 128);
 }
 
-static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
+static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
+    const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = BH;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -787,11 +777,14 @@ static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const
 }
 
 // ---- attention: k0 -> attention
-extern "C" void tessera_attention(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_attention(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
   attention_launch(Q, K, V, out, B, H, S, D);
 }
 
 // ---- flash_attention: k0 -> flash_attention
-extern "C" void tessera_flash_attention(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_flash_attention(const tsr::bf16* q, const tsr::bf16* k,
+    const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S,
+    const tsr::i64 D) {
   flash_attention_launch(q, k, v, causal, out, BH, S, D);
 }

@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(unsigned short bits) { return sycl::bit_cast<float>((unsigned int)bits << 16); }
+inline float tsr_bf16_to_float(unsigned short bits) {
+  return sycl::bit_cast<float>((unsigned int)bits << 16);
+}
 
 inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = sycl::bit_cast<unsigned int>(value);
@@ -25,15 +27,6 @@ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// Through sycl::half, whose conversion from float rounds to nearest even.
-inline float tsr_f16_to_float(unsigned short bits) { return (float)sycl::bit_cast<sycl::half>(bits); }
-
-inline unsigned short tsr_float_to_f16(float value) {
-  return sycl::bit_cast<unsigned short>((sycl::half)value);
-}
-
-inline float tsr_round_f16(float value) { return (float)(sycl::half)value; }
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -54,7 +47,11 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- attention_k0: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < B, pid_b1 < H], 128 threads per program
-inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* p_stage) {
+inline void attention_k0(const unsigned short* __restrict__ Q,
+    const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
+    unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
+    const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows,
+    float* p_stage) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
@@ -64,7 +61,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
   const int tx = lid % 16, ty = lid / 16;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
-  const long long pid_m = it.get_group_range(2) - 1 - it.get_group(2);  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long long pid_m = it.get_group_range(2) - 1 - it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   const float s = (float)(D);
@@ -75,10 +73,13 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
     const int j = e % 16 * 8;
     if (Q_aligned) {
       const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            32*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -106,10 +107,13 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
       const int j = e % 16 * 8;
       if (K_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D
+              ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -119,10 +123,13 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
       const int j = e % 16 * 8;
       if (V_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D
+              ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -132,8 +139,12 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
-      for (int c = 0; c < 2; ++c) b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128
+          + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128
+          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -154,7 +165,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -INFINITY
+              : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
         }
       }
     }
@@ -168,7 +180,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
     sycl::group_barrier(it.get_group());
     for (int r = 0; r < 4; ++r) {
       float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+      for (int peer = 1; peer < 16; ++peer)
+          part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
       m_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
@@ -221,7 +234,9 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -233,14 +248,19 @@ inline void attention_k0(const unsigned short* __restrict__ Q, const unsigned sh
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
+      if (32*pid_m + i < S && j < D)
+          out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
 }
 
 // ---- flash_attention_k0: tile kernel flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < BH], 128 threads per program
-inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* P_stage) {
+inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
+    const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal,
+    unsigned short* __restrict__ out, const long long BH, const long long S, const long long D,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* P_stage) {
   const int lid = (int)it.get_local_id(2);
   (void)BH;  // the grid's extent only
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
@@ -258,10 +278,12 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
     const int j = e % 16 * 8;
     if (q_1_aligned) {
       const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -289,10 +311,12 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
       const int j = e % 16 * 8;
       if (k_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -302,10 +326,12 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
       const int j = e % 16 * 8;
       if (v_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -315,8 +341,12 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
-      for (int c = 0; c < 2; ++c) b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8
+          + kk % 8]);
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128
+          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -332,7 +362,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+              : (dot[t] * s_1);
         }
       }
     } else {
@@ -341,7 +372,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = 32*nblk + j >= S ? -INFINITY
+              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+              : (dot[t] * s_1));
         }
       }
     }
@@ -355,7 +388,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
     sycl::group_barrier(it.get_group());
     for (int r = 0; r < 4; ++r) {
       float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+      for (int peer = 1; peer < 16; ++peer)
+          part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
       m_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
@@ -408,7 +442,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -420,7 +456,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1, const uns
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D) out[((pid_b0) * S + 32*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
+      if (32*pid_m + i < S && j < D)
+          out[((pid_b0) * S + 32*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
 }

@@ -11,7 +11,8 @@
 // - decoder_block k7: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
 // - decoder_block k8: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
 // - decoder_block k9: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_decoder_block.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -583,7 +584,8 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
 }
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p`
+//   (to v's dtype,
 // as tensor cores multiply it) before p @ v, which runs on its live corner: the first
 // n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
@@ -634,8 +636,10 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 
 // ---- decoder_block_k0: one program instance (launch k0 of decoder_block: the library's rmsnorm)
 
-static void decoder_block_k0_program(const float* x, const float* norm1, float* h, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C) + tsr::whole_lines(4*C));
+static void decoder_block_k0_program(const float* x, const float* norm1, float* h,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
   float* const t_3 = area + tsr::whole_lines(4*C) + 16;
@@ -671,7 +675,8 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
   tsr::store_tile(h, C, 4*pid_m, 0, S, C, normed_1, 4, C);
 }
 
-static void decoder_block_k0_launch(const float* x, const float* norm1, float* h, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -679,7 +684,8 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
 }
 // ---- decoder_block_k1: one program instance (launch k1 of decoder_block: the library's gemm)
 
-static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -694,12 +700,14 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t0, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -709,7 +717,8 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
 }
 // ---- decoder_block_k2: one program instance (launch k2 of decoder_block: the library's gemm)
 
-static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -724,12 +733,14 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t2, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -739,7 +750,8 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
 }
 // ---- decoder_block_k3: one program instance (launch k3 of decoder_block: the library's gemm)
 
-static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -754,12 +766,14 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t4, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -767,9 +781,11 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
 }
-// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's flash_attention)
+// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's
+//   flash_attention)
 
-static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
   float* const acc = area + 0;
   float* const m = area + 8192;
@@ -793,7 +809,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     const float* const v_tile = t4 + (256*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), 64);
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), 64, C, 256);
+    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m),
+        tsr::live(256, S - 256*nblk), 64, C, 256);
     float* const s = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -806,7 +823,9 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64, tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64,
+        tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); },
+        [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -821,7 +840,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
   tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
 }
 
-static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = (C)/64;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -831,7 +851,8 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
 }
 // ---- decoder_block_k5: one program instance (launch k5 of decoder_block: the library's gemm)
 
-static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -847,7 +868,8 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, x, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
@@ -861,7 +883,8 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
   tsr::store_tile(x_1, C, 256*pid_m, 256*pid_n, S, C, x_2, 256, 256);
 }
 
-static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -871,8 +894,10 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
 }
 // ---- decoder_block_k6: one program instance (launch k6 of decoder_block: the library's rmsnorm)
 
-static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C) + tsr::whole_lines(4*C));
+static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
   float* const t_3 = area + tsr::whole_lines(4*C) + 16;
@@ -908,7 +933,8 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
   tsr::store_tile(h_1, C, 4*pid_m, 0, S, C, normed_1, 4, C);
 }
 
-static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -916,7 +942,9 @@ static void decoder_block_k6_launch(const float* x_1, const float* norm2, float*
 }
 // ---- decoder_block_k7: one program instance (launch k7 of decoder_block: the library's gemm)
 
-static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -931,7 +959,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t = acc;
@@ -944,7 +973,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
   tsr::store_tile(t10, F, 256*pid_m, 256*pid_n, S, F, t, 256, 256);
 }
 
-static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -954,7 +984,9 @@ static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t1
 }
 // ---- decoder_block_k8: one program instance (launch k8 of decoder_block: the library's gemm)
 
-static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10,
+    float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -970,7 +1002,8 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, t10, F, 256*pid_m, 256*pid_n, S, F);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
@@ -984,7 +1017,8 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
   tsr::store_tile(t12, F, 256*pid_m, 256*pid_n, S, F, t_1, 256, 256);
 }
 
-static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
+    float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -994,7 +1028,9 @@ static void decoder_block_k8_launch(const float* h_1, const float* w3, const flo
 }
 // ---- decoder_block_k9: one program instance (launch k9 of decoder_block: the library's gemm)
 
-static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1,
+    float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -1010,7 +1046,8 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
   }
   tsr::load_tile(t, 256, 256, x_1, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
@@ -1024,7 +1061,8 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
   tsr::store_tile(out, C, 256*pid_m, 256*pid_n, S, C, t_1, 256, 256);
 }
 
-static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
+static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,
+    float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -1033,8 +1071,13 @@ static void decoder_block_k9_launch(const float* t12, const float* w2, const flo
       decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);
 }
 
-// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3 -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6, k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
-extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq, const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1, const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3
+//   -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6,
+//   k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
+extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq,
+    const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1,
+    const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C,
+    const tsr::i64 F) {
   unsigned char* const slot0 = tsr::buffer(0, 4*C*S);
   unsigned char* const slot1 = tsr::buffer(1, 4*C*S);
   unsigned char* const slot2 = tsr::buffer(2, 4*C*S);

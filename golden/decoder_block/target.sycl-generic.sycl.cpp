@@ -28,11 +28,6 @@ inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
 inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + sycl::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -66,24 +61,13 @@ inline float tsr_group_sum(const sycl::nd_item<3>& it, float* scratch, float val
   return total;
 }
 
-inline float tsr_group_max(const sycl::nd_item<3>& it, float* scratch, float value) {
-  const sycl::sub_group sg = it.get_sub_group();
-  const float part = sycl::reduce_over_group(sg, value, sycl::maximum<float>());
-  if (sg.leader()) scratch[sg.get_group_linear_id()] = part;
-  sycl::group_barrier(it.get_group());
-  float total = scratch[0];
-  for (int s = 1; s < (int)sg.get_group_linear_range(); ++s) {
-    total = sycl::fmax(total, scratch[s]);
-  }
-  sycl::group_barrier(it.get_group());  // the next reduction may write scratch again
-  return total;
-}
-
 // end of the Tessera tile primitives
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-inline void decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1,
+    float* __restrict__ h, const long long S, const long long C, const sycl::nd_item<3>& it,
+    float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
@@ -91,7 +75,9 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f)
+        * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -111,14 +97,17 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] =
+          (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq,
+    float* __restrict__ t0, const long long S, const long long C, const sycl::nd_item<3>& it,
+    unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -143,10 +132,12 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -156,10 +147,12 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       const int j = e % 16 * 4;
       if (wq_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -167,8 +160,10 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -186,7 +181,9 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk,
+    float* __restrict__ t2, const long long S, const long long C, const sycl::nd_item<3>& it,
+    unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -211,10 +208,12 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -224,10 +223,12 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
       const int j = e % 16 * 4;
       if (wk_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -235,8 +236,10 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -254,7 +257,9 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv,
+    float* __restrict__ t4, const long long S, const long long C, const sycl::nd_item<3>& it,
+    unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -279,10 +284,12 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -292,10 +299,12 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       const int j = e % 16 * 4;
       if (wv_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -303,8 +312,10 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -322,7 +333,9 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < C/64], 128 threads per program
-inline void decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* p_stage) {
+inline void decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2,
+    const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* p_stage) {
   const int lid = (int)it.get_local_id(2);
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 8192);
@@ -340,10 +353,12 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     const int j = e % 16 * 4;
     if (t0_aligned) {
       const int bytes = 32*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -371,10 +386,12 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -384,10 +401,12 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -397,8 +416,10 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 2; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -432,7 +453,8 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     sycl::group_barrier(it.get_group());
     for (int r = 0; r < 4; ++r) {
       float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+      for (int peer = 1; peer < 16; ++peer)
+          part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
       m_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
@@ -485,7 +507,8 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -504,7 +527,9 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo,
+    const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -529,10 +554,12 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       const int j = e % 4 * 4;
       if (t6_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -542,10 +569,12 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       const int j = e % 16 * 4;
       if (wo_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -553,8 +582,10 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -566,14 +597,19 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) x_1[(64*pid_m + i) * C + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f) + acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < C)
+          x_1[(64*pid_m + i) * C + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2,
+    float* __restrict__ h_1, const long long S, const long long C, const sycl::nd_item<3>& it,
+    float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
@@ -581,7 +617,9 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f)
+        * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -601,14 +639,17 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] =
+          (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1,
+    float* __restrict__ t10, const long long S, const long long C, const long long F,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -633,10 +674,12 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -646,10 +689,12 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
       const int j = e % 16 * 4;
       if (w1_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -657,8 +702,10 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -670,14 +717,17 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F) t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
+      if (64*pid_m + i < S && 64*pid_n + j < F)
+          t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3,
+    const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C,
+    const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -702,10 +752,12 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -715,10 +767,12 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       const int j = e % 16 * 4;
       if (w3_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -726,8 +780,10 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -739,14 +795,19 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F) t12[(64*pid_m + i) * F + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f) * acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < F)
+          t12[(64*pid_m + i) * F + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
-inline void decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2,
+    const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F,
+    const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
@@ -771,10 +832,12 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       const int j = e % 4 * 4;
       if (t12_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
         }
       }
     }
@@ -784,10 +847,12 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       const int j = e % 16 * 4;
       if (w2_aligned) {
         const int bytes = 16*kb + i < F && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -795,8 +860,10 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -808,7 +875,10 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) out[(64*pid_m + i) * C + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f) + acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < C)
+          out[(64*pid_m + i) * C + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

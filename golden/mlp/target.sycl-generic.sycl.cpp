@@ -18,7 +18,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(unsigned short bits) { return sycl::bit_cast<float>((unsigned int)bits << 16); }
+inline float tsr_bf16_to_float(unsigned short bits) {
+  return sycl::bit_cast<float>((unsigned int)bits << 16);
+}
 
 inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = sycl::bit_cast<unsigned int>(value);
@@ -28,69 +30,23 @@ inline unsigned short tsr_float_to_bf16(float value) {
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
-// Through sycl::half, whose conversion from float rounds to nearest even.
-inline float tsr_f16_to_float(unsigned short bits) { return (float)sycl::bit_cast<sycl::half>(bits); }
-
-inline unsigned short tsr_float_to_f16(float value) {
-  return sycl::bit_cast<unsigned short>((sycl::half)value);
-}
-
-inline float tsr_round_f16(float value) { return (float)(sycl::half)value; }
-
 // ---------------------------------------------------------------- fp8
 
 // fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
 // NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u,
+      mantissa = bits & 7u;
   if ((bits & 0x7fu) == 0x7fu) return NAN;
-  if (exponent == 0) return sycl::bit_cast<float>(sign | sycl::bit_cast<unsigned int>((float)mantissa * 0.001953125f));  // m 2^-9
+  // m 2^-9
+  if (exponent == 0)
+      return sycl::bit_cast<float>(sign | sycl::bit_cast<unsigned int>((float)mantissa
+      * 0.001953125f));
   return sycl::bit_cast<float>(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
-inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return mantissa ? NAN : sycl::bit_cast<float>(sign | 0x7f800000u);
-  if (exponent == 0) return sycl::bit_cast<float>(sign | sycl::bit_cast<unsigned int>((float)mantissa * 0.0000152587890625f));  // m 2^-16
-  return sycl::bit_cast<float>(sign | (exponent + 112u) << 23 | mantissa << 21);
-}
-
-// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
-// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
-// that value's pattern, which the caller turns into its overflow.
-inline unsigned int tsr_narrow(float magnitude, int m, int bias) {
-  const unsigned int bits = sycl::bit_cast<unsigned int>(magnitude);
-  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
-    const float scale = sycl::bit_cast<float>((unsigned int)(126 + bias + m) << 23);
-    return (unsigned int)sycl::rint(magnitude * scale);
-  }
-  const unsigned int rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
-  return ((rounded >> 23) - 127u + (unsigned int)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
-}
-
-inline unsigned char tsr_float_to_fp8_e4m3(float value) {
-  const unsigned int sign = (sycl::bit_cast<unsigned int>(value) >> 24) & 0x80u;
-  if (sycl::isnan(value)) return (unsigned char)(sign | 0x7fu);
-  const unsigned int bits = tsr_narrow(sycl::fabs(value), 3, 7);
-  return (unsigned char)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
-}
-
-inline unsigned char tsr_float_to_fp8_e5m2(float value) {
-  const unsigned int sign = (sycl::bit_cast<unsigned int>(value) >> 24) & 0x80u;
-  if (sycl::isnan(value)) return (unsigned char)(sign | 0x7eu);
-  const unsigned int bits = tsr_narrow(sycl::fabs(value), 2, 15);
-  return (unsigned char)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
-}
-
-inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
-inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
-
 // ---------------------------------------------------------------- math
-
-inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
-inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
-inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
 // The tanh form of gelu, as the CPU backend and the float64 reference compute it.
 inline float tsr_gelu(float x) {
@@ -116,7 +72,10 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- linear_gelu_k0: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
-inline void linear_gelu_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void linear_gelu_k0(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, const float* __restrict__ bias,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
@@ -141,10 +100,12 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A, const unsigned 
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -154,10 +115,12 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A, const unsigned 
       const int j = e % 8 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -165,8 +128,12 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A, const unsigned 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -178,14 +145,19 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A, const unsigned 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
+      if (64*pid_m + i < M && 64*pid_n + j < N)
+          out[(64*pid_m + i) * N + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
     }
   }
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
-inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in,
+    const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T,
+    const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
@@ -210,10 +182,12 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int j = e % 4 * 8;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < T && 32*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
         }
       }
     }
@@ -223,10 +197,12 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int j = e % 8 * 8;
       if (W_in_aligned) {
         const int bytes = 32*kb + i < D && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -234,8 +210,12 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < D - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -247,14 +227,20 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F) h[(64*pid_m + i) * F + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
+      if (64*pid_m + i < T && 64*pid_n + j < F)
+          h[(64*pid_m + i) * F + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
     }
   }
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/64), pid_m < ceil(T/64)], 128 threads per program
-inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out,
+    const float* __restrict__ b_out, const unsigned short* __restrict__ x,
+    unsigned short* __restrict__ out, const long long T, const long long F, const long long D,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
@@ -279,10 +265,12 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int j = e % 4 * 8;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < T && 32*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
         }
       }
     }
@@ -292,10 +280,13 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int j = e % 8 * 8;
       if (W_out_aligned) {
         const int bytes = 32*kb + i < F && 64*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q]
+              : 0;
         }
       }
     }
@@ -303,8 +294,12 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < F - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -316,14 +311,21 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < D) out[(64*pid_m + i) * D + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f) + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
+      if (64*pid_m + i < T && 64*pid_n + j < D)
+          out[(64*pid_m + i) * D + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D
+          ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f)
+          + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
     }
   }
 }
 
 // ---- linear_fp8_k0: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
-inline void linear_fp8_k0(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void linear_fp8_k0(const unsigned char* __restrict__ x,
+    const unsigned char* __restrict__ w, const float* __restrict__ bias,
+    unsigned short* __restrict__ out, const long long T, const long long D, const long long F,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 4096);
@@ -348,10 +350,12 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x, const unsigned ch
       const int j = e % 4 * 16;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < T && 64*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
         }
       }
     }
@@ -361,10 +365,12 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x, const unsigned ch
       const int j = e % 4 * 16;
       if (w_aligned) {
         const int bytes = 64*pid_n + i < F && 64*kb + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
         }
       }
     }
@@ -372,8 +378,12 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x, const unsigned ch
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64 + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
+          + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64
+          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -385,7 +395,10 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x, const unsigned ch
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F) out[(64*pid_m + i) * F + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
+      if (64*pid_m + i < T && 64*pid_n + j < F)
+          out[(64*pid_m + i) * F + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t]
+          + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
     }
   }
 }

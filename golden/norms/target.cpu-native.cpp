@@ -5,7 +5,8 @@
 // - pre_norm k0: layernorm rows=4, 1 warp, 1 stage (the heuristics)
 // - rms k0: rmsnorm rows=4, 1 warp, 1 stage (the heuristics)
 // - add_rms k0: rmsnorm rows=4, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_row_softmax, tessera_pre_norm, tessera_rms, tessera_add_rms.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -257,16 +258,6 @@ inline float exp_nonpositive(float x) {
 
 // ---------------------------------------------------------------- memory
 
-// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
-// target has less). Vectors never cross a function boundary, so the code means the
-// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#else
-constexpr int kLanes = 8;
-#endif
-typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
-
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
 template <typename T>
@@ -331,49 +322,6 @@ inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, 
   return edge;
 }
 
-// One butterfly of an in-register transpose: with S lanes per block, rows a and b
-// swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
-// kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
-// each with AVX-512).
-template <int S, std::size_t... J>
-inline void swap_blocks(f32xN& a, f32xN& b, std::index_sequence<J...>) {
-  const f32xN lo = __builtin_shufflevector(a, b, ((J & S) == 0 ? J : kLanes + J - S)...);
-  const f32xN hi = __builtin_shufflevector(a, b, ((J & S) == 0 ? J + S : kLanes + J)...);
-  a = lo;
-  b = hi;
-}
-
-template <int S>
-inline void transpose_rounds(f32xN* r) {
-  if constexpr (S > 0) {
-    for (int i = 0; i < kLanes; ++i)
-      if ((i & S) == 0) swap_blocks<S>(r[i], r[i + S], std::make_index_sequence<kLanes>());
-    transpose_rounds<S / 2>(r);
-  }
-}
-
-// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
-// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
-// through registers, the ragged rest element by element. Past the corner `out` is not
-// written: the product that reads it never looks there.
-inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
-  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
-  for (i64 i = 0; i < row_blocks; i += kLanes)
-    for (i64 j = 0; j < col_blocks; j += kLanes) {
-      f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
-      transpose_rounds<kLanes / 2>(r);
-      for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
-    }
-  for (i64 i = 0; i < m; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
-}
-
-// out [cols, rows] = x [rows, cols] transposed, whole.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  transpose(out, x, rows, cols, rows, cols);
-}
-
 // Scratch tiles start on cache lines (the compiler places each at a multiple of
 // kLineFloats), so that no vector load of a tile row splits over two lines.
 constexpr i64 kLineFloats = 64 / sizeof(float);
@@ -392,30 +340,14 @@ inline float* scratch(i64 floats) {
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
-// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
-// long. The calling thread keeps its blocks from call to call and grows one when a call
-// needs more, so that a function called again does not fault its intermediates' pages in
-// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
-// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
-// runs one call at a time, and nothing clears a block between calls: each kernel writes
-// all of its result before another kernel reads it.
-inline unsigned char* buffer(std::size_t slot, i64 bytes) {
-  static thread_local std::vector<std::vector<unsigned char>> blocks;
-  if (blocks.size() <= slot) blocks.resize(slot + 1);
-  std::vector<unsigned char>& block = blocks[slot];
-  if (static_cast<i64>(block.size()) < bytes) {
-    block = std::vector<unsigned char>();  // free the old block before the larger one
-    block.resize(static_cast<std::size_t>(bytes));
-  }
-  return block.data();
-}
-
 }  // namespace tsr
 
 // ---- row_softmax: one program instance (launch k0 of row_softmax: the library's softmax)
 
-static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C));
+static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C,
+    const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t = area + tsr::whole_lines(4*C);
   float* const e = area + tsr::whole_lines(4*C) + 16;
@@ -464,16 +396,20 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 }
 // ---- pre_norm: one program instance (launch k0 of pre_norm: the library's layernorm)
 
-static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*D);
   float* const centered = area + tsr::whole_lines(4*D) + 16;
   float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
   float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
   float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
-  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D);
+  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D);
+  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D) + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
@@ -536,7 +472,8 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_13, 4, D);
 }
 
-static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
+static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -544,8 +481,10 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 }
 // ---- rms: one program instance (launch k0 of rms: the library's rmsnorm)
 
-static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
+      + tsr::whole_lines(4*D));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + 16;
@@ -581,7 +520,8 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   tsr::store_tile(out, D, 4*pid_m, 0, T, D, normed_1, 4, D);
 }
 
-static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
+static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -589,15 +529,20 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
 }
 // ---- add_rms: one program instance (launch k0 of add_rms: the library's rmsnorm)
 
-static void add_rms_program(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void add_rms_program(const float* x, const float* residual, const float* weight,
+    float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t_edge = area + 0;
   float* const t_1_edge = area + tsr::whole_lines(4*D);
   float* const rows = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16;
-  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + 16;
+  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + 16 + 16;
+  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);
@@ -635,7 +580,8 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, normed_1, 4, D);
 }
 
-static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
+static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,
+    const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -645,21 +591,25 @@ static void add_rms_launch(const float* x, const float* residual, const float* w
 }
 
 // ---- row_softmax: k0 -> row_softmax
-extern "C" void tessera_row_softmax(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
+extern "C" void tessera_row_softmax(const float* x, float* out, const tsr::i64 R,
+    const tsr::i64 C) {
   row_softmax_launch(x, out, R, C);
 }
 
 // ---- pre_norm: k0 -> pre_norm
-extern "C" void tessera_pre_norm(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
+extern "C" void tessera_pre_norm(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   pre_norm_launch(x, gamma, beta, out, T, D);
 }
 
 // ---- rms: k0 -> rms
-extern "C" void tessera_rms(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
+extern "C" void tessera_rms(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D) {
   rms_launch(x, weight, out, T, D);
 }
 
 // ---- add_rms: k0 -> add_rms
-extern "C" void tessera_add_rms(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_add_rms(const float* x, const float* residual, const float* weight,
+    float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
   add_rms_launch(x, residual, weight, out, B, S, D);
 }

@@ -18,7 +18,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(unsigned short bits) { return sycl::bit_cast<float>((unsigned int)bits << 16); }
+inline float tsr_bf16_to_float(unsigned short bits) {
+  return sycl::bit_cast<float>((unsigned int)bits << 16);
+}
 
 inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = sycl::bit_cast<unsigned int>(value);
@@ -27,15 +29,6 @@ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// Through sycl::half, whose conversion from float rounds to nearest even.
-inline float tsr_f16_to_float(unsigned short bits) { return (float)sycl::bit_cast<sycl::half>(bits); }
-
-inline unsigned short tsr_float_to_f16(float value) {
-  return sycl::bit_cast<unsigned short>((sycl::half)value);
-}
-
-inline float tsr_round_f16(float value) { return (float)(sycl::half)value; }
 
 // ---------------------------------------------------------------- group reductions
 
@@ -72,33 +65,39 @@ inline float tsr_group_max(const sycl::nd_item<3>& it, float* scratch, float val
 
 // ---- row_softmax_k0: launch k0 of row_softmax: the library's softmax
 // grid [pid_m < ceil(R/4)], 128 threads per program
-inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out, const long long R, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
+    const long long R, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   const long long pid_m = it.get_group(2);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -INFINITY;
-    for (long long j = lid; j < C; j += 128) r = sycl::fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = sycl::fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
   float v_1[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 128)
+        r = r + (sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] =
+          ((sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
 
 // ---- pre_norm_k0: launch k0 of pre_norm: the library's layernorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
-inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta, unsigned short* __restrict__ out, const long long T, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __restrict__ gamma,
+    const float* __restrict__ beta, unsigned short* __restrict__ out, const long long T,
+    const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   const long long pid_m = it.get_group(2);
   const float eps = 1e-05f;
@@ -108,7 +107,8 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float v_1[4];
@@ -119,7 +119,10 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   float v_2[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]));
     v_2[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float variance[4];
@@ -138,14 +141,19 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   // layernorm.tsr:19: return normed
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T
+          ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j]))
+          + (beta[j])))));
     }
   }
 }
 
 // ---- rms_k0: launch k0 of rms: the library's rmsnorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
-inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight, float* __restrict__ out, const long long T, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight,
+    float* __restrict__ out, const long long T, const long long D, const sycl::nd_item<3>& it,
+    float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
@@ -153,7 +161,9 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f)
+        * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -173,14 +183,17 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
+          (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
 
 // ---- add_rms_k0: launch k0 of add_rms: the library's rmsnorm
 // grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
-inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight, float* __restrict__ out, const long long B, const long long S, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ residual,
+    const float* __restrict__ weight, float* __restrict__ out, const long long B,
+    const long long S, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   const long long pid_m = it.get_group(2);
@@ -190,7 +203,11 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+    for (long long j = lid; j < D; j += 128)
+        r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f))
+        * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -210,7 +227,10 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] =
+          ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+          + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i])
+          * (weight[j]));
     }
   }
 }
@@ -266,7 +286,8 @@ inline void rms(
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
       rms_k0(
-          x, weight, out, T, D, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+          x, weight, out, T, D, it,
+              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
   done.wait();

@@ -17,7 +17,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(unsigned short bits) { return sycl::bit_cast<float>((unsigned int)bits << 16); }
+inline float tsr_bf16_to_float(unsigned short bits) {
+  return sycl::bit_cast<float>((unsigned int)bits << 16);
+}
 
 inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = sycl::bit_cast<unsigned int>(value);
@@ -28,7 +30,9 @@ inline unsigned short tsr_float_to_bf16(float value) {
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
 // Through sycl::half, whose conversion from float rounds to nearest even.
-inline float tsr_f16_to_float(unsigned short bits) { return (float)sycl::bit_cast<sycl::half>(bits); }
+inline float tsr_f16_to_float(unsigned short bits) {
+  return (float)sycl::bit_cast<sycl::half>(bits);
+}
 
 inline unsigned short tsr_float_to_f16(float value) {
   return sycl::bit_cast<unsigned short>((sycl::half)value);
@@ -41,11 +45,6 @@ inline float tsr_round_f16(float value) { return (float)(sycl::half)value; }
 inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
 inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
-
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + sycl::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -66,7 +65,9 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- gemm_k0: launch k0 of gemm: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
@@ -91,10 +92,12 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -104,10 +107,12 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       const int j = e % 16 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
         }
       }
     }
@@ -115,8 +120,12 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 16) * 32
+          + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -128,14 +137,17 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      if (128*pid_m + i < M && 128*pid_n + j < N)
+          out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
 }
 
 // ---- skinny_gemm_k0: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
-inline void skinny_gemm_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
@@ -160,10 +172,12 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A, const unsigned 
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -173,10 +187,12 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A, const unsigned 
       const int j = e % 8 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -184,8 +200,12 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A, const unsigned 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -197,14 +217,18 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A, const unsigned 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      if (64*pid_m + i < M && 64*pid_n + j < N)
+          out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
 }
 
 // ---- gemm_bias_relu_k0: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
-inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, const float* __restrict__ bias,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
+    const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
@@ -229,10 +253,12 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A, const unsign
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -242,10 +268,12 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A, const unsign
       const int j = e % 16 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
         }
       }
     }
@@ -253,8 +281,12 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A, const unsign
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[16], b_k[8];
-      for (int r = 0; r < 16; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 16; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 16; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -266,7 +298,10 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A, const unsign
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      if (128*pid_m + i < M && 128*pid_n + j < N)
+          out[(128*pid_m + i) * N + 128*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
+          + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
     }
   }
 }

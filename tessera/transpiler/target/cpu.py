@@ -25,6 +25,7 @@ from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
 from .render import environment, header
+from .wrap import wrap_lines
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS"]
 
@@ -166,6 +167,7 @@ def emit_cpu(module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS) -> CpuM
                    entries=[f.symbol for f in functions])  # fmt: skip
     code = template.render(header="", **context)
     source = template.render(header=needed(header("cpu/tessera_tile.hpp"), code), **context)
+    source = wrap_lines(source)
     return CpuModule(source, _meta(module, functions, flags))
 
 

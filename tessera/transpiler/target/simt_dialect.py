@@ -91,6 +91,8 @@ class Dialect:
     launched_locals: bool = False
     #: The namespace of ``isnan`` and ``isinf`` ("" where they are built in).
     math_namespace: str = ""
+    #: Whether long lines of a file are broken under 100 columns (``wrap.py``).
+    wrapped: bool = False
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -214,6 +216,7 @@ OPENCL = Dialect(
         "maximum": "fmax", "minimum": "fmin",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rint",
     },
+    wrapped=True,
 )  # fmt: skip
 
 HIP = Dialect(
@@ -263,7 +266,7 @@ HIP = Dialect(
 
 #: CUDA spells everything as HIP does (HIP took its spelling from CUDA). Files include
 #: nothing, so that NVRTC compiles them as they are; without math.h there is no
-#: INFINITY, so the infinity and NaN are bit patterns.
+#: INFINITY, so the infinity and NaN are the header's named bit patterns.
 CUDA = replace(
     HIP,
     name="cuda",
@@ -274,8 +277,8 @@ CUDA = replace(
         "// the comment above it).",
     ),
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {x}, {mask})",
-    infinity="__int_as_float(0x7f800000)",
-    nan="__int_as_float(0x7fffffff)",
+    infinity="tsr_infinity()",
+    nan="tsr_nan()",
     dynamic_arena=True,
     async_copy=True,
     pair_writes=_PAIRS,
@@ -322,6 +325,7 @@ SYCL = replace(
         "silu": "tsr_silu", "rint": "sycl::rint",
     },
     group_context="it, ",
+    wrapped=True,
     launched_locals=True,
     math_namespace="sycl::",
 )  # fmt: skip

@@ -30,6 +30,7 @@ from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 from .simt_tiles import WGMMA_FORMS
 from .sycl_launcher import Launcher, launcher, launcher_view
+from .wrap import wrap_lines
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
 
@@ -214,6 +215,8 @@ def emit_simt(module: TileModule, d: Dialect) -> SimtModule:
                    launchers=launchers)  # fmt: skip
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
+    if d.wrapped:
+        source = wrap_lines(source)
     return SimtModule(source, _meta(module, views, d))
 
 
