@@ -5,8 +5,9 @@ paragraphs at its blank lines. What comes before the first rule (includes, the
 namespace, basic types) always goes in; a paragraph goes in when the generated code
 names a symbol it defines (``tsr::exp`` in C++, ``tsr_exp`` in OpenCL C), or when a
 paragraph that goes in uses one, with its own comment and the introduction of its
-section. A file with no attention leaves out online softmax, one of f32 tensors the
-bf16 conversions, and a reader sees only what runs.
+section; an overload for a type the file never names (``to_float(e4m3)``) stays out.
+A file with no attention leaves out online softmax, one of f32 tensors the bf16
+conversions, and a reader sees only what runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = ["Section", "split", "paragraphs", "needed", "CPP_SYMBOL", "C_SYMBOL"]
 
 _RULE = re.compile(r"^// -{10,} (.+)$", re.M)
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
+#: A function's parameters.
+_SIGNATURE = re.compile(r"^(?:__device__ )?inline [^(]*?\w+\s*\(([^)]*)\)", re.M)
 #: A string literal, whose braces (PTX's ``{ %0, %1 }``) are no blocks.
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 #: Top-level declarations and the names they define.
@@ -78,6 +81,16 @@ def paragraphs(text: str) -> list[Section]:
     return out
 
 
+def _callable(part: Section, types: set[str], wanted: set[str]) -> bool:
+    """Whether a paragraph may be called: it declares no function, or one whose
+    parameters are of no header type that the file leaves out (``to_float(e4m3)``
+    in a file without fp8)."""
+    signatures = _SIGNATURE.findall(part.text)
+    return not signatures or any(
+        set(_WORD.findall(params)) & types <= wanted for params in signatures
+    )
+
+
 def needed(header: str, code: str, symbol: str = CPP_SYMBOL) -> str:
     """The header with only the parts ``code`` needs, directly or through others:
     the sections that define a name it uses and, in them, the paragraphs that define
@@ -85,15 +98,18 @@ def needed(header: str, code: str, symbol: str = CPP_SYMBOL) -> str:
     pattern whose group is a header symbol's name."""
     preamble, sections, closing = split(header)
     parts = {s.name: paragraphs(s.text) for s in sections}
+    types = {n for s in sections for struct, typedef in _TYPE.findall(s.text)
+             for n in (struct or typedef,)}  # fmt: skip
     wanted = set(re.findall(symbol, code))
     keep: set[int] = set()
     changed = True
     while changed:
         changed = False
         for part in (p for s in sections for p in parts[s.name]):
-            if id(part) not in keep and part.defines & wanted:
+            if id(part) not in keep and part.defines & wanted and _callable(part, types, wanted):
                 keep.add(id(part))
-                wanted |= set(_WORD.findall(part.text))
+                # Its own names are no reason to keep the paragraphs that overload them.
+                wanted |= set(_WORD.findall(part.text)) - part.defines
                 changed = True
     kept = []
     for s in sections:
