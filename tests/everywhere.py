@@ -1,5 +1,5 @@
 """One source run on every target the suite can run: the CPU, OpenCL on PoCL, and CUDA
-(sm_80, sm_90a) and HIP on the simulated GPU (``tests/gpusim``). A test parametrized
+(sm_80, sm_90a), HIP and SYCL on the simulated GPU (``tests/gpusim``). A test parametrized
 by ``EVERY_TARGET`` loads its functions with ``load_everywhere``."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 
 import tessera
 
+from .gpusim import load_sycl
 from .test_cuda import needs_gxx
 from .test_gpusim import _library
 from .test_opencl import _platform
@@ -25,6 +26,7 @@ EVERY_TARGET = [
     pytest.param("cuda", "sm_80", marks=needs_gxx, id="sm_80"),
     pytest.param("cuda", "sm_90a", marks=needs_gxx, id="sm_90a"),
     pytest.param("hip", "gfx90a", marks=needs_gxx, id="gfx90a"),
+    pytest.param("sycl", None, marks=needs_gxx, id="sycl"),
 ]
 
 
@@ -36,4 +38,7 @@ def load_everywhere(
     simulated GPU."""
     if target in ("cuda", "hip"):
         return _library(source, target, arch, monkeypatch, defines=defines)
+    if target == "sycl":
+        return load_sycl(tessera.compile(source, filename="program.tsr", target=target,
+                                         defines=defines))  # fmt: skip
     return tessera.compile(source, filename="program.tsr", target=target, defines=defines).load()

@@ -246,7 +246,14 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(
     ("name", "target"),
-    [("k.cu", "cuda"), ("k.hip", "hip"), ("k.cpp", "cpu"), ("k.cl", "opencl"), ("k.txt", None)],
+    [
+        ("k.cu", "cuda"),
+        ("k.hip", "hip"),
+        ("k.cpp", "cpu"),
+        ("k.cl", "opencl"),
+        ("k.sycl.cpp", "sycl"),
+        ("k.txt", None),
+    ],
 )
 def test_target_follows_the_output_suffix(name: str, target: str | None) -> None:
     assert target_for_output(name) == target

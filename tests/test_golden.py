@@ -21,7 +21,7 @@ from .conftest import EXAMPLES, ROOT
 GOLDEN = ROOT / "golden"
 #: The targets and arches whose target-dependent stages are pinned.
 TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("cpu", "native"),
-           ("opencl", "generic")]  # fmt: skip
+           ("opencl", "generic"), ("sycl", "generic")]  # fmt: skip
 #: File name of each target-independent stage's golden output.
 FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
 #: The targets whose source and metadata are pinned, the file suffix of their source,
@@ -29,6 +29,7 @@ FILES = {"ast": "ast.tsr", "graph": "graph.txt"}
 BACKENDS = {
     ("cpu", "native"): ("cpp", None),
     ("opencl", "generic"): ("cl", None),
+    ("sycl", "generic"): ("sycl.cpp", None),
     ("hip", "gfx90a"): ("hip", None),
     ("cuda", "sm_80"): ("cu", None),
     ("cuda", "sm_90a"): ("cu", None),

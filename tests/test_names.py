@@ -39,6 +39,7 @@ from tessera.transpiler.target.naming import (
 from tessera.transpiler.target.render import environment, header
 from tessera.transpiler.target.simt_dialect import DIALECTS
 from tessera.transpiler.target.simt_tiles import WGMMA_FORMS
+from tessera.transpiler.target.sycl_launcher import LAUNCHER_NAMES
 
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import attention, f64, rmsnorm
@@ -48,6 +49,7 @@ from .test_gpusim import _library
 from .test_hip import HIPCC, _hipcc_warning_free, needs_hipcc
 from .test_loader import _loader_module
 from .test_opencl import _platform
+from .test_sycl import check_syntax, needs_sycl_headers
 
 SOURCE = """\
 @kernel
@@ -241,6 +243,7 @@ def _generated_names() -> list[str]:
             .render(d=dialect, wgmma=wgmma, forms=WGMMA_FORMS, tma_ranks=[1, 2, 3, 4, 5])
         )
         names |= _defined(primitives)
+    names |= LAUNCHER_NAMES  # the SYCL host functions' own
     stems = {"f", "pid_m"}
     for template in ("cpu/module.cpp.j2", "simt/module.j2"):
         words, suffixes = _template_words(template)
@@ -258,7 +261,8 @@ def {name}({param}: Tensor["R", "{size}", f32],
     return rmsnorm({param}, w, eps=1e-6)
 """
 GENERATED_TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
-                     ("hip", "gfx90a")]  # fmt: skip
+                     ("hip", "gfx90a"),
+                     pytest.param("sycl", None, marks=needs_sycl_headers)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +297,8 @@ def test_no_name_meets_one_the_generated_code_declares(
     program = tessera.compile(generated_names, "generated.tsr", target=target, arch=arch)
     if target == "hip":
         _hipcc_warning_free(program.source, tmp_path)
+    elif target == "sycl":
+        check_syntax({"generated": program.source}, tmp_path)
     elif target == "opencl":
         program.load()
     else:

@@ -3,7 +3,8 @@
 // Schedules (template, tiles, warps, stages; what chose them):
 // - attention k0: flash_attention BM=128 BN=256 BD=128, 1 warp, 1 stage (the heuristics)
 // - flash_attention k0: tile_kernel T.m=128 T.n=128 T.d=128, 4 warps, 2 stages (the source's autotuning space)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_attention, tessera_flash_attention.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -56,47 +57,6 @@ inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
-// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
-template <int E, int M>
-inline float small_to_float(std::uint32_t bits) {
-  const std::uint32_t sign = (bits >> (E + M)) & 1u;
-  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
-  const std::uint32_t man = bits & ((1u << M) - 1u);
-  const int bias = (1 << (E - 1)) - 1;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
-  } else {
-    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
-  }
-  return sign ? -value : value;
-}
-
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -115,56 +75,6 @@ inline bf16 from_float_bf16(float x) {
   return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
 }
 
-// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
-// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
-inline float round_small(float x, int e, int m, float max_finite, float overflow) {
-  if (std::isnan(x)) return x;
-  const float a = std::fabs(x);
-  const int bias = (1 << (e - 1)) - 1;
-  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
-  float r;
-  if (a < tiny) {
-    const float step = std::ldexp(1.0f, 1 - bias - m);
-    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
-  } else {
-    r = round_mantissa(a, m);
-  }
-  if (r > max_finite) r = overflow;
-  return std::signbit(x) ? -r : r;
-}
-
-inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
-}
-inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_tf32(float x) { return round_mantissa(x, 10); }
-
-inline std::uint32_t small_bits(float r, int e, int m) {
-  // r is already representable: rebuild its bits.
-  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
-  const float a = std::fabs(r);
-  const int bias = (1 << (e - 1)) - 1;
-  std::uint32_t out;
-  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
-    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
-  } else if (std::isinf(r)) {
-    out = ((1u << e) - 1u) << m;
-  } else if (a < std::ldexp(1.0f, 1 - bias)) {
-    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
-  } else {
-    int exponent;
-    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
-    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
-          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
-  }
-  return (sign << (e + m)) | out;
-}
-
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
@@ -173,24 +83,6 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float saturate_int(float x, float lo, float hi) {
-  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
-}
 
 // ---------------------------------------------------------------- math
 
@@ -329,15 +221,6 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
-// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
-// when every row is in bounds, else a copy in `edge` with the missing rows zero.
-inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
-                             i64 rmax) {
-  if (r0 + rows <= rmax) return src + r0 * cols;
-  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
-  return edge;
-}
-
 // One butterfly of an in-register transpose: with S lanes per block, rows a and b
 // swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
 // kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
@@ -381,11 +264,6 @@ inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
   transpose(out, x, rows, cols, rows, cols);
 }
 
-// Scratch tiles start on cache lines (the compiler places each at a multiple of
-// kLineFloats), so that no vector load of a tile row splits over two lines.
-constexpr i64 kLineFloats = 64 / sizeof(float);
-inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
-
 // A per-thread scratch area for a program's tiles: grown once, reused by every program,
 // and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
 // split over two lines: SGEMM 2048 ran 4-7% slower. A page measured 1-2% faster than a
@@ -397,24 +275,6 @@ inline float* scratch(i64 floats) {
   if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
-}
-
-// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
-// long. The calling thread keeps its blocks from call to call and grows one when a call
-// needs more, so that a function called again does not fault its intermediates' pages in
-// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
-// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
-// runs one call at a time, and nothing clears a block between calls: each kernel writes
-// all of its result before another kernel reads it.
-inline unsigned char* buffer(std::size_t slot, i64 bytes) {
-  static thread_local std::vector<std::vector<unsigned char>> blocks;
-  if (blocks.size() <= slot) blocks.resize(slot + 1);
-  std::vector<unsigned char>& block = blocks[slot];
-  if (static_cast<i64>(block.size()) < bytes) {
-    block = std::vector<unsigned char>();  // free the old block before the larger one
-    block.resize(static_cast<std::size_t>(bytes));
-  }
-  return block.data();
 }
 
 // ---------------------------------------------------------------- dot
@@ -584,7 +444,8 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
 }
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p`
+//   (to v's dtype,
 // as tensor cores multiply it) before p @ v, which runs on its live corner: the first
 // n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
@@ -635,8 +496,11 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 
 // ---- attention: one program instance (launch k0 of attention: the library's flash_attention)
 
-static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
-  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768 + 16384);
+static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
+    const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
+      + 16384);
   float* const q_tile_smem = area + 0;
   float* const k_tile_smem = area + 16384;
   float* const v_tile_smem = area + 16384 + 32768;
@@ -658,7 +522,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256); ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256);
+      ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;
@@ -667,7 +532,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(t, k_tile, 256, 128);
-    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), tsr::live(128, D));
+    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m),
+        tsr::live(256, S - 256*nblk), tsr::live(128, D));
     float* const s_1 = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -681,7 +547,10 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128, tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk), S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128,
+        tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1,
+        [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk),
+        S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -695,7 +564,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D, t_4, 128, 128);
 }
 
-static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
+static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
@@ -707,8 +577,11 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
 }
 // ---- flash_attention: one program instance (tile kernel flash_attention)
 
-static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384);
+static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
+    const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
+    const tsr::i64 pid_b0) {
+  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
+      + 16384 + 128 + 128 + 16384 + 16384);
   float* const Qb_smem = area + 0;
   float* const Kb_smem = area + 16384;
   float* const Vb_smem = area + 16384 + 16384;
@@ -719,9 +592,12 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
   float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
   float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
-  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128;
-  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
+  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128;
+  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128 + 128;
+  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
+      + 128 + 128 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_tile(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
@@ -741,7 +617,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     tsr::transpose(t, Kb, 128, 128);
-    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m), tsr::live(128, S - 128*nblk), tsr::live(128, D));
+    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m),
+        tsr::live(128, S - 128*nblk), tsr::live(128, D));
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);
     float* const S_1 = t_1;
@@ -760,7 +637,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
         const float row_0 = t_2[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < 128; ++j) {
-          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity() : S_1[i * 128 + j];
+          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity()
+              : S_1[i * 128 + j];
         }
       }
       std::copy_n(S_3, 16384, S_2);
@@ -772,7 +650,9 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128, tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2, [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128,
+        tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2,
+        [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   float* const t_4 = l;
@@ -786,7 +666,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   tsr::store_tile(out + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D, t_6, 128, 128);
 }
 
-static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
+static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
+    const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = BH;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -796,11 +677,14 @@ static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const
 }
 
 // ---- attention: k0 -> attention
-extern "C" void tessera_attention(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V, tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_attention(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
+    tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
   attention_launch(Q, K, V, out, B, H, S, D);
 }
 
 // ---- flash_attention: k0 -> flash_attention
-extern "C" void tessera_flash_attention(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_flash_attention(const tsr::bf16* q, const tsr::bf16* k,
+    const tsr::bf16* v, const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S,
+    const tsr::i64 D) {
   flash_attention_launch(q, k, v, causal, out, BH, S, D);
 }

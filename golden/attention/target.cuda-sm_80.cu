@@ -12,9 +12,17 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -23,21 +31,6 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  return bits;
-}
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
 // ---------------------------------------------------------------- operand registers
 
@@ -127,13 +120,6 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
@@ -217,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      m[r] = -__int_as_float(0x7f800000);
+      m[r] = -tsr_infinity();
     }
   }
   float l[2];
@@ -302,12 +288,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
           const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          p[t] = 32*nblk + j >= S ? -__int_as_float(0x7f800000) : ((32*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -tsr_infinity() : ((32*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
     float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+    for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
@@ -326,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -349,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -484,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     #pragma unroll
     for (int rs = 0; rs < 2; ++rs) {
       const int r = fm * 2 + rs;
-      m[r] = -__int_as_float(0x7f800000);
+      m[r] = -tsr_infinity();
     }
   }
   float l[2];
@@ -562,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -573,12 +559,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = 64*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }
     float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+    for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 8; ++frag) {
       #pragma unroll
@@ -597,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -620,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

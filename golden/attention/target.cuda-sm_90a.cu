@@ -12,9 +12,17 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -23,21 +31,6 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  return bits;
-}
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
 // ---------------------------------------------------------------- operand registers
 
@@ -66,29 +59,6 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 // then lies wholly inside its row or wholly past its end.
 __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
 
-// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
-// ragged edge, where nothing is read), as cp.async does.
-__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
-  uint4 chunk = {0u, 0u, 0u, 0u};
-  if (bytes) chunk = *(const uint4*)src;
-  *(uint4*)dst = chunk;
-}
-
-// cp.async: tsr_copy16 issued without waiting for it to finish.
-__device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(address), "l"(src), "r"(bytes) : "memory");
-}
-
-// The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// The thread waits until at most `Pending` of its groups are still copying; a barrier
-// then makes every thread's finished copies visible.
-template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
-
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
@@ -112,6 +82,7 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---------------------------------------------------------------- tensor memory access
 
 // sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The
@@ -391,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        m[r] = -__int_as_float(0x7f800000);
+        m[r] = -tsr_infinity();
       }
     }
     float l[2];
@@ -435,12 +406,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            p[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * scale));
+            p[t] = 128*nblk + j >= S ? -tsr_infinity() : ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
           }
         }
       }
       float m_c[2];
-      for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+      for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
@@ -459,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -482,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
-        const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+        const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
         alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
         beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
         l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -670,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       #pragma unroll
       for (int rs = 0; rs < 2; ++rs) {
         const int r = fm * 2 + rs;
-        m[r] = -__int_as_float(0x7f800000);
+        m[r] = -tsr_infinity();
       }
     }
     float l[2];
@@ -707,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1);
+            P[t] = causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
           }
         }
       } else {
@@ -718,12 +689,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -__int_as_float(0x7f800000) : (dot[t] * s_1)) : (dot[t] * s_1));
+            P[t] = 128*nblk + j >= S ? -tsr_infinity() : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
           }
         }
       }
       float m_c[2];
-      for (int r = 0; r < 2; ++r) m_c[r] = -__int_as_float(0x7f800000);
+      for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
@@ -742,7 +713,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -__int_as_float(0x7f800000) ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -765,7 +736,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
-        const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+        const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
         alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
         beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
         l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

@@ -14,7 +14,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+inline float tsr_bf16_to_float(ushort bits) {
+  return as_float((uint)bits << 16);
+}
 
 inline ushort tsr_float_to_bf16(float value) {
   const uint bits = as_uint(value);
@@ -23,13 +25,6 @@ inline ushort tsr_float_to_bf16(float value) {
 }
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// Through a ushort: OpenCL C without cl_khr_fp16 has pointers to half but no half variables.
-inline float tsr_round_f16(float value) {
-  ushort bits;
-  vstore_half_rte(value, 0, (__private half*)&bits);
-  return vload_half(0, (__private const half*)&bits);
-}
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -51,7 +46,9 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < B, pid_b1 < H], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void attention(__global const ushort* restrict Q, __global const ushort* restrict K, __global const ushort* restrict V, __global ushort* restrict out, const long B, const long H, const long S, const long D) {
+void attention(__global const ushort* restrict Q, __global const ushort* restrict K,
+    __global const ushort* restrict V, __global ushort* restrict out, const long B, const long H,
+    const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
@@ -64,7 +61,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __local float tsr_rows[512];
   __local float p_stage[1056];
-  const long pid_m = get_num_groups(0) - 1 - get_group_id(0);  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long pid_m = get_num_groups(0) - 1 - get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   const float s = (float)(D);
@@ -75,10 +73,13 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     const int j = e % 16 * 8;
     if (Q_aligned) {
       const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            32*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -106,10 +107,13 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       const int j = e % 16 * 8;
       if (K_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D
+              ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -119,10 +123,13 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       const int j = e % 16 * 8;
       if (V_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D
+              ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -132,8 +139,12 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
-      for (int c = 0; c < 2; ++c) b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128
+          + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128
+          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -154,7 +165,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -INFINITY : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -INFINITY
+              : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
         }
       }
     }
@@ -221,7 +233,9 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -233,7 +247,9 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
+      if (32*pid_m + i < S && j < D)
+          out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
 }
@@ -241,7 +257,9 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < BH], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void flash_attention(__global const ushort* restrict q_1, __global const ushort* restrict k, __global const ushort* restrict v, const int causal, __global ushort* restrict out, const long BH, const long S, const long D) {
+void flash_attention(__global const ushort* restrict q_1, __global const ushort* restrict k,
+    __global const ushort* restrict v, const int causal, __global ushort* restrict out,
+    const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
   (void)BH;  // the grid's extent only
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
@@ -262,10 +280,12 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const int j = e % 16 * 8;
     if (q_1_aligned) {
       const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -293,10 +313,12 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       const int j = e % 16 * 8;
       if (k_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -306,10 +328,12 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       const int j = e % 16 * 8;
       if (v_aligned) {
         const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -319,8 +343,12 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
-      for (int c = 0; c < 2; ++c) b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128 + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8
+          + kk % 8]);
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128
+          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -336,7 +364,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+              : (dot[t] * s_1);
         }
       }
     } else {
@@ -345,7 +374,9 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -INFINITY : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = 32*nblk + j >= S ? -INFINITY
+              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+              : (dot[t] * s_1));
         }
       }
     }
@@ -412,7 +443,9 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -424,7 +457,9 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D) out[((pid_b0) * S + 32*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
+      if (32*pid_m + i < S && j < D)
+          out[((pid_b0) * S + 32*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
 }

@@ -11,7 +11,8 @@
 // - decoder_block k7: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
 // - decoder_block k8: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
 // - decoder_block k9: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_decoder_block.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -64,47 +65,6 @@ inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
-// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
-template <int E, int M>
-inline float small_to_float(std::uint32_t bits) {
-  const std::uint32_t sign = (bits >> (E + M)) & 1u;
-  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
-  const std::uint32_t man = bits & ((1u << M) - 1u);
-  const int bias = (1 << (E - 1)) - 1;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
-  } else {
-    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
-  }
-  return sign ? -value : value;
-}
-
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -123,56 +83,6 @@ inline bf16 from_float_bf16(float x) {
   return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
 }
 
-// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
-// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
-inline float round_small(float x, int e, int m, float max_finite, float overflow) {
-  if (std::isnan(x)) return x;
-  const float a = std::fabs(x);
-  const int bias = (1 << (e - 1)) - 1;
-  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
-  float r;
-  if (a < tiny) {
-    const float step = std::ldexp(1.0f, 1 - bias - m);
-    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
-  } else {
-    r = round_mantissa(a, m);
-  }
-  if (r > max_finite) r = overflow;
-  return std::signbit(x) ? -r : r;
-}
-
-inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
-}
-inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_tf32(float x) { return round_mantissa(x, 10); }
-
-inline std::uint32_t small_bits(float r, int e, int m) {
-  // r is already representable: rebuild its bits.
-  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
-  const float a = std::fabs(r);
-  const int bias = (1 << (e - 1)) - 1;
-  std::uint32_t out;
-  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
-    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
-  } else if (std::isinf(r)) {
-    out = ((1u << e) - 1u) << m;
-  } else if (a < std::ldexp(1.0f, 1 - bias)) {
-    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
-  } else {
-    int exponent;
-    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
-    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
-          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
-  }
-  return (sign << (e + m)) | out;
-}
-
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
@@ -181,24 +91,6 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float saturate_int(float x, float lo, float hi) {
-  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
-}
 
 // ---------------------------------------------------------------- math
 
@@ -592,7 +484,8 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
 }
 
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p` (to v's dtype,
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p`
+//   (to v's dtype,
 // as tensor cores multiply it) before p @ v, which runs on its live corner: the first
 // n_live keys and d_live columns of v (zero padding past them).
 template <typename Round>
@@ -643,8 +536,10 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 
 // ---- decoder_block_k0: one program instance (launch k0 of decoder_block: the library's rmsnorm)
 
-static void decoder_block_k0_program(const float* x, const float* norm1, float* h, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C) + tsr::whole_lines(4*C));
+static void decoder_block_k0_program(const float* x, const float* norm1, float* h,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
   float* const t_3 = area + tsr::whole_lines(4*C) + 16;
@@ -680,7 +575,8 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
   tsr::store_tile(h, C, 4*pid_m, 0, S, C, normed_1, 4, C);
 }
 
-static void decoder_block_k0_launch(const float* x, const float* norm1, float* h, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -688,7 +584,8 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
 }
 // ---- decoder_block_k1: one program instance (launch k1 of decoder_block: the library's gemm)
 
-static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -703,12 +600,14 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t0, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -718,7 +617,8 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
 }
 // ---- decoder_block_k2: one program instance (launch k2 of decoder_block: the library's gemm)
 
-static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -733,12 +633,14 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t2, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -748,7 +650,8 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
 }
 // ---- decoder_block_k3: one program instance (launch k3 of decoder_block: the library's gemm)
 
-static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -763,12 +666,14 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t4, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
 }
 
-static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -776,9 +681,11 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
 }
-// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's flash_attention)
+// ---- decoder_block_k4: one program instance (launch k4 of decoder_block: the library's
+//   flash_attention)
 
-static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
   float* const acc = area + 0;
   float* const m = area + 8192;
@@ -802,7 +709,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     const float* const v_tile = t4 + (256*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), 64);
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m), tsr::live(256, S - 256*nblk), 64, C, 256);
+    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m),
+        tsr::live(256, S - 256*nblk), 64, C, 256);
     float* const s = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -815,7 +723,9 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     float* const acc_1 = acc;
     float* const m_1 = m;
     float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64, tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); }, [](float x) { return x; });
+    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64,
+        tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); },
+        [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -830,7 +740,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
   tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
 }
 
-static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = (C)/64;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -840,7 +751,8 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
 }
 // ---- decoder_block_k5: one program instance (launch k5 of decoder_block: the library's gemm)
 
-static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -856,7 +768,8 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, x, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
@@ -870,7 +783,8 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
   tsr::store_tile(x_1, C, 256*pid_m, 256*pid_n, S, C, x_2, 256, 256);
 }
 
-static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -880,8 +794,10 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
 }
 // ---- decoder_block_k6: one program instance (launch k6 of decoder_block: the library's rmsnorm)
 
-static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C) + tsr::whole_lines(4*C));
+static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
   float* const t_3 = area + tsr::whole_lines(4*C) + 16;
@@ -917,7 +833,8 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
   tsr::store_tile(h_1, C, 4*pid_m, 0, S, C, normed_1, 4, C);
 }
 
-static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C) {
+static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
+    const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -925,7 +842,9 @@ static void decoder_block_k6_launch(const float* x_1, const float* norm2, float*
 }
 // ---- decoder_block_k7: one program instance (launch k7 of decoder_block: the library's gemm)
 
-static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -940,7 +859,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t = acc;
@@ -953,7 +873,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
   tsr::store_tile(t10, F, 256*pid_m, 256*pid_n, S, F, t, 256, 256);
 }
 
-static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10,
+    const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -963,7 +884,9 @@ static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t1
 }
 // ---- decoder_block_k8: one program instance (launch k8 of decoder_block: the library's gemm)
 
-static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10,
+    float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -979,7 +902,8 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::load_tile(t, 256, 256, t10, F, 256*pid_m, 256*pid_n, S, F);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
@@ -993,7 +917,8 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
   tsr::store_tile(t12, F, 256*pid_m, 256*pid_n, S, F, t_1, 256, 256);
 }
 
-static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
+    float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -1003,7 +928,9 @@ static void decoder_block_k8_launch(const float* h_1, const float* w3, const flo
 }
 // ---- decoder_block_k9: one program instance (launch k9 of decoder_block: the library's gemm)
 
-static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1,
+    float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -1019,7 +946,8 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
   }
   tsr::load_tile(t, 256, 256, x_1, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
@@ -1033,7 +961,8 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
   tsr::store_tile(out, C, 256*pid_m, 256*pid_n, S, C, t_1, 256, 256);
 }
 
-static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
+static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,
+    float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -1042,8 +971,13 @@ static void decoder_block_k9_launch(const float* t12, const float* w2, const flo
       decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);
 }
 
-// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3 -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6, k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
-extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq, const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1, const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
+// ---- decoder_block: k0 -> decoder_block_k0, k1 -> decoder_block_k1, k2 -> decoder_block_k2, k3
+//   -> decoder_block_k3, k4 -> decoder_block_k4, k5 -> decoder_block_k5, k6 -> decoder_block_k6,
+//   k7 -> decoder_block_k7, k8 -> decoder_block_k8, k9 -> decoder_block_k9
+extern "C" void tessera_decoder_block(const float* x, const float* norm1, const float* wq,
+    const float* wk, const float* wv, const float* wo, const float* norm2, const float* w1,
+    const float* w3, const float* w2, float* out, const tsr::i64 S, const tsr::i64 C,
+    const tsr::i64 F) {
   unsigned char* const slot0 = tsr::buffer(0, 4*C*S);
   unsigned char* const slot1 = tsr::buffer(1, 4*C*S);
   unsigned char* const slot2 = tsr::buffer(2, 4*C*S);

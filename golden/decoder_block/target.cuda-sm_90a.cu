@@ -20,16 +20,17 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
 __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
-
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-__device__ inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -71,19 +72,6 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
   __syncthreads();
   for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
     if (lid < s) scratch[lid] = scratch[lid] + scratch[lid + s];
-    __syncthreads();
-  }
-  const float total = scratch[0];
-  __syncthreads();  // the next reduction may write scratch again
-  return total;
-}
-
-__device__ inline float tsr_group_max(float* scratch, float value) {
-  const int lid = (int)threadIdx.x;
-  scratch[lid] = value;
-  __syncthreads();
-  for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
-    if (lid < s) scratch[lid] = fmaxf(scratch[lid], scratch[lid + s]);
     __syncthreads();
   }
   const float total = scratch[0];
@@ -700,7 +688,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   }
   float m[8];
   for (int r = 0; r < 8; ++r) {
-    m[r] = -__int_as_float(0x7f800000);
+    m[r] = -tsr_infinity();
   }
   float l[8];
   for (int r = 0; r < 8; ++r) {
@@ -763,13 +751,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 8; ++c) {
           const int j = tx + c * 16;
           const int t = r * 8 + c;
-          p[t] = 128*nblk + j >= S ? -__int_as_float(0x7f800000) : (dot[t] * scale);
+          p[t] = 128*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
     float m_c[8];
     for (int r = 0; r < 8; ++r) {
-      float part = -__int_as_float(0x7f800000);
+      float part = -tsr_infinity();
       for (int c = 0; c < 8; ++c) part = fmaxf(part, p[r * 8 + c]);
       m_c[r] = part;
     }
@@ -784,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int r = 0; r < 8; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
-        p[t] = exp2f((p[t] - (m_c[r] == -__int_as_float(0x7f800000) ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[8];
@@ -806,7 +794,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     #pragma unroll
     for (int r = 0; r < 8; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -__int_as_float(0x7f800000) ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

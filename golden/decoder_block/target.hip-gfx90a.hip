@@ -26,11 +26,6 @@ __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
 __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-__device__ inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // ---------------------------------------------------------------- matrix cores
 
 // Operand and accumulator vectors of the MFMA built-ins.
@@ -63,19 +58,6 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
   __syncthreads();
   for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
     if (lid < s) scratch[lid] = scratch[lid] + scratch[lid + s];
-    __syncthreads();
-  }
-  const float total = scratch[0];
-  __syncthreads();  // the next reduction may write scratch again
-  return total;
-}
-
-__device__ inline float tsr_group_max(float* scratch, float value) {
-  const int lid = (int)threadIdx.x;
-  scratch[lid] = value;
-  __syncthreads();
-  for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
-    if (lid < s) scratch[lid] = fmaxf(scratch[lid], scratch[lid + s]);
     __syncthreads();
   }
   const float total = scratch[0];

@@ -26,11 +26,6 @@ inline float tsr_relu(float x) { return fmax(x, 0.0f); }
 inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -63,25 +58,13 @@ inline float tsr_group_sum(__local float* scratch, float value) {
   return total;
 }
 
-inline float tsr_group_max(__local float* scratch, float value) {
-  const int lid = get_local_id(0);
-  scratch[lid] = value;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-    if (lid < s) scratch[lid] = fmax(scratch[lid], scratch[lid + s]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float total = scratch[0];
-  barrier(CLK_LOCAL_MEM_FENCE);  // the next reduction may write scratch again
-  return total;
-}
-
 // end of the Tessera tile primitives
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k0(__global const float* restrict x, __global const float* restrict norm1, __global float* restrict h, const long S, const long C) {
+void decoder_block_k0(__global const float* restrict x, __global const float* restrict norm1,
+    __global float* restrict h, const long S, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -90,7 +73,9 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f)
+        * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -110,7 +95,8 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] =
+          (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -118,7 +104,8 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k1(__global const float* restrict h, __global const float* restrict wq, __global float* restrict t0, const long S, const long C) {
+void decoder_block_k1(__global const float* restrict h, __global const float* restrict wq,
+    __global float* restrict t0, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -144,10 +131,12 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -157,10 +146,12 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
       const int j = e % 16 * 4;
       if (wq_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -168,8 +159,10 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -188,7 +181,8 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k2(__global const float* restrict h, __global const float* restrict wk, __global float* restrict t2, const long S, const long C) {
+void decoder_block_k2(__global const float* restrict h, __global const float* restrict wk,
+    __global float* restrict t2, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -214,10 +208,12 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -227,10 +223,12 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
       const int j = e % 16 * 4;
       if (wk_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -238,8 +236,10 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -258,7 +258,8 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k3(__global const float* restrict h, __global const float* restrict wv, __global float* restrict t4, const long S, const long C) {
+void decoder_block_k3(__global const float* restrict h, __global const float* restrict wv,
+    __global float* restrict t4, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -284,10 +285,12 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -297,10 +300,12 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
       const int j = e % 16 * 4;
       if (wv_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -308,8 +313,10 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -328,7 +335,8 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/32), pid_b0 < C/64], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2, __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
+void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2,
+    __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
@@ -349,10 +357,12 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     const int j = e % 16 * 4;
     if (t0_aligned) {
       const int bytes = 32*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -380,10 +390,12 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -393,10 +405,12 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -406,8 +420,10 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r) a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 2; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 4; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 2; ++c)
+          b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -494,7 +510,8 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -514,7 +531,8 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo, __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
+void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo,
+    __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -540,10 +558,12 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       const int j = e % 4 * 4;
       if (t6_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -553,10 +573,12 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       const int j = e % 16 * 4;
       if (wo_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -564,8 +586,10 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -577,7 +601,10 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) x_1[(64*pid_m + i) * C + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f) + acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < C)
+          x_1[(64*pid_m + i) * C + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
@@ -585,7 +612,8 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2, __global float* restrict h_1, const long S, const long C) {
+void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2,
+    __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -594,7 +622,9 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f)
+        * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -614,7 +644,8 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] =
+          (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -622,7 +653,8 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1, __global float* restrict t10, const long S, const long C, const long F) {
+void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1,
+    __global float* restrict t10, const long S, const long C, const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -648,10 +680,12 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -661,10 +695,12 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
       const int j = e % 16 * 4;
       if (w1_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -672,8 +708,10 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -685,7 +723,8 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F) t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
+      if (64*pid_m + i < S && 64*pid_n + j < F)
+          t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
@@ -693,7 +732,9 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k8(__global const float* restrict h_1, __global const float* restrict w3, __global const float* restrict t10, __global float* restrict t12, const long S, const long C, const long F) {
+void decoder_block_k8(__global const float* restrict h_1, __global const float* restrict w3,
+    __global const float* restrict t10, __global float* restrict t12, const long S, const long C,
+    const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -719,10 +760,12 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -732,10 +775,12 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       const int j = e % 16 * 4;
       if (w3_aligned) {
         const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -743,8 +788,10 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -756,7 +803,10 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F) t12[(64*pid_m + i) * F + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f) * acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < F)
+          t12[(64*pid_m + i) * F + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
@@ -764,7 +814,9 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void decoder_block_k9(__global const float* restrict t12, __global const float* restrict w2, __global const float* restrict x_1, __global float* restrict out, const long S, const long F, const long C) {
+void decoder_block_k9(__global const float* restrict t12, __global const float* restrict w2,
+    __global const float* restrict x_1, __global float* restrict out, const long S, const long F,
+    const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -790,10 +842,12 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       const int j = e % 4 * 4;
       if (t12_aligned) {
         const int bytes = 64*pid_m + i < S && 16*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
         }
       }
     }
@@ -803,10 +857,12 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       const int j = e % 16 * 4;
       if (w2_aligned) {
         const int bytes = 16*kb + i < F && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -814,8 +870,10 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -827,7 +885,10 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) out[(64*pid_m + i) * C + 64*pid_n + j] = ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f) + acc[t]);
+      if (64*pid_m + i < S && 64*pid_n + j < C)
+          out[(64*pid_m + i) * C + 64*pid_n + j] =
+          ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

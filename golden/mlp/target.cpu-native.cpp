@@ -5,7 +5,8 @@
 // - mlp k0: gemm BM=256 BN=256 BK=512, 1 warp, 1 stage (the heuristics)
 // - mlp k1: gemm BM=256 BN=256 BK=512, 1 warp, 1 stage (the heuristics)
 // - linear_fp8 k0: gemm_nt BM=256 BN=256 BK=1024, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_linear_gelu, tessera_mlp, tessera_linear_fp8.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -74,29 +75,9 @@ inline float small_to_float(std::uint32_t bits) {
   return sign ? -value : value;
 }
 
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
 inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
   if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
   return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
 }
 
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
@@ -175,23 +156,9 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
+
 inline void store_as(e4m3* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float saturate_int(float x, float lo, float hi) {
-  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
 }
 
 // ---------------------------------------------------------------- math
@@ -318,15 +285,6 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
-// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
-// when every row is in bounds, else a copy in `edge` with the missing rows zero.
-inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
-                             i64 rmax) {
-  if (r0 + rows <= rmax) return src + r0 * cols;
-  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
-  return edge;
-}
-
 // One butterfly of an in-register transpose: with S lanes per block, rows a and b
 // swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
 // kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
@@ -369,11 +327,6 @@ inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n
 inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
   transpose(out, x, rows, cols, rows, cols);
 }
-
-// Scratch tiles start on cache lines (the compiler places each at a multiple of
-// kLineFloats), so that no vector load of a tile row splits over two lines.
-constexpr i64 kLineFloats = 64 / sizeof(float);
-inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
 
 // A per-thread scratch area for a program's tiles: grown once, reused by every program,
 // and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
@@ -526,7 +479,9 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 // ---- linear_gelu: one program instance (launch k0 of linear_gelu: the library's gemm)
 
-static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 131072;
@@ -545,7 +500,8 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m),
+        tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
   }
   tsr::load_tile(t, 1, 256, bias, 0, 0, 256*pid_n, 1, N);
   float* const t_1 = t;
@@ -559,7 +515,8 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   tsr::store_tile(out, N, 256*pid_m, 256*pid_n, M, N, t_4, 256, 256);
 }
 
-static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -569,7 +526,9 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
 }
 // ---- mlp_k0: one program instance (launch k0 of mlp: the library's gemm)
 
-static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
+    tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 131072;
@@ -588,7 +547,8 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_in, 0, 0, 256*pid_n, 1, F);
   float* const t_1 = t;
@@ -602,7 +562,8 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
   tsr::store_tile(h, F, 256*pid_m, 256*pid_n, T, F, h_1, 256, 256);
 }
 
-static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
+static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
+    tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -612,7 +573,9 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
 }
 // ---- mlp_k1: one program instance (launch k1 of mlp: the library's gemm)
 
-static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
+    const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D,
+    const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536 + 65536);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 131072;
@@ -632,7 +595,8 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m), tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m),
+        tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
   }
   tsr::load_tile(t, 1, 256, b_out, 0, 0, 256*pid_n, 1, D);
   float* const t_1 = t;
@@ -647,7 +611,8 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   tsr::store_tile(out, D, 256*pid_m, 256*pid_n, T, D, t_5, 256, 256);
 }
 
-static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out, const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
+static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
+    const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -657,7 +622,9 @@ static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const floa
 }
 // ---- linear_fp8: one program instance (launch k0 of linear_fp8: the library's gemm_nt)
 
-static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(262144 + 262144 + 65536 + 262144 + 256 + 65536);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 262144;
@@ -678,7 +645,8 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     tsr::transpose(t, b_tile, 256, 1024);
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, t, acc, 256, 256, 1024, tsr::live(256, T - 256*pid_m), tsr::live(256, F - 256*pid_n), tsr::live(1024, D - 1024*kb));
+    tsr::mma(acc_1, a_tile, t, acc, 256, 256, 1024, tsr::live(256, T - 256*pid_m),
+        tsr::live(256, F - 256*pid_n), tsr::live(1024, D - 1024*kb));
   }
   tsr::load_tile(t_1, 1, 256, bias, 0, 0, 256*pid_n, 1, F);
   float* const t_2 = t_1;
@@ -692,7 +660,8 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
   tsr::store_tile(out, F, 256*pid_m, 256*pid_n, T, F, t_4, 256, 256);
 }
 
-static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
+static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -702,12 +671,15 @@ static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const floa
 }
 
 // ---- linear_gelu: k0 -> linear_gelu
-extern "C" void tessera_linear_gelu(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_linear_gelu(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   linear_gelu_launch(A, B, bias, out, M, K, N);
 }
 
 // ---- mlp: k0 -> mlp_k0, k1 -> mlp_k1
-extern "C" void tessera_mlp(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in, const tsr::bf16* W_out, const float* b_out, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
+extern "C" void tessera_mlp(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
+    const tsr::bf16* W_out, const float* b_out, tsr::bf16* out, const tsr::i64 T,
+    const tsr::i64 D, const tsr::i64 F) {
   unsigned char* const slot0 = tsr::buffer(0, 2*F*T);
   tsr::bf16* const h_buffer = reinterpret_cast<tsr::bf16*>(slot0);
   mlp_k0_launch(x, W_in, b_in, h_buffer, T, D, F);
@@ -715,6 +687,7 @@ extern "C" void tessera_mlp(const tsr::bf16* x, const tsr::bf16* W_in, const flo
 }
 
 // ---- linear_fp8: k0 -> linear_fp8
-extern "C" void tessera_linear_fp8(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
+extern "C" void tessera_linear_fp8(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   linear_fp8_launch(x, w, bias, out, T, D, F);
 }

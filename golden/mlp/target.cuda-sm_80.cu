@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -26,20 +28,11 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
 __device__ inline unsigned short tsr_float_to_f16(float value) {
   unsigned short bits;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
   return bits;
 }
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
 // ---------------------------------------------------------------- fp8
 
@@ -53,55 +46,7 @@ __device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
   return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
-__device__ inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return __uint_as_float(sign | (mantissa ? 0x7fc00000u : 0x7f800000u));
-  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
-  return __uint_as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
-}
-
-// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
-// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
-// that value's pattern, which the caller turns into its overflow.
-__device__ inline unsigned int tsr_narrow(float magnitude, int m, int bias) {
-  const unsigned int bits = __float_as_uint(magnitude);
-  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
-    const float scale = __uint_as_float((unsigned int)(126 + bias + m) << 23);
-    return (unsigned int)rintf(magnitude * scale);
-  }
-  const unsigned int rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
-  return ((rounded >> 23) - 127u + (unsigned int)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
-}
-
-__device__ inline unsigned char tsr_float_to_fp8_e4m3(float value) {
-  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (unsigned char)(sign | 0x7fu);
-  const unsigned int bits = tsr_narrow(fabsf(value), 3, 7);
-  return (unsigned char)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
-}
-
-__device__ inline unsigned char tsr_float_to_fp8_e5m2(float value) {
-  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (unsigned char)(sign | 0x7eu);
-  const unsigned int bits = tsr_narrow(fabsf(value), 2, 15);
-  return (unsigned char)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
-}
-
-__device__ inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
-__device__ inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-__device__ inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-__device__ inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
-
 // ---------------------------------------------------------------- math
-
-__device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
-__device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // The tanh form of gelu, as the CPU backend and the float64 reference compute it.
 __device__ inline float tsr_gelu(float x) {

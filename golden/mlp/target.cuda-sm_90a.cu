@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -26,26 +28,7 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  return bits;
-}
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
-
 // ---------------------------------------------------------------- math
-
-__device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
-__device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // The tanh form of gelu, as the CPU backend and the float64 reference compute it.
 __device__ inline float tsr_gelu(float x) {
@@ -79,29 +62,6 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 // then lies wholly inside its row or wholly past its end.
 __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long long)p & 15u) == 0; }
 
-// 16 bytes from global to shared memory, or 16 zeros when `bytes` is 0 (a chunk past a
-// ragged edge, where nothing is read), as cp.async does.
-__device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
-  uint4 chunk = {0u, 0u, 0u, 0u};
-  if (bytes) chunk = *(const uint4*)src;
-  *(uint4*)dst = chunk;
-}
-
-// cp.async: tsr_copy16 issued without waiting for it to finish.
-__device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(address), "l"(src), "r"(bytes) : "memory");
-}
-
-// The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// The thread waits until at most `Pending` of its groups are still copying; a barrier
-// then makes every thread's finished copies visible.
-template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
-
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
@@ -125,6 +85,7 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---------------------------------------------------------------- tensor memory access
 
 // sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The

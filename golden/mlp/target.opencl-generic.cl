@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+inline float tsr_bf16_to_float(ushort bits) {
+  return as_float((uint)bits << 16);
+}
 
 inline ushort tsr_float_to_bf16(float value) {
   const uint bits = as_uint(value);
@@ -25,13 +27,6 @@ inline ushort tsr_float_to_bf16(float value) {
 }
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// Through a ushort: OpenCL C without cl_khr_fp16 has pointers to half but no half variables.
-inline float tsr_round_f16(float value) {
-  ushort bits;
-  vstore_half_rte(value, 0, (__private half*)&bits);
-  return vload_half(0, (__private const half*)&bits);
-}
 
 // ---------------------------------------------------------------- fp8
 
@@ -45,55 +40,7 @@ inline float tsr_fp8_e4m3_to_float(uchar bits) {
   return as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
-inline float tsr_fp8_e5m2_to_float(uchar bits) {
-  const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return as_float(sign | (mantissa ? 0x7fc00000u : 0x7f800000u));
-  if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
-  return as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
-}
-
-// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
-// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
-// that value's pattern, which the caller turns into its overflow.
-inline uint tsr_narrow(float magnitude, int m, int bias) {
-  const uint bits = as_uint(magnitude);
-  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
-    const float scale = as_float((uint)(126 + bias + m) << 23);
-    return (uint)rint(magnitude * scale);
-  }
-  const uint rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
-  return ((rounded >> 23) - 127u + (uint)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
-}
-
-inline uchar tsr_float_to_fp8_e4m3(float value) {
-  const uint sign = (as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (uchar)(sign | 0x7fu);
-  const uint bits = tsr_narrow(fabs(value), 3, 7);
-  return (uchar)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
-}
-
-inline uchar tsr_float_to_fp8_e5m2(float value) {
-  const uint sign = (as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (uchar)(sign | 0x7eu);
-  const uint bits = tsr_narrow(fabs(value), 2, 15);
-  return (uchar)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
-}
-
-inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
-inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
-
 // ---------------------------------------------------------------- math
-
-inline float tsr_relu(float x) { return fmax(x, 0.0f); }
-inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
-inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
 // The tanh form of gelu, as the CPU backend and the float64 reference compute it.
 inline float tsr_gelu(float x) {
@@ -120,7 +67,9 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_gelu(__global const ushort* restrict A, __global const ushort* restrict B, __global const float* restrict bias, __global ushort* restrict out, const long M, const long K, const long N) {
+void linear_gelu(__global const ushort* restrict A, __global const ushort* restrict B,
+    __global const float* restrict bias, __global ushort* restrict out, const long M,
+    const long K, const long N) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
@@ -146,10 +95,12 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -159,10 +110,12 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       const int j = e % 8 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -170,8 +123,12 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -183,7 +140,10 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
+      if (64*pid_m + i < M && 64*pid_n + j < N)
+          out[(64*pid_m + i) * N + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -191,7 +151,9 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W_in, __global const float* restrict b_in, __global ushort* restrict h, const long T, const long D, const long F) {
+void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W_in,
+    __global const float* restrict b_in, __global ushort* restrict h, const long T, const long D,
+    const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
@@ -217,10 +179,12 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       const int j = e % 4 * 8;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < T && 32*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
         }
       }
     }
@@ -230,10 +194,12 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       const int j = e % 8 * 8;
       if (W_in_aligned) {
         const int bytes = 32*kb + i < D && 64*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -241,8 +207,12 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < D - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -254,7 +224,10 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F) h[(64*pid_m + i) * F + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
+      if (64*pid_m + i < T && 64*pid_n + j < F)
+          h[(64*pid_m + i) * F + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -262,7 +235,9 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/64), pid_m < ceil(T/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W_out, __global const float* restrict b_out, __global const ushort* restrict x, __global ushort* restrict out, const long T, const long F, const long D) {
+void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W_out,
+    __global const float* restrict b_out, __global const ushort* restrict x,
+    __global ushort* restrict out, const long T, const long F, const long D) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
@@ -288,10 +263,12 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       const int j = e % 4 * 8;
       if (h_aligned) {
         const int bytes = 64*pid_m + i < T && 32*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
         }
       }
     }
@@ -301,10 +278,13 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       const int j = e % 8 * 8;
       if (W_out_aligned) {
         const int bytes = 32*kb + i < F && 64*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q]
+              : 0;
         }
       }
     }
@@ -312,8 +292,12 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < F - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -325,7 +309,11 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < D) out[(64*pid_m + i) * D + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f) + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
+      if (64*pid_m + i < T && 64*pid_n + j < D)
+          out[(64*pid_m + i) * D + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D
+          ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f)
+          + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
     }
   }
 }
@@ -333,7 +321,9 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict w, __global const float* restrict bias, __global ushort* restrict out, const long T, const long D, const long F) {
+void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict w,
+    __global const float* restrict bias, __global ushort* restrict out, const long T,
+    const long D, const long F) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
@@ -359,10 +349,12 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       const int j = e % 4 * 16;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < T && 64*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
         }
       }
     }
@@ -372,10 +364,12 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       const int j = e % 4 * 16;
       if (w_aligned) {
         const int bytes = 64*pid_n + i < F && 64*kb + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
         }
       }
     }
@@ -383,8 +377,12 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64 + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
+          + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64
+          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -396,7 +394,10 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F) out[(64*pid_m + i) * F + 64*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
+      if (64*pid_m + i < T && 64*pid_n + j < F)
+          out[(64*pid_m + i) * F + 64*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t]
+          + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
     }
   }
 }

@@ -5,7 +5,8 @@
 // - pre_norm k0: layernorm rows=4, 1 warp, 1 stage (the heuristics)
 // - rms k0: rmsnorm rows=4, 1 warp, 1 stage (the heuristics)
 // - add_rms k0: rmsnorm rows=4, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_row_softmax, tessera_pre_norm, tessera_rms, tessera_add_rms.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -58,47 +59,6 @@ inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
-// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
-template <int E, int M>
-inline float small_to_float(std::uint32_t bits) {
-  const std::uint32_t sign = (bits >> (E + M)) & 1u;
-  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
-  const std::uint32_t man = bits & ((1u << M) - 1u);
-  const int bias = (1 << (E - 1)) - 1;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
-  } else {
-    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
-  }
-  return sign ? -value : value;
-}
-
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -117,56 +77,6 @@ inline bf16 from_float_bf16(float x) {
   return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
 }
 
-// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
-// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
-inline float round_small(float x, int e, int m, float max_finite, float overflow) {
-  if (std::isnan(x)) return x;
-  const float a = std::fabs(x);
-  const int bias = (1 << (e - 1)) - 1;
-  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
-  float r;
-  if (a < tiny) {
-    const float step = std::ldexp(1.0f, 1 - bias - m);
-    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
-  } else {
-    r = round_mantissa(a, m);
-  }
-  if (r > max_finite) r = overflow;
-  return std::signbit(x) ? -r : r;
-}
-
-inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
-}
-inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_tf32(float x) { return round_mantissa(x, 10); }
-
-inline std::uint32_t small_bits(float r, int e, int m) {
-  // r is already representable: rebuild its bits.
-  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
-  const float a = std::fabs(r);
-  const int bias = (1 << (e - 1)) - 1;
-  std::uint32_t out;
-  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
-    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
-  } else if (std::isinf(r)) {
-    out = ((1u << e) - 1u) << m;
-  } else if (a < std::ldexp(1.0f, 1 - bias)) {
-    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
-  } else {
-    int exponent;
-    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
-    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
-          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
-  }
-  return (sign << (e + m)) | out;
-}
-
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
@@ -175,24 +85,6 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float saturate_int(float x, float lo, float hi) {
-  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
-}
 
 // ---------------------------------------------------------------- math
 
@@ -266,16 +158,6 @@ inline float exp_nonpositive(float x) {
 
 // ---------------------------------------------------------------- memory
 
-// One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
-// target has less). Vectors never cross a function boundary, so the code means the
-// same whatever the build flags; memcpy is how unaligned rows are loaded and stored.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#else
-constexpr int kLanes = 8;
-#endif
-typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
-
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
 template <typename T>
@@ -340,49 +222,6 @@ inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, 
   return edge;
 }
 
-// One butterfly of an in-register transpose: with S lanes per block, rows a and b
-// swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
-// kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
-// each with AVX-512).
-template <int S, std::size_t... J>
-inline void swap_blocks(f32xN& a, f32xN& b, std::index_sequence<J...>) {
-  const f32xN lo = __builtin_shufflevector(a, b, ((J & S) == 0 ? J : kLanes + J - S)...);
-  const f32xN hi = __builtin_shufflevector(a, b, ((J & S) == 0 ? J + S : kLanes + J)...);
-  a = lo;
-  b = hi;
-}
-
-template <int S>
-inline void transpose_rounds(f32xN* r) {
-  if constexpr (S > 0) {
-    for (int i = 0; i < kLanes; ++i)
-      if ((i & S) == 0) swap_blocks<S>(r[i], r[i + S], std::make_index_sequence<kLanes>());
-    transpose_rounds<S / 2>(r);
-  }
-}
-
-// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
-// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
-// through registers, the ragged rest element by element. Past the corner `out` is not
-// written: the product that reads it never looks there.
-inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
-  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
-  for (i64 i = 0; i < row_blocks; i += kLanes)
-    for (i64 j = 0; j < col_blocks; j += kLanes) {
-      f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
-      transpose_rounds<kLanes / 2>(r);
-      for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
-    }
-  for (i64 i = 0; i < m; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
-}
-
-// out [cols, rows] = x [rows, cols] transposed, whole.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  transpose(out, x, rows, cols, rows, cols);
-}
-
 // Scratch tiles start on cache lines (the compiler places each at a multiple of
 // kLineFloats), so that no vector load of a tile row splits over two lines.
 constexpr i64 kLineFloats = 64 / sizeof(float);
@@ -401,30 +240,14 @@ inline float* scratch(i64 floats) {
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
 }
 
-// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
-// long. The calling thread keeps its blocks from call to call and grows one when a call
-// needs more, so that a function called again does not fault its intermediates' pages in
-// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
-// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
-// runs one call at a time, and nothing clears a block between calls: each kernel writes
-// all of its result before another kernel reads it.
-inline unsigned char* buffer(std::size_t slot, i64 bytes) {
-  static thread_local std::vector<std::vector<unsigned char>> blocks;
-  if (blocks.size() <= slot) blocks.resize(slot + 1);
-  std::vector<unsigned char>& block = blocks[slot];
-  if (static_cast<i64>(block.size()) < bytes) {
-    block = std::vector<unsigned char>();  // free the old block before the larger one
-    block.resize(static_cast<std::size_t>(bytes));
-  }
-  return block.data();
-}
-
 }  // namespace tsr
 
 // ---- row_softmax: one program instance (launch k0 of row_softmax: the library's softmax)
 
-static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C));
+static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C,
+    const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t = area + tsr::whole_lines(4*C);
   float* const e = area + tsr::whole_lines(4*C) + 16;
@@ -473,16 +296,20 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 }
 // ---- pre_norm: one program instance (launch k0 of pre_norm: the library's layernorm)
 
-static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*D);
   float* const centered = area + tsr::whole_lines(4*D) + 16;
   float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
   float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
   float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
-  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(D);
+  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D);
+  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
+      + tsr::whole_lines(D) + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
@@ -545,7 +372,8 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_13, 4, D);
 }
 
-static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
+static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -553,8 +381,10 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 }
 // ---- rms: one program instance (launch k0 of rms: the library's rmsnorm)
 
-static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
+      + tsr::whole_lines(4*D));
   float* const rows_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + 16;
@@ -590,7 +420,8 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   tsr::store_tile(out, D, 4*pid_m, 0, T, D, normed_1, 4, D);
 }
 
-static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
+static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -598,15 +429,20 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
 }
 // ---- add_rms: one program instance (launch k0 of add_rms: the library's rmsnorm)
 
-static void add_rms_program(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+static void add_rms_program(const float* x, const float* residual, const float* weight,
+    float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t_edge = area + 0;
   float* const t_1_edge = area + tsr::whole_lines(4*D);
   float* const rows = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
   float* const t_3 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16;
-  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + 16;
+  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + 16 + 16;
+  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
+      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);
@@ -644,7 +480,8 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, normed_1, 4, D);
 }
 
-static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
+static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,
+    const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -654,21 +491,25 @@ static void add_rms_launch(const float* x, const float* residual, const float* w
 }
 
 // ---- row_softmax: k0 -> row_softmax
-extern "C" void tessera_row_softmax(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
+extern "C" void tessera_row_softmax(const float* x, float* out, const tsr::i64 R,
+    const tsr::i64 C) {
   row_softmax_launch(x, out, R, C);
 }
 
 // ---- pre_norm: k0 -> pre_norm
-extern "C" void tessera_pre_norm(const tsr::bf16* x, const float* gamma, const float* beta, tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
+extern "C" void tessera_pre_norm(const tsr::bf16* x, const float* gamma, const float* beta,
+    tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   pre_norm_launch(x, gamma, beta, out, T, D);
 }
 
 // ---- rms: k0 -> rms
-extern "C" void tessera_rms(const float* x, const float* weight, float* out, const tsr::i64 T, const tsr::i64 D) {
+extern "C" void tessera_rms(const float* x, const float* weight, float* out, const tsr::i64 T,
+    const tsr::i64 D) {
   rms_launch(x, weight, out, T, D);
 }
 
 // ---- add_rms: k0 -> add_rms
-extern "C" void tessera_add_rms(const float* x, const float* residual, const float* weight, float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
+extern "C" void tessera_add_rms(const float* x, const float* residual, const float* weight,
+    float* out, const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
   add_rms_launch(x, residual, weight, out, B, S, D);
 }

@@ -14,9 +14,17 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -25,21 +33,6 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  return bits;
-}
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
 
 // ---------------------------------------------------------------- group reductions
 
@@ -83,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float r = -__int_as_float(0x7f800000);
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128) r = fmaxf(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }

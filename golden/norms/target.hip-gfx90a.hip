@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -25,14 +27,6 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 }
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-__device__ inline float tsr_f16_to_float(unsigned short bits) { return (float)__builtin_bit_cast(_Float16, bits); }
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  return __builtin_bit_cast(unsigned short, (_Float16)value);
-}
-
-__device__ inline float tsr_round_f16(float value) { return (float)(_Float16)value; }
 
 // ---------------------------------------------------------------- group reductions
 

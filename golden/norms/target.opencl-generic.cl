@@ -16,7 +16,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+inline float tsr_bf16_to_float(ushort bits) {
+  return as_float((uint)bits << 16);
+}
 
 inline ushort tsr_float_to_bf16(float value) {
   const uint bits = as_uint(value);
@@ -25,13 +27,6 @@ inline ushort tsr_float_to_bf16(float value) {
 }
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
-
-// Through a ushort: OpenCL C without cl_khr_fp16 has pointers to half but no half variables.
-inline float tsr_round_f16(float value) {
-  ushort bits;
-  vstore_half_rte(value, 0, (__private half*)&bits);
-  return vload_half(0, (__private const half*)&bits);
-}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -68,7 +63,8 @@ inline float tsr_group_max(__local float* scratch, float value) {
 // ---- row_softmax: launch k0 of row_softmax: the library's softmax
 // grid [pid_m < ceil(R/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void row_softmax(__global const float* restrict x, __global float* restrict out, const long R, const long C) {
+void row_softmax(__global const float* restrict x, __global float* restrict out, const long R,
+    const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -76,19 +72,22 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -INFINITY;
-    for (long j = lid; j < C; j += 128) r = fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
   float v_1[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + (exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long j = lid; j < C; j += 128)
+        r = r + (exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] =
+          ((exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -96,7 +95,9 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
 // ---- pre_norm: launch k0 of pre_norm: the library's layernorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void pre_norm(__global const ushort* restrict x, __global const float* restrict gamma, __global const float* restrict beta, __global ushort* restrict out, const long T, const long D) {
+void pre_norm(__global const ushort* restrict x, __global const float* restrict gamma,
+    __global const float* restrict beta, __global ushort* restrict out, const long T,
+    const long D) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -107,7 +108,8 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
+    for (long j = lid; j < D; j += 128)
+        r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_1[4];
@@ -118,7 +120,10 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   float v_2[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128) r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]));
+    for (long j = lid; j < D; j += 128)
+        r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
   float variance[4];
@@ -137,7 +142,10 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   // layernorm.tsr:19: return normed
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T
+          ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j]))
+          + (beta[j])))));
     }
   }
 }
@@ -145,7 +153,8 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
 // ---- rms: launch k0 of rms: the library's rmsnorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void rms(__global const float* restrict x, __global const float* restrict weight, __global float* restrict out, const long T, const long D) {
+void rms(__global const float* restrict x, __global const float* restrict weight,
+    __global float* restrict out, const long T, const long D) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -154,7 +163,9 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
+    for (long j = lid; j < D; j += 128)
+        r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f)
+        * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -174,7 +185,8 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
+          (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -182,7 +194,9 @@ void rms(__global const float* restrict x, __global const float* restrict weight
 // ---- add_rms: launch k0 of add_rms: the library's rmsnorm
 // grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void add_rms(__global const float* restrict x, __global const float* restrict residual, __global const float* restrict weight, __global float* restrict out, const long B, const long S, const long D) {
+void add_rms(__global const float* restrict x, __global const float* restrict residual,
+    __global const float* restrict weight, __global float* restrict out, const long B,
+    const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   __local float tsr_scratch[128];
@@ -193,7 +207,11 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128) r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+    for (long j = lid; j < D; j += 128)
+        r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f))
+        * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -213,7 +231,10 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] =
+          ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
+          + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i])
+          * (weight[j]));
     }
   }
 }

@@ -6,7 +6,8 @@
 // - w8a16 k0: tile_kernel T.m=256 T.n=256 T.k=512, 1 warp, 1 stage (the heuristics)
 // - linear_per_group k0: elementwise rows=4, 1 warp, 1 stage (the heuristics)
 // - linear_per_group k1: gemm BM=256 BN=256 BK=512, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_quantize_weights, tessera_w8a16, tessera_linear_per_group.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -59,47 +60,6 @@ inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
-// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
-template <int E, int M>
-inline float small_to_float(std::uint32_t bits) {
-  const std::uint32_t sign = (bits >> (E + M)) & 1u;
-  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
-  const std::uint32_t man = bits & ((1u << M) - 1u);
-  const int bias = (1 << (E - 1)) - 1;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
-  } else {
-    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
-  }
-  return sign ? -value : value;
-}
-
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -118,56 +78,6 @@ inline bf16 from_float_bf16(float x) {
   return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
 }
 
-// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
-// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
-inline float round_small(float x, int e, int m, float max_finite, float overflow) {
-  if (std::isnan(x)) return x;
-  const float a = std::fabs(x);
-  const int bias = (1 << (e - 1)) - 1;
-  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
-  float r;
-  if (a < tiny) {
-    const float step = std::ldexp(1.0f, 1 - bias - m);
-    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
-  } else {
-    r = round_mantissa(a, m);
-  }
-  if (r > max_finite) r = overflow;
-  return std::signbit(x) ? -r : r;
-}
-
-inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
-}
-inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_tf32(float x) { return round_mantissa(x, 10); }
-
-inline std::uint32_t small_bits(float r, int e, int m) {
-  // r is already representable: rebuild its bits.
-  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
-  const float a = std::fabs(r);
-  const int bias = (1 << (e - 1)) - 1;
-  std::uint32_t out;
-  if (std::isnan(r)) {  // e4m3fn's one NaN, or the quiet NaN ml_dtypes and the GPUs write
-    out = (e == 4 && m == 3) ? 0x7Fu : (((1u << e) - 1u) << m) | (1u << (m - 1));
-  } else if (std::isinf(r)) {
-    out = ((1u << e) - 1u) << m;
-  } else if (a < std::ldexp(1.0f, 1 - bias)) {
-    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
-  } else {
-    int exponent;
-    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
-    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
-          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
-  }
-  return (sign << (e + m)) | out;
-}
-
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
@@ -176,15 +86,6 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
@@ -336,49 +237,6 @@ inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, 
   if (r0 + rows <= rmax) return src + r0 * cols;
   load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
   return edge;
-}
-
-// One butterfly of an in-register transpose: with S lanes per block, rows a and b
-// swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
-// kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
-// each with AVX-512).
-template <int S, std::size_t... J>
-inline void swap_blocks(f32xN& a, f32xN& b, std::index_sequence<J...>) {
-  const f32xN lo = __builtin_shufflevector(a, b, ((J & S) == 0 ? J : kLanes + J - S)...);
-  const f32xN hi = __builtin_shufflevector(a, b, ((J & S) == 0 ? J + S : kLanes + J)...);
-  a = lo;
-  b = hi;
-}
-
-template <int S>
-inline void transpose_rounds(f32xN* r) {
-  if constexpr (S > 0) {
-    for (int i = 0; i < kLanes; ++i)
-      if ((i & S) == 0) swap_blocks<S>(r[i], r[i + S], std::make_index_sequence<kLanes>());
-    transpose_rounds<S / 2>(r);
-  }
-}
-
-// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
-// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
-// through registers, the ragged rest element by element. Past the corner `out` is not
-// written: the product that reads it never looks there.
-inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
-  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
-  for (i64 i = 0; i < row_blocks; i += kLanes)
-    for (i64 j = 0; j < col_blocks; j += kLanes) {
-      f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
-      transpose_rounds<kLanes / 2>(r);
-      for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
-    }
-  for (i64 i = 0; i < m; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
-}
-
-// out [cols, rows] = x [rows, cols] transposed, whole.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  transpose(out, x, rows, cols, rows, cols);
 }
 
 // Scratch tiles start on cache lines (the compiler places each at a multiple of
@@ -535,9 +393,11 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 }  // namespace tsr
 
-// ---- quantize_weights_k0: one program instance (launch k0 of quantize_weights: the library's elementwise)
+// ---- quantize_weights_k0: one program instance (launch k0 of quantize_weights: the library's
+//   elementwise)
 
-static void quantize_weights_k0_program(const float* scale, float* t0, const tsr::i64 N, const tsr::i64 pid_m) {
+static void quantize_weights_k0_program(const float* scale, float* t0, const tsr::i64 N,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192);
   float* const t = area + 0;
   tsr::load_tile(t, 1, 8192, scale, 0, 0, 8192*pid_m, 1, N);
@@ -556,10 +416,13 @@ static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr:
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k0_program(scale, t0, N, pid_m);
 }
-// ---- quantize_weights_k1: one program instance (launch k1 of quantize_weights: the library's elementwise)
+// ---- quantize_weights_k1: one program instance (launch k1 of quantize_weights: the library's
+//   elementwise)
 
-static void quantize_weights_k1_program(const float* w, const float* t0, std::int8_t* out, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(N) + tsr::whole_lines(4*N));
+static void quantize_weights_k1_program(const float* w, const float* t0, std::int8_t* out,
+    const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(N)
+      + tsr::whole_lines(4*N));
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*N);
   float* const t_5 = area + tsr::whole_lines(4*N) + tsr::whole_lines(N);
@@ -570,13 +433,15 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_5[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((t[i * N + j] * t_2[j]))), -128.0f, 127.0f));
+      t_5[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((t[i * N + j] * t_2[j]))),
+          -128.0f, 127.0f));
     }
   }
   tsr::store_tile(out, N, 4*pid_m, 0, K, N, t_5, 4, N);
 }
 
-static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out, const tsr::i64 K, const tsr::i64 N) {
+static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
+    const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_m_count = tsr::ceil_div(K, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -584,7 +449,9 @@ static void quantize_weights_k1_launch(const float* w, const float* t0, std::int
 }
 // ---- w8a16: one program instance (tile kernel w8a16)
 
-static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float* scale,
+    float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256);
   float* const a_smem = area + 0;
   float* const operand_smem = area + 131072;
@@ -597,7 +464,8 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
     // quant_linear.tsr:24: a = tile.load(x, rows=T.m, cols=kb)
     tsr::load_tile(a_smem, 256, 512, x, K, 256*pid_m, 512*kb, M, K);
     float* const a = a_smem;
-    // quant_linear.tsr:25: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+    // quant_linear.tsr:25: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+    //   every int8
     tsr::load_tile(operand_smem, 512, 256, w, N, 512*kb, 256*pid_n, K, N);
     float* const t = operand_smem;
     float* const b = t;
@@ -609,7 +477,8 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
     }
     // quant_linear.tsr:26: acc += tile.dot(a, b)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a, b, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
+    tsr::mma(acc_1, a, b, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m),
+        tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
   }
   // quant_linear.tsr:27: return acc * tile.load(scale, cols=T.n)[None, :]
   tsr::load_tile(t_1, 1, 256, scale, 0, 0, 256*pid_n, 1, N);
@@ -624,7 +493,8 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
   tsr::store_tile(out, N, 256*pid_m, 256*pid_n, M, N, t_3, 256, 256);
 }
 
-static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out,
+    const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -632,9 +502,11 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w8a16_program(x, w, scale, out, M, K, N, pid_n, pid_m);
 }
-// ---- linear_per_group_k0: one program instance (launch k0 of linear_per_group: the library's elementwise)
+// ---- linear_per_group_k0: one program instance (launch k0 of linear_per_group: the library's
+//   elementwise)
 
-static void linear_per_group_k0_program(const std::int8_t* w, const float* scale, tsr::bf16* t4, const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+static void linear_per_group_k0_program(const std::int8_t* w, const float* scale, tsr::bf16* t4,
+    const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
   float* const t = area + 0;
   float* const t_4 = area + tsr::whole_lines(4*N);
@@ -650,7 +522,8 @@ static void linear_per_group_k0_program(const std::int8_t* w, const float* scale
   tsr::store_tile(t4 + (pid_b0) * (32*N), N, 4*pid_m, 0, 32, N, t_4, 4, N);
 }
 
-static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4, const tsr::i64 K, const tsr::i64 N) {
+static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
+    const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_m_count = tsr::ceil_div(32, 4);
   const tsr::i64 pid_b0_count = (K)/32;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -658,9 +531,12 @@ static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale,
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       linear_per_group_k0_program(w, scale, t4, N, pid_m, pid_b0);
 }
-// ---- linear_per_group_k1: one program instance (launch k1 of linear_per_group: the library's gemm)
+// ---- linear_per_group_k1: one program instance (launch k1 of linear_per_group: the library's
+//   gemm)
 
-static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x, float* out, const tsr::i64 K, const tsr::i64 N, const tsr::i64 M, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x, float* out,
+    const tsr::i64 K, const tsr::i64 N, const tsr::i64 M, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 131072;
@@ -677,12 +553,14 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m),
+        tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
   }
   tsr::store_tile(out, N, 256*pid_m, 256*pid_n, M, N, acc, 256, 256);
 }
 
-static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, float* out, const tsr::i64 K, const tsr::i64 N, const tsr::i64 M) {
+static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, float* out,
+    const tsr::i64 K, const tsr::i64 N, const tsr::i64 M) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -692,7 +570,8 @@ static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, 
 }
 
 // ---- quantize_weights: k0 -> quantize_weights_k0, k1 -> quantize_weights_k1
-extern "C" void tessera_quantize_weights(const float* w, const float* scale, std::int8_t* out, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_quantize_weights(const float* w, const float* scale, std::int8_t* out,
+    const tsr::i64 K, const tsr::i64 N) {
   unsigned char* const slot0 = tsr::buffer(0, 4*N);
   float* const t0_buffer = reinterpret_cast<float*>(slot0);
   quantize_weights_k0_launch(scale, t0_buffer, N);
@@ -700,12 +579,14 @@ extern "C" void tessera_quantize_weights(const float* w, const float* scale, std
 }
 
 // ---- w8a16: k0 -> w8a16
-extern "C" void tessera_w8a16(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_w8a16(const tsr::bf16* x, const std::int8_t* w, const float* scale,
+    float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   w8a16_launch(x, w, scale, out, M, K, N);
 }
 
 // ---- linear_per_group: k0 -> linear_per_group_k0, k1 -> linear_per_group_k1
-extern "C" void tessera_linear_per_group(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_linear_per_group(const tsr::bf16* x, const std::int8_t* w,
+    const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   unsigned char* const slot0 = tsr::buffer(0, 2*K*N);
   tsr::bf16* const t4_buffer = reinterpret_cast<tsr::bf16*>(slot0);
   linear_per_group_k0_launch(w, scale, t4_buffer, K, N);

@@ -17,7 +17,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -27,69 +29,7 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
 
 __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
-// PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
-__device__ inline float tsr_f16_to_float(unsigned short bits) {
-  float value;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-  return value;
-}
-
-__device__ inline unsigned short tsr_float_to_f16(float value) {
-  unsigned short bits;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-  return bits;
-}
-
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
-
 // ---------------------------------------------------------------- fp8
-
-// fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
-// NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
-// overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
-__device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);  // NaN, its sign kept
-  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
-  return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
-}
-
-__device__ inline float tsr_fp8_e5m2_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return __uint_as_float(sign | (mantissa ? 0x7fc00000u : 0x7f800000u));
-  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
-  return __uint_as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
-}
-
-// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
-// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
-// that value's pattern, which the caller turns into its overflow.
-__device__ inline unsigned int tsr_narrow(float magnitude, int m, int bias) {
-  const unsigned int bits = __float_as_uint(magnitude);
-  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
-    const float scale = __uint_as_float((unsigned int)(126 + bias + m) << 23);
-    return (unsigned int)rintf(magnitude * scale);
-  }
-  const unsigned int rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
-  return ((rounded >> 23) - 127u + (unsigned int)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
-}
-
-__device__ inline unsigned char tsr_float_to_fp8_e4m3(float value) {
-  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (unsigned char)(sign | 0x7fu);
-  const unsigned int bits = tsr_narrow(fabsf(value), 3, 7);
-  return (unsigned char)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
-}
-
-__device__ inline unsigned char tsr_float_to_fp8_e5m2(float value) {
-  const unsigned int sign = (__float_as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (unsigned char)(sign | 0x7eu);
-  const unsigned int bits = tsr_narrow(fabsf(value), 2, 15);
-  return (unsigned char)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
-}
-
-__device__ inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
-__device__ inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
@@ -194,13 +134,6 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
@@ -224,6 +157,7 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---------------------------------------------------------------- tensor memory access
 
 // sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The

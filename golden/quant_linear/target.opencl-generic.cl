@@ -17,7 +17,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+inline float tsr_bf16_to_float(ushort bits) {
+  return as_float((uint)bits << 16);
+}
 
 inline ushort tsr_float_to_bf16(float value) {
   const uint bits = as_uint(value);
@@ -27,68 +29,15 @@ inline ushort tsr_float_to_bf16(float value) {
 
 inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
 
-// Through a ushort: OpenCL C without cl_khr_fp16 has pointers to half but no half variables.
-inline float tsr_round_f16(float value) {
-  ushort bits;
-  vstore_half_rte(value, 0, (__private half*)&bits);
-  return vload_half(0, (__private const half*)&bits);
-}
-
 // ---------------------------------------------------------------- fp8
-
-// fp8 tensors are 8-bit patterns: e4m3 (the "fn" variant: no infinities, S.1111.111 is
-// NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
-// overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
-inline float tsr_fp8_e4m3_to_float(uchar bits) {
-  const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return as_float(sign | 0x7fc00000u);  // NaN, its sign kept
-  if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.001953125f));  // m 2^-9
-  return as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
-}
-
-inline float tsr_fp8_e5m2_to_float(uchar bits) {
-  const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 2) & 31u, mantissa = bits & 3u;
-  if (exponent == 31) return as_float(sign | (mantissa ? 0x7fc00000u : 0x7f800000u));
-  if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.0000152587890625f));  // m 2^-16
-  return as_float(sign | (exponent + 112u) << 23 | mantissa << 21);
-}
-
-// The pattern of a magnitude (not NaN) in a small float of `m` mantissa bits and exponent
-// bias `bias`, rounded to nearest even; past the largest finite value it is larger than
-// that value's pattern, which the caller turns into its overflow.
-inline uint tsr_narrow(float magnitude, int m, int bias) {
-  const uint bits = as_uint(magnitude);
-  if ((int)(bits >> 23) - 127 < 1 - bias) {  // a multiple of the subnormal step, 2^(1 - bias - m)
-    const float scale = as_float((uint)(126 + bias + m) << 23);
-    return (uint)rint(magnitude * scale);
-  }
-  const uint rounded = bits + ((1u << (22 - m)) - 1u) + ((bits >> (23 - m)) & 1u);
-  return ((rounded >> 23) - 127u + (uint)bias) << m | ((rounded >> (23 - m)) & ((1u << m) - 1u));
-}
-
-inline uchar tsr_float_to_fp8_e4m3(float value) {
-  const uint sign = (as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (uchar)(sign | 0x7fu);
-  const uint bits = tsr_narrow(fabs(value), 3, 7);
-  return (uchar)(sign | (bits > 0x7eu ? 0x7fu : bits));  // 448 is the largest
-}
-
-inline uchar tsr_float_to_fp8_e5m2(float value) {
-  const uint sign = (as_uint(value) >> 24) & 0x80u;
-  if (isnan(value)) return (uchar)(sign | 0x7eu);
-  const uint bits = tsr_narrow(fabs(value), 2, 15);
-  return (uchar)(sign | (bits > 0x7bu ? 0x7cu : bits));  // 57344 is the largest
-}
-
-inline float tsr_round_fp8_e4m3(float value) { return tsr_fp8_e4m3_to_float(tsr_float_to_fp8_e4m3(value)); }
-inline float tsr_round_fp8_e5m2(float value) { return tsr_fp8_e5m2_to_float(tsr_float_to_fp8_e5m2(value)); }
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
 inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+inline float tsr_saturate_int(float x, float lo,
+    float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
 
 // ---------------------------------------------------------------- integers
 
@@ -118,25 +67,30 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(N/1024)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void quantize_weights_k0(__global const float* restrict scale, __global float* restrict t0, const long N) {
+void quantize_weights_k0(__global const float* restrict scale, __global float* restrict t0,
+    const long N) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:15: return quantize(w, scale, i8)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] = (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (1024*pid_m + e < N) t0[1024*pid_m + e] =
+        (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
   }
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(K/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void quantize_weights_k1(__global const float* restrict w, __global const float* restrict t0, __global char* restrict out, const long K, const long N) {
+void quantize_weights_k1(__global const float* restrict w, __global const float* restrict t0,
+    __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:15: return quantize(w, scale, i8)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((4*pid_m + i < K ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((4*pid_m + i < K
+          ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -144,7 +98,9 @@ void quantize_weights_k1(__global const float* restrict w, __global const float*
 // ---- w8a16: tile kernel w8a16
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void w8a16(__global const ushort* restrict x, __global const char* restrict w, __global const float* restrict scale, __global float* restrict out, const long M, const long K, const long N) {
+void w8a16(__global const ushort* restrict x, __global const char* restrict w,
+    __global const float* restrict scale, __global float* restrict out, const long M,
+    const long K, const long N) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[6144] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
@@ -170,23 +126,28 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w, _
       const int j = e % 4 * 8;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
-    // quant_linear.tsr:25: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+    // quant_linear.tsr:25: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+    //   every int8
     for (int e = lid; e < 128; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((32*kb + i) * N + 64*pid_n + j) : w, bytes);
+        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((32*kb + i) * N + 64*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 32*kb + i < K && 64*pid_n + j + q < N ? w[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              32*kb + i < K && 64*pid_n + j + q < N ? w[(32*kb + i) * N + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -194,8 +155,12 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w, _
     // quant_linear.tsr:26: acc += tile.dot(a, b)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_round_bf16(((float)operand_smem[kk * 64 + ((tx + c * 16) / 16 ^ kk % 4) * 16 + (tx + c * 16) % 16]));
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+          + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * 64
+          + ((tx + c * 16) / 16 ^ kk % 4) * 16 + (tx + c * 16) % 16]));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -207,7 +172,9 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w, _
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = (acc[t] * (64*pid_n + j < N ? scale[64*pid_n + j] : 0.0f));
+      if (64*pid_m + i < M && 64*pid_n + j < N)
+          out[(64*pid_m + i) * N + 64*pid_n + j] =
+          (acc[t] * (64*pid_n + j < N ? scale[64*pid_n + j] : 0.0f));
     }
   }
 }
@@ -215,7 +182,8 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w, _
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
 // grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_per_group_k0(__global const char* restrict w, __global const float* restrict scale, __global ushort* restrict t4, const long K, const long N) {
+void linear_per_group_k0(__global const char* restrict w, __global const float* restrict scale,
+    __global ushort* restrict t4, const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
   const long pid_m = get_group_id(0);
@@ -223,7 +191,9 @@ void linear_per_group_k0(__global const char* restrict w, __global const float* 
   // quant_linear.tsr:33: return x @ dequantize(w, scale, group=32, dtype=bf16)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j]))
+          * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
 }
@@ -231,7 +201,8 @@ void linear_per_group_k0(__global const char* restrict w, __global const float* 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_per_group_k1(__global const ushort* restrict t4, __global const ushort* restrict x, __global float* restrict out, const long K, const long N, const long M) {
+void linear_per_group_k1(__global const ushort* restrict t4, __global const ushort* restrict x,
+    __global float* restrict out, const long K, const long N, const long M) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
@@ -257,10 +228,12 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
       const int j = e % 4 * 8;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -270,10 +243,12 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
       const int j = e % 8 * 8;
       if (t4_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32*kb + i) * N + 64*pid_n + j) : t4, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? t4 + ((32*kb + i) * N + 64*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 64*pid_n + j + q < N ? t4[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 64*pid_n + j + q < N ? t4[(32*kb + i) * N + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -281,8 +256,12 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 4; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }

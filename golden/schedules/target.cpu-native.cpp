@@ -4,7 +4,8 @@
 // - gemm k0: gemm BM=128 BN=128 BK=32, 8 warps, 3 stages (the source's schedule)
 // - skinny_gemm k0: gemm BM=64 BN=64 BK=32, 4 warps, 3 stages (the source's schedule)
 // - gemm_bias_relu k0: gemm BM=128 BN=128 BK=64, 4 warps, 2 stages (the source's autotuning space)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_gemm, tessera_skinny_gemm, tessera_gemm_bias_relu.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -83,21 +84,6 @@ inline float to_float(f16 x) {
   return small_to_float<5, 10>(x.bits);
 }
 
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -174,23 +160,9 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
+
 inline void store_as(f16* dst, float x) {
   dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
-
-// A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
-// past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
-// dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-// An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float saturate_int(float x, float lo, float hi) {
-  return std::isnan(x) ? 0.0f : saturate(x, lo, hi);
 }
 
 // ---------------------------------------------------------------- math
@@ -317,63 +289,6 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
   }
 }
 
-// Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory
-// when every row is in bounds, else a copy in `edge` with the missing rows zero.
-inline const float* row_tile(float* edge, i64 rows, i64 cols, const float* src, i64 r0,
-                             i64 rmax) {
-  if (r0 + rows <= rmax) return src + r0 * cols;
-  load_tile(edge, rows, cols, src, cols, r0, 0, rmax, cols);
-  return edge;
-}
-
-// One butterfly of an in-register transpose: with S lanes per block, rows a and b
-// swap their off-diagonal S x S blocks. log2(kLanes) rounds of them transpose a
-// kLanes x kLanes block held in kLanes vectors (two-source shuffles: one instruction
-// each with AVX-512).
-template <int S, std::size_t... J>
-inline void swap_blocks(f32xN& a, f32xN& b, std::index_sequence<J...>) {
-  const f32xN lo = __builtin_shufflevector(a, b, ((J & S) == 0 ? J : kLanes + J - S)...);
-  const f32xN hi = __builtin_shufflevector(a, b, ((J & S) == 0 ? J + S : kLanes + J)...);
-  a = lo;
-  b = hi;
-}
-
-template <int S>
-inline void transpose_rounds(f32xN* r) {
-  if constexpr (S > 0) {
-    for (int i = 0; i < kLanes; ++i)
-      if ((i & S) == 0) swap_blocks<S>(r[i], r[i + S], std::make_index_sequence<kLanes>());
-    transpose_rounds<S / 2>(r);
-  }
-}
-
-// out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
-// are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
-// through registers, the ragged rest element by element. Past the corner `out` is not
-// written: the product that reads it never looks there.
-inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
-  const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
-  for (i64 i = 0; i < row_blocks; i += kLanes)
-    for (i64 j = 0; j < col_blocks; j += kLanes) {
-      f32xN r[kLanes];
-      for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
-      transpose_rounds<kLanes / 2>(r);
-      for (int t = 0; t < kLanes; ++t) std::memcpy(out + (j + t) * rows + i, &r[t], sizeof r[t]);
-    }
-  for (i64 i = 0; i < m; ++i)
-    for (i64 j = i < row_blocks ? col_blocks : 0; j < n; ++j) out[j * rows + i] = x[i * ld + j];
-}
-
-// out [cols, rows] = x [rows, cols] transposed, whole.
-inline void transpose(float* out, const float* x, i64 rows, i64 cols) {
-  transpose(out, x, rows, cols, rows, cols);
-}
-
-// Scratch tiles start on cache lines (the compiler places each at a multiple of
-// kLineFloats), so that no vector load of a tile row splits over two lines.
-constexpr i64 kLineFloats = 64 / sizeof(float);
-inline i64 whole_lines(i64 floats) { return ceil_div(floats, kLineFloats) * kLineFloats; }
-
 // A per-thread scratch area for a program's tiles: grown once, reused by every program,
 // and page-aligned. (With malloc's 16-byte alignment every 64-byte load of a b tile
 // split over two lines: SGEMM 2048 ran 4-7% slower. A page measured 1-2% faster than a
@@ -385,24 +300,6 @@ inline float* scratch(i64 floats) {
   if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
-}
-
-// The storage of slot `slot` of a function's intermediate tensors, at least `bytes`
-// long. The calling thread keeps its blocks from call to call and grows one when a call
-// needs more, so that a function called again does not fault its intermediates' pages in
-// afresh (column sums of 4096 x 4096, through a 64 MiB intermediate: 36.3 ms a call with
-// a fresh block, 10.5 ms now; bench/README.md). Functions share the blocks, as a thread
-// runs one call at a time, and nothing clears a block between calls: each kernel writes
-// all of its result before another kernel reads it.
-inline unsigned char* buffer(std::size_t slot, i64 bytes) {
-  static thread_local std::vector<std::vector<unsigned char>> blocks;
-  if (blocks.size() <= slot) blocks.resize(slot + 1);
-  std::vector<unsigned char>& block = blocks[slot];
-  if (static_cast<i64>(block.size()) < bytes) {
-    block = std::vector<unsigned char>();  // free the old block before the larger one
-    block.resize(static_cast<std::size_t>(bytes));
-  }
-  return block.data();
 }
 
 // ---------------------------------------------------------------- dot
@@ -525,7 +422,8 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 // ---- gemm: one program instance (launch k0 of gemm: the library's gemm)
 
-static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
+    const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096 + 16384);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 4096;
@@ -542,7 +440,8 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(32, K - 32*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - 128*pid_m),
+        tsr::live(128, N - 128*pid_n), tsr::live(32, K - 32*kb));
   }
   // schedules.tsr:12: return A @ B
   float* const t = acc;
@@ -555,7 +454,8 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
   tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t, 128, 128);
 }
 
-static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
+    const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -565,7 +465,9 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
 }
 // ---- skinny_gemm: one program instance (launch k0 of skinny_gemm: the library's gemm)
 
-static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
+    const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(2048 + 2048 + 4096);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 2048;
@@ -582,7 +484,8 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - 64*pid_m), tsr::live(64, N - 64*pid_n), tsr::live(32, K - 32*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - 64*pid_m),
+        tsr::live(64, N - 64*pid_n), tsr::live(32, K - 32*kb));
   }
   // schedules.tsr:18: return A @ B
   float* const t = acc;
@@ -595,7 +498,8 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
   tsr::store_tile(out, N, 64*pid_m, 64*pid_n, M, N, t, 64, 64);
 }
 
-static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
+    const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 64);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -605,7 +509,9 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
 }
 // ---- gemm_bias_relu: one program instance (launch k0 of gemm_bias_relu: the library's gemm)
 
-static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
   float* const a_tile_smem = area + 0;
   float* const b_tile_smem = area + 8192;
@@ -624,7 +530,8 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - 128*pid_m), tsr::live(128, N - 128*pid_n), tsr::live(64, K - 64*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - 128*pid_m),
+        tsr::live(128, N - 128*pid_n), tsr::live(64, K - 64*kb));
   }
   tsr::load_tile(t, 1, 128, bias, 0, 0, 128*pid_n, 1, N);
   float* const t_1 = t;
@@ -638,7 +545,8 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t_4, 128, 128);
 }
 
-static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -648,16 +556,19 @@ static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const 
 }
 
 // ---- gemm: k0 -> gemm
-extern "C" void tessera_gemm(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_gemm(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
+    const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   gemm_launch(A, B, out, M, K, N);
 }
 
 // ---- skinny_gemm: k0 -> skinny_gemm
-extern "C" void tessera_skinny_gemm(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_skinny_gemm(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
+    const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   skinny_gemm_launch(A, B, out, M, K, N);
 }
 
 // ---- gemm_bias_relu: k0 -> gemm_bias_relu
-extern "C" void tessera_gemm_bias_relu(const tsr::bf16* A, const tsr::bf16* B, const float* bias, tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
+extern "C" void tessera_gemm_bias_relu(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
+    tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   gemm_bias_relu_launch(A, B, bias, out, M, K, N);
 }

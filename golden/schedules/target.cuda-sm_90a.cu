@@ -15,7 +15,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-__device__ inline float tsr_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned int)bits << 16); }
+__device__ inline float tsr_bf16_to_float(unsigned short bits) {
+  return __uint_as_float((unsigned int)bits << 16);
+}
 
 __device__ inline unsigned short tsr_float_to_bf16(float value) {
   const unsigned int bits = __float_as_uint(value);
@@ -45,11 +47,6 @@ __device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
 __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
-
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-__device__ inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
 
 // ---------------------------------------------------------------- operand registers
 
@@ -124,6 +121,7 @@ __device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.al
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---------------------------------------------------------------- tensor memory access
 
 // sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The

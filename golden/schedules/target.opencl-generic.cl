@@ -15,7 +15,9 @@
 
 // ---------------------------------------------------------------- numerics
 
-inline float tsr_bf16_to_float(ushort bits) { return as_float((uint)bits << 16); }
+inline float tsr_bf16_to_float(ushort bits) {
+  return as_float((uint)bits << 16);
+}
 
 inline ushort tsr_float_to_bf16(float value) {
   const uint bits = as_uint(value);
@@ -38,11 +40,6 @@ inline float tsr_relu(float x) { return fmax(x, 0.0f); }
 inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
-// The tanh form of gelu, as the CPU backend and the float64 reference compute it.
-inline float tsr_gelu(float x) {
-  return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -63,7 +60,8 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // ---- gemm: launch k0 of gemm: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void gemm(__global const half* restrict A, __global const half* restrict B, __global half* restrict out, const long M, const long K, const long N) {
+void gemm(__global const half* restrict A, __global const half* restrict B,
+    __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
@@ -89,10 +87,13 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(128*pid_m + i < M && 32*kb + j + q < K ? vload_half((128*pid_m + i) * K + 32*kb + j + q, A) : 0.0f, i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+          vstore_half_rte(128*pid_m + i < M && 32*kb + j + q < K
+              ? vload_half((128*pid_m + i) * K + 32*kb + j + q, A) : 0.0f,
+              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
@@ -102,10 +103,13 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
       const int j = e % 16 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(32*kb + i < K && 128*pid_n + j + q < N ? vload_half((32*kb + i) * N + 128*pid_n + j + q, B) : 0.0f, i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+          vstore_half_rte(32*kb + i < K && 128*pid_n + j + q < N
+              ? vload_half((32*kb + i) * N + 128*pid_n + j + q, B) : 0.0f,
+              i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
@@ -113,8 +117,12 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8, a_tile_smem);
-      for (int c = 0; c < 8; ++c) b_k[c] = vload_half(kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8, b_tile_smem);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8,
+          a_tile_smem);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = vload_half(kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_tile_smem);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -126,7 +134,8 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) vstore_half_rte((tsr_round_f16(acc[t])), (128*pid_m + i) * N + 128*pid_n + j, out);
+      if (128*pid_m + i < M && 128*pid_n + j < N)
+          vstore_half_rte((tsr_round_f16(acc[t])), (128*pid_m + i) * N + 128*pid_n + j, out);
     }
   }
 }
@@ -134,7 +143,8 @@ void gemm(__global const half* restrict A, __global const half* restrict B, __gl
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void skinny_gemm(__global const half* restrict A, __global const half* restrict B, __global half* restrict out, const long M, const long K, const long N) {
+void skinny_gemm(__global const half* restrict A, __global const half* restrict B,
+    __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
@@ -160,10 +170,13 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(64*pid_m + i < M && 32*kb + j + q < K ? vload_half((64*pid_m + i) * K + 32*kb + j + q, A) : 0.0f, i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+          vstore_half_rte(64*pid_m + i < M && 32*kb + j + q < K
+              ? vload_half((64*pid_m + i) * K + 32*kb + j + q, A) : 0.0f,
+              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
@@ -173,10 +186,13 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
       const int j = e % 8 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(32*kb + i < K && 64*pid_n + j + q < N ? vload_half((32*kb + i) * N + 64*pid_n + j + q, B) : 0.0f, i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+          vstore_half_rte(32*kb + i < K && 64*pid_n + j + q < N
+              ? vload_half((32*kb + i) * N + 64*pid_n + j + q, B) : 0.0f,
+              i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
@@ -184,8 +200,12 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8, a_tile_smem);
-      for (int c = 0; c < 4; ++c) b_k[c] = vload_half(kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8, b_tile_smem);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8,
+          a_tile_smem);
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = vload_half(kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_tile_smem);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -197,7 +217,8 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) vstore_half_rte((tsr_round_f16(acc[t])), (64*pid_m + i) * N + 64*pid_n + j, out);
+      if (64*pid_m + i < M && 64*pid_n + j < N)
+          vstore_half_rte((tsr_round_f16(acc[t])), (64*pid_m + i) * N + 64*pid_n + j, out);
     }
   }
 }
@@ -205,7 +226,9 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* restrict B, __global const float* restrict bias, __global ushort* restrict out, const long M, const long K, const long N) {
+void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* restrict B,
+    __global const float* restrict bias, __global ushort* restrict out, const long M,
+    const long K, const long N) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
@@ -231,10 +254,12 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
       const int j = e % 4 * 8;
       if (A_aligned) {
         const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -244,10 +269,12 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
       const int j = e % 16 * 8;
       if (B_aligned) {
         const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
         }
       }
     }
@@ -255,8 +282,12 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[16], b_k[8];
-      for (int r = 0; r < 16; ++r) a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8]);
+      for (int r = 0; r < 16; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
+          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
+          + (tx + c * 16) % 8]);
       for (int r = 0; r < 16; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -268,7 +299,10 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      if (128*pid_m + i < M && 128*pid_n + j < N)
+          out[(128*pid_m + i) * N + 128*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
+          + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
     }
   }
 }

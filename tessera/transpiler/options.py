@@ -24,13 +24,15 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "hip": ("gfx90a", "gfx942"),
     "cpu": ("native", "x86-64-v2", "x86-64-v3", "x86-64-v4", "armv8-a"),
     "opencl": ("generic",),
+    "sycl": ("generic",),
 }
 
 #: The target of a command line that names none, by option or output suffix.
 DEFAULT_TARGET = "cuda"
 
-#: Output suffix to target, for ``-o kernel.cu``.
-SUFFIXES = {".cu": "cuda", ".hip": "hip", ".cpp": "cpu", ".cl": "opencl"}
+#: Output suffix to target, for ``-o kernel.cu``; the first that a name ends with wins
+#: (``.sycl.cpp`` before ``.cpp``).
+SUFFIXES = {".sycl.cpp": "sycl", ".cu": "cuda", ".hip": "hip", ".cpp": "cpu", ".cl": "opencl"}
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -321,7 +321,8 @@ class Program:
             if any(s.name == stage for s in PIPELINE):
                 raise OptionsError(
                     f"the '{stage}' stage depends on the target: give --target (cuda, hip, "
-                    "cpu, opencl) or an output file ending in .cu, .hip, .cpp or .cl"
+                    "cpu, opencl, sycl) or an output file ending in .cu, .hip, .cpp, .cl or "
+                    ".sycl.cpp"
                 )
             raise StageNotImplemented(stage)
         return self._ir[stage]
@@ -354,6 +355,11 @@ class Program:
             from ..runtime.opencl import load as load_opencl
 
             return load_opencl(source, self.ir("meta"))
+        if self.options.target == "sycl":
+            raise RuntimeError(
+                "Tessera does not build SYCL files: compile the .sycl.cpp with a SYCL 2020 "
+                "compiler (icpx -fsycl, acpp) and call its host functions"
+            )
         if self.options.target == "hip":
             from ..runtime.hip import load as load_hip
 

@@ -16,7 +16,9 @@ TMA copies read; ``use_simulator`` puts both under ``tessera.runtime.cuda``. The
 and the generated loaders run over them unchanged, so a test checks the whole call: the
 runtime's arguments and buffers, the launches the metadata gives, and the numbers.
 ``load_hip`` runs a HIP file's functions the same way, through the CUDA runtime's
-launches (the metadata of both backends describes them alike).
+launches (the metadata of both backends describes them alike). ``load_sycl`` runs a
+SYCL file's kernels and its own host functions, over ``sycl_sim.hpp`` in place of the
+SYCL headers.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["simulated_source", "build", "simulated_cupy", "simulated_driver", "use_simulator",
-           "load_hip", "DeviceArray", "SimulationError"]  # fmt: skip
+           "load_hip", "load_sycl", "DeviceArray", "SimulationError"]  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 _CACHE = Path(tempfile.gettempdir()) / "tessera-gpusim"
@@ -349,3 +351,55 @@ def load_hip(program: Any) -> Any:
     functions = [{**f, "launches": [{"dynamic_smem": 0, **k} for k in f["launches"]]}
                  for f in meta["functions"]]  # fmt: skip
     return Library(meta, [CudaFunction(module, f) for f in functions])
+
+
+#: A SYCL file's host function: its name and its parameters after the queue.
+_SYCL_HOST = re.compile(r"^inline void (\w+)\(\s*sycl::queue& queue, ([^)]*)\) \{", re.M)
+_SYCL_SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int, "float": ctypes.c_float}
+
+
+def simulated_sycl_source(source: str) -> str:
+    """A generated SYCL file as C++ for the simulator: ``sycl_sim.hpp`` for the SYCL
+    headers, and ``tsr_sim_<function>(arguments...)`` calling each host function on a
+    queue of its own."""
+    text = source.replace("#include <sycl/sycl.hpp>\n", "")
+    wrappers = []
+    for match in _SYCL_HOST.finditer(source):
+        params = [" ".join(p.split()) for p in match.group(2).split(",")]
+        names = [p.rsplit(" ", 1)[1] for p in params]
+        wrappers.append(
+            f'extern "C" void tsr_sim_{match.group(1)}({", ".join(params)}) {{\n'
+            f"  sycl::queue tsr_sim_queue;\n"
+            f"  ::{match.group(1)}(tsr_sim_queue, {', '.join(names)});\n}}\n"
+        )
+    head = '#include "gpusim.hpp"\n#include "sycl_sim.hpp"\n'
+    return "\n".join([head, text, *wrappers])
+
+
+def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any]) -> Any:
+    """A host function of a simulated SYCL file, called as the CPU runtime calls its
+    entries (the same checks, addresses and sizes), with the SYCL file's scalar types."""
+    from tessera.runtime.cpu import CpuFunction
+
+    entry = getattr(library, f"tsr_sim_{meta['name']}")
+    function = CpuFunction(entry, meta)
+    entry.argtypes = [
+        *(_SYCL_SCALARS[_SYCL_TYPES[p["type"]]] if p["kind"] == "scalar" else ctypes.c_void_p
+          for p in meta["params"]),
+        *(ctypes.c_longlong for _ in meta["dims"]),
+    ]  # fmt: skip
+    return function
+
+
+#: The C type of each scalar parameter type in a SYCL host function.
+_SYCL_TYPES = {"float": "float", "int": "long long", "bool": "int", "index": "long long"}
+
+
+def load_sycl(program: Any, sanitize: bool = False) -> Any:
+    """A SYCL program's functions over the simulator: each call checks its arguments as
+    the CPU runtime does, then runs the file's own host function."""
+    from tessera.runtime.entry import Library
+
+    meta = program.ir("meta")
+    library = _compiled(simulated_sycl_source(program.source), sanitize)
+    return Library(meta, [_sycl_function(library, f) for f in meta["functions"]])

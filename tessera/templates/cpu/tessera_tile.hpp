@@ -166,12 +166,15 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
+
 inline void store_as(f16* dst, float x) {
   dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
 }
+
 inline void store_as(e4m3* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
 }
+
 inline void store_as(e5m2* dst, float x) {
   dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
 }

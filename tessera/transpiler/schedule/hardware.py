@@ -68,6 +68,10 @@ _TABLE = {
     ("opencl", "generic"): Hardware(
         "opencl", "generic", "gpu", 32, 256, 64 * KIB, 128, 0, "simt", 1, 1, 16, False
     ),
+    # SYCL assumes no more of a device than OpenCL does (no matrix extension).
+    ("sycl", "generic"): Hardware(
+        "sycl", "generic", "gpu", 32, 256, 64 * KIB, 128, 0, "simt", 1, 1, 16, False
+    ),
     ("cpu", "native"): Hardware(
         "cpu", "native", "cpu", 8, 1, 1024 * KIB, 0, 0, "simd", 1, 8, 32, False
     ),

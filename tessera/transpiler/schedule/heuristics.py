@@ -56,6 +56,9 @@ _ATTENTION = {
 
 
 def _family(hw: Hardware) -> str:
+    """Whose tile table a target reads: SYCL's products are OpenCL's FMA loops."""
+    if hw.target == "sycl":
+        return "opencl"
     return hw.arch if hw.target == "cuda" else hw.target
 
 

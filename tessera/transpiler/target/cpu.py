@@ -26,6 +26,7 @@ from .entry import entry_params, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
 from .render import environment, header
+from .wrap import wrap_lines
 
 __all__ = ["emit_cpu", "CpuModule", "DEFAULT_FLAGS"]
 
@@ -199,7 +200,7 @@ def emit_cpu(
     mpi = any(f.collective for f in functions)
     if mpi:
         text += "\n\n" + header("cpu/tessera_mpi.hpp").rstrip()
-    source = template.render(header=text, **context)
+    source = wrap_lines(template.render(header=text, **context))
     return CpuModule(source, _meta(module, functions, flags, by_name, mpi))
 
 

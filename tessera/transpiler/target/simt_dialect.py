@@ -4,7 +4,7 @@ The SIMT emitter (``simt_kernel.py``, ``simt_tiles.py``) and the shared template
 (``templates/simt/``) write the same statements for every target; a ``Dialect``
 supplies the spelling: types, how a tensor element of each dtype is read and
 written, rounding, math functions, the kernel qualifier, thread and program
-indices, shared memory and the barrier: OpenCL C, HIP and CUDA.
+indices, shared memory and the barrier: OpenCL C, HIP, CUDA and SYCL.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Dialect", "OPENCL", "HIP", "CUDA", "DIALECTS"]
+__all__ = ["Dialect", "OPENCL", "HIP", "CUDA", "SYCL", "DIALECTS"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,17 @@ class Dialect:
     #: Statements that store two neighbouring elements of a dtype as one access, from
     #: floats ``{lo}`` and ``{hi}`` (empty where the emitter never pairs stores).
     pair_writes: dict[str, str] = field(default_factory=dict)
+    #: What a call of a header function that synchronizes the program (the group
+    #: reductions) passes first: SYCL's work-item, through which it reaches its group.
+    group_context: str = ""
+    #: Whether shared memory comes from the launch, not from the kernel's declarations:
+    #: SYCL allocates it in the host's command group (``local_accessor``) and passes
+    #: each array to the kernel function as a pointer.
+    launched_locals: bool = False
+    #: The namespace of ``isnan`` and ``isinf`` ("" where they are built in).
+    math_namespace: str = ""
+    #: Whether long lines of a file are broken under 100 columns (``wrap.py``).
+    wrapped: bool = False
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -204,8 +215,9 @@ OPENCL = Dialect(
         "tanh": "tanh", "abs": "fabs", "sin": "sin", "cos": "cos", "relu": "tsr_relu",
         "round": "rint",
         "maximum": "fmax", "minimum": "fmin",
-        "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
+        "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rint",
     },
+    wrapped=True,
 )  # fmt: skip
 
 HIP = Dialect(
@@ -250,13 +262,13 @@ HIP = Dialect(
         "tanh": "tanhf", "abs": "fabsf", "sin": "sinf", "cos": "cosf", "relu": "tsr_relu",
         "round": "rintf",
         "maximum": "fmaxf", "minimum": "fminf",
-        "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu",
+        "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rintf",
     },
 )  # fmt: skip
 
 #: CUDA spells everything as HIP does (HIP took its spelling from CUDA). Files include
 #: nothing, so that NVRTC compiles them as they are; without math.h there is no
-#: INFINITY, so the infinity and NaN are bit patterns.
+#: INFINITY, so the infinity and NaN are the header's named bit patterns.
 CUDA = replace(
     HIP,
     name="cuda",
@@ -267,11 +279,57 @@ CUDA = replace(
         "// the comment above it).",
     ),
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {x}, {mask})",
-    infinity="__int_as_float(0x7f800000)",
-    nan="__int_as_float(0x7fffffff)",
+    infinity="tsr_infinity()",
+    nan="tsr_nan()",
     dynamic_arena=True,
     async_copy=True,
     pair_writes=_PAIRS,
 )
 
-DIALECTS = {d.name: d for d in (OPENCL, HIP, CUDA)}
+#: SYCL 2020 spells the kernel's SIMT code as C++ over an ``nd_item``: each kernel is a
+#: function of its tensors, its sizes, the work-item ``it`` and its local arrays, which
+#: the file's host launcher calls from a ``parallel_for`` over an ``nd_range<3>``. SYCL's
+#: last dimension varies fastest (it is CUDA's x on NVIDIA GPUs), so the threads and the
+#: first grid axis are dimension 2. Products are FMAs, as on OpenCL (no matrix extension
+#: is assumed).
+SYCL = replace(
+    HIP,
+    name="sycl",
+    local_qualifier="",
+    barrier="sycl::group_barrier(it.get_group());",
+    fma="sycl::fma",
+    fmax="sycl::fmax",
+    exp2="sycl::exp2",
+    pown="sycl::pown({x}, (int)({n}))",
+    function="inline",
+    kernel="inline void",
+    thread_index="(int)it.get_local_id(2)",
+    program_index=("it.get_group(2)", "it.get_group(1)", "it.get_group(0)"),
+    program_count=("it.get_group_range(2)", "it.get_group_range(1)", "it.get_group_range(0)"),
+    program_size="(int)it.get_local_range(2)",
+    float_bits="sycl::bit_cast<unsigned int>",
+    bits_float="sycl::bit_cast<float>",
+    unroll="",
+    preamble=(
+        "// SYCL 2020 (DPC++ or AdaptiveCpp). Each kernel is a function of one work-item `it`",
+        "// of a work-group of `threads`; the host function of each .tsr function, at the end,",
+        "// launches them in order on a sycl::queue, over USM device pointers.",
+        "#include <sycl/sycl.hpp>",
+        "",
+        "#include <cmath>",
+    ),
+    shuffle_xor="sycl::permute_group_by_xor(it.get_sub_group(), {x}, {mask})",
+    unary={
+        "exp": "sycl::exp", "pow": "sycl::pow", "log": "sycl::log", "sqrt": "sycl::sqrt",
+        "rsqrt": "sycl::rsqrt", "tanh": "sycl::tanh", "abs": "sycl::fabs", "sin": "sycl::sin",
+        "cos": "sycl::cos", "relu": "tsr_relu", "maximum": "sycl::fmax",
+        "minimum": "sycl::fmin", "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu",
+        "silu": "tsr_silu", "rint": "sycl::rint", "round": "sycl::rint",
+    },
+    group_context="it, ",
+    wrapped=True,
+    launched_locals=True,
+    math_namespace="sycl::",
+)  # fmt: skip
+
+DIALECTS = {d.name: d for d in (OPENCL, HIP, CUDA, SYCL)}

@@ -82,7 +82,7 @@ _ELEMENTWISE = frozenset(
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "lane", "wave", "frag", "reg",
                        "fm", "fn", "q", "a_frag", "b_frag", "frag_acc", "rs", "bytes", "a_step",
-                       "j0", "pair", "half"}) | GPU_BUILTINS  # fmt: skip
+                       "j0", "pair", "half", "it"}) | GPU_BUILTINS  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ class SimtKernel:
     #: Whether it is compiled for one block per multiprocessor (``__launch_bounds__(n,
     #: 1)``), which ``setmaxnreg`` needs: a register budget known at entry.
     one_block: bool = False
+    #: The shared arrays a launch allocates for it where the dialect's launches do
+    #: (``launched_locals``): (element type, name, elements, alignment in bytes).
+    locals: tuple[tuple[str, str, int, int], ...] = ()
 
 
 def emit_simt_kernel(
@@ -177,6 +180,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         self.planned = {s.buffer: s.layout for s in kernel.smem}
         self.lines: list[str] = []
         self.prologue: dict[str, str] = {}
+        self.locals: dict[str, tuple[str, str, int, int]] = {}
         self.static_smem_bytes = 0
         self.depth = 1
         self.sources = SourceLines()
@@ -215,9 +219,17 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
     def declare_shared(self, ctype: str, name: str, count: int, element_bytes: int) -> None:
         """A shared array of ``count`` elements at the top of the kernel, once; its bytes
         count toward the kernel's static shared memory."""
-        if name not in self.prologue:
+        if name not in self.prologue and name not in self.locals:
             self.static_smem_bytes += count * element_bytes
-        self.declare(name, self.d.local(ctype, name, count))
+        self.declare_local(name, ctype, count, element_bytes, self.d.local(ctype, name, count))
+
+    def declare_local(self, name: str, ctype: str, count: int, align: int, text: str) -> None:
+        """A shared array: ``text`` at the top of the kernel, or, where the dialect's
+        launches allocate shared memory, a parameter the launch passes."""
+        if self.d.launched_locals:
+            self.locals.setdefault(name, (ctype, name, count, align))
+        else:
+            self.declare(name, text)
 
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.symbols)
@@ -247,7 +259,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
                           tuple(self.prologue.values()), tuple(self.lines),
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
-                          one_block=bool(self.kernel.producer))  # fmt: skip
+                          one_block=bool(self.kernel.producer),
+                          locals=tuple(self.locals.values()))  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next
@@ -766,7 +779,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         element = self.at(x, ("i", "j"), dims)
         self.line(f"for ({i64} j = lid; j < {self.c(dims[1])}; j += {self.kernel.threads}) "
                   f"r = {combine.format(element=element)};")  # fmt: skip
-        self.line(f"{name}[i] = {group}(tsr_scratch, r);")
+        self.line(f"{name}[i] = {group}({self.d.group_context}tsr_scratch, r);")
         self.close()
 
     def op_sum(self, op: Op) -> None:

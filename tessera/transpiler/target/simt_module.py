@@ -1,9 +1,11 @@
-"""The SIMT backends (OpenCL C, HIP): the Tile IR as one self-contained file, and its metadata.
+"""The SIMT backends (OpenCL C, HIP, CUDA, SYCL): the Tile IR as one self-contained file,
+and its metadata.
 
 Each kernel runs one program per work-group (thread block), with the program ids as
 the group's position in an up-to-3-D range. The host side (which kernels to launch
 in which order, with which arguments and intermediates) is data in the metadata,
-which the runtimes follow; the parts of the tile-primitives header the file uses are
+which the runtimes follow (a SYCL file carries it as host functions too:
+``sycl_launcher.py``); the parts of the tile-primitives header the file uses are
 inlined, so it builds alone. Everything that differs between the targets is the
 ``Dialect``; the templates and the emitter are shared.
 """
@@ -29,6 +31,8 @@ from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 from .simt_tiles import WGMMA_FORMS
+from .sycl_launcher import Launcher, launcher, launcher_view
+from .wrap import wrap_lines
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
 
@@ -39,6 +43,7 @@ BUILD_OPTIONS = {
     "opencl": ("-cl-std=CL1.2",),
     "hip": ("-O3", "-std=c++17"),
     "cuda": ("-std=c++17",),
+    "sycl": ("-fsycl", "-std=c++17"),
 }
 
 
@@ -57,6 +62,7 @@ class _KernelView:
 
     def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect, name: str) -> None:
         self.name = name
+        self.simt = simt
         self.threads = simt.threads
         self.bounds = f"{simt.threads}, 1" if simt.one_block else str(simt.threads)
         self.wgmma = simt.wgmma
@@ -73,6 +79,9 @@ class _KernelView:
         self.params += [
             f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
         ]
+        if d.launched_locals:  # SYCL: the work-item, and the shared arrays of the launch
+            self.params.append("const sycl::nd_item<3>& it")
+            self.params += [f"{ctype}* {name}" for ctype, name, _, _ in simt.locals]
         self.tensor_maps = simt.tensor_maps
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
@@ -173,6 +182,9 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
     # Kernels are extern "C": their names share one namespace with the C library's, with
     # what the dialect declares in every kernel's scope, and with OpenCL's built-ins.
     namer = Namer(C_LIBRARY | GPU_BUILTINS | OPENCL_BUILTINS)
+    # A SYCL file's host functions are named after the graph functions, and come first.
+    hosts = {p.host.function: namer.fresh(p.host.function)
+             for p in module.programs if p.kernels and d.launched_locals}  # fmt: skip
     # A dynamic arena (CUDA's) is one symbol in the whole file, declared alike in all
     # its kernels; a static one is each kernel's own.
     every = [k for p in module.programs for k in p.kernels]
@@ -183,7 +195,9 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
                 dims = symbols([p.type for p in kernel.params])
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
                 simt = emit_simt_kernel(kernel, d, dims, lanes, align)
-                views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(kernel.name))
+                clash = hosts and kernel.name == program.host.function
+                wanted = f"{kernel.name}_{kernel.launch}" if clash else kernel.name
+                views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(wanted))
                 _check_shared_memory(simt, hw)
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""
@@ -199,9 +213,13 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
     )
     primitives = primitives.strip()
     template = env.get_template("module.j2")
-    context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()))
+    launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer)]
+    context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()),
+                   launchers=launchers)  # fmt: skip
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
+    if d.wrapped:
+        source = wrap_lines(source)
     meta = _meta(module, views, d)
     if d.name == "cuda" and graph is not None:
         nccl = nccl_host_code(module, graph)
@@ -211,6 +229,24 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
             f.update({"collectives": collectives[f["name"]]} if f["name"] in collectives else {})
             f.update(mesh_meta(next(g for g in graph.functions if g.name == f["name"])))
     return SimtModule(source, meta)
+
+
+def _launchers(
+    module: TileModule,
+    views: dict[str, _KernelView],
+    d: Dialect,
+    hosts: dict[str, str],
+    namer: Namer,
+) -> list[Launcher]:
+    """The host function of each graph function, where the dialect's files have them."""
+    file_names = frozenset(namer.used)
+    return [
+        launcher(program, [(views[k.name].name, views[k.name].simt, views[k.name].launch_grid)
+                           for k in program.kernels], d, hosts[program.host.function],
+                 file_names)
+        for program in module.programs
+        if program.host.function in hosts
+    ]  # fmt: skip
 
 
 def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict[str, Any]:

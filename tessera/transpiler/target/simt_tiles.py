@@ -179,7 +179,8 @@ class TileOps:
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
         total = self.smem_bytes
-        self.declare("smem", self.d.local_bytes("tsr_smem", total, self.arena_align))
+        arena = self.d.local_bytes("tsr_smem", total, self.arena_align)
+        self.declare_local("tsr_smem", self.d.byte_type, total, self.arena_align, arena)
         name = self.namer.fresh(buf.name, "smem")
         storage = self.d.storage[t.dtype.name]
         self.declare(name, self.d.local_view(storage, name, "tsr_smem", plan.offset))

@@ -1,0 +1,181 @@
+"""The host side of a SYCL file: one function per graph function, on a ``sycl::queue``.
+
+CUDA, HIP and OpenCL files leave their launches to a runtime that reads the metadata.
+A SYCL file is C++ for one compiler, host and device together, so it carries its own
+host code: ``f(queue, tensors..., sizes...)`` allocates the intermediates on the
+queue's device, submits each launch as a ``parallel_for`` over an ``nd_range<3>``
+(each after the one before it: a queue need not be in order), waits for the last and
+frees them. Shared memory is allocated in each launch's command group
+(``local_accessor``) and passed to the kernel function as pointers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..graph.dims import Dim
+from ..graph.types import TensorType
+from ..tile.ir import TileProgram
+from .cexpr import c_dim
+from .entry import entry_params, symbols, written
+from .naming import C_LIBRARY, GPU_BUILTINS, Namer
+from .simt_dialect import Dialect
+from .simt_kernel import SimtKernel
+
+__all__ = ["Launcher", "launcher", "LAUNCHER_NAMES"]
+
+#: Names the host functions declare themselves; a parameter never takes one.
+LAUNCHER_NAMES = frozenset({"queue", "cgh", "it", "done", "global", "group", "sycl"})
+#: The widest element a shared array is allocated in: a local accessor's elements are
+#: aligned to their type, so that the arena (16-byte chunks) is allocated in uint4s.
+_CHUNK = 16
+#: Lines stay under this many columns.
+_COLUMNS = 100
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel's launch, as the host function writes it."""
+
+    kernel: str
+    args: tuple[str, ...]
+    #: (element type, name, elements) of each shared array, allocated in the launch.
+    locals: tuple[tuple[str, str, int], ...]
+    #: The global range (dimension 0 first) and the work-group size.
+    global_range: tuple[str, str, str]
+    threads: int
+
+
+@dataclass(frozen=True)
+class Launcher:
+    name: str
+    function: str
+    params: tuple[str, ...]
+    #: (pointer type, name, bytes) of each intermediate.
+    buffers: tuple[tuple[str, str, str], ...]
+    launches: tuple[Launch, ...]
+
+
+def launcher(
+    program: TileProgram,
+    kernels: list[tuple[str, SimtKernel, list[tuple[Dim, int]]]],
+    d: Dialect,
+    name: str,
+    file_names: frozenset[str],
+) -> Launcher:
+    """The host function ``name`` of ``program``, whose kernels are printed under the
+    given names over the given launch grids; ``file_names`` are the file-scope names
+    that its parameters must not hide."""
+    namer = Namer(file_names | LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS)
+    names: dict[str, str] = {}
+    params = []
+    for entry, t in entry_params(program):
+        names[entry] = namer.fresh(entry, "arg")
+        if isinstance(t, TensorType):
+            const = "" if written(program, entry) else "const "
+            params.append(f"{const}{d.storage[t.dtype.name]}* {names[entry]}")
+        else:
+            params.append(f"const {d.scalar_types[t.kind]} {names[entry]}")
+    for dim in symbols([t for _, t in entry_params(program)]):
+        names[dim] = namer.fresh(dim, "size")
+        params.append(f"const {d.index_type} {names[dim]}")
+    buffers = []
+    for b in program.host.buffers:
+        names[b.param] = namer.fresh(b.param, "buffer")
+        pointer = f"{d.storage[b.type.dtype.name]}*"
+        buffers.append((pointer, names[b.param], c_dim(b.bytes, names)))
+    launches = []
+    for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):
+        args = [names[p.name] for p in kernel.params]
+        args += [names[dim] for dim in symbols([p.type for p in kernel.params])]
+        work = _global_range(grid, simt.threads, names)
+        launches.append(Launch(printed, tuple(args), _locals(simt), work, simt.threads))
+    return Launcher(name, program.host.function, tuple(params), tuple(buffers), tuple(launches))
+
+
+def _locals(simt: SimtKernel) -> tuple[tuple[str, str, int], ...]:
+    """Each shared array as a local accessor allocates it: the byte arena as uint4s."""
+    out = []
+    for ctype, name, count, align in simt.locals:
+        assert align <= _CHUNK, "a SYCL arena is aligned to 16 bytes"
+        if ctype == "unsigned char":
+            out.append(("sycl::uint4", name, -(-count // _CHUNK)))
+        else:
+            out.append((ctype, name, count))
+    return tuple(out)
+
+
+def _global_range(
+    grid: list[tuple[Dim, int]], threads: int, names: dict[str, str]
+) -> tuple[str, str, str]:
+    """The work-items along each dimension: programs along the first grid axis times
+    the threads in dimension 2, the second axis in 1, the rest (folded) in 0."""
+    counts = []
+    for extent, block in grid:
+        text = c_dim(extent, names)
+        if block != 1:
+            text = f"({text} + {block - 1}) / {block}"
+        counts.append(text)
+    counts += ["1"] * (3 - len(counts))
+    first = counts[0]
+    first = str(threads) if first == "1" else f"{threads} * ({first})"
+    return counts[2], counts[1], first
+
+
+def accessor_pointer(name: str, ctype: str) -> str:
+    """The kernel function's pointer to a local accessor's memory."""
+    pointer = f"{name}.get_multi_ptr<sycl::access::decorated::no>().get()"
+    return f"(unsigned char*){pointer}" if ctype == "sycl::uint4" else pointer
+
+
+def launcher_lines(f: Launcher) -> list[str]:
+    """The body of the host function, one statement per line."""
+    lines = [f"{ptype} const {name} = static_cast<{ptype}>(sycl::malloc_device({size}, queue));"
+             for ptype, name, size in f.buffers]  # fmt: skip
+    lines.append("sycl::event done;")
+    for launch in f.launches:
+        lines.append("done = queue.submit([&](sycl::handler& cgh) {")
+        lines.append("  cgh.depends_on(done);")
+        for ctype, name, count in launch.locals:
+            lines.append(
+                f"  sycl::local_accessor<{ctype}, 1> {name}(sycl::range<1>({count}), cgh);"
+            )
+        lines.append(f"  const sycl::range<3> global({', '.join(launch.global_range)});")
+        lines.append(f"  const sycl::range<3> group(1, 1, {launch.threads});")
+        lines.append(
+            "  cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {"
+        )
+        args = [*launch.args, "it", *(accessor_pointer(n, c) for c, n, _ in launch.locals)]
+        lines += _call(f"    {launch.kernel}(", args, ");")
+        lines.append("  });")
+        lines.append("});")
+    lines.append("done.wait();")
+    lines += [f"sycl::free({name}, queue);" for _, name, _ in f.buffers]
+    return lines
+
+
+def _call(head: str, args: list[str], tail: str, indent: int = 2) -> list[str]:
+    """A call on one line, or with its arguments on lines of their own, all under 100
+    columns once indented by ``indent``."""
+    line = head + ", ".join(args) + tail
+    if len(line) + indent < _COLUMNS:
+        return [line]
+    pad = " " * (len(head) - len(head.lstrip()) + 4)
+    lines, current = [head.rstrip()], pad
+    for arg in args:
+        piece = arg + ","
+        if current.strip() and len(current) + len(piece) + indent >= _COLUMNS:
+            lines.append(current.rstrip())
+            current = pad
+        current += piece + " "
+    lines.append(current.rstrip()[:-1] + tail)
+    return lines
+
+
+def launcher_view(f: Launcher) -> dict[str, Any]:
+    """What the module template prints of a host function: its signature's lines and
+    its body's."""
+    head = _call(f"inline void {f.name}(", ["sycl::queue& queue", *f.params], ") {", 0)
+    return {"name": f.name, "function": f.function, "head": head,
+            "body": launcher_lines(f)}  # fmt: skip
