@@ -673,7 +673,7 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
 
 static void decoder_block_k0_launch(const float* x, const float* norm1, float* h, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k0_program(x, norm1, h, S, C, pid_m);
 }
@@ -702,7 +702,7 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
 static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k1_program(h, wq, t0, S, C, pid_n, pid_m);
@@ -732,7 +732,7 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
 static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k2_program(h, wk, t2, S, C, pid_n, pid_m);
@@ -762,7 +762,7 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
 static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
@@ -824,7 +824,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
 static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       decoder_block_k4_program(t0, t2, t4, t6, S, C, pid_m, pid_b0);
@@ -864,7 +864,7 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
 static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k5_program(t6, wo, x, x_1, S, C, pid_n, pid_m);
@@ -910,7 +910,7 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
 
 static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1, const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k6_program(x_1, norm2, h_1, S, C, pid_m);
 }
@@ -947,7 +947,7 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
 static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k7_program(h_1, w1, t10, S, C, F, pid_n, pid_m);
@@ -987,7 +987,7 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
 static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10, float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k8_program(h_1, w3, t10, t12, S, C, F, pid_n, pid_m);
@@ -1027,7 +1027,7 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
 static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1, float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);
