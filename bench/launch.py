@@ -33,6 +33,7 @@ CuPy and torch with CUDA:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import platform
 import statistics
@@ -167,30 +168,40 @@ def cpu_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _gpu_bare(function: Any, values: list[Any]) -> Timer | None:
-    """One ``cuLaunchKernel`` per kernel of ``function`` from parameter blocks filled
-    once with ``values`` (the tensors' addresses, then the sizes): the launches alone."""
+    """One ``cuLaunchKernel`` per kernel of ``function`` from parameter blocks of its own,
+    filled once with ``values`` (the tensors' addresses, then the sizes): the launches
+    alone. Tensor maps are copied as the function's last call encoded them (of the same
+    inputs). None for a function with intermediate buffers."""
     launches = getattr(function, "_launches", None)
     if launches is None:
         return None
-    stream = 0
     sizes = values[launches._first_size :]
-    prepared = []
+    prepared, kept = [], []
     for launch in launches._launches:
-        for slot, kind, index in launch.fills:
+        fills = iter(launch.fills)
+        slots = []
+        for slot in launch.slots:
+            if isinstance(slot, ctypes.Array):  # a tensor map
+                slots.append(type(slot).from_buffer_copy(slot))
+                continue
+            _, kind, index = next(fills)
             if kind != "value":
-                return None  # a function with intermediate buffers: not measured bare
-            slot.value = values[index]
-        grid = [-(-sizes[launches._symbols.index(e)] // b) if not e.isdigit()
-                else -(-int(e) // b) for e, b in launch.grid]  # fmt: skip
+                return None
+            slots.append(type(slot)(values[index]))
+        params = (ctypes.c_void_p * max(1, len(slots)))(*map(ctypes.addressof, slots))
+        kept.append(slots)
+        grid = [-(-(int(e) if e.isdigit() else sizes[launches._symbols.index(e)]) // b)
+                for e, b in launch.grid]  # fmt: skip
         grid += [1] * (3 - len(grid))
-        prepared.append((launch.handle, *grid, launch.threads, 1, 1, launch.smem, stream,
-                         launch.params, None))  # fmt: skip
+        prepared.append((launch.handle, *grid, launch.threads, 1, 1, launch.smem, 0, params,
+                         None))  # fmt: skip
     launch_kernel = launches._launch
 
     def bare() -> None:
         for call in prepared:
             launch_kernel(*call)
 
+    bare.kept = kept  # the slots the parameter blocks point into
     return bare
 
 
