@@ -18,6 +18,7 @@ import pytest
 
 import tessera
 from tessera.runtime import cuda_launch
+from tessera.runtime.cpu import WARM_CALLS, CpuLibrary
 from tessera.runtime.cuda import _dtype
 from tessera.runtime.entry import MISSED
 from tessera.runtime.foreign import BIT_CARRIERS
@@ -41,6 +42,10 @@ def matmul(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]) -> Tensor["M", "N
     return a @ b
 
 @kernel
+def column(v: Tensor["N", f32], m: Tensor["N", "N", f32]) -> Tensor["N", "N", f32]:
+    return m @ v[:, None]
+
+@kernel
 def doubled_into(x: Tensor["R", f32], y: Tensor["R", f32]):
     T = tile.context()
     v = tile.load(x, rows=T.m)
@@ -49,33 +54,40 @@ def doubled_into(x: Tensor["R", f32], y: Tensor["R", f32]):
 
 
 @pytest.fixture(scope="module")
-def cpu() -> tessera.runtime.cpu.CpuLibrary:  # type: ignore[name-defined]
-    return tessera.compile(SOURCE, "launch.tsr", target="cpu").load()
+def cpu() -> CpuLibrary:
+    """The module, warm: its functions' C calls built."""
+    lib = tessera.compile(SOURCE, "launch.tsr", target="cpu").load()
+    x = np.ones(3, np.float32)
+    for _ in range(WARM_CALLS):
+        assert lib.scaled_sum._fast is None
+        lib.doubled_into(x, x)
+    assert lib.scaled_sum._fast is not None
+    return lib
 
 
-def test_the_cpu_fast_path_gives_the_full_paths_results(cpu: object) -> None:
+def test_the_cpu_fast_path_gives_the_full_paths_results(cpu: CpuLibrary) -> None:
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 37, 21), dtype=np.float32)
     w = rng.standard_normal(21, dtype=np.float32)
-    f = cpu.scaled_sum  # type: ignore[attr-defined]
+    f = cpu.scaled_sum
     fast = f(a, b, 0.5, w)
-    assert f._fast((a, b, 0.5, w)) is not MISSED  # the call took the fast path
+    assert f._fast(a, b, 0.5, w) is not MISSED  # the call took the fast path
     out = np.full_like(a, np.nan)
     f(a, b, 0.5, w, out=out)  # the full checks: given an out
     np.testing.assert_array_equal(fast, out)
     np.testing.assert_allclose(fast, (f64(a) + b) * 0.5 + w, rtol=1e-5, atol=1e-6)
     x = rng.standard_normal((37, 21), dtype=np.float32)
     y = rng.standard_normal((21, 5), dtype=np.float32)
-    product = cpu.matmul(x, y)  # type: ignore[attr-defined]
+    product = cpu.matmul(x, y)
     np.testing.assert_allclose(product, f64(x) @ y, rtol=1e-5, atol=1e-5)
     v, into = rng.standard_normal(11, dtype=np.float32), np.full(11, np.nan, np.float32)
-    assert cpu.doubled_into(v, into) is None  # type: ignore[attr-defined]
+    assert cpu.doubled_into(v, into) is None
     np.testing.assert_array_equal(into, v * 2)
 
 
-def test_calls_the_cpu_fast_path_does_not_recognize_get_the_full_checks(cpu: object) -> None:
+def test_calls_the_cpu_fast_path_does_not_recognize_get_the_full_checks(cpu: CpuLibrary) -> None:
     """Each of these would give a wrong answer or a crash if the fast path took it."""
-    f = cpu.scaled_sum  # type: ignore[attr-defined]
+    f = cpu.scaled_sum
     a = np.ones((6, 4), np.float32)
     w = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="'a' must be C-contiguous"):
@@ -91,10 +103,15 @@ def test_calls_the_cpu_fast_path_does_not_recognize_get_the_full_checks(cpu: obj
     with pytest.raises(TypeError, match="takes 4 positional arguments"):
         f(a, a, 1.0, w, w)
     np.testing.assert_array_equal(f(a, a, 2, w), np.full((6, 4), 5.0))  # an int for a float
+    assert cpu.column._fast is not None  # its guard, N == 1, is checked in C
+    one = np.full((1, 1), 3.0, np.float32)
+    np.testing.assert_array_equal(cpu.column(np.full(1, 2.0, np.float32), one), one * 2)
+    with pytest.raises(ValueError, match=r"N = 3 breaks N == 1 \(result shape\)"):
+        cpu.column(np.ones(3, np.float32), np.ones((3, 3), np.float32))
     frozen = np.ones(3, np.float32)
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="'y' is updated in place but is read-only"):
-        cpu.doubled_into(frozen, frozen)  # type: ignore[attr-defined]
+        cpu.doubled_into(frozen, frozen)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -189,7 +206,7 @@ def test_the_torch_fast_path_launches_torch_tensors_where_they_lie(
     backend = cuda_launch.torch_backend(_FakeTorch, 0, mlp._launches)
     fast = fast_path(mlp.meta, backend, _dtype, mlp._check_guards, MISSED)
     tensors = tuple(_FakeTorch.Tensor(v.copy()) for v in host.values())
-    have = fast(tensors)
+    have = fast(*tensors)
     assert have.dtype == "bfloat16"
     np.testing.assert_array_equal(have.data.view(np.uint16), want.view(np.uint16))
-    assert fast((*tensors[:4], _FakeTorch.Tensor(host["b_out"][:5].copy()))) is MISSED
+    assert fast(*tensors[:4], _FakeTorch.Tensor(host["b_out"][:5].copy())) is MISSED

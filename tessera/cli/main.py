@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
         "has one typed function per kernel (needs CuPy, not Tessera)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-host", action="store_true",
+        help="CUDA and HIP: leave out the host launchers (the C entries that launch each "
+        "function's kernels; docs/runtime.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--resources", action="store_true",
         help="with --emit meta for CUDA: build with NVRTC and add what ptxas gave each "
         "kernel (registers, shared memory, barriers, stack frame, spills)",
@@ -155,10 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     except StageNotImplemented as exc:
         print(f"tesserac: error: {exc}", file=sys.stderr)
         return 2
+
     except InternalCompilerError as exc:
         return _internal_error(exc, exc.cause)
     except Exception as exc:  # a bug in the driver itself
         return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+    if args.emit == "target" and options.target in ("cuda", "hip") and not args.no_host:
+        from ..transpiler.target.simt_host import HostNameClash, host_source
+
+        try:
+            text += host_source(program.ir("meta"))
+        except HostNameClash as exc:
+            print(f"tesserac: error: {args.file}: {exc}", file=sys.stderr)
+            return 1
     for warning in program.diagnostics:
         print(warning.render(), file=sys.stderr)
     if args.output is None:

@@ -17,7 +17,6 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ import numpy as np
 from ..cachedir import cache_dir
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
-from .cpu_shim import header_matches, shim_source
-from .entry import MISSED, Entry, Library
+from .cpu_ext import load_extension
+from .entry import Entry, Library
 from .foreign import TensorView
-from .plan import Backend, fast_path
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -63,22 +61,15 @@ class CpuFunction(Entry):
     """One entry of the shared object: the checked arguments go through ctypes, whose
     declared argument types convert addresses and sizes without a Python object each.
 
-    A call that passes every input by position as a C-contiguous numpy array of its
-    dtype goes through the module's NumPy entry (``tessera.runtime.cpu_shim``) after
-    the checks of its fast path (``tessera.runtime.plan``): a few microseconds, where
-    the full checks take tens."""
+    Once the module is warm (``WARM_CALLS`` calls of its functions), a call that passes
+    every input by position as a C-contiguous numpy array of its dtype is checked and
+    run by the module's C call for it (``tessera.runtime.cpu_ext``): about a
+    microsecond, where the full checks take tens."""
 
-    def __init__(self, entry: Any, meta: Mapping[str, Any], numpy_entry: Any = None) -> None:
+    def __init__(self, entry: Any, meta: Mapping[str, Any], library: CpuLibrary) -> None:
         super().__init__(meta)
+        self._library = library
         self._entry = entry
-        self._declare(entry)
-        if numpy_entry is not None:
-            self._declare(numpy_entry)
-            backend = replace(_NUMPY, names={**_NUMPY.names, "entry": numpy_entry})
-            self._fast = fast_path(meta, backend, _dtype, self._check_guards, MISSED)
-
-    def _declare(self, entry: Any) -> None:
-        """Declare an entry's C types: tensors as addresses, scalars, the sizes."""
         entry.restype = None
         entry.argtypes = [
             *(_CTYPES[p["type"]] if p["kind"] == "scalar" else ctypes.c_void_p
@@ -96,22 +87,7 @@ class CpuFunction(Entry):
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
         self._entry(*call, *(sizes[d] for d in self._dims))
-
-
-#: The fast path's view of numpy arrays (``tessera.runtime.plan``): the C entry takes
-#: each array object's address (``id``; the call's arguments keep the objects alive).
-_NUMPY = Backend(
-    accepts=lambda x, dtypes, written: (
-        f"type({x}) is ndarray and {x}.dtype in {dtypes} and {x}.flags.c_contiguous"
-        + (f" and {x}.flags.writeable" if written else "")
-    ),
-    address=lambda x: f"id({x})",
-    dtypes=lambda dtype: (dtype,),
-    allocate=lambda shape, dtype: f"empty({shape}, {dtype})",
-    result_dtype=lambda dtype: dtype,
-    call=lambda arguments: f"entry({arguments})",
-    names={"ndarray": np.ndarray, "empty": np.empty},
-)
+        self._library.called()
 
 
 def _dtype(name: str) -> np.dtype:
@@ -123,22 +99,35 @@ def _dtype(name: str) -> np.dtype:
 _CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int64, "float": ctypes.c_float}
 
 
+#: How many calls through the full checks make a module warm: then its C calls are
+#: built (about a second of the compiler's, cached on disk), which pays off only for a
+#: module that is called often; a module called a few times never waits for them.
+WARM_CALLS = 32
+
+
 class CpuLibrary(Library):
     """The loaded shared object: one attribute per function of the ``.tsr`` file."""
 
     def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
-        shim = header_matches()
-        entries = [
-            CpuFunction(getattr(self._lib, f["symbol"]), f,
-                        getattr(self._lib, f"tsr_numpy_{f['name']}") if shim else None)
-            for f in meta["functions"]
-        ]  # fmt: skip
+        self._calls = 0
+        entries = [CpuFunction(getattr(self._lib, f["symbol"]), f, self)
+                   for f in meta["functions"]]  # fmt: skip
         super().__init__(meta, entries)
+
+    def called(self) -> None:
+        """Count a call through the full checks; the ``WARM_CALLS``-th gives every
+        function its C call."""
+        self._calls += 1
+        if self._calls != WARM_CALLS:
+            return
+        calls = load_extension(self.meta, self._lib, self.meta["build"]["compiler"], _dtype)
+        for name, call in calls.items():
+            self.functions[name]._fast = call
 
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:
     """Build (or find in the cache) and load a CPU module from its source and metadata."""
     flags = list(flags if flags is not None else meta["build"]["flags"])
-    return CpuLibrary(build(source + shim_source(meta), flags, meta["build"]["compiler"]), meta)
+    return CpuLibrary(build(source, flags, meta["build"]["compiler"]), meta)

@@ -108,7 +108,7 @@ class CudaFunction(Entry):
             self._paths: dict[type, Any] = {}
             self._fast = self._dispatch
 
-    def _dispatch(self, args: tuple[Any, ...]) -> Any:
+    def _dispatch(self, *args: Any) -> Any:
         """The fast path for the library of the call's first tensor
         (``tessera.runtime.cuda_launch``), made the first time that library is seen."""
         if self._first_tensor is None or len(args) <= self._first_tensor:
@@ -117,7 +117,7 @@ class CudaFunction(Entry):
         if kind not in self._paths:
             self._paths[kind] = self._path_for(kind)
         fast = self._paths[kind]
-        return MISSED if fast is None else fast(args)
+        return MISSED if fast is None else fast(*args)
 
     def _path_for(self, kind: type) -> Any:
         assert self._launches is not None

@@ -21,8 +21,9 @@ from .foreign import TensorView, host_array, host_view, numpy_view
 
 __all__ = ["Entry", "Library", "evaluate", "argument", "MISSED"]
 
-#: What ``Entry._fast`` returns for a call its plan does not recognize.
-MISSED = object()
+#: What a fast path returns for a call it does not recognize (as C's binary operators
+#: say they do not take an operand).
+MISSED = NotImplemented
 
 #: The NumPy scalar type of each scalar parameter type in a device kernel's signature.
 _KERNEL_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
@@ -59,7 +60,7 @@ class Entry:
         self._results = [by_name[name] for name in meta["results"]]
         #: The backend's fast path (``tessera.runtime.plan``): the call of the common
         #: case, or ``MISSED`` where it does not recognize the call.
-        self._fast: Callable[[tuple[Any, ...]], Any] | None = None
+        self._fast: Callable[..., Any] | None = None
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -75,7 +76,7 @@ class Entry:
         function of several results a tuple of them (``None`` where one is allocated),
         as numpy's ufuncs take it. A function of several results returns a tuple."""
         if self._fast is not None and out is None and not kwargs:
-            done = self._fast(args)
+            done = self._fast(*args)
             if done is not MISSED:
                 return done
         inputs, positional = self._inputs, self._positional

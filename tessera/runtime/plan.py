@@ -66,7 +66,7 @@ _SCALAR_TYPES = {"int": int, "float": float, "bool": bool}
 def fast_path(
     meta: Mapping[str, Any], backend: Backend, dtype: Callable[[str], np.dtype],
     guards: Callable[[dict[str, int], dict[str, Any]], None], missed: object,
-) -> Callable[[tuple[Any, ...]], Any] | None:  # fmt: skip
+) -> Callable[..., Any] | None:  # fmt: skip
     """The fast path of the function ``meta`` describes (see the module's docstring),
     or None where its checks do not reduce to a plan. ``guards(sizes, values)`` checks
     the guards, raising as the full path does."""
@@ -139,7 +139,7 @@ def fast_path(
     lines.append(backend.call(", ".join([*arguments, *symbols.values()])))
     results = [f"r{r}" for r in range(len(meta["results"]))]
     lines.append(f"return {_returned(results)}")
-    text = "def fast(args):\n" + "".join(f"    {line}\n" for line in lines)
+    text = "def fast(*args):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile(text, f"<fast path of {meta['name']}>", "exec"), names)
     fast = names["fast"]
     fast.source = text
