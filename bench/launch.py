@@ -36,8 +36,11 @@ import argparse
 import ctypes
 import json
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -50,6 +53,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout, without an install
 import numpy as np  # noqa: E402
 
 import tessera  # noqa: E402
+from tessera.cli.main import main as cli_main  # noqa: E402
 from tessera.files import write_file  # noqa: E402
 from tessera.runtime.cpu import WARM_CALLS  # noqa: E402
 
@@ -177,7 +181,7 @@ def _gpu_bare(function: Any, values: list[Any]) -> Timer | None:
     alone. Tensor maps are copied as the function's last call encoded them (of the same
     inputs). None for a function with intermediate buffers."""
     launches = getattr(function, "_launches", None)
-    if launches is None:
+    if launches is None or launches._buffers:
         return None
     sizes = values[launches._first_size :]
     prepared, kept = [], []
@@ -188,9 +192,7 @@ def _gpu_bare(function: Any, values: list[Any]) -> Timer | None:
             if isinstance(slot, ctypes.Array):  # a tensor map
                 slots.append(type(slot).from_buffer_copy(slot))
                 continue
-            _, kind, index = next(fills)
-            if kind != "value":
-                return None
+            _, _, index = next(fills)
             slots.append(type(slot)(values[index]))
         params = (ctypes.c_void_p * max(1, len(slots)))(*map(ctypes.addressof, slots))
         kept.append(slots)
@@ -269,6 +271,27 @@ def gpu_cases(args: argparse.Namespace) -> dict[str, Any]:
                     [a.data_ptr(), b.data_ptr(), out.data_ptr(), 128, 128, 128])  # fmt: skip
 
         specs["matmul 128x128x128 bf16"] = matmul
+
+    def mlp() -> tuple[Any, ...]:
+        """examples/mlp.tsr: two launches and an intermediate (on sm_90a, TMA tensor maps
+        of the inputs and of the intermediate); its result against the full path's."""
+        function = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda",
+                                        arch=arch).load().mlp  # fmt: skip
+        x, w_in, w_out = (t / 8 for t in tensors(3, torch.bfloat16, (70, 70)))
+        w_in, w_out = w_in[:, :48].contiguous(), w_out[:48, :].contiguous()
+        x = x[:, :48].contiguous()
+        b_in, b_out = tensors(1, torch.float32, (70,))[0], tensors(1, torch.float32, (48,))[0]
+        inputs = (x, w_in, b_in, w_out, b_out)
+        out = torch.empty_like(x)
+        function(*inputs, out=out)
+
+        def torch_op() -> Any:
+            h = torch.nn.functional.gelu(x.float() @ w_in.float() + b_in).bfloat16()
+            return (x.float() + h.float() @ w_out.float() + b_out).bfloat16()
+
+        return (function, inputs, out, torch_op, out.clone(), [])
+
+    specs["mlp T70 D48 F70 bf16 (5 inputs, 2 launches, an intermediate)"] = mlp
     for case, make in specs.items():
         row: dict[str, Any] = {"case": case}
         try:
@@ -289,7 +312,71 @@ def gpu_cases(args: argparse.Namespace) -> dict[str, Any]:
             traceback.print_exc()
         report["cases"].append(row)
         print(json.dumps(row))
+    report["cases"].append(host_launcher(arch, args.calls))
+    print(json.dumps(report["cases"][-1]))
     return report
+
+
+def host_launcher(arch: str, calls: int) -> dict[str, Any]:
+    """mlp (examples/mlp.tsr: two launches, an intermediate, on sm_90a TMA maps and
+    196 KiB of shared memory) called from C++ through the host launcher of the file
+    tesserac writes, built with nvcc (``tests/host_launcher/mlp_main.cpp``): its
+    statuses, its result against the Python runtime's on the same inputs, and the host's
+    time per call of ``calls`` calls back to back."""
+    import torch
+
+    row: dict[str, Any] = {"case": "mlp T70 D48 F136 through the C++ host launcher (nvcc)"}
+    nvcc = shutil.which("nvcc") or next(
+        (str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))), None
+    )
+    if nvcc is None:
+        row["skipped"] = "no nvcc"
+        return row
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            kernels, program = work / "mlp.cu", work / "main.cpp"
+            status = cli_main([str(ROOT / "examples/mlp.tsr"), "-o", str(kernels), "--arch", arch])
+            if status != 0:
+                return {**row, "error": f"tesserac exited {status}"}
+            program.write_text((ROOT / "tests/host_launcher/mlp_main.cpp").read_text())
+            number = arch.removeprefix("sm_")
+            done = subprocess.run(
+                [nvcc, "-std=c++17", f"-gencode=arch=compute_{number},code=sm_{number}",
+                 str(kernels), str(program), "-o", str(work / "mlp_host")],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                return {**row, "error": f"nvcc failed: {done.stderr[-1500:]}"}
+            rng = np.random.default_rng(7)
+            T, D, F = 70, 48, 136
+            inputs = [rng.standard_normal((T, D)), rng.standard_normal((D, F)) / 8,
+                      rng.standard_normal(F), rng.standard_normal((F, D)) / 8,
+                      rng.standard_normal(D)]  # fmt: skip
+            tensors = [torch.from_numpy(a.astype(np.float32)).to("cuda") for a in inputs]
+            for i in (0, 1, 3):
+                tensors[i] = tensors[i].to(torch.bfloat16)
+            for name, t in zip(("x", "W_in", "b_in", "W_out", "b_out"), tensors, strict=True):
+                raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+                (work / name).write_bytes(raw.cpu().numpy().tobytes())
+            command = [str(work / "mlp_host"), str(work), *map(str, (T, D, F, calls))]
+            ran = subprocess.run(command, capture_output=True, text=True, check=False)
+            if ran.returncode != 0:
+                return {**row, "error": f"exit {ran.returncode}: {ran.stderr[-1500:]}"}
+            need, *statuses, per_call = ran.stdout.split()
+            cases = ("workspace too small", "workspace given", "no workspace", "negative size")
+            row["workspace_bytes"] = int(need)
+            row["statuses"] = dict(zip(cases, map(int, statuses), strict=True))
+            row["statuses_as_documented"] = list(map(int, statuses)) == [2, 0, 0, 1]
+            row["us_per_call"] = float(per_call)
+            have = np.frombuffer((work / "out").read_bytes(), np.int16).reshape(T, D)
+            mlp = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda", arch=arch).load()
+            want = mlp.mlp(*tensors).view(torch.int16).cpu().numpy()
+            row["same_bits_as_the_python_runtime"] = bool(np.array_equal(have, want))
+    except Exception as exc:
+        row["error"] = _error(exc)
+        traceback.print_exc()
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
