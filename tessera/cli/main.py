@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--print-runtime-dir"]:  # tsr.h and its implementations (docs/runtime.md)
+        from ..runtime.c_abi import runtime_dir
+
+        print(runtime_dir())
+        return 0
     if argv and argv[0] in _COMMANDS:
         from . import tune
 
