@@ -76,13 +76,24 @@ def test_the_cpu_fast_path_gives_the_full_paths_results(cpu: CpuLibrary) -> None
     f(a, b, 0.5, w, out=out)  # the full checks: given an out
     np.testing.assert_array_equal(fast, out)
     np.testing.assert_allclose(fast, (f64(a) + b) * 0.5 + w, rtol=1e-5, atol=1e-6)
-    x = rng.standard_normal((37, 21), dtype=np.float32)
-    y = rng.standard_normal((21, 5), dtype=np.float32)
-    product = cpu.matmul(x, y)
-    np.testing.assert_allclose(product, f64(x) @ y, rtol=1e-5, atol=1e-5)
+    # A small product after a larger one: its tiles' storage holds the larger one's
+    # values past the small corner, which it clears and copies alone.
+    for m, k, n in ((300, 280, 260), (37, 21, 5), (1, 1, 1)):
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        y = rng.standard_normal((k, n), dtype=np.float32)
+        np.testing.assert_allclose(cpu.matmul(x, y), f64(x) @ y, rtol=1e-4, atol=1e-5)
     v, into = rng.standard_normal(11, dtype=np.float32), np.full(11, np.nan, np.float32)
     assert cpu.doubled_into(v, into) is None
     np.testing.assert_array_equal(into, v * 2)
+
+
+def test_a_tiny_product_clears_and_copies_only_its_corner() -> None:
+    """A 4 x 4 product under a 256 x 256 tile: zeroing the whole accumulator and the
+    whole right operand's tile cost 13 of its 14 microseconds a call."""
+    source = tessera.compile(SOURCE, "launch.tsr", target="cpu").source
+    assert "tsr::zero_corner(acc, 256, tsr::live(256, M - 256*pid_m)" in source
+    assert "tsr::load_corner(b_tile_smem, 256, 256, b, N," in source
+    assert "std::fill_n(acc," not in source
 
 
 def test_calls_the_cpu_fast_path_does_not_recognize_get_the_full_checks(cpu: CpuLibrary) -> None:

@@ -292,6 +292,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -684,13 +706,13 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wq, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wq, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -714,13 +736,13 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wk, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wk, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -744,13 +766,13 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wv, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wv, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -843,7 +865,7 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t6 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wo, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wo, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -927,7 +949,7 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w1, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w1, F, 256*kb, 256*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -966,7 +988,7 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w3, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w3, F, 256*kb, 256*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -1006,7 +1028,7 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t12 + (256*pid_m) * F + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, F, C);
+    tsr::load_corner(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, F, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
