@@ -277,10 +277,11 @@ def gpu_cases(args: argparse.Namespace) -> dict[str, Any]:
         of the inputs and of the intermediate); its result against the full path's."""
         function = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda",
                                         arch=arch).load().mlp  # fmt: skip
-        x, w_in, w_out = (t / 8 for t in tensors(3, torch.bfloat16, (70, 70)))
-        w_in, w_out = w_in[:, :48].contiguous(), w_out[:48, :].contiguous()
-        x = x[:, :48].contiguous()
-        b_in, b_out = tensors(1, torch.float32, (70,))[0], tensors(1, torch.float32, (48,))[0]
+        t, d, f = 70, 48, 70
+        (x,) = tensors(1, torch.bfloat16, (t, d))
+        w_in, w_out = (w / 8 for w in tensors(2, torch.bfloat16, (d, f)))
+        w_out = w_out.reshape(f, d)
+        (b_in,), (b_out,) = tensors(1, torch.float32, (f,)), tensors(1, torch.float32, (d,))
         inputs = (x, w_in, b_in, w_out, b_out)
         out = torch.empty_like(x)
         function(*inputs, out=out)
