@@ -27,7 +27,10 @@ fails records its error in the JSON and the run goes on. Results go to
 The GPU measurement, from the repository root on a machine with an NVIDIA GPU,
 CuPy and torch with CUDA:
 
-    PYTHONPATH=$PWD python3 bench/launch.py --gpu --out bench/results/launch.json
+    PYTHONPATH=$PWD python3 bench/launch.py --gpu --out "${OUT:-bench/results}/launch.json"
+
+(about two minutes: NVRTC builds, nvcc for the host launcher's program, then the runs;
+the JSON keeps whatever the file at --out held under ``cpu``).
 """
 
 from __future__ import annotations
@@ -384,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         epilog="GPU measurement (repository root, a machine with an NVIDIA GPU, CuPy and "
-        "torch with CUDA): PYTHONPATH=$PWD python3 bench/launch.py --gpu "
-        "--out bench/results/launch.json",
+        'torch with CUDA): PYTHONPATH=$PWD python3 bench/launch.py --gpu --out "${OUT:-'
+        'bench/results}/launch.json"',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--gpu", action="store_true", help="torch CUDA tensors on the GPU")
     parser.add_argument("--arch", help="the CUDA arch (default: the GPU's; sm_90a on sm_90)")
