@@ -185,6 +185,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -513,7 +535,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_tile(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D);
+  tsr::load_corner(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D);
   float* const q_tile = q_tile_smem;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
@@ -569,7 +591,7 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -599,7 +621,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
       + 128 + 128 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_tile(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
+  tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
@@ -670,7 +692,7 @@ static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const
     const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = BH;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       flash_attention_program(q, k, v, causal, out, S, D, pid_m, pid_b0);

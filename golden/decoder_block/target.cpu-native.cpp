@@ -193,6 +193,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -578,7 +600,7 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
 static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
     const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k0_program(x, norm1, h, S, C, pid_m);
 }
@@ -590,13 +612,13 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wq, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wq, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -610,7 +632,7 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
     const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k1_program(h, wq, t0, S, C, pid_n, pid_m);
@@ -623,13 +645,13 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wk, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wk, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -643,7 +665,7 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
     const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k2_program(h, wk, t2, S, C, pid_n, pid_m);
@@ -656,13 +678,13 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wv, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wv, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -676,7 +698,7 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
     const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
@@ -744,7 +766,7 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
     const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
   const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       decoder_block_k4_program(t0, t2, t4, t6, S, C, pid_m, pid_b0);
@@ -764,7 +786,7 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t6 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, wo, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wo, C, 256*kb, 256*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -787,7 +809,7 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
     const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k5_program(t6, wo, x, x_1, S, C, pid_n, pid_m);
@@ -836,7 +858,7 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
 static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
     const tsr::i64 S, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k6_program(x_1, norm2, h_1, S, C, pid_m);
 }
@@ -855,7 +877,7 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w1, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w1, F, 256*kb, 256*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -877,7 +899,7 @@ static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t1
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k7_program(h_1, w1, t10, S, C, F, pid_n, pid_m);
@@ -898,7 +920,7 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w3, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w3, F, 256*kb, 256*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -921,7 +943,7 @@ static void decoder_block_k8_launch(const float* h_1, const float* w3, const flo
     float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k8_program(h_1, w3, t10, t12, S, C, F, pid_n, pid_m);
@@ -942,7 +964,7 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t12 + (256*pid_m) * F + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, F, C);
+    tsr::load_corner(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, F, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -965,7 +987,7 @@ static void decoder_block_k9_launch(const float* t12, const float* w2, const flo
     float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);

@@ -249,6 +249,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -493,10 +515,10 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 256, 512, A, K, 256*pid_m, 512*kb, M, K);
+    tsr::load_corner(a_tile_smem, 256, 512, A, K, 256*pid_m, 512*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 512, 256, B, N, 512*kb, 256*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 512, 256, B, N, 512*kb, 256*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -519,7 +541,7 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_gelu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
@@ -540,10 +562,10 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 256, 512, x, D, 256*pid_m, 512*kb, T, D);
+    tsr::load_corner(a_tile_smem, 256, 512, x, D, 256*pid_m, 512*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 512, 256, W_in, F, 512*kb, 256*pid_n, D, F);
+    tsr::load_corner(b_tile_smem, 512, 256, W_in, F, 512*kb, 256*pid_n, D, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -566,7 +588,7 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
     tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k0_program(x, W_in, b_in, h, T, D, F, pid_n, pid_m);
@@ -588,10 +610,10 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 256, 512, h, F, 256*pid_m, 512*kb, T, F);
+    tsr::load_corner(a_tile_smem, 256, 512, h, F, 256*pid_m, 512*kb, T, F);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 512, 256, W_out, D, 512*kb, 256*pid_n, F, D);
+    tsr::load_corner(b_tile_smem, 512, 256, W_out, D, 512*kb, 256*pid_n, F, D);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -615,7 +637,7 @@ static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const floa
     const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k1_program(h, W_out, b_out, x, out, T, F, D, pid_n, pid_m);
@@ -637,7 +659,7 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 1024); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 256, 1024, x, D, 256*pid_m, 1024*kb, T, D);
+    tsr::load_corner(a_tile_smem, 256, 1024, x, D, 256*pid_m, 1024*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     tsr::load_tile(b_tile_smem, 256, 1024, w, D, 256*pid_n, 1024*kb, F, D);
@@ -664,7 +686,7 @@ static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const floa
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
   const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_fp8_program(x, w, bias, out, T, D, F, pid_n, pid_m);

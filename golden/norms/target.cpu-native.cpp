@@ -177,6 +177,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -290,7 +312,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(R, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     row_softmax_program(x, out, R, C, pid_m);
 }
@@ -375,7 +397,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     pre_norm_program(x, gamma, beta, out, T, D, pid_m);
 }
@@ -423,7 +445,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
     const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     rms_program(x, weight, out, T, D, pid_m);
 }
@@ -484,7 +506,7 @@ static void add_rms_launch(const float* x, const float* residual, const float* w
     const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
   const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       add_rms_program(x, residual, weight, out, S, D, pid_m, pid_b0);

@@ -253,6 +253,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -433,10 +455,10 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 128, 32, A, K, 128*pid_m, 32*kb, M, K);
+    tsr::load_corner(a_tile_smem, 128, 32, A, K, 128*pid_m, 32*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 32, 128, B, N, 32*kb, 128*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 32, 128, B, N, 32*kb, 128*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -458,7 +480,7 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
     const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -477,10 +499,10 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 64, 32, A, K, 64*pid_m, 32*kb, M, K);
+    tsr::load_corner(a_tile_smem, 64, 32, A, K, 64*pid_m, 32*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 32, 64, B, N, 32*kb, 64*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 32, 64, B, N, 32*kb, 64*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -502,7 +524,7 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 64);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -523,10 +545,10 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 128, 64, A, K, 128*pid_m, 64*kb, M, K);
+    tsr::load_corner(a_tile_smem, 128, 64, A, K, 128*pid_m, 64*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 64, 128, B, N, 64*kb, 128*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 64, 128, B, N, 64*kb, 128*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -549,7 +571,7 @@ static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const 
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);

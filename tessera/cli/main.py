@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         "has one typed function per kernel (needs CuPy, not Tessera)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-host", action="store_true",
+        help="CUDA and HIP: leave out the host launchers (the C entries that launch each "
+        "function's kernels; docs/runtime.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--resources", action="store_true",
         help="with --emit meta for CUDA: build with NVRTC and add what ptxas gave each "
         "kernel (registers, shared memory, barriers, stack frame, spills)",
@@ -124,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--print-runtime-dir"]:  # tsr.h and its implementations (docs/runtime.md)
+        from ..runtime.c_abi import runtime_dir
+
+        print(runtime_dir())
+        return 0
     if argv and argv[0] in _COMMANDS:
         module, function = _COMMANDS[argv[0]]
         return getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:])
@@ -158,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         return report(parser, exc)
     except Exception as exc:  # a bug in the driver itself
         return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+    if args.emit == "target" and options.target in ("cuda", "hip") and not args.no_host:
+        from ..transpiler.target.simt_host import HostNameClash, host_source
+
+        try:
+            text += host_source(program.ir("meta"))
+        except HostNameClash as exc:
+            print(f"tesserac: error: {args.file}: {exc}", file=sys.stderr)
+            return 1
     for warning in program.diagnostics:
         print(warning.render(), file=sys.stderr)
     if args.output is None:

@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 
 from ..cachedir import cache_dir
+from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.tile.interpret import numpy_dtype
+from .cpu_ext import load_extension
 from .entry import Entry, Library
 from .foreign import TensorView
 from .mpi import agree, world
@@ -61,13 +64,19 @@ def build(source: str, flags: Sequence[str], compiler: str = "g++") -> Path:
 
 class CpuFunction(Entry):
     """One entry of the shared object: the checked arguments go through ctypes, whose
-    declared argument types convert addresses and sizes without a Python object each."""
+    declared argument types convert addresses and sizes without a Python object each.
 
-    def __init__(self, entry: Any, meta: Mapping[str, Any]) -> None:
+    Once the module is warm (``WARM_CALLS`` calls of its functions), a call that passes
+    every input by position as a C-contiguous numpy array of its dtype is checked and
+    run by the module's C call for it (``tessera.runtime.cpu_ext``): about a
+    microsecond, where the full checks take tens."""
+
+    def __init__(self, entry: Any, meta: Mapping[str, Any], library: CpuLibrary) -> None:
         super().__init__(meta)
+        self._library = library
         self._entry = entry
-        self._entry.restype = None
-        self._entry.argtypes = [
+        entry.restype = None
+        entry.argtypes = [
             *(_CTYPES[p["type"]] if p["kind"] == "scalar" else ctypes.c_void_p
               for p in self._params),
             *(ctypes.c_int64 for _ in self._dims),
@@ -99,10 +108,22 @@ class CpuFunction(Entry):
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
         self._entry(*call, *(sizes[d] for d in self._dims))
+        self._library.called()
+
+
+def _dtype(name: str) -> np.dtype:
+    """The numpy dtype of a Tessera dtype, by its name."""
+    return np.dtype(numpy_dtype(DTYPES[name]))
 
 
 #: The C type of each scalar parameter type, as the generated entry declares it.
 _CTYPES = {"bool": ctypes.c_bool, "int": ctypes.c_int64, "float": ctypes.c_float}
+
+
+#: How many calls through the full checks make a module warm: then its C calls are
+#: built (about a second of the compiler's, cached on disk), which pays off only for a
+#: module that is called often; a module called a few times never waits for them.
+WARM_CALLS = 32
 
 
 class CpuLibrary(Library):
@@ -111,8 +132,20 @@ class CpuLibrary(Library):
     def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
-        entries = [CpuFunction(getattr(self._lib, f["symbol"]), f) for f in meta["functions"]]
+        self._calls = 0
+        entries = [CpuFunction(getattr(self._lib, f["symbol"]), f, self)
+                   for f in meta["functions"]]  # fmt: skip
         super().__init__(meta, entries)
+
+    def called(self) -> None:
+        """Count a call through the full checks; the ``WARM_CALLS``-th gives every
+        function its C call."""
+        self._calls += 1
+        if self._calls != WARM_CALLS:
+            return
+        calls = load_extension(self.meta, self._lib, self.meta["build"]["compiler"], _dtype)
+        for name, call in calls.items():
+            self.functions[name]._fast = call
 
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:

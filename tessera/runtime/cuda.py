@@ -33,9 +33,11 @@ from typing import Any
 import numpy as np
 
 from ..transpiler.graph.dtypes import DTYPES
-from . import tensor_map
-from .entry import Entry, Library, argument, evaluate
+from ..transpiler.tile.interpret import numpy_dtype
+from . import cuda_launch, tensor_map
+from .entry import MISSED, Entry, Library, argument, evaluate
 from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
+from .plan import fast_path
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
 
@@ -100,6 +102,41 @@ class CudaFunction(Entry):
         # A persistent launch runs a program per multiprocessor, each looping over tiles.
         persistent = any(launch.get("persistent") for launch in meta["launches"])
         self._units = multiprocessors() if persistent else 0
+        self._launches = _raw_launches(meta, self._kernels, self._units)
+        if self._launches is not None:
+            self._device = _cupy().cuda.Device().id
+            self._first_tensor = next(
+                (i for i, p in enumerate(self._inputs) if p["kind"] == "tensor"), None
+            )
+            #: The fast path for each type of first tensor seen (None: there is none).
+            self._paths: dict[type, Any] = {}
+            self._fast = self._dispatch
+
+    def _dispatch(self, *args: Any) -> Any:
+        """The fast path for the library of the call's first tensor
+        (``tessera.runtime.cuda_launch``), made the first time that library is seen."""
+        if self._first_tensor is None or len(args) <= self._first_tensor:
+            return MISSED
+        kind = type(args[self._first_tensor])
+        if kind not in self._paths:
+            self._paths[kind] = self._path_for(kind)
+        fast = self._paths[kind]
+        return MISSED if fast is None else fast(*args)
+
+    def _path_for(self, kind: type) -> Any:
+        assert self._launches is not None
+        cupy, launches = _cupy(), self._launches
+        if kind.__module__.split(".")[0] == "torch" and kind.__name__ == "Tensor":
+            import torch
+
+            backend = cuda_launch.torch_backend(torch, self._device, launches)
+        elif kind is cupy.ndarray and kind.__module__.split(".")[0] == "cupy":
+            backend = cuda_launch.cupy_backend(cupy, self._device, launches)
+        elif hasattr(kind, "__cuda_array_interface__") and not hasattr(kind, "__dlpack__"):
+            backend = cuda_launch.interface_backend(kind, cupy, launches)
+        else:
+            return None
+        return fast_path(self.meta, backend, _dtype, self._check_guards, MISSED)
 
     def _view(self, p: Mapping[str, Any], value: Any) -> TensorView:
         if isinstance(value, np.ndarray):
@@ -183,6 +220,30 @@ class CudaFunction(Entry):
         for p in self._params:
             if p["kind"] == "tensor" and p["io"] != "in":
                 device[p["name"]].get(out=_bytes(arrays[p["name"]]))
+
+
+def _raw_launches(meta: Mapping[str, Any], kernels: Mapping[str, Any], units: int) -> Any:
+    """The function's launches through ``cuLaunchKernel`` (a persistent launch runs at
+    most ``units`` programs), or None where the kernels or the driver do not offer it
+    (then every call takes CuPy's launches)."""
+    # CuPy's RawKernel.kernel is the loaded function of the current device (a CUfunction
+    # at .ptr).
+    handles = {name: getattr(getattr(k, "kernel", None), "ptr", None)
+               for name, k in kernels.items()}  # fmt: skip
+    if not all(isinstance(h, int) for h in handles.values()):
+        return None
+    try:
+        driver = _driver()
+    except CudaUnavailable:
+        return None
+    if not hasattr(driver, "cuLaunchKernel"):
+        return None
+    return cuda_launch.Launches(meta, handles, driver, units)
+
+
+def _dtype(name: str) -> np.dtype:
+    """The numpy dtype of a Tessera dtype, by its name."""
+    return np.dtype(numpy_dtype(DTYPES[name]))
 
 
 def _tensor_map(m: Mapping[str, Any], x: Any, sizes: Mapping[str, int]) -> np.ndarray:

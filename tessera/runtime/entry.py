@@ -8,7 +8,7 @@ checks, and their messages, are the same whichever backend runs the call.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,11 @@ from ..transpiler.target.entry import signature_items
 from ..transpiler.tile.interpret import numpy_dtype
 from .foreign import TensorView, host_array, host_view, numpy_view
 
-__all__ = ["Entry", "Library", "evaluate", "argument"]
+__all__ = ["Entry", "Library", "evaluate", "argument", "MISSED"]
+
+#: What a fast path returns for a call it does not recognize (as C's binary operators
+#: say they do not take an operand).
+MISSED = NotImplemented
 
 #: The NumPy scalar type of each scalar parameter type in a device kernel's signature.
 _KERNEL_SCALARS = {"float": np.float32, "int": np.int64, "bool": np.int32}
@@ -54,6 +58,9 @@ class Entry:
         self._input_names = {p["name"] for p in self._inputs}
         by_name = {p["name"]: p for p in self._params}
         self._results = [by_name[name] for name in meta["results"]]
+        #: The backend's fast path (``tessera.runtime.plan``): the call of the common
+        #: case, or ``MISSED`` where it does not recognize the call.
+        self._fast: Callable[..., Any] | None = None
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -68,6 +75,10 @@ class Entry:
         """Run the function. ``out`` is an optional preallocated result array, or for a
         function of several results a tuple of them (``None`` where one is allocated),
         as numpy's ufuncs take it. A function of several results returns a tuple."""
+        if self._fast is not None and out is None and not kwargs:
+            done = self._fast(*args)
+            if done is not MISSED:
+                return done
         inputs, positional = self._inputs, self._positional
         if len(args) > len(positional):
             named = [p["name"] for p in inputs if p.get("keyword_only")]
@@ -286,6 +297,11 @@ class Library:
     def __init__(self, meta: Mapping[str, Any], entries: list[Entry]) -> None:
         self.meta = meta
         self.functions = {e.name: e for e in entries}
+        # Each function as an instance attribute too, where no attribute of the library's
+        # has its name: ``lib.f`` is then found without a call of ``__getattr__``.
+        for name, entry in self.functions.items():
+            if name not in self.__dict__ and not hasattr(type(self), name):
+                setattr(self, name, entry)
 
     def __getattr__(self, name: str) -> Any:
         functions = self.__dict__.get("functions", {})

@@ -166,6 +166,18 @@ def simulated_source(source: str) -> str:
             f"tsr_sim_smem,\n"
             f"                  [&] {{ ::{k.name}({args}); }});\n}}\n"
         )
+        # The same launch as the driver's cuLaunchKernel takes it: each argument by the
+        # address of its value (the simulated driver's cuLaunchKernel calls this).
+        unpacked = ", ".join(f"*static_cast<{t}*>(tsr_sim_params[{i}])"
+                             for i, (t, _) in enumerate(k.params))  # fmt: skip
+        launchers.append(
+            f'extern "C" void tsr_sim_raw_{k.name}(unsigned tsr_sim_gx, unsigned tsr_sim_gy, '
+            f"unsigned tsr_sim_gz, unsigned tsr_sim_threads, unsigned tsr_sim_smem, "
+            f"void** tsr_sim_params) {{\n"
+            f"  tsr_sim::launch({{tsr_sim_gx, tsr_sim_gy, tsr_sim_gz}}, tsr_sim_threads,\n"
+            f"                  tsr_sim_smem < {k.arena}u ? {k.arena}u : tsr_sim_smem,\n"
+            f"                  [&] {{ ::{k.name}({unpacked}); }});\n}}\n"
+        )
     end = "// end of the Tessera tile primitives"
     head, _, rest = text.partition("\n" + end)
     hip = "#include <hip/hip_runtime.h>" in source
@@ -262,7 +274,7 @@ def _by_address(ctype: str) -> bool:
 class _Launcher:
     """A kernel of a simulated module, called as CuPy's ``RawKernel`` is."""
 
-    def __init__(self, function: Any, kernel: _Kernel) -> None:
+    def __init__(self, function: Any, raw: Any, kernel: _Kernel) -> None:
         function.restype = None
         function.argtypes = (
             [ctypes.c_uint] * 4
@@ -270,6 +282,9 @@ class _Launcher:
             + [ctypes.c_void_p if _by_address(t) else _SCALARS[t] for t, _ in kernel.params]
         )
         self.function = function
+        #: The loaded function, as CuPy's RawKernel.kernel: its CUfunction at ``ptr`` is
+        #: what the simulated driver's cuLaunchKernel takes.
+        self.kernel = SimpleNamespace(ptr=ctypes.cast(raw, ctypes.c_void_p).value)
         self.name = kernel.name
         self.arena = kernel.arena
         self.max_dynamic_shared_size_bytes = _DEFAULT_SMEM
@@ -292,8 +307,11 @@ class _Module:
         sanitize: bool = False,
     ) -> None:  # fmt: skip
         library, kernels = build(code, sanitize)
-        self._launchers = {k.name: _Launcher(getattr(library, f"tsr_sim_{k.name}"), k)
-                           for k in kernels}  # fmt: skip
+        self._launchers = {
+            k.name: _Launcher(getattr(library, f"tsr_sim_{k.name}"),
+                              getattr(library, f"tsr_sim_raw_{k.name}"), k)
+            for k in kernels
+        }  # fmt: skip
 
     def get_function(self, name: str) -> _Launcher:
         return self._launchers[name]

@@ -910,6 +910,17 @@ extern "C" int cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* 
   return tsr_sim::encode_tensor_map(map, type, rank, address, dims, strides, box,
                                     element_strides, interleave, swizzle, l2, fill);
 }
+
+// cuLaunchKernel of a simulated module's kernel: the CUfunction is the module's
+// tsr_sim_raw_<kernel>, which runs the grid with the arguments at `params`.
+extern "C" int cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz,
+                              unsigned bx, unsigned by, unsigned bz, unsigned smem, void*,
+                              void** params, void** extra) {
+  if (by != 1 || bz != 1 || extra != nullptr) tsr_sim::fail("a launch the runtime never makes");
+  using Raw = void (*)(unsigned, unsigned, unsigned, unsigned, unsigned, void**);
+  reinterpret_cast<Raw>(function)(gx, gy, gz, bx, smem, params);
+  return 0;
+}
 #endif
 
 // HIP's names (the CUDA file's are above). The MFMA built-ins are renamed tsr_sim_amdgcn_*

@@ -112,6 +112,15 @@ def _whole_lines(size: str) -> str:
     return f"tsr::whole_lines({size})"
 
 
+def _inside(axes: Any, corner: tuple[Dim | None, Dim | None]) -> bool:
+    """Whether a window's tile axes hold exactly a live corner (rows, columns; None: the
+    whole axis, which the window must then not mask): the part inside the tensor."""
+    return all(
+        (bound is None and not axis.masked) or bound == axis.extent - axis.offset
+        for axis, bound in zip(axes, corner, strict=True)
+    )
+
+
 def _shape(t: Any) -> tuple[Dim, ...]:
     return tuple(getattr(t, "dims", ()))
 
@@ -477,7 +486,54 @@ class _Emitter:
     def op_full(self, op: Op) -> None:
         name = self.allocate(op.result)
         value = op.attr("value")
+        corner = self._accumulator_corner(op) if value == 0 else None
+        if corner is not None:
+            rows, cols = (self.c(d) for d in _shape(op.result.type))
+            live = [size if bound is None else f"tsr::live({size}, {self.c(bound)})"
+                    for size, bound in zip((rows, cols), corner, strict=True)]  # fmt: skip
+            self.line(f"tsr::zero_corner({name}, {cols}, {live[0]}, {live[1]});")
+            return
         self.line(f"std::fill_n({name}, {self.numel(op.result.type)}, {c_float(value)});")
+
+    def _accumulator_corner(self, op: Op) -> tuple[Dim | None, Dim | None] | None:
+        """The live corner (rows, columns; None: all) of a zero tile that is a product's
+        accumulator, when nothing reads it elsewhere: its one reader is a loop that
+        carries it into an ``mma`` whose result it yields, and the loop's result goes to
+        a store whose window is that corner. The product reads and writes the corner
+        only, so only the corner needs its zeros."""
+        value = op.result
+        loop = self.readers.get(value.id)
+        if self.uses.get(value.id) != 1 or loop is None or loop.kind != "for":
+            return None
+        i = next(j for j, v in enumerate(loop.operands) if v is value)
+        body = loop.regions[0]
+        arg = body.args[1 + i]
+        product = self.readers.get(arg.id)
+        if (
+            self.uses.get(arg.id) != 1
+            or product is None
+            or product.kind != "mma"
+            or product.operands[2] is not arg
+            or self.uses.get(product.result.id) != 1
+            or body.yields[i] is not product.result
+        ):
+            return None
+        live: Live | None = product.attr("live")
+        corner = (live.m, live.n) if live else (None, None)
+        counter = body.args[0].name
+        if all(b is None for b in corner) or any(
+            b is not None and counter in b.symbols() for b in corner
+        ):
+            return None
+        store = self.readers.get(loop.results[i].id)
+        if (
+            self.uses.get(loop.results[i].id) != 1
+            or store is None
+            or store.kind != "store"
+            or store.operands[1] is not loop.results[i]
+        ):
+            return None
+        return corner if _inside(store.attr("at").tile_axes, corner) else None
 
     def op_iota(self, op: Op) -> None:
         user = self.users.get(op.result.id)
@@ -795,10 +851,7 @@ class _Emitter:
         ):
             return False
         corner = self._live_corner(read.result)
-        return corner is not None and all(
-            (bound is None and not axis.masked) or bound == axis.extent - axis.offset
-            for axis, bound in zip(tile, corner, strict=True)
-        )
+        return corner is not None and _inside(tile, corner)
 
     def op_copy(self, op: Op) -> None:
         tensor, buf = op.operands
@@ -813,9 +866,29 @@ class _Emitter:
             if self._slot(op, buf) == "0"
             else f"{self.name(buf)} + {self._slot(op, buf)}"
         )
-        self.line(
-            f"tsr::load_tile({dst}, {rows}, {cols}, {base}, {ld}, {r0}, {c0}, {rmax}, {cmax});"
-        )
+        load = "load_corner" if self._padding_unread(op) else "load_tile"
+        self.line(f"tsr::{load}({dst}, {rows}, {cols}, {base}, {ld}, {r0}, {c0}, {rmax}, {cmax});")
+
+    def _padding_unread(self, op: Op) -> bool:
+        """Whether a copy's tile is read only where the tensor holds it: read once, as an
+        operand of a product, on a live corner that is the copy's window inside the
+        tensor. Its padding is then never read, and need not be zeros."""
+        buf = op.operands[1]
+        tile = op.attr("at").tile_axes
+        read = self.readers.get(buf.id)
+        if len(tile) != 2 or read is None or read.kind != "read" or self.uses.get(buf.id) != 2:
+            return False
+        product = self.readers.get(read.result.id)
+        if self.uses.get(read.result.id) != 1 or product is None:
+            return False
+        if product.kind not in ("dot", "mma") or not any(
+            read.result is v for v in product.operands[:2]
+        ):
+            return False
+        live: Live | None = product.attr("live")
+        m, n, k = (live.m, live.n, live.k) if live else (None, None, None)
+        corner = (m, k) if product.operands[0] is read.result else (k, n)
+        return _inside(tile, corner)
 
     def op_read(self, op: Op) -> None:
         buf = op.operands[0]

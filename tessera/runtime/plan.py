@@ -1,0 +1,156 @@
+"""A call's checks, prepared once per function: the launch path of the common case.
+
+``Entry.__call__`` checks an argument by its metadata, with messages that name the
+parameter, the dim and the sizes: tens of microseconds in Python, more than a small
+kernel takes. Most calls pass every input by position, as the arrays the function
+takes, and let it allocate its results. For those, the checks reduce to a few
+comparisons per tensor, and ``fast_path`` writes them out once per function as a
+small Python function (as ``dataclasses`` writes ``__init__``): the arity, for each
+tensor its library's type, dtype and contiguity (the backend's test), and its shape,
+whose dims bind the size symbols or must equal them; then the results' allocation and
+the backend's call, with every tensor as its address. Interpreted from the metadata
+instead, the same checks took three times as long.
+
+The fast path returns ``MISSED`` as soon as anything differs from what it expects
+(another kind of array, a wrong shape, a numpy scalar for an int): the caller then
+takes the full path, which raises the error with its message, or runs the call as it
+always did. So a fast path never decides that a call is wrong; it only recognizes
+right ones quickly. A function whose checks do not reduce so (a dim that is an
+expression of sizes, a keyword-only parameter) has no fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Backend", "fast_path"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a backend's fast path does with tensors, as Python source.
+
+    ``accepts(x, dtypes, written)`` is a condition that holds when the argument named
+    ``x`` is a tensor of the backend's kind with one of the dtypes the name ``dtypes``
+    holds (a tuple), C-contiguous, and writable if ``written``; ``dtypes(dtype)`` gives
+    that tuple for a parameter of numpy dtype ``dtype``. ``address(x)`` is a tensor's
+    address as the call passes it. ``allocate(shape, dtype)`` makes a result of that
+    shape and dtype (the value ``result_dtype`` gives for the numpy dtype);
+    ``call(arguments)`` runs the kernels, the arguments being the tensors' addresses and
+    the scalars in parameter order, then the sizes.
+    ``names`` are the names these expressions use; ``shape(x)`` is a tensor's shape
+    (after ``accepts`` held), ``result_address(r)`` a result's address (``address``,
+    unless the results are of another kind than the inputs).
+    """
+
+    accepts: Callable[[str, str, bool], str]
+    address: Callable[[str], str]
+    dtypes: Callable[[np.dtype], tuple[Any, ...]]
+    allocate: Callable[[str, str], str]
+    result_dtype: Callable[[np.dtype], Any]
+    call: Callable[[str], str]
+    names: Mapping[str, Any]
+    shape: Callable[[str], str] = "{}.shape".format
+    result_address: Callable[[str], str] | None = None
+
+
+#: The Python type a scalar argument has on the fast path; any other (a numpy scalar, an
+#: int for a float) takes the full path, which converts or refuses it.
+_SCALAR_TYPES = {"int": int, "float": float, "bool": bool}
+
+
+def fast_path(
+    meta: Mapping[str, Any], backend: Backend, dtype: Callable[[str], np.dtype],
+    guards: Callable[[dict[str, int], dict[str, Any]], None], missed: object,
+) -> Callable[..., Any] | None:  # fmt: skip
+    """The fast path of the function ``meta`` describes (see the module's docstring),
+    or None where its checks do not reduce to a plan. ``guards(sizes, values)`` checks
+    the guards, raising as the full path does."""
+    symbols = {name: f"s{i}" for i, name in enumerate(meta["dims"])}
+    names: dict[str, Any] = {**backend.names, "MISSED": missed, "guards": guards}
+    inputs = [p for p in meta["params"] if p.get("io") != "out"]
+    if any(p.get("keyword_only") for p in inputs):
+        return None
+    arg = {p["name"]: f"a{i}" for i, p in enumerate(inputs)}
+    lines = [f"if len(args) != {len(inputs)}:", "    return MISSED"]
+    if inputs:
+        lines.append(f"{', '.join(arg.values())}{',' if len(inputs) == 1 else ''} = args")
+    bound: set[str] = set()
+    has_tensor = False
+    for p in inputs:
+        x = arg[p["name"]]
+        if p["kind"] == "scalar":
+            names[f"{x}_type"] = _SCALAR_TYPES[p["type"]]
+            lines += [f"if type({x}) is not {x}_type:", "    return MISSED"]
+            continue
+        has_tensor = True
+        names[f"{x}_dtypes"] = backend.dtypes(dtype(p["dtype"]))
+        if not names[f"{x}_dtypes"]:
+            return None  # a dtype the backend's library lacks
+        test = backend.accepts(x, f"{x}_dtypes", p["io"] != "in")
+        lines += [f"if not ({test}):", "    return MISSED"]
+        dims = []
+        for text in p["dims"]:
+            if text in symbols and text not in bound:
+                bound.add(text)
+                dims.append(("bind", symbols[text]))
+            elif text in symbols or text.isdigit():
+                dims.append(("equal", symbols.get(text, text)))
+            else:
+                return None  # a dim that is an expression of sizes
+        if all(kind == "equal" for kind, _ in dims):  # one comparison of tuples
+            lines += [f"if {backend.shape(x)} != {_tuple([d for _, d in dims])}:",
+                      "    return MISSED"]  # fmt: skip
+            continue
+        lines += [f"{x}_shape = {backend.shape(x)}", f"if len({x}_shape) != {len(dims)}:",
+                  "    return MISSED"]  # fmt: skip
+        targets = [d if kind == "bind" else f"{x}_{i}" for i, (kind, d) in enumerate(dims)]
+        lines.append(f"{', '.join(targets)}{',' if len(targets) == 1 else ''} = {x}_shape")
+        for i, (kind, want) in enumerate(dims):
+            if kind == "equal":
+                lines += [f"if {x}_{i} != {want}:", "    return MISSED"]
+    if not has_tensor or set(symbols) - bound:
+        return None  # a size only a scalar gives, or no tensor to place the results by
+    if meta["guards"]:
+        lines.append(
+            f"guards({{{', '.join(f'{n!r}: {s}' for n, s in symbols.items())}}}, "
+            f"{{{', '.join(f'{n!r}: {x}' for n, x in arg.items())}}})"
+        )
+    by_name = {p["name"]: p for p in meta["params"]}
+    for r, name in enumerate(meta["results"]):
+        shape = []
+        for text in by_name[name]["dims"]:
+            if text not in symbols and not text.isdigit():
+                return None
+            shape.append(symbols.get(text, text))
+        names[f"r{r}_dtype"] = backend.result_dtype(dtype(by_name[name]["dtype"]))
+        if names[f"r{r}_dtype"] is None:
+            return None
+        arg[name] = f"r{r}"
+        lines.append(f"r{r} = {backend.allocate(_tuple(shape), f'r{r}_dtype')}")
+    result_address = backend.result_address or backend.address
+    arguments = [arg[p["name"]] if p["kind"] == "scalar" else result_address(arg[p["name"]])
+                 if p.get("io") == "out" else backend.address(arg[p["name"]])
+                 for p in meta["params"]]  # fmt: skip
+    lines.append(backend.call(", ".join([*arguments, *symbols.values()])))
+    results = [f"r{r}" for r in range(len(meta["results"]))]
+    lines.append(f"return {_returned(results)}")
+    text = "def fast(*args):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(text, f"<fast path of {meta['name']}>", "exec"), names)
+    fast = names["fast"]
+    fast.source = text
+    return fast
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _returned(results: list[str]) -> str:
+    if not results:
+        return "None"
+    return results[0] if len(results) == 1 else f"({', '.join(results)})"

@@ -1,0 +1,281 @@
+"""Host launchers for the generated CUDA and HIP files: C entries a C++ program calls.
+
+A ``.cu`` or ``.hip`` file holds kernels; what a call needs besides them (the grid of
+every launch, the guards, the intermediate buffers, the dynamic shared memory above
+48 KiB, the TMA tensor maps) lives in the metadata, which the Python runtime reads.
+``host_source`` writes the same from the metadata as C++ at the end of the file, so that
+a program built with ``nvcc`` or ``hipcc`` alone can call a function of the ``.tsr`` file:
+
+    int tessera_<f>(<tensors as typed pointers>, <scalars>, <sizes as int64_t>,
+                    void* workspace, size_t workspace_bytes, <stream>);
+    size_t tessera_<f>_workspace(<sizes>);
+
+Each entry checks the sizes and the guards, places the intermediates in the workspace
+(the caller's, or one it allocates and frees on the stream when given none), raises a
+kernel's dynamic shared memory limit where a launch needs more than 48 KiB, encodes the
+tensor maps, and launches the function's kernels in order on the stream. It returns a
+``TSR_HOST_*`` status, never aborting. The section is compiled only by nvcc or hipcc
+(NVRTC, hiprtc and other compilers of the file skip it), and ``tesserac --no-host``
+leaves it out. ``docs/runtime.md`` documents the entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..graph.dims import parse_dim
+from ..graph.dtypes import DTYPES
+from .cexpr import c_dim
+from .simt_dialect import DIALECTS
+
+__all__ = ["host_source", "HostNameClash"]
+
+#: A kernel may use this much dynamic shared memory without asking for more.
+_DEFAULT_SMEM = 48 * 1024
+_C_SCALARS = {"float": "float", "int": "std::int64_t", "bool": "bool"}
+_RELATIONS = {"equal": "==", "at_most": "<=", "at_least": ">="}
+
+_PRELUDE = {
+    "cuda": """\
+#if defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#include <cuda.h>
+#include <cuda_runtime.h>
+""",
+    "hip": """\
+#if defined(__HIPCC__) && !defined(__HIPCC_RTC__)
+""",
+}
+
+_COMMON = """
+#include <cstddef>
+#include <cstdint>
+
+#ifndef TSR_HOST_STATUS
+#define TSR_HOST_STATUS
+// What a host launcher returns.
+enum {{
+  TSR_HOST_SUCCESS = 0,
+  TSR_HOST_EINVAL = 1,      // a size is negative, or a guard of the function fails
+  TSR_HOST_EWORKSPACE = 2,  // the workspace given is smaller than _workspace() says
+  TSR_HOST_ELAUNCH = 3,     // the runtime refused an allocation, an attribute or a launch
+}};
+#endif
+
+namespace tsr_host {{
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {{ return (a + b - 1) / b; }}
+
+// Intermediates start on 256 bytes within the workspace, as allocations do.
+inline std::size_t aligned(std::int64_t bytes) {{
+  return static_cast<std::size_t>((bytes > 0 ? bytes : 1) + 255) / 256 * 256;
+}}
+
+// Bytes of the workspace, passed where a kernel takes a typed pointer.
+struct Bytes {{
+  unsigned char* at;
+  template <class T>
+  operator T*() const {{ return reinterpret_cast<T*>(at); }}
+}};
+{maps}
+}}  // namespace tsr_host
+"""
+
+_MAPS = """
+// The TMA tensor map of a tensor of `rank` dims (`dims` outermost first) at `address`,
+// for copies of `box` (innermost first), as tessera/runtime/tensor_map.py encodes it:
+// zeros where TMA cannot describe the tensor (the kernel then copies it element by
+// element). 0 on success.
+inline int encode_map(tsr_tensor_map* map, const void* address, unsigned element_bytes,
+                      unsigned rank, const std::int64_t* dims, const cuuint32_t* box) {
+  *map = tsr_tensor_map{};
+  if (reinterpret_cast<std::uintptr_t>(address) % 16 != 0 || dims[rank - 1] * element_bytes % 16)
+    return 0;
+  cuuint64_t sizes[5], strides[4];
+  cuuint32_t ones[5];
+  for (unsigned i = 0; i < rank; ++i) {
+    if (dims[i] == 0) return 0;
+    sizes[i] = static_cast<cuuint64_t>(dims[rank - 1 - i]);
+    ones[i] = 1;
+  }
+  cuuint64_t stride = element_bytes;
+  for (unsigned i = 0; i + 1 < rank; ++i) strides[i] = stride *= sizes[i];
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return Encode{};
+    return reinterpret_cast<Encode>(entry);
+  }();
+  if (encode == nullptr) return 1;
+  const CUtensorMapDataType type = element_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                   : element_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32
+                                                        : CU_TENSOR_MAP_DATA_TYPE_UINT64;
+  return encode(reinterpret_cast<CUtensorMap*>(map), type, rank, const_cast<void*>(address),
+                sizes, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+             ? 0
+             : 1;
+}
+"""
+
+#: The runtime's names, per target: its error type, stream type, calls.
+_API = {
+    "cuda": {"stream": "cudaStream_t", "success": "cudaSuccess", "malloc": "cudaMallocAsync",
+             "free": "cudaFreeAsync", "last_error": "cudaGetLastError"},
+    "hip": {"stream": "hipStream_t", "success": "hipSuccess", "malloc": "hipMallocAsync",
+            "free": "hipFreeAsync", "last_error": "hipGetLastError"},
+}  # fmt: skip
+
+
+class HostNameClash(ValueError):
+    """A host launcher would take the name of a kernel of the file."""
+
+
+def host_source(meta: Mapping[str, Any]) -> str:
+    """The host launchers of the CUDA or HIP file ``meta`` describes, to append to it."""
+    target = meta["target"]
+    kernels = {k["kernel"] for f in meta["functions"] for k in f["launches"]}
+    for f in meta["functions"]:
+        for name in (f"tessera_{f['name']}", f"tessera_{f['name']}_workspace"):
+            if name in kernels:
+                raise HostNameClash(
+                    f"the host launcher of '{f['name']}' would be named like the kernel "
+                    f"'{name}': rename the function, or leave the launchers out (--no-host)"
+                )
+    maps = any("tensor_maps" in k for f in meta["functions"] for k in f["launches"])
+    parts = [
+        "\n// ---- host launchers: one per function of the .tsr file (docs/runtime.md)\n",
+        _PRELUDE[target],
+        _COMMON.format(maps=_MAPS if maps else ""),
+        'extern "C" {\n',
+        *(_function(f, target) for f in meta["functions"]),
+        '}  // extern "C"\n',
+        "#endif\n",
+    ]
+    return "".join(parts)
+
+
+def _function(f: Mapping[str, Any], target: str) -> str:
+    api = _API[target]
+    storage = DIALECTS[target].storage
+    sizes = [f"std::int64_t {d}" for d in f["dims"]]
+    params = []
+    for p in f["params"]:
+        if p["kind"] == "scalar":
+            params.append(f"{_C_SCALARS[p['type']]} {p['name']}")
+        else:
+            const = "const " if p["io"] == "in" else ""
+            params.append(f"{const}{storage[p['dtype']]}* {p['name']}")
+    name = f"tessera_{f['name']}"
+    size_args = ", ".join(f["dims"])
+    lines: list[str] = []
+    # Each intermediate's offset in the workspace: the aligned sizes of those before it.
+    spans = [f"tsr_host::aligned({c_dim(parse_dim(b['bytes']))})" for b in f["buffers"]]
+    offsets = [" + ".join(spans[:i]) or "0" for i in range(len(spans))]
+    workspace = " + ".join(spans) or "0"
+    used = set().union(*(parse_dim(b["bytes"]).symbols() for b in f["buffers"]))
+    checks = [f"{d} < 0" for d in f["dims"]]
+    lines.append(f"if ({' || '.join(checks)}) return TSR_HOST_EINVAL;" if checks else "")
+    for g in f["guards"]:
+        condition = _guard(g)
+        if condition is not None:
+            lines.append(f"if (!({condition})) return TSR_HOST_EINVAL;  // {g['reason']}")
+    lines += [
+        f"const std::size_t need = {name}_workspace({size_args});",
+        "unsigned char* base = static_cast<unsigned char*>(workspace);",
+        "const bool own = workspace == nullptr && need > 0;",
+        f"if (own && {api['malloc']}(reinterpret_cast<void**>(&base), need, stream) != "
+        f"{api['success']})",
+        "  return TSR_HOST_ELAUNCH;",
+        "if (!own && workspace_bytes < need) return TSR_HOST_EWORKSPACE;",
+    ]
+    for b, offset in zip(f["buffers"], offsets, strict=True):
+        lines.append(f"const tsr_host::Bytes {b['name']}{{base + {offset}}};")
+    lines.append("const int status = [&]() -> int {")
+    for k in f["launches"]:
+        lines += ["  " + line for line in _launch(k, target, f)]
+    lines += [
+        "  return TSR_HOST_SUCCESS;",
+        "}();",
+        f"if (own && {api['free']}(base, stream) != {api['success']} "
+        "&& status == TSR_HOST_SUCCESS)",
+        "  return TSR_HOST_ELAUNCH;",
+        "return status;",
+    ]
+    body = "".join(f"  {line}\n" for line in lines if line)
+    signature = ", ".join([*params, *sizes, "void* workspace", "std::size_t workspace_bytes",
+                           f"{api['stream']} stream"])  # fmt: skip
+    return (
+        f"\n// {f['name']}: the bytes of intermediates its launcher places in the workspace.\n"
+        f"std::size_t {name}_workspace({', '.join(sizes) or 'void'}) {{\n"
+        + "".join(f"  (void){d};\n" for d in f["dims"] if d not in used)
+        + f"  return {workspace};\n}}\n\n"
+        f"// {f['name']}: {_launches(len(f['launches']))} on `stream`.\n"
+        f"int {name}({signature}) {{\n{body}}}\n"
+    )
+
+
+def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str]:
+    """One launch, in a block: its grid, its attribute, its tensor maps, the launch."""
+    api = _API[target]
+    grid = [f"tsr_host::ceil_div({_operand(g['extent'])}, {g['block']})" if g["block"] != 1
+            else _operand(g["extent"]) for g in k["grid"]]  # fmt: skip
+    grid += ["1"] * (3 - len(grid))
+    smem = k.get("dynamic_smem", 0)
+    lines = [f"{{  // {k['kernel']}",
+             f"  const std::int64_t grid[3] = {{{', '.join(grid)}}};",
+             "  if (grid[0] > 0 && grid[1] > 0 && grid[2] > 0) {"]  # fmt: skip
+    inner = []
+    if smem > _DEFAULT_SMEM:
+        inner += [
+            f"if (cudaFuncSetAttribute({k['kernel']}, cudaFuncAttributeMaxDynamicSharedMemorySize,"
+            f" {smem}) != cudaSuccess)",
+            "  return TSR_HOST_ELAUNCH;",
+        ]
+    tensors = {p["name"] for p in f["params"] if p["kind"] == "tensor"}
+    for m in k.get("tensor_maps", ()):
+        element = DTYPES[m["dtype"]].bits // 8
+        address = m["tensor"] if m["tensor"] in tensors else f"static_cast<void*>({m['tensor']})"
+        inner += [
+            f"tsr_tensor_map {m['name']};",
+            f"const std::int64_t {m['name']}_dims[] = {{{', '.join(_operand(d) for d in m['dims'])}}};",  # noqa: E501
+            f"const cuuint32_t {m['name']}_box[] = {{{', '.join(str(b) for b in m['box'])}}};",
+            f"if (tsr_host::encode_map(&{m['name']}, {address}, {element}, {len(m['dims'])}, "
+            f"{m['name']}_dims, {m['name']}_box) != 0)",
+            "  return TSR_HOST_ELAUNCH;",
+        ]
+    dims = "dim3(unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2]))"
+    inner += [
+        f"{k['kernel']}<<<{dims}, {k['threads']}, {smem}, stream>>>({', '.join(k['args'])});",
+        f"if ({api['last_error']}() != {api['success']}) return TSR_HOST_ELAUNCH;",
+    ]
+    return [*lines, *(f"    {line}" for line in inner), "  }", "}"]
+
+
+def _launches(count: int) -> str:
+    return "one launch" if count == 1 else f"{count} launches"
+
+
+def _operand(text: str) -> str:
+    expr = c_dim(parse_dim(text))
+    return expr if expr.isidentifier() or expr.isdigit() else f"({expr})"
+
+
+def _guard(g: Mapping[str, Any]) -> str | None:
+    """A guard as a C condition on the sizes; None for one on a tensor's values (an
+    index in range), which the host does not read: the caller vouches for it."""
+    if g["kind"] == "indices":
+        return None
+    left, right = _operand(g["left"]), _operand(g["right"])
+    if g["kind"] == "divisible":
+        return f"{right} != 0 && {left} % {right} == 0"
+    return f"{left} {_RELATIONS[g['kind']]} {right}"

@@ -1,0 +1,113 @@
+"""The host launchers of the generated CUDA and HIP files (``simt_host``): a C++ program
+of a downstream repository builds against the file with nvcc or hipcc alone and calls a
+function of the ``.tsr`` file. Compiled and linked here; run where an NVIDIA GPU is at
+hand, against the CPU backend's result."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera
+from tessera.cli.main import main
+from tessera.transpiler.target.simt_host import HostNameClash, host_source
+
+from .conftest import ROOT
+from .reference import f64
+
+NVCC, HIPCC = shutil.which("nvcc"), shutil.which("hipcc")
+
+#: A program that calls mlp (examples/mlp.tsr) through its host launcher (see its
+#: opening comment); ``bench/launch.py --gpu`` runs it too.
+PROGRAM = ROOT / "tests" / "host_launcher" / "mlp_main.cpp"
+
+SIZES = {"T": 70, "D": 48, "F": 136}
+
+
+def _gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return smi is not None and subprocess.run([smi], capture_output=True).returncode == 0
+
+
+def _build(compiler: str, flags: list[str], target: str, tmp_path: Path) -> Path:
+    """The program, built against mlp.tsr's file for ``target`` as tesserac writes it."""
+    suffix = ".cu" if target == "cuda" else ".hip"
+    kernels = tmp_path / f"mlp{suffix}"
+    arch = ["--arch", "sm_90a"] if target == "cuda" else []
+    assert main([str(ROOT / "examples/mlp.tsr"), "-o", str(kernels), *arch]) == 0
+    (tmp_path / "main.cpp").write_text(PROGRAM.read_text())
+    binary = tmp_path / "mlp_host"
+    warn = ["-Xcompiler", "-Wall,-Wextra"] if target == "cuda" else ["-Wall", "-Wextra"]
+    done = subprocess.run(
+        [compiler, "-std=c++17", *flags, *warn, str(kernels), str(tmp_path / "main.cpp"),
+         "-o", str(binary)],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+        env={**os.environ, "HIP_PLATFORM": "amd"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line and
+                str(kernels.name) in line]  # fmt: skip
+    assert not warnings, done.stderr
+    return binary
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+def test_a_cpp_program_builds_against_the_cuda_file_and_runs_it_on_a_gpu(tmp_path: Path) -> None:
+    """sm_90a: two launches, an intermediate in the workspace, 196 KiB of dynamic shared
+    memory each, and TMA tensor maps of the inputs and of the intermediate. Built as
+    PTX for sm_90a (the driver finishes it on the GPU), so that ptxas does not run."""
+    binary = _build(NVCC, ["-gencode=arch=compute_90a,code=compute_90a"], "cuda", tmp_path)
+    if not _gpu():
+        pytest.skip("built; running it needs an NVIDIA GPU")
+    rng = np.random.default_rng(7)
+    T, D, F = SIZES.values()
+    inputs = {
+        "x": rng.standard_normal((T, D)).astype(ml_dtypes.bfloat16),
+        "W_in": (rng.standard_normal((D, F)) / 8).astype(ml_dtypes.bfloat16),
+        "b_in": rng.standard_normal(F).astype(np.float32),
+        "W_out": (rng.standard_normal((F, D)) / 8).astype(ml_dtypes.bfloat16),
+        "b_out": rng.standard_normal(D).astype(np.float32),
+    }
+    for name, a in inputs.items():
+        (tmp_path / name).write_bytes(a.tobytes())
+    done = subprocess.run([str(binary), str(tmp_path), str(T), str(D), str(F)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    need, small, given, none, negative = map(int, done.stdout.split())
+    assert need >= 2 * T * F and (small, given, none, negative) == (2, 0, 0, 1)
+    have = np.frombuffer((tmp_path / "out").read_bytes(), ml_dtypes.bfloat16).reshape(T, D)
+    want = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cpu").load().mlp(**inputs)
+    error = np.abs(f64(have) - f64(want)).max() / np.abs(f64(want)).max()
+    assert error < 2e-2, f"relative error {error:.2e}"
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(HIPCC is None, reason="needs hipcc")
+def test_a_cpp_program_builds_against_the_hip_file(tmp_path: Path) -> None:
+    _build(HIPCC, ["--offload-arch=gfx90a", "-O1"], "hip", tmp_path)
+
+
+def test_the_launchers_are_left_out_on_request_and_never_clash_with_a_kernel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mlp.cu"
+    assert main([str(ROOT / "examples/mlp.tsr"), "-o", str(out), "--no-host"]) == 0
+    program = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda")
+    assert out.read_text() == program.source
+    assert "\nint tessera_mlp(const unsigned short* x," in host_source(program.ir("meta"))
+    clash = tmp_path / "clash.tsr"
+    clash.write_text(
+        '@kernel\ndef x(a: Tensor["N", f32]) -> Tensor["N", f32]:\n    return a * 2.0\n\n'
+        '@kernel\ndef tessera_x(a: Tensor["N", f32]) -> Tensor["N", f32]:\n    return a * 3.0\n'
+    )
+    assert main([str(clash), "-o", str(tmp_path / "clash.cu")]) == 1
+    assert "named like the kernel 'tessera_x'" in capsys.readouterr().err
+    with pytest.raises(HostNameClash):
+        host_source(tessera.compile(clash.read_text(), "clash.tsr", target="cuda").ir("meta"))
