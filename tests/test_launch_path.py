@@ -146,6 +146,15 @@ def test_device_arrays_launch_through_the_driver_as_the_full_path_does(
         assert isinstance(have, DeviceArray)
         np.testing.assert_array_equal(have.data, want)
     assert mlp._paths[DeviceArray] is not None
+    # A preallocated result (poisoned) takes the fast path too; one of the wrong shape
+    # goes to the full checks, which say what is wrong with it.
+    given = DeviceArray(np.full(want.shape, 0xFFFF, np.uint16))
+    assert mlp._fast(*device, out=given) is given
+    np.testing.assert_array_equal(given.data, want)
+    wrong = DeviceArray(np.zeros((want.shape[0] + 1, want.shape[1]), np.uint16))
+    assert mlp._fast(*device, out=wrong) is MISSED
+    with pytest.raises(ValueError, match="'out'"):
+        mlp(*device, out=wrong)
     with pytest.raises(ValueError, match="'W_in' has shape"):
         mlp(device[0], device[3], *device[2:])
 

@@ -177,28 +177,6 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
-// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
-// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
-// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
-// more than the rest of the call.
-template <typename T>
-inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
-                        i64 rmax, i64 cmax) {
-  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
-  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
-  for (i64 i = 0; i < live_rows; ++i) {
-    const T* row = src + (r0 + i) * ld + c0;
-    float* out = dst + i * cols;
-    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
-  }
-}
-
-// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
-// corner of an accumulator that its product and its store read.
-inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
-  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
-}
-
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.

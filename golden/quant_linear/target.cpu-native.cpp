@@ -194,6 +194,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
   }
 }
 
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
+}
+
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.
@@ -412,7 +434,7 @@ static void quantize_weights_k0_program(const float* scale, float* t0, const tsr
 
 static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr::i64 N) {
   const tsr::i64 pid_m_count = tsr::ceil_div(N, 8192);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k0_program(scale, t0, N, pid_m);
 }
@@ -443,7 +465,7 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
 static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
     const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_m_count = tsr::ceil_div(K, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k1_program(w, t0, out, K, N, pid_m);
 }
@@ -462,7 +484,7 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
   // quant_linear.tsr:23: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // quant_linear.tsr:24: a = tile.load(x, rows=T.m, cols=kb)
-    tsr::load_tile(a_smem, 256, 512, x, K, 256*pid_m, 512*kb, M, K);
+    tsr::load_corner(a_smem, 256, 512, x, K, 256*pid_m, 512*kb, M, K);
     float* const a = a_smem;
     // quant_linear.tsr:25: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
@@ -497,7 +519,7 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w8a16_program(x, w, scale, out, M, K, N, pid_n, pid_m);
@@ -526,7 +548,7 @@ static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale,
     const tsr::i64 K, const tsr::i64 N) {
   const tsr::i64 pid_m_count = tsr::ceil_div(32, 4);
   const tsr::i64 pid_b0_count = (K)/32;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       linear_per_group_k0_program(w, scale, t4, N, pid_m, pid_b0);
@@ -542,14 +564,14 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
   float* const b_tile_smem = area + 131072;
   float* const acc = area + 131072 + 131072;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_tile(a_tile_smem, 256, 512, x, K, 256*pid_m, 512*kb, M, K);
+    tsr::load_corner(a_tile_smem, 256, 512, x, K, 256*pid_m, 512*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 512, 256, t4, N, 512*kb, 256*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 512, 256, t4, N, 512*kb, 256*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -563,7 +585,7 @@ static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, 
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 M) {
   const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_per_group_k1_program(t4, x, out, K, N, M, pid_n, pid_m);

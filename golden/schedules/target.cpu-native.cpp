@@ -269,12 +269,6 @@ inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i6
   }
 }
 
-// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
-// corner of an accumulator that its product and its store read.
-inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
-  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
-}
-
 // Outputs at least this large are written around the caches (non-temporal stores):
 // they will not stay in the last-level cache anyway, and an ordinary store would
 // first read every line it writes.

@@ -111,8 +111,9 @@ class CudaFunction(Entry):
             #: The fast path for each type of first tensor seen (None: there is none).
             self._paths: dict[type, Any] = {}
             self._fast = self._dispatch
+            self._fast_takes_out = True
 
-    def _dispatch(self, *args: Any) -> Any:
+    def _dispatch(self, *args: Any, out: Any = None) -> Any:
         """The fast path for the library of the call's first tensor
         (``tessera.runtime.cuda_launch``), made the first time that library is seen."""
         if self._first_tensor is None or len(args) <= self._first_tensor:
@@ -121,7 +122,7 @@ class CudaFunction(Entry):
         if kind not in self._paths:
             self._paths[kind] = self._path_for(kind)
         fast = self._paths[kind]
-        return MISSED if fast is None else fast(*args)
+        return MISSED if fast is None else fast(*args, out=out)
 
     def _path_for(self, kind: type) -> Any:
         assert self._launches is not None

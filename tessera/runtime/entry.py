@@ -61,6 +61,9 @@ class Entry:
         #: The backend's fast path (``tessera.runtime.plan``): the call of the common
         #: case, or ``MISSED`` where it does not recognize the call.
         self._fast: Callable[..., Any] | None = None
+        #: Whether the fast path also takes ``out=`` (the generated ones of
+        #: ``tessera.runtime.plan`` do; the CPU's C calls do not).
+        self._fast_takes_out = False
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -75,8 +78,8 @@ class Entry:
         """Run the function. ``out`` is an optional preallocated result array, or for a
         function of several results a tuple of them (``None`` where one is allocated),
         as numpy's ufuncs take it. A function of several results returns a tuple."""
-        if self._fast is not None and out is None and not kwargs:
-            done = self._fast(*args)
+        if self._fast is not None and not kwargs and (out is None or self._fast_takes_out):
+            done = self._fast(*args) if out is None else self._fast(*args, out=out)
             if done is not MISSED:
                 return done
         inputs, positional = self._inputs, self._positional

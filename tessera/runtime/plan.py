@@ -120,30 +120,60 @@ def fast_path(
             f"guards({{{', '.join(f'{n!r}: {s}' for n, s in symbols.items())}}}, "
             f"{{{', '.join(f'{n!r}: {x}' for n, x in arg.items())}}})"
         )
-    by_name = {p["name"]: p for p in meta["params"]}
-    for r, name in enumerate(meta["results"]):
-        shape = []
-        for text in by_name[name]["dims"]:
-            if text not in symbols and not text.isdigit():
-                return None
-            shape.append(symbols.get(text, text))
-        names[f"r{r}_dtype"] = backend.result_dtype(dtype(by_name[name]["dtype"]))
-        if names[f"r{r}_dtype"] is None:
-            return None
-        arg[name] = f"r{r}"
-        lines.append(f"r{r} = {backend.allocate(_tuple(shape), f'r{r}_dtype')}")
-    result_address = backend.result_address or backend.address
-    arguments = [arg[p["name"]] if p["kind"] == "scalar" else result_address(arg[p["name"]])
-                 if p.get("io") == "out" else backend.address(arg[p["name"]])
-                 for p in meta["params"]]  # fmt: skip
+    placed = _results(meta, backend, dtype, symbols, arg, names)
+    if None in placed:
+        return None  # a result whose shape is an expression of sizes, or a dtype it lacks
+    lines += placed
+    arguments = [arg[p["name"]] if p["kind"] == "scalar" or p.get("io") == "out"
+                 else backend.address(arg[p["name"]]) for p in meta["params"]]  # fmt: skip
     lines.append(backend.call(", ".join([*arguments, *symbols.values()])))
     results = [f"r{r}" for r in range(len(meta["results"]))]
     lines.append(f"return {_returned(results)}")
-    text = "def fast(*args):\n" + "".join(f"    {line}\n" for line in lines)
+    text = "def fast(*args, out=None):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile(text, f"<fast path of {meta['name']}>", "exec"), names)
     fast = names["fast"]
     fast.source = text
     return fast
+
+
+def _results(
+    meta: Mapping[str, Any], backend: Backend, dtype: Callable[[str], np.dtype],
+    symbols: Mapping[str, str], arg: dict[str, str], names: dict[str, Any],
+) -> list[str | None]:  # fmt: skip
+    """The lines that place the results ``r0``, ``r1``, ... and their addresses ``r0_p``,
+    ...: allocated, or with ``out`` the caller's tensors (one, or a tuple of one per
+    result), each checked as an input is and for the result's shape; ``None`` among
+    them where no plan reduces so."""
+    by_name = {p["name"]: p for p in meta["params"]}
+    results = [f"r{r}" for r in range(len(meta["results"]))]
+    result_address = backend.result_address or backend.address
+    allocated: list[str] = []
+    given: list[str] = []
+    for r, name in zip(results, meta["results"], strict=True):
+        p = by_name[name]
+        if not all(text in symbols or text.isdigit() for text in p["dims"]):
+            return [None]
+        shape = _tuple([symbols.get(text, text) for text in p["dims"]])
+        names[f"{r}_dtype"] = backend.result_dtype(dtype(p["dtype"]))
+        names[f"{r}_dtypes"] = backend.dtypes(dtype(p["dtype"]))
+        if names[f"{r}_dtype"] is None:
+            return [None]
+        arg[name] = f"{r}_p"
+        allocated += [f"{r} = {backend.allocate(shape, f'{r}_dtype')}",
+                      f"{r}_p = {result_address(r)}"]  # fmt: skip
+        given += [f"if not ({backend.accepts(r, f'{r}_dtypes', True)}):", "    return MISSED",
+                  f"if {backend.shape(r)} != {shape}:", "    return MISSED",
+                  f"{r}_p = {backend.address(r)}"]  # fmt: skip
+    if not all(names[f"{r}_dtypes"] for r in results):  # a dtype the library lacks
+        return ["if out is not None:", "    return MISSED", *allocated]
+    if len(results) == 1:
+        unpack = ["r0 = out"]
+    else:
+        unpack = [f"if type(out) is not tuple or len(out) != {len(results)}:",
+                  "    return MISSED", f"{', '.join(results)} = out"]  # fmt: skip
+    indent = "    ".__add__
+    return ["if out is None:", *map(indent, allocated), "else:",
+            *map(indent, [*unpack, *given])]  # fmt: skip
 
 
 def _tuple(items: list[str]) -> str:
