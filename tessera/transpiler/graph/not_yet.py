@@ -14,7 +14,6 @@ __all__ = ["NOT_YET", "not_yet"]
 
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
-    "@autodiff": "Tessera does not differentiate functions yet",
     "@verify.numerics": "numerics are not verified yet",
     "@stochastic_round": "results round to nearest even",
     "@saturate": "past the dtype's range, fp8_e4m3 gives NaN and fp8_e5m2 infinity",

@@ -20,6 +20,7 @@ from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
 from .annotations import resolve_result, resolve_type, unimplemented_policies
+from .differentiate import differentiated
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
@@ -71,7 +72,7 @@ KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
     "tessera.kernel": None,
     "jit": None,
-    "autodiff": None,
+    "autodiff": ("wrt",),
     "kernel.auto": None,
     "kernel.schedule": ("schedule",),
     "kernel.autotune": ("space", "metric", "budget_ms", "cache"),
@@ -140,6 +141,9 @@ class _ModuleAnalyzer:
                     function = _FunctionAnalyzer(self, stmt).run()
                     if function is not None:
                         functions.append(function)
+                        if "autodiff" in (d.name for d in stmt.decorators):
+                            vjp = differentiated(_FunctionAnalyzer(self, stmt), function)
+                            functions.extend(() if vjp is None else (vjp,))
                 else:
                     raise SemanticError(
                         "only imports, assignments and function definitions may appear at the "
@@ -440,7 +444,7 @@ class _FunctionAnalyzer:
         if "@" + name in NOT_YET:
             self.diags.warning(not_yet("@" + name), decorator.span)
         if decorator.args is None:
-            if accepted is not None and name != "kernel.autotune":
+            if accepted is not None and name not in ("kernel.autotune", "autodiff"):
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
             return name
         if accepted is None:
