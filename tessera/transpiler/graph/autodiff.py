@@ -85,10 +85,11 @@ def _expanded(b: _Builder, g: Value, like: Value) -> Value:
     return b("where", b("equal", like, like), g, g)
 
 
-def _fit(b: _Builder, g: Value, like: Value) -> Value:
+def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
     """The cotangent ``g`` of a value that ``like`` was broadcast into, as ``like``'s
     own: summed over the axes the broadcast added or stretched from 1, and widened
-    where ``g`` itself is the broadcast one."""
+    where ``g`` itself is the broadcast one (unless ``widen`` is false: a cotangent
+    may stay a broadcast until a rule needs every element)."""
     have, want = g.type.dims, like.type.dims
     if have == want:
         return g
@@ -101,7 +102,7 @@ def _fit(b: _Builder, g: Value, like: Value) -> Value:
     axes = tuple(i for i, d in enumerate(have) if d != one and want[pad + i] == one)
     if axes:
         g = b("sum", g, axis=axes, keepdims=True)
-    if g.type.dims != want:
+    if widen and g.type.dims != want:
         g = _expanded(b, g, like)
     return g
 
@@ -112,9 +113,11 @@ def _whole(b: _Builder, g: Value, like: Value) -> Value:
     return g if g.type.dims == like.type.dims else _expanded(b, g, like)
 
 
-def _kept(b: _Builder, value: Value, dims: tuple[Dim, ...], axis: int, keepdims: bool) -> Value:
+def _kept(b: _Builder, value: Value, op: Op) -> Value:
     """A reduction's result (or its cotangent) with the reduced axis kept as 1."""
-    if keepdims:
+    value = _whole(b, value, op.result)
+    dims, axis = op.operands[0].type.dims, op.attr("axis")
+    if op.attr("keepdims"):
         return value
     kept = (*dims[:axis], Dim.const(1), *dims[axis + 1 :])
     return b("reshape", value, kept)
@@ -146,19 +149,28 @@ def _add(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return _pairs(op, ("a", "b"), (g, g if op.kind == "add" else b("neg", g)))
 
 
+def _scaled(b: _Builder, op: Op, g: Value) -> Value:
+    """The cotangent of a product or quotient by a scalar that a kernel computes from a
+    size (``x / float(N)``): with every element present, so that the kernel that
+    multiplies it reads a tensor of those sizes."""
+    if any(isinstance(v.type, ScalarType) for v in op.operands):
+        return _whole(b, g, op.result)
+    return g
+
+
 @_rule("mul")
 def _mul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
-    g = gs[0]
+    g = _scaled(b, op, gs[0])
     x, y = binary_operands(op)
     return _pairs(op, ("a", "b"), (b("mul", g, y), b("mul", g, x)))
 
 
 @_rule("div")
 def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
-    g = gs[0]
+    g = _scaled(b, op, gs[0])
     y = binary_operands(op)[1]
     ga = b("div", g, y)
-    gb = b("neg", b("div", b("mul", ga, op.result), y)) if isinstance(y, Value) else None
+    gb = b("neg", b("mul", ga, op.result)) if isinstance(y, Value) else None
     return _pairs(op, ("a", "b"), (ga, gb))
 
 
@@ -331,10 +343,13 @@ def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 @_rule("sum", "mean")
 def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
-    axis, keepdims = op.attr("axis"), op.attr("keepdims")
-    g = _kept(b, gs[0], x.type.dims, axis, keepdims)
+    axis = op.attr("axis")
+    g = _kept(b, gs[0], op)
     if op.kind == "mean":
-        g = b("div", g, b.size(x.type.dims[axis]))
+        count = x.type.dims[axis]
+        if count.constant is None:  # a kernel knows the sizes of the tensors it reads
+            g = _expanded(b, g, x)
+        g = b("div", g, b.size(count))
     return [(x, g)]
 
 
@@ -342,11 +357,10 @@ def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Shared evenly among the elements that tie for the maximum, as ``torch.amax``."""
     x = op.operands[0]
-    axis, keepdims = op.attr("axis"), op.attr("keepdims")
-    top = _kept(b, op.result, x.type.dims, axis, keepdims)
-    g = _kept(b, gs[0], x.type.dims, axis, keepdims)
+    top = _kept(b, op.result, op)
+    g = _kept(b, gs[0], op)
     hit = b("equal", x, top)
-    ties = b("sum", b("cast", hit, F32), axis=axis, keepdims=True)
+    ties = b("sum", b("cast", hit, F32), axis=op.attr("axis"), keepdims=True)
     return [(x, b("where", hit, b("div", g, ties), 0.0))]
 
 
@@ -368,9 +382,8 @@ def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 @_rule("logsumexp_safe")
 def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
-    axis, keepdims = op.attr("axis"), op.attr("keepdims")
-    top = _kept(b, op.result, x.type.dims, axis, keepdims)
-    g = _kept(b, gs[0], x.type.dims, axis, keepdims)
+    top = _kept(b, op.result, op)
+    g = _kept(b, gs[0], op)
     return [(x, b("mul", g, b("exp", b("sub", x, top))))]
 
 
@@ -468,7 +481,7 @@ def backward(
                 continue
             if g is _NO_RULE:
                 raise _no_rule(op, operand)
-            add(operand, _fit(b, g, operand))
+            add(operand, _fit(b, g, operand, widen=False))
     b = _Builder(emitter, span)
     grads = []
     for v in wrt:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics, did_you_mean
 from .autodiff import backward, differentiable, filled
-from .ir import Block, Function, Param, Value, new_value
+from .ir import Block, Function, Op, Param, Value, new_value
 from .opcall import SemanticError
 from .types import TensorType, TupleType, result_types
 from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison
@@ -152,12 +152,28 @@ def _vjp(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
     grads = backward(analyzer, forward_ops, analyzer.returned, cotangents, wrt, span)
     types = tuple(v.type for v in wrt)
     result = types[0] if len(types) == 1 else TupleType(types)
+    positional = tuple(p for p in params if not p.keyword_only)
+    keyword_only = tuple(p for p in params if p.keyword_only)
     return Function(
         node.name + VJP_SUFFIX, "graph",
-        (*params, *(Param(c) for c in cotangents)), result,
-        Block((), tuple(analyzer.blocks[0]), tuple(grads)),
+        (*positional, *(Param(c) for c in cotangents), *keyword_only), result,
+        Block((), _needed(analyzer.blocks[0], grads), tuple(grads)),
         tuple(analyzer.guards), ("autodiff",), span=node.span,
     )  # fmt: skip
+
+
+def _needed(ops: list[Op], results: list[Value]) -> tuple[Op, ...]:
+    """``ops`` without those whose results neither the backward ops nor ``results``
+    read: the forward results themselves, and a dropout's mask, which the backward
+    draws again. An op with any other effect stays."""
+    live = {v.id for v in results}
+    kept = []
+    for op in reversed(ops):
+        if set(op.effects) <= {"rng"} and not any(r.id in live for r in op.results):
+            continue
+        kept.append(op)
+        live.update(v.id for v in op.operands)
+    return tuple(reversed(kept))
 
 
 def _docstring(stmt: ast.Stmt, body: tuple[ast.Stmt, ...]) -> bool:

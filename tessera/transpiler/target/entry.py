@@ -40,7 +40,9 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
-    return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name]
+    # a tensor input that no kernel reads keeps its place (a gradient may not need it)
+    kept = [n for n in names if n in by_name or isinstance(declared.get(n), TensorType)]
+    return [(n, declared.get(n, by_name.get(n))) for n in kept]
 
 
 def written(program: TileProgram, name: str) -> bool:
