@@ -101,6 +101,10 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("x", "RC"), ("w", "CN"), ("labels", "i32:RN")),
         lambda x, w, labels: torch.tanh(x @ w) * labels,
     ),
+    "attention": (
+        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    ),
     "mlp_loss": (
         (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
         lambda x, w1, b1, w2, t: -(t * F.log_softmax(_mlp(x, w1, b1, w2), -1)).sum() / 7,
@@ -176,12 +180,13 @@ def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
         minus[param] = (inputs[param] - 1e-3 * v).astype(np.float32)
         step += np.sum(grad.astype(np.float64) * (plus[param] - minus[param].astype(np.float64)))
     ahead, behind = (_tuple(getattr(lib, name)(*x.values())) for x in (plus, minus))
-    change = sum(
-        np.sum(c.astype(np.float64) * (a.astype(np.float64) - b))
-        for c, a, b in zip(cotangents, ahead, behind, strict=True)
-    )
-    scale = sum(np.abs(c).sum() * 2e-3 for c in cotangents) * 1e-3 + 1e-6
-    assert math.isclose(change, step, rel_tol=2e-2, abs_tol=scale), (change, step)
+    terms = [c.astype(np.float64) * (a.astype(np.float64) - b)
+             for c, a, b in zip(cotangents, ahead, behind, strict=True)]  # fmt: skip
+    change = sum(t.sum() for t in terms)
+    # within 2% of the terms' magnitude: the sum may cancel, and an element that
+    # crosses a kink (a maximum changing hands) is off by its step
+    scale = 2e-2 * sum(np.abs(t).sum() for t in terms)
+    assert math.isclose(change, step, abs_tol=scale), (change, step, scale)
 
 
 @needs_gxx

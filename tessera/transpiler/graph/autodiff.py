@@ -423,6 +423,36 @@ def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(x, b("rotary_embedding", g, cos, b("neg", sin))), (cos, _NO_RULE), (sin, _NO_RULE)]
 
 
+@_rule("flash_attention")
+def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The scores and probabilities computed again from q and k, in f32, and the
+    gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
+    with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
+    if op.attr("causal") or op.attr("dropout") is not None:
+        raise SemanticError(
+            "cannot differentiate a causal attention or one with dropout yet: write the "
+            "attention out, softmax(where(mask, q @ k.T * scale, -INF)) @ v, with the mask "
+            "as a parameter",
+            op.span,
+        )
+    q, k, v = (x if x.type.dtype == F32 else b("cast", x, F32) for x in op.operands[:3])
+    scale = op.attr("scale")
+    if scale == "scalar":
+        scale = op.operands[-1]
+    elif scale is None:
+        head = q.type.dims[-1]
+        scale = 1.0 / math.sqrt(head.constant) if head.constant else b("rsqrt", b.size(head))
+    p = b("softmax", b("mul", b("matmul", q, b("transpose", k)), scale), -1)
+    g = _whole(b, gs[0], op.result)
+    g = g if g.type.dtype == F32 else b("cast", g, F32)
+    dp = b("matmul", g, b("transpose", v))
+    ds = b("mul", p, b("sub", dp, b("sum", b("mul", dp, p), axis=-1, keepdims=True)))
+    dq = b("mul", b("matmul", ds, k), scale)
+    dk = b("mul", b("matmul", b("transpose", ds), q), scale)
+    dv = b("matmul", b("transpose", p), g)
+    return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 
@@ -438,7 +468,6 @@ _INSTEAD = {
     "(-sum(onehot * log_softmax(logits), axis=-1))",
     "slice": "pass the parts as separate parameters",
     "split_qkv": "project q, k and v with three matmuls",
-    "flash_attention": "write the attention out: softmax(q @ k.T * scale) @ v",
     "kvcache.append": "keep state updates out of the differentiated function",
 }
 

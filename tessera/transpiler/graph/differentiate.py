@@ -21,7 +21,7 @@ from .autodiff import backward, differentiable, filled
 from .ir import Block, Function, Op, Param, Value, new_value
 from .opcall import SemanticError
 from .types import TensorType, TupleType, result_types
-from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison
+from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison, describe
 
 if TYPE_CHECKING:
     from .sema import _FunctionAnalyzer
@@ -58,13 +58,13 @@ def _names(expr: ast.Expr) -> tuple[str, ...]:
 
 
 def _picked(
-    name: str, params: list[tuple[str, Value]], wanted: tuple[str, ...] | None, span: Any
+    name: str, params: list[tuple[str, Any]], wanted: tuple[str, ...] | None, span: Any
 ) -> list[Value]:
     """The parameters to differentiate: those ``wanted`` names, each checked, or every
     floating-point tensor parameter."""
     by_name = dict(params)
     if wanted is None:
-        picked = [v for _, v in params if differentiable(v)]
+        picked = [v for _, v in params if isinstance(v, Value) and differentiable(v)]
         if not picked:
             raise SemanticError(
                 f"'{name}' has no floating-point tensor parameter to differentiate", span
@@ -79,10 +79,10 @@ def _picked(
                 f"{did_you_mean(want, by_name)}; its parameters: {', '.join(by_name)}",
                 span,
             )
-        if not differentiable(value):
+        if not (isinstance(value, Value) and differentiable(value)):
             raise SemanticError(
-                f"wrt= names '{want}', which is {value.type}: only floating-point tensors "
-                f"have gradients; leave '{want}' out of wrt=",
+                f"wrt= names '{want}', which is {describe(value)}: only floating-point "
+                f"tensors have gradients; leave '{want}' out of wrt=",
                 span,
             )
         if value in picked:
@@ -107,6 +107,8 @@ def differentiated(analyzer: _FunctionAnalyzer, forward: Function) -> Function |
 def _vjp(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
     node = analyzer.node
     wanted, span = wrt_names(node)
+    if forward.kind == "declaration":
+        raise SemanticError(f"@autodiff: '{node.name}' has no body to differentiate", span)
     if forward.kind != "graph":
         raise SemanticError(
             f"@autodiff differentiates graph functions; '{node.name}' is a "
@@ -231,8 +233,7 @@ def gradient_of(
         )
     bound = _bound(node, args, keywords)
     params = [(p.name, bound[p.name].value) for p in node.params if p.name in bound]
-    tensors = [(n, v) for n, v in params if isinstance(v, Value)]
-    wrt = _picked(node.name, tensors, ref.wanted, span)
+    wrt = _picked(node.name, params, ref.wanted, span)
     ops = analyzer.blocks[-1][start:]
     seed = filled(analyzer, result, 1.0, span)
     grads = backward(analyzer, ops, [result], [seed], wrt, span)

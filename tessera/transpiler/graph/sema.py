@@ -138,10 +138,12 @@ class _ModuleAnalyzer:
                     seen[stmt.name] = stmt
                     if self.options.kernel not in (None, stmt.name):
                         continue
+                    errors = self.diags.error_count
                     function = _FunctionAnalyzer(self, stmt).run()
                     if function is not None:
                         functions.append(function)
-                        if "autodiff" in (d.name for d in stmt.decorators):
+                        clean = self.diags.error_count == errors
+                        if clean and "autodiff" in (d.name for d in stmt.decorators):
                             vjp = differentiated(_FunctionAnalyzer(self, stmt), function)
                             functions.extend(() if vjp is None else (vjp,))
                 else:
