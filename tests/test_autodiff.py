@@ -190,6 +190,22 @@ def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
 
 
 @needs_gxx
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.func imports torch.jit
+@pytest.mark.parametrize("name", ["arith", "norms", "product", "softmaxes"])
+def test_jvp_matches_torch(lib: Any, name: str) -> None:
+    """``F_jvp``: ``F``'s results, then their tangents along one tangent per input."""
+    rng = np.random.default_rng(len(name))
+    inputs = _inputs(name, rng)
+    tangents = [rng.standard_normal(v.shape).astype(np.float32) for v in inputs.values()]
+    have = getattr(lib, f"{name}_jvp")(*inputs.values(), *tangents)
+    as64 = [torch.tensor(v, dtype=torch.float64) for v in (*inputs.values(), *tangents)]
+    values, jv = torch.func.jvp(CASES[name][1], tuple(as64[: len(inputs)]),
+                                tuple(as64[len(inputs) :]))  # fmt: skip
+    for got, want in zip(have, (values, jv), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@needs_gxx
 def test_dropout_replays_its_mask_in_the_backward_pass(lib: Any) -> None:
     """The gradient of ``dropout(2 x)`` is 2 g where the element was kept (scaled by
     1/(1-p)), 0 where it was dropped: the same mask, drawn again from the seed."""

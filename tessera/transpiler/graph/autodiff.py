@@ -497,7 +497,10 @@ def backward(
     for out, seed in zip(outputs, seeds, strict=True):
         if out.id in active:
             add(out, seed)
+    targets = {v.id for v in wrt}
     for op in reversed(ops):
+        if any(r.id in targets for r in op.results):
+            continue  # a value differentiated for: its cotangent is the answer
         gs = [adjoint.pop(r.id, None) for r in op.results]
         if all(g is None for g in gs):
             continue

@@ -26,10 +26,7 @@ from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison, describe
 if TYPE_CHECKING:
     from .sema import _FunctionAnalyzer
 
-__all__ = ["differentiated", "gradient_of", "grad_ref", "wrt_names", "VJP_SUFFIX"]
-
-#: ``F_vjp``: the name of ``F``'s reverse-mode function.
-VJP_SUFFIX = "_vjp"
+__all__ = ["differentiated", "forward_mode", "gradient_of", "grad_ref", "wrt_names"]
 
 
 def wrt_names(node: ast.FunctionDef) -> tuple[tuple[str, ...] | None, Any]:
@@ -91,12 +88,14 @@ def _picked(
     return picked
 
 
-def differentiated(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
-    """``F_vjp`` of the function ``analyzer`` analyses again (``forward`` is ``F``), or
-    None after reporting why there is none."""
+def differentiated(
+    analyzer: _FunctionAnalyzer, forward: Function, mode: str = "vjp"
+) -> Function | None:
+    """``F_vjp`` (or, with ``mode="jvp"``, ``F_jvp``) of the function ``analyzer``
+    analyses again (``forward`` is ``F``), or None after reporting why there is none."""
     diags = analyzer.diags
     try:
-        return _vjp(analyzer, forward)
+        return _derived(analyzer, forward, mode)
     except SemanticError as exc:
         diags.error(exc.message, exc.span, exc.notes)
         return None
@@ -104,7 +103,15 @@ def differentiated(analyzer: _FunctionAnalyzer, forward: Function) -> Function |
         analyzer.diags = diags  # not the scratch diagnostics of the second analysis
 
 
-def _vjp(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
+def forward_mode(node: ast.FunctionDef) -> bool:
+    """Whether ``@autodiff(jvp=True)`` asks for ``F_jvp`` too."""
+    return any(
+        k.name == "jvp" and isinstance(k.value, ast.BoolLit) and k.value.value
+        for d in node.decorators if d.name == "autodiff" for k in d.keywords
+    )  # fmt: skip
+
+
+def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Function | None:
     node = analyzer.node
     wanted, span = wrt_names(node)
     if forward.kind == "declaration":
@@ -116,11 +123,11 @@ def _vjp(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
             "rule): write it with graph ops (matmul, softmax, ...) to differentiate it",
             span,
         )
-    taken = analyzer.owner.function_defs.get(node.name + VJP_SUFFIX)
-    if taken is not None:
+    name = f"{node.name}_{mode}"
+    if analyzer.owner.function_defs.get(name) is not None:
         raise SemanticError(
-            f"@autodiff adds the function '{node.name}{VJP_SUFFIX}', which this file defines "
-            "already: rename one of them",
+            f"@autodiff adds the function '{name}', which this file defines already: rename "
+            "one of them",
             span,
         )
     declared = result_types(forward.result_type)
@@ -137,31 +144,58 @@ def _vjp(analyzer: _FunctionAnalyzer, forward: Function) -> Function | None:
     real = analyzer.diags
     analyzer.diags = Diagnostics()  # F's own analysis reported its warnings already
     params = analyzer._params()
-    names = [p.value.name for p in params]
-    cotangents = []
-    for i, t in enumerate(declared):
-        name = "grad_out" if len(declared) == 1 else f"grad_out{i}"
-        while name in names:
-            name += "_"
-        cotangents.append(new_value(TensorType(t.dims, t.dtype), name, node.returns.span))
     body = tuple(s for s in node.body if not _docstring(s, node.body))
     analyzer._block(body, top=True)
     if analyzer.diags.error_count or not analyzer.returned:
         return None
     analyzer.diags = real
     wrt = _picked(node.name, [(p.value.name, p.value) for p in params], wanted, span)
-    forward_ops = list(analyzer.blocks[0])
-    grads = backward(analyzer, forward_ops, analyzer.returned, cotangents, wrt, span)
-    types = tuple(v.type for v in wrt)
-    result = types[0] if len(types) == 1 else TupleType(types)
+    taken = [p.value.name for p in params]
+    if mode == "vjp":
+        names = (
+            ["grad_out"] if len(declared) == 1 else [f"grad_out{i}" for i in range(len(declared))]
+        )
+        added = _fresh(names, declared, taken, node.returns.span)
+        results = backward(analyzer, list(analyzer.blocks[0]), analyzer.returned, added, wrt, span)
+        types = tuple(v.type for v in wrt)
+    else:
+        added = _fresh([f"tangent_{v.name}" for v in wrt], [v.type for v in wrt], taken, span)
+        results = [*analyzer.returned, *_tangents(analyzer, wrt, added, span)]
+        types = tuple(v.type for v in results)
     positional = tuple(p for p in params if not p.keyword_only)
     keyword_only = tuple(p for p in params if p.keyword_only)
     return Function(
-        node.name + VJP_SUFFIX, "graph",
-        (*positional, *(Param(c) for c in cotangents), *keyword_only), result,
-        Block((), _needed(analyzer.blocks[0], grads), tuple(grads)),
+        name, "graph", (*positional, *(Param(v) for v in added), *keyword_only),
+        types[0] if len(types) == 1 else TupleType(types),
+        Block((), _needed(analyzer.blocks[0], results), tuple(results)),
         tuple(analyzer.guards), ("autodiff",), span=node.span,
     )  # fmt: skip
+
+
+def _fresh(names: list[str], types: Any, taken: list[str], span: Any) -> list[Value]:
+    """New parameters of ``types``, named ``names`` unless a parameter has the name."""
+    values = []
+    for name, t in zip(names, types, strict=True):
+        while name in taken:
+            name += "_"
+        values.append(new_value(TensorType(t.dims, t.dtype), name, span))
+    return values
+
+
+def _tangents(
+    analyzer: _FunctionAnalyzer, wrt: list[Value], tangents: list[Value], span: Any
+) -> list[Value]:
+    """The tangents of the results, ``J t``, as the transpose of the backward pass: the
+    backward ops are linear in the results' cotangents ``u``, so differentiating them
+    with respect to ``u`` along ``t`` gives ``J t`` (with ``u = 0``, where they are
+    taken, since they are linear)."""
+    outputs = analyzer.returned
+    start = len(analyzer.blocks[0])
+    dummies = [filled(analyzer, out, 0.0, span) for out in outputs]
+    forward_ops = list(analyzer.blocks[0][:start])
+    grads = backward(analyzer, forward_ops, outputs, dummies, wrt, span)
+    backward_ops = list(analyzer.blocks[0][start:])
+    return backward(analyzer, backward_ops, grads, tangents, dummies, span)
 
 
 def _needed(ops: list[Op], results: list[Value]) -> tuple[Op, ...]:
@@ -228,7 +262,7 @@ def gradient_of(
         raise SemanticError(
             f"grad() differentiates a function of one scalar result (a float tensor of one "
             f"element, such as sum(...)); '{node.name}' gives {what}: differentiate a "
-            f"sum or mean of it, or use @autodiff and {node.name}{VJP_SUFFIX}",
+            f"sum or mean of it, or use @autodiff and {node.name}_vjp",
             span,
         )
     bound = _bound(node, args, keywords)

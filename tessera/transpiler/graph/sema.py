@@ -20,7 +20,7 @@ from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
 from .annotations import resolve_result, resolve_type, unimplemented_policies
-from .differentiate import differentiated
+from .differentiate import differentiated, forward_mode
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
@@ -72,7 +72,7 @@ KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
     "tessera.kernel": None,
     "jit": None,
-    "autodiff": ("wrt",),
+    "autodiff": ("wrt", "jvp"),
     "kernel.auto": None,
     "kernel.schedule": ("schedule",),
     "kernel.autotune": ("space", "metric", "budget_ms", "cache"),
@@ -144,8 +144,9 @@ class _ModuleAnalyzer:
                         functions.append(function)
                         clean = self.diags.error_count == errors
                         if clean and "autodiff" in (d.name for d in stmt.decorators):
-                            vjp = differentiated(_FunctionAnalyzer(self, stmt), function)
-                            functions.extend(() if vjp is None else (vjp,))
+                            for mode in ("vjp", "jvp")[: 1 + forward_mode(stmt)]:
+                                made = differentiated(_FunctionAnalyzer(self, stmt), function, mode)
+                                functions.extend(() if made is None else (made,))
                 else:
                     raise SemanticError(
                         "only imports, assignments and function definitions may appear at the "
