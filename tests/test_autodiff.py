@@ -240,6 +240,16 @@ def test_a_training_step_takes_its_gradients_in_the_same_function(lib: Any) -> N
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+@needs_gxx
+def test_a_scalar_result_that_other_ops_read_is_written(lib: Any) -> None:
+    """A 0-d result that another kernel reads too (a loss, which its gradient reads) is
+    written by a kernel of its own."""
+    x = np.random.default_rng(2).standard_normal((SIZES["R"], SIZES["C"])).astype(np.float32)
+    total, scaled = lib.total_and_scaled(x)
+    assert total.shape == () and math.isclose(total, x.astype(np.float64).sum(), rel_tol=1e-5)
+    np.testing.assert_allclose(scaled, x * total, rtol=1e-6)
+
+
 #: Functions that cannot be differentiated, the line (1-based) and text of the error.
 BAD = {
     "tile kernel": (
@@ -258,6 +268,11 @@ BAD = {
         "    return x * 2.0\n",
         1,
         "wrt= names 'w', which is not a parameter of 'f'",
+    ),
+    "jvp not a bool": (
+        "@autodiff(jvp=1)\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * 2.0\n",
+        1,
+        "jvp= is True or False",
     ),
     "integer parameter": (
         "@autodiff(wrt=('n',))\ndef f(x: Tensor['N', f32], n: Tensor['N', i32]) -> "

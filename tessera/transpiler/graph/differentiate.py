@@ -105,10 +105,13 @@ def differentiated(
 
 def forward_mode(node: ast.FunctionDef) -> bool:
     """Whether ``@autodiff(jvp=True)`` asks for ``F_jvp`` too."""
-    return any(
-        k.name == "jvp" and isinstance(k.value, ast.BoolLit) and k.value.value
-        for d in node.decorators if d.name == "autodiff" for k in d.keywords
-    )  # fmt: skip
+    for decorator in node.decorators:
+        for keyword in decorator.keywords if decorator.name == "autodiff" else ():
+            if keyword.name == "jvp" and not isinstance(keyword.value, ast.BoolLit):
+                raise SemanticError("@autodiff: jvp= is True or False", keyword.value.span)
+            if keyword.name == "jvp":
+                return keyword.value.value
+    return False
 
 
 def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Function | None:

@@ -144,7 +144,8 @@ class _ModuleAnalyzer:
                         functions.append(function)
                         clean = self.diags.error_count == errors
                         if clean and "autodiff" in (d.name for d in stmt.decorators):
-                            for mode in ("vjp", "jvp")[: 1 + forward_mode(stmt)]:
+                            modes = ("vjp", "jvp") if forward_mode(stmt) else ("vjp",)
+                            for mode in modes:
                                 made = differentiated(_FunctionAnalyzer(self, stmt), function, mode)
                                 functions.extend(() if made is None else (made,))
                 else:
