@@ -213,7 +213,6 @@ def train_step(
     else:
         out4 = _tensor("train_step", "out4", out4, "float32", 1)
         _shape("train_step", "out4", out4, "[C]", (C,))
-    t1 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
     hidden = cupy.empty(max(1, 4 * B * H), dtype="uint8")
     logits = cupy.empty(max(1, 4 * B * C), dtype="uint8")
     t3 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
@@ -227,137 +226,130 @@ def train_step(
     t23 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
     t24 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
     t25 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t42 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t43 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t44 = cupy.empty(max(1, 4 * B * D), dtype="uint8")
+    t28 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
+    t29 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
+    t30 = cupy.empty(max(1, 4 * B * D), dtype="uint8")
     _launch(
         "train_step_k0",
         (-(-H // 128), -(-B // 128)),
         256,
         49152,
-        (x, w1, b1, t1, cupy.int64(B), cupy.int64(D), cupy.int64(H)),
+        (x, w1, b1, hidden, cupy.int64(B), cupy.int64(D), cupy.int64(H)),
     )
     _launch(
         "train_step_k1",
-        (-(-B // 4),),
-        128,
-        0,
-        (t1, hidden, cupy.int64(B), cupy.int64(H)),
-    )
-    _launch(
-        "train_step_k2",
         (-(-C // 128), -(-B // 128)),
         256,
         49152,
         (hidden, w2, b2, logits, cupy.int64(B), cupy.int64(H), cupy.int64(C)),
     )
     _launch(
-        "train_step_k3",
+        "train_step_k2",
         (-(-B // 4),),
         128,
         0,
         (logits, t3, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k4",
+        "train_step_k3",
         (-(-B // 4),),
         128,
         0,
         (target, t3, t5, cupy.int64(B), cupy.int64(C)),
     )
-    _launch("train_step_k5", (-(-1 // 4),), 128, 0, (t5, t8, cupy.int64(B)))
-    _launch("train_step_k6", (-(-1 // 1024),), 256, 0, (t8, out0))
-    _launch("train_step_k7", (-(-1 // 1024),), 256, 0, (t8, t12))
-    _launch("train_step_k8", (-(-B // 1024),), 256, 0, (t5, t12, t16, cupy.int64(B)))
+    _launch("train_step_k4", (-(-1 // 4),), 128, 0, (t5, t8, cupy.int64(B)))
+    _launch("train_step_k5", (-(-1 // 1024),), 256, 0, (t8, out0))
+    _launch("train_step_k6", (-(-1 // 1024),), 256, 0, (t8, t12))
+    _launch("train_step_k7", (-(-B // 1024),), 256, 0, (t5, t12, t16, cupy.int64(B)))
     _launch(
-        "train_step_k9",
+        "train_step_k8",
         (-(-B // 4),),
         128,
         0,
         (t16, target, t18, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k10",
+        "train_step_k9",
         (-(-B // 4),),
         128,
         0,
         (t18, t19, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k11",
+        "train_step_k10",
         (-(-B // 4),),
         128,
         0,
         (t3, t19, t18, t22, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k12",
+        "train_step_k11",
         (-(-B // 64), -(-C // 64)),
         128,
         16384,
         (t22, t23, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k13",
+        "train_step_k12",
         (-(-C // 4),),
         128,
         0,
         (t23, lr, b2, out4, cupy.int64(C), cupy.int64(B)),
     )
     _launch(
-        "train_step_k14",
+        "train_step_k13",
         (-(-H // 128), -(-B // 128)),
         256,
         49152,
         (t22, w2, t24, cupy.int64(B), cupy.int64(C), cupy.int64(H)),
     )
     _launch(
-        "train_step_k15",
+        "train_step_k14",
         (-(-B // 64), -(-H // 64)),
         128,
         16384,
         (hidden, t25, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
-        "train_step_k16",
+        "train_step_k15",
         (-(-C // 128), -(-H // 128)),
         256,
         49152,
         (t25, t22, lr, w2, out3, cupy.int64(H), cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k17",
+        "train_step_k16",
         (-(-B // 4),),
         128,
         0,
-        (t1, t24, t42, cupy.int64(B), cupy.int64(H)),
+        (hidden, t24, t28, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
-        "train_step_k18",
+        "train_step_k17",
         (-(-B // 64), -(-H // 64)),
         128,
         16384,
-        (t42, t43, cupy.int64(B), cupy.int64(H)),
+        (t28, t29, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
-        "train_step_k19",
+        "train_step_k18",
         (-(-H // 4),),
         128,
         0,
-        (t43, lr, b1, out2, cupy.int64(H), cupy.int64(B)),
+        (t29, lr, b1, out2, cupy.int64(H), cupy.int64(B)),
     )
     _launch(
-        "train_step_k20",
+        "train_step_k19",
         (-(-B // 64), -(-D // 64)),
         128,
         16384,
-        (x, t44, cupy.int64(B), cupy.int64(D)),
+        (x, t30, cupy.int64(B), cupy.int64(D)),
     )
     _launch(
-        "train_step_k21",
+        "train_step_k20",
         (-(-H // 128), -(-D // 128)),
         256,
         49152,
-        (t44, t42, lr, w1, out1, cupy.int64(D), cupy.int64(B), cupy.int64(H)),
+        (t30, t28, lr, w1, out1, cupy.int64(D), cupy.int64(B), cupy.int64(H)),
     )
     return out0, out1, out2, out3, out4
