@@ -8,9 +8,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint format bench clean
 
-# Set up, then compile an example for the CPU, run it, check it against numpy, time it.
+# Set up, then compile an example for the CPU, run it, check it against numpy, time it;
+# then train a small MLP with a compiled training step, step by step beside PyTorch.
 demo: $(STAMP)
 	$(BIN)/python examples/run_mlp.py
+	$(BIN)/python examples/train_mlp.py
 
 # Set up, then run every test tier that this machine's tools allow, one worker per core.
 # TEST_CORE_MINUTES is the suite's measured cost on one core of a 2-core machine; the

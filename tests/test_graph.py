@@ -230,14 +230,12 @@ def test_effects_inside_loops_and_branches_are_kept() -> None:
     assert [op.kind for op in inner_branch.regions[0].ops] == ["tile.load", "tile.store"]
 
 
-def test_decorators_without_effect_say_so() -> None:
+def test_autodiff_adds_the_backward_function_without_a_warning() -> None:
     program = tessera.compile(
         "@jit @autodiff\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x\n"
     )
-    assert [d.message for d in program.diagnostics] == [
-        "@autodiff is accepted but has no effect yet: Tessera does not differentiate "
-        "functions yet"
-    ]
+    assert program.diagnostics == ()
+    assert [f.name for f in program.ir("graph").functions] == ["f", "f_vjp"]
 
 
 #: A program that asks for every feature that does nothing yet, and where it warns.
@@ -258,8 +256,7 @@ def g(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return tile.load(x, rows=T.m, vector=T.vector, prefetch=2)
 """
 NOT_YET_WARNINGS = [
-    (1, 1, "@autodiff"), (3, 32, "@stochastic_round"),
-    (4, 31, "@loss_scale"), (4, 76, "@accum(bf16)"),
+    (3, 32, "@stochastic_round"), (4, 31, "@loss_scale"), (4, 76, "@accum(bf16)"),
     (5, 44, "@rolling_window"), (5, 60, "@device"), (5, 73, "@paged"),
     (5, 80, "@checkpointable"), (6, 7, "@fp32_master"), (7, 10, "with device(...)"),
     (7, 23, "with prefetch(...)"), (14, 42, "tile.load: vector="), (14, 61, "tile.load: prefetch="),

@@ -18,6 +18,7 @@ from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
+from .differentiate import grad_ref, gradient_of
 from .dims import Dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
@@ -34,6 +35,7 @@ from .values import (
     DTypeRef,
     Ev,
     FunctionRef,
+    GradRef,
     Namespace,
     OpRef,
     Poison,
@@ -63,7 +65,9 @@ STDLIB = {
 }
 CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
-BUILTINS = ("float", "int", "range", "dict", "Schedule", "device", "prefetch")
+BUILTINS = (
+    "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
+)  # fmt: skip
 #: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
@@ -693,6 +697,10 @@ class Evaluator:
         ref = callee.value
         if isinstance(ref, FunctionRef):
             return self.function.call_function(ref.node, args, keywords, node.span)
+        if isinstance(ref, GradRef):
+            return gradient_of(self.function, ref, args, keywords, node.span)
+        if isinstance(ref, OpRef) and ref.name in ("grad", "value_and_grad"):
+            return grad_ref(ref.name, args, keywords, node.span)
         if not isinstance(ref, OpRef):
             raise SemanticError(f"{callee.text} is {describe(ref)}, not a function", node.func.span)
         name = ref.name

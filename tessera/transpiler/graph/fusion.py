@@ -224,12 +224,37 @@ def _fuse_function(function: Function) -> Function:
     }  # fmt: skip
     while True:
         kernels = _kernels(ops, uses, {v: len(at) for v, at in readers.items()}, shared)
-        escaped = _escaped(kernels, ops, readers) & shared
-        if not escaped:
+        escaped = _escaped(kernels, ops, readers)
+        unshared = escaped & shared | _shared_above(escaped - shared, kernels, ops, shared)
+        if not unshared:
             break
-        shared -= escaped
+        shared -= unshared
     groups = tuple(Group(f"k{i}", k.kind, tuple(k.ops)) for i, k in enumerate(kernels))
     return replace(function, groups=groups)
+
+
+def _shared_above(
+    escaped: set[int], kernels: list[_Kernel], ops: tuple[Op, ...], shared: set[int]
+) -> set[int]:
+    """The shared values through which ``escaped`` values joined their kernels: each is
+    then written, so that what reads it starts a kernel of its own (``t = g / d`` joins
+    the kernel of the shared ``d``, and a sum, or the caller, reads ``t``)."""
+    producer = {r.id: op for op in ops for r in op.results}
+    kernel_of = {r.id: k for k, kernel in enumerate(kernels) for i in kernel.ops
+                 for r in ops[i].results}  # fmt: skip
+    found: set[int] = set()
+    todo = list(escaped)
+    while todo:
+        op = producer.get(todo.pop())
+        if op is None:
+            continue
+        for v in op.operands:
+            same = kernel_of.get(v.id) == kernel_of.get(op.results[0].id)
+            if v.id in shared and same:
+                found.add(v.id)
+            elif same:
+                todo.append(v.id)
+    return found
 
 
 def _results_copied(function: Function) -> Block:
@@ -239,7 +264,7 @@ def _results_copied(function: Function) -> Block:
     own dims, which is a kernel of its own. Each result is then written by one kernel
     into memory of its own: the caller gets results it owns, as from any other function,
     and the function a kernel for each."""
-    body = function.body
+    body = _scalar_views_computed(function.body)
     taken = {p.value.id for p in function.params}
     ops, yields = list(body.ops), []
     for v in body.yields:
@@ -250,6 +275,27 @@ def _results_copied(function: Function) -> Block:
         taken.add(v.id)
         yields.append(v)
     return Block(body.args, tuple(ops), tuple(yields))
+
+
+def _scalar_views_computed(body: Block) -> Block:
+    """The body, where a 0-d result is a reshape of a value that other ops read too (a
+    loss that its gradient reads): the reshape reads ``value * 1.0`` instead, an
+    elementwise kernel of its own that writes the result with no dims, as a kernel
+    writes the 0-d view of any value it computes."""
+    readers: dict[int, int] = {}
+    for op in body.ops:
+        for v in op.operands:
+            readers[v.id] = readers.get(v.id, 0) + 1
+    returned = {v.id for v in body.yields if isinstance(v.type, TensorType) and not v.type.dims}
+    ops: list[Op] = []
+    for op in body.ops:
+        if op.kind == "reshape" and op.result.id in returned and readers[op.operands[0].id] > 1:
+            source = op.operands[0]
+            copy = new_value(TensorType(source.type.dims, source.type.dtype), None, op.span)
+            ops.append(Op("mul", (source,), (copy,), (("b", 1.0),), span=op.span))
+            op = replace(op, operands=(copy,))
+        ops.append(op)
+    return Block(body.args, tuple(ops), body.yields)
 
 
 def _escaped(kernels: list[_Kernel], ops: tuple[Op, ...], readers: dict[int, set[int]]) -> set[int]:

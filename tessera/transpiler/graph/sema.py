@@ -21,6 +21,7 @@ from ..frontend.source import Span
 from ..options import Options
 from . import quant  # noqa: F401  (registers quantize and dequantize)
 from .annotations import resolve_result, resolve_type, unimplemented_policies
+from .differentiate import differentiated, forward_mode
 from .dims import Dim
 from .dtypes import accumulator
 from .evaluate import STDLIB, Evaluator, is_int, is_number
@@ -73,7 +74,7 @@ KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
     "tessera.kernel": None,
     "jit": None,
-    "autodiff": None,
+    "autodiff": ("wrt", "jvp"),
     "kernel.auto": None,
     "kernel.schedule": ("schedule",),
     "kernel.autotune": ("space", "metric", "budget_ms", "cache"),
@@ -139,9 +140,16 @@ class _ModuleAnalyzer:
                     seen[stmt.name] = stmt
                     if self.options.kernel not in (None, stmt.name):
                         continue
+                    errors = self.diags.error_count
                     function = _FunctionAnalyzer(self, stmt).run()
                     if function is not None:
                         functions.append(function)
+                        clean = self.diags.error_count == errors
+                        if clean and "autodiff" in (d.name for d in stmt.decorators):
+                            modes = ("vjp", "jvp") if forward_mode(stmt) else ("vjp",)
+                            for mode in modes:
+                                made = differentiated(_FunctionAnalyzer(self, stmt), function, mode)
+                                functions.extend(() if made is None else (made,))
                 else:
                     raise SemanticError(
                         "only imports, assignments and function definitions may appear at the "
@@ -497,7 +505,7 @@ class _FunctionAnalyzer:
         if "@" + name in NOT_YET:
             self.diags.warning(not_yet("@" + name), decorator.span)
         if decorator.args is None:
-            if accepted is not None and name != "kernel.autotune":
+            if accepted is not None and name not in ("kernel.autotune", "autodiff"):
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
             return name
         if accepted is None:

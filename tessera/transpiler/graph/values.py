@@ -29,6 +29,7 @@ __all__ = [
     "ScheduleValue",
     "OpRef",
     "FunctionRef",
+    "GradRef",
     "Poison",
     "POISON",
     "Ev",
@@ -93,6 +94,16 @@ class FunctionRef:
     node: Any
 
 
+@dataclass(frozen=True)
+class GradRef:
+    """``grad(F)`` or ``value_and_grad(F)``: calling it runs ``F`` and its backward pass.
+    ``wanted`` are the ``wrt=`` names, or None for every float tensor parameter."""
+
+    node: Any
+    wanted: tuple[str, ...] | None
+    with_value: bool
+
+
 class Poison:
     """The value of an expression that already produced an error."""
 
@@ -147,6 +158,8 @@ def describe(value: Any) -> str:
         return f"the namespace '{value.name}'"
     if isinstance(value, ScheduleValue):
         return "a schedule"
+    if isinstance(value, GradRef):
+        return f"the gradient of '{value.node.name}'"
     if isinstance(value, OpRef):
         return f"the function '{value.name.removeprefix('stdlib.')}'"
     return "a value"

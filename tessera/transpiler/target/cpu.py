@@ -121,10 +121,14 @@ class _FunctionView:
         c_name |= sizes
         decls = []
         results = result_names(len(host.results))
+        read = {p.name for kernel in program.kernels for p in kernel.params}
         for name, t in params:
             if isinstance(t, TensorType):
                 const = "" if name in results or written(program, name) else "const "
-                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {c_name[name]}")
+                # an input that no kernel reads (a gradient that does not need it) keeps
+                # its place in the entry, unnamed
+                arg = c_name[name] if name in read else f"/* {c_name[name]} */"
+                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {arg}")
             else:
                 decls.append(f"const {_scalar(t)} {c_name[name]}")
         self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]

@@ -137,7 +137,12 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.extend(_guard(name, g, names))
     if len(results) > 1:
         unpacked = ", ".join(r["name"] for r in results)
-        body.append(f"    {unpacked} = {_tuple(['None'] * len(results))} if out is None else out")
+        chosen = f"{_tuple(['None'] * len(results))} if out is None else out"
+        line = f"    {unpacked} = {chosen}"
+        # as black splits an assignment too long for a line: its value in parentheses
+        body.extend(
+            [line] if len(line) <= _WIDTH else [f"    {unpacked} = (", f"        {chosen}", "    )"]
+        )
     for result in results:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
         shape = _tuple([_py_size(d, names) for d in result["dims"]])

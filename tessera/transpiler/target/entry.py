@@ -40,12 +40,18 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
-    # a tensor that only a collective reads or writes is still the entry's to take
+    # a tensor that only a collective reads or writes is still the entry's to take, and a
+    # tensor input that no kernel reads keeps its place (a gradient may not need it)
     results = dict(zip(program.host.results, result_names(len(program.host.results)), strict=True))
     exchanged = {results.get(n, n.removeprefix("%")) for launch in program.host.launches
                  if launch.kind == "collective"
                  for n in (*launch.reads, *launch.writes)}  # fmt: skip
-    return [(n, declared.get(n, by_name.get(n))) for n in names if n in by_name or n in exchanged]
+    kept = [
+        n
+        for n in names
+        if n in by_name or n in exchanged or isinstance(declared.get(n), TensorType)
+    ]
+    return [(n, declared.get(n, by_name.get(n))) for n in kept]
 
 
 def written(program: TileProgram, name: str) -> bool:

@@ -1,0 +1,532 @@
+"""Reverse-mode differentiation of a graph function's operations.
+
+The backward pass is Graph IR made of the same graph ops as the forward one (a
+product's gradients are products, a softmax's is arithmetic and a row sum), so that
+every backend lowers it and fusion fuses it like any other code. Each op's rule
+(``VJP_RULES``) maps the cotangents of its results to those of its operands; ops are
+emitted through the ops' own rules (``_Builder``), so their types are the ones the
+analyser gives.
+
+A cotangent may be smaller than its value where the value is a broadcast (the
+gradient of ``sum(x, axis=1)`` is the same for every element of a row): it is kept
+with the value's rank and 1 on the broadcast axes, and only ``_fit`` widens or sums
+it to an operand's shape, the one place that handles broadcasting and reduction
+adjoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..frontend.source import Span
+from .dims import Dim
+from .dtypes import F32, DType
+from .graph_ops import GRAPH_OPS, binary_operands, dropout_operands, named_operands
+from .ir import Op, Value
+from .opcall import Emitter, OpCall, SemanticError
+from .types import ScalarType, TensorType
+from .values import Const, DTypeRef, Ev
+
+__all__ = ["VJP_RULES", "backward", "differentiable", "filled"]
+
+#: A cotangent: a tensor value, or None where no gradient flows.
+Cotangent = Value | None
+#: A rule: (builder, the op, one cotangent per result) to (operand, cotangent) pairs.
+Rule = Callable[["_Builder", Op, Sequence[Cotangent]], list[tuple[Value, Cotangent]]]
+
+
+def differentiable(value: Value) -> bool:
+    """Whether ``value`` has a gradient: a floating-point tensor."""
+    return isinstance(value.type, TensorType) and value.type.dtype.is_float
+
+
+class _Builder:
+    """Emits the backward ops of one forward op, at that op's line."""
+
+    def __init__(self, emitter: Emitter, span: Span) -> None:
+        self.emitter = emitter
+        self.span = span
+
+    def __call__(self, kind: str, *args: Any, **keywords: Any) -> Value:
+        spec = GRAPH_OPS[kind]
+        names = [p.name for p in spec.params]
+        bound = {name: self._ev(a) for name, a in zip(names, args, strict=False)}
+        bound.update({name: self._ev(a) for name, a in keywords.items()})
+        return spec.rule(OpCall(spec, bound, self.span, self.emitter, kind))
+
+    def _ev(self, value: Any) -> Ev:
+        if isinstance(value, Value):
+            return Ev(value, self.span, value.name or "the gradient")
+        if isinstance(value, DType):
+            return Ev(DTypeRef(value), self.span, str(value))
+        return Ev(Const(value), self.span, repr(value))
+
+    def size(self, dim: Dim) -> float | Value:
+        """A size as a float: a number where it is known, else a run-time scalar."""
+        if dim.constant is not None:
+            return float(dim.constant)
+        return self.emitter.emit(
+            "dim_to_float", (), (ScalarType("float"),), (("dim", dim),), (), self.span
+        )[0]
+
+
+def filled(emitter: Emitter, like: Value, number: float, span: Span) -> Value:
+    """A tensor of ``like``'s shape holding ``number``: ``where(like == like, n, n)``,
+    elementwise math that every kernel computes (there is no fill op on tensors)."""
+    b = _Builder(emitter, span)
+    return b("where", b("equal", like, like), number, number)
+
+
+def _expanded(b: _Builder, g: Value, like: Value) -> Value:
+    """``g`` broadcast to ``like``'s shape: both sides of a ``where`` whose condition has
+    that shape (and holds everywhere, NaN or not)."""
+    return b("where", b("equal", like, like), g, g)
+
+
+def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
+    """The cotangent ``g`` of a value that ``like`` was broadcast into, as ``like``'s
+    own: summed over the axes the broadcast added or stretched from 1, and widened
+    where ``g`` itself is the broadcast one (unless ``widen`` is false: a cotangent
+    may stay a broadcast until a rule needs every element)."""
+    have, want = g.type.dims, like.type.dims
+    if have == want:
+        return g
+    extra = len(have) - len(want)
+    if extra > 0:
+        g = b("sum", g, axis=tuple(range(extra)), keepdims=False)
+        have = g.type.dims
+    pad = len(want) - len(have)
+    one = Dim.const(1)
+    axes = tuple(i for i, d in enumerate(have) if d != one and want[pad + i] == one)
+    if axes:
+        g = b("sum", g, axis=axes, keepdims=True)
+    if widen and g.type.dims != want:
+        g = _expanded(b, g, like)
+    return g
+
+
+def _whole(b: _Builder, g: Value, like: Value) -> Value:
+    """``g`` with every element of ``like`` present (for a rule that reads it by
+    position or sums it), not a broadcast of fewer."""
+    return g if g.type.dims == like.type.dims else _expanded(b, g, like)
+
+
+def _kept(b: _Builder, value: Value, op: Op) -> Value:
+    """A reduction's result (or its cotangent) with the reduced axis kept as 1."""
+    value = _whole(b, value, op.result)
+    dims, axis = op.operands[0].type.dims, op.attr("axis")
+    if op.attr("keepdims"):
+        return value
+    kept = (*dims[:axis], Dim.const(1), *dims[axis + 1 :])
+    return b("reshape", value, kept)
+
+
+# ------------------------------------------------------------------- the rules
+
+VJP_RULES: dict[str, Rule] = {}
+
+
+def _rule(*kinds: str) -> Callable[[Rule], Rule]:
+    def add(rule: Rule) -> Rule:
+        for kind in kinds:
+            VJP_RULES[kind] = rule
+        return rule
+
+    return add
+
+
+def _pairs(op: Op, names: tuple[str, ...], grads: Sequence[Cotangent]) -> list:
+    """(operand, cotangent) for the tensor operands among ``names``, in order."""
+    values = named_operands(op, names)
+    return [(v, g) for v, g in zip(values, grads, strict=True) if isinstance(v, Value)]
+
+
+@_rule("add", "sub")
+def _add(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    g = gs[0]
+    return _pairs(op, ("a", "b"), (g, g if op.kind == "add" else b("neg", g)))
+
+
+def _scaled(b: _Builder, op: Op, g: Value) -> Value:
+    """The cotangent of a product or quotient by a scalar that a kernel computes from a
+    size (``x / float(N)``): with every element present, so that the kernel that
+    multiplies it reads a tensor of those sizes."""
+    if any(isinstance(v.type, ScalarType) for v in op.operands):
+        return _whole(b, g, op.result)
+    return g
+
+
+@_rule("mul")
+def _mul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    g = _scaled(b, op, gs[0])
+    x, y = binary_operands(op)
+    return _pairs(op, ("a", "b"), (b("mul", g, y), b("mul", g, x)))
+
+
+@_rule("div")
+def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    g = _scaled(b, op, gs[0])
+    y = binary_operands(op)[1]
+    ga = b("div", g, y)
+    gb = b("neg", b("mul", ga, op.result)) if isinstance(y, Value) else None
+    return _pairs(op, ("a", "b"), (ga, gb))
+
+
+@_rule("pow")
+def _pow(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    g = gs[0]
+    x, y = binary_operands(op)
+    if isinstance(y, Value) and isinstance(y.type, ScalarType):
+        raise SemanticError(
+            "cannot differentiate '**' by a scalar parameter yet: write the power with a "
+            "number (x ** 2.0) or as a product",
+            op.span,
+        )
+    ga = gb = None
+    if isinstance(x, Value):
+        if isinstance(y, Value):
+            ga = b("mul", b("mul", g, y), b("pow", x, b("add", y, -1.0)))
+        elif y == 2:
+            ga = b("mul", g, b("mul", x, 2.0))
+        else:
+            ga = b("mul", g, b("mul", b("pow", x, float(y) - 1.0), float(y)))
+    if isinstance(y, Value):
+        log_x = b("log", x) if isinstance(x, Value) else math.log(x)
+        gb = b("mul", b("mul", g, op.result), log_x)
+    return _pairs(op, ("a", "b"), (ga, gb))
+
+
+@_rule("maximum", "minimum")
+def _extreme(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The larger (smaller) side gets the gradient; a tie gives it to ``a``."""
+    g = gs[0]
+    x, y = binary_operands(op)
+    picks_a = b("greater_equal" if op.kind == "maximum" else "less_equal", x, y)
+    return _pairs(op, ("a", "b"), (b("where", picks_a, g, 0.0), b("where", picks_a, 0.0, g)))
+
+
+@_rule("neg")
+def _neg(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    return [(op.operands[0], b("neg", gs[0]))]
+
+
+def _unary(derivative: Callable[[_Builder, Value, Value], Any]) -> Rule:
+    """A rule for elementwise math: the cotangent times ``derivative(x, y)`` of the
+    operand ``x`` and the result ``y``."""
+
+    def rule(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+        x = op.operands[0]
+        return [(x, b("mul", gs[0], derivative(b, x, op.result)))]
+
+    return rule
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+    """Of the tanh approximation: ``0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3a x^2)``, with
+    ``t = tanh(c (x + a x^3))``."""
+    square = b("mul", x, x)
+    t = b("tanh", b("mul", b("mul", x, b("add", b("mul", square, 0.044715), 1.0)), _SQRT_2_OVER_PI))
+    slope = b("mul", b("add", b("mul", square, 3 * 0.044715), 1.0), _SQRT_2_OVER_PI)
+    inner = b("mul", b("mul", x, b("sub", 1.0, b("mul", t, t))), slope)
+    return b("mul", b("add", b("add", t, 1.0), inner), 0.5)
+
+
+def _silu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+    s = b("sigmoid", x)
+    return b("mul", s, b("add", b("mul", x, b("sub", 1.0, s)), 1.0))
+
+
+VJP_RULES.update({
+    "exp": _unary(lambda b, x, y: y),
+    "log": _unary(lambda b, x, y: b("div", 1.0, x)),
+    "sqrt": _unary(lambda b, x, y: b("div", 0.5, y)),
+    "rsqrt": _unary(lambda b, x, y: b("mul", b("mul", b("mul", y, y), y), -0.5)),
+    "tanh": _unary(lambda b, x, y: b("sub", 1.0, b("mul", y, y))),
+    "sigmoid": _unary(lambda b, x, y: b("mul", y, b("sub", 1.0, y))),
+    "gelu": _unary(_gelu_derivative),
+    "silu": _unary(_silu_derivative),
+})  # fmt: skip
+
+
+@_rule("relu")
+def _relu(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    x = op.operands[0]
+    return [(x, b("where", b("greater", x, 0.0), gs[0], 0.0))]
+
+
+@_rule("abs")
+def _abs(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    x, g = op.operands[0], gs[0]
+    return [
+        (x, b("where", b("greater", x, 0.0), g, b("where", b("less", x, 0.0), b("neg", g), 0.0)))
+    ]
+
+
+@_rule("cast")
+def _cast(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    return [(op.operands[0], gs[0])]
+
+
+@_rule("where")
+def _where(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    g = gs[0]
+    cond, x, y = named_operands(op, ("cond", "a", "b"))
+    pairs = []
+    if isinstance(x, Value):
+        pairs.append((x, b("where", cond, g, 0.0)))
+    if isinstance(y, Value):
+        pairs.append((y, b("where", cond, 0.0, g)))
+    return pairs
+
+
+@_rule("dropout")
+def _dropout(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The same mask, from the same seed: dropout of the cotangent, never stored."""
+    x, p, seed = dropout_operands(op)
+    return [(x, b("dropout", _whole(b, gs[0], op.result), p, seed=seed))]
+
+
+@_rule("all_reduce")
+def _all_reduce(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    how = op.attr("op")
+    if how not in ("sum", "mean"):
+        raise SemanticError(
+            f"cannot differentiate all_reduce(op={how!r}): only sum and mean have gradients "
+            "here",
+            op.span,
+        )
+    return [(op.operands[0], b("all_reduce", _whole(b, gs[0], op.result), op=how))]
+
+
+@_rule("reshape")
+def _reshape(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    x, g = op.operands[0], gs[0]
+    one = Dim.const(1)
+    if all(d == one for d in g.type.dims):  # a broadcast number stays one
+        return [(x, b("reshape", g, (one,) * x.type.rank) if x.type.rank else g)]
+    return [(x, b("reshape", _whole(b, g, op.result), x.type.dims))]
+
+
+@_rule("transpose")
+def _transpose(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    perm = op.attr("perm")
+    back = tuple(perm.index(k) for k in range(len(perm)))
+    return [(op.operands[0], b("transpose", _whole(b, gs[0], op.result), back))]
+
+
+@_rule("matmul")
+def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Both gradients as products: ``g @ b.T`` reads ``b`` in place; ``a.T @ g``. A
+    vector operand's gradient is a broadcast product and a sum."""
+    x, y = op.operands
+    g = _whole(b, gs[0], op.result)
+    if g.type.dtype != x.type.dtype:
+        g = b("cast", g, x.type.dtype)
+    one = Dim.const(1)
+    if x.type.rank >= 2 and y.type.rank >= 2:
+        return [(x, b("matmul", g, b("transpose", y))), (y, b("matmul", b("transpose", x), g))]
+    if x.type.rank == 1 and y.type.rank == 1:
+        return [(x, b("mul", g, y)), (y, b("mul", g, x))]
+    if x.type.rank == 1:  # [K] @ [..., K, N] -> [..., N]
+        row = b("reshape", g, (*g.type.dims[:-1], one, g.type.dims[-1]))
+        column = b("reshape", x, (x.type.dims[0], one))
+        return [(x, b("sum", b("mul", row, y), axis=-1)), (y, b("mul", column, row))]
+    column = b("reshape", g, (*g.type.dims, one))  # [..., M, K] @ [K] -> [..., M]
+    return [(x, b("mul", column, y)), (y, b("mul", column, x))]
+
+
+@_rule("sum", "mean")
+def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    x = op.operands[0]
+    axis = op.attr("axis")
+    g = _kept(b, gs[0], op)
+    if op.kind == "mean":
+        count = x.type.dims[axis]
+        if count.constant is None:  # a kernel knows the sizes of the tensors it reads
+            g = _expanded(b, g, x)
+        g = b("div", g, b.size(count))
+    return [(x, g)]
+
+
+@_rule("max")
+def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Shared evenly among the elements that tie for the maximum, as ``torch.amax``."""
+    x = op.operands[0]
+    top = _kept(b, op.result, op)
+    g = _kept(b, gs[0], op)
+    hit = b("equal", x, top)
+    ties = b("sum", b("cast", hit, F32), axis=op.attr("axis"), keepdims=True)
+    return [(x, b("where", hit, b("div", g, ties), 0.0))]
+
+
+@_rule("softmax", "softmax_safe")
+def _softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    y, axis = op.result, op.attr("axis")
+    gy = b("mul", _whole(b, gs[0], y), y)
+    return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
+
+
+@_rule("log_softmax")
+def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    y, axis = op.result, op.attr("axis")
+    g = _whole(b, gs[0], y)
+    total = b("sum", g, axis=axis, keepdims=True)
+    return [(op.operands[0], b("sub", g, b("mul", b("exp", y), total)))]
+
+
+@_rule("logsumexp_safe")
+def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    x = op.operands[0]
+    top = _kept(b, op.result, op)
+    g = _kept(b, gs[0], op)
+    return [(x, b("mul", g, b("exp", b("sub", x, top))))]
+
+
+@_rule("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
+def _norm(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The statistics recomputed, not stored; the weight's and bias's gradients are
+    column sums over every row."""
+    x, *params = op.operands
+    g = gs_whole = _whole(b, gs[0], op.result)
+    centred = op.kind.startswith("layernorm")
+    eps = op.attr("eps")
+    rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
+    scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
+    normed = b("mul", rows, scale)
+    pairs = []
+    weight = params.pop(0) if op.attr("weight") else None
+    bias = params.pop(0) if op.attr("bias") else None
+    leading = tuple(range(x.type.rank - 1))
+    if weight is not None:
+        gw = b("mul", g, normed)
+        pairs.append((weight, b("sum", gw, axis=leading) if leading else gw))
+        g = b("mul", g, weight)
+    if bias is not None:
+        pairs.append((bias, b("sum", gs_whole, axis=leading) if leading else gs_whole))
+    along = b("mul", normed, b("mean", b("mul", g, normed), axis=-1, keepdims=True))
+    inner = b("sub", g, along)
+    if centred:
+        inner = b("sub", inner, b("mean", g, axis=-1, keepdims=True))
+    return [(x, b("mul", inner, scale)), *pairs]
+
+
+@_rule("rotary_embedding")
+def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The inverse rotation: the same angles' cosines, the sines negated."""
+    x, cos, sin = op.operands
+    g = _whole(b, gs[0], op.result)
+    return [(x, b("rotary_embedding", g, cos, b("neg", sin))), (cos, _NO_RULE), (sin, _NO_RULE)]
+
+
+@_rule("flash_attention")
+def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The scores and probabilities computed again from q and k, in f32, and the
+    gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
+    with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
+    if op.attr("causal") or op.attr("dropout") is not None:
+        raise SemanticError(
+            "cannot differentiate a causal attention or one with dropout yet: write the "
+            "attention out, softmax(where(mask, q @ k.T * scale, -INF)) @ v, with the mask "
+            "as a parameter",
+            op.span,
+        )
+    q, k, v = (x if x.type.dtype == F32 else b("cast", x, F32) for x in op.operands[:3])
+    scale = op.attr("scale")
+    if scale == "scalar":
+        scale = op.operands[-1]
+    elif scale is None:
+        head = q.type.dims[-1]
+        scale = 1.0 / math.sqrt(head.constant) if head.constant else b("rsqrt", b.size(head))
+    p = b("softmax", b("mul", b("matmul", q, b("transpose", k)), scale), -1)
+    g = _whole(b, gs[0], op.result)
+    g = g if g.type.dtype == F32 else b("cast", g, F32)
+    dp = b("matmul", g, b("transpose", v))
+    ds = b("mul", p, b("sub", dp, b("sum", b("mul", dp, p), axis=-1, keepdims=True)))
+    dq = b("mul", b("matmul", ds, k), scale)
+    dk = b("mul", b("matmul", b("transpose", ds), q), scale)
+    dv = b("matmul", b("transpose", p), g)
+    return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
+
+
+#: A cotangent that no rule gives: an error where the operand needs a gradient.
+_NO_RULE: Any = object()
+
+# ------------------------------------------------------------------- the pass
+
+#: Ops whose results carry no gradient, whatever their operands.
+_CONSTANT = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+                       "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
+
+#: What to write instead, for the ops that have no rule yet.
+_INSTEAD = {
+    "take_along_axis": "multiply by a one-hot float tensor of the labels and sum instead "
+    "(-sum(onehot * log_softmax(logits), axis=-1))",
+    "slice": "pass the parts as separate parameters",
+    "split_qkv": "project q, k and v with three matmuls",
+    "kvcache.append": "keep state updates out of the differentiated function",
+}
+
+
+def backward(
+    emitter: Emitter,
+    ops: Sequence[Op],
+    outputs: Sequence[Value],
+    seeds: Sequence[Value],
+    wrt: Sequence[Value],
+    span: Span,
+) -> list[Value]:
+    """The cotangents of ``wrt`` given ``seeds``, the cotangents of ``outputs``, through
+    ``ops`` (in program order): one value of each ``wrt``'s shape, in its dtype. Ops
+    that no ``wrt`` reaches are not differentiated."""
+    active = {v.id for v in wrt}
+    for op in ops:
+        if op.kind in _CONSTANT or not any(v.id in active for v in op.operands):
+            continue
+        active.update(r.id for r in op.results if differentiable(r))
+    adjoint: dict[int, Value] = {}
+
+    def add(value: Value, g: Value) -> None:
+        old = adjoint.get(value.id)
+        adjoint[value.id] = g if old is None else _Builder(emitter, span)("add", old, g)
+
+    for out, seed in zip(outputs, seeds, strict=True):
+        if out.id in active:
+            add(out, seed)
+    targets = {v.id for v in wrt}
+    for op in reversed(ops):
+        if any(r.id in targets for r in op.results):
+            continue  # a value differentiated for: its cotangent is the answer
+        gs = [adjoint.pop(r.id, None) for r in op.results]
+        if all(g is None for g in gs):
+            continue
+        rule = VJP_RULES.get(op.kind)
+        if rule is None:
+            raise _no_rule(op)
+        b = _Builder(emitter, op.span or span)
+        for operand, g in rule(b, op, gs):
+            if operand.id not in active or g is None:
+                continue
+            if g is _NO_RULE:
+                raise _no_rule(op, operand)
+            add(operand, _fit(b, g, operand, widen=False))
+    b = _Builder(emitter, span)
+    grads = []
+    for v in wrt:
+        g = adjoint.get(v.id)
+        g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
+        grads.append(g if g.type.dtype == v.type.dtype else b("cast", g, v.type.dtype))
+    return grads
+
+
+def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:
+    which = f" with respect to '{operand.name}'" if operand is not None and operand.name else ""
+    instead = _INSTEAD.get(op.kind, "compute it from ops that have gradients")
+    return SemanticError(
+        f"cannot differentiate {op.kind}{which}: it has no gradient rule yet; {instead}",
+        op.span,
+    )

@@ -1,0 +1,339 @@
+"""Reverse mode: each ``F_vjp`` of ``autodiff_cases.tsr`` against PyTorch autograd in
+float64, and against finite differences of ``F`` itself, so that the check does not
+trust torch alone. One module holds every case and is built once.
+
+Inputs are random normals of ragged sizes (no size a multiple of any tile), results are
+compared in float64 with the tolerance of f32 arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.runtime import cpu
+
+from .everywhere import EVERY_TARGET, load_everywhere
+from .test_cuda import needs_gxx
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+CASES_FILE = Path(__file__).with_name("autodiff_cases.tsr")
+SIZES = {"R": 7, "C": 13, "M": 5, "K": 11, "N": 9, "B": 3, "D": 6, "H": 10}
+
+
+def _layernorm(x: Any, w: Any = None, b: Any = None) -> Any:
+    return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)
+
+
+def _rmsnorm(x: Any, w: Any) -> Any:
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:
+    return F.gelu(x @ w1 + b1, approximate="tanh") @ w2
+
+
+def _unary(x: Any) -> Any:
+    a = torch.exp(x * 0.5) + torch.log(x * x + 1) + torch.sqrt(x * x + 2)
+    a = a + torch.rsqrt(x * x + 0.5)
+    return a + torch.tanh(x) + torch.sigmoid(x) - x**3 + x.abs() * 0.5
+
+
+#: Each case: its function, its inputs ((name, shape) in parameter order; a shape of
+#: strings, or "i32:" before an integer one), and the same function in PyTorch.
+CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
+    "arith": (
+        (("x", "RC"), ("y", "RC"), ("w", "C"), ("b", "R1")),
+        lambda x, y, w, b: (x * w + b) / (y * y + 1) - x + 2 * y,
+    ),
+    "unary": ((("x", "RC"),), _unary),
+    "activations": (
+        (("x", "RC"),),
+        lambda x: F.gelu(x, approximate="tanh") + F.silu(x) * 2 + F.relu(x) * 3 + x,
+    ),
+    "extremes": (
+        (("x", "RC"), ("y", "RC")),
+        lambda x, y: torch.maximum(x, y)
+        + torch.clamp(x, max=0.25)
+        + torch.where(x > 0, x * y, y)
+        + torch.clamp(y, -0.5, 0.5),
+    ),
+    "product": ((("a", "MK"), ("b", "KN")), lambda a, b: a @ b),
+    "product_nt": ((("a", "MK"), ("b", "NK")), lambda a, b: a @ b.T),
+    "batched": ((("a", "BMK"), ("b", "KN")), lambda a, b: a @ b),
+    "vector_matrix": (
+        (("v", "K"), ("b", "KN"), ("a", "MK")),
+        lambda v, b, a: (v @ b, a @ v),
+    ),
+    "reductions": (
+        (("x", "RC"),),
+        lambda x: x.sum(0) + (x * x).mean(0) * 2 + x.amax(0) - x.amin(0),
+    ),
+    "row_reductions": (
+        (("x", "RC"),),
+        lambda x: x.sum(-1, keepdim=True)
+        + (x * 2).amax(-1, keepdim=True)
+        + x.mean(-1, keepdim=True),
+    ),
+    "total": ((("x", "RC"), ("w", "C")), lambda x, w: (x * w).sum() + x.mean()),
+    "softmaxes": (
+        (("x", "RC"), ("y", "RC")),
+        lambda x, y: F.softmax(x, -1) * y + F.log_softmax(x * 2, -1) + F.softmax(y, 0),
+    ),
+    "logsumexp_rows": ((("x", "RC"),), lambda x: torch.logsumexp(x, -1)),
+    "norms": (
+        (("x", "RC"), ("w", "C"), ("b", "C"), ("v", "C")),
+        lambda x, w, b, v: _layernorm(x, w, b) + _rmsnorm(x * 2, v) + _layernorm(x * 0.5),
+    ),
+    "layout": (
+        (("x", "RC"), ("y", "CR")),
+        lambda x, y: x.T * y + x.reshape(13, 7) + x.T,
+    ),
+    "restricted": (
+        (("x", "RC"), ("w", "CN"), ("labels", "i32:RN")),
+        lambda x, w, labels: torch.tanh(x @ w) * labels,
+    ),
+    "attention": (
+        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    ),
+    "mlp_loss": (
+        (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
+        lambda x, w1, b1, w2, t: -(t * F.log_softmax(_mlp(x, w1, b1, w2), -1)).sum() / 7,
+    ),
+}
+
+#: The parameters each ``F_vjp`` differentiates, where not every float tensor.
+WRT = {"restricted": ("w",)}
+
+
+def _shape(spec: str) -> tuple[int, ...]:
+    return tuple(int(c) if c.isdigit() else SIZES[c] for c in spec.removeprefix("i32:"))
+
+
+def _inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    made = {}
+    for param, spec in CASES[name][0]:
+        if spec.startswith("i32:"):
+            made[param] = rng.integers(-2, 3, _shape(spec)).astype(np.int32)
+        else:
+            made[param] = rng.standard_normal(_shape(spec)).astype(np.float32)
+    return made
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every case, built once, without optimization: the sizes are tiny, and g++ builds
+    the module in a tenth of the time it takes at -O3."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        program = tessera.compile_file(CASES_FILE, target="cpu")
+        meta = program.ir("meta")
+        flags = ["-O0" if f == "-O3" else f for f in meta["build"]["flags"]]
+        return cpu.load(program.source, meta, flags)
+
+
+def _tuple(x: Any) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _vjp(lib: Any, name: str, inputs: dict, cotangents: tuple) -> tuple[np.ndarray, ...]:
+    return _tuple(getattr(lib, f"{name}_vjp")(*inputs.values(), *cotangents))
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    inputs = _inputs(name, rng)
+    outputs = _tuple(getattr(lib, name)(*inputs.values()))
+    cotangents = tuple(rng.standard_normal(o.shape).astype(np.float32) for o in outputs)
+    grads = _vjp(lib, name, inputs, cotangents)
+    wrt = WRT.get(name, [n for n, v in inputs.items() if v.dtype == np.float32])
+    assert len(grads) == len(wrt)
+
+    tensors = {n: torch.tensor(v, dtype=torch.float64, requires_grad=n in wrt)
+               for n, v in inputs.items()}  # fmt: skip
+    expected = _tuple(CASES[name][1](*tensors.values()))
+    for have, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(have, want.detach().numpy(), rtol=1e-4, atol=1e-4)
+    torch.autograd.backward(expected, [torch.tensor(c, dtype=torch.float64) for c in cotangents])
+    for param, grad in zip(wrt, grads, strict=True):
+        assert grad.shape == inputs[param].shape and grad.dtype == np.float32
+        np.testing.assert_allclose(grad, tensors[param].grad.numpy(), rtol=1e-4, atol=1e-4)
+
+    # Finite differences of F itself along a random direction, in float64 from the
+    # f32 inputs as rounded: <cotangent, F(x + h v) - F(x - h v)> against <vjp, 2 h v>.
+    plus, minus = dict(inputs), dict(inputs)
+    step = 0.0
+    for param, grad in zip(wrt, grads, strict=True):
+        v = rng.standard_normal(inputs[param].shape)
+        plus[param] = (inputs[param] + 1e-3 * v).astype(np.float32)
+        minus[param] = (inputs[param] - 1e-3 * v).astype(np.float32)
+        step += np.sum(grad.astype(np.float64) * (plus[param] - minus[param].astype(np.float64)))
+    ahead, behind = (_tuple(getattr(lib, name)(*x.values())) for x in (plus, minus))
+    terms = [c.astype(np.float64) * (a.astype(np.float64) - b)
+             for c, a, b in zip(cotangents, ahead, behind, strict=True)]  # fmt: skip
+    change = sum(t.sum() for t in terms)
+    # within 2% of the terms' magnitude: the sum may cancel, and an element that
+    # crosses a kink (a maximum changing hands) is off by its step
+    scale = 2e-2 * sum(np.abs(t).sum() for t in terms)
+    assert math.isclose(change, step, abs_tol=scale), (change, step, scale)
+
+
+@needs_gxx
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.func imports torch.jit
+@pytest.mark.parametrize("name", ["arith", "norms", "product", "softmaxes"])
+def test_jvp_matches_torch(lib: Any, name: str) -> None:
+    """``F_jvp``: ``F``'s results, then their tangents along one tangent per input."""
+    rng = np.random.default_rng(len(name))
+    inputs = _inputs(name, rng)
+    tangents = [rng.standard_normal(v.shape).astype(np.float32) for v in inputs.values()]
+    have = getattr(lib, f"{name}_jvp")(*inputs.values(), *tangents)
+    as64 = [torch.tensor(v, dtype=torch.float64) for v in (*inputs.values(), *tangents)]
+    values, jv = torch.func.jvp(CASES[name][1], tuple(as64[: len(inputs)]),
+                                tuple(as64[len(inputs) :]))  # fmt: skip
+    for got, want in zip(have, (values, jv), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@needs_gxx
+def test_dropout_replays_its_mask_in_the_backward_pass(lib: Any) -> None:
+    """The gradient of ``dropout(2 x)`` is 2 g where the element was kept (scaled by
+    1/(1-p)), 0 where it was dropped: the same mask, drawn again from the seed."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((SIZES["R"], SIZES["C"])).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    out = lib.dropped(x, seed=41)
+    kept = out != 0
+    assert 0 < kept.sum() < kept.size
+    grad = lib.dropped_vjp(x, g, seed=41)
+    np.testing.assert_allclose(grad, np.where(kept, g * 2 / 0.75, 0), rtol=1e-6)
+    assert not np.array_equal(lib.dropped_vjp(x, g, seed=42) != 0, kept)
+
+
+@needs_gxx
+def test_a_training_step_takes_its_gradients_in_the_same_function(lib: Any) -> None:
+    """``value_and_grad`` and ``grad`` inside a graph function: the loss, the gradients
+    named by ``wrt=`` and an SGD update, against PyTorch."""
+    rng = np.random.default_rng(11)
+    r, d, c = SIZES["R"], SIZES["D"], SIZES["C"]
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((r, d), (d, c), (c,)))
+    target = rng.random((r, c)).astype(np.float32)
+    loss, new_w, new_b = lib.train_step(x, w, b, target, 0.1)
+    tw, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (w, b))
+    tx, tt = (torch.tensor(v, dtype=torch.float64) for v in (x, target))
+    expected = -(tt * F.log_softmax(tx @ tw + tb, -1)).sum() / 7
+    expected.backward()
+    assert loss.shape == () and math.isclose(loss, expected.item(), rel_tol=1e-5)
+    np.testing.assert_allclose(new_w, (tw - 0.1 * tw.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_b, (tb - 0.1 * tb.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+    dw = lib.weight_grad(x, w, b, target)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@needs_gxx
+def test_a_scalar_result_that_other_ops_read_is_written(lib: Any) -> None:
+    """A 0-d result that another kernel reads too (a loss, which its gradient reads) is
+    written by a kernel of its own."""
+    x = np.random.default_rng(2).standard_normal((SIZES["R"], SIZES["C"])).astype(np.float32)
+    total, scaled = lib.total_and_scaled(x)
+    assert total.shape == () and math.isclose(total, x.astype(np.float64).sum(), rel_tol=1e-5)
+    np.testing.assert_allclose(scaled, x * total, rtol=1e-6)
+
+
+#: Functions that cannot be differentiated, the line (1-based) and text of the error.
+BAD = {
+    "tile kernel": (
+        "@autodiff\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    T = tile.context()\n"
+        "    return tile.load(x, rows=T.m)\n",
+        1,
+        "'f' is a tile function",
+    ),
+    "integer result": (
+        "@autodiff\ndef f(x: Tensor['N', i32]) -> Tensor['N', i32]:\n    return x + x\n",
+        2,
+        "its result is tensor<[N], i32>, which has no gradient",
+    ),
+    "not a parameter": (
+        "@autodiff(wrt=('w',))\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
+        "    return x * 2.0\n",
+        1,
+        "wrt= names 'w', which is not a parameter of 'f'",
+    ),
+    "jvp not a bool": (
+        "@autodiff(jvp=1)\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * 2.0\n",
+        1,
+        "jvp= is True or False",
+    ),
+    "integer parameter": (
+        "@autodiff(wrt=('n',))\ndef f(x: Tensor['N', f32], n: Tensor['N', i32]) -> "
+        "Tensor['N', f32]:\n    return x * cast(n, f32)\n",
+        1,
+        "only floating-point tensors have gradients; leave 'n' out of wrt=",
+    ),
+    "no rule": (
+        "@autodiff\ndef f(x: Tensor['R', 'C', f32], i: Tensor['R', 1, i32]) -> "
+        "Tensor['R', 1, f32]:\n    y = x * 2.0\n    return take_along_axis(y, i, axis=-1)\n",
+        4,
+        "cannot differentiate take_along_axis: it has no gradient rule yet; multiply by "
+        "a one-hot",
+    ),
+    "grad of a tensor": (
+        "def g(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * x\n\n"
+        "def f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return grad(g)(x)\n",
+        5,
+        "grad() differentiates a function of one scalar result",
+    ),
+    "grad wrt": (
+        "def g(x: Tensor['N', f32]) -> Tensor[f32]:\n    return sum(x, axis=None)\n\n"
+        "def f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return grad(g, wrt='y')(x)\n",
+        5,
+        "wrt= names 'y', which is not a parameter of 'g'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_what_cannot_be_differentiated_is_an_error_at_its_line(case: str) -> None:
+    source, line, message = BAD[case]
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(source, filename="bad.tsr", until="graph")
+    (error,) = [d for d in caught.value.diagnostics if d.severity.name == "ERROR"]
+    assert error.span.line == line and message in error.message, error.message
+
+
+#: One case on the other targets: a product, GELU, a row kernel and a reduction.
+ELSEWHERE = """\
+@autodiff(wrt=("w", "b"))
+def layer(x: Tensor["R", "D", f32], w: Tensor["D", "C", f32], b: Tensor["C", f32],
+          t: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    return sum(t * log_softmax(gelu(x @ w + b), axis=-1), axis=-1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "arch"), [p for p in EVERY_TARGET if p.id in ("opencl", "sm_80")]
+)
+def test_vjp_on_the_other_targets(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(3)
+    r, d, c = 37, 19, 23
+    x, w, b, t, g = (rng.standard_normal(s).astype(np.float32)
+                     for s in ((r, d), (d, c), (c,), (r, c), (r,)))  # fmt: skip
+    dw, db = load_everywhere(ELSEWHERE, target, arch, monkeypatch).layer_vjp(x, w, b, t, g)
+    tw, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (w, b))
+    tx, tt = (torch.tensor(v, dtype=torch.float64) for v in (x, t))
+    out = (tt * F.log_softmax(F.gelu(tx @ tw + tb, approximate="tanh"), -1)).sum(-1)
+    out.backward(torch.tensor(g, dtype=torch.float64))
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-4, atol=1e-4)
