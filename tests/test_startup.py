@@ -14,6 +14,7 @@ import pytest
 
 import tessera
 from tessera.cachedir import private_cache_dir
+from tessera.transpiler.frontend import kept_parse
 
 from .conftest import ROOT
 
@@ -87,3 +88,26 @@ def test_public_names_resolve_on_first_use() -> None:
     assert set(dir(tessera)) == set(tessera.__all__)
     with pytest.raises(AttributeError, match="no attribute 'compiles'"):
         _ = tessera.compiles
+
+
+def test_library_trees_are_kept_and_a_stale_or_damaged_copy_is_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    name = "tessera/stdlib/softmax.tsr"
+    text = (ROOT / name).read_text()
+    parsed = kept_parse.parse_library_file(name, text)
+    kept = tmp_path / "library" / "tessera_stdlib_softmax.tsr.pickle"
+    assert kept.is_file()
+
+    def no_parsing(*_: object) -> None:
+        raise AssertionError("parsed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kept_parse, "parse", no_parsing)
+        assert kept_parse.parse_library_file(name, text) == parsed
+        with pytest.raises(AssertionError, match="parsed again"):
+            kept_parse.parse_library_file(name, text + "\n# an edit\n")
+    kept.write_bytes(b"not a tree\n")
+    assert kept_parse.parse_library_file(name, text) == parsed
+    assert kept.read_bytes() != b"not a tree\n"

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..frontend import ast
 from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
+from ..frontend.kept_parse import parse_library_file
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
@@ -65,20 +66,23 @@ TEMPLATE_PARAMS = {
 @functools.cache
 def _stdlib_module(template: str) -> ast.Module:
     text = resources.files("tessera.stdlib").joinpath(f"{template}.tsr").read_text("utf-8")
-    diags = Diagnostics()
-    module = parse(SourceFile(f"tessera/stdlib/{template}.tsr", text), diags)
-    assert module is not None and not diags.items, f"stdlib {template} does not parse"
-    return module
+    return parse_library_file(f"tessera/stdlib/{template}.tsr", text)
 
 
 def _type_expr(t: TensorType) -> ast.TypeExpr:
     """The annotation that spells ``t``, parsed as a user would have written it."""
     dims = ", ".join(f'"{d}"' for d in t.dims)
     policies = f" {t.policies}" if str(t.policies) else ""
+    return _annotation(f"Tensor[{dims}, {t.dtype}{policies}]")
+
+
+@functools.cache
+def _annotation(spelling: str) -> ast.TypeExpr:
+    """The annotation ``spelling``, parsed once a process: a group's operands and result
+    often share their type, and the tree is never changed."""
     diags = Diagnostics()
-    module = parse(SourceFile("<type>", f"def f(x: Tensor[{dims}, {t.dtype}{policies}]): ...\n"),
-                   diags)  # fmt: skip
-    assert module is not None and not diags.items, f"cannot spell {t}"
+    module = parse(SourceFile("<type>", f"def f(x: {spelling}): ...\n"), diags)
+    assert module is not None and not diags.items, f"cannot spell {spelling}"
     annotation = module.functions()[0].params[0].annotation
     assert annotation is not None
     return annotation
