@@ -14,11 +14,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 
 from ..frontend.depth import MAX_DEPTH
 
 __all__ = ["Dim", "DimSyntaxError", "parse_dim"]
+
+_ZERO, _ONE = Fraction(0), Fraction(1)
 
 #: A product of symbols with integer powers, sorted by symbol name.
 Monomial = tuple[tuple[str, int], ...]
@@ -31,12 +33,16 @@ class Dim:
     # -- construction ----------------------------------------------------------
 
     @staticmethod
+    @cache
     def const(value: int | Fraction) -> Dim:
+        """The dim ``value``; made once a process for each value, as ``sym`` for each
+        name: dims are immutable, and compiling a program makes thousands."""
         return Dim._make({(): Fraction(value)})
 
     @staticmethod
+    @cache
     def sym(name: str) -> Dim:
-        return Dim._make({((name, 1),): Fraction(1)})
+        return Dim._make({((name, 1),): _ONE})
 
     @staticmethod
     def _make(terms: dict[Monomial, Fraction]) -> Dim:
@@ -49,7 +55,7 @@ class Dim:
         other = _as_dim(other)
         terms = dict(self.terms)
         for monomial, coeff in other.terms:
-            terms[monomial] = terms.get(monomial, Fraction(0)) + coeff
+            terms[monomial] = terms.get(monomial, _ZERO) + coeff
         return Dim._make(terms)
 
     def __neg__(self) -> Dim:
@@ -64,7 +70,7 @@ class Dim:
         for m1, c1 in self.terms:
             for m2, c2 in other.terms:
                 monomial = _multiply(m1, m2)
-                terms[monomial] = terms.get(monomial, Fraction(0)) + c1 * c2
+                terms[monomial] = terms.get(monomial, _ZERO) + c1 * c2
         return Dim._make(terms)
 
     def __truediv__(self, other: Dim | int) -> Dim:
