@@ -27,7 +27,8 @@
 // - train_step k18: row_sum rows=4, 1 warp, 1 stage (the heuristics)
 // - train_step k19: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
 // - train_step k20: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
-// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast -fno-trapping-math -shared -fPIC
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
+//   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_loss, tessera_train_step.
 
 // Tessera tile primitives for CPUs: C++17, OpenMP, no other dependency.
@@ -80,47 +81,6 @@ inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
-// A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
-template <int E, int M>
-inline float small_to_float(std::uint32_t bits) {
-  const std::uint32_t sign = (bits >> (E + M)) & 1u;
-  const std::uint32_t exp = (bits >> M) & ((1u << E) - 1u);
-  const std::uint32_t man = bits & ((1u << M) - 1u);
-  const int bias = (1 << (E - 1)) - 1;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(man), 1 - bias - M);
-  } else {
-    value = std::ldexp(static_cast<float>(man | (1u << M)), static_cast<int>(exp) - bias - M);
-  }
-  return sign ? -value : value;
-}
-
-inline float to_float(f16 x) {
-  const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
-  if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x8000u) ? -v : v;
-  }
-  return small_to_float<5, 10>(x.bits);
-}
-
-inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
-  return small_to_float<4, 3>(x.bits);
-}
-
-inline float to_float(e5m2 x) {
-  const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
-  if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
-    return (x.bits & 0x80u) ? -v : v;
-  }
-  return small_to_float<5, 2>(x.bits);
-}
-
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
 inline float round_mantissa(float x, int m) {
   if (!std::isfinite(x)) return x;
@@ -139,56 +99,6 @@ inline bf16 from_float_bf16(float x) {
   return bf16{static_cast<std::uint16_t>(bits_of(round_bf16(x)) >> 16)};
 }
 
-// Round to a small float (e exponent bits, m mantissa bits), to nearest even, with
-// subnormals; `max_finite` is the largest value, beyond which `overflow` is returned.
-inline float round_small(float x, int e, int m, float max_finite, float overflow) {
-  if (std::isnan(x)) return x;
-  const float a = std::fabs(x);
-  const int bias = (1 << (e - 1)) - 1;
-  const float tiny = std::ldexp(1.0f, 1 - bias);  // smallest normal
-  float r;
-  if (a < tiny) {
-    const float step = std::ldexp(1.0f, 1 - bias - m);
-    r = std::nearbyint(a / step) * step;  // the default rounding mode is to nearest even
-  } else {
-    r = round_mantissa(a, m);
-  }
-  if (r > max_finite) r = overflow;
-  return std::signbit(x) ? -r : r;
-}
-
-inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
-}
-inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
-}
-inline float round_tf32(float x) { return round_mantissa(x, 10); }
-
-inline std::uint32_t small_bits(float r, int e, int m) {
-  // r is already representable: rebuild its bits.
-  const std::uint32_t sign = std::signbit(r) ? 1u : 0u;
-  const float a = std::fabs(r);
-  const int bias = (1 << (e - 1)) - 1;
-  std::uint32_t out;
-  if (std::isnan(r)) {
-    out = (1u << (e + m)) - 1u;
-  } else if (std::isinf(r)) {
-    out = ((1u << e) - 1u) << m;
-  } else if (a < std::ldexp(1.0f, 1 - bias)) {
-    out = static_cast<std::uint32_t>(std::ldexp(a, bias - 1 + m));
-  } else {
-    int exponent;
-    const float frac = std::frexp(a, &exponent);  // a = frac * 2^exponent, frac in [0.5, 1)
-    out = (static_cast<std::uint32_t>(exponent - 1 + bias) << m) |
-          (static_cast<std::uint32_t>(std::ldexp(frac, m + 1)) & ((1u << m) - 1u));
-  }
-  return (sign << (e + m)) | out;
-}
-
 inline void store_as(float* dst, float x) { *dst = x; }
 inline void store_as(std::int32_t* dst, float x) { *dst = static_cast<std::int32_t>(x); }
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
@@ -197,15 +107,6 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
-inline void store_as(f16* dst, float x) {
-  dst->bits = static_cast<std::uint16_t>(small_bits(round_f16(x), 5, 10));
-}
-inline void store_as(e4m3* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e4m3(x), 4, 3));
-}
-inline void store_as(e5m2* dst, float x) {
-  dst->bits = static_cast<std::uint8_t>(small_bits(round_e5m2(x), 5, 2));
-}
 
 // ---------------------------------------------------------------- math
 
@@ -306,6 +207,28 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
     for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
   }
+}
+
+// load_tile's window, only where it lies inside (rmax, cmax): the rest of dst is left as
+// it is. For a tile whose one reader looks at nothing else (a product's operand, of which
+// the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
+// more than the rest of the call.
+template <typename T>
+inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+                        i64 rmax, i64 cmax) {
+  const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
+  const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
+  for (i64 i = 0; i < live_rows; ++i) {
+    const T* row = src + (r0 + i) * ld + c0;
+    float* out = dst + i * cols;
+    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+  }
+}
+
+// Zeros in the first `rows` rows and `live_cols` columns of a tile `cols` wide: the
+// corner of an accumulator that its product and its store read.
+inline void zero_corner(float* tile, i64 cols, i64 rows, i64 live_cols) {
+  for (i64 i = 0; i < rows; ++i) std::fill_n(tile + i * cols, live_cols, 0.0f);
 }
 
 // Outputs at least this large are written around the caches (non-temporal stores):
@@ -552,7 +475,9 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 // ---- loss_k0: one program instance (launch k0 of loss: the library's gemm)
 
-static void loss_k0_program(const float* x, const float* w1, const float* b1, float* hidden, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void loss_k0_program(const float* x, const float* w1, const float* b1, float* hidden,
+    const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -565,11 +490,12 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = x + (256*pid_m) * D + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w1, H, 256*kb, 256*pid_n, D, H);
+    tsr::load_corner(b_tile_smem, 256, 256, w1, H, 256*kb, 256*pid_n, D, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, H - 256*pid_n), tsr::live(256, D - 256*kb), D, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m),
+        tsr::live(256, H - 256*pid_n), tsr::live(256, D - 256*kb), D, 256);
   }
   tsr::load_tile(t, 1, 256, b1, 0, 0, 256*pid_n, 1, H);
   float* const t_1 = t;
@@ -583,17 +509,20 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
   tsr::store_tile(hidden, H, 256*pid_m, 256*pid_n, B, H, hidden_1, 256, 256);
 }
 
-static void loss_k0_launch(const float* x, const float* w1, const float* b1, float* hidden, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
+static void loss_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
+    const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       loss_k0_program(x, w1, b1, hidden, B, D, H, pid_n, pid_m);
 }
 // ---- loss_k1: one program instance (launch k1 of loss: the library's gemm)
 
-static void loss_k1_program(const float* hidden, const float* w2, const float* b2, float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void loss_k1_program(const float* hidden, const float* w2, const float* b2, float* logits,
+    const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -605,11 +534,12 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = hidden + (256*pid_m) * H + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, H, C);
+    tsr::load_corner(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, H, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, H - 256*kb), H, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, H - 256*kb), H, 256);
   }
   tsr::load_tile(t, 1, 256, b2, 0, 0, 256*pid_n, 1, C);
   float* const t_1 = t;
@@ -624,24 +554,28 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
   tsr::store_tile(logits, C, 256*pid_m, 256*pid_n, B, C, logits_1, 256, 256);
 }
 
-static void loss_k1_launch(const float* hidden, const float* w2, const float* b2, float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
+static void loss_k1_launch(const float* hidden, const float* w2, const float* b2, float* logits,
+    const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       loss_k1_program(hidden, w2, b2, logits, B, H, C, pid_n, pid_m);
 }
 // ---- loss_k2: one program instance (launch k2 of loss: the library's log_softmax)
 
-static void loss_k2_program(const float* logits, const float* target, float* t4, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
+static void loss_k2_program(const float* logits, const float* target, float* t4, const tsr::i64 B,
+    const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t = area + tsr::whole_lines(4*C);
   float* const shifted = area + tsr::whole_lines(4*C) + 16;
   float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
   float* const t_7_edge = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
-  float* const t_8 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
+  float* const t_8 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C);
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, 4*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -684,15 +618,17 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
   tsr::store_tile(t4, C, 4*pid_m, 0, B, C, t_8, 4, C);
 }
 
-static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B, const tsr::i64 C) {
+static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B,
+    const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k2_program(logits, target, t4, B, C, pid_m);
 }
 // ---- loss_k3: one program instance (launch k3 of loss: the library's row_sum)
 
-static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
+static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
@@ -709,7 +645,7 @@ static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const 
 
 static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k3_program(t4, t5, B, C, pid_m);
 }
@@ -720,7 +656,8 @@ static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*B);
   float* const t_3 = area + tsr::whole_lines(4*B) + 16;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   const float* const t = tsr::row_tile(t_edge, 4, B, t5, 4*pid_m, 1);
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -739,13 +676,15 @@ static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const
 
 static void loss_k4_launch(const float* t5, float* out, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(1, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k4_program(t5, out, B, pid_m);
 }
 // ---- train_step_k0: one program instance (launch k0 of train_step: the library's gemm)
 
-static void train_step_k0_program(const float* x, const float* w1, const float* b1, float* hidden, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k0_program(const float* x, const float* w1, const float* b1, float* hidden,
+    const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -758,11 +697,12 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = x + (256*pid_m) * D + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w1, H, 256*kb, 256*pid_n, D, H);
+    tsr::load_corner(b_tile_smem, 256, 256, w1, H, 256*kb, 256*pid_n, D, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, H - 256*pid_n), tsr::live(256, D - 256*kb), D, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m),
+        tsr::live(256, H - 256*pid_n), tsr::live(256, D - 256*kb), D, 256);
   }
   tsr::load_tile(t, 1, 256, b1, 0, 0, 256*pid_n, 1, H);
   float* const t_1 = t;
@@ -776,17 +716,20 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
   tsr::store_tile(hidden, H, 256*pid_m, 256*pid_n, B, H, hidden_1, 256, 256);
 }
 
-static void train_step_k0_launch(const float* x, const float* w1, const float* b1, float* hidden, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
+static void train_step_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
+    const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k0_program(x, w1, b1, hidden, B, D, H, pid_n, pid_m);
 }
 // ---- train_step_k1: one program instance (launch k1 of train_step: the library's gemm)
 
-static void train_step_k1_program(const float* hidden, const float* w2, const float* b2, float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k1_program(const float* hidden, const float* w2, const float* b2,
+    float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -798,11 +741,12 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = hidden + (256*pid_m) * H + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, H, C);
+    tsr::load_corner(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, H, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, H - 256*kb), H, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, H - 256*kb), H, 256);
   }
   tsr::load_tile(t, 1, 256, b2, 0, 0, 256*pid_n, 1, C);
   float* const t_1 = t;
@@ -817,18 +761,21 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
   tsr::store_tile(logits, C, 256*pid_m, 256*pid_n, B, C, logits_1, 256, 256);
 }
 
-static void train_step_k1_launch(const float* hidden, const float* w2, const float* b2, float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
+static void train_step_k1_launch(const float* hidden, const float* w2, const float* b2,
+    float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k1_program(hidden, w2, b2, logits, B, H, C, pid_n, pid_m);
 }
 // ---- train_step_k2: one program instance (launch k2 of train_step: the library's log_softmax)
 
-static void train_step_k2_program(const float* logits, float* t3, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C));
+static void train_step_k2_program(const float* logits, float* t3, const tsr::i64 B,
+    const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C));
   float* const rows_edge = area + 0;
   float* const t = area + tsr::whole_lines(4*C);
   float* const shifted = area + tsr::whole_lines(4*C) + 16;
@@ -874,15 +821,17 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
   tsr::store_tile(t3, C, 4*pid_m, 0, B, C, t_6, 4, C);
 }
 
-static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 B,
+    const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k2_program(logits, t3, B, C, pid_m);
 }
 // ---- train_step_k3: one program instance (launch k3 of train_step: the library's row_sum)
 
-static void train_step_k3_program(const float* target, const float* t3, float* t5, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
+static void train_step_k3_program(const float* target, const float* t3, float* t5,
+    const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16);
   float* const t_edge = area + 0;
   float* const t_1_edge = area + tsr::whole_lines(4*C);
@@ -900,20 +849,23 @@ static void train_step_k3_program(const float* target, const float* t3, float* t
   tsr::store_tile(t5, 0, 0, 4*pid_m, 1, B, t_3, 1, 4);
 }
 
-static void train_step_k3_launch(const float* target, const float* t3, float* t5, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k3_launch(const float* target, const float* t3, float* t5,
+    const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k3_program(target, t3, t5, B, C, pid_m);
 }
 // ---- train_step_k4: one program instance (launch k4 of train_step: the library's row_mean)
 
-static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B, const tsr::i64 pid_m) {
+static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*B);
   float* const t_3 = area + tsr::whole_lines(4*B) + 16;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   const float* const t = tsr::row_tile(t_edge, 4, B, t5, 4*pid_m, 1);
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -932,7 +884,7 @@ static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B, 
 
 static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(1, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k4_program(t5, t8, B, pid_m);
 }
@@ -953,7 +905,7 @@ static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 p
 
 static void train_step_k5_launch(const float* t8, float* out0) {
   const tsr::i64 pid_m_count = tsr::ceil_div(1, 8192);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k5_program(t8, out0, pid_m);
 }
@@ -964,7 +916,8 @@ static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pi
   float* const t = area + 0;
   float* const t_3 = area + 8192;
   tsr::load_tile(t, 1, 8192, t8, 0, 0, 8192*pid_m, 1, 1);
-  // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2", "b2"))(
+  // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2",
+  //   "b2"))(
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < 8192; ++j) {
@@ -975,13 +928,14 @@ static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pi
 
 static void train_step_k6_launch(const float* t8, float* t12) {
   const tsr::i64 pid_m_count = tsr::ceil_div(1, 8192);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k6_program(t8, t12, pid_m);
 }
 // ---- train_step_k7: one program instance (launch k7 of train_step: the library's elementwise)
 
-static void train_step_k7_program(const float* t5, const float* t12, float* t16, const tsr::i64 B, const tsr::i64 pid_m) {
+static void train_step_k7_program(const float* t5, const float* t12, float* t16, const tsr::i64 B,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 16 + 8192);
   float* const t = area + 0;
   float* const t_2 = area + 8192;
@@ -999,13 +953,14 @@ static void train_step_k7_program(const float* t5, const float* t12, float* t16,
 
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 8192);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k7_program(t5, t12, t16, B, pid_m);
 }
 // ---- train_step_k8: one program instance (launch k8 of train_step: the library's elementwise)
 
-static void train_step_k8_program(const float* t16, const float* target, float* t18, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
+static void train_step_k8_program(const float* t16, const float* target, float* t18,
+    const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
   float* const t_edge = area + 0;
   float* const t_1_edge = area + 16;
@@ -1023,15 +978,17 @@ static void train_step_k8_program(const float* t16, const float* target, float* 
   tsr::store_tile(t18, C, 4*pid_m, 0, B, C, t_2, 4, C);
 }
 
-static void train_step_k8_launch(const float* t16, const float* target, float* t18, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k8_launch(const float* t16, const float* target, float* t18,
+    const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k8_program(t16, target, t18, B, C, pid_m);
 }
 // ---- train_step_k9: one program instance (launch k9 of train_step: the library's row_sum)
 
-static void train_step_k9_program(const float* t18, float* t19, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
+static void train_step_k9_program(const float* t18, float* t19, const tsr::i64 B,
+    const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*C);
@@ -1046,16 +1003,19 @@ static void train_step_k9_program(const float* t18, float* t19, const tsr::i64 B
   tsr::store_tile(t19, 0, 0, 4*pid_m, 1, B, t_1, 1, 4);
 }
 
-static void train_step_k9_launch(const float* t18, float* t19, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k9_launch(const float* t18, float* t19, const tsr::i64 B,
+    const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k9_program(t18, t19, B, C, pid_m);
 }
 // ---- train_step_k10: one program instance (launch k10 of train_step: the library's elementwise)
 
-static void train_step_k10_program(const float* t3, const float* t19, const float* t18, float* t22, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
+static void train_step_k10_program(const float* t3, const float* t19, const float* t18,
+    float* t22, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C)
+      + tsr::whole_lines(4*C));
   float* const t_edge = area + 0;
   float* const t_2_edge = area + tsr::whole_lines(4*C);
   float* const t_4_edge = area + tsr::whole_lines(4*C) + 16;
@@ -1074,15 +1034,17 @@ static void train_step_k10_program(const float* t3, const float* t19, const floa
   tsr::store_tile(t22, C, 4*pid_m, 0, B, C, t_5, 4, C);
 }
 
-static void train_step_k10_launch(const float* t3, const float* t19, const float* t18, float* t22, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k10_launch(const float* t3, const float* t19, const float* t18, float* t22,
+    const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k10_program(t3, t19, t18, t22, B, C, pid_m);
 }
 // ---- train_step_k11: one program instance (launch k11 of train_step: the library's transpose)
 
-static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 B,
+    const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
   float* const t = area + 0;
   float* const t_1 = area + 4096;
@@ -1092,17 +1054,19 @@ static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 
   tsr::store_tile(t23, B, 64*pid_m, 64*pid_n, C, B, t_1, 64, 64);
 }
 
-static void train_step_k11_launch(const float* t22, float* t23, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k11_launch(const float* t22, float* t23, const tsr::i64 B,
+    const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(C, 64);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k11_program(t22, t23, B, C, pid_n, pid_m);
 }
 // ---- train_step_k12: one program instance (launch k12 of train_step: the library's row_sum)
 
-static void train_step_k12_program(const float* t23, const float lr, const float* b2, float* out4, const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
+static void train_step_k12_program(const float* t23, const float lr, const float* b2, float* out4,
+    const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*B);
@@ -1125,21 +1089,24 @@ static void train_step_k12_program(const float* t23, const float lr, const float
   tsr::store_tile(out4, 0, 0, 4*pid_m, 1, C, t_4, 1, 4);
 }
 
-static void train_step_k12_launch(const float* t23, const float lr, const float* b2, float* out4, const tsr::i64 C, const tsr::i64 B) {
+static void train_step_k12_launch(const float* t23, const float lr, const float* b2, float* out4,
+    const tsr::i64 C, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(C, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k12_program(t23, lr, b2, out4, C, B, pid_m);
 }
 // ---- train_step_k13: one program instance (launch k13 of train_step: the library's gemm_nt)
 
-static void train_step_k13_program(const float* t22, const float* w2, float* t24, const tsr::i64 B, const tsr::i64 C, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k13_program(const float* t22, const float* w2, float* t24,
+    const tsr::i64 B, const tsr::i64 C, const tsr::i64 H, const tsr::i64 pid_n,
+    const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
   float* const t = area + 65536 + 65536;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  tsr::zero_corner(acc, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, H - 256*pid_n));
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
@@ -1150,22 +1117,25 @@ static void train_step_k13_program(const float* t22, const float* w2, float* t24
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     tsr::transpose(t, b_tile, 256, 256);
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, t, acc, 256, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, H - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, t, acc, 256, 256, tsr::live(256, B - 256*pid_m),
+        tsr::live(256, H - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
   }
   tsr::store_tile(t24, H, 256*pid_m, 256*pid_n, B, H, acc, 256, 256);
 }
 
-static void train_step_k13_launch(const float* t22, const float* w2, float* t24, const tsr::i64 B, const tsr::i64 C, const tsr::i64 H) {
+static void train_step_k13_launch(const float* t22, const float* w2, float* t24, const tsr::i64 B,
+    const tsr::i64 C, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k13_program(t22, w2, t24, B, C, H, pid_n, pid_m);
 }
 // ---- train_step_k14: one program instance (launch k14 of train_step: the library's transpose)
 
-static void train_step_k14_program(const float* hidden, float* t25, const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k14_program(const float* hidden, float* t25, const tsr::i64 B,
+    const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
   float* const t = area + 0;
   float* const t_1 = area + 4096;
@@ -1175,17 +1145,20 @@ static void train_step_k14_program(const float* hidden, float* t25, const tsr::i
   tsr::store_tile(t25, B, 64*pid_m, 64*pid_n, H, B, t_1, 64, 64);
 }
 
-static void train_step_k14_launch(const float* hidden, float* t25, const tsr::i64 B, const tsr::i64 H) {
+static void train_step_k14_launch(const float* hidden, float* t25, const tsr::i64 B,
+    const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k14_program(hidden, t25, B, H, pid_n, pid_m);
 }
 // ---- train_step_k15: one program instance (launch k15 of train_step: the library's gemm)
 
-static void train_step_k15_program(const float* t25, const float* t22, const float lr, const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k15_program(const float* t25, const float* t22, const float lr,
+    const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C,
+    const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -1197,11 +1170,12 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t25 + (256*pid_m) * B + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, t22, C, 256*kb, 256*pid_n, B, C);
+    tsr::load_corner(b_tile_smem, 256, 256, t22, C, 256*kb, 256*pid_n, B, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, H - 256*pid_m), tsr::live(256, C - 256*pid_n), tsr::live(256, B - 256*kb), B, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, H - 256*pid_m),
+        tsr::live(256, C - 256*pid_n), tsr::live(256, B - 256*kb), B, 256);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   tsr::load_tile(t_1, 256, 256, w2, C, 256*pid_m, 256*pid_n, H, C);
@@ -1215,18 +1189,21 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
   tsr::store_tile(out3, C, 256*pid_m, 256*pid_n, H, C, t_2, 256, 256);
 }
 
-static void train_step_k15_launch(const float* t25, const float* t22, const float lr, const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C) {
+static void train_step_k15_launch(const float* t25, const float* t22, const float lr,
+    const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k15_program(t25, t22, lr, w2, out3, H, B, C, pid_n, pid_m);
 }
 // ---- train_step_k16: one program instance (launch k16 of train_step: the library's elementwise)
 
-static void train_step_k16_program(const float* hidden, const float* t24, float* t28, const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_m) {
-  float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H) + tsr::whole_lines(4*H));
+static void train_step_k16_program(const float* hidden, const float* t24, float* t28,
+    const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_m) {
+  float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H)
+      + tsr::whole_lines(4*H));
   float* const t_edge = area + 0;
   float* const t_3_edge = area + tsr::whole_lines(4*H);
   float* const t_4 = area + tsr::whole_lines(4*H) + tsr::whole_lines(4*H);
@@ -1242,15 +1219,17 @@ static void train_step_k16_program(const float* hidden, const float* t24, float*
   tsr::store_tile(t28, H, 4*pid_m, 0, B, H, t_4, 4, H);
 }
 
-static void train_step_k16_launch(const float* hidden, const float* t24, float* t28, const tsr::i64 B, const tsr::i64 H) {
+static void train_step_k16_launch(const float* hidden, const float* t24, float* t28,
+    const tsr::i64 B, const tsr::i64 H) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k16_program(hidden, t24, t28, B, H, pid_m);
 }
 // ---- train_step_k17: one program instance (launch k17 of train_step: the library's transpose)
 
-static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 B,
+    const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
   float* const t = area + 0;
   float* const t_1 = area + 4096;
@@ -1260,17 +1239,19 @@ static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 
   tsr::store_tile(t29, B, 64*pid_m, 64*pid_n, H, B, t_1, 64, 64);
 }
 
-static void train_step_k17_launch(const float* t28, float* t29, const tsr::i64 B, const tsr::i64 H) {
+static void train_step_k17_launch(const float* t28, float* t29, const tsr::i64 B,
+    const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k17_program(t28, t29, B, H, pid_n, pid_m);
 }
 // ---- train_step_k18: one program instance (launch k18 of train_step: the library's row_sum)
 
-static void train_step_k18_program(const float* t29, const float lr, const float* b1, float* out2, const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
+static void train_step_k18_program(const float* t29, const float lr, const float* b1, float* out2,
+    const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
   float* const t_edge = area + 0;
   float* const t_1 = area + tsr::whole_lines(4*B);
@@ -1293,15 +1274,17 @@ static void train_step_k18_program(const float* t29, const float lr, const float
   tsr::store_tile(out2, 0, 0, 4*pid_m, 1, H, t_4, 1, 4);
 }
 
-static void train_step_k18_launch(const float* t29, const float lr, const float* b1, float* out2, const tsr::i64 H, const tsr::i64 B) {
+static void train_step_k18_launch(const float* t29, const float lr, const float* b1, float* out2,
+    const tsr::i64 H, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k18_program(t29, lr, b1, out2, H, B, pid_m);
 }
 // ---- train_step_k19: one program instance (launch k19 of train_step: the library's transpose)
 
-static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D,
+    const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
   float* const t = area + 0;
   float* const t_1 = area + 4096;
@@ -1314,14 +1297,16 @@ static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B,
 static void train_step_k19_launch(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, 64);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k19_program(x, t30, B, D, pid_n, pid_m);
 }
 // ---- train_step_k20: one program instance (launch k20 of train_step: the library's gemm)
 
-static void train_step_k20_program(const float* t30, const float* t28, const float lr, const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+static void train_step_k20_program(const float* t30, const float* t28, const float lr,
+    const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H,
+    const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area + 0;
   float* const acc = area + 65536;
@@ -1333,11 +1318,12 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t30 + (256*pid_m) * B + 256*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_tile(b_tile_smem, 256, 256, t28, H, 256*kb, 256*pid_n, B, H);
+    tsr::load_corner(b_tile_smem, 256, 256, t28, H, 256*kb, 256*pid_n, B, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, D - 256*pid_m), tsr::live(256, H - 256*pid_n), tsr::live(256, B - 256*kb), B, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, D - 256*pid_m),
+        tsr::live(256, H - 256*pid_n), tsr::live(256, B - 256*kb), B, 256);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   tsr::load_tile(t_1, 256, 256, w1, H, 256*pid_m, 256*pid_n, D, H);
@@ -1351,17 +1337,20 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
   tsr::store_tile(out1, H, 256*pid_m, 256*pid_n, D, H, t_2, 256, 256);
 }
 
-static void train_step_k20_launch(const float* t30, const float* t28, const float lr, const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H) {
+static void train_step_k20_launch(const float* t30, const float* t28, const float lr,
+    const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, 256);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k20_program(t30, t28, lr, w1, out1, D, B, H, pid_n, pid_m);
 }
 
 // ---- loss: k0 -> loss_k0, k1 -> loss_k1, k2 -> loss_k2, k3 -> loss_k3, k4 -> loss_k4
-extern "C" void tessera_loss(const float* x, const float* w1, const float* b1, const float* w2, const float* b2, const float* target, float* out, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 C) {
+extern "C" void tessera_loss(const float* x, const float* w1, const float* b1, const float* w2,
+    const float* b2, const float* target, float* out, const tsr::i64 B, const tsr::i64 D,
+    const tsr::i64 H, const tsr::i64 C) {
   unsigned char* const slot0 = tsr::buffer(0, 4*B*H);
   unsigned char* const slot1 = tsr::buffer(1, 4*B*C);
   unsigned char* const slot2 = tsr::buffer(2, 4*B*C);
@@ -1377,8 +1366,16 @@ extern "C" void tessera_loss(const float* x, const float* w1, const float* b1, c
   loss_k4_launch(t5_buffer, out, B);
 }
 
-// ---- train_step: k0 -> train_step_k0, k1 -> train_step_k1, k2 -> train_step_k2, k3 -> train_step_k3, k4 -> train_step_k4, k5 -> train_step_k5, k6 -> train_step_k6, k7 -> train_step_k7, k8 -> train_step_k8, k9 -> train_step_k9, k10 -> train_step_k10, k11 -> train_step_k11, k12 -> train_step_k12, k13 -> train_step_k13, k14 -> train_step_k14, k15 -> train_step_k15, k16 -> train_step_k16, k17 -> train_step_k17, k18 -> train_step_k18, k19 -> train_step_k19, k20 -> train_step_k20
-extern "C" void tessera_train_step(const float* x, const float* w1, const float* b1, const float* w2, const float* b2, const float* target, const float lr, float* out0, float* out1, float* out2, float* out3, float* out4, const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 C) {
+// ---- train_step: k0 -> train_step_k0, k1 -> train_step_k1, k2 -> train_step_k2, k3 ->
+//   train_step_k3, k4 -> train_step_k4, k5 -> train_step_k5, k6 -> train_step_k6, k7 ->
+//   train_step_k7, k8 -> train_step_k8, k9 -> train_step_k9, k10 -> train_step_k10, k11 ->
+//   train_step_k11, k12 -> train_step_k12, k13 -> train_step_k13, k14 -> train_step_k14, k15 ->
+//   train_step_k15, k16 -> train_step_k16, k17 -> train_step_k17, k18 -> train_step_k18, k19 ->
+//   train_step_k19, k20 -> train_step_k20
+extern "C" void tessera_train_step(const float* x, const float* w1, const float* b1,
+    const float* w2, const float* b2, const float* target, const float lr, float* out0,
+    float* out1, float* out2, float* out3, float* out4, const tsr::i64 B, const tsr::i64 D,
+    const tsr::i64 H, const tsr::i64 C) {
   unsigned char* const slot0 = tsr::buffer(0, 4*B*H);
   unsigned char* const slot1 = tsr::buffer(1, 4*B*C);
   unsigned char* const slot2 = tsr::buffer(2, 4*B*C);

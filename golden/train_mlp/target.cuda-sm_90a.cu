@@ -36,6 +36,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -460,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float r = -__int_as_float(0x7f800000);
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128) r = fmaxf(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -900,7 +906,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float r = -__int_as_float(0x7f800000);
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128) r = fmaxf(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }

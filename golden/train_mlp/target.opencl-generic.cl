@@ -86,7 +86,9 @@ inline float tsr_group_max(__local float* scratch, float value) {
 // ---- loss_k0: launch k0 of loss: the library's gemm
 // grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void loss_k0(__global const float* restrict x, __global const float* restrict w1, __global const float* restrict b1, __global float* restrict hidden, const long B, const long D, const long H) {
+void loss_k0(__global const float* restrict x, __global const float* restrict w1,
+    __global const float* restrict b1, __global float* restrict hidden, const long B,
+    const long D, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -112,10 +114,12 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       const int j = e % 4 * 4;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
         }
       }
     }
@@ -125,10 +129,12 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       const int j = e % 16 * 4;
       if (w1_aligned) {
         const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -136,8 +142,10 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -149,7 +157,9 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H) hidden[(64*pid_m + i) * H + 64*pid_n + j] = (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (64*pid_m + i < B && 64*pid_n + j < H)
+          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
+          (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -157,7 +167,9 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
 // ---- loss_k1: launch k1 of loss: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void loss_k1(__global const float* restrict hidden, __global const float* restrict w2, __global const float* restrict b2, __global float* restrict logits, const long B, const long H, const long C) {
+void loss_k1(__global const float* restrict hidden, __global const float* restrict w2,
+    __global const float* restrict b2, __global float* restrict logits, const long B,
+    const long H, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -183,10 +195,13 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       const int j = e % 4 * 4;
       if (hidden_aligned) {
         const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              : 0;
         }
       }
     }
@@ -196,10 +211,12 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       const int j = e % 16 * 4;
       if (w2_aligned) {
         const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -207,8 +224,10 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -220,7 +239,9 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C) logits[(64*pid_m + i) * C + 64*pid_n + j] = (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (64*pid_m + i < B && 64*pid_n + j < C)
+          logits[(64*pid_m + i) * C + 64*pid_n + j] =
+          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
     }
   }
 }
@@ -228,7 +249,8 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void loss_k2(__global const float* restrict logits, __global const float* restrict target, __global float* restrict t4, const long B, const long C) {
+void loss_k2(__global const float* restrict logits, __global const float* restrict target,
+    __global float* restrict t4, const long B, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -236,14 +258,16 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -INFINITY;
-    for (long j = lid; j < C; j += 128) r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
   float v_1[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long j = lid; j < C; j += 128)
+        r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -253,7 +277,9 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t4[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f) * (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      if (4*pid_m + i < B) t4[(4*pid_m + i) * C + j] =
+          ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
+          * (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -261,7 +287,8 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
 // ---- loss_k3: launch k3 of loss: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void loss_k3(__global const float* restrict t4, __global float* restrict t5, const long B, const long C) {
+void loss_k3(__global const float* restrict t4, __global float* restrict t5, const long B,
+    const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -269,7 +296,8 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + (4*pid_m + i < B ? t4[(4*pid_m + i) * C + j] : 0.0f);
+    for (long j = lid; j < C; j += 128)
+        r = r + (4*pid_m + i < B ? t4[(4*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
@@ -284,11 +312,13 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128) r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+    for (long j = lid; j < B; j += 128)
+        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -309,7 +339,9 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
 // grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k0(__global const float* restrict x, __global const float* restrict w1, __global const float* restrict b1, __global float* restrict hidden, const long B, const long D, const long H) {
+void train_step_k0(__global const float* restrict x, __global const float* restrict w1,
+    __global const float* restrict b1, __global float* restrict hidden, const long B,
+    const long D, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -335,10 +367,12 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       const int j = e % 4 * 4;
       if (x_aligned) {
         const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
         }
       }
     }
@@ -348,10 +382,12 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       const int j = e % 16 * 4;
       if (w1_aligned) {
         const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -359,8 +395,10 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -372,7 +410,9 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H) hidden[(64*pid_m + i) * H + 64*pid_n + j] = (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (64*pid_m + i < B && 64*pid_n + j < H)
+          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
+          (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -380,7 +420,9 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k1(__global const float* restrict hidden, __global const float* restrict w2, __global const float* restrict b2, __global float* restrict logits, const long B, const long H, const long C) {
+void train_step_k1(__global const float* restrict hidden, __global const float* restrict w2,
+    __global const float* restrict b2, __global float* restrict logits, const long B,
+    const long H, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -406,10 +448,13 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       const int j = e % 4 * 4;
       if (hidden_aligned) {
         const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              : 0;
         }
       }
     }
@@ -419,10 +464,12 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       const int j = e % 16 * 4;
       if (w2_aligned) {
         const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -430,8 +477,10 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -443,7 +492,9 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C) logits[(64*pid_m + i) * C + 64*pid_n + j] = (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (64*pid_m + i < B && 64*pid_n + j < C)
+          logits[(64*pid_m + i) * C + 64*pid_n + j] =
+          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
     }
   }
 }
@@ -451,7 +502,8 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k2(__global const float* restrict logits, __global float* restrict t3, const long B, const long C) {
+void train_step_k2(__global const float* restrict logits, __global float* restrict t3,
+    const long B, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -459,14 +511,16 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -INFINITY;
-    for (long j = lid; j < C; j += 128) r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
   float v_1[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long j = lid; j < C; j += 128)
+        r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -475,7 +529,8 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   }
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t3[(4*pid_m + i) * C + j] = (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (4*pid_m + i < B) t3[(4*pid_m + i) * C + j] =
+          (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -483,7 +538,8 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k3(__global const float* restrict target, __global const float* restrict t3, __global float* restrict t5, const long B, const long C) {
+void train_step_k3(__global const float* restrict target, __global const float* restrict t3,
+    __global float* restrict t5, const long B, const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -491,7 +547,9 @@ void train_step_k3(__global const float* restrict target, __global const float* 
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f));
+    for (long j = lid; j < C; j += 128)
+        r = r + ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
+        * (4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
@@ -506,11 +564,13 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128) r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+    for (long j = lid; j < B; j += 128)
+        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -536,7 +596,8 @@ void train_step_k5(__global const float* restrict t8, __global float* restrict o
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) out0[1024*pid_m + e] = ((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) * 1.0f);
+    if (1024*pid_m + e < 1) out0[1024*pid_m + e] =
+        ((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) * 1.0f);
   }
 }
 
@@ -548,33 +609,41 @@ void train_step_k6(__global const float* restrict t8, __global float* restrict t
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) t12[1024*pid_m + e] = (-(((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
+    if (1024*pid_m + e < 1) t12[1024*pid_m + e] =
+        (-(((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < 1
+        ? t8[1024*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
   }
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/1024)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void train_step_k7(__global const float* restrict t5, __global const float* restrict t12, __global float* restrict t16, const long B) {
+void train_step_k7(__global const float* restrict t5, __global const float* restrict t12,
+    __global float* restrict t16, const long B) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < B) t16[1024*pid_m + e] = ((((1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+    if (1024*pid_m + e < B) t16[1024*pid_m + e] =
+        ((((1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < B
+        ? t5[1024*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k8(__global const float* restrict t16, __global const float* restrict target, __global float* restrict t18, const long B, const long C) {
+void train_step_k8(__global const float* restrict t16, __global const float* restrict target,
+    __global float* restrict t18, const long B, const long C) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t18[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? t16[(4*pid_m + i) * 1 + 0] : 0.0f) * (4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f));
+      if (4*pid_m + i < B) t18[(4*pid_m + i) * C + j] =
+          ((4*pid_m + i < B ? t16[(4*pid_m + i) * 1 + 0] : 0.0f)
+          * (4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f));
     }
   }
 }
@@ -582,7 +651,8 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
 // ---- train_step_k9: launch k9 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k9(__global const float* restrict t18, __global float* restrict t19, const long B, const long C) {
+void train_step_k9(__global const float* restrict t18, __global float* restrict t19, const long B,
+    const long C) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -590,7 +660,8 @@ void train_step_k9(__global const float* restrict t18, __global float* restrict 
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128) r = r + (4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f);
+    for (long j = lid; j < C; j += 128)
+        r = r + (4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
@@ -601,13 +672,17 @@ void train_step_k9(__global const float* restrict t18, __global float* restrict 
 // ---- train_step_k10: launch k10 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k10(__global const float* restrict t3, __global const float* restrict t19, __global const float* restrict t18, __global float* restrict t22, const long B, const long C) {
+void train_step_k10(__global const float* restrict t3, __global const float* restrict t19,
+    __global const float* restrict t18, __global float* restrict t22, const long B, const long C) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t22[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f) - ((exp((4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f))) * (4*pid_m + i < B ? t19[(4*pid_m + i) * 1 + 0] : 0.0f)));
+      if (4*pid_m + i < B) t22[(4*pid_m + i) * C + j] =
+          ((4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f)
+          - ((exp((4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f)))
+          * (4*pid_m + i < B ? t19[(4*pid_m + i) * 1 + 0] : 0.0f)));
     }
   }
 }
@@ -615,7 +690,8 @@ void train_step_k10(__global const float* restrict t3, __global const float* res
 // ---- train_step_k11: launch k11 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k11(__global const float* restrict t22, __global float* restrict t23, const long B, const long C) {
+void train_step_k11(__global const float* restrict t22, __global float* restrict t23,
+    const long B, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
@@ -628,10 +704,13 @@ void train_step_k11(__global const float* restrict t22, __global float* restrict
     const int j = e % 16 * 4;
     if (t22_aligned) {
       const int bytes = 64*pid_n + i < B && 64*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((64*pid_n + i) * C + 64*pid_m + j) : t22, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t22 + ((64*pid_n + i) * C + 64*pid_m + j) : t22, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < C ? t22[(64*pid_n + i) * C + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            64*pid_n + i < B && 64*pid_m + j + q < C ? t22[(64*pid_n + i) * C + 64*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -639,14 +718,17 @@ void train_step_k11(__global const float* restrict t22, __global float* restrict
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < C && 64*pid_n + j < B) t23[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (64*pid_m + i < C && 64*pid_n + j < B)
+        t23[(64*pid_m + i) * B + 64*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k12(__global const float* restrict t23, const float lr, __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
+void train_step_k12(__global const float* restrict t23, const float lr,
+    __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -654,7 +736,8 @@ void train_step_k12(__global const float* restrict t23, const float lr, __global
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128) r = r + (4*pid_m + i < C ? t23[(4*pid_m + i) * B + j] : 0.0f);
+    for (long j = lid; j < B; j += 128)
+        r = r + (4*pid_m + i < C ? t23[(4*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -670,7 +753,8 @@ void train_step_k12(__global const float* restrict t23, const float lr, __global
 // ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k13(__global const float* restrict t22, __global const float* restrict w2, __global float* restrict t24, const long B, const long C, const long H) {
+void train_step_k13(__global const float* restrict t22, __global const float* restrict w2,
+    __global float* restrict t24, const long B, const long C, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -696,10 +780,12 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
       const int j = e % 4 * 4;
       if (t22_aligned) {
         const int bytes = 64*pid_m + i < B && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t22 + ((64*pid_m + i) * C + 16*kb + j) : t22, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t22 + ((64*pid_m + i) * C + 16*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < B && 16*kb + j + q < C ? t22[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < B && 16*kb + j + q < C ? t22[(64*pid_m + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -709,10 +795,12 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
       const int j = e % 4 * 4;
       if (w2_aligned) {
         const int bytes = 64*pid_n + i < H && 16*kb + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? w2 + ((64*pid_n + i) * C + 16*kb + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? w2 + ((64*pid_n + i) * C + 16*kb + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_n + i < H && 16*kb + j + q < C ? w2[(64*pid_n + i) * C + 16*kb + j + q] : 0;
+          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_n + i < H && 16*kb + j + q < C ? w2[(64*pid_n + i) * C + 16*kb + j + q] : 0;
         }
       }
     }
@@ -720,8 +808,10 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[(tx + c * 16) * 16 + (kk / 4 ^ (tx + c * 16) % 4) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[(tx + c * 16) * 16 + (kk / 4 ^ (tx + c * 16) % 4) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -740,7 +830,8 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
 // ---- train_step_k14: launch k14 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k14(__global const float* restrict hidden, __global float* restrict t25, const long B, const long H) {
+void train_step_k14(__global const float* restrict hidden, __global float* restrict t25,
+    const long B, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
@@ -753,10 +844,13 @@ void train_step_k14(__global const float* restrict hidden, __global float* restr
     const int j = e % 16 * 4;
     if (hidden_aligned) {
       const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((64*pid_n + i) * H + 64*pid_m + j) : hidden, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? hidden + ((64*pid_n + i) * H + 64*pid_m + j) : hidden, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < H ? hidden[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            64*pid_n + i < B && 64*pid_m + j + q < H
+            ? hidden[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
       }
     }
   }
@@ -764,14 +858,18 @@ void train_step_k14(__global const float* restrict hidden, __global float* restr
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B) t25[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (64*pid_m + i < H && 64*pid_n + j < B)
+        t25[(64*pid_m + i) * B + 64*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k15(__global const float* restrict t25, __global const float* restrict t22, const float lr, __global const float* restrict w2, __global float* restrict out3, const long H, const long B, const long C) {
+void train_step_k15(__global const float* restrict t25, __global const float* restrict t22,
+    const float lr, __global const float* restrict w2, __global float* restrict out3,
+    const long H, const long B, const long C) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -797,10 +895,12 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
       const int j = e % 4 * 4;
       if (t25_aligned) {
         const int bytes = 64*pid_m + i < H && 16*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t25 + ((64*pid_m + i) * B + 16*kb + j) : t25, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t25 + ((64*pid_m + i) * B + 16*kb + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < H && 16*kb + j + q < B ? t25[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < H && 16*kb + j + q < B ? t25[(64*pid_m + i) * B + 16*kb + j + q] : 0;
         }
       }
     }
@@ -810,10 +910,12 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
       const int j = e % 16 * 4;
       if (t22_aligned) {
         const int bytes = 16*kb + i < B && 64*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((16*kb + i) * C + 64*pid_n + j) : t22, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((16*kb + i) * C + 64*pid_n + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < B && 64*pid_n + j + q < C ? t22[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < B && 64*pid_n + j + q < C ? t22[(16*kb + i) * C + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -821,8 +923,10 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -834,7 +938,10 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < H && 64*pid_n + j < C) out3[(64*pid_m + i) * C + 64*pid_n + j] = ((64*pid_m + i < H && 64*pid_n + j < C ? w2[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (64*pid_m + i < H && 64*pid_n + j < C)
+          out3[(64*pid_m + i) * C + 64*pid_n + j] =
+          ((64*pid_m + i < H && 64*pid_n + j < C ? w2[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }
@@ -842,13 +949,17 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
 // ---- train_step_k16: launch k16 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k16(__global const float* restrict hidden, __global const float* restrict t24, __global float* restrict t28, const long B, const long H) {
+void train_step_k16(__global const float* restrict hidden, __global const float* restrict t24,
+    __global float* restrict t28, const long B, const long H) {
   const int lid = get_local_id(0);
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < H; j += 128) {
-      if (4*pid_m + i < B) t28[(4*pid_m + i) * H + j] = ((4*pid_m + i < B ? t24[(4*pid_m + i) * H + j] : 0.0f) * (1.0f - ((4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f) * (4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f))));
+      if (4*pid_m + i < B) t28[(4*pid_m + i) * H + j] =
+          ((4*pid_m + i < B ? t24[(4*pid_m + i) * H + j] : 0.0f)
+          * (1.0f - ((4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f)
+          * (4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
@@ -856,7 +967,8 @@ void train_step_k16(__global const float* restrict hidden, __global const float*
 // ---- train_step_k17: launch k17 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k17(__global const float* restrict t28, __global float* restrict t29, const long B, const long H) {
+void train_step_k17(__global const float* restrict t28, __global float* restrict t29,
+    const long B, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
@@ -869,10 +981,13 @@ void train_step_k17(__global const float* restrict t28, __global float* restrict
     const int j = e % 16 * 4;
     if (t28_aligned) {
       const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((64*pid_n + i) * H + 64*pid_m + j) : t28, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t28 + ((64*pid_n + i) * H + 64*pid_m + j) : t28, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < H ? t28[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            64*pid_n + i < B && 64*pid_m + j + q < H ? t28[(64*pid_n + i) * H + 64*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -880,14 +995,17 @@ void train_step_k17(__global const float* restrict t28, __global float* restrict
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B) t29[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (64*pid_m + i < H && 64*pid_n + j < B)
+        t29[(64*pid_m + i) * B + 64*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k18(__global const float* restrict t29, const float lr, __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
+void train_step_k18(__global const float* restrict t29, const float lr,
+    __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
@@ -895,7 +1013,8 @@ void train_step_k18(__global const float* restrict t29, const float lr, __global
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128) r = r + (4*pid_m + i < H ? t29[(4*pid_m + i) * B + j] : 0.0f);
+    for (long j = lid; j < B; j += 128)
+        r = r + (4*pid_m + i < H ? t29[(4*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -911,7 +1030,8 @@ void train_step_k18(__global const float* restrict t29, const float lr, __global
 // ---- train_step_k19: launch k19 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k19(__global const float* restrict x, __global float* restrict t30, const long B, const long D) {
+void train_step_k19(__global const float* restrict x, __global float* restrict t30, const long B,
+    const long D) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
@@ -924,10 +1044,13 @@ void train_step_k19(__global const float* restrict x, __global float* restrict t
     const int j = e % 16 * 4;
     if (x_aligned) {
       const int bytes = 64*pid_n + i < B && 64*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((64*pid_n + i) * D + 64*pid_m + j) : x, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? x + ((64*pid_n + i) * D + 64*pid_m + j) : x, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < D ? x[(64*pid_n + i) * D + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            64*pid_n + i < B && 64*pid_m + j + q < D ? x[(64*pid_n + i) * D + 64*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -935,14 +1058,18 @@ void train_step_k19(__global const float* restrict x, __global float* restrict t
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < D && 64*pid_n + j < B) t30[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (64*pid_m + i < D && 64*pid_n + j < B)
+        t30[(64*pid_m + i) * B + 64*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k20: launch k20 of train_step: the library's gemm
 // grid [pid_n < ceil(H/64), pid_m < ceil(D/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k20(__global const float* restrict t30, __global const float* restrict t28, const float lr, __global const float* restrict w1, __global float* restrict out1, const long D, const long B, const long H) {
+void train_step_k20(__global const float* restrict t30, __global const float* restrict t28,
+    const float lr, __global const float* restrict w1, __global float* restrict out1,
+    const long D, const long B, const long H) {
   const int lid = get_local_id(0);
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
@@ -968,10 +1095,12 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
       const int j = e % 4 * 4;
       if (t30_aligned) {
         const int bytes = 64*pid_m + i < D && 16*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t30 + ((64*pid_m + i) * B + 16*kb + j) : t30, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t30 + ((64*pid_m + i) * B + 16*kb + j) : t30, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 64*pid_m + i < D && 16*kb + j + q < B ? t30[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              64*pid_m + i < D && 16*kb + j + q < B ? t30[(64*pid_m + i) * B + 16*kb + j + q] : 0;
         }
       }
     }
@@ -981,10 +1110,12 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
       const int j = e % 16 * 4;
       if (t28_aligned) {
         const int bytes = 16*kb + i < B && 64*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((16*kb + i) * H + 64*pid_n + j) : t28, bytes);
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t28 + ((16*kb + i) * H + 64*pid_n + j) : t28, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + i < B && 64*pid_n + j + q < H ? t28[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16*kb + i < B && 64*pid_n + j + q < H ? t28[(16*kb + i) * H + 64*pid_n + j + q] : 0;
         }
       }
     }
@@ -992,8 +1123,10 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -1005,7 +1138,10 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < D && 64*pid_n + j < H) out1[(64*pid_m + i) * H + 64*pid_n + j] = ((64*pid_m + i < D && 64*pid_n + j < H ? w1[(64*pid_m + i) * H + 64*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (64*pid_m + i < D && 64*pid_n + j < H)
+          out1[(64*pid_m + i) * H + 64*pid_n + j] =
+          ((64*pid_m + i < D && 64*pid_n + j < H ? w1[(64*pid_m + i) * H + 64*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }
