@@ -9,8 +9,9 @@ interleaved with it run by run:
 
 - ``tessera``: the call as a user writes it, ``lib.f(a, b)`` (the launch path of
   ``docs/runtime.md``; on the CPU, once the module is warm);
-- ``full checks``: the same call with a preallocated ``out=``, which takes the checks
-  and launches every call took before the fast path;
+- ``full checks``: the same call with a preallocated ``out=`` (on the GPU, whose fast
+  path takes ``out=``, its inputs by name too), which takes the checks and launches
+  every call took before the fast path;
 - ``numpy`` / ``torch``: the library's own op on the same arrays;
 - ``bare``: the lower bound, the function's kernels called with the arguments
   prepared once: on the CPU its C entry through ctypes, on the GPU one
@@ -306,7 +307,7 @@ def gpu_cases(args: argparse.Namespace) -> dict[str, Any]:
             row["fast_path"] = any(p is not None for p in getattr(function, "_paths", {}).values())
             peers: dict[str, Timer | None] = {
                 "tessera": lambda f=function, i=inputs: f(*i),
-                "full checks": lambda f=function, i=inputs, o=out: f(*i, out=o),
+                "full checks": lambda f=function, i=inputs, o=out: f(**_by_name(f, i), out=o),
                 "torch": torch_op,
                 "bare": _gpu_bare(function, bare_values),
             }
@@ -420,3 +421,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _by_name(function: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """A call's inputs by their parameters' names: such a call takes the full checks."""
+    names = [p["name"] for p in function.meta["params"] if p.get("io") != "out"]
+    return dict(zip(names, inputs, strict=True))
