@@ -27,10 +27,11 @@ settings.register_profile(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,
     database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-settings.register_profile(
-    "long", parent=settings.get_profile("ci"), max_examples=50 * FUZZ_EXAMPLES
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
 )
 settings.load_profile("ci")
 
@@ -52,13 +53,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fuzz-long",
         action="store_true",
-        help="run the fuzz tier with ten times the examples",
+        help="run the fuzz tier with fifty times the examples",
+    )
+    parser.addoption(
+        "--fuzz-shards",
+        type=int,
+        default=1,
+        help="split each fuzz test's examples over N test cases, so that pytest -n runs "
+        "them on N cores (the total stays the same)",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("--fuzz-long"):
-        settings.load_profile("long")
+    shards = max(1, config.getoption("--fuzz-shards"))
+    examples = (50 if config.getoption("--fuzz-long") else 1) * FUZZ_EXAMPLES
+    settings.register_profile(
+        "run", parent=settings.get_profile("ci"), max_examples=-(-examples // shards)
+    )
+    settings.load_profile("run")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

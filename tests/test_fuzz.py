@@ -26,6 +26,20 @@ from .helpers import parse_ok, parse_text
 
 pytestmark = pytest.mark.fuzz
 
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``--fuzz-shards N``: each test N times, each drawing its share of the examples."""
+    shards = metafunc.config.getoption("--fuzz-shards")
+    if shards > 1:
+        metafunc.parametrize("fuzz_shard", range(shards), indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def fuzz_shard(request: pytest.FixtureRequest) -> int:
+    """The shard a case belongs to (0 without ``--fuzz-shards``); each draws at random."""
+    return int(getattr(request, "param", 0))
+
+
 LIBRARY = sorted((ROOT / "tessera" / "stdlib").glob("*.tsr"))
 CORPUS = [p.read_text(encoding="utf-8") for p in EXAMPLES + SEEDS + LIBRARY]
 #: Every target and arch a mutant is compiled for, one drawn per case.
@@ -283,3 +297,23 @@ def test_arbitrary_bytes(data: bytes) -> None:
         Program(source, Options())
     except tessera.CompileError as exc:
         assert exc.diagnostics
+
+
+#: Found by --fuzz-long: a weight loaded as f32 and cast to bf16 for the product was
+#: staged at the width of the first load (bf16), so sm_90a's tiles asked for 320 KiB of
+#: shared memory and the compiler stopped with an internal error.
+WIDENED_IN_THE_LOOP = """\
+@kernel
+def w8a16(x: Tensor["M", "K", bf16], w: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], T.k):
+        b = tile.cast(tile.load(w, kb, cols=T.n), bf16)
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), b)
+    return acc
+"""
+
+
+@pytest.mark.parametrize(("target", "arch"), TARGETS, ids=lambda v: v)
+def test_a_tile_widened_in_the_loop_is_staged_at_its_own_width(target: str, arch: str) -> None:
+    check(WIDENED_IN_THE_LOOP, target, arch)
