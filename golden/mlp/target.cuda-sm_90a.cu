@@ -263,6 +263,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
@@ -281,186 +283,158 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (N + 255) / 256;
-    const long long tsr_tiles_m = (M + 127) / 128;
-    const long long tsr_steps = (K + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      if (0 < K) {
-        if (tsr_kt >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt) % 4, (tsr_kt / 4 + 1) % 2);
+    if (0 < K) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (A_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (B_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, 256*pid_n + 192, 0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? B[(i) * N + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+    }
+    if (64 < K) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (A_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (B_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, 256*pid_n + 192, 64);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? B[(64 + i) * N + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      if (64*kb + 128 < K) {
+        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt) % 4) * 8192, &A_map, tsr_landed + (tsr_kt) % 4, 0, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384, &B_map, tsr_landed + (tsr_kt) % 4, 256*pid_n, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 4096, &B_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 64, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 8192, &B_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 128, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 12288, &B_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 192, 0);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? B[(i) * N + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? B[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
       }
-      if (64 < K) {
-        if ((tsr_kt + 1) >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt + 1) % 4, ((tsr_kt + 1) / 4 + 1) % 2);
-        // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-        if (A_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt + 1) % 4) * 8192, &A_map, tsr_landed + (tsr_kt + 1) % 4, 64, 128*pid_m);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt + 1) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-        if (B_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384, &B_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 4096, &B_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 64, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 8192, &B_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 128, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 12288, &B_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 192, 64);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt + 1) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? B[(64 + i) * N + 256*pid_n + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt + 1) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
-      }
-      for (long long kb = 0; kb * 64 < K; ++kb) {
-        if (64*kb + 128 < K) {
-          if ((kb + tsr_kt + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + tsr_kt + 2) % 4, ((kb + tsr_kt + 2) / 4 + 1) % 2);
-          // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-          if (A_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(a_tile_smem + ((kb + tsr_kt + 2) % 4) * 8192, &A_map, tsr_landed + (kb + tsr_kt + 2) % 4, 64*kb + 128, 128*pid_m);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 8192; e += 128) {
-              const long long i = e / 64;
-              const long long j = e - i * 64;
-              a_tile_smem[((kb + tsr_kt + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-          if (B_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384, &B_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 192, 64*kb + 128);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 16384; e += 128) {
-              const long long i = e / 256;
-              const long long j = e - i * 256;
-              b_tile_smem[((kb + tsr_kt + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? B[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + tsr_kt + 2) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
-        }
-      }
-      tsr_kt += tsr_steps;
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (N + 255) / 256;
-    const long long tsr_tiles_m = (M + 127) / 128;
-    const long long tsr_steps = (K + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      float acc[128];
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[128];
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
-          acc[t] = 0.0f;
-        }
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = 0.0f;
       }
-      for (long long kb = 0; kb * 64 < K; ++kb) {
-        tsr_mbarrier_wait(tsr_landed + (kb + tsr_kt) % 4, (kb + tsr_kt) / 4 % 2);
-        // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-        tsr_wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < 64; kk += 16) {
-          tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb + tsr_kt) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb + tsr_kt) % 4) * 16384 + kk * 64, 8192, 1024));
-        }
-        tsr_wgmma_commit();
-        tsr_wgmma_wait<1>();
-        if (kb + tsr_kt - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb + tsr_kt - 1) % 4);
-      }
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      tsr_wgmma_wait<0>();
-      // mlp.tsr:13: return gelu(matmul(A, B) + bias)
+    }
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
+      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+      tsr_wgmma_fence();
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
+      for (int kk = 0; kk < 64; kk += 16) {
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+    }
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // mlp.tsr:13: return gelu(matmul(A, B) + bias)
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+        float pair[2];
         #pragma unroll
-        for (int reg = 0; reg < 4; reg += 2) {
-          const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j0 = frag % 32 * 8 + lane % 4 * 2;
-          float pair[2];
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = j0 + half;
-            const int t = frag * 4 + reg + half;
-            pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < N ? bias[256*pid_n + j] : 0.0f))))));
-          }
-          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-            tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
-          } else {
-            if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-            if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < N ? bias[256*pid_n + j] : 0.0f))))));
+        }
+        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
-      tsr_kt += tsr_steps;
     }
   }
 }
@@ -477,6 +451,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
@@ -495,186 +471,158 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (F + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (D + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      if (0 < D) {
-        if (tsr_kt >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt) % 4, (tsr_kt / 4 + 1) % 2);
+    if (0 < D) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (W_in_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, 256*pid_n + 192, 0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 256*pid_n + j < F ? W_in[(i) * F + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+    }
+    if (64 < D) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < D ? x[(128*pid_m + i) * D + 64 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (W_in_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, 256*pid_n + 192, 64);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 256*pid_n + j < F ? W_in[(64 + i) * F + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 64 < D; ++kb) {
+      if (64*kb + 128 < D) {
+        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt) % 4) * 8192, &x_map, tsr_landed + (tsr_kt) % 4, 0, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_in_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384, &W_in_map, tsr_landed + (tsr_kt) % 4, 256*pid_n, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 64, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 128, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 192, 0);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 256*pid_n + j < F ? W_in[(i) * F + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 256*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
       }
-      if (64 < D) {
-        if ((tsr_kt + 1) >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt + 1) % 4, ((tsr_kt + 1) / 4 + 1) % 2);
-        // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-        if (x_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt + 1) % 4) * 8192, &x_map, tsr_landed + (tsr_kt + 1) % 4, 64, 128*pid_m);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt + 1) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < D ? x[(128*pid_m + i) * D + 64 + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-        if (W_in_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384, &W_in_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 64, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 128, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 192, 64);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt + 1) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 256*pid_n + j < F ? W_in[(64 + i) * F + 256*pid_n + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt + 1) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
-      }
-      for (long long kb = 0; kb * 64 < D; ++kb) {
-        if (64*kb + 128 < D) {
-          if ((kb + tsr_kt + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + tsr_kt + 2) % 4, ((kb + tsr_kt + 2) / 4 + 1) % 2);
-          // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-          if (x_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(a_tile_smem + ((kb + tsr_kt + 2) % 4) * 8192, &x_map, tsr_landed + (kb + tsr_kt + 2) % 4, 64*kb + 128, 128*pid_m);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 8192; e += 128) {
-              const long long i = e / 64;
-              const long long j = e - i * 64;
-              a_tile_smem[((kb + tsr_kt + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-          if (W_in_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 192, 64*kb + 128);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 16384; e += 128) {
-              const long long i = e / 256;
-              const long long j = e - i * 256;
-              b_tile_smem[((kb + tsr_kt + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 256*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 256*pid_n + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + tsr_kt + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
-        }
-      }
-      tsr_kt += tsr_steps;
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (F + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (D + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      float acc[128];
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[128];
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
-          acc[t] = 0.0f;
-        }
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = 0.0f;
       }
-      for (long long kb = 0; kb * 64 < D; ++kb) {
-        tsr_mbarrier_wait(tsr_landed + (kb + tsr_kt) % 4, (kb + tsr_kt) / 4 % 2);
-        // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-        tsr_wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < 64; kk += 16) {
-          tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb + tsr_kt) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb + tsr_kt) % 4) * 16384 + kk * 64, 8192, 1024));
-        }
-        tsr_wgmma_commit();
-        tsr_wgmma_wait<1>();
-        if (kb + tsr_kt - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb + tsr_kt - 1) % 4);
-      }
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      tsr_wgmma_wait<0>();
-      // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
+    }
+    for (long long kb = 0; kb * 64 < D; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
+      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+      tsr_wgmma_fence();
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
+      for (int kk = 0; kk < 64; kk += 16) {
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+    }
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+        float pair[2];
         #pragma unroll
-        for (int reg = 0; reg < 4; reg += 2) {
-          const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j0 = frag % 32 * 8 + lane % 4 * 2;
-          float pair[2];
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = j0 + half;
-            const int t = frag * 4 + reg + half;
-            pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < F ? b_in[256*pid_n + j] : 0.0f))))));
-          }
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 256*pid_n + j0])) {
-            tsr_store_pair(&h[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
-          } else {
-            if (128*pid_m + i < T && 256*pid_n + j0 < F) h[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-            if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < F ? b_in[256*pid_n + j] : 0.0f))))));
+        }
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 256*pid_n + j0])) {
+          tsr_store_pair(&h[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 256*pid_n + j0 < F) h[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
-      tsr_kt += tsr_steps;
     }
   }
 }
@@ -691,6 +639,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
@@ -709,186 +659,158 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (D + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (F + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      if (0 < F) {
-        if (tsr_kt >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt) % 4, (tsr_kt / 4 + 1) % 2);
+    if (0 < F) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (h_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (W_out_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 256*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 256*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, 256*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, 256*pid_n + 192, 0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 256*pid_n + j < D ? W_out[(i) * D + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+    }
+    if (64 < F) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (h_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < F ? h[(128*pid_m + i) * F + 64 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (W_out_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, 256*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, 256*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, 256*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, 256*pid_n + 192, 64);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 256;
+          const long long j = e - i * 256;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 256*pid_n + j < D ? W_out[(64 + i) * D + 256*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 64 < F; ++kb) {
+      if (64*kb + 128 < F) {
+        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (h_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt) % 4) * 8192, &h_map, tsr_landed + (tsr_kt) % 4, 0, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_out_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384, &W_out_map, tsr_landed + (tsr_kt) % 4, 256*pid_n, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 64, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 128, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (tsr_kt) % 4, 256*pid_n + 192, 0);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 256*pid_n + j < D ? W_out[(i) * D + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 256*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 256*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
       }
-      if (64 < F) {
-        if ((tsr_kt + 1) >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt + 1) % 4, ((tsr_kt + 1) / 4 + 1) % 2);
-        // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-        if (h_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt + 1) % 4) * 8192, &h_map, tsr_landed + (tsr_kt + 1) % 4, 64, 128*pid_m);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt + 1) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < F ? h[(128*pid_m + i) * F + 64 + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-        if (W_out_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384, &W_out_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 64, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 128, 64);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (tsr_kt + 1) % 4, 256*pid_n + 192, 64);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
-            b_tile_smem[((tsr_kt + 1) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 256*pid_n + j < D ? W_out[(64 + i) * D + 256*pid_n + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt + 1) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
-      }
-      for (long long kb = 0; kb * 64 < F; ++kb) {
-        if (64*kb + 128 < F) {
-          if ((kb + tsr_kt + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + tsr_kt + 2) % 4, ((kb + tsr_kt + 2) / 4 + 1) % 2);
-          // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-          if (h_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(a_tile_smem + ((kb + tsr_kt + 2) % 4) * 8192, &h_map, tsr_landed + (kb + tsr_kt + 2) % 4, 64*kb + 128, 128*pid_m);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 8192; e += 128) {
-              const long long i = e / 64;
-              const long long j = e - i * 64;
-              a_tile_smem[((kb + tsr_kt + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-          if (W_out_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + tsr_kt + 2) % 4, 256*pid_n + 192, 64*kb + 128);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 16384; e += 128) {
-              const long long i = e / 256;
-              const long long j = e - i * 256;
-              b_tile_smem[((kb + tsr_kt + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 256*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 256*pid_n + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + tsr_kt + 2) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
-        }
-      }
-      tsr_kt += tsr_steps;
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (D + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (F + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      float acc[128];
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[128];
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
-          acc[t] = 0.0f;
-        }
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = 0.0f;
       }
-      for (long long kb = 0; kb * 64 < F; ++kb) {
-        tsr_mbarrier_wait(tsr_landed + (kb + tsr_kt) % 4, (kb + tsr_kt) / 4 % 2);
-        // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-        tsr_wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < 64; kk += 16) {
-          tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb + tsr_kt) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb + tsr_kt) % 4) * 16384 + kk * 64, 8192, 1024));
-        }
-        tsr_wgmma_commit();
-        tsr_wgmma_wait<1>();
-        if (kb + tsr_kt - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb + tsr_kt - 1) % 4);
-      }
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      tsr_wgmma_wait<0>();
-      // mlp.tsr:21: return residual(x, h @ W_out + b_out)
+    }
+    for (long long kb = 0; kb * 64 < F; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
+      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+      tsr_wgmma_fence();
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
+      for (int kk = 0; kk < 64; kk += 16) {
+        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+    }
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // mlp.tsr:21: return residual(x, h @ W_out + b_out)
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+        float pair[2];
         #pragma unroll
-        for (int reg = 0; reg < 4; reg += 2) {
-          const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j0 = frag % 32 * 8 + lane % 4 * 2;
-          float pair[2];
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = j0 + half;
-            const int t = frag * 4 + reg + half;
-            pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 256*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 256*pid_n + j]) : 0.0f) + (acc[t] + (256*pid_n + j < D ? b_out[256*pid_n + j] : 0.0f)))));
-          }
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 256*pid_n + j0])) {
-            tsr_store_pair(&out[(128*pid_m + i) * D + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
-          } else {
-            if (128*pid_m + i < T && 256*pid_n + j0 < D) out[(128*pid_m + i) * D + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-            if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 256*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 256*pid_n + j]) : 0.0f) + (acc[t] + (256*pid_n + j < D ? b_out[256*pid_n + j] : 0.0f)))));
+        }
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * D + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 256*pid_n + j0 < D) out[(128*pid_m + i) * D + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
-      tsr_kt += tsr_steps;
     }
   }
 }
@@ -905,6 +827,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
   const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
@@ -923,177 +847,149 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (F + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (D + 127) / 128;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      if (0 < D) {
-        if (tsr_kt >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt) % 4, (tsr_kt / 4 + 1) % 2);
+    if (0 < D) {
+      // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+      if (w_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 256*pid_n);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 32768; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && j < D ? w[(256*pid_n + i) * D + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+    }
+    if (128 < D) {
+      // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (x_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 16384; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128 + j < D ? x[(128*pid_m + i) * D + 128 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
+      if (w_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, 256*pid_n);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 32768; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128 + j < D ? w[(256*pid_n + i) * D + 128 + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 128 < D; ++kb) {
+      if (128*kb + 256 < D) {
+        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt) % 4) * 16384, &x_map, tsr_landed + (tsr_kt) % 4, 0, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            a_tile_smem[((tsr_kt) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128*kb + 256 + j < D ? x[(128*pid_m + i) * D + 128*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
         if (w_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 4) * 32768, &w_map, tsr_landed + (tsr_kt) % 4, 0, 256*pid_n);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 256*pid_n);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 32768; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((tsr_kt) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && j < D ? w[(256*pid_n + i) * D + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128*kb + 256 + j < D ? w[(256*pid_n + i) * D + 128*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
       }
-      if (128 < D) {
-        if ((tsr_kt + 1) >= 4) tsr_mbarrier_wait(tsr_free + (tsr_kt + 1) % 4, ((tsr_kt + 1) / 4 + 1) % 2);
-        // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-        if (x_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt + 1) % 4) * 16384, &x_map, tsr_landed + (tsr_kt + 1) % 4, 128, 128*pid_m);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
-            a_tile_smem[((tsr_kt + 1) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128 + j < D ? x[(128*pid_m + i) * D + 128 + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-        if (w_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt + 1) % 4) * 32768, &w_map, tsr_landed + (tsr_kt + 1) % 4, 128, 256*pid_n);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < 32768; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
-            b_tile_smem[((tsr_kt + 1) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128 + j < D ? w[(256*pid_n + i) * D + 128 + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt + 1) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
-      }
-      for (long long kb = 0; kb * 128 < D; ++kb) {
-        if (128*kb + 256 < D) {
-          if ((kb + tsr_kt + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + tsr_kt + 2) % 4, ((kb + tsr_kt + 2) / 4 + 1) % 2);
-          // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-          if (x_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(a_tile_smem + ((kb + tsr_kt + 2) % 4) * 16384, &x_map, tsr_landed + (kb + tsr_kt + 2) % 4, 128*kb + 256, 128*pid_m);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 16384; e += 128) {
-              const long long i = e / 128;
-              const long long j = e - i * 128;
-              a_tile_smem[((kb + tsr_kt + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128*kb + 256 + j < D ? x[(128*pid_m + i) * D + 128*kb + 256 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-          if (w_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 2) % 4) * 32768, &w_map, tsr_landed + (kb + tsr_kt + 2) % 4, 128*kb + 256, 256*pid_n);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 32768; e += 128) {
-              const long long i = e / 128;
-              const long long j = e - i * 128;
-              b_tile_smem[((kb + tsr_kt + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128*kb + 256 + j < D ? w[(256*pid_n + i) * D + 128*kb + 256 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + tsr_kt + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
-        }
-      }
-      tsr_kt += tsr_steps;
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (F + 255) / 256;
-    const long long tsr_tiles_m = (T + 127) / 128;
-    const long long tsr_steps = (D + 127) / 128;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      float acc[128];
+    // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[128];
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
-          acc[t] = 0.0f;
-        }
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = 0.0f;
       }
-      for (long long kb = 0; kb * 128 < D; ++kb) {
-        tsr_mbarrier_wait(tsr_landed + (kb + tsr_kt) % 4, (kb + tsr_kt) / 4 % 2);
-        // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-        tsr_wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < 128; kk += 32) {
-          tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb + tsr_kt) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb + tsr_kt) % 4) * 32768 + kk % 128, 16, 1024));
-        }
-        tsr_wgmma_commit();
-        tsr_wgmma_wait<1>();
-        if (kb + tsr_kt - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb + tsr_kt - 1) % 4);
-      }
-      // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      tsr_wgmma_wait<0>();
-      // mlp.tsr:31: return x @ w.T + bias
+    }
+    for (long long kb = 0; kb * 128 < D; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
+      // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
+      tsr_wgmma_fence();
       #pragma unroll
-      for (int frag = 0; frag < 32; ++frag) {
+      for (int kk = 0; kk < 128; kk += 32) {
+        tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+    }
+    // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // mlp.tsr:31: return x @ w.T + bias
+    #pragma unroll
+    for (int frag = 0; frag < 32; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+        float pair[2];
         #pragma unroll
-        for (int reg = 0; reg < 4; reg += 2) {
-          const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j0 = frag % 32 * 8 + lane % 4 * 2;
-          float pair[2];
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = j0 + half;
-            const int t = frag * 4 + reg + half;
-            pair[half] = (tsr_round_bf16((acc[t] + (256*pid_n + j < F ? bias[256*pid_n + j] : 0.0f))));
-          }
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 256*pid_n + j0])) {
-            tsr_store_pair(&out[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
-          } else {
-            if (128*pid_m + i < T && 256*pid_n + j0 < F) out[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-            if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((acc[t] + (256*pid_n + j < F ? bias[256*pid_n + j] : 0.0f))));
+        }
+        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 256*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < T && 256*pid_n + j0 < F) out[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
-      tsr_kt += tsr_steps;
     }
   }
 }

@@ -562,6 +562,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
+  const long long pid_n = blockIdx.x;
+  const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
@@ -578,147 +580,120 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
   if (lid >= 256) {
     tsr_setmaxnreg_dec<40>();
     const int ptid = lid - 256;
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (N + 127) / 128;
-    const long long tsr_tiles_m = (M + 127) / 128;
-    const long long tsr_steps = (K + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      if (0 < K) {
-        if (tsr_kt >= 3) tsr_mbarrier_wait(tsr_free + (tsr_kt) % 3, (tsr_kt / 3 + 1) % 2);
+    if (0 < K) {
+      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+      if (A_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 64;
+          const long long j = e - i * 64;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
+      if (B_aligned) {
+        if (ptid == 0) {
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+        }
+      } else {
+        #pragma unroll 1
+        for (long long e = ptid; e < 8192; e += 128) {
+          const long long i = e / 128;
+          const long long j = e - i * 128;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+        }
+        tsr_fence_async_shared();
+      }
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+    }
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      if (64*kb + 64 < K) {
+        if ((kb + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + 1) % 3, ((kb + 1) / 3 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((tsr_kt) % 3) * 8192, &A_map, tsr_landed + (tsr_kt) % 3, 0, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((tsr_kt) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 3) * 8192, &B_map, tsr_landed + (tsr_kt) % 3, 128*pid_n, 0);
-            tsr_tma_load_2d(b_tile_smem + ((tsr_kt) % 3) * 8192 + 4096, &B_map, tsr_landed + (tsr_kt) % 3, 128*pid_n + 64, 0);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((tsr_kt) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (tsr_kt) % 3, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
       }
-      for (long long kb = 0; kb * 64 < K; ++kb) {
-        if (64*kb + 64 < K) {
-          if ((kb + tsr_kt + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + tsr_kt + 1) % 3, ((kb + tsr_kt + 1) / 3 + 1) % 2);
-          // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-          if (A_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(a_tile_smem + ((kb + tsr_kt + 1) % 3) * 8192, &A_map, tsr_landed + (kb + tsr_kt + 1) % 3, 64*kb + 64, 128*pid_m);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 8192; e += 128) {
-              const long long i = e / 64;
-              const long long j = e - i * 64;
-              a_tile_smem[((kb + tsr_kt + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-          if (B_aligned) {
-            if (ptid == 0) {
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 1) % 3) * 8192, &B_map, tsr_landed + (kb + tsr_kt + 1) % 3, 128*pid_n, 64*kb + 64);
-              tsr_tma_load_2d(b_tile_smem + ((kb + tsr_kt + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + tsr_kt + 1) % 3, 128*pid_n + 64, 64*kb + 64);
-            }
-          } else {
-            #pragma unroll 1
-            for (long long e = ptid; e < 8192; e += 128) {
-              const long long i = e / 128;
-              const long long j = e - i * 128;
-              b_tile_smem[((kb + tsr_kt + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
-            }
-            tsr_fence_async_shared();
-          }
-          tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + tsr_kt + 1) % 3, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
-        }
-      }
-      tsr_kt += tsr_steps;
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    // this program's tiles: every gridDim.x-th, in groups of 8 rows of tiles taken column by column
-    const long long tsr_tiles_n = (N + 127) / 128;
-    const long long tsr_tiles_m = (M + 127) / 128;
-    const long long tsr_steps = (K + 63) / 64;  // iterations a tile
-    long long tsr_kt = 0;  // iterations of this program's tiles before this one
-    for (long long tsr_tile = blockIdx.x; tsr_tile < tsr_tiles_m * tsr_tiles_n; tsr_tile += gridDim.x) {
-      const long long tsr_first = tsr_tile / (8 * tsr_tiles_n) * 8;  // the group's first row of tiles
-      const long long tsr_rows = tsr_tiles_m - tsr_first < 8 ? tsr_tiles_m - tsr_first : 8;
-      const long long tsr_in_group = tsr_tile - tsr_first * tsr_tiles_n;
-      const long long pid_m = tsr_first + tsr_in_group % tsr_rows;
-      const long long pid_n = tsr_in_group / tsr_rows;
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      float acc[64];
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    float acc[64];
+    #pragma unroll
+    for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
-          acc[t] = 0.0f;
-        }
+      for (int reg = 0; reg < 4; ++reg) {
+        const int t = frag * 4 + reg;
+        acc[t] = 0.0f;
       }
-      for (long long kb = 0; kb * 64 < K; ++kb) {
-        tsr_mbarrier_wait(tsr_landed + (kb + tsr_kt) % 3, (kb + tsr_kt) / 3 % 2);
-        // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-        tsr_wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < 64; kk += 16) {
-          tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb + tsr_kt) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb + tsr_kt) % 3) * 8192 + kk * 64, 8192, 1024));
-        }
-        tsr_wgmma_commit();
-        tsr_wgmma_wait<1>();
-        if (kb + tsr_kt - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb + tsr_kt - 1) % 3);
-      }
-      // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-      tsr_wgmma_wait<0>();
-      // schedules.tsr:27: return relu(A @ B + bias)
+    }
+    for (long long kb = 0; kb * 64 < K; ++kb) {
+      tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
+      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+      tsr_wgmma_fence();
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int kk = 0; kk < 64; kk += 16) {
+        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
+      }
+      tsr_wgmma_commit();
+      tsr_wgmma_wait<1>();
+      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
+    }
+    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+    tsr_wgmma_wait<0>();
+    // schedules.tsr:27: return relu(A @ B + bias)
+    #pragma unroll
+    for (int frag = 0; frag < 16; ++frag) {
+      #pragma unroll
+      for (int reg = 0; reg < 4; reg += 2) {
+        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+        float pair[2];
         #pragma unroll
-        for (int reg = 0; reg < 4; reg += 2) {
-          const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
-          const int j0 = frag % 16 * 8 + lane % 4 * 2;
-          float pair[2];
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = j0 + half;
-            const int t = frag * 4 + reg + half;
-            pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
-          }
-          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-            tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
-          } else {
-            if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-            if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = j0 + half;
+          const int t = frag * 4 + reg + half;
+          pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+        }
+        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
+          tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        } else {
+          if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
-      tsr_kt += tsr_steps;
     }
   }
 }

@@ -380,9 +380,10 @@ class _Scheduler:
         loads = [op.operands[0].type for op in ops if op.kind == "tile.load"]
         out = f.result_type if isinstance(f.result_type, TensorType) else None
         dims = (out or (stores or loads)[0]).dims
-        # Every loaded tile is staged: the widest dtype sizes them (a weight widened in
-        # the loop takes more shared memory than the activations beside it).
-        dtype = max((t.dtype for t in loads), key=lambda d: d.bits) if loads else out.dtype
+        # The loaded blocks of matrices are staged: the widest dtype sizes them (a weight
+        # widened in the loop takes more shared memory than the activations beside it).
+        blocks = [t for t in loads if t.rank >= 2] or loads
+        dtype = max((t.dtype for t in blocks), key=lambda d: d.bits) if blocks else out.dtype
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
         tiles = self._tile_dims()
         head = dims[-1] if "T.d" in tiles else None  # only a T.d tile spans it

@@ -112,10 +112,14 @@ def _wrap_comment(line: str, indent: str) -> list[str]:
     """A comment line broken between words, each piece a comment of its own."""
     lines = []
     while len(line) >= COLUMNS:
-        at = line.rfind(" ", len(indent) + 3, COLUMNS - 1)
-        while at > 0 and line[:at].rstrip().endswith(_SPLICE):
-            at = line.rfind(" ", len(indent) + 3, at)
-        if at <= 0:
+        # Break only after some of the comment's text, so each piece makes progress
+        # (a space of the "//   " prefix is not a break: a deep indent looped forever).
+        text = line.index("//") + 2
+        text += len(line[text:]) - len(line[text:].lstrip())
+        at = line.rfind(" ", text + 1, COLUMNS - 1)
+        while at > text and line[:at].rstrip().endswith(_SPLICE):
+            at = line.rfind(" ", text + 1, at)
+        if at <= text:
             break
         lines.append(line[:at].rstrip())
         line = indent + "//   " + line[at:].lstrip()
