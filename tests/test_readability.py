@@ -44,7 +44,9 @@ def _body(text: str) -> str:
 
 @pytest.mark.parametrize("path", WRAPPED, ids=_ids(WRAPPED))
 def test_lines_are_under_100_columns(path: Path) -> None:
-    long = [line for line in _body(path.read_text()).splitlines() if len(line) >= 100]
+    # (a pragma would need a line splice to break, and splices are what we keep out)
+    long = [line for line in _body(path.read_text()).splitlines()
+            if len(line) >= 100 and not line.lstrip().startswith("#pragma")]  # fmt: skip
     assert not long, f"{len(long)} lines of 100 columns or more, the first: {long[0]}"
 
 

@@ -39,7 +39,7 @@ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to
 inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
 inline float tsr_saturate_int(float x, float lo,
-    float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+    float hi) { return sycl::isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
 
 // ---------------------------------------------------------------- integers
 

@@ -394,12 +394,13 @@ def simulated_sycl_source(source: str) -> str:
     return "\n".join([head, text, *wrappers])
 
 
-def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any]) -> Any:
-    """A host function of a simulated SYCL file, called as the CPU runtime calls its
-    entries (the same checks, addresses and sizes), with the SYCL file's scalar types."""
+def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any], host: str) -> Any:
+    """The host function ``host`` of a simulated SYCL file, called as the CPU runtime
+    calls its entries (the same checks, addresses and sizes), with the SYCL file's
+    scalar types."""
     from tessera.runtime.cpu import CpuFunction
 
-    entry = getattr(library, f"tsr_sim_{meta['name']}")
+    entry = getattr(library, f"tsr_sim_{host}")
     # No C calls are built for a simulated file: its library counts no warm calls.
     function = CpuFunction(entry, meta, SimpleNamespace(called=lambda: None))
     entry.argtypes = [
@@ -421,4 +422,13 @@ def load_sycl(program: Any, sanitize: bool = False) -> Any:
 
     meta = program.ir("meta")
     library = _compiled(simulated_sycl_source(program.source), sanitize)
-    return Library(meta, [_sycl_function(library, f) for f in meta["functions"]])
+    # The host functions follow the metadata's order; a name the dialect reserves
+    # (``int8``, ``explicit``) is renamed there.
+    hosts = [m.group(1) for m in _SYCL_HOST.finditer(program.source)]
+    return Library(
+        meta,
+        [
+            _sycl_function(library, f, host)
+            for f, host in zip(meta["functions"], hosts, strict=True)
+        ],
+    )

@@ -122,6 +122,14 @@ class _FunctionView:
         decls = []
         results = result_names(len(host.results))
         read = {p.name for kernel in program.kernels for p in kernel.params}
+        named = dict(zip(host.results, results, strict=True))
+        read |= {
+            named.get(n, n.removeprefix("%"))
+            for launch in host.launches
+            if launch.kind == "collective"
+            for n in (*launch.reads, *launch.writes)
+        }
+        read |= set(results)  # fmt: skip
         for name, t in params:
             if isinstance(t, TensorType):
                 const = "" if name in results or written(program, name) else "const "
