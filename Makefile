@@ -17,7 +17,7 @@ demo: $(STAMP)
 # Set up, then run every test tier that this machine's tools allow, one worker per core.
 # TEST_CORE_MINUTES is the suite's measured cost on one core of a 2-core machine; the
 # estimate printed first divides it by the cores (it is a guide, not a promise).
-TEST_CORE_MINUTES := 85
+TEST_CORE_MINUTES := 30
 CORES := $(shell nproc 2>/dev/null || echo 1)
 test: $(STAMP) lint
 	@echo "make test: about $$(( ($(TEST_CORE_MINUTES) + $(CORES) - 1) / $(CORES) )) minutes on $(CORES) cores"
