@@ -27,11 +27,11 @@ import ctypes
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..frozen import frozen
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 from . import cuda_launch, tensor_map
@@ -77,7 +77,7 @@ def _driver() -> Any:
         ) from None
 
 
-@dataclass(frozen=True)
+@frozen
 class _OnDevice:
     """A GPU tensor argument: the caller's object (kept alive for the call) and where
     its elements lie."""

@@ -22,15 +22,16 @@ expression of sizes, a keyword-only parameter) has no fast path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..frozen import frozen
+
 __all__ = ["Backend", "fast_path"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Backend:
     """What a backend's fast path does with tensors, as Python source.
 

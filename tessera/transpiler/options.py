@@ -11,8 +11,9 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from ..frozen import frozen
 from .frontend.ast import INT64_MAX
 from .schedule.tuned import TunedSchedules
 
@@ -49,7 +50,7 @@ def target_for_output(path: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen
 class Options:
     target: str | None = None
     arch: str | None = None

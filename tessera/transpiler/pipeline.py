@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..frozen import frozen
 from .frontend import ast
 from .frontend.depth import recursion_headroom
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
@@ -79,7 +79,7 @@ class InternalCompilerError(Exception):
         self.cause = cause
 
 
-@dataclass(frozen=True)
+@frozen
 class Stage:
     name: str
     #: (the earlier stages' IR by name, input file, options, diagnostics) -> this stage's IR

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..frozen import frozen
 from ..runtime.cpu import CpuFunction
 from ..transpiler.graph.dims import parse_dim
 from ..transpiler.graph.dtypes import DTYPES
@@ -28,7 +29,7 @@ _TOLERANCE = {32: 1e-3, 64: 1e-9}
 _LOW_PRECISION_TOLERANCE = 3e-2
 
 
-@dataclass(frozen=True)
+@frozen
 class Inputs:
     #: Arguments by parameter name, in the function's order.
     args: dict[str, Any]

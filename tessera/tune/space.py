@@ -12,9 +12,9 @@ would only add padding.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
+from ..frozen import frozen
 from ..transpiler.schedule.lower import TuningPoint
 from ..transpiler.schedule.resources import resources
 from ..transpiler.schedule.tuned import DEFAULT_SPACES, space_of
@@ -25,7 +25,7 @@ __all__ = ["Space", "DEFAULT_SPACES", "space_for"]
 _COVERS = {"block_m": "m", "block_n": "n", "block_k": "k"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Space:
     #: The knobs searched; the others keep the heuristic's values.
     knobs: tuple[str, ...]

@@ -27,8 +27,8 @@ word against conflicts and are not in the Tile IR.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from ...frozen import frozen
 from ..graph.ir import Op, walk
 from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Mma, SharedType, TileKernel
@@ -44,7 +44,7 @@ CHUNK = 16
 THRESHOLD = 2
 
 
-@dataclass(frozen=True)
+@frozen
 class Pattern:
     """How one instruction's lanes touch a buffer: ``lanes`` (element row, column) of
     ``width`` bytes each, in wavefronts of ``per_wavefront`` lanes."""

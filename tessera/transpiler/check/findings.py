@@ -8,15 +8,14 @@ diagnostics and exits 1 when there is any, so a build can refuse them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ...frozen import frozen
 from ..frontend.diagnostics import Diagnostic, Note, Severity
 from ..frontend.source import Span
 
 __all__ = ["Finding"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Finding:
     """One problem in one kernel: ``check`` names the check that found it ("race",
     "bank-conflict"); ``other`` is the second access of a pair, with what it does."""

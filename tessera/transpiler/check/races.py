@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.ir import Block, Op, walk
 from ..tile.ir import Slot, TileKernel
@@ -36,7 +37,7 @@ from .findings import Finding
 __all__ = ["find_races"]
 
 
-@dataclass(frozen=True)
+@frozen
 class _Access:
     op: Op
     write: bool

@@ -20,10 +20,10 @@ a matrix unit meet its 16-bit peak, everything else the f32 vector peak.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.ir import Block, Op
 from ..graph.types import TensorType, TileType
@@ -35,7 +35,7 @@ __all__ = ["PEAKS", "SIZE", "Peak", "Cost", "kernel_cost", "roofline"]
 SIZE = 1024
 
 
-@dataclass(frozen=True)
+@frozen
 class Peak:
     """An arch's dense peaks: matrix-unit 16-bit and vector f32 TFLOP/s, memory GB/s.
     The vendors' data sheets for the part named; a program sees less."""
@@ -62,7 +62,7 @@ _FREE = frozenset({
 })  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class Cost:
     flops: Dim
     #: The tensors' bytes (each once), and the bytes the programs' accesses request.

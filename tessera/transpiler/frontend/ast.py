@@ -9,12 +9,13 @@ compares equal to it (the round-trip property the tests rely on).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 
+from ...frozen import frozen
 from .source import Span
 
 
-@dataclass(frozen=True)
+@frozen
 class Node:
     span: Span = field(kw_only=True, compare=False, repr=False)
 
@@ -22,7 +23,7 @@ class Node:
 # ------------------------------------------------------------------ expressions
 
 
-@dataclass(frozen=True)
+@frozen
 class Name(Node):
     id: str
 
@@ -33,54 +34,54 @@ class Name(Node):
 INT64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True)
+@frozen
 class IntLit(Node):
     #: From 0 to ``INT64_MAX``; a minus sign is an operator.
     value: int
 
 
-@dataclass(frozen=True)
+@frozen
 class FloatLit(Node):
     value: float
 
 
-@dataclass(frozen=True)
+@frozen
 class StrLit(Node):
     value: str
 
 
-@dataclass(frozen=True)
+@frozen
 class BoolLit(Node):
     value: bool
 
 
-@dataclass(frozen=True)
+@frozen
 class NoneLit(Node):
     pass
 
 
-@dataclass(frozen=True)
+@frozen
 class EllipsisLit(Node):
     pass
 
 
-@dataclass(frozen=True)
+@frozen
 class TupleExpr(Node):
     elts: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class ListExpr(Node):
     elts: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class DictExpr(Node):
     keys: tuple[Expr, ...]
     values: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class UnaryOp(Node):
     """``-x``, ``+x`` or ``not x``."""
 
@@ -88,7 +89,7 @@ class UnaryOp(Node):
     operand: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class BinOp(Node):
     """Arithmetic: ``+ - * / // % @ **``."""
 
@@ -97,7 +98,7 @@ class BinOp(Node):
     right: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class BoolOp(Node):
     """``a and b and c`` or ``a or b``: one node per chain, as in Python."""
 
@@ -105,7 +106,7 @@ class BoolOp(Node):
     values: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Compare(Node):
     """``a < b <= c``: a chain of comparisons, as in Python."""
 
@@ -114,40 +115,40 @@ class Compare(Node):
     comparators: tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class IfExp(Node):
     test: Expr
     body: Expr
     orelse: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class Keyword(Node):
     name: str
     value: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class Call(Node):
     func: Expr
     args: tuple[Expr, ...]
     keywords: tuple[Keyword, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Attribute(Node):
     value: Expr
     attr: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Slice(Node):
     lower: Expr | None
     upper: Expr | None
     step: Expr | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Subscript(Node):
     """``x[i, :, None]``: the index is always a tuple of items."""
 
@@ -179,7 +180,7 @@ Expr = (
 # ------------------------------------------------------------------------ types
 
 
-@dataclass(frozen=True)
+@frozen
 class Policy(Node):
     """A numerics or placement policy: ``@accum(f32)``, ``@saturate``."""
 
@@ -188,7 +189,7 @@ class Policy(Node):
     keywords: tuple[Keyword, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class TypeExpr(Node):
     """``Tensor["B", "S", 64, bf16 @accum(f32)]``, ``Tile``, ``KVCache[...] @paged``.
 
@@ -204,41 +205,41 @@ class TypeExpr(Node):
 # ------------------------------------------------------------------- statements
 
 
-@dataclass(frozen=True)
+@frozen
 class ExprStmt(Node):
     value: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class Assign(Node):
     target: Expr
     value: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class AugAssign(Node):
     target: Expr
     op: str
     value: Expr
 
 
-@dataclass(frozen=True)
+@frozen
 class Return(Node):
     value: Expr | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Pass(Node):
     pass
 
 
-@dataclass(frozen=True)
+@frozen
 class Alias(Node):
     name: str
     asname: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Import(Node):
     """``import tessera.stdlib as std``."""
 
@@ -246,7 +247,7 @@ class Import(Node):
     asname: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class ImportFrom(Node):
     """``from tessera.stdlib import (softmax, layernorm as ln)``."""
 
@@ -254,7 +255,7 @@ class ImportFrom(Node):
     names: tuple[Alias, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class If(Node):
     """``elif`` is an ``If`` alone in ``orelse``, as in Python's own AST."""
 
@@ -263,26 +264,26 @@ class If(Node):
     orelse: tuple[Stmt, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class For(Node):
     target: Expr
     iter: Expr
     body: tuple[Stmt, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class WithItem(Node):
     context: Expr
     target: Expr | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class With(Node):
     items: tuple[WithItem, ...]
     body: tuple[Stmt, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Param(Node):
     name: str
     annotation: TypeExpr | None
@@ -290,7 +291,7 @@ class Param(Node):
     keyword_only: bool
 
 
-@dataclass(frozen=True)
+@frozen
 class Decorator(Node):
     """``@kernel.autotune(space=...)``; ``args`` is None when there are no parentheses."""
 
@@ -299,7 +300,7 @@ class Decorator(Node):
     keywords: tuple[Keyword, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class FunctionDef(Node):
     name: str
     params: tuple[Param, ...]
@@ -323,7 +324,7 @@ Stmt = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Module(Node):
     body: tuple[Stmt, ...]
 

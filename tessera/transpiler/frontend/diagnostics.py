@@ -12,8 +12,9 @@ from __future__ import annotations
 import difflib
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ...frozen import frozen
 from .source import Span
 
 __all__ = [
@@ -35,7 +36,7 @@ class Severity(enum.Enum):
     WARNING = "warning"
 
 
-@dataclass(frozen=True)
+@frozen
 class Note:
     """Extra context for a diagnostic, such as where a bracket was opened."""
 
@@ -43,7 +44,7 @@ class Note:
     span: Span | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Diagnostic:
     severity: Severity
     message: str

@@ -7,13 +7,15 @@ pytest, a notebook) without a separate registry of open files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from ...frozen import frozen
 
 __all__ = ["SourceFile", "Span", "SourceReadError", "read_source"]
 
 
-@dataclass(frozen=True, eq=False)
+@frozen(eq=False)
 class SourceFile:
     """A decoded ``.tsr`` file. Compared by identity: two loads are two files."""
 
@@ -37,7 +39,7 @@ class SourceFile:
         return Span(self, line, column, line, column)
 
 
-@dataclass(frozen=True)
+@frozen
 class Span:
     """A range in a source file: 1-based lines and columns, end column exclusive."""
 

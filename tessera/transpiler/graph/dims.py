@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache, cached_property, lru_cache
 
+from ...frozen import frozen
 from ..frontend.depth import MAX_DEPTH
 
 __all__ = ["Dim", "DimSyntaxError", "parse_dim"]
@@ -26,7 +26,7 @@ _ZERO, _ONE = Fraction(0), Fraction(1)
 Monomial = tuple[tuple[str, int], ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Dim:
     terms: tuple[tuple[Monomial, Fraction], ...]
 

@@ -8,7 +8,7 @@ so ``f32 @saturate`` is an error at the annotation, not a surprise at run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...frozen import frozen
 
 __all__ = [
     "DType", "DTYPES", "ALIASES", "BOOL", "lookup_dtype", "Policies", "promote", "accumulator",
@@ -16,7 +16,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class DType:
     name: str
     bits: int
@@ -94,7 +94,7 @@ def promote(a: DType, b: DType) -> DType:
     return max(a, b, key=lambda d: d.bits)
 
 
-@dataclass(frozen=True)
+@frozen
 class Policies:
     """The numerics policies of a tensor type; all optional."""
 

@@ -10,9 +10,10 @@ span it came from; passes rebuild with ``dataclasses.replace``.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ...frozen import frozen
 from ..frontend.source import Span
 from .dims import Dim
 from .schedule_spec import ScheduleSpec
@@ -41,7 +42,7 @@ RESULT = "out"
 _ids = itertools.count()
 
 
-@dataclass(frozen=True, eq=False)
+@frozen(eq=False)
 class Value:
     """An SSA value. Compared by identity; ``name`` is the source name, for printing."""
 
@@ -55,7 +56,7 @@ def new_value(type: ValueType, name: str | None = None, span: Span | None = None
     return Value(type, name, span)
 
 
-@dataclass(frozen=True)
+@frozen
 class Block:
     """A region body: arguments, operations in order, and the values it yields."""
 
@@ -64,7 +65,7 @@ class Block:
     yields: tuple[Value, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Op:
     """One operation. ``attrs`` keep their order; ``effects`` pin the op in place."""
 
@@ -85,7 +86,7 @@ class Op:
         return self.results[0]
 
 
-@dataclass(frozen=True)
+@frozen
 class Guard:
     """A condition on sizes that only the run time can check.
 
@@ -112,7 +113,7 @@ class Guard:
         return f"{self.left} {relation} {self.right}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Group:
     """Operations fused into one kernel. ``ops`` index the function body's ops."""
 
@@ -121,7 +122,7 @@ class Group:
     ops: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Param:
     value: Value
     keyword_only: bool = False
@@ -130,7 +131,7 @@ class Param:
     default: bool | int | float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Function:
     name: str
     #: "graph" (ops on tensors), "tile" (a tile kernel) or "declaration" (body ``...``).
@@ -153,7 +154,7 @@ class Function:
     shards: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class GraphModule:
     name: str
     functions: tuple[Function, ...]

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ...frozen import frozen
 from ..frontend import ast
 from ..frontend.diagnostics import did_you_mean
 from ..frontend.printer import print_expr
@@ -35,7 +36,7 @@ MESH_EXAMPLE = 'with mesh(axes={"dp": 2, "tp": 2}):'
 ShardSpec = tuple[str | None, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Mesh:
     """Named axes and their sizes, in the order written; rank ``r`` of the world has the
     coordinates of ``r`` in row-major order over the axes (the last axis varies fastest)."""

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from ...frozen import frozen
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics
 from .ir import Block, Function, GraphModule, Op
@@ -38,7 +38,7 @@ __all__ = ["Interval", "verify_numerics"]
 INF = math.inf
 
 
-@dataclass(frozen=True)
+@frozen
 class Interval:
     lo: float
     hi: float

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...frozen import frozen
 from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.source import Span
 from .dims import Dim
@@ -46,7 +47,7 @@ class SemanticError(Exception):
         self.notes = notes
 
 
-@dataclass(frozen=True)
+@frozen
 class P:
     """A parameter of an operation."""
 
@@ -55,7 +56,7 @@ class P:
     keyword_only: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class OpSpec:
     name: str
     params: tuple[P, ...]

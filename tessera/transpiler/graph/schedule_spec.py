@@ -11,8 +11,10 @@ only the values themselves are checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
+
+from ...frozen import frozen
 
 __all__ = ["ScheduleSpec", "KNOBS", "SPACE_KEYS", "MAX_BLOCK", "apply_method", "check_value"]
 
@@ -44,7 +46,7 @@ SPACE_KEYS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class ScheduleSpec:
     #: (knob, candidate values), in ``KNOBS`` order; one value is a fixed choice.
     choices: tuple[tuple[str, tuple[Any, ...]], ...] = ()

@@ -7,8 +7,9 @@ way ``--emit graph`` shows it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ...frozen import frozen
 from .dims import Dim
 from .dtypes import BOOL, F32, DType, Policies
 
@@ -31,7 +32,7 @@ def dims_text(dims: tuple[Dim, ...]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-@dataclass(frozen=True)
+@frozen
 class TensorType:
     dims: tuple[Dim, ...]
     dtype: DType
@@ -59,7 +60,7 @@ def in_memory(t: ValueType) -> ValueType:
     return TensorType(t.dims, F32) if isinstance(t, TensorType) and t.dtype == BOOL else t
 
 
-@dataclass(frozen=True)
+@frozen
 class ScalarType:
     """A run-time scalar: ``int``, ``float`` or ``bool`` parameters and their arithmetic."""
 
@@ -69,7 +70,7 @@ class ScalarType:
         return self.kind
 
 
-@dataclass(frozen=True)
+@frozen
 class TileType:
     """A tile held by one program instance of a tile kernel: ``tile<[T.m, T.d], f32>``."""
 
@@ -87,7 +88,7 @@ class TileType:
         return f"tile<{dims_text(self.dims)}, {self.dtype}>"
 
 
-@dataclass(frozen=True)
+@frozen
 class KVCacheType:
     """A key/value cache: state that ``append`` updates (an effect)."""
 
@@ -103,7 +104,7 @@ class KVCacheType:
         return f"kvcache{inside}{policies}"
 
 
-@dataclass(frozen=True)
+@frozen
 class BlockType:
     """The index of a block of ``size`` rows out of ``extent``, from ``tile.range_n``."""
 
@@ -114,7 +115,7 @@ class BlockType:
         return f"block<{self.size} of {self.extent}>"
 
 
-@dataclass(frozen=True)
+@frozen
 class ContextType:
     """``tile.context()``: the tile sizes of the running program instance."""
 
@@ -125,7 +126,7 @@ class ContextType:
 ValueType = TensorType | ScalarType | TileType | KVCacheType | BlockType | ContextType
 
 
-@dataclass(frozen=True)
+@frozen
 class TupleType:
     """The declared result of a function that returns several values
     (``-> tuple[A, B]``, or ``-> (A, B)``): a function's result only, never a value's."""

@@ -9,9 +9,9 @@ so the mistake is reported once and not again by every use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..frontend import ast
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
@@ -37,38 +37,38 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Const:
     """A compile-time Python value: number, bool, string, None, or a list/tuple/dict of them."""
 
     value: Any
 
 
-@dataclass(frozen=True)
+@frozen
 class DTypeRef:
     dtype: DType
 
 
-@dataclass(frozen=True)
+@frozen
 class DimValue:
     """A size: ``T.m``, ``x.shape[0]``, or an integer used as a size."""
 
     dim: Dim
 
 
-@dataclass(frozen=True)
+@frozen
 class ShapeValue:
     dims: tuple[Dim, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Namespace:
     """``tile``, ``ops``, ``tessera`` and the like: only their attributes mean something."""
 
     name: str
 
 
-@dataclass(frozen=True)
+@frozen
 class ScheduleValue:
     """A ``Schedule(...)`` expression or one derived from it."""
 
@@ -79,7 +79,7 @@ class ScheduleValue:
         return str(self.spec)
 
 
-@dataclass(frozen=True)
+@frozen
 class OpRef:
     """A callable: a graph or tile operation, a builtin, or a method bound to a receiver."""
 
@@ -87,14 +87,14 @@ class OpRef:
     receiver: Any = None
 
 
-@dataclass(frozen=True)
+@frozen
 class FunctionRef:
     """Another function of the file, called by name: its body runs in the caller."""
 
     node: Any
 
 
-@dataclass(frozen=True)
+@frozen
 class GradRef:
     """``grad(F)`` or ``value_and_grad(F)``: calling it runs ``F`` and its backward pass.
     ``wanted`` are the ``wrt=`` names, or None for every float tensor parameter."""
@@ -114,7 +114,7 @@ class Poison:
 POISON = Poison()
 
 
-@dataclass(frozen=True)
+@frozen
 class Ev:
     """An evaluated expression: its value, where it was written, and its source.
 

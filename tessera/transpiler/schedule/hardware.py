@@ -9,7 +9,7 @@ it: a program is one thread, and the SIMD width is the one the arch names
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...frozen import frozen
 
 __all__ = ["Hardware", "hardware_for", "instruction", "KIB", "GRID_COLUMNS"]
 
@@ -22,7 +22,7 @@ KIB = 1024
 GRID_COLUMNS = 16
 
 
-@dataclass(frozen=True)
+@frozen
 class Hardware:
     target: str
     arch: str

@@ -10,8 +10,9 @@ overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ...frozen import frozen
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.ir import Guard
@@ -20,7 +21,7 @@ from ..graph.types import TensorType, ValueType
 __all__ = ["GridDim", "Launch", "Buffer", "HostProgram", "ScheduleModule"]
 
 
-@dataclass(frozen=True)
+@frozen
 class GridDim:
     """One grid axis: ``extent`` split into blocks of ``block`` (1: one program each)."""
 
@@ -35,7 +36,7 @@ class GridDim:
         return f"ceil({self.extent}/{self.block})"
 
 
-@dataclass(frozen=True)
+@frozen
 class Launch:
     name: str
     #: The Graph IR group's kind: gemm, attention, reduction, elementwise, layout, ...
@@ -78,7 +79,7 @@ def param_name(printed: str) -> str:
     return f"t{name}" if name[:1].isdigit() else name
 
 
-@dataclass(frozen=True)
+@frozen
 class Buffer:
     """An intermediate tensor that one launch writes and later ones read."""
 
@@ -95,7 +96,7 @@ class Buffer:
         return param_name(self.name)
 
 
-@dataclass(frozen=True)
+@frozen
 class HostProgram:
     function: str
     kind: str
@@ -116,7 +117,7 @@ class HostProgram:
     types: tuple[ValueType, ...] = field(default=(), compare=False, repr=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class ScheduleModule:
     name: str
     target: str

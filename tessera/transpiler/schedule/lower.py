@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..frontend.diagnostics import Diagnostics, Note
 from ..frontend.source import Span
 from ..graph.dims import Dim
@@ -82,7 +82,7 @@ def schedule_module(
     return module
 
 
-@dataclass(frozen=True)
+@frozen
 class TuningPoint:
     """A launch the autotuner can tune: where its records go, and what it may try."""
 

@@ -9,8 +9,7 @@ expression: a slot never has to be resized at run time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.types import TensorType
 from .ir import Buffer
@@ -18,7 +17,7 @@ from .ir import Buffer
 __all__ = ["Interval", "plan_buffers", "tensor_bytes"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Interval:
     name: str
     type: TensorType

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 
 __all__ = ["Problem"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Problem:
     """What a fused kernel computes, reduced to the sizes that choose its tiles.
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ...frozen import frozen
 from .hardware import GRID_COLUMNS, KIB, Hardware, instruction
 from .problem import Problem
 
 __all__ = ["Resources", "resources"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Resources:
     threads: int
     smem_bytes: int

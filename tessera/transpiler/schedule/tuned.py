@@ -17,9 +17,9 @@ compiler a ``TunedSchedules`` already narrowed to the toolchain in use.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.schedule_spec import ScheduleSpec
 from .problem import Problem
@@ -87,7 +87,7 @@ def bucket_of(problem: Problem) -> Bucket:
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@frozen
 class TuningKey:
     function: str
     launch: str
@@ -123,13 +123,13 @@ class TuningKey:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class Timing:
     config: Knobs
     ms: float
 
 
-@dataclass(frozen=True)
+@frozen
 class TunedRecord:
     key: TuningKey
     config: Knobs
@@ -147,7 +147,7 @@ class TunedRecord:
         return self.best[0].ms if self.best else float("inf")
 
 
-@dataclass(frozen=True)
+@frozen
 class TunedSchedules:
     """The records a compile may use, all for one toolchain."""
 

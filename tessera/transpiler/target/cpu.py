@@ -12,9 +12,9 @@ file uses are inlined (``header.py``), so it builds with no include path.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.ir import Function, GraphModule, result_names
 from ..graph.types import TensorType
@@ -46,7 +46,7 @@ DEFAULT_FLAGS = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class CpuModule:
     source: str
     #: What the runtime needs: entries, parameters, sizes, guards, build flags.

@@ -11,9 +11,9 @@ comment with the ``.tsr`` line it comes from.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
@@ -56,7 +56,7 @@ _CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of"
 _ELEMENT = re.compile(r"\b([A-Za-z_]\w*)\[([^\[\]]*)\]")
 
 
-@dataclass(frozen=True)
+@frozen
 class CParam:
     """A kernel parameter: a tensor pointer, a scalar, or a size."""
 
@@ -74,7 +74,7 @@ class CParam:
         return f"const {self.c_type} {self.name}"
 
 
-@dataclass(frozen=True)
+@frozen
 class CKernel:
     name: str
     source: str

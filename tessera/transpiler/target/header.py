@@ -13,7 +13,8 @@ conversions, and a reader sees only what runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from ...frozen import frozen
 
 __all__ = ["Section", "split", "paragraphs", "needed", "CPP_SYMBOL", "C_SYMBOL"]
 
@@ -29,7 +30,7 @@ _CONSTANT = re.compile(r"^constexpr [^;]*;", re.M)
 _TYPE = re.compile(r"^(?:struct (\w+)|typedef [^;]*?(\w+)\s*(?:__attribute__|;))", re.M)
 
 
-@dataclass(frozen=True)
+@frozen
 class Section:
     name: str
     text: str

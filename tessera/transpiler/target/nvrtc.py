@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
+
+from ...frozen import frozen
 
 __all__ = [
     "CudaBinary",
@@ -35,7 +37,7 @@ class NvrtcError(RuntimeError):
     """NVRTC rejected the generated file: a compiler bug; the message is NVRTC's log."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Resources:
     """What ptxas gave one kernel: registers per thread, static shared memory, named
     barriers, and the local memory that a schedule too large for the registers costs."""
@@ -48,7 +50,7 @@ class Resources:
     spill_load_bytes: int
 
 
-@dataclass(frozen=True)
+@frozen
 class CudaBinary:
     """One NVRTC build of a generated file, kept whole: the PTX and the cubin are dumps
     of the same build whose report gives the resources."""

@@ -11,10 +11,11 @@ A reviewer reading a diff of a checked-in kernel sees why its tiles changed.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from ... import __version__
+from ...frozen import frozen
 from ..schedule.ir import Launch, ScheduleModule
 from .render import comment_text
 
@@ -32,7 +33,7 @@ _CHOSEN_BY = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Provenance:
     source: str
     sha256: str

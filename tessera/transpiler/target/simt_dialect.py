@@ -10,12 +10,14 @@ indices, shared memory and the barrier: OpenCL C, HIP, CUDA and SYCL.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
+
+from ...frozen import frozen
 
 __all__ = ["Dialect", "OPENCL", "HIP", "CUDA", "SYCL", "DIALECTS"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Dialect:
     name: str
     #: A 64-bit signed integer, for sizes and element indices.

@@ -25,9 +25,9 @@ comes from.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value, walk
@@ -85,7 +85,7 @@ _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", 
                        "j0", "pair", "half", "it"}) | GPU_BUILTINS  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class SimtParam:
     name: str
     #: "tensor", "scalar" or "dim"; for tensors the storage dtype's name.
@@ -94,7 +94,7 @@ class SimtParam:
     written: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class SimtKernel:
     name: str
     params: tuple[SimtParam, ...]

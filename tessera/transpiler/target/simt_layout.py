@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..schedule.hardware import GRID_COLUMNS
 
@@ -45,12 +45,12 @@ class NotLowered(Exception):
     """The kernel uses an operation this backend does not lower yet."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Flat:
     dims: tuple[Dim, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Grid:
     rows: int
     cols: int
@@ -72,7 +72,7 @@ class Grid:
         return self.rm * self.rn
 
 
-@dataclass(frozen=True)
+@frozen
 class Rows:
     rows: int
     ty: int
@@ -82,7 +82,7 @@ class Rows:
         return self.rows // self.ty
 
 
-@dataclass(frozen=True)
+@frozen
 class FragmentShape:
     """The accumulator fragment of one matrix instruction on one warp (wavefront): ``m x
     n`` elements, ``regs`` per lane. A lane holds ``row_slots`` rows of a fragment:
@@ -119,7 +119,7 @@ MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 
                          (1, 2), "lane % 4 * 2")  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class Fragments:
     """A 2-D tile in the accumulator layout of a matrix instruction: ``wm x wn`` warps
     each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments."""
@@ -156,7 +156,7 @@ class Fragments:
         return "" if self.wn == 1 else f"wave % {self.wn} * {self.cols // self.wn} + "
 
 
-@dataclass(frozen=True)
+@frozen
 class FragmentRows:
     """A per-row vector of a Fragments tile whose rows each lie in one warp: row slot
     ``rs`` of strip ``fm`` in every lane that holds that row."""
@@ -190,7 +190,7 @@ def rows_of(dist: Grid | Fragments) -> Rows | FragmentRows:
 Element = Callable[[tuple[str, ...]], str]
 
 
-@dataclass(frozen=True)
+@frozen
 class Form:
     """How the emitter holds a value (see ``simt_kernel.py``)."""
 

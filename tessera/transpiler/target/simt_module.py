@@ -13,9 +13,9 @@ inlined, so it builds alone. Everything that differs between the targets is the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
@@ -51,7 +51,7 @@ BUILD_OPTIONS = {
 _AXES = 3
 
 
-@dataclass(frozen=True)
+@frozen
 class SimtModule:
     source: str
     meta: dict[str, Any]

@@ -15,8 +15,9 @@ shared scratch array.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.dtypes import DTYPES
 from ..graph.ir import Op, Value
@@ -95,7 +96,7 @@ def _wgmma_dtype(inst: str) -> str | None:
     return dtype if family == "wgmma" and dtype in WGMMA_FORMS else None
 
 
-@dataclass(frozen=True)
+@frozen
 class SmemView:
     """A product's operand that is a read of a shared buffer: the buffer (``rows x cols``
     elements of ``bits`` in ``layout``), the slot read, and whether the operand is the

@@ -31,8 +31,9 @@ read it has been waited for. There is then no barrier at the top of the loop.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ...frozen import frozen
 from ..graph.ir import Block, Op, Value
 from ..tile.ir import Access, Slot
 from .simt_layout import parenthesized, sw128_panel
@@ -61,7 +62,7 @@ def _groups(ops: tuple[Op, ...]) -> list[list[Op]]:
     return [g for g in groups if any(op.kind == "copy" for op in g)]
 
 
-@dataclass(frozen=True)
+@frozen
 class TensorMap:
     """A tensor map the host encodes for a kernel parameter: the tensor it describes (a
     parameter or buffer of the function, by its metadata name), its dtype and dims

@@ -11,9 +11,9 @@ frees them. Shared memory is allocated in each launch's command group
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
@@ -34,7 +34,7 @@ _CHUNK = 16
 _COLUMNS = 100
 
 
-@dataclass(frozen=True)
+@frozen
 class Launch:
     """One kernel's launch, as the host function writes it."""
 
@@ -47,7 +47,7 @@ class Launch:
     threads: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Launcher:
     name: str
     function: str

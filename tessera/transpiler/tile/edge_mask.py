@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.graph_ops import COMPARISONS, LOGICAL
 from ..graph.ir import Block, Op, Value, new_value
@@ -42,7 +43,7 @@ _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 _DIRTYING = frozenset({*COMPARISONS.values(), *LOGICAL.values(), "where"})
 
 
-@dataclass(frozen=True)
+@frozen
 class Pad:
     """Padding along one tile axis past ``extent`` (starting at ``offset``)."""
 

@@ -24,8 +24,9 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ...frozen import frozen
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Axis:
     """How an access covers one axis of a tensor: ``size`` elements from ``offset``.
 
@@ -73,7 +74,7 @@ class Axis:
         return f"{self.offset} +: {self.size}{mask}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Access:
     """Where a load, store or copy touches a global tensor: one ``Axis`` per dim."""
 
@@ -106,7 +107,7 @@ class Access:
         return "[" + ", ".join(str(a) for a in self.axes) + "]"
 
 
-@dataclass(frozen=True)
+@frozen
 class Slot:
     """Which stage of a multi-stage buffer an iteration uses: ``index % stages``."""
 
@@ -119,7 +120,7 @@ class Slot:
         return f"({self.index}) % {self.stages}"
 
 
-@dataclass(frozen=True)
+@frozen
 class When:
     """A copy that runs only while ``start < extent`` (pipelined loads past the loop)
     and, in a loop that stops early (causal attention's), while the iteration it copies
@@ -134,7 +135,7 @@ class When:
         return text if self.stop is None else f"{text} && {self.stop[0]} < {self.stop[1]}"
 
 
-@dataclass(frozen=True)
+@frozen
 class SharedType:
     """A shared-memory buffer with one ``[rows, cols]`` slot per pipeline stage."""
 
@@ -159,7 +160,7 @@ class SharedType:
         return f"shared<{stages}{dims_text(self.dims)}, {self.dtype}>"
 
 
-@dataclass(frozen=True)
+@frozen
 class GridAxis:
     """One axis of the launch grid: program id ``name`` runs over ``ceil(extent/block)``."""
 
@@ -175,7 +176,7 @@ class GridAxis:
         return f"{self.name} < ceil({self.extent}/{self.block})"
 
 
-@dataclass(frozen=True)
+@frozen
 class Mma:
     """How a dot runs on the target: the instruction, its shape, and the warp layout.
 
@@ -206,7 +207,7 @@ class Mma:
                 f"{self.operands}{flight}")  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class Live:
     """The corner of a product ``[M, K] x [K, N]`` that can be non-zero.
 
@@ -227,7 +228,7 @@ class Live:
         return ", ".join(parts) or "all"
 
 
-@dataclass(frozen=True)
+@frozen
 class SmemSlot:
     """The shared-memory plan's place for one buffer."""
 
@@ -239,7 +240,7 @@ class SmemSlot:
     layout: str
 
 
-@dataclass(frozen=True)
+@frozen
 class TileKernel:
     name: str
     function: str
@@ -289,7 +290,7 @@ class TileKernel:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class TileProgram:
     """A graph function's host program and the tile kernels of its launches.
 
@@ -302,7 +303,7 @@ class TileProgram:
     runtime: tuple[tuple[str, str, Span | None], ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class TileModule:
     name: str
     target: str

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.ir import Block, Function, Op, Value, new_value, walk
 from ..graph.types import ScalarType, TensorType, TileType
@@ -36,7 +36,7 @@ _ONE = Dim.const(1)
 _ROLE_OF = {"T.m": "pid_m", "T.n": "pid_n"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Prologue:
     """A kernel operand that no tensor holds: the group's ops compute it where the
     kernel loads it. ``tensor`` has its type (for the place a load covers); ``build``
@@ -46,7 +46,7 @@ class Prologue:
     build: Callable[[_Lowering, Value | None, Access], Value]
 
 
-@dataclass(frozen=True)
+@frozen
 class View:
     """A kernel operand read where it lies, through a transpose that keeps the last axis
     (attention's heads split from ``[S, H*D]``, or from ``split_qkv``'s ``[S, 3*H*D]``).
@@ -77,7 +77,7 @@ class View:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelInput:
     """What a tile function is lowered with.
 

@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from ...frozen import frozen
 from ..schedule.hardware import Hardware
 from .barriers import insert_barriers
 from .causal import bound_causal_loops
@@ -32,7 +32,7 @@ from .verify import verify_kernel
 __all__ = ["TILE_PASSES", "run_tile_passes", "TilePass"]
 
 
-@dataclass(frozen=True)
+@frozen
 class TilePass:
     name: str
     run: Callable[[TileKernel, Hardware], TileKernel]
