@@ -59,15 +59,27 @@ def test_a_compilation_loads_only_its_own_backend(tmp_path: Path) -> None:
     assert "tessera.transpiler.target.cpu" not in opencl
 
 
-def test_parser_tables_are_kept_and_a_damaged_copy_is_rebuilt(tmp_path: Path) -> None:
+def test_the_parser_is_kept_and_a_damaged_copy_is_rebuilt(tmp_path: Path) -> None:
+    """The first run writes Lark's stand-alone parser for the grammar; later runs
+    import it and not the lark package; a damaged copy is replaced."""
     code = "import tessera\nprint(tessera.compile_file('examples/mlp.tsr').inspect_ir('graph'))"
-    first = _modules_after(code, tmp_path)
-    tables = tmp_path / "parser" / "tessera.lark.cache"
-    assert tables.is_file() and "lark" in first
+    assert "lark" in _modules_after(code, tmp_path)
+    (kept,) = (tmp_path / "parser").glob("tessera_lalr_*.py")
     assert (tmp_path / "parser").stat().st_mode & 0o777 == 0o700
-    tables.write_bytes(b"not a parser\n")
-    _modules_after(code, tmp_path)  # check=True: the compilation still succeeds
-    assert tables.read_bytes() != b"not a parser\n"
+    assert "lark" not in _modules_after(code, tmp_path)
+    for damage in ("not a parser\n", "Token = 1\n"):
+        kept.write_text(damage)
+        _modules_after(code, tmp_path)  # check=True: the compilation still succeeds
+        assert not kept.exists()
+        _modules_after(code, tmp_path)
+        assert "Lark_StandAlone" in kept.read_text()
+
+
+def test_without_a_private_folder_the_lark_package_parses(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o777)
+    code = "import tessera\nprint(tessera.compile_file('examples/mlp.tsr').inspect_ir('graph'))"
+    assert "lark" in _modules_after(code, tmp_path)
+    assert not (tmp_path / "parser").exists() or not any((tmp_path / "parser").iterdir())
 
 
 def test_a_cache_folder_others_can_write_is_not_used(

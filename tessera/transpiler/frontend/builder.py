@@ -19,11 +19,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from lark import Token, Tree
-
 from . import ast
 from .diagnostics import Diagnostics, Note
 from .indenter import LAYOUT_TYPES
+from .lark_runtime import Token, Tree
 from .source import SourceFile, Span
 from .syntax_errors import UNSUPPORTED_KEYWORDS
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from lark import Token
-from lark.lark import PostLex
+from .lark_runtime import PostLex, Token
 
 __all__ = ["Indenter", "IndentState", "LayoutError"]
 

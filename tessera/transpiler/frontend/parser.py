@@ -11,18 +11,14 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from importlib import resources
+from typing import Any
 
-from lark import Lark
-from lark.exceptions import UnexpectedInput
-from lark.lexer import PatternStr
-
-from ...cachedir import private_cache_dir
 from . import ast
 from .builder import Builder
 from .depth import MAX_DEPTH
 from .diagnostics import ERROR_LIMIT, Diagnostic, Diagnostics
 from .indenter import Indenter, LayoutError
+from .lark_runtime import PatternStr, UnexpectedInput, new_parser
 from .source import SourceFile
 from .syntax_errors import describe_syntax_error
 
@@ -35,23 +31,10 @@ _LOCK = threading.Lock()
 
 
 @functools.cache
-def _parser() -> tuple[Lark, Indenter, Builder, dict[str, str]]:
-    grammar = resources.files("tessera.grammar").joinpath("tessera.lark").read_text("utf-8")
+def _parser() -> tuple[Any, Indenter, Builder, dict[str, str]]:
     indenter = Indenter()
     builder = Builder()
-    # Building the LALR tables takes most of a second; they are kept between runs.
-    tables = private_cache_dir("parser")
-    lark = Lark(
-        grammar,
-        cache=str(tables / "tessera.lark.cache") if tables else False,
-        parser="lalr",
-        lexer="basic",
-        strict=True,
-        maybe_placeholders=False,
-        keep_all_tokens=True,  # the builder filters, and takes spans from the edges
-        postlex=indenter,
-        transformer=builder.lark_callbacks(),
-    )
+    lark = new_parser(postlex=indenter, transformer=builder.lark_callbacks())
     literals = {
         t.name: t.pattern.value for t in lark.terminals if isinstance(t.pattern, PatternStr)
     }

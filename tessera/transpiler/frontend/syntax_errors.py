@@ -11,11 +11,9 @@ before Y" with the expected terminals summarised in words.
 
 from __future__ import annotations
 
-from lark import Token
-from lark.exceptions import UnexpectedCharacters, UnexpectedToken
-
 from .diagnostics import Diagnostic, Note, Severity
 from .indenter import CLOSERS, OPENERS, IndentState, LayoutError
+from .lark_runtime import Token, UnexpectedCharacters, UnexpectedToken
 from .source import SourceFile, Span
 
 __all__ = ["describe_syntax_error", "UNSUPPORTED_KEYWORDS"]
