@@ -19,10 +19,12 @@ def write_file(path: str | os.PathLike[str], content: str | bytes) -> None:
     """Write ``content`` (text as UTF-8, newlines as given) to ``path``.
 
     A regular file, or a path where nothing is yet, is replaced atomically: the
-    content goes to a temporary file beside it, is flushed to disk, and is renamed
-    over it, so that a reader or a crash sees the old file or the new one, never
-    half of one. The new file keeps the mode of the file it replaces; a file that
-    did not exist gets ``0o666`` less the umask (and the directory's default ACL).
+    content goes to a temporary file beside it that is renamed over it, so that a
+    reader sees the old file or the new one, never half of one. It is not forced to
+    disk (no ``fsync``, which can cost tens of milliseconds a file): like a C
+    compiler's, the output can be made again from its source. The new file keeps the
+    mode of the file it replaces; a file that did not exist gets ``0o666`` less the
+    umask (and the directory's default ACL).
     A symbolic link is followed: its target is replaced and the link stays.
     Anything else (a device such as ``/dev/null``, ``/dev/stdout``, a FIFO) is
     opened and written directly, never replaced. ``OSError`` says why a path
@@ -62,10 +64,8 @@ def _replace(target: str, data: bytes, mode: int | None) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
             if mode is not None:
                 os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
