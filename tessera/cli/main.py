@@ -37,6 +37,7 @@ _COMMANDS = {
     "cache": ("tune", "cache_main"),
     "check": ("check", "check_main"),
     "inspect": ("inspect", "inspect_main"),
+    "pack-repro": ("repro", "pack_repro_main"),
 }
 
 _EPILOG = f"""\
@@ -61,6 +62,7 @@ commands:
   tesserac cache show|merge    look at and combine schedule cache files
   tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
   tesserac inspect FILE.tsr -o PAGE.html   the stages side by side, as an HTML page
+  tesserac pack-repro FILE.tsr ... -o PACK  a repro pack of a compile, for a bug report
 
 examples:
   tesserac attention.tsr -o attention.cu
@@ -69,6 +71,7 @@ examples:
   tesserac attention.tsr --emit ast
 
 exit status: 0 success, 1 errors in the program, 2 usage error, 3 internal compiler error
+(with a repro pack written to $TESSERA_REPRO_DIR or the temporary directory)
 """
 
 
@@ -165,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             text = program.inspect_ir(args.emit)
     except REPORTED as exc:
-        return report(parser, exc)
+        return _with_pack(report(parser, exc), args, options, exc)
     except Exception as exc:  # a bug in the driver itself
-        return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+        status = _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+        return _with_pack(status, args, options, exc)
     if args.emit == "target" and options.target in ("cuda", "hip") and not args.no_host:
         from ..transpiler.target.simt_host import HostNameClash, host_source
 
@@ -211,6 +215,15 @@ def _as_kwargs(options: Options) -> dict:
         "kernel": options.kernel,
         "debug": options.debug,
     }
+
+
+def _with_pack(status: int, args: argparse.Namespace, options: Options, exc: Exception) -> int:
+    """``status``, after writing a repro pack if it is an internal error's."""
+    if status == 3:
+        from .repro import Invocation, offer_pack
+
+        offer_pack(Invocation.of(args.file, options, args.emit, args.schedule_cache), exc)
+    return status
 
 
 def _internal_error(message: object, cause: BaseException) -> int:
