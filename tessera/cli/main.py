@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel (registers, shared memory, barriers, stack frame, spills)",
     )  # fmt: skip
     parser.add_argument(
+        "--format", choices=("json", "yaml"), default="json",
+        help="with --emit meta: yaml prints each kernel's metadata as the system "
+        "architecture's YAML (tile, fragments, resources, launch, epilogue; docs/runtime.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--debug", action="store_true",
         help="a debug build: the metadata has each launch check what it writes for NaN and "
         "infinity (the OpenCL runtime runs the checks)",
@@ -152,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
     if args.resources and (options.target != "cuda" or args.emit != "meta"):
         parser.error("--resources goes with --emit meta for the cuda target")
+    if args.format == "yaml" and (args.emit != "meta" or args.resources):
+        parser.error("--format yaml goes with --emit meta, without --resources")
     if args.emit == "cubin" and args.output is None and sys.stdout.isatty():
         parser.error("a cubin is binary: write it to a file with -o")
     try:
@@ -165,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             from ..transpiler.target.nvrtc import with_resources
 
             text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
+        elif args.format == "yaml":
+            from ..transpiler.target.kernel_records import kernel_yaml
+
+            text = kernel_yaml(program.ir("tile"), program.ir("meta"))
         else:
             text = program.inspect_ir(args.emit)
     except REPORTED as exc:
