@@ -38,6 +38,7 @@ _COMMANDS = {
     "check": ("check", "check_main"),
     "inspect": ("inspect", "inspect_main"),
     "pack-repro": ("repro", "pack_repro_main"),
+    "bundle": ("bundle", "bundle_main"),
 }
 
 _EPILOG = f"""\
@@ -63,6 +64,7 @@ commands:
   tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
   tesserac inspect FILE.tsr -o PAGE.html   the stages side by side, as an HTML page
   tesserac pack-repro FILE.tsr ... -o PACK  a repro pack of a compile, for a bug report
+  tesserac bundle FILE.tsr --arch sm_80,sm_90a -o NAME.tsrpkg   an ahead-of-time bundle
 
 examples:
   tesserac attention.tsr -o attention.cu
