@@ -10,7 +10,7 @@ import sys
 
 from ..packs import PackError, write_pack
 from ..transpiler.options import TARGETS
-from .common import run_reported
+from .common import add_pack_output, run_reported
 
 __all__ = ["bundle_main"]
 
@@ -34,10 +34,7 @@ def bundle_main(argv: list[str]) -> int:
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="SYM=VALUE",
                         help="fix a symbolic dim to a constant (repeatable)")  # fmt: skip
     parser.add_argument("--schedule-cache", metavar="PATH", help="use the tuned schedules in PATH")
-    parser.add_argument(
-        "-o", dest="output", required=True, metavar="NAME.tsrpkg",
-        help="the bundle: a directory (an archive if it ends in .tar.gz)",
-    )  # fmt: skip
+    add_pack_output(parser, "NAME.tsrpkg", "the bundle")
     args = parser.parse_args(argv)
     arches = [a for a in args.arch.split(",") if a]
     unknown = [a for a in arches if a not in TARGETS["cuda"]]

@@ -28,11 +28,12 @@ from pathlib import Path
 
 from .. import __version__
 from ..packs import PackError, manifest, write_pack
+from ..transpiler import pipeline
 from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.frontend.source import SourceReadError, decode_source
 from ..transpiler.options import Options, OptionsError
-from ..transpiler.pipeline import PIPELINE, STAGES, InternalCompilerError, compile
-from .common import add_compile_options
+from ..transpiler.pipeline import STAGES, InternalCompilerError, compile
+from .common import add_compile_options, add_pack_output
 
 __all__ = ["Invocation", "repro_files", "offer_pack", "pack_repro_main"]
 
@@ -119,7 +120,7 @@ def _stages(
     which writing target code reads): the printed IR of each stage that ran, the
     failure that stopped it, and the stage it stopped at (None: all ran)."""
     last = max(STAGES.index(run.emit), STAGES.index("meta"))
-    wanted = [s.name for s in PIPELINE if STAGES.index(s.name) <= last
+    wanted = [s.name for s in pipeline.PIPELINE if STAGES.index(s.name) <= last
               and (not s.on_request or s.name == run.emit)]  # fmt: skip
     shown: dict[str, str | bytes] = {}
     try:
@@ -194,10 +195,7 @@ def pack_repro_main(argv: list[str]) -> int:
                         help="the stage the run asked for (default: target)")  # fmt: skip
     parser.add_argument("--schedule-cache", metavar="PATH", help="the run's schedule cache")
     parser.add_argument("--debug", action="store_true", help="the run was a debug build")
-    parser.add_argument(
-        "-o", dest="output", required=True, metavar="PACK",
-        help="the pack: a directory, or an archive if it ends in .tar.gz",
-    )  # fmt: skip
+    add_pack_output(parser, "PACK", "the pack")
     args = parser.parse_args(argv)
     try:
         options = Options.create(
