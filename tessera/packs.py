@@ -60,8 +60,8 @@ def write_pack(path: str | os.PathLike[str], files: Mapping[str, bytes]) -> None
     try:
         if is_archive(path):
             write_file(path, _archive(everything))
-        else:
-            _write_directory(Path(path), everything)
+        else:  # through a link to a pack, the pack it names
+            _write_directory(Path(os.path.realpath(path)), everything)
     except OSError as exc:
         raise PackError(f"cannot write '{path}': {exc.strerror or exc}") from None
 

@@ -114,3 +114,6 @@ def test_a_pack_replaces_only_a_pack(tmp_path: Path) -> None:
         read_pack(tmp_path / "pack")
     write_pack(tmp_path / "pack", {"b/c.txt": b"z"})
     assert sorted(p.name for p in (tmp_path / "pack").iterdir()) == ["b", MANIFEST]
+    (tmp_path / "link").symlink_to("pack")  # a link to a pack: the pack is written
+    write_pack(tmp_path / "link", {"d.txt": b"w"})
+    assert (tmp_path / "link").is_symlink() and read_pack(tmp_path / "pack") == {"d.txt": b"w"}

@@ -32,7 +32,7 @@ from ..transpiler import pipeline
 from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.frontend.source import SourceReadError, decode_source
 from ..transpiler.options import Options, OptionsError
-from ..transpiler.pipeline import STAGES, InternalCompilerError, compile
+from ..transpiler.pipeline import STAGES, InternalCompilerError, StageNotImplemented, compile
 from .common import add_compile_options, add_pack_output
 
 __all__ = ["Invocation", "repro_files", "offer_pack", "pack_repro_main"]
@@ -143,7 +143,7 @@ def _describe(error: BaseException) -> str:
     traceback of its cause."""
     cause = getattr(error, "cause", None) or error
     text = f"{type(error).__name__}: {error}\n"
-    if isinstance(error, CompileError | SourceReadError | OptionsError):
+    if isinstance(error, CompileError | SourceReadError | OptionsError | StageNotImplemented):
         return text
     return text + "\n" + "".join(traceback.format_exception(cause))
 
