@@ -27,6 +27,7 @@ _PUBLIC = {
     "StageNotImplemented": "tessera.transpiler.pipeline",
     "compile": "tessera.transpiler.pipeline",
     "compile_file": "tessera.transpiler.pipeline",
+    "load_bundle": "tessera.runtime.bundle",
 }
 
 __all__ = [
@@ -41,9 +42,11 @@ __all__ = [
     "__version__",
     "compile",
     "compile_file",
+    "load_bundle",
 ]
 
 if TYPE_CHECKING:
+    from .runtime.bundle import load_bundle
     from .transpiler.frontend.diagnostics import CompileError, Diagnostic
     from .transpiler.options import Options, OptionsError
     from .transpiler.pipeline import (

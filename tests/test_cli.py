@@ -227,16 +227,18 @@ def test_directory_instead_of_file(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_internal_error_exits_3_and_names_the_stage(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def broken(*_: object) -> None:
         raise KeyError("oops")
 
     stage = pipeline.PIPELINE[0]
     monkeypatch.setattr(pipeline, "PIPELINE", (pipeline.Stage(stage.name, broken, stage.show),))
+    monkeypatch.setenv("TESSERA_REPRO_DIR", str(tmp_path))
     status, _, err = run([ATTENTION, "--emit", "ast"], capsys)
     assert status == 3
     assert "internal compiler error in stage 'ast'" in err
+    assert "a repro pack for the report:" in err  # tests/test_repro.py looks inside
 
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from ..transpiler.frontend.diagnostics import CompileError
 from ..transpiler.options import DEFAULT_TARGET, TARGETS, OptionsError
 from ..transpiler.pipeline import InternalCompilerError, StageNotImplemented
 
-__all__ = ["add_compile_options", "run_reported", "report", "REPORTED"]
+__all__ = ["add_compile_options", "add_pack_output", "run_reported", "report", "REPORTED"]
 
 
 def add_compile_options(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +22,15 @@ def add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="SYM=VALUE",
                         help="fix a symbolic dim to a constant (repeatable)")  # fmt: skip
     parser.add_argument("--kernel", metavar="NAME", help="only the function NAME")
+
+
+def add_pack_output(parser: argparse.ArgumentParser, metavar: str, what: str) -> None:
+    """``-o``, for a command that writes a pack (``tessera.packs``): a directory, or an
+    archive where the name says so."""
+    parser.add_argument(
+        "-o", dest="output", required=True, metavar=metavar,
+        help=f"{what}: a directory, or an archive if it ends in .tar.gz",
+    )  # fmt: skip
 
 
 #: The failures a compile reports, each with its exit status (``report``).

@@ -37,6 +37,8 @@ _COMMANDS = {
     "cache": ("tune", "cache_main"),
     "check": ("check", "check_main"),
     "inspect": ("inspect", "inspect_main"),
+    "pack-repro": ("repro", "pack_repro_main"),
+    "bundle": ("bundle", "bundle_main"),
 }
 
 _EPILOG = f"""\
@@ -61,6 +63,8 @@ commands:
   tesserac cache show|merge    look at and combine schedule cache files
   tesserac check FILE.tsr ...  find data races and bank conflicts in the kernels
   tesserac inspect FILE.tsr -o PAGE.html   the stages side by side, as an HTML page
+  tesserac pack-repro FILE.tsr ... -o PACK  a repro pack of a compile, for a bug report
+  tesserac bundle FILE.tsr --arch sm_80,sm_90a -o NAME.tsrpkg   an ahead-of-time bundle
 
 examples:
   tesserac attention.tsr -o attention.cu
@@ -69,6 +73,7 @@ examples:
   tesserac attention.tsr --emit ast
 
 exit status: 0 success, 1 errors in the program, 2 usage error, 3 internal compiler error
+(with a repro pack written to $TESSERA_REPRO_DIR or the temporary directory)
 """
 
 
@@ -119,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel (registers, shared memory, barriers, stack frame, spills)",
     )  # fmt: skip
     parser.add_argument(
+        "--format", choices=("json", "yaml"), default="json",
+        help="with --emit meta: yaml prints each kernel's metadata as the system "
+        "architecture's YAML (tile, fragments, resources, launch, epilogue; docs/runtime.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--debug", action="store_true",
         help="a debug build: the metadata has each launch check what it writes for NaN and "
         "infinity (the OpenCL runtime runs the checks)",
@@ -149,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
     if args.resources and (options.target != "cuda" or args.emit != "meta"):
         parser.error("--resources goes with --emit meta for the cuda target")
+    if args.format == "yaml" and (args.emit != "meta" or args.resources):
+        parser.error("--format yaml goes with --emit meta, without --resources")
     if args.emit == "cubin" and args.output is None and sys.stdout.isatty():
         parser.error("a cubin is binary: write it to a file with -o")
     try:
@@ -162,12 +174,17 @@ def main(argv: list[str] | None = None) -> int:
             from ..transpiler.target.nvrtc import with_resources
 
             text = print_meta(with_resources(program.ir("meta"), program.ir("cubin")))
+        elif args.format == "yaml":
+            from ..transpiler.target.kernel_records import kernel_yaml
+
+            text = kernel_yaml(program.ir("tile"), program.ir("meta"))
         else:
             text = program.inspect_ir(args.emit)
     except REPORTED as exc:
-        return report(parser, exc)
+        return _with_pack(report(parser, exc), args, options, exc)
     except Exception as exc:  # a bug in the driver itself
-        return _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+        status = _internal_error(f"internal compiler error in the driver: {exc!r}", exc)
+        return _with_pack(status, args, options, exc)
     if args.emit == "target" and options.target in ("cuda", "hip") and not args.no_host:
         from ..transpiler.target.simt_host import HostNameClash, host_source
 
@@ -211,6 +228,15 @@ def _as_kwargs(options: Options) -> dict:
         "kernel": options.kernel,
         "debug": options.debug,
     }
+
+
+def _with_pack(status: int, args: argparse.Namespace, options: Options, exc: Exception) -> int:
+    """``status``, after writing a repro pack if it is an internal error's."""
+    if status == 3:
+        from .repro import Invocation, offer_pack
+
+        offer_pack(Invocation.of(args.file, options, args.emit, args.schedule_cache), exc)
+    return status
 
 
 def _internal_error(message: object, cause: BaseException) -> int:

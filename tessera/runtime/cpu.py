@@ -30,6 +30,7 @@ from .cpu_ext import load_extension
 from .entry import Entry, Library
 from .foreign import TensorView
 from .mpi import agree, world
+from .telemetry import launched
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -107,7 +108,8 @@ class CpuFunction(Entry):
             agree(self.name, self.meta["mesh"], self._dims, sizes)
         call = [arrays[p["name"]] if p["kind"] == "tensor" else values[p["name"]]
                 for p in self._params]  # fmt: skip
-        self._entry(*call, *(sizes[d] for d in self._dims))
+        launched(self._library.meta, self.name, self.meta["symbol"], self.meta["kernels"], sizes,
+                 None, self._entry, *call, *(sizes[d] for d in self._dims))  # fmt: skip
         self._library.called()
 
 

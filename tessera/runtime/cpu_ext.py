@@ -28,6 +28,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -296,7 +297,7 @@ def load_extension(
     """Each function's C call, by name, for the loaded shared object ``library`` (empty
     where the extension cannot be built here). ``dtype(name)`` is a dtype's numpy dtype."""
     headers = _headers()
-    if headers is None:
+    if headers is None or shutil.which(compiler) is None:  # a bundle runs without one
         return {}
     probe, _, _ = extension_source(meta, "tsr_numpy")
     versions = "\0".join([sys.version, np.__version__, compiler])

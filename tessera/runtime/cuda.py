@@ -38,6 +38,7 @@ from . import cuda_launch, tensor_map
 from .entry import MISSED, Entry, Library, argument, evaluate
 from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 from .plan import fast_path
+from .telemetry import copying, launched
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
 
@@ -91,8 +92,12 @@ class CudaFunction(Entry):
 
     _contiguous = "np.ascontiguousarray, torch's .contiguous(), cupy.ascontiguousarray"
 
-    def __init__(self, module: Any, meta: Mapping[str, Any]) -> None:
+    def __init__(
+        self, module: Any, meta: Mapping[str, Any], top: Mapping[str, Any] | None = None
+    ) -> None:
+        """``meta`` is the function's metadata, ``top`` the module's (for the metrics)."""
         super().__init__(meta)
+        self._module = top or {}
         self._kernels = {}
         for launch in meta["launches"]:
             kernel = module.get_function(launch["kernel"])
@@ -199,7 +204,8 @@ class CudaFunction(Entry):
                 if a.view.producer_stream is not None:
                     cupy.cuda.ExternalStream(a.view.producer_stream).synchronize()
         else:
-            device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
+            with copying(self.name):
+                device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = cupy.empty(size, dtype=cupy.uint8)
         scalars = self._kernel_scalars(values)
@@ -213,14 +219,16 @@ class CudaFunction(Entry):
                 device[m["name"]] = _tensor_map(m, device[m["tensor"]], sizes)
             args = tuple(argument(a, device, scalars, sizes) for a in launch["args"])
             grid += [1] * (3 - len(grid))
-            self._kernels[launch["kernel"]](
-                tuple(grid), (launch["threads"], 1, 1), args, shared_mem=launch["dynamic_smem"]
-            )
+            launched(self._module, self.name, launch["kernel"], (launch["kernel"],), sizes,
+                     _synchronize, self._kernels[launch["kernel"]],
+                     tuple(grid), (launch["threads"], 1, 1), args,
+                     shared_mem=launch["dynamic_smem"])  # fmt: skip
         if on_device:
             return
-        for p in self._params:
-            if p["kind"] == "tensor" and p["io"] != "in":
-                device[p["name"]].get(out=_bytes(arrays[p["name"]]))
+        with copying(self.name):
+            for p in self._params:
+                if p["kind"] == "tensor" and p["io"] != "in":
+                    device[p["name"]].get(out=_bytes(arrays[p["name"]]))
 
 
 def _raw_launches(meta: Mapping[str, Any], kernels: Mapping[str, Any], units: int) -> Any:
@@ -240,6 +248,11 @@ def _raw_launches(meta: Mapping[str, Any], kernels: Mapping[str, Any], units: in
     if not hasattr(driver, "cuLaunchKernel"):
         return None
     return cuda_launch.Launches(meta, handles, driver, units)
+
+
+def _synchronize() -> None:
+    """Wait for the work on CuPy's current stream (a timed launch's end)."""
+    _cupy().cuda.get_current_stream().synchronize()
 
 
 def _dtype(name: str) -> np.dtype:
@@ -271,7 +284,7 @@ class CudaLibrary(Library):
         module = cupy.RawModule(
             code=source, options=tuple(meta["build"]["options"]), backend="nvrtc"
         )
-        super().__init__(meta, [CudaFunction(module, f) for f in meta["functions"]])
+        super().__init__(meta, [CudaFunction(module, f, meta) for f in meta["functions"]])
 
 
 def multiprocessors() -> int:

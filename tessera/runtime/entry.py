@@ -18,6 +18,7 @@ from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.target.entry import signature_items
 from ..transpiler.tile.interpret import numpy_dtype
 from .foreign import TensorView, host_array, host_view, numpy_view
+from .telemetry import STATE as TELEMETRY
 
 __all__ = ["Entry", "Library", "evaluate", "argument", "MISSED"]
 
@@ -78,7 +79,8 @@ class Entry:
         """Run the function. ``out`` is an optional preallocated result array, or for a
         function of several results a tuple of them (``None`` where one is allocated),
         as numpy's ufuncs take it. A function of several results returns a tuple."""
-        if self._fast is not None and not kwargs and (out is None or self._fast_takes_out):
+        fast = self._fast is not None and not TELEMETRY.on  # telemetry: the full path
+        if fast and not kwargs and (out is None or self._fast_takes_out):
             done = self._fast(*args) if out is None else self._fast(*args, out=out)
             if done is not MISSED:
                 return done

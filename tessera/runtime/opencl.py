@@ -18,6 +18,7 @@ import numpy as np
 
 from .entry import Entry, Library, argument
 from .sentinel import check_finite
+from .telemetry import copying, launched
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
 
@@ -45,8 +46,11 @@ def _queue() -> Any:
 class OpenclFunction(Entry):
     """One function: its launches, run on the library's queue."""
 
-    def __init__(self, program: Any, queue: Any, meta: Mapping[str, Any]) -> None:
+    def __init__(
+        self, program: Any, queue: Any, meta: Mapping[str, Any], module: Mapping[str, Any]
+    ) -> None:
         super().__init__(meta)
+        self._module = module
         self._queue = queue
         self._kernels = {k["kernel"]: getattr(program, k["kernel"]) for k in meta["launches"]}
 
@@ -56,7 +60,8 @@ class OpenclFunction(Entry):
         import pyopencl as cl
 
         context = self._queue.context
-        device = {name: _buffer(context, a.nbytes, a) for name, a in arrays.items()}
+        with copying(self.name):
+            device = {name: _buffer(context, a.nbytes, a) for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = _buffer(context, size)
         scalars = self._kernel_scalars(values)
@@ -69,13 +74,16 @@ class OpenclFunction(Entry):
             threads = launch["threads"]
             grid = (counts[0] * threads, *counts[1:])
             group = (threads,) + (1,) * (len(grid) - 1)
-            cl.enqueue_nd_range_kernel(self._queue, kernel, grid, group)
+            launched(self._module, self.name, launch["kernel"], (launch["kernel"],), sizes,
+                     self._queue.finish, cl.enqueue_nd_range_kernel, self._queue, kernel, grid,
+                     group)  # fmt: skip
             if "sentinel" in launch:
                 self._check(launch, device)
-        for p in self._params:
-            if p["kind"] == "tensor" and p["io"] != "in" and arrays[p["name"]].nbytes:
-                cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
-        self._queue.finish()
+        with copying(self.name):
+            for p in self._params:
+                if p["kind"] == "tensor" and p["io"] != "in" and arrays[p["name"]].nbytes:
+                    cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
+            self._queue.finish()
 
     def _check(self, launch: Mapping[str, Any], device: Mapping[str, Any]) -> None:
         """A debug build's sentinel: what the launch wrote, read back and checked."""
@@ -109,7 +117,7 @@ class OpenclLibrary(Library):
         import pyopencl as cl
 
         program = cl.Program(queue.context, source).build(options=meta["build"]["options"])
-        super().__init__(meta, [OpenclFunction(program, queue, f) for f in meta["functions"]])
+        super().__init__(meta, [OpenclFunction(program, queue, f, meta) for f in meta["functions"]])
 
 
 def load(source: str, meta: Mapping[str, Any]) -> OpenclLibrary:

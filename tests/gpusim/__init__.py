@@ -323,7 +323,7 @@ def simulated_cupy(arch: str, sanitize: bool = False, multiprocessors: int = 4) 
     persistent launch); with ``sanitize``, modules are built under AddressSanitizer and
     UBSan, as ``compute-sanitizer`` checks a GPU's."""
     capability = arch.removeprefix("sm_").rstrip("a")
-    stream = SimpleNamespace(ptr=0)
+    stream = SimpleNamespace(ptr=0, synchronize=lambda: None)  # launches run as they are made
     gpu = SimpleNamespace(id=0, compute_capability=capability,
                           attributes={"MultiProcessorCount": multiprocessors})  # fmt: skip
     return SimpleNamespace(
