@@ -809,6 +809,10 @@ def swiglu_halves(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
     return silu(h[:, :F]) * h[:, F:]
 
 @kernel
+def halves_as_numpy_writes_them(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
+    return silu(h[:, : h.shape[1] // 2]) * h[:, "C/2":] + h[:, 7 // 2 : 7 % 3 + 3]
+
+@kernel
 def fused_gate_up(x: Tensor["M", "K", bf16],
                   w: Tensor["K", "F2", bf16]) -> Tensor["M", "F2/2", f32]:
     h = x @ w
@@ -879,6 +883,7 @@ COLUMNS = {"column_sums", "column_means", "column_maxes"}
 #: The functions whose result is a reshape or a permutation, and its shape for the arguments.
 RESHAPED = {
     "swiglu_halves": lambda h: (h.shape[0], h.shape[1] // 2),
+    "halves_as_numpy_writes_them": lambda h: (h.shape[0], h.shape[1] // 2),
     "fused_gate_up": lambda x, w: (x.shape[0], w.shape[1] // 2),
     "sliced_softmax": lambda x: (*x.shape[:2], x.shape[2] - 8),
     "last_columns": lambda x: (*x.shape[:2], 24),
@@ -1477,6 +1482,11 @@ def test_slices_of_the_last_axis_are_read_where_they_lie(library: Any) -> None:
     a, b = f64(h[:, :75]), f64(h[:, 75:])
     want = a / (1 + np.exp(-a)) * b
     np.testing.assert_allclose(f64(library.swiglu_halves(h)), want, rtol=1e-5, atol=1e-6)
+    want = want + f64(h[:, 3:4])  # C // 2 and "C/2" bound slices as C/2 does; 7 // 2 is 3
+    got = f64(library.halves_as_numpy_writes_them(h))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"C = 149 breaks C % 2 == 0 \(the slice 0:C/2"):
+        library.halves_as_numpy_writes_them(h[:, :149].copy())
     x = rng.standard_normal((37, 70), dtype=np.float32).astype(ml_dtypes.bfloat16)
     w = rng.standard_normal((70, 90), dtype=np.float32).astype(ml_dtypes.bfloat16)
     p = f64(x) @ f64(w)

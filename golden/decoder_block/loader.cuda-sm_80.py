@@ -134,7 +134,7 @@ def decoder_block(
     _shape("decoder_block", "w2", w2, "[F, C]", (F, C))
     if C % 64 != 0:
         raise ValueError(
-            f"decoder_block(): C = {C} breaks C % ... == 0 with 64 "
+            f"decoder_block(): C = {C} breaks C % 64 == 0 "
             "(reshape: C/64 is a whole dim)"
         )
     if out is None:

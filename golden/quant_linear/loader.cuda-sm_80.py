@@ -160,7 +160,7 @@ def linear_per_group(
     _shape("linear_per_group", "scale", scale, "[K/32, N]", (K // 32, N))
     if K % 32 != 0:
         raise ValueError(
-            f"linear_per_group(): K = {K} breaks K % ... == 0 with 32 "
+            f"linear_per_group(): K = {K} breaks K % 32 == 0 "
             "('scale' has a dim \"K/32\")"
         )
     if out is None:

@@ -260,13 +260,15 @@ class Entry:
             ok = {"equal": left == right, "divisible": right != 0 and left % right == 0,
                   "at_most": left <= right, "at_least": left >= right}[g["kind"]]  # fmt: skip
             if not ok:
-                relation = {"equal": "==", "divisible": "% ... == 0 with", "at_most": "<=",
-                            "at_least": ">="}  # fmt: skip
-                # A size on the right has its value shown too: H % ... == 0 with G = 4.
-                shown = g["right"] if g["right"].isdigit() else f"{g['right']} = {right}"
+                relation = {"equal": "==", "at_most": "<=", "at_least": ">="}
+                # A size on the right has its value shown too: H % G == 0 with G = 4.
+                value = "" if g["right"].isdigit() else f"{g['right']} = {right}"
+                if g["kind"] == "divisible":
+                    broken = f"{g['left']} % {g['right']} == 0" + (f" with {value}" * bool(value))
+                else:
+                    broken = f"{g['left']} {relation[g['kind']]} {value or g['right']}"
                 raise ValueError(
-                    f"{self.name}(): {g['left']} = {left} breaks {g['left']} "
-                    f"{relation[g['kind']]} {shown} ({g['reason']})"
+                    f"{self.name}(): {g['left']} = {left} breaks {broken} ({g['reason']})"
                 )
 
     def _check_indices(self, g: Mapping[str, Any], array: Any, low: int, bound: int) -> None:

@@ -19,7 +19,7 @@ from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from .differentiate import grad_ref, gradient_of
-from .dims import Dim
+from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
@@ -332,8 +332,12 @@ class Evaluator:
                 dims.append(Dim.const(v.value))
             else:
                 raise SemanticError(f"sizes combine with integers, not {describe(v)}", ev.span)
+        if node.op == "//" and all(d.constant is not None for d in dims):
+            return DimValue(Dim.const(int(dims[0].constant // dims[1].constant)))
+        # N // 2 of a symbolic size is N/2: where N is odd, what uses it is refused at the
+        # call (a slice or a shape checks that its bounds are whole), never floored.
         op = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}.get(
-            node.op
+            "/" if node.op == "//" else node.op
         )
         if op is None:
             raise SemanticError(f"'{node.op}' is not defined on sizes", node.span)
@@ -666,6 +670,8 @@ class Evaluator:
         if is_int(ev.value):
             i = ev.value.value
             return size + Dim.const(i) if i < 0 else Dim.const(i)
+        if isinstance(ev.value, Const) and isinstance(ev.value.value, str):  # "C/2", as dims
+            return self._size_text(ev.value.value, ev.span)
         gather = ""
         if isinstance(ev.value, Value) and isinstance(ev.value.type, TensorType):
             gather = " (a gather by a tensor's values, x[i, labels[i]], is "
@@ -674,6 +680,22 @@ class Evaluator:
             f"an index or a slice bound is an integer or a size, not {describe(ev.value)}" + gather,
             ev.span,
         )
+
+    def _size_text(self, text: str, span: Span) -> Dim:
+        """A size written as an annotation writes a dim (``"C/2"``): of the function's
+        sizes and the ``-D`` symbols."""
+        try:
+            dim = parse_dim(text).substitute(self.function.defines)
+        except DimSyntaxError as exc:
+            raise SemanticError(f'bad dim "{text}": {exc.message}', span) from None
+        unknown = sorted(dim.symbols() - set(self.function.dims))
+        if unknown:
+            raise SemanticError(
+                f'"{text}" names {", ".join(unknown)}, which no parameter of '
+                f"'{self.function.node.name}' has as a size",
+                span,
+            )
+        return dim
 
     # -- calls -------------------------------------------------------------------
 

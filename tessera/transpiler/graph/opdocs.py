@@ -66,8 +66,9 @@ _VALUES = """\
 | `x[:, None]` | a new axis of size 1 (for broadcasting); `...` stands for the axes not named |
 | `x[:, a:b]` | elements `[a, b)` of a tensor's axis, on any axes of a tensor of two or more, \
 as in NumPy (a negative bound counts from the end; sizes may be bounds: `h[..., :F]`, \
-`k[:, :T]`); a view that the kernels reading it read where it lies. A step, and slices of a \
-vector or a tile (`tile.split` does), are not supported |
+`k[:, :T]`, `h[:, :C // 2]`, `h[:, "C/2":]`, where a size's `//` is exact: a call whose `C` \
+is odd is refused, never rounded); a view that the kernels reading it read where it lies. A \
+step, and slices of a vector or a tile (`tile.split` does), are not supported |
 | `x[:, i]` | element `i` along an axis, without the axis (`h[:, -1]`: the last position): the \
 slice `i:i+1`, copied, reshaped |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |

@@ -234,15 +234,17 @@ def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> lis
         args = [f'"{function}"', f'"{g["tensor"]}"', g["tensor"], left, right, shown,
                 _quoted(g["reason"])]  # fmt: skip
         return _wrap(4, "_indices(", args, ")")
+    said, right_name = _literal(g["left"]), _literal(g["right"])
+    # A size on the right has its value shown too, as the runtime's message does.
+    value = "" if g["right"].isdigit() else f"{right_name} = {{{right}}}"
     if g["kind"] == "divisible":
         nonzero = "" if right.isdigit() and int(right) else f"{right} == 0 or "
-        test, relation = f"{nonzero}{left} % {right} != 0", "% ... == 0 with"
+        test = f"{nonzero}{left} % {right} != 0"
+        broken = f"{said} % {right_name} == 0" + (f" with {value}" * bool(value))
     else:
-        test, relation = f"not {left} {_RELATIONS[g['kind']]} {right}", _RELATIONS[g["kind"]]
-    said = _literal(g["left"])
-    # A size on the right has its value shown too, as the runtime's message does.
-    right_said = _literal(g["right"]) + ("" if g["right"].isdigit() else f" = {{{right}}}")
-    head = f"{function}(): {said} = {{{left}}} breaks {said} {relation} {right_said} "
+        test = f"not {left} {_RELATIONS[g['kind']]} {right}"
+        broken = f"{said} {_RELATIONS[g['kind']]} {value or right_name}"
+    head = f"{function}(): {said} = {{{left}}} breaks {broken} "
     reason = f"({g['reason']})"
     whole = _wrap(8, "raise ValueError(", [_quoted(head + _literal(reason), "f")], ")")
     if all(len(line) <= _WIDTH for line in whole):

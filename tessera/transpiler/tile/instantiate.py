@@ -262,24 +262,21 @@ def view_of(op: Op, rename: dict[int, Value]) -> View:
 
 
 def rows_permuted_load(lowering: Any, view: View, out: Access) -> Value:
-    """Load the rows of ``out`` (an access to the view's tensor) where they lie in the
-    view's source."""
-    access = view.access(out)
-    sizes = tuple(a.size for a in access.tile_axes)
-    (loaded,) = lowering.emit(
-        "load", (view.source,), (TileType(sizes, view.source.type.dtype),), (("at", access),)
-    )
-    return loaded
+    """Load the part of the view's tensor that lines up with ``out`` where it lies in
+    the view's source, broadcast as any tensor is (``h[:, 3:4]`` read by a kernel over
+    ``[R, C]`` gives each row's one element to all its columns)."""
+    return _epilogue_operand(lowering, view.tensor, out, through=view)
 
 
 def _epilogue_operand(
     lowering: Any, value: Value, out: Access, view: TensorType | None = None,
-    inserted: tuple[int, ...] = (),
+    inserted: tuple[int, ...] = (), through: View | None = None,
 ) -> Value:  # fmt: skip
     """Load the part of an outside tensor that lines up with the output tile (a bias
     of ``[N]`` gives the tile's columns, broadcast over its rows). ``view`` is the
     tensor seen with new axes of one element at ``inserted`` (``s[:, None]``, whose
-    ``[R]`` then gives the tile's rows, broadcast over its columns)."""
+    ``[R]`` then gives the tile's rows, broadcast over its columns); ``through`` is
+    a view that ``value`` is read through, where it lies in the view's source."""
     if isinstance(value.type, ScalarType):
         return value
     dims = (view or value.type).dims
@@ -290,8 +287,11 @@ def _epilogue_operand(
         else:
             axes.append(dataclasses.replace(place, extent=extent))
     access = Access(tuple(a for i, a in enumerate(axes) if i not in inserted))
+    source = value
+    if through is not None:
+        access, source = through.access(access), through.source
     sizes = tuple(a.size for a in access.tile_axes)
-    (loaded,) = lowering.emit("load", (value,), (TileType(sizes, value.type.dtype),),
+    (loaded,) = lowering.emit("load", (source,), (TileType(sizes, source.type.dtype),),
                               (("at", access),))  # fmt: skip
     missing = len(out.tile_axes) - len(Access(tuple(axes)).tile_axes)
     tile_axis = [i for i, a in enumerate(axes) if not a.index]
