@@ -809,6 +809,10 @@ def swiglu_halves(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
     return silu(h[:, :F]) * h[:, F:]
 
 @kernel
+def slices_broadcast(h: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return h + h[1:2, :] * h[:, 3:4]
+
+@kernel
 def halves_as_numpy_writes_them(h: Tensor["R", "C", f32]) -> Tensor["R", "C/2", f32]:
     return silu(h[:, : h.shape[1] // 2]) * h[:, "C/2":] + h[:, 7 // 2 : 7 % 3 + 3]
 
@@ -1485,6 +1489,8 @@ def test_slices_of_the_last_axis_are_read_where_they_lie(library: Any) -> None:
     want = want + f64(h[:, 3:4])  # C // 2 and "C/2" bound slices as C/2 does; 7 // 2 is 3
     got = f64(library.halves_as_numpy_writes_them(h))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    want = f64(h) + f64(h[1:2, :]) * f64(h[:, 3:4])  # one row, one column, broadcast
+    np.testing.assert_allclose(f64(library.slices_broadcast(h)), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"C = 149 breaks C % 2 == 0 \(the slice 0:C/2"):
         library.halves_as_numpy_writes_them(h[:, :149].copy())
     x = rng.standard_normal((37, 70), dtype=np.float32).astype(ml_dtypes.bfloat16)
