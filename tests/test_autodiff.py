@@ -129,16 +129,21 @@ def _inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return made
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Every case, built once, without optimization: the sizes are tiny, and g++ builds
-    the module in a tenth of the time it takes at -O3."""
+def built_unoptimized(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``path``'s functions for the CPU, built without optimization: the sizes are tiny,
+    and g++ builds the module in a tenth of the time it takes at -O3."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        program = tessera.compile_file(CASES_FILE, target="cpu")
+        program = tessera.compile_file(path, target="cpu")
         meta = program.ir("meta")
         flags = ["-O0" if f == "-O3" else f for f in meta["build"]["flags"]]
         return cpu.load(program.source, meta, flags)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every case, built once."""
+    return built_unoptimized(CASES_FILE, tmp_path_factory)
 
 
 def _tuple(x: Any) -> tuple:
@@ -170,16 +175,28 @@ def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
         assert grad.shape == inputs[param].shape and grad.dtype == np.float32
         np.testing.assert_allclose(grad, tensors[param].grad.numpy(), rtol=1e-4, atol=1e-4)
 
-    # Finite differences of F itself along a random direction, in float64 from the
-    # f32 inputs as rounded: <cotangent, F(x + h v) - F(x - h v)> against <vjp, 2 h v>.
+    assert_finite_differences(getattr(lib, name), inputs, dict(zip(wrt, grads, strict=True)),
+                              cotangents, rng)  # fmt: skip
+
+
+def assert_finite_differences(
+    f: Callable[..., Any],
+    inputs: dict[str, np.ndarray],
+    grads: dict[str, np.ndarray],
+    cotangents: tuple[np.ndarray, ...],
+    rng: np.random.Generator,
+) -> None:
+    """``grads``, the cotangents of some of ``f``'s ``inputs`` given ``cotangents``, against
+    finite differences of ``f`` itself along a random direction, in float64 from the f32
+    inputs as rounded: <cotangent, f(x + h v) - f(x - h v)> against <grads, 2 h v>."""
     plus, minus = dict(inputs), dict(inputs)
     step = 0.0
-    for param, grad in zip(wrt, grads, strict=True):
+    for param, grad in grads.items():
         v = rng.standard_normal(inputs[param].shape)
         plus[param] = (inputs[param] + 1e-3 * v).astype(np.float32)
         minus[param] = (inputs[param] - 1e-3 * v).astype(np.float32)
         step += np.sum(grad.astype(np.float64) * (plus[param] - minus[param].astype(np.float64)))
-    ahead, behind = (_tuple(getattr(lib, name)(*x.values())) for x in (plus, minus))
+    ahead, behind = (_tuple(f(*x.values())) for x in (plus, minus))
     terms = [c.astype(np.float64) * (a.astype(np.float64) - b)
              for c, a, b in zip(cotangents, ahead, behind, strict=True)]  # fmt: skip
     change = sum(t.sum() for t in terms)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..frontend.source import Span
@@ -29,7 +30,15 @@ from .opcall import Emitter, OpCall, SemanticError
 from .types import ScalarType, TensorType
 from .values import Const, DTypeRef, Ev
 
-__all__ = ["VJP_RULES", "backward", "differentiable", "filled"]
+__all__ = [
+    "REMAT_POLICIES",
+    "VJP_RULES",
+    "Region",
+    "adjoints",
+    "backward",
+    "differentiable",
+    "filled",
+]
 
 #: A cotangent: a tensor value, or None where no gradient flows.
 Cotangent = Value | None
@@ -472,6 +481,30 @@ _INSTEAD = {
 }
 
 
+@dataclass(frozen=True)
+class Region:
+    """Ops that the backward pass differentiates as one, by a rule of their own: a call
+    of a function with ``@custom_vjp`` or ``@custom_jvp``, or a ``checkpoint(F)``. The
+    ops are those whose results ``values`` holds; the backward pass gives ``rule`` the
+    rule one cotangent per output (None where none flows), and it gives one cotangent
+    per input (None where it gives none)."""
+
+    values: frozenset[int]
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    rule: Callable[[list[Cotangent]], list[Cotangent]]
+
+
+#: What each ``remat=`` policy saves: the forward ops whose results the backward pass
+#: reads as the forward computed them. It computes the others again from saved values,
+#: where it first reads them (and fusion fuses that into the kernels that read them).
+REMAT_POLICIES: dict[str, Callable[[Op], bool]] = {
+    "everything": lambda op: True,
+    "save_matmuls": lambda op: op.kind in ("matmul", "flash_attention"),
+    "nothing": lambda op: False,
+}
+
+
 def backward(
     emitter: Emitter,
     ops: Sequence[Op],
@@ -479,10 +512,35 @@ def backward(
     seeds: Sequence[Value],
     wrt: Sequence[Value],
     span: Span,
+    regions: Sequence[Region] = (),
+    remat: str = "everything",
 ) -> list[Value]:
     """The cotangents of ``wrt`` given ``seeds``, the cotangents of ``outputs``, through
     ``ops`` (in program order): one value of each ``wrt``'s shape, in its dtype. Ops
-    that no ``wrt`` reaches are not differentiated."""
+    that no ``wrt`` reaches are not differentiated; the ops of a ``Region`` are
+    differentiated by its rule; ``remat`` names the policy (``REMAT_POLICIES``) that
+    says which forward values the backward ops read as they are."""
+    found = adjoints(emitter, ops, outputs, seeds, wrt, span, regions, remat)
+    b = _Builder(emitter, span)
+    grads = []
+    for v, g in zip(wrt, found, strict=True):
+        g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
+        grads.append(g if g.type.dtype == v.type.dtype else b("cast", g, v.type.dtype))
+    return grads
+
+
+def adjoints(
+    emitter: Emitter,
+    ops: Sequence[Op],
+    outputs: Sequence[Value],
+    seeds: Sequence[Cotangent],
+    wrt: Sequence[Value],
+    span: Span,
+    regions: Sequence[Region] = (),
+    remat: str = "everything",
+) -> list[Cotangent]:
+    """``backward``'s cotangents as they come, None for a ``wrt`` that none reaches, a
+    cotangent possibly a broadcast of fewer elements (``_fit`` widens it)."""
     active = {v.id for v in wrt}
     for op in ops:
         if op.kind in _CONSTANT or not any(v.id in active for v in op.operands):
@@ -495,12 +553,21 @@ def backward(
         adjoint[value.id] = g if old is None else _Builder(emitter, span)("add", old, g)
 
     for out, seed in zip(outputs, seeds, strict=True):
-        if out.id in active:
+        if out.id in active and seed is not None:
             add(out, seed)
     targets = {v.id for v in wrt}
+    inside = {i: r for r in regions for i in r.values}
+    done: set[int] = set()
+    again = _Recomputed(emitter, ops, REMAT_POLICIES[remat])
     for op in reversed(ops):
         if any(r.id in targets for r in op.results):
             continue  # a value differentiated for: its cotangent is the answer
+        region = next((inside[r.id] for r in op.results if r.id in inside), None)
+        if region is not None:
+            if id(region) not in done:
+                done.add(id(region))
+                _through(emitter, region, adjoint, active, add, span)
+            continue
         gs = [adjoint.pop(r.id, None) for r in op.results]
         if all(g is None for g in gs):
             continue
@@ -508,19 +575,65 @@ def backward(
         if rule is None:
             raise _no_rule(op)
         b = _Builder(emitter, op.span or span)
-        for operand, g in rule(b, op, gs):
+        read, original = again.op(op)
+        for operand, g in rule(b, read, gs):
+            operand = original.get(operand.id, operand)
             if operand.id not in active or g is None:
                 continue
             if g is _NO_RULE:
                 raise _no_rule(op, operand)
             add(operand, _fit(b, g, operand, widen=False))
+    return [adjoint.get(v.id) for v in wrt]
+
+
+def _through(
+    emitter: Emitter,
+    region: Region,
+    adjoint: dict[int, Value],
+    active: set[int],
+    add: Callable[[Value, Value], None],
+    span: Span,
+) -> None:
+    """The cotangents of a region's inputs, by its rule, from those of its outputs."""
+    gs = [adjoint.pop(v.id, None) for v in region.outputs]
+    if all(g is None for g in gs) or not any(v.id in active for v in region.inputs):
+        return
     b = _Builder(emitter, span)
-    grads = []
-    for v in wrt:
-        g = adjoint.get(v.id)
-        g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
-        grads.append(g if g.type.dtype == v.type.dtype else b("cast", g, v.type.dtype))
-    return grads
+    gs = [None if g is None else _whole(b, g, v) for g, v in zip(gs, region.outputs, strict=True)]
+    for value, g in zip(region.inputs, region.rule(gs), strict=True):
+        if g is not None and value.id in active:
+            add(value, _fit(b, g, value, widen=False))
+
+
+class _Recomputed:
+    """The forward values a backward rule reads, as the ``remat=`` policy has them: the
+    value itself where the policy saves the op that computed it, else that op emitted
+    again on such values (once: later rules read the same copy)."""
+
+    def __init__(self, emitter: Emitter, ops: Sequence[Op], saves: Callable[[Op], bool]) -> None:
+        self.emitter = emitter
+        self.saves = saves
+        self.producer = {r.id: op for op in ops for r in op.results}
+        self.copies: dict[int, Value] = {}
+
+    def op(self, op: Op) -> tuple[Op, dict[int, Value]]:
+        """``op`` reading (and giving) the values the backward reads, and the value each
+        of its new operands stands for."""
+        operands = tuple(self.value(v) for v in op.operands)
+        results = tuple(self.value(v) for v in op.results)
+        original = {new.id: old for old, new in zip(op.operands, operands, strict=True)}
+        return replace(op, operands=operands, results=results), original
+
+    def value(self, v: Value) -> Value:
+        op = self.producer.get(v.id)
+        if op is None or self.saves(op) or op.regions or set(op.effects) - {"rng"}:
+            return v
+        if v.id not in self.copies:
+            operands = tuple(self.value(o) for o in op.operands)
+            types = tuple(r.type for r in op.results)
+            copies = self.emitter.emit(op.kind, operands, types, op.attrs, op.effects, op.span)
+            self.copies.update((r.id, c) for r, c in zip(op.results, copies, strict=True))
+        return self.copies[v.id]
 
 
 def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:
