@@ -462,6 +462,16 @@ def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
 
 
+@_rule("take_along_axis")
+def _take_along_axis(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Each picked element's cotangent added back where it was picked, into zeros: a
+    repeated index sums its cotangents (``scatter_add``). The op gathers along its last
+    axis (another axis is moved there by transposes, which have their own rule)."""
+    x, indices = op.operands
+    zeros = filled(b.emitter, x, 0.0, b.span)
+    return [(x, b("scatter_add", zeros, indices, _whole(b, gs[0], op.result), -1))]
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 
@@ -473,8 +483,6 @@ _CONSTANT = frozenset({"less", "less_equal", "greater", "greater_equal", "equal"
 
 #: What to write instead, for the ops that have no rule yet.
 _INSTEAD = {
-    "take_along_axis": "multiply by a one-hot float tensor of the labels and sum instead "
-    "(-sum(onehot * log_softmax(logits), axis=-1))",
     "slice": "pass the parts as separate parameters",
     "split_qkv": "project q, k and v with three matmuls",
     "kvcache.append": "keep state updates out of the differentiated function",
