@@ -141,12 +141,16 @@ def _inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return made
 
 
-def built_unoptimized(path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``path``'s functions for the CPU, built without optimization: the sizes are tiny,
-    and g++ builds the module in a tenth of the time it takes at -O3."""
+def built_unoptimized(source: Path | str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The functions of the file ``source`` (or of the source text) for the CPU, built
+    without optimization: the sizes are tiny, and g++ builds the module in a tenth of the
+    time it takes at -O3."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        program = tessera.compile_file(path, target="cpu")
+        if isinstance(source, Path):
+            program = tessera.compile_file(source, target="cpu")
+        else:
+            program = tessera.compile(source, filename="program.tsr", target="cpu")
         meta = program.ir("meta")
         flags = ["-O0" if f == "-O3" else f for f in meta["build"]["flags"]]
         return cpu.load(program.source, meta, flags)

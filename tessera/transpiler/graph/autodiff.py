@@ -4,7 +4,7 @@ The backward pass is Graph IR made of the same graph ops as the forward one (a
 product's gradients are products, a softmax's is arithmetic and a row sum), so that
 every backend lowers it and fusion fuses it like any other code. Each op's rule
 (``VJP_RULES``) maps the cotangents of its results to those of its operands; ops are
-emitted through the ops' own rules (``_Builder``), so their types are the ones the
+emitted through the ops' own rules (``Builder``), so their types are the ones the
 analyser gives.
 
 A cotangent may be smaller than its value where the value is a broadcast (the
@@ -31,6 +31,7 @@ from .types import ScalarType, TensorType
 from .values import Const, DTypeRef, Ev
 
 __all__ = [
+    "Builder",
     "REMAT_POLICIES",
     "VJP_RULES",
     "Region",
@@ -43,7 +44,7 @@ __all__ = [
 #: A cotangent: a tensor value, or None where no gradient flows.
 Cotangent = Value | None
 #: A rule: (builder, the op, one cotangent per result) to (operand, cotangent) pairs.
-Rule = Callable[["_Builder", Op, Sequence[Cotangent]], list[tuple[Value, Cotangent]]]
+Rule = Callable[["Builder", Op, Sequence[Cotangent]], list[tuple[Value, Cotangent]]]
 
 
 def differentiable(value: Value) -> bool:
@@ -51,8 +52,9 @@ def differentiable(value: Value) -> bool:
     return isinstance(value.type, TensorType) and value.type.dtype.is_float
 
 
-class _Builder:
-    """Emits the backward ops of one forward op, at that op's line."""
+class Builder:
+    """Emits ops through their own rules, at one line: the backward ops of one forward op,
+    or the ops a composite library op is made of."""
 
     def __init__(self, emitter: Emitter, span: Span) -> None:
         self.emitter = emitter
@@ -68,6 +70,8 @@ class _Builder:
     def _ev(self, value: Any) -> Ev:
         if isinstance(value, Value):
             return Ev(value, self.span, value.name or "the gradient")
+        if isinstance(value, Const):
+            return Ev(value, self.span, repr(value.value))
         if isinstance(value, DType):
             return Ev(DTypeRef(value), self.span, str(value))
         return Ev(Const(value), self.span, repr(value))
@@ -84,17 +88,17 @@ class _Builder:
 def filled(emitter: Emitter, like: Value, number: float, span: Span) -> Value:
     """A tensor of ``like``'s shape holding ``number``: ``where(like == like, n, n)``,
     elementwise math that every kernel computes (there is no fill op on tensors)."""
-    b = _Builder(emitter, span)
+    b = Builder(emitter, span)
     return b("where", b("equal", like, like), number, number)
 
 
-def _expanded(b: _Builder, g: Value, like: Value) -> Value:
+def _expanded(b: Builder, g: Value, like: Value) -> Value:
     """``g`` broadcast to ``like``'s shape: both sides of a ``where`` whose condition has
     that shape (and holds everywhere, NaN or not)."""
     return b("where", b("equal", like, like), g, g)
 
 
-def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
+def _fit(b: Builder, g: Value, like: Value, widen: bool = True) -> Value:
     """The cotangent ``g`` of a value that ``like`` was broadcast into, as ``like``'s
     own: summed over the axes the broadcast added or stretched from 1, and widened
     where ``g`` itself is the broadcast one (unless ``widen`` is false: a cotangent
@@ -116,13 +120,13 @@ def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
     return g
 
 
-def _whole(b: _Builder, g: Value, like: Value) -> Value:
+def _whole(b: Builder, g: Value, like: Value) -> Value:
     """``g`` with every element of ``like`` present (for a rule that reads it by
     position or sums it), not a broadcast of fewer."""
     return g if g.type.dims == like.type.dims else _expanded(b, g, like)
 
 
-def _kept(b: _Builder, value: Value, op: Op) -> Value:
+def _kept(b: Builder, value: Value, op: Op) -> Value:
     """A reduction's result (or its cotangent) with the reduced axis kept as 1."""
     value = _whole(b, value, op.result)
     dims, axis = op.operands[0].type.dims, op.attr("axis")
@@ -153,12 +157,12 @@ def _pairs(op: Op, names: tuple[str, ...], grads: Sequence[Cotangent]) -> list:
 
 
 @_rule("add", "sub")
-def _add(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _add(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     return _pairs(op, ("a", "b"), (g, g if op.kind == "add" else b("neg", g)))
 
 
-def _scaled(b: _Builder, op: Op, g: Value) -> Value:
+def _scaled(b: Builder, op: Op, g: Value) -> Value:
     """The cotangent of a product or quotient by a scalar that a kernel computes from a
     size (``x / float(N)``): with every element present, so that the kernel that
     multiplies it reads a tensor of those sizes."""
@@ -168,14 +172,14 @@ def _scaled(b: _Builder, op: Op, g: Value) -> Value:
 
 
 @_rule("mul")
-def _mul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _mul(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = _scaled(b, op, gs[0])
     x, y = binary_operands(op)
     return _pairs(op, ("a", "b"), (b("mul", g, y), b("mul", g, x)))
 
 
 @_rule("div")
-def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _div(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = _scaled(b, op, gs[0])
     y = binary_operands(op)[1]
     ga = b("div", g, y)
@@ -184,7 +188,7 @@ def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("pow")
-def _pow(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _pow(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     x, y = binary_operands(op)
     if isinstance(y, Value) and isinstance(y.type, ScalarType):
@@ -208,7 +212,7 @@ def _pow(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("maximum", "minimum")
-def _extreme(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _extreme(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The larger (smaller) side gets the gradient; a tie gives it to ``a``."""
     g = gs[0]
     x, y = binary_operands(op)
@@ -217,15 +221,15 @@ def _extreme(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("neg")
-def _neg(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _neg(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(op.operands[0], b("neg", gs[0]))]
 
 
-def _unary(derivative: Callable[[_Builder, Value, Value], Any]) -> Rule:
+def _unary(derivative: Callable[[Builder, Value, Value], Any]) -> Rule:
     """A rule for elementwise math: the cotangent times ``derivative(x, y)`` of the
     operand ``x`` and the result ``y``."""
 
-    def rule(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    def rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
         x = op.operands[0]
         return [(x, b("mul", gs[0], derivative(b, x, op.result)))]
 
@@ -235,7 +239,7 @@ def _unary(derivative: Callable[[_Builder, Value, Value], Any]) -> Rule:
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _gelu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+def _gelu_derivative(b: Builder, x: Value, _: Value) -> Value:
     """Of the tanh approximation: ``0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3a x^2)``, with
     ``t = tanh(c (x + a x^3))``."""
     square = b("mul", x, x)
@@ -245,7 +249,7 @@ def _gelu_derivative(b: _Builder, x: Value, _: Value) -> Value:
     return b("mul", b("add", b("add", t, 1.0), inner), 0.5)
 
 
-def _silu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+def _silu_derivative(b: Builder, x: Value, _: Value) -> Value:
     s = b("sigmoid", x)
     return b("mul", s, b("add", b("mul", x, b("sub", 1.0, s)), 1.0))
 
@@ -263,13 +267,13 @@ VJP_RULES.update({
 
 
 @_rule("relu")
-def _relu(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _relu(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     return [(x, b("where", b("greater", x, 0.0), gs[0], 0.0))]
 
 
 @_rule("abs")
-def _abs(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _abs(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x, g = op.operands[0], gs[0]
     return [
         (x, b("where", b("greater", x, 0.0), g, b("where", b("less", x, 0.0), b("neg", g), 0.0)))
@@ -277,12 +281,12 @@ def _abs(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("cast")
-def _cast(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _cast(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(op.operands[0], gs[0])]
 
 
 @_rule("where")
-def _where(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _where(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     cond, x, y = named_operands(op, ("cond", "a", "b"))
     pairs = []
@@ -294,14 +298,14 @@ def _where(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("dropout")
-def _dropout(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _dropout(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The same mask, from the same seed: dropout of the cotangent, never stored."""
     x, p, seed = dropout_operands(op)
     return [(x, b("dropout", _whole(b, gs[0], op.result), p, seed=seed))]
 
 
 @_rule("all_reduce")
-def _all_reduce(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _all_reduce(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     how = op.attr("op")
     if how not in ("sum", "mean"):
         raise SemanticError(
@@ -313,7 +317,7 @@ def _all_reduce(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("reshape")
-def _reshape(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _reshape(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x, g = op.operands[0], gs[0]
     one = Dim.const(1)
     if all(d == one for d in g.type.dims):  # a broadcast number stays one
@@ -322,14 +326,14 @@ def _reshape(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("transpose")
-def _transpose(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _transpose(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     perm = op.attr("perm")
     back = tuple(perm.index(k) for k in range(len(perm)))
     return [(op.operands[0], b("transpose", _whole(b, gs[0], op.result), back))]
 
 
 @_rule("matmul")
-def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _matmul(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Both gradients as products: ``g @ b.T`` reads ``b`` in place; ``a.T @ g``. A
     vector operand's gradient is a broadcast product and a sum."""
     x, y = op.operands
@@ -350,7 +354,7 @@ def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("sum", "mean")
-def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _sum(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     axis = op.attr("axis")
     g = _kept(b, gs[0], op)
@@ -363,7 +367,7 @@ def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("max")
-def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _max(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Shared evenly among the elements that tie for the maximum, as ``torch.amax``."""
     x = op.operands[0]
     top = _kept(b, op.result, op)
@@ -374,14 +378,14 @@ def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("softmax", "softmax_safe")
-def _softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     y, axis = op.result, op.attr("axis")
     gy = b("mul", _whole(b, gs[0], y), y)
     return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
 
 
 @_rule("log_softmax")
-def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _log_softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     y, axis = op.result, op.attr("axis")
     g = _whole(b, gs[0], y)
     total = b("sum", g, axis=axis, keepdims=True)
@@ -389,7 +393,7 @@ def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("logsumexp_safe")
-def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _logsumexp(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     top = _kept(b, op.result, op)
     g = _kept(b, gs[0], op)
@@ -397,7 +401,7 @@ def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
-def _norm(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The statistics recomputed, not stored; the weight's and bias's gradients are
     column sums over every row."""
     x, *params = op.operands
@@ -425,7 +429,7 @@ def _norm(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("rotary_embedding")
-def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The inverse rotation: the same angles' cosines, the sines negated."""
     x, cos, sin = op.operands
     g = _whole(b, gs[0], op.result)
@@ -433,7 +437,7 @@ def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("flash_attention")
-def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The scores and probabilities computed again from q and k, in f32, and the
     gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
     with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
@@ -463,7 +467,7 @@ def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("take_along_axis")
-def _take_along_axis(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _take_along_axis(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Each picked element's cotangent added back where it was picked, into zeros: a
     repeated index sums its cotangents (``scatter_add``). The op gathers along its last
     axis (another axis is moved there by transposes, which have their own rule)."""
@@ -529,7 +533,7 @@ def backward(
     differentiated by its rule; ``remat`` names the policy (``REMAT_POLICIES``) that
     says which forward values the backward ops read as they are."""
     found = adjoints(emitter, ops, outputs, seeds, wrt, span, regions, remat)
-    b = _Builder(emitter, span)
+    b = Builder(emitter, span)
     grads = []
     for v, g in zip(wrt, found, strict=True):
         g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
@@ -558,7 +562,7 @@ def adjoints(
 
     def add(value: Value, g: Value) -> None:
         old = adjoint.get(value.id)
-        adjoint[value.id] = g if old is None else _Builder(emitter, span)("add", old, g)
+        adjoint[value.id] = g if old is None else Builder(emitter, span)("add", old, g)
 
     for out, seed in zip(outputs, seeds, strict=True):
         if out.id in active and seed is not None:
@@ -582,7 +586,7 @@ def adjoints(
         rule = VJP_RULES.get(op.kind)
         if rule is None:
             raise _no_rule(op)
-        b = _Builder(emitter, op.span or span)
+        b = Builder(emitter, op.span or span)
         read, original = again.op(op)
         for operand, g in rule(b, read, gs):
             operand = original.get(operand.id, operand)
@@ -606,7 +610,7 @@ def _through(
     gs = [adjoint.pop(v.id, None) for v in region.outputs]
     if all(g is None for g in gs) or not any(v.id in active for v in region.inputs):
         return
-    b = _Builder(emitter, span)
+    b = Builder(emitter, span)
     gs = [None if g is None else _whole(b, g, v) for g, v in zip(gs, region.outputs, strict=True)]
     for value, g in zip(region.inputs, region.rule(gs), strict=True):
         if g is not None and value.id in active:

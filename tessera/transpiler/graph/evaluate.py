@@ -62,7 +62,7 @@ STDLIB = {
     "efficient_layernorm": "layernorm",
     "stable_softmax": "softmax_safe",
     "rotary_embedding": "rotary_embedding",
-    "fused_adam": None,
+    "fused_adam": "fused_adam",
 }
 CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
