@@ -202,6 +202,28 @@ BAD = {
         1,
         "'rul' is not another function of this file; did you mean 'rule'?",
     ),
+    "not linear": (
+        "@custom_jvp(rule)\ndef f(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', f32]:\n"
+        "    return x * x\n\n"
+        "def rule(x: Tensor['R', 'C', f32], t: Tensor['R', 'C', f32]) -> Tensor['R', 'C', f32]:\n"
+        "    return x * t * t\n\n"
+        "def g(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', f32]:\n"
+        "    return grad(total)(x)\n\n"
+        "def total(x: Tensor['R', 'C', f32]) -> Tensor[f32]:\n    return sum(f(x), axis=None)\n",
+        6,
+        "the rule 'rule' is not linear in its tangents: mul of a value computed from them",
+    ),
+    "two rules": (
+        f"@custom_vjp(rule)\n@custom_jvp(rule)\n{_F}    return x * w\n\n"
+        "def rule(x: Tensor['R', 'C', f32]) -> Tensor['R', 'C', f32]:\n    return x\n",
+        2,
+        "'f' has two gradient rules: give @custom_vjp or @custom_jvp, not both",
+    ),
+    "no rule named": (
+        f"@custom_vjp\n{_F}    return x * w\n",
+        1,
+        "@custom_vjp takes the function that is the rule, by name: @custom_vjp(f_rule)",
+    ),
     "checkpoint of a value": (
         f"{_F}    return checkpoint(x)(w)\n",
         2,

@@ -32,6 +32,7 @@ from .values import Const, DTypeRef, Ev
 
 __all__ = [
     "Builder",
+    "CONSTANT_OPS",
     "REMAT_POLICIES",
     "VJP_RULES",
     "Region",
@@ -482,7 +483,7 @@ _NO_RULE: Any = object()
 # ------------------------------------------------------------------- the pass
 
 #: Ops whose results carry no gradient, whatever their operands.
-_CONSTANT = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
                        "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
 
 #: What to write instead, for the ops that have no rule yet.
@@ -555,7 +556,7 @@ def adjoints(
     cotangent possibly a broadcast of fewer elements (``_fit`` widens it)."""
     active = {v.id for v in wrt}
     for op in ops:
-        if op.kind in _CONSTANT or not any(v.id in active for v in op.operands):
+        if op.kind in CONSTANT_OPS or not any(v.id in active for v in op.operands):
             continue
         active.update(r.id for r in op.results if differentiable(r))
     adjoint: dict[int, Value] = {}

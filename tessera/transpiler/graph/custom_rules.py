@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from .annotations import resolve_result, resolve_type
-from .autodiff import Cotangent, Region, adjoints, differentiable, filled
+from .autodiff import CONSTANT_OPS, Cotangent, Region, adjoints, differentiable, filled
 from .dims import Dim
-from .ir import Value
+from .ir import Op, Value
 from .opcall import SemanticError
 from .types import ScalarType, TensorType, dims_text, result_types
 from .values import POISON, Ev, FunctionRef, Poison
@@ -227,22 +227,58 @@ def custom_region(
     positional = [bound[p.name] for p in node.params if not p.keyword_only]
     keywords = [(p.name, bound[p.name], span) for p in node.params if p.keyword_only]
 
+    def called(added: list[Value]) -> tuple[list[Value], list[Op]]:
+        """The rule's results on ``added`` after ``F``'s arguments, and its ops, which
+        must be linear in ``added``."""
+        first = len(analyzer.blocks[-1])
+        given = [_ev(v, span) for v in added]
+        results = analyzer.call_function(rule.node, [*positional, *given], keywords, span)
+        ops = analyzer.blocks[-1][first:]
+        _linear(ops, added, rule)
+        return _listed(results, span), ops
+
     def by_vjp(gs: list[Cotangent]) -> list[Cotangent]:
-        given = [_ev(g if g is not None else filled(analyzer, o, 0.0, span), span)
+        given = [g if g is not None else filled(analyzer, o, 0.0, span)
                  for g, o in zip(gs, outputs, strict=True)]  # fmt: skip
-        return _listed(
-            analyzer.call_function(rule.node, [*positional, *given], keywords, span), span
-        )
+        return called(given)[0]
 
     def by_jvp(gs: list[Cotangent]) -> list[Cotangent]:
         tangents = [filled(analyzer, v, 0.0, span) for v in inputs]
-        first = len(analyzer.blocks[-1])
-        given = [_ev(t, span) for t in tangents]
-        results = analyzer.call_function(rule.node, [*positional, *given], keywords, span)
-        ops = analyzer.blocks[-1][first:]
-        return adjoints(analyzer, ops, _listed(results, span), gs, tangents, span, analyzer.regions)
+        results, ops = called(tangents)
+        return adjoints(analyzer, ops, results, gs, tangents, span, analyzer.regions)
 
     _record(analyzer, start, inputs, outputs, by_vjp if rule.kind == "custom_vjp" else by_jvp)
+
+
+#: Ops linear in each operand that carries a cotangent or tangent, and those linear in
+#: one such operand (a product by a value that carries none; a quotient by one).
+_LINEAR = frozenset({
+    "add", "sub", "neg", "sum", "mean", "reshape", "transpose", "expand_dims", "cast",
+    "where", "all_reduce", "take_along_axis", "scatter_add", "put_along_axis", "dropout",
+    "slice", "split_qkv",
+})  # fmt: skip
+_LINEAR_IN_ONE = {"mul": (0, 1), "matmul": (0, 1), "div": (0,), "rotary_embedding": (0,)}
+
+
+def _linear(ops: list[Op], added: list[Value], rule: CustomRule) -> None:
+    """Check that a rule is linear in the cotangents (tangents) ``added``, as a VJP (JVP)
+    is: reverse mode transposes a JVP rule, forward mode a VJP rule, and a rule that is
+    not linear would give a wrong derivative without a word."""
+    active = {v.id for v in added}
+    thing = "cotangents" if rule.kind == "custom_vjp" else "tangents"
+    for op in ops:
+        hot = tuple(i for i, v in enumerate(op.operands) if v.id in active)
+        if not hot or op.kind in CONSTANT_OPS:
+            continue
+        one = len(hot) == 1 and hot[0] in _LINEAR_IN_ONE.get(op.kind, ())
+        if op.kind not in _LINEAR and not one:
+            raise SemanticError(
+                f"@{rule.kind}: the rule '{rule.node.name}' is not linear in its {thing}: "
+                f"{op.kind} of a value computed from them; a rule multiplies them by "
+                "values computed from the other parameters and adds them",
+                op.span,
+            )
+        active.update(r.id for r in op.results)
 
 
 def _record(
