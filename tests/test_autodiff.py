@@ -336,7 +336,11 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_what_cannot_be_differentiated_is_an_error_at_its_line(case: str) -> None:
-    source, line, message = BAD[case]
+    assert_one_error(*BAD[case])
+
+
+def assert_one_error(source: str, line: int, message: str) -> None:
+    """Compiling ``source`` gives one error, at ``line``, whose message has ``message``."""
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(source, filename="bad.tsr", until="graph")
     (error,) = [d for d in caught.value.diagnostics if d.severity.name == "ERROR"]

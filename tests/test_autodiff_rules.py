@@ -17,7 +17,7 @@ import pytest
 import tessera
 
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_autodiff import assert_finite_differences, built_unoptimized
+from .test_autodiff import assert_finite_differences, assert_one_error, built_unoptimized
 from .test_cuda import needs_gxx
 
 torch = pytest.importorskip("torch")
@@ -239,11 +239,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_rule_that_does_not_fit_is_an_error_at_its_line(case: str) -> None:
-    source, line, message = BAD[case]
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(source, filename="bad.tsr", until="graph")
-    (error,) = [d for d in caught.value.diagnostics if d.severity.name == "ERROR"]
-    assert error.span.line == line and message in error.message, error.message
+    assert_one_error(*BAD[case])
 
 
 ELSEWHERE = """\

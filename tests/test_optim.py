@@ -10,11 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tessera
-
 from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_autodiff import built_unoptimized
+from .test_autodiff import assert_one_error, built_unoptimized
 from .test_cuda import needs_gxx
 
 torch = pytest.importorskip("torch")
@@ -133,7 +131,4 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_wrong_call_is_an_error_at_its_line(case: str) -> None:
     source, message = BAD[case]
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(source, filename="bad.tsr", until="graph")
-    (error,) = [d for d in caught.value.diagnostics if d.severity.name == "ERROR"]
-    assert error.span.line == 2 and message in error.message, error.message
+    assert_one_error(source, 2, message)
