@@ -109,6 +109,7 @@ class _Signature:
         self.defines = dict(owner.options.defines)
         self.node, self.rule, self.kind = node, rule, decorator.name
         self.note = Note(f"the rule of '{node.name}' is given here", decorator.span)
+        self.thing = "cotangent" if self.kind == "custom_vjp" else "tangent"
         self.sizes: dict[str, Dim] = {}
 
     def check(self) -> None:
@@ -119,7 +120,7 @@ class _Signature:
         params = [(p, self._type(p)) for p in node.params]
         results = result_types(resolve_result(node.returns, self.defines))
         positional = [(p.name, t, p.span) for p, t in params if not p.keyword_only]
-        floats = [(f"the {self._which} of '{p.name}'", t, p.span) for p, t in params
+        floats = [(f"the {self.thing} of '{p.name}'", t, p.span) for p, t in params
                   if isinstance(t, TensorType) and t.dtype.is_float]  # fmt: skip
         outs = [(self._result(i, len(results)), t, node.returns.span)
                 for i, t in enumerate(results)]  # fmt: skip
@@ -128,13 +129,8 @@ class _Signature:
         self._params(positional + added, keyword_only)
         self._results(gives)
 
-    @property
-    def _which(self) -> str:
-        return "cotangent" if self.kind == "custom_vjp" else "tangent"
-
     def _result(self, i: int, count: int) -> str:
-        thing = "cotangent" if self.kind == "custom_vjp" else "tangent"
-        return f"the {thing} of the result" + ("" if count == 1 else f" {i}")
+        return f"the {self.thing} of the result" + ("" if count == 1 else f" {i}")
 
     def _type(self, p: ast.Param) -> Any:
         if p.annotation is None:

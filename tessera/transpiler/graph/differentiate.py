@@ -28,14 +28,7 @@ from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison, describe
 if TYPE_CHECKING:
     from .sema import _FunctionAnalyzer
 
-__all__ = [
-    "differentiated",
-    "forward_mode",
-    "gradient_of",
-    "grad_ref",
-    "remat_policy",
-    "wrt_names",
-]
+__all__ = ["differentiated", "forward_mode", "gradient_of", "grad_ref", "wrt_names"]
 
 
 def wrt_names(node: ast.FunctionDef) -> tuple[tuple[str, ...] | None, Any]:
@@ -128,7 +121,7 @@ def _keyword(node: ast.FunctionDef, name: str) -> ast.Keyword | None:
     return None
 
 
-def remat_policy(value: Any, span: Any) -> str:
+def _remat_policy(value: Any, span: Any) -> str:
     """A ``remat=`` policy, checked: one of ``REMAT_POLICIES``."""
     if value not in REMAT_POLICIES:
         raise SemanticError(
@@ -142,7 +135,7 @@ def _remat(node: ast.FunctionDef) -> str:
     if keyword is None:
         return "everything"
     value = keyword.value.value if isinstance(keyword.value, ast.StrLit) else None
-    return remat_policy(value, keyword.value.span)
+    return _remat_policy(value, keyword.value.span)
 
 
 def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Function | None:
@@ -278,7 +271,7 @@ def grad_ref(name: str, args: list[Ev], keywords: list, span: Any) -> GradRef:
     for keyword, ev, key_span in keywords:
         value = ev.value.value if isinstance(ev.value, Const) else None
         if keyword == "remat":
-            remat = remat_policy(value, ev.span)
+            remat = _remat_policy(value, ev.span)
             continue
         if keyword != "wrt":
             raise SemanticError(
