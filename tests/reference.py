@@ -164,11 +164,12 @@ def rotary(x: Any, cos: Any, sin: Any) -> np.ndarray:
 
 
 def adam(p: Any, g: Any, m: Any, v: Any, lr: float, step: int, b1: float, b2: float,
-         eps: float) -> dict[str, np.ndarray]:  # fmt: skip
+         eps: float, weight_decay: float = 0.0) -> dict[str, np.ndarray]:  # fmt: skip
     p, g, m, v = f64(p), f64(g), f64(m), f64(v)
     m = m * b1 + g * (1 - b1)
     v = v * b2 + g * g * (1 - b2)
     m_hat, v_hat = m / (1 - b1**step), v / (1 - b2**step)
+    p = p * (1 - lr * weight_decay)
     return {"param": p - m_hat * lr / (np.sqrt(v_hat) + eps), "exp_avg": m, "exp_avg_sq": v}
 
 
@@ -324,9 +325,10 @@ CASES = (
          lambda rng: {"param": _normal(rng, (1100,)), "grad": _normal(rng, (1100,)),
                       "exp_avg": _normal(rng, (1100,), scale=0.1),
                       "exp_avg_sq": np.abs(_normal(rng, (1100,), scale=0.1)), "lr": 1e-2,
-                      "step": 3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+                      "step": 3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                      "weight_decay": 0.1},
          lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
-                        a["beta1"], a["beta2"], a["eps"]), 1e-5),
+                        a["beta1"], a["beta2"], a["eps"], a["weight_decay"]), 1e-5),
 )  # fmt: skip
 
 

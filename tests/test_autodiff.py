@@ -48,7 +48,8 @@ def _unary(x: Any) -> Any:
 
 
 #: Each case: its function, its inputs ((name, shape) in parameter order; a shape of
-#: strings, or "i32:" before an integer one), and the same function in PyTorch.
+#: strings, "i32:" before an integer one, "ixC:" before indices in [0, C)), and the same
+#: function in PyTorch.
 CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
     "arith": (
         (("x", "RC"), ("y", "RC"), ("w", "C"), ("b", "R1")),
@@ -105,6 +106,14 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("q", "BMD"), ("k", "BND"), ("v", "BND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     ),
+    "cross_entropy": (
+        (("logits", "RC"), ("labels", "ixC:R1")),
+        lambda x, labels: -torch.take_along_dim(F.log_softmax(x, -1), labels.long(), -1).sum() / 7,
+    ),
+    "gather_rows": (
+        (("x", "RC"), ("rows", "ixR:KC")),
+        lambda x, rows: torch.take_along_dim(x * 2, rows.long(), 0),
+    ),
     "mlp_loss": (
         (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
         lambda x, w1, b1, w2, t: -(t * F.log_softmax(_mlp(x, w1, b1, w2), -1)).sum() / 7,
@@ -116,29 +125,41 @@ WRT = {"restricted": ("w",)}
 
 
 def _shape(spec: str) -> tuple[int, ...]:
-    return tuple(int(c) if c.isdigit() else SIZES[c] for c in spec.removeprefix("i32:"))
+    spec = spec.split(":")[-1]
+    return tuple(int(c) if c.isdigit() else SIZES[c] for c in spec)
 
 
 def _inputs(name: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
     made = {}
     for param, spec in CASES[name][0]:
-        if spec.startswith("i32:"):
+        if spec.startswith("ix"):  # indices into the size after "ix", repeats included
+            made[param] = rng.integers(0, SIZES[spec[2]], _shape(spec)).astype(np.int32)
+        elif spec.startswith("i32:"):
             made[param] = rng.integers(-2, 3, _shape(spec)).astype(np.int32)
         else:
             made[param] = rng.standard_normal(_shape(spec)).astype(np.float32)
     return made
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Every case, built once, without optimization: the sizes are tiny, and g++ builds
-    the module in a tenth of the time it takes at -O3."""
+def built_unoptimized(source: Path | str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The functions of the file ``source`` (or of the source text) for the CPU, built
+    without optimization: the sizes are tiny, and g++ builds the module in a tenth of the
+    time it takes at -O3."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        program = tessera.compile_file(CASES_FILE, target="cpu")
+        if isinstance(source, Path):
+            program = tessera.compile_file(source, target="cpu")
+        else:
+            program = tessera.compile(source, filename="program.tsr", target="cpu")
         meta = program.ir("meta")
         flags = ["-O0" if f == "-O3" else f for f in meta["build"]["flags"]]
         return cpu.load(program.source, meta, flags)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every case, built once."""
+    return built_unoptimized(CASES_FILE, tmp_path_factory)
 
 
 def _tuple(x: Any) -> tuple:
@@ -170,16 +191,28 @@ def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
         assert grad.shape == inputs[param].shape and grad.dtype == np.float32
         np.testing.assert_allclose(grad, tensors[param].grad.numpy(), rtol=1e-4, atol=1e-4)
 
-    # Finite differences of F itself along a random direction, in float64 from the
-    # f32 inputs as rounded: <cotangent, F(x + h v) - F(x - h v)> against <vjp, 2 h v>.
+    assert_finite_differences(getattr(lib, name), inputs, dict(zip(wrt, grads, strict=True)),
+                              cotangents, rng)  # fmt: skip
+
+
+def assert_finite_differences(
+    f: Callable[..., Any],
+    inputs: dict[str, np.ndarray],
+    grads: dict[str, np.ndarray],
+    cotangents: tuple[np.ndarray, ...],
+    rng: np.random.Generator,
+) -> None:
+    """``grads``, the cotangents of some of ``f``'s ``inputs`` given ``cotangents``, against
+    finite differences of ``f`` itself along a random direction, in float64 from the f32
+    inputs as rounded: <cotangent, f(x + h v) - f(x - h v)> against <grads, 2 h v>."""
     plus, minus = dict(inputs), dict(inputs)
     step = 0.0
-    for param, grad in zip(wrt, grads, strict=True):
+    for param, grad in grads.items():
         v = rng.standard_normal(inputs[param].shape)
         plus[param] = (inputs[param] + 1e-3 * v).astype(np.float32)
         minus[param] = (inputs[param] - 1e-3 * v).astype(np.float32)
         step += np.sum(grad.astype(np.float64) * (plus[param] - minus[param].astype(np.float64)))
-    ahead, behind = (_tuple(getattr(lib, name)(*x.values())) for x in (plus, minus))
+    ahead, behind = (_tuple(f(*x.values())) for x in (plus, minus))
     terms = [c.astype(np.float64) * (a.astype(np.float64) - b)
              for c, a, b in zip(cotangents, ahead, behind, strict=True)]  # fmt: skip
     change = sum(t.sum() for t in terms)
@@ -281,11 +314,10 @@ BAD = {
         "only floating-point tensors have gradients; leave 'n' out of wrt=",
     ),
     "no rule": (
-        "@autodiff\ndef f(x: Tensor['R', 'C', f32], i: Tensor['R', 1, i32]) -> "
-        "Tensor['R', 1, f32]:\n    y = x * 2.0\n    return take_along_axis(y, i, axis=-1)\n",
+        "@autodiff\ndef f(x: Tensor['R', 'C', f32]) -> Tensor['R', 2, f32]:\n"
+        "    y = x * 2.0\n    return y[:, 1:3]\n",
         4,
-        "cannot differentiate take_along_axis: it has no gradient rule yet; multiply by "
-        "a one-hot",
+        "cannot differentiate slice: it has no gradient rule yet; pass the parts",
     ),
     "grad of a tensor": (
         "def g(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * x\n\n"
@@ -304,7 +336,11 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_what_cannot_be_differentiated_is_an_error_at_its_line(case: str) -> None:
-    source, line, message = BAD[case]
+    assert_one_error(*BAD[case])
+
+
+def assert_one_error(source: str, line: int, message: str) -> None:
+    """Compiling ``source`` gives one error, at ``line``, whose message has ``message``."""
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(source, filename="bad.tsr", until="graph")
     (error,) = [d for d in caught.value.diagnostics if d.severity.name == "ERROR"]
@@ -317,6 +353,10 @@ ELSEWHERE = """\
 def layer(x: Tensor["R", "D", f32], w: Tensor["D", "C", f32], b: Tensor["C", f32],
           t: Tensor["R", "C", f32]) -> Tensor["R", f32]:
     return sum(t * log_softmax(gelu(x @ w + b), axis=-1), axis=-1)
+
+@autodiff
+def labelled(z: Tensor["R", "C", f32], labels: Tensor["R", 1, i32]) -> Tensor[f32]:
+    return -sum(take_along_axis(log_softmax(z, axis=-1), labels, axis=-1), axis=None)
 """
 
 
@@ -330,10 +370,18 @@ def test_vjp_on_the_other_targets(
     r, d, c = 37, 19, 23
     x, w, b, t, g = (rng.standard_normal(s).astype(np.float32)
                      for s in ((r, d), (d, c), (c,), (r, c), (r,)))  # fmt: skip
-    dw, db = load_everywhere(ELSEWHERE, target, arch, monkeypatch).layer_vjp(x, w, b, t, g)
+    built = load_everywhere(ELSEWHERE, target, arch, monkeypatch)
+    dw, db = built.layer_vjp(x, w, b, t, g)
     tw, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (w, b))
     tx, tt = (torch.tensor(v, dtype=torch.float64) for v in (x, t))
     out = (tt * F.log_softmax(F.gelu(tx @ tw + tb, approximate="tanh"), -1)).sum(-1)
     out.backward(torch.tensor(g, dtype=torch.float64))
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-4, atol=1e-4)
+    # cross-entropy from integer labels: the gather's gradient is a scatter
+    labels = rng.integers(0, c, (r, 1)).astype(np.int32)
+    dz = built.labelled_vjp(t, labels, np.array(1.5, dtype=np.float32))
+    tz = torch.tensor(t, dtype=torch.float64, requires_grad=True)
+    picked = torch.take_along_dim(F.log_softmax(tz, -1), torch.tensor(labels).long(), -1)
+    (-picked.sum() * 1.5).backward()
+    np.testing.assert_allclose(dz, tz.grad.numpy(), rtol=1e-4, atol=1e-4)

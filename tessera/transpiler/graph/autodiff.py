@@ -4,7 +4,7 @@ The backward pass is Graph IR made of the same graph ops as the forward one (a
 product's gradients are products, a softmax's is arithmetic and a row sum), so that
 every backend lowers it and fusion fuses it like any other code. Each op's rule
 (``VJP_RULES``) maps the cotangents of its results to those of its operands; ops are
-emitted through the ops' own rules (``_Builder``), so their types are the ones the
+emitted through the ops' own rules (``Builder``), so their types are the ones the
 analyser gives.
 
 A cotangent may be smaller than its value where the value is a broadcast (the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..frontend.source import Span
@@ -29,12 +30,22 @@ from .opcall import Emitter, OpCall, SemanticError
 from .types import ScalarType, TensorType
 from .values import Const, DTypeRef, Ev
 
-__all__ = ["VJP_RULES", "backward", "differentiable", "filled"]
+__all__ = [
+    "Builder",
+    "CONSTANT_OPS",
+    "REMAT_POLICIES",
+    "VJP_RULES",
+    "Region",
+    "adjoints",
+    "backward",
+    "differentiable",
+    "filled",
+]
 
 #: A cotangent: a tensor value, or None where no gradient flows.
 Cotangent = Value | None
 #: A rule: (builder, the op, one cotangent per result) to (operand, cotangent) pairs.
-Rule = Callable[["_Builder", Op, Sequence[Cotangent]], list[tuple[Value, Cotangent]]]
+Rule = Callable[["Builder", Op, Sequence[Cotangent]], list[tuple[Value, Cotangent]]]
 
 
 def differentiable(value: Value) -> bool:
@@ -42,8 +53,9 @@ def differentiable(value: Value) -> bool:
     return isinstance(value.type, TensorType) and value.type.dtype.is_float
 
 
-class _Builder:
-    """Emits the backward ops of one forward op, at that op's line."""
+class Builder:
+    """Emits ops through their own rules, at one line: the backward ops of one forward op,
+    or the ops a composite library op is made of."""
 
     def __init__(self, emitter: Emitter, span: Span) -> None:
         self.emitter = emitter
@@ -59,6 +71,8 @@ class _Builder:
     def _ev(self, value: Any) -> Ev:
         if isinstance(value, Value):
             return Ev(value, self.span, value.name or "the gradient")
+        if isinstance(value, Const):
+            return Ev(value, self.span, repr(value.value))
         if isinstance(value, DType):
             return Ev(DTypeRef(value), self.span, str(value))
         return Ev(Const(value), self.span, repr(value))
@@ -75,17 +89,17 @@ class _Builder:
 def filled(emitter: Emitter, like: Value, number: float, span: Span) -> Value:
     """A tensor of ``like``'s shape holding ``number``: ``where(like == like, n, n)``,
     elementwise math that every kernel computes (there is no fill op on tensors)."""
-    b = _Builder(emitter, span)
+    b = Builder(emitter, span)
     return b("where", b("equal", like, like), number, number)
 
 
-def _expanded(b: _Builder, g: Value, like: Value) -> Value:
+def _expanded(b: Builder, g: Value, like: Value) -> Value:
     """``g`` broadcast to ``like``'s shape: both sides of a ``where`` whose condition has
     that shape (and holds everywhere, NaN or not)."""
     return b("where", b("equal", like, like), g, g)
 
 
-def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
+def _fit(b: Builder, g: Value, like: Value, widen: bool = True) -> Value:
     """The cotangent ``g`` of a value that ``like`` was broadcast into, as ``like``'s
     own: summed over the axes the broadcast added or stretched from 1, and widened
     where ``g`` itself is the broadcast one (unless ``widen`` is false: a cotangent
@@ -107,13 +121,13 @@ def _fit(b: _Builder, g: Value, like: Value, widen: bool = True) -> Value:
     return g
 
 
-def _whole(b: _Builder, g: Value, like: Value) -> Value:
+def _whole(b: Builder, g: Value, like: Value) -> Value:
     """``g`` with every element of ``like`` present (for a rule that reads it by
     position or sums it), not a broadcast of fewer."""
     return g if g.type.dims == like.type.dims else _expanded(b, g, like)
 
 
-def _kept(b: _Builder, value: Value, op: Op) -> Value:
+def _kept(b: Builder, value: Value, op: Op) -> Value:
     """A reduction's result (or its cotangent) with the reduced axis kept as 1."""
     value = _whole(b, value, op.result)
     dims, axis = op.operands[0].type.dims, op.attr("axis")
@@ -144,12 +158,12 @@ def _pairs(op: Op, names: tuple[str, ...], grads: Sequence[Cotangent]) -> list:
 
 
 @_rule("add", "sub")
-def _add(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _add(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     return _pairs(op, ("a", "b"), (g, g if op.kind == "add" else b("neg", g)))
 
 
-def _scaled(b: _Builder, op: Op, g: Value) -> Value:
+def _scaled(b: Builder, op: Op, g: Value) -> Value:
     """The cotangent of a product or quotient by a scalar that a kernel computes from a
     size (``x / float(N)``): with every element present, so that the kernel that
     multiplies it reads a tensor of those sizes."""
@@ -159,14 +173,14 @@ def _scaled(b: _Builder, op: Op, g: Value) -> Value:
 
 
 @_rule("mul")
-def _mul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _mul(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = _scaled(b, op, gs[0])
     x, y = binary_operands(op)
     return _pairs(op, ("a", "b"), (b("mul", g, y), b("mul", g, x)))
 
 
 @_rule("div")
-def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _div(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = _scaled(b, op, gs[0])
     y = binary_operands(op)[1]
     ga = b("div", g, y)
@@ -175,7 +189,7 @@ def _div(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("pow")
-def _pow(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _pow(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     x, y = binary_operands(op)
     if isinstance(y, Value) and isinstance(y.type, ScalarType):
@@ -199,7 +213,7 @@ def _pow(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("maximum", "minimum")
-def _extreme(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _extreme(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The larger (smaller) side gets the gradient; a tie gives it to ``a``."""
     g = gs[0]
     x, y = binary_operands(op)
@@ -208,15 +222,15 @@ def _extreme(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("neg")
-def _neg(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _neg(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(op.operands[0], b("neg", gs[0]))]
 
 
-def _unary(derivative: Callable[[_Builder, Value, Value], Any]) -> Rule:
+def _unary(derivative: Callable[[Builder, Value, Value], Any]) -> Rule:
     """A rule for elementwise math: the cotangent times ``derivative(x, y)`` of the
     operand ``x`` and the result ``y``."""
 
-    def rule(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    def rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
         x = op.operands[0]
         return [(x, b("mul", gs[0], derivative(b, x, op.result)))]
 
@@ -226,7 +240,7 @@ def _unary(derivative: Callable[[_Builder, Value, Value], Any]) -> Rule:
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _gelu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+def _gelu_derivative(b: Builder, x: Value, _: Value) -> Value:
     """Of the tanh approximation: ``0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3a x^2)``, with
     ``t = tanh(c (x + a x^3))``."""
     square = b("mul", x, x)
@@ -236,7 +250,7 @@ def _gelu_derivative(b: _Builder, x: Value, _: Value) -> Value:
     return b("mul", b("add", b("add", t, 1.0), inner), 0.5)
 
 
-def _silu_derivative(b: _Builder, x: Value, _: Value) -> Value:
+def _silu_derivative(b: Builder, x: Value, _: Value) -> Value:
     s = b("sigmoid", x)
     return b("mul", s, b("add", b("mul", x, b("sub", 1.0, s)), 1.0))
 
@@ -254,13 +268,13 @@ VJP_RULES.update({
 
 
 @_rule("relu")
-def _relu(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _relu(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     return [(x, b("where", b("greater", x, 0.0), gs[0], 0.0))]
 
 
 @_rule("abs")
-def _abs(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _abs(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x, g = op.operands[0], gs[0]
     return [
         (x, b("where", b("greater", x, 0.0), g, b("where", b("less", x, 0.0), b("neg", g), 0.0)))
@@ -268,12 +282,12 @@ def _abs(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("cast")
-def _cast(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _cast(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(op.operands[0], gs[0])]
 
 
 @_rule("where")
-def _where(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _where(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]
     cond, x, y = named_operands(op, ("cond", "a", "b"))
     pairs = []
@@ -285,14 +299,14 @@ def _where(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("dropout")
-def _dropout(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _dropout(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The same mask, from the same seed: dropout of the cotangent, never stored."""
     x, p, seed = dropout_operands(op)
     return [(x, b("dropout", _whole(b, gs[0], op.result), p, seed=seed))]
 
 
 @_rule("all_reduce")
-def _all_reduce(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _all_reduce(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     how = op.attr("op")
     if how not in ("sum", "mean"):
         raise SemanticError(
@@ -304,7 +318,7 @@ def _all_reduce(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("reshape")
-def _reshape(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _reshape(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x, g = op.operands[0], gs[0]
     one = Dim.const(1)
     if all(d == one for d in g.type.dims):  # a broadcast number stays one
@@ -313,14 +327,14 @@ def _reshape(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("transpose")
-def _transpose(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _transpose(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     perm = op.attr("perm")
     back = tuple(perm.index(k) for k in range(len(perm)))
     return [(op.operands[0], b("transpose", _whole(b, gs[0], op.result), back))]
 
 
 @_rule("matmul")
-def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _matmul(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Both gradients as products: ``g @ b.T`` reads ``b`` in place; ``a.T @ g``. A
     vector operand's gradient is a broadcast product and a sum."""
     x, y = op.operands
@@ -341,7 +355,7 @@ def _matmul(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("sum", "mean")
-def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _sum(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     axis = op.attr("axis")
     g = _kept(b, gs[0], op)
@@ -354,7 +368,7 @@ def _sum(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("max")
-def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _max(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Shared evenly among the elements that tie for the maximum, as ``torch.amax``."""
     x = op.operands[0]
     top = _kept(b, op.result, op)
@@ -365,14 +379,14 @@ def _max(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("softmax", "softmax_safe")
-def _softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     y, axis = op.result, op.attr("axis")
     gy = b("mul", _whole(b, gs[0], y), y)
     return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
 
 
 @_rule("log_softmax")
-def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _log_softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     y, axis = op.result, op.attr("axis")
     g = _whole(b, gs[0], y)
     total = b("sum", g, axis=axis, keepdims=True)
@@ -380,7 +394,7 @@ def _log_softmax(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("logsumexp_safe")
-def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _logsumexp(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     x = op.operands[0]
     top = _kept(b, op.result, op)
     g = _kept(b, gs[0], op)
@@ -388,7 +402,7 @@ def _logsumexp(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
-def _norm(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The statistics recomputed, not stored; the weight's and bias's gradients are
     column sums over every row."""
     x, *params = op.operands
@@ -416,7 +430,7 @@ def _norm(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("rotary_embedding")
-def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The inverse rotation: the same angles' cosines, the sines negated."""
     x, cos, sin = op.operands
     g = _whole(b, gs[0], op.result)
@@ -424,7 +438,7 @@ def _rotary(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 @_rule("flash_attention")
-def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The scores and probabilities computed again from q and k, in f32, and the
     gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
     with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
@@ -453,22 +467,54 @@ def _attention(b: _Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
 
 
+@_rule("take_along_axis")
+def _take_along_axis(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Each picked element's cotangent added back where it was picked, into zeros: a
+    repeated index sums its cotangents (``scatter_add``). The op gathers along its last
+    axis (another axis is moved there by transposes, which have their own rule)."""
+    x, indices = op.operands
+    zeros = filled(b.emitter, x, 0.0, b.span)
+    return [(x, b("scatter_add", zeros, indices, _whole(b, gs[0], op.result), -1))]
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 
 # ------------------------------------------------------------------- the pass
 
 #: Ops whose results carry no gradient, whatever their operands.
-_CONSTANT = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
                        "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
 
 #: What to write instead, for the ops that have no rule yet.
 _INSTEAD = {
-    "take_along_axis": "multiply by a one-hot float tensor of the labels and sum instead "
-    "(-sum(onehot * log_softmax(logits), axis=-1))",
     "slice": "pass the parts as separate parameters",
     "split_qkv": "project q, k and v with three matmuls",
     "kvcache.append": "keep state updates out of the differentiated function",
+}
+
+
+@dataclass(frozen=True)
+class Region:
+    """Ops that the backward pass differentiates as one, by a rule of their own: a call
+    of a function with ``@custom_vjp`` or ``@custom_jvp``, or a ``checkpoint(F)``. The
+    ops are those whose results ``values`` holds; the backward pass gives ``rule`` the
+    rule one cotangent per output (None where none flows), and it gives one cotangent
+    per input (None where it gives none)."""
+
+    values: frozenset[int]
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    rule: Callable[[list[Cotangent]], list[Cotangent]]
+
+
+#: What each ``remat=`` policy saves: the forward ops whose results the backward pass
+#: reads as the forward computed them. It computes the others again from saved values,
+#: where it first reads them (and fusion fuses that into the kernels that read them).
+REMAT_POLICIES: dict[str, Callable[[Op], bool]] = {
+    "everything": lambda op: True,
+    "save_matmuls": lambda op: op.kind in ("matmul", "flash_attention"),
+    "nothing": lambda op: False,
 }
 
 
@@ -479,48 +525,128 @@ def backward(
     seeds: Sequence[Value],
     wrt: Sequence[Value],
     span: Span,
+    regions: Sequence[Region] = (),
+    remat: str = "everything",
 ) -> list[Value]:
     """The cotangents of ``wrt`` given ``seeds``, the cotangents of ``outputs``, through
     ``ops`` (in program order): one value of each ``wrt``'s shape, in its dtype. Ops
-    that no ``wrt`` reaches are not differentiated."""
+    that no ``wrt`` reaches are not differentiated; the ops of a ``Region`` are
+    differentiated by its rule; ``remat`` names the policy (``REMAT_POLICIES``) that
+    says which forward values the backward ops read as they are."""
+    found = adjoints(emitter, ops, outputs, seeds, wrt, span, regions, remat)
+    b = Builder(emitter, span)
+    grads = []
+    for v, g in zip(wrt, found, strict=True):
+        g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
+        grads.append(g if g.type.dtype == v.type.dtype else b("cast", g, v.type.dtype))
+    return grads
+
+
+def adjoints(
+    emitter: Emitter,
+    ops: Sequence[Op],
+    outputs: Sequence[Value],
+    seeds: Sequence[Cotangent],
+    wrt: Sequence[Value],
+    span: Span,
+    regions: Sequence[Region] = (),
+    remat: str = "everything",
+) -> list[Cotangent]:
+    """``backward``'s cotangents as they come, None for a ``wrt`` that none reaches, a
+    cotangent possibly a broadcast of fewer elements (``_fit`` widens it)."""
     active = {v.id for v in wrt}
     for op in ops:
-        if op.kind in _CONSTANT or not any(v.id in active for v in op.operands):
+        if op.kind in CONSTANT_OPS or not any(v.id in active for v in op.operands):
             continue
         active.update(r.id for r in op.results if differentiable(r))
     adjoint: dict[int, Value] = {}
 
     def add(value: Value, g: Value) -> None:
         old = adjoint.get(value.id)
-        adjoint[value.id] = g if old is None else _Builder(emitter, span)("add", old, g)
+        adjoint[value.id] = g if old is None else Builder(emitter, span)("add", old, g)
 
     for out, seed in zip(outputs, seeds, strict=True):
-        if out.id in active:
+        if out.id in active and seed is not None:
             add(out, seed)
     targets = {v.id for v in wrt}
+    inside = {i: r for r in regions for i in r.values}
+    done: set[int] = set()
+    again = _Recomputed(emitter, ops, REMAT_POLICIES[remat])
     for op in reversed(ops):
         if any(r.id in targets for r in op.results):
             continue  # a value differentiated for: its cotangent is the answer
+        region = next((inside[r.id] for r in op.results if r.id in inside), None)
+        if region is not None:
+            if id(region) not in done:
+                done.add(id(region))
+                _through(emitter, region, adjoint, active, add, span)
+            continue
         gs = [adjoint.pop(r.id, None) for r in op.results]
         if all(g is None for g in gs):
             continue
         rule = VJP_RULES.get(op.kind)
         if rule is None:
             raise _no_rule(op)
-        b = _Builder(emitter, op.span or span)
-        for operand, g in rule(b, op, gs):
+        b = Builder(emitter, op.span or span)
+        read, original = again.op(op)
+        for operand, g in rule(b, read, gs):
+            operand = original.get(operand.id, operand)
             if operand.id not in active or g is None:
                 continue
             if g is _NO_RULE:
                 raise _no_rule(op, operand)
             add(operand, _fit(b, g, operand, widen=False))
-    b = _Builder(emitter, span)
-    grads = []
-    for v in wrt:
-        g = adjoint.get(v.id)
-        g = filled(emitter, v, 0.0, span) if g is None else _fit(b, g, v)
-        grads.append(g if g.type.dtype == v.type.dtype else b("cast", g, v.type.dtype))
-    return grads
+    return [adjoint.get(v.id) for v in wrt]
+
+
+def _through(
+    emitter: Emitter,
+    region: Region,
+    adjoint: dict[int, Value],
+    active: set[int],
+    add: Callable[[Value, Value], None],
+    span: Span,
+) -> None:
+    """The cotangents of a region's inputs, by its rule, from those of its outputs."""
+    gs = [adjoint.pop(v.id, None) for v in region.outputs]
+    if all(g is None for g in gs) or not any(v.id in active for v in region.inputs):
+        return
+    b = Builder(emitter, span)
+    gs = [None if g is None else _whole(b, g, v) for g, v in zip(gs, region.outputs, strict=True)]
+    for value, g in zip(region.inputs, region.rule(gs), strict=True):
+        if g is not None and value.id in active:
+            add(value, _fit(b, g, value, widen=False))
+
+
+class _Recomputed:
+    """The forward values a backward rule reads, as the ``remat=`` policy has them: the
+    value itself where the policy saves the op that computed it, else that op emitted
+    again on such values (once: later rules read the same copy)."""
+
+    def __init__(self, emitter: Emitter, ops: Sequence[Op], saves: Callable[[Op], bool]) -> None:
+        self.emitter = emitter
+        self.saves = saves
+        self.producer = {r.id: op for op in ops for r in op.results}
+        self.copies: dict[int, Value] = {}
+
+    def op(self, op: Op) -> tuple[Op, dict[int, Value]]:
+        """``op`` reading (and giving) the values the backward reads, and the value each
+        of its new operands stands for."""
+        operands = tuple(self.value(v) for v in op.operands)
+        results = tuple(self.value(v) for v in op.results)
+        original = {new.id: old for old, new in zip(op.operands, operands, strict=True)}
+        return replace(op, operands=operands, results=results), original
+
+    def value(self, v: Value) -> Value:
+        op = self.producer.get(v.id)
+        if op is None or self.saves(op) or op.regions or set(op.effects) - {"rng"}:
+            return v
+        if v.id not in self.copies:
+            operands = tuple(self.value(o) for o in op.operands)
+            types = tuple(r.type for r in op.results)
+            copies = self.emitter.emit(op.kind, operands, types, op.attrs, op.effects, op.span)
+            self.copies.update((r.id, c) for r, c in zip(op.results, copies, strict=True))
+        return self.copies[v.id]
 
 
 def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:

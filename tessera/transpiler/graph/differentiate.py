@@ -13,11 +13,13 @@ update) is one compiled function.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics, did_you_mean
-from .autodiff import backward, differentiable, filled
+from .autodiff import REMAT_POLICIES, backward, differentiable, filled
+from .custom_rules import custom_region
 from .ir import Block, Function, Op, Param, Value, new_value
 from .opcall import SemanticError
 from .types import TensorType, TupleType, result_types
@@ -105,13 +107,35 @@ def differentiated(
 
 def forward_mode(node: ast.FunctionDef) -> bool:
     """Whether ``@autodiff(jvp=True)`` asks for ``F_jvp`` too."""
+    keyword = _keyword(node, "jvp")
+    if keyword is not None and not isinstance(keyword.value, ast.BoolLit):
+        raise SemanticError("@autodiff: jvp= is True or False", keyword.value.span)
+    return keyword is not None and keyword.value.value
+
+
+def _keyword(node: ast.FunctionDef, name: str) -> ast.Keyword | None:
     for decorator in node.decorators:
         for keyword in decorator.keywords if decorator.name == "autodiff" else ():
-            if keyword.name == "jvp" and not isinstance(keyword.value, ast.BoolLit):
-                raise SemanticError("@autodiff: jvp= is True or False", keyword.value.span)
-            if keyword.name == "jvp":
-                return keyword.value.value
-    return False
+            if keyword.name == name:
+                return keyword
+    return None
+
+
+def _remat_policy(value: Any, span: Any) -> str:
+    """A ``remat=`` policy, checked: one of ``REMAT_POLICIES``."""
+    if value not in REMAT_POLICIES:
+        raise SemanticError(
+            f"remat= is one of {', '.join(map(repr, REMAT_POLICIES))}, not {value!r}", span
+        )
+    return value
+
+
+def _remat(node: ast.FunctionDef) -> str:
+    keyword = _keyword(node, "remat")
+    if keyword is None:
+        return "everything"
+    value = keyword.value.value if isinstance(keyword.value, ast.StrLit) else None
+    return _remat_policy(value, keyword.value.span)
 
 
 def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Function | None:
@@ -144,6 +168,7 @@ def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Funct
                 "tensors do; return a float tensor (cast(..., f32)), or drop @autodiff",
                 node.returns.span,
             )
+    remat = _remat(node)
     real = analyzer.diags
     analyzer.diags = Diagnostics()  # F's own analysis reported its warnings already
     params = analyzer._params()
@@ -152,6 +177,9 @@ def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Funct
     if analyzer.diags.error_count or not analyzer.returned:
         return None
     analyzer.diags = real
+    analyzer.stack = (name,)  # the rule may call F: it runs in F_vjp, not in F
+    bound = {p.value.name: Ev(p.value, p.value.span, p.value.name) for p in params}
+    custom_region(analyzer, node, bound, analyzer.returned, 0, span)
     wrt = _picked(node.name, [(p.value.name, p.value) for p in params], wanted, span)
     taken = [p.value.name for p in params]
     if mode == "vjp":
@@ -159,7 +187,11 @@ def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Funct
             ["grad_out"] if len(declared) == 1 else [f"grad_out{i}" for i in range(len(declared))]
         )
         added = _fresh(names, declared, taken, node.returns.span)
-        results = backward(analyzer, list(analyzer.blocks[0]), analyzer.returned, added, wrt, span)
+        forward = list(analyzer.blocks[0])
+        results = backward(
+            analyzer, forward, analyzer.returned, added, wrt, span, analyzer.regions, remat
+        )
+        _mark_backward(analyzer.blocks[0], len(forward))
         types = tuple(v.type for v in wrt)
     else:
         added = _fresh([f"tangent_{v.name}" for v in wrt], [v.type for v in wrt], taken, span)
@@ -196,9 +228,15 @@ def _tangents(
     start = len(analyzer.blocks[0])
     dummies = [filled(analyzer, out, 0.0, span) for out in outputs]
     forward_ops = list(analyzer.blocks[0][:start])
-    grads = backward(analyzer, forward_ops, outputs, dummies, wrt, span)
+    grads = backward(analyzer, forward_ops, outputs, dummies, wrt, span, analyzer.regions)
     backward_ops = list(analyzer.blocks[0][start:])
-    return backward(analyzer, backward_ops, grads, tangents, dummies, span)
+    return backward(analyzer, backward_ops, grads, tangents, dummies, span, analyzer.regions)
+
+
+def _mark_backward(ops: list[Op], start: int) -> None:
+    """Mark the ops from ``start`` on as the backward pass's, for the memory plan (which
+    says what the backward reads of the forward's values)."""
+    ops[start:] = [replace(op, backward=True) for op in ops[start:]]
 
 
 def _needed(ops: list[Op], results: list[Value]) -> tuple[Op, ...]:
@@ -229,11 +267,16 @@ def grad_ref(name: str, args: list[Ev], keywords: list, span: Any) -> GradRef:
             f'{name}() takes one function of this file: {name}(loss, wrt=("w",))', span
         )
     node = args[0].value.node
-    wanted = None
+    wanted, remat = None, "everything"
     for keyword, ev, key_span in keywords:
-        if keyword != "wrt":
-            raise SemanticError(f"{name}() has no parameter '{keyword}'; it takes wrt=", key_span)
         value = ev.value.value if isinstance(ev.value, Const) else None
+        if keyword == "remat":
+            remat = _remat_policy(value, ev.span)
+            continue
+        if keyword != "wrt":
+            raise SemanticError(
+                f"{name}() has no parameter '{keyword}'; it takes wrt= and remat=", key_span
+            )
         if isinstance(value, str):
             value = (value,)
         if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
@@ -247,7 +290,7 @@ def grad_ref(name: str, args: list[Ev], keywords: list, span: Any) -> GradRef:
                     ev.span,
                 )
         wanted = tuple(value)
-    return GradRef(node, wanted, name == "value_and_grad")
+    return GradRef(node, wanted, name == "value_and_grad", remat)
 
 
 def gradient_of(
@@ -273,7 +316,8 @@ def gradient_of(
     wrt = _picked(node.name, params, ref.wanted, span)
     ops = analyzer.blocks[-1][start:]
     seed = filled(analyzer, result, 1.0, span)
-    grads = backward(analyzer, ops, [result], [seed], wrt, span)
+    grads = backward(analyzer, ops, [result], [seed], wrt, span, analyzer.regions, ref.remat)
+    _mark_backward(analyzer.blocks[-1], start + len(ops))
     grads_value = grads[0] if len(grads) == 1 else tuple(grads)
     return (result, grads_value) if ref.with_value else grads_value
 

@@ -18,6 +18,7 @@ from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
+from .custom_rules import CheckpointRef, checkpoint_ref, checkpointed
 from .differentiate import grad_ref, gradient_of
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
@@ -61,12 +62,13 @@ STDLIB = {
     "efficient_layernorm": "layernorm",
     "stable_softmax": "softmax_safe",
     "rotary_embedding": "rotary_embedding",
-    "fused_adam": None,
+    "fused_adam": "fused_adam",
 }
 CONSTANTS = {"INF": math.inf, "NAN": math.nan}
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = (
     "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
+    "checkpoint",
 )  # fmt: skip
 #: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
@@ -723,6 +725,10 @@ class Evaluator:
             return gradient_of(self.function, ref, args, keywords, node.span)
         if isinstance(ref, OpRef) and ref.name in ("grad", "value_and_grad"):
             return grad_ref(ref.name, args, keywords, node.span)
+        if isinstance(ref, CheckpointRef):
+            return checkpointed(self.function, ref, args, keywords, node.span)
+        if isinstance(ref, OpRef) and ref.name == "checkpoint":
+            return checkpoint_ref(args, keywords, node.span)
         if not isinstance(ref, OpRef):
             raise SemanticError(f"{callee.text} is {describe(ref)}, not a function", node.func.span)
         name = ref.name

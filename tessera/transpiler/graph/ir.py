@@ -76,6 +76,9 @@ class Op:
     effects: tuple[str, ...] = ()
     regions: tuple[Block, ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
+    #: Whether the op is part of a backward pass (``@autodiff``, ``grad``), for the memory
+    #: plan, which says what the backward reads of the forward's values.
+    backward: bool = field(default=False, compare=False, repr=False)
 
     def attr(self, name: str, default: Any = None) -> Any:
         return next((v for k, v in self.attrs if k == name), default)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ...files import write_file
-from . import quant  # noqa: F401  (registers quantize and dequantize)
+from . import optim, quant  # noqa: F401  (register fused_adam, quantize and dequantize)
 from .graph_ops import COMPARISONS, GRAPH_OPS
 from .opcall import OpSpec
 from .tile_ops import TILE_DIMS

@@ -19,8 +19,10 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from . import quant  # noqa: F401  (registers quantize and dequantize)
+from . import optim, quant  # noqa: F401  (register fused_adam, quantize and dequantize)
 from .annotations import resolve_result, resolve_type, unimplemented_policies
+from .autodiff import Region
+from .custom_rules import CUSTOM_RULES, custom_region, custom_rule
 from .differentiate import differentiated, forward_mode
 from .dims import Dim
 from .dtypes import accumulator
@@ -74,7 +76,9 @@ KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
     "tessera.kernel": None,
     "jit": None,
-    "autodiff": ("wrt", "jvp"),
+    "autodiff": ("wrt", "jvp", "remat"),
+    "custom_vjp": (),
+    "custom_jvp": (),
     "kernel.auto": None,
     "kernel.schedule": ("schedule",),
     "kernel.autotune": ("space", "metric", "budget_ms", "cache"),
@@ -103,6 +107,8 @@ class _ModuleAnalyzer:
         self.global_spans: dict[str, Span] = {}
         #: the file's functions, which a graph function may call (``_Inlined``)
         self.function_defs: dict[str, ast.FunctionDef] = {}
+        #: each function's @custom_vjp or @custom_jvp rule once checked, or the error
+        self.custom_rules: dict[str, Any] = {}
         for stmt in module.body:
             if isinstance(stmt, ast.FunctionDef):
                 self.function_defs.setdefault(stmt.name, stmt)
@@ -258,6 +264,8 @@ class _FunctionAnalyzer:
         self.env: dict[str, Any] = {}
         self.blocks: list[list[Op]] = [[]]
         self.guards: list[Guard] = []
+        #: the calls that the backward pass differentiates by a rule of their own
+        self.regions: list[Region] = []
         self.with_attrs: list[str] = []
         #: the function's mesh, and the blocks of it that enclose the statement at hand
         self.mesh: Mesh | None = None
@@ -504,6 +512,9 @@ class _FunctionAnalyzer:
         accepted = KERNEL_DECORATORS[name]
         if "@" + name in NOT_YET:
             self.diags.warning(not_yet("@" + name), decorator.span)
+        if name in CUSTOM_RULES:
+            rule = custom_rule(self.owner, self.node)
+            return f"{name}({rule.node.name})" if rule is not None else name
         if decorator.args is None:
             if accepted is not None and name not in ("kernel.autotune", "autodiff"):
                 raise SemanticError(f"@{name} needs arguments", decorator.span)
@@ -1096,7 +1107,8 @@ class _Inlined(_FunctionAnalyzer):
 
     def __init__(self, caller: _FunctionAnalyzer, node: ast.FunctionDef, span: Span) -> None:
         super().__init__(caller.owner, node)
-        self.blocks, self.guards = caller.blocks, caller.guards
+        self.blocks, self.guards, self.regions = caller.blocks, caller.guards, caller.regions
+        self.caller = caller
         self.with_attrs, self.param_spans = caller.with_attrs, caller.param_spans
         self.stack = (*caller.stack, node.name)
         self.diags = _CalledFrom(caller.diags, Note(f"in this call of {node.name}()", span))
@@ -1116,9 +1128,11 @@ class _Inlined(_FunctionAnalyzer):
             return POISON
         self._sizes(bound)
         errors = self.diags.error_count
+        start = len(self.blocks[-1])
         self._block(tuple(s for s in self.node.body if not _is_docstring(s, self.node.body)), True)
         if self.diags.error_count > errors or not self.returned:
             return POISON
+        custom_region(self.caller, self.node, bound, self.returned, start, self.span)
         return self.returned if len(self.returned) > 1 else self.returned[0]
 
     def _bind(self, args: list[Ev], keywords: list) -> dict[str, Ev]:

@@ -102,6 +102,8 @@ class GradRef:
     node: Any
     wanted: tuple[str, ...] | None
     with_value: bool
+    #: the ``remat=`` policy: which forward values the backward pass reads as they are
+    remat: str = "everything"
 
 
 class Poison:

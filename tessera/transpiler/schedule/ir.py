@@ -115,6 +115,9 @@ class HostProgram:
     #: or write a result with other dims (a reshape), but the entry takes them as
     #: declared.
     types: tuple[ValueType, ...] = field(default=(), compare=False, repr=False)
+    #: The buffers a backward pass reads of the forward's values, by name; None for a
+    #: function without a backward pass.
+    saved: tuple[str, ...] | None = None
 
 
 @frozen

@@ -163,10 +163,11 @@ class _Scheduler:
             for op in self._ops(group):
                 for value in op.results:
                     writer[value.id] = index
+        buffers = self._buffers(writer)
         return HostProgram(
             f.name, f.kind, inputs, results, tuple(launches),
-            self._buffers(writer), tuple(self.guards), span=f.span, defaults=defaults,
-            keyword_only=keyword_only, types=types,
+            buffers, tuple(self.guards), span=f.span, defaults=defaults,
+            keyword_only=keyword_only, types=types, saved=self._saved(buffers),
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:
@@ -478,6 +479,17 @@ class _Scheduler:
             if i not in returned and isinstance(values[i].type, TensorType)
         ]
         return plan_buffers(intervals)
+
+    def _saved(self, buffers: tuple) -> tuple[str, ...] | None:
+        """The buffers written before the backward pass's first launch and read from it
+        on: what a backward pass keeps of the forward's values (``remat=`` and
+        ``checkpoint`` choose it). None for a function without a backward pass."""
+        groups = self.function.groups
+        start = next((index for index, group in enumerate(groups)
+                      if any(op.backward for op in self._ops(group))), None)  # fmt: skip
+        if start is None:
+            return None
+        return tuple(b.name for b in buffers if b.first < start <= b.last)
 
 
 def _readers(body: Block) -> dict[int, set[int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..graph.dims import Dim
 from .hardware import KIB
 from .ir import HostProgram, Launch, ScheduleModule
 
@@ -27,11 +28,22 @@ def _program(p: HostProgram) -> list[str]:
             f"  buffer {b.name} : {b.type}  bytes {b.bytes}  slot {b.slot}  "
             f"live k{b.first}..k{b.last}"
         )
+    if p.saved is not None:
+        lines.append(_saved(p))
     for launch in p.launches:
         lines += _launch(launch)
     if p.results:
         lines.append(f"  return {', '.join(p.results)}")
     return [*lines, "}"]
+
+
+def _saved(p: HostProgram) -> str:
+    """What the backward pass keeps of the forward's values, and its size."""
+    sizes = {b.name: b.bytes for b in p.buffers}
+    total = Dim.const(0)
+    for name in p.saved:
+        total = total + sizes[name]
+    return f"  saved for the backward {', '.join(p.saved) or '-'}  bytes {total}"
 
 
 def _launch(k: Launch) -> list[str]:

@@ -1,0 +1,82 @@
+"""``fused_adam``: one Adam or AdamW optimizer step, as a graph op a training step calls.
+
+It is made of elementwise graph ops (the moments, their bias correction, the decoupled
+weight decay and the update), so that it lowers on every target as the rest of the
+step does and fusion puts it into elementwise kernels. The standard library's tile
+kernel of the same name (``tessera/stdlib/fused_adam.tsr``) is the same step as one
+kernel that updates its arguments in place, for a host program to launch.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .autodiff import Builder
+from .graph_ops import register
+from .ir import Value
+from .opcall import OpCall, P
+from .types import ScalarType
+from .values import Const
+
+__all__: list[str] = []
+
+_TENSORS = ("param", "grad", "exp_avg", "exp_avg_sq")
+FLOAT = ScalarType("float")
+_FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+         "div": operator.truediv, "pow": operator.pow}  # fmt: skip
+
+
+@register(
+    "fused_adam", *(P(name) for name in _TENSORS), P("lr", keyword_only=True),
+    P("step", keyword_only=True), P("beta1", 0.9, keyword_only=True),
+    P("beta2", 0.999, keyword_only=True), P("eps", 1e-8, keyword_only=True),
+    P("weight_decay", 0.0, keyword_only=True),
+)  # fmt: skip
+def _fused_adam(call: OpCall) -> object:
+    """One AdamW step, as ``torch.optim.AdamW`` takes it: ``m = beta1 m + (1 - beta1)
+    grad``, ``v = beta2 v + (1 - beta2) grad^2``, then ``param (1 - lr weight_decay) - lr
+    m_hat / (sqrt(v_hat) + eps)`` with ``m_hat = m / (1 - beta1^step)`` and ``v_hat = v /
+    (1 - beta2^step)`` (``step`` counts from 1). Returns ``(param, exp_avg, exp_avg_sq)``
+    updated, each of ``param``'s shape and dtype; ``weight_decay=0.0`` (the default) is
+    Adam. ``grad`` and the moments must have ``param``'s type. ``lr``, ``step`` and the
+    other scalars are numbers or scalar parameters (``lr: float``, ``step: int``)."""
+    param, grad, m, v = (call.tensor(name) for name in _TENSORS)
+    if not param.type.dtype.is_float:
+        raise call.error(f"'param' must be a float tensor, not {param.type}", at="param")
+    for name, value in zip(_TENSORS[1:], (grad, m, v), strict=True):
+        if value.type.dims != param.type.dims or value.type.dtype != param.type.dtype:
+            raise call.error(
+                f"'{name}' must have param's type; {call.shape_of('param')}, "
+                f"{call.shape_of(name)}",
+                at=name,
+            )
+    lr, beta1, beta2, eps, decay = (
+        call.scalar(name, "float") for name in ("lr", "beta1", "beta2", "eps", "weight_decay")
+    )
+    step = call.scalar("step", "int")
+    if isinstance(step, Value):  # float(step), widened as C widens it
+        step = call.emitter.emit("mul", (step,), (FLOAT,), (("b", 1.0),), (), call.span)[0]
+    f = _Arithmetic(Builder(call.emitter, call.span))
+    m = f("add", f("mul", m, beta1), f("mul", grad, f("sub", 1.0, beta1)))
+    v = f("add", f("mul", v, beta2), f("mul", f("mul", grad, grad), f("sub", 1.0, beta2)))
+    m_hat = f("div", m, f("sub", 1.0, f("pow", beta1, step)))
+    v_hat = f("div", v, f("sub", 1.0, f("pow", beta2, step)))
+    if getattr(decay, "value", None) != 0.0:
+        param = f("mul", param, f("sub", 1.0, f("mul", lr, decay)))
+    update = f("div", f("mul", m_hat, lr), f("add", f("sqrt", v_hat), eps))
+    return f("sub", param, update), m, v
+
+
+class _Arithmetic:
+    """Ops on tensors, scalars and numbers: of numbers alone, the number, computed now
+    (as the evaluator folds ``1.0 - 0.9``), else the op."""
+
+    def __init__(self, b: Builder) -> None:
+        self.b = b
+
+    def __call__(self, kind: str, *args: Any) -> Any:
+        numbers = [a.value if isinstance(a, Const) else a for a in args]
+        if kind in _FOLD and all(isinstance(n, (int, float)) for n in numbers):
+            return Const(float(_FOLD[kind](*numbers)))
+        return self.b(kind, *args)
