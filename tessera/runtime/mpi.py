@@ -11,11 +11,55 @@ reaches would wait forever.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["world", "agree"]
+__all__ = ["Process", "process", "world", "agree"]
+
+
+#: What MPI launchers tell each process its local rank by: Open MPI's, MPICH's (Hydra)
+_LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+@dataclass(frozen=True)
+class Process:
+    """This process's place in the world, as torchrun's variables name it: ``rank`` and
+    ``world_size`` (MPI's), and ``local_rank``, its rank among the processes of its
+    machine (the GPU a process of a CUDA mesh would take), as the MPI launcher gives it
+    (None where it gives none)."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None
+
+
+@functools.cache
+def process() -> Process:
+    """This process's rank, the world's size and its local rank, from MPI and its
+    launcher, without communicating. Where torchrun's ``RANK``, ``WORLD_SIZE`` or
+    ``LOCAL_RANK`` are set (by a launcher, or by hand), they must agree, else a
+    RuntimeError says how to start the processes: torchrun starts processes that each
+    see an MPI world of one."""
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    local = next((int(os.environ[v]) for v in _LOCAL_RANK if v in os.environ), None)
+    here = Process(rank, size, 0 if size == 1 else local)
+    for variable, value in (("WORLD_SIZE", here.world_size), ("RANK", here.rank),
+                            ("LOCAL_RANK", here.local_rank)):  # fmt: skip
+        given = os.environ.get(variable)
+        if given is not None and value is not None and given.strip() != str(value):
+            count = given if variable == "WORLD_SIZE" else "N"
+            raise RuntimeError(
+                f"{variable}={given}, but MPI gives this process {value}: a mesh runs on "
+                "MPI's processes, which torchrun does not start; start them with mpirun -n "
+                f"{count} python -m mpi4py your_script.py"
+            )
+    return here
 
 
 def world(name: str, mesh: Mapping[str, Any]) -> Any:
@@ -29,7 +73,7 @@ def world(name: str, mesh: Mapping[str, Any]) -> Any:
             f"{name}() runs on a mesh ({axes}) and needs mpi4py: pip install mpi4py, then "
             f"mpirun -n {devices} python -m mpi4py your_script.py"
         ) from None
-    size = MPI.COMM_WORLD.Get_size()
+    size = process().world_size
     if size != devices:
         raise RuntimeError(
             f"{name}() runs on a mesh of {devices} devices ({axes}), but {size} MPI "

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import tessera
+import tessera.runtime.mpi
 
 COMM = MPI.COMM_WORLD
 RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
@@ -47,6 +48,34 @@ def attention(q: Tensor["B", "S", "D", f32] @shard(None, "tp", None),
         values = all_gather(v, axis="tp", dim=1)
         o = flash_attention(q, keys, values, causal=False)
     return o
+
+def loss(x: Tensor["B", "D", f32], w1: Tensor["D", "H", f32], w2: Tensor["H", "O", f32],
+         b: Tensor["O", f32], t: Tensor["B", "O", f32]) -> Tensor[f32]:
+    e = gelu(x @ w1) @ w2 + b - t
+    return sum(e * e, axis=None)
+
+@kernel
+def train(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @shard("dp", None),
+          w1: Tensor["D", "H", f32], w2: Tensor["H", "O", f32], b: Tensor["O", f32], lr: float
+          ) -> tuple[Tensor["D", "H", f32], Tensor["H", "O", f32], Tensor["O", f32]]:
+    with mesh(axes=DP_MESH, bucket_mb=1):
+        g1, g2, gb = grad(loss, wrt=("w1", "w2", "b"))(x, w1, w2, b, t)
+    return w1 - lr * g1, w2 - lr * g2, b - lr * gb
+
+@kernel
+def scattered(x: Tensor["B", "F", f32] @shard(None, "tp"),
+              w: Tensor["F", "D", f32] @shard("tp", None)
+              ) -> Tensor["B", "D", f32] @shard("tp", None):
+    with mesh(axes=TP_MESH):
+        y = x @ w
+    return y
+
+@kernel
+def gathered(x: Tensor["B", "D", f32], w: Tensor["D", "F", f32] @shard(None, "tp")
+             ) -> Tensor["B", "F", f32]:
+    with mesh(axes=TP_MESH):
+        y = x @ w
+    return y
 
 @kernel
 def reduce_all(x: Tensor["N", 3, f32]) -> Tensor["N", 3, f32]:
@@ -114,6 +143,19 @@ def gelu(h: np.ndarray) -> np.ndarray:
     return 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
 
 
+def train_reference(
+    x: np.ndarray, t: np.ndarray, w1: np.ndarray, w2: np.ndarray, b: np.ndarray, lr: float
+) -> tuple[np.ndarray, ...]:
+    """The training step of ``train`` in float64: the gradient of the summed squares."""
+    x, t, w1, w2, b = (a.astype(np.float64) for a in (x, t, w1, w2, b))
+    h = x @ w1
+    c = math.sqrt(2 / math.pi)
+    u = np.tanh(c * (h + 0.044715 * h**3))
+    dy = 2 * (gelu(h) @ w2 + b - t)
+    dh = (dy @ w2.T) * (0.5 * (1 + u) + 0.5 * h * (1 - u**2) * c * (1 + 3 * 0.044715 * h**2))
+    return w1 - lr * x.T @ dh, w2 - lr * gelu(h).T @ dy, b - lr * dy.sum(axis=0)
+
+
 def main() -> None:
     program = tessera.compile(SOURCE, "meshes.tsr", target="cpu")
     if RANK == 0:
@@ -173,7 +215,33 @@ def main() -> None:
         print(f"rank {RANK}: the deterministic step differs between ranks or runs", flush=True)
         COMM.Abort(1)
 
-    # shards of different shapes are an error on every rank, not a hang
+    # a data-parallel training step by grad: the three gradients' all-reduce inserted
+    # as one bucket, which a 1 MiB bucket size splits into two messages (w1 alone)
+    B, D, H, O = 6, 400, 400, 5
+    x, t = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (B, O)))
+    w1, w2, b = ((rng.standard_normal(s) / 20).astype(np.float32) for s in ((D, H), (H, O), (O,)))
+    got = lib.train(block(x, 0, "dp", DP_MESH), block(t, 0, "dp", DP_MESH), w1, w2, b, 0.01)
+    reference = train_reference(x, t, w1, w2, b, 0.01)
+    for name, have, want in zip(("w1", "w2", "b"), got, reference, strict=True):
+        check(f"data-parallel training step {name}", have, want, 1e-5)
+
+    # the result's spec calls for a reduce-scatter of a partial sum, or a gather
+    B, D, F = 4, 3, 6
+    x, w = rng.standard_normal((B, F)).astype(np.float32), rng.standard_normal((F, D))
+    w = w.astype(np.float32)
+    want = x.astype(np.float64) @ w
+    got = lib.scattered(block(x, 1, "tp", TP_MESH), block(w, 0, "tp", TP_MESH))
+    check("reduce_scatter inserted", got, block(want, 0, "tp", TP_MESH))
+    x, w = rng.standard_normal((B, D)).astype(np.float32), rng.standard_normal((D, F))
+    w = w.astype(np.float32)
+    check(
+        "all_gather inserted", lib.gathered(x, block(w, 1, "tp", TP_MESH)), x @ w.astype(np.float64)
+    )
+
+    # shards of different shapes are an error on every rank, not a hang, also once the
+    # module is warm (its other functions called through their C calls)
+    for _ in range(40):
+        lib.reduce_all(mine[RANK])
     try:
         lib.reduce_all(mine[RANK][: 5 - (RANK % 2)])
     except ValueError as exc:
@@ -194,6 +262,17 @@ def main() -> None:
         assert "mpirun -n 3" in str(exc), exc
     else:
         COMM.Abort(1)
+    # torchrun's variables must agree with MPI's world
+    os.environ["WORLD_SIZE"] = str(WORLD + 1)
+    try:
+        tessera.runtime.mpi.process.__wrapped__()
+    except RuntimeError as exc:
+        assert "torchrun does not start" in str(exc), exc
+    else:
+        COMM.Abort(1)
+    del os.environ["WORLD_SIZE"]
+    here = tessera.runtime.mpi.process()
+    assert (here.rank, here.world_size, here.local_rank) == (RANK, WORLD, RANK), here
     COMM.Barrier()
     if RANK == 0:
         print(f"ok: {WORLD} processes", flush=True)
