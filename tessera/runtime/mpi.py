@@ -64,8 +64,8 @@ def process() -> Process:
 
 def world(name: str, mesh: Mapping[str, Any]) -> Any:
     """MPI's world communicator, checked against the mesh of the function ``name``."""
-    axes = ", ".join(f"{a}={n}" for a, n in mesh["axes"])
     devices = math.prod(n for _, n in mesh["axes"])
+    axes = ", ".join(f"{a}={n}" for a, n in mesh["axes"])
     try:
         from mpi4py import MPI
     except ImportError:
@@ -82,6 +82,15 @@ def world(name: str, mesh: Mapping[str, Any]) -> Any:
     return MPI.COMM_WORLD
 
 
+@functools.cache
+def _buffers(length: int) -> tuple[Any, Any]:
+    """The message of ``agree`` and its reduction, made once for each length: a call
+    of a mesh function should cost its collectives, not its checks."""
+    import numpy as np
+
+    return np.zeros(length, np.int64), np.zeros(length, np.int64)
+
+
 def agree(
     name: str, mesh: Mapping[str, Any], names: Sequence[str], sizes: Mapping[str, int] | None,
     failure: str | None = None,
@@ -94,18 +103,18 @@ def agree(
     One all-reduce of the failure flag, each size and its negation (the largest and the
     smallest); only where something is wrong (on every process alike) are the details
     gathered, for the message."""
-    import numpy as np
     from mpi4py import MPI
 
     comm = world(name, mesh)
-    values = np.array([sizes[k] for k in names] if sizes else [0] * len(names), np.int64)
-    mine = np.concatenate([[int(failure is not None)], values, -values])
-    extremes = np.empty_like(mine)
-    comm.Allreduce(mine, extremes, op=MPI.MAX)
+    values = [sizes[k] for k in names] if sizes else [0] * len(names)
     n = len(values)
-    if not extremes[0] and np.array_equal(extremes[1 : n + 1], -extremes[n + 1 :]):
+    mine, extremes = _buffers(1 + 2 * n)
+    mine[:] = [int(failure is not None), *values, *(-v for v in values)]
+    comm.Allreduce(mine, extremes, op=MPI.MAX)
+    top = extremes.tolist()
+    if not top[0] and all(top[1 + i] == -top[1 + n + i] for i in range(n)):
         return
-    every = comm.allgather((failure, values.tolist()))
+    every = comm.allgather((failure, values))
     failed = [(rank, why) for rank, (why, _) in enumerate(every) if why is not None]
     if failed:
         rank, why = failed[0]
