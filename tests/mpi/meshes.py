@@ -58,7 +58,7 @@ def loss(x: Tensor["B", "D", f32], w1: Tensor["D", "H", f32], w2: Tensor["H", "O
 def train(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @shard("dp", None),
           w1: Tensor["D", "H", f32], w2: Tensor["H", "O", f32], b: Tensor["O", f32], lr: float
           ) -> tuple[Tensor["D", "H", f32], Tensor["H", "O", f32], Tensor["O", f32]]:
-    with mesh(axes=DP_MESH, bucket_mb=1):
+    with mesh(axes=DP_MESH, bucket_mb=1, deterministic=True):
         g1, g2, gb = grad(loss, wrt=("w1", "w2", "b"))(x, w1, w2, b, t)
     return w1 - lr * g1, w2 - lr * g2, b - lr * gb
 
@@ -216,7 +216,8 @@ def main() -> None:
         COMM.Abort(1)
 
     # a data-parallel training step by grad: the three gradients' all-reduce inserted
-    # as one bucket, which a 1 MiB bucket size splits into two messages (w1 alone)
+    # as one bucket, which a 1 MiB bucket size splits into two messages (w1 alone);
+    # summed in rank order, the same bits on every rank
     B, D, H, O = 6, 400, 400, 5
     x, t = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (B, O)))
     w1, w2, b = ((rng.standard_normal(s) / 20).astype(np.float32) for s in ((D, H), (H, O), (O,)))
@@ -224,6 +225,9 @@ def main() -> None:
     reference = train_reference(x, t, w1, w2, b, 0.01)
     for name, have, want in zip(("w1", "w2", "b"), got, reference, strict=True):
         check(f"data-parallel training step {name}", have, want, 1e-5)
+    if len(set(COMM.allgather(b"".join(a.tobytes() for a in got)))) != 1:
+        print(f"rank {RANK}: the deterministic buckets differ between ranks", flush=True)
+        COMM.Abort(1)
 
     # the result's spec calls for a reduce-scatter of a partial sum, or a gather
     B, D, F = 4, 3, 6
