@@ -225,7 +225,7 @@ def scaled(x: Tensor["N", 8, f32]) -> Tensor["N", 8, f32]:
 @kernel
 def sums(x: Tensor["B", "D", f32] @shard("dp", None), y: Tensor["B", "E", f32] @shard("dp", None)
          ) -> tuple[Tensor["D", f32], Tensor["E", f32]]:
-    with mesh(axes={"dp": 2, "tp": 2}):
+    with mesh(axes={"dp": 2, "tp": 2}, deterministic=True):
         a = sum(x, axis=0)
         b = sum(y, axis=0)
     return a * 2.0, b * 2.0
@@ -242,8 +242,9 @@ def _nccl() -> Path | None:
 
 @pytest.mark.compile
 def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
-    """The CUDA file's NCCL host code builds with nvcc warning-free and links against
-    the nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
+    """The CUDA file's NCCL host code (on a stream of its own, a bucket, the ordered sums
+    of a deterministic mesh) builds with nvcc warning-free and links against the
+    nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
     program = tessera.compile(COLLECTIVES, "scaled.tsr", target="cuda")
     scaled, sums = program.ir("meta")["functions"]
     assert [(c["kind"], c["after"], c["wait_before"]) for c in scaled["collectives"]] == [
@@ -254,6 +255,12 @@ def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
     (bucket,) = sums["collectives"]
     assert bucket["after"] == bucket["wait_before"] > 0, bucket
     assert bucket["reads"] == ["%a", "%b"] and len(bucket["writes"]) == 2, bucket
+    # deterministic: gathered into a scratch buffer of both devices' blocks, then summed
+    # in rank order by a kernel, as on MPI
+    assert bucket["scratch"] == "2*D + 2*E" and scaled["collectives"][0]["scratch"] is None
+    assert "tessera_combine_on(scratch + 2*D, y1, static_cast<size_t>(E), n, 0, stream)" in (
+        program.source
+    )
     assert "cudaStreamWaitEvent(stream, ready, 0)" in program.source
     assert "cudaEventRecord(done, stream)" in program.source
     with pytest.raises(RuntimeError, match="runs collectives"):
