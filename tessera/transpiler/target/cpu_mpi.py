@@ -88,8 +88,8 @@ class Collectives:
         s, r = op.operands[0].type.dims, op.results[0].type.dims
         comment = f"// {op.kind} over {op.attr('axis').replace(',', ', ')}"
         if len(sources) > 1:
-            return [f"{comment}: a bucket of {len(sources)} tensors", "{", *self._bucket(
-                op, srcs, dsts, ctype, [reduce, ordered, comm]), "}"]  # fmt: skip
+            bucket = self._bucket(op, srcs, dsts, ctype, f"{reduce}, {ordered}", comm)
+            return [f"{comment}: a bucket of {len(sources)} tensors", "{", *bucket, "}"]
         if op.kind == "all_reduce":
             args = [self._dim(_product(s)), reduce, ordered]
         elif op.kind == "all_gather":
@@ -110,17 +110,18 @@ class Collectives:
         ]
 
     def _bucket(
-        self, op: Op, srcs: list[str], dsts: list[str], ctype: str, args: list[str]
+        self, op: Op, srcs: list[str], dsts: list[str], ctype: str, how: str, comm: str
     ) -> list[str]:
-        """The all-reduce of several tensors, which the runtime packs into messages of at
-        most the mesh's bucket size."""
+        """The all-reduce of several tensors (``how``: the reduction and whether it is in
+        rank order), which the runtime packs into messages of at most the mesh's bucket
+        size."""
         counts = ", ".join(self._dim(_product(v.type.dims)) for v in op.operands)
         return [
             f"  const {ctype}* const in[] = {{{', '.join(srcs)}}};",
             f"  {ctype}* const out[] = {{{', '.join(dsts)}}};",
             f"  const tsr::i64 counts[] = {{{counts}}};",
             f"  tsr::mpi::all_reduce_buckets<{ctype}>(in, out, counts, {len(srcs)}, "
-            f"{', '.join(args[:2])}, {self.mesh.bucket_mb}ll << 20, {args[2]});",
+            f"{how}, {self.mesh.bucket_mb}ll << 20, {comm});",
         ]
 
 
