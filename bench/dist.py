@@ -5,11 +5,13 @@ processes, the mesh ``{"dp": 2}``). For each size from 1 to 256 MB of f32 it tim
 ``lib.all_reduce(x)`` (a Tessera function that is one ``all_reduce``: the argument
 checks, the size check across processes, and the entry's ``MPI_Allreduce``) and, in
 the same run, mpi4py's ``COMM_WORLD.Allreduce`` of the same array into a preallocated
-one: the median of ``--runs`` calls after two warm-ups, with a barrier before each.
-The figure is the peer's time over Tessera's (1.0: as fast; the goal is at least
-0.95). The tensor-parallel MLP of ``tests/mpi/meshes.py``'s kind, at ``[256, 1024] @
-[1024, 4096] @ [4096, 1024]``, is timed against one process doing all the work.
-Results go to ``bench/results/dist.json``.
+one, and mpi4py making the same two calls as a Tessera call (the processes' meeting, a
+small all-reduce, then the all-reduce): the median of ``--runs`` calls after two
+warm-ups, with a barrier before each. The figures are each peer's time over Tessera's
+(1.0: as fast; the goal is at least 0.95 against the single call). The
+tensor-parallel MLP of ``tests/mpi/meshes.py``'s kind, at ``[256, 1024] @ [1024, 4096]
+@ [4096, 1024]``, is timed against one process doing all the work. Results go to
+``bench/results/dist.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES_MB = (1, 4, 16, 64, 256)
@@ -72,6 +75,18 @@ def timed(calls: list, comm, runs: int) -> list[float]:
     return [statistics.median(kept) for kept in times]
 
 
+def meeting_then_all_reduce(comm: Any, x: Any, out: Any) -> None:
+    """What a Tessera call sends, made from mpi4py: the small all-reduce in which the
+    processes agree on their shards' sizes (``tessera.runtime.mpi.agree``: a flag and
+    each size and its negation), then the all-reduce itself."""
+    import numpy as np
+    from mpi4py import MPI
+
+    sizes = np.array([0, x.size, -x.size], np.int64)
+    comm.Allreduce(sizes, np.empty_like(sizes), op=MPI.MAX)
+    comm.Allreduce(x, out)
+
+
 def rank_main(runs: int, out: Path) -> None:
     import numpy as np
     from mpi4py import MPI
@@ -89,10 +104,11 @@ def rank_main(runs: int, out: Path) -> None:
     for mb in SIZES_MB:
         x = rng.standard_normal(mb * 2**20 // 4).astype(np.float32)
         result, peer = np.empty_like(x), np.empty_like(x)
-        ours, theirs = timed(
+        ours, theirs, met = timed(
             [
                 functools.partial(lib.all_reduce_sum, x, out=result),
                 functools.partial(comm.Allreduce, x, peer),
+                functools.partial(meeting_then_all_reduce, comm, x, peer),
             ],
             comm,
             runs,
@@ -100,7 +116,9 @@ def rank_main(runs: int, out: Path) -> None:
         assert np.array_equal(result, peer)
         rows[f"all_reduce {mb} MB"] = {
             "tessera_s": round(ours, 5), "mpi4py_s": round(theirs, 5),
+            "mpi4py_with_meeting_s": round(met, 5),
             "ratio_mpi4py_over_tessera": round(theirs / ours, 3),
+            "ratio_mpi4py_with_meeting_over_tessera": round(met / ours, 3),
         }  # fmt: skip
     B, D, F = 256, 1024, 4096
     x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (D, F), (F, D)))

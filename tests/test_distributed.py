@@ -47,6 +47,54 @@ def test_distribution_inserts_the_all_reduce_of_each_partial_sum() -> None:
     assert step.index("all_reduce") < step.index("= mul %")
 
 
+RELAYOUT = """
+def loss(x: Tensor["B", "D", f32], w: Tensor["D", "O", f32], b: Tensor["O", f32],
+         t: Tensor["B", "O", f32]) -> Tensor[f32]:
+    e = x @ w + b - t
+    return sum(e * e, axis=None)
+
+@kernel
+def train(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @shard("dp", None),
+          w: Tensor["D", "O", f32], b: Tensor["O", f32]
+          ) -> tuple[Tensor["D", "O", f32], Tensor["O", f32]]:
+    with mesh(axes={"dp": 2}):
+        gw, gb = grad(loss, wrt=("w", "b"))(x, w, b, t)
+    return w - 0.1 * gw, b - 0.1 * gb
+
+@kernel
+def scattered(x: Tensor["B", "F", f32] @shard(None, "tp")) -> Tensor["B", f32] @shard("tp"):
+    with mesh(axes={"tp": 2}):
+        y = sum(x, axis=1)
+    return y
+
+@kernel
+def gathered(x: Tensor["B", "F", f32] @shard(None, "tp")) -> Tensor["B", "F", f32]:
+    with mesh(axes={"tp": 2}):
+        y = x * 2.0
+    return y
+"""
+
+
+def test_distribution_buckets_gradients_and_follows_the_result_specs() -> None:
+    """A data-parallel step by grad all-reduces its gradients as one bucket, before the
+    first update reads one; a partial sum returned split is reduce-scattered, and a
+    split value returned whole is gathered."""
+    graph = tessera.compile(RELAYOUT, "relayout.tsr", target="cpu", until="graph")
+    text = graph.inspect_ir("graph")
+    collectives = [line.split(" = ", 1)[1].split(" effects")[0] for line in text.splitlines()
+                   if "effects(collective)" in line]  # fmt: skip
+    assert collectives == [
+        "all_reduce %5 {axis = dp, op = sum, inserted = true}",  # the loss, which grad reads
+        "all_reduce %gw, %gb {axis = dp, op = sum, inserted = true}",
+        "reduce_scatter %y {axis = tp, dim = 0, op = sum, inserted = true}",
+        "all_gather %y {axis = tp, dim = 1, inserted = true}",
+    ], collectives
+    assert "guard B % 2 == 0  // the result's dim 0, split over 'tp'" in text
+    source = tessera.compile(RELAYOUT, "relayout.tsr", target="cpu").source
+    assert "tsr::mpi::all_reduce_buckets<float>(in, out, counts, 2," in source
+    assert "16ll << 20" in source
+
+
 def _errors(source: str) -> list[str]:
     with pytest.raises(tessera.CompileError) as info:
         tessera.compile(source, "bad.tsr", target="cpu")
@@ -95,6 +143,22 @@ IN_MESH = '    with mesh(axes={"dp": 2, "tp": 2}):\n        y = '
          "4:24: all_reduce: combines f32 or i32 values, not bf16"),
         (_function('x: Tensor["N", 8, f32]', '    with mesh(axes={"dp": 0}):\n        y = x\n'),
          "3:20: mesh axis 'dp' has 1 to 4096 devices, not 0"),
+        (_function('x: Tensor["N", 8, f32]', '    with mesh(axes={"dp": 2}, bucket_mb=0):\n'
+                   "        y = x\n"),
+         "3:41: bucket_mb= is a whole number of MiB from 1 to 1024, not 0"),
+        (_function('x: Tensor["N", 8, f32]', IN_MESH + "x * 2.0\n", 'Tensor["N", 8, f32] '
+                   '@shard("dp", None)'),
+         "5:12: dim 0 of the result is declared split over mesh axis 'dp', but every device "
+         "holds all of it"),
+        (_function('x: Tensor[4, 8, f32] @shard("dp", None)', IN_MESH + "reshape(x, (8, 2))\n",
+                   'Tensor[8, 2, f32]'),
+         "4:13: reshape: a dim split over mesh axis 'dp' must stay the first"),
+        ("def mse(x: Tensor['N', 8, f32], w: Tensor[8, f32]) -> Tensor[f32]:\n"
+         "    return mean(x * w, axis=None)\n" + _function(
+             'x: Tensor["N", 8, f32] @shard("dp", None), w: Tensor[8, f32]',
+             IN_MESH + 'grad(mse, wrt="w")(x, w)\n', "Tensor[8, f32]")
+         .replace("@kernel\n", "\n@kernel\n"),
+         "7:13: grad of a mean over a dim split over mesh axis 'dp'"),
     ],
 )  # fmt: skip
 def test_bad_meshes_shards_and_collectives_are_errors_at_their_line(
@@ -154,6 +218,14 @@ def scaled(x: Tensor["N", 8, f32]) -> Tensor["N", 8, f32]:
         w = reduce_scatter(z, axis="dp")
         v = all_to_all(w, axis="tp")
     return v
+
+@kernel
+def sums(x: Tensor["B", "D", f32] @shard("dp", None), y: Tensor["B", "E", f32] @shard("dp", None)
+         ) -> tuple[Tensor["D", f32], Tensor["E", f32]]:
+    with mesh(axes={"dp": 2, "tp": 2}, deterministic=True):
+        a = sum(x, axis=0)
+        b = sum(y, axis=0)
+    return a * 2.0, b * 2.0
 """
 
 
@@ -167,13 +239,27 @@ def _nccl() -> Path | None:
 
 @pytest.mark.compile
 def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
-    """The CUDA file's NCCL host code builds with nvcc warning-free and links against
-    the nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
+    """The CUDA file's NCCL host code (on a stream of its own, a bucket, the ordered sums
+    of a deterministic mesh) builds with nvcc warning-free and links against the
+    nvidia-nccl-cu13 wheel; NVRTC, which skips it, still compiles the kernels."""
     program = tessera.compile(COLLECTIVES, "scaled.tsr", target="cuda")
-    meta = program.ir("meta")["functions"][0]
-    assert [(c["kind"], c["after"]) for c in meta["collectives"]] == [
-        ("all_reduce", 1), ("all_gather", 1), ("reduce_scatter", 1), ("all_to_all", 1),
+    scaled, sums = program.ir("meta")["functions"]
+    assert [(c["kind"], c["after"], c["wait_before"]) for c in scaled["collectives"]] == [
+        ("all_reduce", 1, None), ("all_gather", 1, None), ("reduce_scatter", 1, None),
+        ("all_to_all", 1, None),
     ]  # fmt: skip
+    # the two sums' all-reduce is one bucket, which the kernel after it waits for
+    (bucket,) = sums["collectives"]
+    assert bucket["after"] == bucket["wait_before"] > 0, bucket
+    assert bucket["reads"] == ["%a", "%b"] and len(bucket["writes"]) == 2, bucket
+    # deterministic: gathered into a scratch buffer of both devices' blocks, then summed
+    # in rank order by a kernel, as on MPI
+    assert bucket["scratch"] == "2*D + 2*E" and scaled["collectives"][0]["scratch"] is None
+    assert "tessera_combine_on(scratch + 2*D, y1, static_cast<size_t>(E), n, 0, stream)" in (
+        program.source
+    )
+    assert "cudaStreamWaitEvent(stream, ready, 0)" in program.source
+    assert "cudaEventRecord(done, stream)" in program.source
     with pytest.raises(RuntimeError, match="runs collectives"):
         from tessera.runtime.cuda import load
 
@@ -193,6 +279,7 @@ def test_cuda_collectives_compile_and_link_against_nccl(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     symbols = subprocess.run(["nm", "-D", str(library)], capture_output=True, text=True).stdout
     assert all(f"T tessera_scaled_k{i}" in symbols for i in (1, 2, 3, 4))
+    assert f"T {bucket['symbol']}" in symbols
     assert "U ncclAllReduce" in symbols and "U ncclSend" in symbols
 
 

@@ -11,17 +11,61 @@ reaches would wait forever.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["world", "agree"]
+__all__ = ["Process", "process", "world", "agree"]
+
+
+#: What MPI launchers tell each process its local rank by: Open MPI's, MPICH's (Hydra)
+_LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+@dataclass(frozen=True)
+class Process:
+    """This process's place in the world, as torchrun's variables name it: ``rank`` and
+    ``world_size`` (MPI's), and ``local_rank``, its rank among the processes of its
+    machine (the GPU a process of a CUDA mesh would take), as the MPI launcher gives it
+    (None where it gives none)."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None
+
+
+@functools.cache
+def process() -> Process:
+    """This process's rank, the world's size and its local rank, from MPI and its
+    launcher, without communicating. Where torchrun's ``RANK``, ``WORLD_SIZE`` or
+    ``LOCAL_RANK`` are set (by a launcher, or by hand), they must agree, else a
+    RuntimeError says how to start the processes: torchrun starts processes that each
+    see an MPI world of one."""
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    local = next((int(os.environ[v]) for v in _LOCAL_RANK if v in os.environ), None)
+    here = Process(rank, size, 0 if size == 1 else local)
+    for variable, value in (("WORLD_SIZE", here.world_size), ("RANK", here.rank),
+                            ("LOCAL_RANK", here.local_rank)):  # fmt: skip
+        given = os.environ.get(variable)
+        if given is not None and value is not None and given.strip() != str(value):
+            count = given if variable == "WORLD_SIZE" else "N"
+            raise RuntimeError(
+                f"{variable}={given}, but MPI gives this process {value}: a mesh runs on "
+                "MPI's processes, which torchrun does not start; start them with mpirun -n "
+                f"{count} python -m mpi4py your_script.py"
+            )
+    return here
 
 
 def world(name: str, mesh: Mapping[str, Any]) -> Any:
     """MPI's world communicator, checked against the mesh of the function ``name``."""
-    axes = ", ".join(f"{a}={n}" for a, n in mesh["axes"])
     devices = math.prod(n for _, n in mesh["axes"])
+    axes = ", ".join(f"{a}={n}" for a, n in mesh["axes"])
     try:
         from mpi4py import MPI
     except ImportError:
@@ -29,13 +73,22 @@ def world(name: str, mesh: Mapping[str, Any]) -> Any:
             f"{name}() runs on a mesh ({axes}) and needs mpi4py: pip install mpi4py, then "
             f"mpirun -n {devices} python -m mpi4py your_script.py"
         ) from None
-    size = MPI.COMM_WORLD.Get_size()
+    size = process().world_size
     if size != devices:
         raise RuntimeError(
             f"{name}() runs on a mesh of {devices} devices ({axes}), but {size} MPI "
             f"process{'es' if size != 1 else ''} run: start it with mpirun -n {devices}"
         )
     return MPI.COMM_WORLD
+
+
+@functools.cache
+def _buffers(length: int) -> tuple[Any, Any]:
+    """The message of ``agree`` and its reduction, made once for each length: a call
+    of a mesh function should cost its collectives, not its checks."""
+    import numpy as np
+
+    return np.zeros(length, np.int64), np.zeros(length, np.int64)
 
 
 def agree(
@@ -50,18 +103,18 @@ def agree(
     One all-reduce of the failure flag, each size and its negation (the largest and the
     smallest); only where something is wrong (on every process alike) are the details
     gathered, for the message."""
-    import numpy as np
     from mpi4py import MPI
 
     comm = world(name, mesh)
-    values = np.array([sizes[k] for k in names] if sizes else [0] * len(names), np.int64)
-    mine = np.concatenate([[int(failure is not None)], values, -values])
-    extremes = np.empty_like(mine)
-    comm.Allreduce(mine, extremes, op=MPI.MAX)
+    values = [sizes[k] for k in names] if sizes else [0] * len(names)
     n = len(values)
-    if not extremes[0] and np.array_equal(extremes[1 : n + 1], -extremes[n + 1 :]):
+    mine, extremes = _buffers(1 + 2 * n)
+    mine[:] = [int(failure is not None), *values, *(-v for v in values)]
+    comm.Allreduce(mine, extremes, op=MPI.MAX)
+    top = extremes.tolist()
+    if not top[0] and all(top[1 + i] == -top[1 + n + i] for i in range(n)):
         return
-    every = comm.allgather((failure, values.tolist()))
+    every = comm.allgather((failure, values))
     failed = [(rank, why) for rank, (why, _) in enumerate(every) if why is not None]
     if failed:
         rank, why = failed[0]

@@ -12,6 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 import tessera
+import tessera.runtime.cpu
+import tessera.runtime.mpi
 
 COMM = MPI.COMM_WORLD
 RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
@@ -47,6 +49,31 @@ def attention(q: Tensor["B", "S", "D", f32] @shard(None, "tp", None),
         values = all_gather(v, axis="tp", dim=1)
         o = flash_attention(q, keys, values, causal=False)
     return o
+
+def loss(x: Tensor["B", "D", f32], w: Tensor["D", "O", f32], b: Tensor["O", f32],
+         c: Tensor["O", f32], t: Tensor["B", "O", f32]) -> Tensor[f32]:
+    e = (x @ w + b) * c - t
+    return sum(e * e, axis=None)
+
+@kernel
+def train(x: Tensor["B", "D", f32] @shard("dp", None), t: Tensor["B", "O", f32] @shard("dp", None),
+          w: Tensor["D", "O", f32], b: Tensor["O", f32], c: Tensor["O", f32], lr: float
+          ) -> tuple[Tensor["D", "O", f32], Tensor["O", f32], Tensor["O", f32]]:
+    with mesh(axes=DP_MESH, bucket_mb=1, deterministic=True):
+        gw, gb, gc = grad(loss, wrt=("w", "b", "c"))(x, w, b, c, t)
+    return w - lr * gw, b - lr * gb, c - lr * gc
+
+@kernel
+def scattered(x: Tensor["B", "F", f32] @shard(None, "tp")) -> Tensor["B", f32] @shard("tp"):
+    with mesh(axes=TP_MESH):
+        y = sum(x, axis=1)
+    return y
+
+@kernel
+def gathered(x: Tensor["B", "F", f32] @shard(None, "tp")) -> Tensor["B", "F", f32]:
+    with mesh(axes=TP_MESH):
+        y = x * 2.0
+    return y
 
 @kernel
 def reduce_all(x: Tensor["N", 3, f32]) -> Tensor["N", 3, f32]:
@@ -114,12 +141,27 @@ def gelu(h: np.ndarray) -> np.ndarray:
     return 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
 
 
+def train_reference(
+    x: np.ndarray, t: np.ndarray, w: np.ndarray, b: np.ndarray, c: np.ndarray, lr: float
+) -> tuple[np.ndarray, ...]:
+    """The training step of ``train`` in float64: the gradient of the summed squares."""
+    x, t, w, b, c = (a.astype(np.float64) for a in (x, t, w, b, c))
+    z = x @ w + b
+    dy = 2 * (z * c - t)
+    dz = dy * c
+    return w - lr * x.T @ dz, b - lr * dz.sum(axis=0), c - lr * (dy * z).sum(axis=0)
+
+
 def main() -> None:
-    program = tessera.compile(SOURCE, "meshes.tsr", target="cpu")
+    # one compile and one build, on rank 0: the others take its output and find the
+    # build in the cache
+    built = None
     if RANK == 0:
-        program.load()  # one build, which the others then find in the cache
-    COMM.Barrier()
-    lib = program.load()
+        program = tessera.compile(SOURCE, "meshes.tsr", target="cpu")
+        program.load()
+        built = program.source, program.ir("meta")
+    source, meta = COMM.bcast(built)
+    lib = tessera.runtime.cpu.load(source, meta)
     if sys.argv[1:] == ["die"]:  # one rank dies before a collective: every rank must stop
         if RANK == 1:
             os._exit(5)
@@ -173,7 +215,31 @@ def main() -> None:
         print(f"rank {RANK}: the deterministic step differs between ranks or runs", flush=True)
         COMM.Abort(1)
 
-    # shards of different shapes are an error on every rank, not a hang
+    # a data-parallel training step by grad: the three gradients' all-reduce inserted
+    # as one bucket, which a 1 MiB bucket size splits into two messages (w alone, then
+    # b and c packed); summed in rank order, the same bits on every rank
+    B, D, O = 6, 512, 512
+    x, t = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (B, O)))
+    w, b, c = ((rng.standard_normal(s) / 20).astype(np.float32) for s in ((D, O), (O,), (O,)))
+    got = lib.train(block(x, 0, "dp", DP_MESH), block(t, 0, "dp", DP_MESH), w, b, c, 0.01)
+    reference = train_reference(x, t, w, b, c, 0.01)
+    for name, have, want in zip(("w", "b", "c"), got, reference, strict=True):
+        check(f"data-parallel training step {name}", have, want, 1e-5)
+    if len(set(COMM.allgather(b"".join(a.tobytes() for a in got)))) != 1:
+        print(f"rank {RANK}: the deterministic buckets differ between ranks", flush=True)
+        COMM.Abort(1)
+
+    # the result's spec calls for a reduce-scatter of a partial sum, or a gather
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    want = x.astype(np.float64).sum(axis=1)
+    check("reduce_scatter inserted", lib.scattered(block(x, 1, "tp", TP_MESH)),
+          block(want, 0, "tp", TP_MESH))  # fmt: skip
+    check("all_gather inserted", lib.gathered(block(x, 1, "tp", TP_MESH)), 2.0 * x)
+
+    # shards of different shapes are an error on every rank, not a hang, also once the
+    # module is warm (its other functions called through their C calls)
+    for _ in range(40):
+        lib.reduce_all(mine[RANK])
     try:
         lib.reduce_all(mine[RANK][: 5 - (RANK % 2)])
     except ValueError as exc:
@@ -194,6 +260,17 @@ def main() -> None:
         assert "mpirun -n 3" in str(exc), exc
     else:
         COMM.Abort(1)
+    # torchrun's variables must agree with MPI's world
+    os.environ["WORLD_SIZE"] = str(WORLD + 1)
+    try:
+        tessera.runtime.mpi.process.__wrapped__()
+    except RuntimeError as exc:
+        assert "torchrun does not start" in str(exc), exc
+    else:
+        COMM.Abort(1)
+    del os.environ["WORLD_SIZE"]
+    here = tessera.runtime.mpi.process()
+    assert (here.rank, here.world_size, here.local_rank) == (RANK, WORLD, RANK), here
     COMM.Barrier()
     if RANK == 0:
         print(f"ok: {WORLD} processes", flush=True)

@@ -106,6 +106,38 @@ inline void all_reduce(const T* in, T* out, i64 count, Reduce op, bool ordered, 
     for (i64 i = 0; i < count; ++i) out[i] = static_cast<T>(out[i] / static_cast<T>(n));
 }
 
+// The all-reduce of k tensors (a data-parallel step's gradients) in buckets: runs of
+// tensors of at most `bucket_bytes` in all are packed into one message each, so that a
+// step sends a few large messages instead of many small ones; a tensor of a bucket's size
+// or more goes alone, unpacked.
+template <class T>
+inline void all_reduce_buckets(const T* const* in, T* const* out, const i64* counts, int k,
+                               Reduce op, bool ordered, i64 bucket_bytes, MPI_Comm comm) {
+  const i64 capacity = bucket_bytes / static_cast<i64>(sizeof(T));
+  std::vector<T> packed, reduced;
+  int first = 0;
+  while (first < k) {
+    int last = first + 1;
+    i64 total = counts[first];
+    while (last < k && total + counts[last] <= capacity) total += counts[last++];
+    if (last == first + 1) {
+      all_reduce(in[first], out[first], counts[first], op, ordered, comm);
+      first = last;
+      continue;
+    }
+    packed.resize(static_cast<std::size_t>(total));
+    reduced.resize(packed.size());
+    i64 at = 0;
+    for (int i = first; i < last; at += counts[i++])
+      std::memcpy(packed.data() + at, in[i], static_cast<std::size_t>(counts[i]) * sizeof(T));
+    all_reduce(packed.data(), reduced.data(), total, op, ordered, comm);
+    at = 0;
+    for (int i = first; i < last; at += counts[i++])
+      std::memcpy(out[i], reduced.data() + at, static_cast<std::size_t>(counts[i]) * sizeof(T));
+    first = last;
+  }
+}
+
 template <class T>
 inline void all_gather(const T* in, T* out, i64 outer, i64 inner, MPI_Comm comm) {
   const int n = size_of(comm);

@@ -11,14 +11,32 @@ from __future__ import annotations
 
 from .dims import Dim
 from .graph_ops import elementwise_type, register
+from .ir import Function, Op, Value
 from .opcall import OpCall, P, SemanticError
 from .types import TensorType
 from .values import Const
 
-__all__ = ["COLLECTIVES", "REDUCTIONS", "group_size"]
+__all__ = ["COLLECTIVES", "REDUCTIONS", "group_size", "collective_of"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 REDUCTIONS = ("sum", "max", "min", "mean")
+
+
+def collective_of(function: Function, group: int) -> tuple[Op, tuple[Value, ...]]:
+    """The collective of a kernel that fusion made around one, and where each of its
+    operands lies: the group may also hold views of an operand (the reshape of a full
+    reduction's result), which share its memory, so the collective reads the viewed
+    tensor where it lies."""
+    ops = [function.body.ops[i] for i in function.groups[group].ops]
+    found = [op for op in ops if op.kind in COLLECTIVES]
+    views = {op.result.id: op.operands[0] for op in ops if op.kind == "reshape"}
+    assert len(found) == 1 and len(views) == len(ops) - 1, ops
+    sources = []
+    for v in found[0].operands:
+        while v.id in views:
+            v = views[v.id]
+        sources.append(v)
+    return found[0], tuple(sources)
 
 
 def _axes(call: OpCall) -> tuple[str, ...]:

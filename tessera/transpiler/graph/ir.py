@@ -155,6 +155,8 @@ class Function:
     #: the shard spec of each parameter, then of the result (None: whole on each device).
     mesh: Any = None
     shards: tuple[Any, ...] = ()
+    #: the returned expression, where the distribution pass reports a result's layout
+    return_span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @frozen

@@ -44,6 +44,9 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     #: sums combine the devices' values in rank order: the same bits on every run
     deterministic: bool = False
+    #: the largest message of a bucket of all-reduced tensors (a data-parallel step's
+    #: gradients), in MiB
+    bucket_mb: int = 16
     span: Span | None = field(default=None, compare=False, repr=False)
 
     def size(self, axis: str) -> int:
@@ -59,6 +62,7 @@ class Mesh:
 
     def __str__(self) -> str:
         text = ", ".join(f"{name} = {n}" for name, n in self.axes)
+        text += f", bucket_mb = {self.bucket_mb}" if self.bucket_mb != 16 else ""
         return text + (", deterministic" if self.deterministic else "")
 
     def check_axis(self, axis: str, span: Span | None) -> None:
@@ -105,11 +109,21 @@ def find_mesh(body: tuple[ast.Stmt, ...], evaluate: Callable[[ast.Expr], Any]) -
 def parse_mesh(call: ast.Call, evaluate: Callable[[ast.Expr], Any]) -> Mesh:
     """``mesh(axes={"dp": 2, "tp": 2}, deterministic=True)``, checked."""
     keywords = {k.name: k.value for k in call.keywords}
-    if call.args or "axes" not in keywords or set(keywords) - {"axes", "deterministic"}:
+    if call.args or "axes" not in keywords or set(keywords) - {"axes", "deterministic",
+                                                               "bucket_mb"}:  # fmt: skip
         raise SemanticError(
-            f"mesh(...) takes its axes and their sizes, and deterministic=: {MESH_EXAMPLE}",
+            f"mesh(...) takes its axes and their sizes, deterministic= and bucket_mb=: "
+            f"{MESH_EXAMPLE}",
             call.span,
         )
+    bucket = 16
+    if "bucket_mb" in keywords:
+        bucket = getattr(evaluate(keywords["bucket_mb"]), "value", None)
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= 1024:
+            raise SemanticError(
+                f"bucket_mb= is a whole number of MiB from 1 to 1024, not {bucket!r}",
+                keywords["bucket_mb"].span,
+            )
     deterministic = False
     if "deterministic" in keywords:
         deterministic = getattr(evaluate(keywords["deterministic"]), "value", None)
@@ -130,7 +144,7 @@ def parse_mesh(call: ast.Call, evaluate: Callable[[ast.Expr], Any]) -> Mesh:
                 f"mesh axis '{name}' has 1 to 4096 devices, not {size!r}", node.span
             )
         axes.append((name, size))
-    return Mesh(tuple(axes), deterministic, call.span)
+    return Mesh(tuple(axes), deterministic, bucket, call.span)
 
 
 def shard_policy(node: ast.TypeExpr | None) -> ast.Policy | None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..graph.collectives import collective_of
 from ..graph.dims import Dim
 from ..graph.ir import Function, Op, result_names
+from ..graph.printer import value_names
 from ..schedule.ir import Launch, param_name
 from .cexpr import c_dim
 from .cpu_kernel import C_TYPES
@@ -43,6 +45,7 @@ class Collectives:
         self.namer = namer
         self.c_name = c_name
         self.sizes = sizes
+        self.names = value_names(function)
         #: the C name of each set of axes' communicator (``"dp,tp"``), in first use
         self.groups: dict[str, str] = {}
 
@@ -75,14 +78,18 @@ class Collectives:
 
     def call(self, launch: Launch) -> list[str]:
         """The call that runs the collective of ``launch``."""
-        group = self.function.groups[launch.group]
-        op: Op = self.function.body.ops[group.ops[0]]
-        src, dst = self._tensor(launch.reads[0]), self._tensor(launch.writes[0])
-        ctype = C_TYPES[op.result.type.dtype.name]
+        op, sources = collective_of(self.function, launch.group)
+        srcs = [self._tensor(self.names[v.id]) for v in sources]
+        dsts = [self._tensor(self.names[v.id]) for v in op.results]
+        ctype = C_TYPES[op.results[0].type.dtype.name]
         comm = self._group(op.attr("axis"))
         ordered = "true" if self.mesh.deterministic else "false"
         reduce = f"tsr::mpi::Reduce::{op.attr('op')}"
-        s, r = op.operands[0].type.dims, op.result.type.dims
+        s, r = op.operands[0].type.dims, op.results[0].type.dims
+        comment = f"// {op.kind} over {op.attr('axis').replace(',', ', ')}"
+        if len(sources) > 1:
+            bucket = self._bucket(op, srcs, dsts, ctype, f"{reduce}, {ordered}", comm)
+            return [f"{comment}: a bucket of {len(sources)} tensors", "{", *bucket, "}"]
         if op.kind == "all_reduce":
             args = [self._dim(_product(s)), reduce, ordered]
         elif op.kind == "all_gather":
@@ -97,8 +104,25 @@ class Collectives:
             block = tuple(d / n if i == a else d for i, d in enumerate(s))
             args = [self._dim(_product(block[:a])), self._dim(_product(block[a:])),
                     self._dim(_product(block[:b])), self._dim(_product(block[b:]))]  # fmt: skip
-        line = f"tsr::mpi::{op.kind}<{ctype}>({', '.join([src, dst, *args, comm])});"
-        return [f"// {op.kind} over {op.attr('axis').replace(',', ', ')}", line]
+        return [
+            comment,
+            f"tsr::mpi::{op.kind}<{ctype}>({', '.join([srcs[0], dsts[0], *args, comm])});",
+        ]
+
+    def _bucket(
+        self, op: Op, srcs: list[str], dsts: list[str], ctype: str, how: str, comm: str
+    ) -> list[str]:
+        """The all-reduce of several tensors (``how``: the reduction and whether it is in
+        rank order), which the runtime packs into messages of at most the mesh's bucket
+        size."""
+        counts = ", ".join(self._dim(_product(v.type.dims)) for v in op.operands)
+        return [
+            f"  const {ctype}* const in[] = {{{', '.join(srcs)}}};",
+            f"  {ctype}* const out[] = {{{', '.join(dsts)}}};",
+            f"  const tsr::i64 counts[] = {{{counts}}};",
+            f"  tsr::mpi::all_reduce_buckets<{ctype}>(in, out, counts, {len(srcs)}, "
+            f"{how}, {self.mesh.bucket_mb}ll << 20, {comm});",
+        ]
 
 
 def mesh_meta(function: Function | None) -> dict[str, Any]:
