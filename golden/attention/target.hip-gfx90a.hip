@@ -95,21 +95,15 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   }
   float m[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      m[r] = -INFINITY;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    m[r] = -INFINITY;
   }
   float l[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
     __syncthreads();
@@ -146,19 +140,16 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)q_tile_smem[(wave * 32 + fm * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-        #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[(fm * 2 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) dot[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 2; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -261,19 +252,16 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     __syncthreads();
     for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + fm * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
-        #pragma unroll
-        for (int fn = 0; fn < 4; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 4 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 4 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 4; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
       }
     }
   }
@@ -332,21 +320,15 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
   }
   float m[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      m[r] = -INFINITY;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    m[r] = -INFINITY;
   }
   float l[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
     __syncthreads();
@@ -383,19 +365,16 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)Qb_smem[(wave * 32 + fm * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-        #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[(fm * 2 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) dot[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 2; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
       }
     }
     const float s = (float)(D);
@@ -502,19 +481,16 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     }
     __syncthreads();
     for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + fm * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
-        #pragma unroll
-        for (int fn = 0; fn < 4; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 4 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 4 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 4; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
       }
     }
   }
