@@ -46,6 +46,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -118,7 +122,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -452,7 +456,7 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
                            Limit limit) {
   for (i64 i = 0; i < m; ++i) {
     const i64 cols = live(n, limit(i));
-    const float mx = row_max(s + i * n, cols, -std::numeric_limits<float>::infinity());
+    const float mx = row_max(s + i * n, cols, -infinity());
     l_c[i] = exp_row(p + i * n, s + i * n, cols, softmax_base(mx), [](float x) { return x; });
     std::fill(p + i * n + cols, p + (i + 1) * n, 0.0f);
     m_c[i] = mx;
@@ -534,7 +538,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -tsr::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -620,7 +624,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
   // attention.tsr:25: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -tsr::infinity());
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -653,8 +657,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
         const float row_0 = t_2[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < 128; ++j) {
-          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity()
-              : S_1[i * 128 + j];
+          S_3[i * 128 + j] = t_3[j] > row_0 ? -tsr::infinity() : S_1[i * 128 + j];
         }
       }
       std::copy_n(S_3, 16384, S_2);

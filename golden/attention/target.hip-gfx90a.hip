@@ -12,6 +12,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+__device__ inline float tsr_infinity() { return INFINITY; }
+__device__ inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -97,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   #pragma unroll
   for (int rs = 0; rs < 16; ++rs) {
     const int r = rs;
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
@@ -172,12 +178,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = 64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 64*nblk + j >= S ? -tsr_infinity() : ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
@@ -199,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -225,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -322,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
   #pragma unroll
   for (int rs = 0; rs < 16; ++rs) {
     const int r = rs;
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
@@ -390,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -401,12 +407,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = 64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
@@ -428,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -454,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

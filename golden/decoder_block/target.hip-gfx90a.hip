@@ -20,6 +20,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+__device__ inline float tsr_infinity() { return INFINITY; }
+__device__ inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -500,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   #pragma unroll
   for (int rs = 0; rs < 16; ++rs) {
     const int r = rs;
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
@@ -564,11 +570,11 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       for (int reg = 0; reg < 16; ++reg) {
         const int j = lane % 32;
         const int t = reg;
-        p[t] = 32*nblk + j >= S ? -INFINITY : (dot[t] * scale);
+        p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = reg;
@@ -585,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int t = reg;
-      p[t] = exp2f((p[t] - (m_c[reg] == -INFINITY ? 0.0f : m_c[reg])) * 1.4426950408889634f);
+      p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg])) * 1.4426950408889634f);
     }
     float l_c[16];
     for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
@@ -607,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

@@ -70,6 +70,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -142,7 +146,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -580,7 +584,7 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, 4*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
-    float r = -std::numeric_limits<float>::infinity();
+    float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
@@ -785,7 +789,7 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, 4*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
-    float r = -std::numeric_limits<float>::infinity();
+    float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
