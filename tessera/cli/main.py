@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a debug build: the metadata has each launch check what it writes for NaN and "
         "infinity (the OpenCL runtime runs the checks)",
     )  # fmt: skip
+    parser.add_argument(
+        "--format", action="store_true",
+        help="with --emit target: format the source with clang-format in Tessera's style, "
+        "where clang-format is installed (docs/cli.md)",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser
 
@@ -149,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
     if args.resources and (options.target != "cuda" or args.emit != "meta"):
         parser.error("--resources goes with --emit meta for the cuda target")
+    if args.format and args.emit != "target":
+        parser.error("--format goes with --emit target")
     if args.emit == "cubin" and args.output is None and sys.stdout.isatty():
         parser.error("a cubin is binary: write it to a file with -o")
     try:
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     for warning in program.diagnostics:
         print(warning.render(), file=sys.stderr)
+    if args.format:
+        text = _formatted(text, options.target)
     if args.output is None:
         if isinstance(text, bytes):
             sys.stdout.buffer.write(text)
@@ -201,6 +210,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tesserac: error: cannot write '{path}': {why}", file=sys.stderr)
             return 1
     return 0
+
+
+def _formatted(text: str, target: str) -> str:
+    """``text`` through clang-format; as it is, with a warning, where clang-format is
+    not installed or fails (the source is correct either way)."""
+    from ..transpiler.target.formatting import FormatError, clang_format, formatted
+
+    tool = clang_format()
+    if tool is None:
+        print("tesserac: warning: --format: clang-format is not installed; the output is "
+              "not formatted", file=sys.stderr)  # fmt: skip
+        return text
+    try:
+        return formatted(text, target, tool)
+    except FormatError as exc:
+        print(f"tesserac: warning: --format: {exc}; the output is not formatted", file=sys.stderr)
+        return text
 
 
 def _as_kwargs(options: Options) -> dict:
