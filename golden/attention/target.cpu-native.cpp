@@ -521,15 +521,15 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
       + 16384);
-  float* const q_tile_smem = area + 0;
-  float* const k_tile_smem = area + 16384;
-  float* const v_tile_smem = area + 16384 + 32768;
-  float* const acc = area + 16384 + 32768 + 32768;
-  float* const m = area + 16384 + 32768 + 32768 + 16384;
-  float* const l = area + 16384 + 32768 + 32768 + 16384 + 128;
-  float* const t = area + 16384 + 32768 + 32768 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768;
-  float* const t_4 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768;
+  float* const q_tile_smem = area;
+  float* const k_tile_smem = q_tile_smem + 16384;
+  float* const v_tile_smem = k_tile_smem + 32768;
+  float* const acc = v_tile_smem + 32768;
+  float* const m = acc + 16384;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 32768;
+  float* const t_4 = t_1 + 32768;
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
@@ -602,22 +602,19 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
       + 16384 + 128 + 128 + 16384 + 16384);
-  float* const Qb_smem = area + 0;
-  float* const Kb_smem = area + 16384;
-  float* const Vb_smem = area + 16384 + 16384;
-  float* const acc = area + 16384 + 16384 + 16384;
-  float* const m = area + 16384 + 16384 + 16384 + 16384;
-  float* const l = area + 16384 + 16384 + 16384 + 16384 + 128;
-  float* const t = area + 16384 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
-  float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
-  float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
-  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128;
-  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128 + 128;
-  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128 + 128 + 16384;
+  float* const Qb_smem = area;
+  float* const Kb_smem = Qb_smem + 16384;
+  float* const Vb_smem = Kb_smem + 16384;
+  float* const acc = Vb_smem + 16384;
+  float* const m = acc + 16384;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 16384;
+  float* const S_2 = t_1 + 16384;
+  float* const t_2 = S_2 + 16384;
+  float* const t_3 = t_2 + 128;
+  float* const S_3 = t_3 + 128;
+  float* const t_6 = S_3 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;

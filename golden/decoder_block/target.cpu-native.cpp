@@ -566,11 +566,11 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, S);
@@ -613,8 +613,8 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
 static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -646,8 +646,8 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
 static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -679,8 +679,8 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
 static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -713,11 +713,11 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
 static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
-  float* const acc = area + 0;
-  float* const m = area + 8192;
-  float* const l = area + 8192 + 128;
-  float* const t = area + 8192 + 128 + 128;
-  float* const t_1 = area + 8192 + 128 + 128 + 16384;
+  float* const acc = area;
+  float* const m = acc + 8192;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 16384;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = t0 + (128*pid_m) * C + 64*pid_b0;
@@ -780,9 +780,9 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
 static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -824,11 +824,11 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x_1, 4*pid_m, S);
@@ -872,8 +872,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -914,9 +914,9 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -958,9 +958,9 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

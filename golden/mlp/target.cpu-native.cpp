@@ -503,11 +503,11 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const t_4 = area + 131072 + 131072 + 65536 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const t_4 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -550,11 +550,11 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
     tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const h_1 = area + 131072 + 131072 + 65536 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const h_1 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -597,12 +597,12 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
     const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const t_3 = area + 131072 + 131072 + 65536 + 256;
-  float* const t_5 = area + 131072 + 131072 + 65536 + 256 + 65536;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const t_3 = t + 256;
+  float* const t_5 = t_3 + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -646,12 +646,12 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(262144 + 262144 + 65536 + 262144 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 262144;
-  float* const acc = area + 262144 + 262144;
-  float* const t = area + 262144 + 262144 + 65536;
-  float* const t_1 = area + 262144 + 262144 + 65536 + 262144;
-  float* const t_4 = area + 262144 + 262144 + 65536 + 262144 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 262144;
+  float* const acc = b_tile_smem + 262144;
+  float* const t = acc + 65536;
+  float* const t_1 = t + 262144;
+  float* const t_4 = t_1 + 256;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

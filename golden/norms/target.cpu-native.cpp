@@ -252,11 +252,11 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t = area + tsr::whole_lines(4*C);
-  float* const e = area + tsr::whole_lines(4*C) + 16;
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
+  float* const rows_edge = area;
+  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const e = t + 16;
+  float* const t_3 = e + tsr::whole_lines(4*C);
+  float* const t_5 = t_3 + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -304,16 +304,14 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
       + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*D);
-  float* const centered = area + tsr::whole_lines(4*D) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
-  float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
-  float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
-      + tsr::whole_lines(D);
-  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
-      + tsr::whole_lines(D) + tsr::whole_lines(D);
+  float* const t = area;
+  float* const t_1 = t + tsr::whole_lines(4*D);
+  float* const centered = t_1 + 16;
+  float* const t_5 = centered + tsr::whole_lines(4*D);
+  float* const t_7 = t_5 + 16;
+  float* const t_9 = t_7 + 16;
+  float* const t_11 = t_9 + tsr::whole_lines(D);
+  float* const t_13 = t_11 + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
@@ -389,11 +387,11 @@ static void rms_program(const float* x, const float* weight, float* out, const t
     const tsr::i64 D, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
       + tsr::whole_lines(4*D));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*D);
-  float* const t_3 = area + tsr::whole_lines(4*D) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*D);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
@@ -437,16 +435,13 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
       + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t_edge = area + 0;
-  float* const t_1_edge = area + tsr::whole_lines(4*D);
-  float* const rows = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_3 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + 16;
-  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_edge = area;
+  float* const t_1_edge = t_edge + tsr::whole_lines(4*D);
+  float* const rows = t_1_edge + tsr::whole_lines(4*D);
+  float* const t_3 = rows + tsr::whole_lines(4*D);
+  float* const t_5 = t_3 + 16;
+  float* const t_7 = t_5 + 16;
+  float* const normed_1 = t_7 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);

@@ -445,9 +445,9 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096 + 16384);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 4096;
-  float* const acc = area + 4096 + 4096;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 4096;
+  float* const acc = b_tile_smem + 4096;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -489,9 +489,9 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(2048 + 2048 + 4096);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 2048;
-  float* const acc = area + 2048 + 2048;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 2048;
+  float* const acc = b_tile_smem + 2048;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 4096, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -533,11 +533,11 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 8192;
-  float* const acc = area + 8192 + 8192;
-  float* const t = area + 8192 + 8192 + 16384;
-  float* const t_4 = area + 8192 + 8192 + 16384 + 128;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 8192;
+  float* const acc = b_tile_smem + 8192;
+  float* const t = acc + 16384;
+  float* const t_4 = t + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
