@@ -112,7 +112,7 @@ def test_a_loop_of_one_iteration_becomes_its_body() -> None:
     const int i = frag / 1 * 16 + row;
     x[i] = (float)(i);
   }
-  const int i = 3;""".splitlines()
+  const long long i = 3;""".splitlines()
     assert without_single_iterations(lines) == """\
   #pragma unroll
   for (int rs = 0; rs < 2; ++rs) {
@@ -124,4 +124,4 @@ def test_a_loop_of_one_iteration_becomes_its_body() -> None:
     const int i = row;
     x[i] = (float)(i);
   }
-  const int i = 3;""".splitlines()
+  const long long i = 3;""".splitlines()

@@ -20,8 +20,10 @@ __all__ = ["without_single_iterations"]
 _ONCE = re.compile(r"^(\s*)for \([\w: ]+? (\w+) = 0; \2 < 1; (?:\+\+\2|\2\+\+|\2 \+= 1)\)(.*)$")
 #: A line that asks for the loop after it to unroll.
 _UNROLL = re.compile(r"^\s*(?:#pragma unroll\b.*|__attribute__\(\(opencl_unroll_hint.*)$")
-#: A declaration's name, at the start of a line.
-_DECLARED = re.compile(r"^\s*(?:const )?[\w:]+(?: const)?\*? (?:const )?(\w+)(?:\[[^\]]*\])? ?[=;]")
+#: A declaration's name, at the start of a line (``const long long i =``, ``float* const
+#: t =``, ``unsigned a_frag[1][4];``); a statement such as ``return x;`` passes for one,
+#: which costs at most a pair of braces.
+_DECLARED = re.compile(r"^\s*(?:const )?(?:[\w:]+\*? (?:const )?)+(\w+)(?:\[[^\]]*\])* ?[=;]")
 #: A factor of a product: a name, a number or a parenthesized group without parentheses.
 _FACTOR = r"(?:\w+|\([^()]*\))"
 #: A term that is zero: 0, times or divided by anything (``0 * 2``, ``0 / 4 * 16``).
