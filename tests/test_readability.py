@@ -59,7 +59,7 @@ def test_no_loop_runs_once(path: Path) -> None:
 
 @pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
 def test_bit_patterns_of_floats_have_names(path: Path) -> None:
-    """Infinity and NaN appear by name (``-INFINITY``, ``tsr_infinity()``): their bit
+    """Infinity and NaN appear by name (``tsr_infinity()``, ``tsr::infinity()``): their bit
     patterns stand only in the one helper that names them."""
     for pattern in ("0x7f800000", "0x7fc00000", "0x7fffffff"):
         assert path.read_text().count(pattern) <= 1, pattern
