@@ -46,6 +46,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -118,7 +122,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -452,7 +456,7 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
                            Limit limit) {
   for (i64 i = 0; i < m; ++i) {
     const i64 cols = live(n, limit(i));
-    const float mx = row_max(s + i * n, cols, -std::numeric_limits<float>::infinity());
+    const float mx = row_max(s + i * n, cols, -infinity());
     l_c[i] = exp_row(p + i * n, s + i * n, cols, softmax_base(mx), [](float x) { return x; });
     std::fill(p + i * n + cols, p + (i + 1) * n, 0.0f);
     m_c[i] = mx;
@@ -517,15 +521,15 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
       + 16384);
-  float* const q_tile_smem = area + 0;
-  float* const k_tile_smem = area + 16384;
-  float* const v_tile_smem = area + 16384 + 32768;
-  float* const acc = area + 16384 + 32768 + 32768;
-  float* const m = area + 16384 + 32768 + 32768 + 16384;
-  float* const l = area + 16384 + 32768 + 32768 + 16384 + 128;
-  float* const t = area + 16384 + 32768 + 32768 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768;
-  float* const t_4 = area + 16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768;
+  float* const q_tile_smem = area;
+  float* const k_tile_smem = q_tile_smem + 16384;
+  float* const v_tile_smem = k_tile_smem + 32768;
+  float* const acc = v_tile_smem + 32768;
+  float* const m = acc + 16384;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 32768;
+  float* const t_4 = t_1 + 32768;
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
@@ -534,7 +538,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -tsr::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -598,29 +602,26 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
       + 16384 + 128 + 128 + 16384 + 16384);
-  float* const Qb_smem = area + 0;
-  float* const Kb_smem = area + 16384;
-  float* const Vb_smem = area + 16384 + 16384;
-  float* const acc = area + 16384 + 16384 + 16384;
-  float* const m = area + 16384 + 16384 + 16384 + 16384;
-  float* const l = area + 16384 + 16384 + 16384 + 16384 + 128;
-  float* const t = area + 16384 + 16384 + 16384 + 16384 + 128 + 128;
-  float* const t_1 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384;
-  float* const S_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384;
-  float* const t_2 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384;
-  float* const t_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128;
-  float* const S_3 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128 + 128;
-  float* const t_6 = area + 16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384 + 16384
-      + 128 + 128 + 16384;
+  float* const Qb_smem = area;
+  float* const Kb_smem = Qb_smem + 16384;
+  float* const Vb_smem = Kb_smem + 16384;
+  float* const acc = Vb_smem + 16384;
+  float* const m = acc + 16384;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 16384;
+  float* const S_2 = t_1 + 16384;
+  float* const t_2 = S_2 + 16384;
+  float* const t_3 = t_2 + 128;
+  float* const S_3 = t_3 + 128;
+  float* const t_6 = S_3 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
   // attention.tsr:25: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -tsr::infinity());
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -653,8 +654,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
         const float row_0 = t_2[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < 128; ++j) {
-          S_3[i * 128 + j] = t_3[j] > row_0 ? -std::numeric_limits<float>::infinity()
-              : S_1[i * 128 + j];
+          S_3[i * 128 + j] = t_3[j] > row_0 ? -tsr::infinity() : S_1[i * 128 + j];
         }
       }
       std::copy_n(S_3, 16384, S_2);

@@ -14,9 +14,10 @@
 
 // ---------------------------------------------------------------- constants
 
-// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+// Infinity and the quiet NaN, by one name in every dialect: CUDA C++ without math.h has
+// neither INFINITY nor NAN, so here they are their bit patterns.
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
-__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
 // ---------------------------------------------------------------- numerics
 
@@ -199,21 +200,15 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   float m[2];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      m[r] = -tsr_infinity();
-    }
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = rs;
+    m[r] = -tsr_infinity();
   }
   float l[2];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 32 < S && nblk * 32 < 128*pid_m + 128; ++nblk) {
     tsr_copy_wait<0>();
@@ -256,16 +251,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], q_tile_smem + ((wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
-      }
+      tsr_ldmatrix_x4(a_frag[0], q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, k_tile_smem + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -466,21 +457,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
   }
   float m[2];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      m[r] = -tsr_infinity();
-    }
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = rs;
+    m[r] = -tsr_infinity();
   }
   float l[2];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
-      const int r = fm * 2 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 2; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
     tsr_copy_wait<0>();
@@ -523,16 +508,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], Qb_smem + ((wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
-      }
+      tsr_ldmatrix_x4(a_frag[0], Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, Kb_smem + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&dot[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
     const float s = (float)(D);

@@ -14,9 +14,10 @@
 
 // ---------------------------------------------------------------- constants
 
-// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+// Infinity and the quiet NaN, by one name in every dialect: CUDA C++ without math.h has
+// neither INFINITY nor NAN, so here they are their bit patterns.
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
-__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
 // ---------------------------------------------------------------- numerics
 
@@ -358,21 +359,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
     }
     float m[2];
     #pragma unroll
-    for (int fm = 0; fm < 1; ++fm) {
-      #pragma unroll
-      for (int rs = 0; rs < 2; ++rs) {
-        const int r = fm * 2 + rs;
-        m[r] = -tsr_infinity();
-      }
+    for (int rs = 0; rs < 2; ++rs) {
+      const int r = rs;
+      m[r] = -tsr_infinity();
     }
     float l[2];
     #pragma unroll
-    for (int fm = 0; fm < 1; ++fm) {
-      #pragma unroll
-      for (int rs = 0; rs < 2; ++rs) {
-        const int r = fm * 2 + rs;
-        l[r] = 0.0f;
-      }
+    for (int rs = 0; rs < 2; ++rs) {
+      const int r = rs;
+      l[r] = 0.0f;
     }
     for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
@@ -637,21 +632,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
     }
     float m[2];
     #pragma unroll
-    for (int fm = 0; fm < 1; ++fm) {
-      #pragma unroll
-      for (int rs = 0; rs < 2; ++rs) {
-        const int r = fm * 2 + rs;
-        m[r] = -tsr_infinity();
-      }
+    for (int rs = 0; rs < 2; ++rs) {
+      const int r = rs;
+      m[r] = -tsr_infinity();
     }
     float l[2];
     #pragma unroll
-    for (int fm = 0; fm < 1; ++fm) {
-      #pragma unroll
-      for (int rs = 0; rs < 2; ++rs) {
-        const int r = fm * 2 + rs;
-        l[r] = 0.0f;
-      }
+    for (int rs = 0; rs < 2; ++rs) {
+      const int r = rs;
+      l[r] = 0.0f;
     }
     for (long long nblk = 0; nblk * 128 < S; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);

@@ -12,6 +12,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+__device__ inline float tsr_infinity() { return INFINITY; }
+__device__ inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -95,21 +101,15 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   }
   float m[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      m[r] = -INFINITY;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
     __syncthreads();
@@ -146,19 +146,16 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)q_tile_smem[(wave * 32 + fm * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-        #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[(fm * 2 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) dot[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 2; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -181,12 +178,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = 64*nblk + j >= S ? -INFINITY : ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 64*nblk + j >= S ? -tsr_infinity() : ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
@@ -208,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -234,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -261,19 +258,16 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     __syncthreads();
     for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + fm * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
-        #pragma unroll
-        for (int fn = 0; fn < 4; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 4 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 4 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 4; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
       }
     }
   }
@@ -332,21 +326,15 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
   }
   float m[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      m[r] = -INFINITY;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 64 < S; ++nblk) {
     __syncthreads();
@@ -383,19 +371,16 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)Qb_smem[(wave * 32 + fm * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-        #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[(fm * 2 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) dot[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 2; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
       }
     }
     const float s = (float)(D);
@@ -411,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -422,12 +407,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = 64*nblk + j >= S ? -INFINITY : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -INFINITY : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
@@ -449,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -475,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -502,19 +487,16 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     }
     __syncthreads();
     for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+      tsr_bf16x4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + fm * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
-        #pragma unroll
-        for (int fn = 0; fn < 4; ++fn) {
-          tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 4 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 4 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 4; ++fn) {
+        tsr_bf16x4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
       }
     }
   }

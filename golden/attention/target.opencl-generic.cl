@@ -12,6 +12,12 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -93,7 +99,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
@@ -165,14 +171,14 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -INFINITY
-              : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -tsr_infinity()
+              : ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
     float m_c[4];
     for (int r = 0; r < 4; ++r) {
-      float part = -INFINITY;
+      float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = fmax(part, p[r * 2 + c]);
       m_c[r] = part;
     }
@@ -187,7 +193,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        p[t] = exp2((p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        p[t] = exp2((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -208,7 +214,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     float alpha[4], beta[4];
     for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -299,7 +305,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
@@ -364,7 +370,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1);
         }
       }
@@ -374,15 +380,15 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -INFINITY
-              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+          P[t] = 32*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1));
         }
       }
     }
     float m_c[4];
     for (int r = 0; r < 4; ++r) {
-      float part = -INFINITY;
+      float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = fmax(part, P[r * 2 + c]);
       m_c[r] = part;
     }
@@ -397,7 +403,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        P[t] = exp2((P[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        P[t] = exp2((P[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -418,7 +424,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     float alpha[4], beta[4];
     for (int r = 0; r < 4; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

@@ -14,6 +14,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -93,7 +99,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
@@ -165,14 +171,14 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -INFINITY
-              : ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * scale));
+          p[t] = 32*nblk + j >= S ? -tsr_infinity()
+              : ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
     float m_c[4];
     for (int r = 0; r < 4; ++r) {
-      float part = -INFINITY;
+      float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = sycl::fmax(part, p[r * 2 + c]);
       m_c[r] = part;
     }
@@ -188,7 +194,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        p[t] = sycl::exp2((p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        p[t] = sycl::exp2((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -209,7 +216,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     float alpha[4], beta[4];
     for (int r = 0; r < 4; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = sycl::exp2((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = sycl::exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -297,7 +304,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
@@ -362,7 +369,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1);
         }
       }
@@ -372,15 +379,15 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -INFINITY
-              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -INFINITY : (dot[t] * s_1))
+          P[t] = 32*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1));
         }
       }
     }
     float m_c[4];
     for (int r = 0; r < 4; ++r) {
-      float part = -INFINITY;
+      float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = sycl::fmax(part, P[r * 2 + c]);
       m_c[r] = part;
     }
@@ -396,7 +403,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        P[t] = sycl::exp2((P[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        P[t] = sycl::exp2((P[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -417,7 +425,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     float alpha[4], beta[4];
     for (int r = 0; r < 4; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = sycl::exp2((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = sycl::exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

@@ -54,6 +54,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -126,7 +130,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -498,7 +502,7 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
                            Limit limit) {
   for (i64 i = 0; i < m; ++i) {
     const i64 cols = live(n, limit(i));
-    const float mx = row_max(s + i * n, cols, -std::numeric_limits<float>::infinity());
+    const float mx = row_max(s + i * n, cols, -infinity());
     l_c[i] = exp_row(p + i * n, s + i * n, cols, softmax_base(mx), [](float x) { return x; });
     std::fill(p + i * n + cols, p + (i + 1) * n, 0.0f);
     m_c[i] = mx;
@@ -562,11 +566,11 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, S);
@@ -609,8 +613,8 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
 static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -642,8 +646,8 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
 static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -675,8 +679,8 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
 static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -709,18 +713,18 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
 static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
-  float* const acc = area + 0;
-  float* const m = area + 8192;
-  float* const l = area + 8192 + 128;
-  float* const t = area + 8192 + 128 + 128;
-  float* const t_1 = area + 8192 + 128 + 128 + 16384;
+  float* const acc = area;
+  float* const m = acc + 8192;
+  float* const l = m + 128;
+  float* const t = l + 128;
+  float* const t_1 = t + 16384;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = t0 + (128*pid_m) * C + 64*pid_b0;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 8192, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -std::numeric_limits<float>::infinity());
+  std::fill_n(m, 128, -tsr::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
@@ -776,9 +780,9 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
 static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -820,11 +824,11 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x_1, 4*pid_m, S);
@@ -868,8 +872,8 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -910,9 +914,9 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -954,9 +958,9 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

@@ -20,6 +20,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+__device__ inline float tsr_infinity() { return INFINITY; }
+__device__ inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -498,21 +504,15 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   }
   float m[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      m[r] = -INFINITY;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    m[r] = -tsr_infinity();
   }
   float l[16];
   #pragma unroll
-  for (int fm = 0; fm < 1; ++fm) {
-    #pragma unroll
-    for (int rs = 0; rs < 16; ++rs) {
-      const int r = fm * 16 + rs;
-      l[r] = 0.0f;
-    }
+  for (int rs = 0; rs < 16; ++rs) {
+    const int r = rs;
+    l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * 32 < S; ++nblk) {
     __syncthreads();
@@ -549,51 +549,36 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; kk += 2) {
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        const float a_frag = q_tile_smem[(wave * 32 + fm * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + fm * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-        #pragma unroll
-        for (int fn = 0; fn < 1; ++fn) {
-          const float b_frag = k_tile_smem[(fn * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (fn * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[(fm * 1 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) dot[(fm * 1 + fn) * 16 + reg] = frag_acc[reg];
-        }
-      }
+      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      const float b_frag = k_tile_smem[(lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      tsr_floatx16 frag_acc;
+      for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[reg];
+      frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
+      for (int reg = 0; reg < 16; ++reg) dot[reg] = frag_acc[reg];
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
     if (32*nblk + 32 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int frag = 0; frag < 1; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int t = frag * 16 + reg;
-          p[t] = dot[t] * scale;
-        }
+      for (int reg = 0; reg < 16; ++reg) {
+        const int t = reg;
+        p[t] = dot[t] * scale;
       }
     } else {
       #pragma unroll
-      for (int frag = 0; frag < 1; ++frag) {
-        #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int j = frag % 1 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
-          p[t] = 32*nblk + j >= S ? -INFINITY : (dot[t] * scale);
-        }
+      for (int reg = 0; reg < 16; ++reg) {
+        const int j = lane % 32;
+        const int t = reg;
+        p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
       }
     }
     float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -INFINITY;
+    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int frag = 0; frag < 1; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
-        m_c[frag / 1 * 16 + reg] = fmaxf(m_c[frag / 1 * 16 + reg], p[t]);
-      }
+    for (int reg = 0; reg < 16; ++reg) {
+      const int t = reg;
+      m_c[reg] = fmaxf(m_c[reg], p[t]);
     }
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -604,22 +589,16 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 16));
     }
     #pragma unroll
-    for (int frag = 0; frag < 1; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 1 * 16 + reg] == -INFINITY ? 0.0f : m_c[frag / 1 * 16 + reg])) * 1.4426950408889634f);
-      }
+    for (int reg = 0; reg < 16; ++reg) {
+      const int t = reg;
+      p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg])) * 1.4426950408889634f);
     }
     float l_c[16];
     for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int frag = 0; frag < 1; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
-        l_c[frag / 1 * 16 + reg] = l_c[frag / 1 * 16 + reg] + p[t];
-      }
+    for (int reg = 0; reg < 16; ++reg) {
+      const int t = reg;
+      l_c[reg] = l_c[reg] + p[t];
     }
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -634,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = exp2f((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
@@ -650,28 +629,22 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     }
     __syncthreads();
     #pragma unroll
-    for (int frag = 0; frag < 1; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + frag / 1 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 1 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
-        p_stage[i * 33 + j] = p[t] * beta[frag / 1 * 16 + reg];
-      }
+    for (int reg = 0; reg < 16; ++reg) {
+      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+      const int j = lane % 32;
+      const int t = reg;
+      p_stage[i * 33 + j] = p[t] * beta[reg];
     }
     __syncthreads();
     for (int kk = 0; kk < 32 && kk < S - 32*nblk; kk += 2) {
+      const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
       #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        const float a_frag = p_stage[(wave * 32 + fm * 32 + lane % 32) * 33 + kk + lane / 32];
-        #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = v_tile_smem[(kk + lane / 32) * 64 + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
-        }
+      for (int fn = 0; fn < 2; ++fn) {
+        const float b_frag = v_tile_smem[(kk + lane / 32) * 64 + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
       }
     }
   }

@@ -22,6 +22,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
@@ -372,7 +378,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   }
   float m[4];
   for (int r = 0; r < 4; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -tsr_infinity();
   }
   float l[4];
   for (int r = 0; r < 4; ++r) {
@@ -439,13 +445,13 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -INFINITY : (dot[t] * scale);
+          p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
     float m_c[4];
     for (int r = 0; r < 4; ++r) {
-      float part = -INFINITY;
+      float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = sycl::fmax(part, p[r * 2 + c]);
       m_c[r] = part;
     }
@@ -461,7 +467,8 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     for (int r = 0; r < 4; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
-        p[t] = sycl::exp2((p[t] - (m_c[r] == -INFINITY ? 0.0f : m_c[r])) * 1.4426950408889634f);
+        p[t] = sycl::exp2((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[4];
@@ -482,7 +489,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     float alpha[4], beta[4];
     for (int r = 0; r < 4; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
-      const float m_fin = m_new == -INFINITY ? 0.0f : m_new;
+      const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = sycl::exp2((m[r] - m_fin) * 1.4426950408889634f);
       beta[r] = sycl::exp2((m_c[r] - m_fin) * 1.4426950408889634f);
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];

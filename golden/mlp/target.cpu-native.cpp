@@ -48,6 +48,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -76,7 +80,7 @@ inline float small_to_float(std::uint32_t bits) {
 }
 
 inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
+  if ((x.bits & 0x7Fu) == 0x7Fu) return nan();
   return small_to_float<4, 3>(x.bits);
 }
 
@@ -117,13 +121,13 @@ inline float round_small(float x, int e, int m, float max_finite, float overflow
 }
 
 inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 10, 65504.0f, infinity());
 }
 inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
+  return round_small(x, 4, 3, 448.0f, nan());
 }
 inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 2, 57344.0f, infinity());
 }
 inline float round_tf32(float x) { return round_mantissa(x, 10); }
 
@@ -195,7 +199,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -499,11 +503,11 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const t_4 = area + 131072 + 131072 + 65536 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const t_4 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -546,11 +550,11 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
     tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const h_1 = area + 131072 + 131072 + 65536 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const h_1 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -593,12 +597,12 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
     const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t = area + 131072 + 131072 + 65536;
-  float* const t_3 = area + 131072 + 131072 + 65536 + 256;
-  float* const t_5 = area + 131072 + 131072 + 65536 + 256 + 65536;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
+  float* const t = acc + 65536;
+  float* const t_3 = t + 256;
+  float* const t_5 = t_3 + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -642,12 +646,12 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(262144 + 262144 + 65536 + 262144 + 256 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 262144;
-  float* const acc = area + 262144 + 262144;
-  float* const t = area + 262144 + 262144 + 65536;
-  float* const t_1 = area + 262144 + 262144 + 65536 + 262144;
-  float* const t_4 = area + 262144 + 262144 + 65536 + 262144 + 256;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 262144;
+  float* const acc = b_tile_smem + 262144;
+  float* const t = acc + 65536;
+  float* const t_1 = t + 262144;
+  float* const t_4 = t_1 + 256;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

@@ -14,6 +14,13 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect: CUDA C++ without math.h has
+// neither INFINITY nor NAN, so here they are their bit patterns.
+__device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -41,7 +48,7 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 __device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
   const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);  // NaN, its sign kept
+  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | __float_as_uint(tsr_nan()));  // NaN, its sign kept
   if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
   return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }

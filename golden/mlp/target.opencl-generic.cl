@@ -14,6 +14,12 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -35,7 +41,7 @@ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 inline float tsr_fp8_e4m3_to_float(uchar bits) {
   const uint sign = (uint)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return as_float(sign | 0x7fc00000u);  // NaN, its sign kept
+  if ((bits & 0x7fu) == 0x7fu) return as_float(sign | as_uint(tsr_nan()));  // NaN, its sign kept
   if (exponent == 0) return as_float(sign | as_uint((float)mantissa * 0.001953125f));  // m 2^-9
   return as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }

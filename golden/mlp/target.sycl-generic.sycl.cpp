@@ -16,6 +16,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -39,7 +45,8 @@ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
   const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u,
       mantissa = bits & 7u;
   // NaN, its sign kept
-  if ((bits & 0x7fu) == 0x7fu) return sycl::bit_cast<float>(sign | 0x7fc00000u);
+  if ((bits & 0x7fu) == 0x7fu)
+      return sycl::bit_cast<float>(sign | sycl::bit_cast<unsigned int>(tsr_nan()));
   // m 2^-9
   if (exponent == 0)
       return sycl::bit_cast<float>(sign | sycl::bit_cast<unsigned int>((float)mantissa

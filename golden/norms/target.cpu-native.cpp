@@ -48,6 +48,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -120,7 +124,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -248,16 +252,16 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t = area + tsr::whole_lines(4*C);
-  float* const e = area + tsr::whole_lines(4*C) + 16;
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
+  float* const rows_edge = area;
+  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const e = t + 16;
+  float* const t_3 = e + tsr::whole_lines(4*C);
+  float* const t_5 = t_3 + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   for (tsr::i64 i = 0; i < 4; ++i) {
-    float r = -std::numeric_limits<float>::infinity();
+    float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
@@ -300,16 +304,14 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
       + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*D);
-  float* const centered = area + tsr::whole_lines(4*D) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D);
-  float* const t_7 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16;
-  float* const t_9 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16;
-  float* const t_11 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
-      + tsr::whole_lines(D);
-  float* const t_13 = area + tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
-      + tsr::whole_lines(D) + tsr::whole_lines(D);
+  float* const t = area;
+  float* const t_1 = t + tsr::whole_lines(4*D);
+  float* const centered = t_1 + 16;
+  float* const t_5 = centered + tsr::whole_lines(4*D);
+  float* const t_7 = t_5 + 16;
+  float* const t_9 = t_7 + 16;
+  float* const t_11 = t_9 + tsr::whole_lines(D);
+  float* const t_13 = t_11 + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
   tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
@@ -385,11 +387,11 @@ static void rms_program(const float* x, const float* weight, float* out, const t
     const tsr::i64 D, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
       + tsr::whole_lines(4*D));
-  float* const rows_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*D);
-  float* const t_3 = area + tsr::whole_lines(4*D) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*D) + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const rows_edge = area;
+  float* const t_1 = rows_edge + tsr::whole_lines(4*D);
+  float* const t_3 = t_1 + 16;
+  float* const t_5 = t_3 + 16;
+  float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
@@ -433,16 +435,13 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
       + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t_edge = area + 0;
-  float* const t_1_edge = area + tsr::whole_lines(4*D);
-  float* const rows = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_3 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D);
-  float* const t_5 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + 16;
-  float* const t_7 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + 16 + 16;
-  float* const normed_1 = area + tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D);
+  float* const t_edge = area;
+  float* const t_1_edge = t_edge + tsr::whole_lines(4*D);
+  float* const rows = t_1_edge + tsr::whole_lines(4*D);
+  float* const t_3 = rows + tsr::whole_lines(4*D);
+  float* const t_5 = t_3 + 16;
+  float* const t_7 = t_5 + 16;
+  float* const normed_1 = t_7 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);

@@ -16,9 +16,10 @@
 
 // ---------------------------------------------------------------- constants
 
-// Infinity and a quiet NaN, by name: CUDA C++ without math.h has neither INFINITY nor NAN.
+// Infinity and the quiet NaN, by one name in every dialect: CUDA C++ without math.h has
+// neither INFINITY nor NAN, so here they are their bit patterns.
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
-__device__ inline float tsr_nan() { return __int_as_float(0x7fffffff); }
+__device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
 // ---------------------------------------------------------------- numerics
 

@@ -14,6 +14,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+__device__ inline float tsr_infinity() { return INFINITY; }
+__device__ inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -70,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 256) r = fmaxf(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }

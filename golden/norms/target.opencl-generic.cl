@@ -14,6 +14,12 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -71,7 +77,7 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);

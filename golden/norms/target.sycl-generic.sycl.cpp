@@ -16,6 +16,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -72,7 +78,7 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);

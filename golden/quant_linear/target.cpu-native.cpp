@@ -49,6 +49,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -140,7 +144,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -421,7 +425,7 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 static void quantize_weights_k0_program(const float* scale, float* t0, const tsr::i64 N,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192);
-  float* const t = area + 0;
+  float* const t = area;
   tsr::load_tile(t, 1, 8192, scale, 0, 0, 8192*pid_m, 1, N);
   // quant_linear.tsr:15: return quantize(w, scale, i8)
   float* const t_1 = t;
@@ -445,9 +449,9 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(N)
       + tsr::whole_lines(4*N));
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*N);
-  float* const t_5 = area + tsr::whole_lines(4*N) + tsr::whole_lines(N);
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*N);
+  float* const t_5 = t_1 + tsr::whole_lines(N);
   const float* const t = tsr::row_tile(t_edge, 4, N, w, 4*pid_m, K);
   tsr::load_tile(t_1, 1, N, t0, 0, 0, 0, 1, N);
   float* const t_2 = t_1;
@@ -475,10 +479,10 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
     float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256);
-  float* const a_smem = area + 0;
-  float* const operand_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
-  float* const t_1 = area + 131072 + 131072 + 65536;
+  float* const a_smem = area;
+  float* const operand_smem = a_smem + 131072;
+  float* const acc = operand_smem + 131072;
+  float* const t_1 = acc + 65536;
   // quant_linear.tsr:22: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // quant_linear.tsr:23: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
@@ -530,8 +534,8 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
 static void linear_per_group_k0_program(const std::int8_t* w, const float* scale, tsr::bf16* t4,
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
-  float* const t = area + 0;
-  float* const t_4 = area + tsr::whole_lines(4*N);
+  float* const t = area;
+  float* const t_4 = t + tsr::whole_lines(4*N);
   tsr::load_tile(t, 4, N, w + (pid_b0) * (32*N), N, 4*pid_m, 0, 32, N);
   // quant_linear.tsr:33: return x @ dequantize(w, scale, group=32, dtype=bf16)
   const float* const t_2 = scale + (pid_b0) * (N) + (0) * N;
@@ -560,9 +564,9 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 M, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(131072 + 131072 + 65536);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 131072;
-  float* const acc = area + 131072 + 131072;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 131072;
+  float* const acc = b_tile_smem + 131072;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, M - 256*pid_m), tsr::live(256, N - 256*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

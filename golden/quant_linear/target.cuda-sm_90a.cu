@@ -429,17 +429,13 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:26: acc += tile.dot(a, b)
     for (int kk = 0; kk < 64 && kk < K - 64*kb; kk += 16) {
       unsigned a_frag[1][4];
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_smem + (((kb) % 4) * 8192 + (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 64 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
-      }
+      tsr_ldmatrix_x4(a_frag[0], a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 32; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16 + (fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 1) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16 + (fn * 8 + lane / 4) % 16]))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 8) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16 + (fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 8 + 1) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16 + (fn * 8 + lane / 4) % 16]))));
-        #pragma unroll
-        for (int fm = 0; fm < 1; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 32 + fn) * 4], a_frag[fm], b_frag);
+        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
       }
     }
   }

@@ -47,6 +47,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -77,8 +81,8 @@ inline float small_to_float(std::uint32_t bits) {
 inline float to_float(f16 x) {
   const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
   if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
+    const float inf = infinity();
+    const float v = (x.bits & 0x3FFu) ? nan() : inf;
     return (x.bits & 0x8000u) ? -v : v;
   }
   return small_to_float<5, 10>(x.bits);
@@ -121,13 +125,13 @@ inline float round_small(float x, int e, int m, float max_finite, float overflow
 }
 
 inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 10, 65504.0f, infinity());
 }
 inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
+  return round_small(x, 4, 3, 448.0f, nan());
 }
 inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 2, 57344.0f, infinity());
 }
 inline float round_tf32(float x) { return round_mantissa(x, 10); }
 
@@ -199,7 +203,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -441,9 +445,9 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096 + 16384);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 4096;
-  float* const acc = area + 4096 + 4096;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 4096;
+  float* const acc = b_tile_smem + 4096;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -485,9 +489,9 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(2048 + 2048 + 4096);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 2048;
-  float* const acc = area + 2048 + 2048;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 2048;
+  float* const acc = b_tile_smem + 2048;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 4096, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -529,11 +533,11 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
-  float* const a_tile_smem = area + 0;
-  float* const b_tile_smem = area + 8192;
-  float* const acc = area + 8192 + 8192;
-  float* const t = area + 8192 + 8192 + 16384;
-  float* const t_4 = area + 8192 + 8192 + 16384 + 128;
+  float* const a_tile_smem = area;
+  float* const b_tile_smem = a_tile_smem + 8192;
+  float* const acc = b_tile_smem + 8192;
+  float* const t = acc + 16384;
+  float* const t_4 = t + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

@@ -189,15 +189,12 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       for (int fm = 0; fm < 2; ++fm) {
         tsr_halfx4 a_frag;
         for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
-        #pragma unroll
-        for (int fn = 0; fn < 1; ++fn) {
-          tsr_halfx4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 4 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 4 * 32 + fn * 32 + lane % 32) % 8]);
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 1 + fn) * 16 + reg] = frag_acc[reg];
-        }
+        tsr_halfx4 b_frag;
+        for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 4 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 4 * 32 + lane % 32) % 8]);
+        tsr_floatx16 frag_acc;
+        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1) * 16 + reg];
+        frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
+        for (int reg = 0; reg < 16; ++reg) acc[(fm * 1) * 16 + reg] = frag_acc[reg];
       }
     }
   }
@@ -293,12 +290,9 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[16];
   #pragma unroll
-  for (int frag = 0; frag < 1; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
-      acc[t] = 0.0f;
-    }
+  for (int reg = 0; reg < 16; ++reg) {
+    const int t = reg;
+    acc[t] = 0.0f;
   }
   for (long long kb = 0; kb * 32 < K; ++kb) {
     __syncthreads();
@@ -336,32 +330,23 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
-      #pragma unroll
-      for (int fm = 0; fm < 1; ++fm) {
-        tsr_halfx4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[((kb) % 3 * 64 + wave / 2 * 32 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
-        #pragma unroll
-        for (int fn = 0; fn < 1; ++fn) {
-          tsr_halfx4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[((kb) % 3 * 32 + kk + lane / 32 * 4 + q) * 64 + ((wave % 2 * 32 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 32 + fn * 32 + lane % 32) % 8]);
-          tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1 + fn) * 16 + reg];
-          frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 1 + fn) * 16 + reg] = frag_acc[reg];
-        }
-      }
+      tsr_halfx4 a_frag;
+      for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[(kb % 3 * 64 + wave / 2 * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
+      tsr_halfx4 b_frag;
+      for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 64 + ((wave % 2 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 32 + lane % 32) % 8]);
+      tsr_floatx16 frag_acc;
+      for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[reg];
+      frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
+      for (int reg = 0; reg < 16; ++reg) acc[reg] = frag_acc[reg];
     }
   }
   // schedules.tsr:18: return A @ B
   #pragma unroll
-  for (int frag = 0; frag < 1; ++frag) {
-    #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 32 + frag / 1 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 32 + frag % 1 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
-    }
+  for (int reg = 0; reg < 16; ++reg) {
+    const int i = wave / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+    const int j = wave % 2 * 32 + lane % 32;
+    const int t = reg;
+    if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
   }
 }
 

@@ -70,6 +70,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -142,7 +146,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -479,10 +483,10 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
     const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
-  float* const hidden_1 = area + 65536 + 65536 + 256;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
+  float* const hidden_1 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -524,9 +528,9 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
     const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -569,18 +573,17 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
     const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t = area + tsr::whole_lines(4*C);
-  float* const shifted = area + tsr::whole_lines(4*C) + 16;
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
-  float* const t_7_edge = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
-  float* const t_8 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
-      + tsr::whole_lines(4*C);
+  float* const rows_edge = area;
+  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const shifted = t + 16;
+  float* const t_3 = shifted + tsr::whole_lines(4*C);
+  float* const t_7_edge = t_3 + 16;
+  float* const t_8 = t_7_edge + tsr::whole_lines(4*C);
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, 4*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
-    float r = -std::numeric_limits<float>::infinity();
+    float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
@@ -630,8 +633,8 @@ static void loss_k2_launch(const float* logits, const float* target, float* t4, 
 static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*C);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, C, t4, 4*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -653,9 +656,9 @@ static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const t
 
 static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*B);
-  float* const t_3 = area + tsr::whole_lines(4*B) + 16;
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_3 = t_1 + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   const float* const t = tsr::row_tile(t_edge, 4, B, t5, 4*pid_m, 1);
@@ -686,10 +689,10 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
     const tsr::i64 B, const tsr::i64 D, const tsr::i64 H, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
-  float* const hidden_1 = area + 65536 + 65536 + 256;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
+  float* const hidden_1 = t + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -731,9 +734,9 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
     float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 256);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -776,16 +779,16 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
     const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C));
-  float* const rows_edge = area + 0;
-  float* const t = area + tsr::whole_lines(4*C);
-  float* const shifted = area + tsr::whole_lines(4*C) + 16;
-  float* const t_3 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
-  float* const t_6 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16;
+  float* const rows_edge = area;
+  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const shifted = t + 16;
+  float* const t_3 = shifted + tsr::whole_lines(4*C);
+  float* const t_6 = t_3 + 16;
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, 4*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   for (tsr::i64 i = 0; i < 4; ++i) {
-    float r = -std::numeric_limits<float>::infinity();
+    float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
@@ -833,9 +836,9 @@ static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 
 static void train_step_k3_program(const float* target, const float* t3, float* t5,
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16);
-  float* const t_edge = area + 0;
-  float* const t_1_edge = area + tsr::whole_lines(4*C);
-  float* const t_3 = area + tsr::whole_lines(4*C) + tsr::whole_lines(4*C);
+  float* const t_edge = area;
+  float* const t_1_edge = t_edge + tsr::whole_lines(4*C);
+  float* const t_3 = t_1_edge + tsr::whole_lines(4*C);
   const float* const t = tsr::row_tile(t_edge, 4, C, target, 4*pid_m, B);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, C, t3, 4*pid_m, B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
@@ -861,9 +864,9 @@ static void train_step_k3_launch(const float* target, const float* t3, float* t5
 static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*B);
-  float* const t_3 = area + tsr::whole_lines(4*B) + 16;
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_3 = t_1 + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   const float* const t = tsr::row_tile(t_edge, 4, B, t5, 4*pid_m, 1);
@@ -892,7 +895,7 @@ static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
 
 static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192);
-  float* const t = area + 0;
+  float* const t = area;
   tsr::load_tile(t, 1, 8192, t8, 0, 0, 8192*pid_m, 1, 1);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   float* const t_1 = t;
@@ -913,8 +916,8 @@ static void train_step_k5_launch(const float* t8, float* out0) {
 
 static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 8192);
-  float* const t = area + 0;
-  float* const t_3 = area + 8192;
+  float* const t = area;
+  float* const t_3 = t + 8192;
   tsr::load_tile(t, 1, 8192, t8, 0, 0, 8192*pid_m, 1, 1);
   // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2",
   //   "b2"))(
@@ -937,9 +940,9 @@ static void train_step_k6_launch(const float* t8, float* t12) {
 static void train_step_k7_program(const float* t5, const float* t12, float* t16, const tsr::i64 B,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(8192 + 16 + 8192);
-  float* const t = area + 0;
-  float* const t_2 = area + 8192;
-  float* const t_4 = area + 8192 + 16;
+  float* const t = area;
+  float* const t_2 = t + 8192;
+  float* const t_4 = t_2 + 16;
   tsr::load_tile(t, 1, 8192, t5, 0, 0, 8192*pid_m, 1, B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   tsr::load_tile(t_2, 1, 1, t12, 0, 0, 0, 1, 1);
@@ -962,9 +965,9 @@ static void train_step_k7_launch(const float* t5, const float* t12, float* t16, 
 static void train_step_k8_program(const float* t16, const float* target, float* t18,
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
-  float* const t_edge = area + 0;
-  float* const t_1_edge = area + 16;
-  float* const t_2 = area + 16 + tsr::whole_lines(4*C);
+  float* const t_edge = area;
+  float* const t_1_edge = t_edge + 16;
+  float* const t_2 = t_1_edge + tsr::whole_lines(4*C);
   const float* const t = tsr::row_tile(t_edge, 4, 1, t16, 4*pid_m, B);
   const float* const t_1 = tsr::row_tile(t_1_edge, 4, C, target, 4*pid_m, B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
@@ -990,8 +993,8 @@ static void train_step_k8_launch(const float* t16, const float* target, float* t
 static void train_step_k9_program(const float* t18, float* t19, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*C);
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*C);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, C, t18, 4*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -1016,10 +1019,10 @@ static void train_step_k10_program(const float* t3, const float* t19, const floa
     float* t22, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C)
       + tsr::whole_lines(4*C));
-  float* const t_edge = area + 0;
-  float* const t_2_edge = area + tsr::whole_lines(4*C);
-  float* const t_4_edge = area + tsr::whole_lines(4*C) + 16;
-  float* const t_5 = area + tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C);
+  float* const t_edge = area;
+  float* const t_2_edge = t_edge + tsr::whole_lines(4*C);
+  float* const t_4_edge = t_2_edge + 16;
+  float* const t_5 = t_4_edge + tsr::whole_lines(4*C);
   const float* const t = tsr::row_tile(t_edge, 4, C, t3, 4*pid_m, B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float* const t_2 = tsr::row_tile(t_2_edge, 4, 1, t19, 4*pid_m, B);
@@ -1046,8 +1049,8 @@ static void train_step_k10_launch(const float* t3, const float* t19, const float
 static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
-  float* const t = area + 0;
-  float* const t_1 = area + 4096;
+  float* const t = area;
+  float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, t22, C, 64*pid_n, 64*pid_m, B, C);
   tsr::transpose(t_1, t, 64, 64);
@@ -1068,9 +1071,9 @@ static void train_step_k11_launch(const float* t22, float* t23, const tsr::i64 B
 static void train_step_k12_program(const float* t23, const float lr, const float* b2, float* out4,
     const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*B);
-  float* const t_3 = area + tsr::whole_lines(4*B) + 16;
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_3 = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, B, t23, 4*pid_m, C);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -1102,9 +1105,9 @@ static void train_step_k13_program(const float* t22, const float* w2, float* t24
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 H, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t = acc + 65536;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, B - 256*pid_m), tsr::live(256, H - 256*pid_n));
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1137,8 +1140,8 @@ static void train_step_k13_launch(const float* t22, const float* w2, float* t24,
 static void train_step_k14_program(const float* hidden, float* t25, const tsr::i64 B,
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
-  float* const t = area + 0;
-  float* const t_1 = area + 4096;
+  float* const t = area;
+  float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, hidden, H, 64*pid_n, 64*pid_m, B, H);
   tsr::transpose(t_1, t, 64, 64);
@@ -1160,9 +1163,9 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
     const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t_1 = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t_1 = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1204,9 +1207,9 @@ static void train_step_k16_program(const float* hidden, const float* t24, float*
     const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H)
       + tsr::whole_lines(4*H));
-  float* const t_edge = area + 0;
-  float* const t_3_edge = area + tsr::whole_lines(4*H);
-  float* const t_4 = area + tsr::whole_lines(4*H) + tsr::whole_lines(4*H);
+  float* const t_edge = area;
+  float* const t_3_edge = t_edge + tsr::whole_lines(4*H);
+  float* const t_4 = t_3_edge + tsr::whole_lines(4*H);
   const float* const t = tsr::row_tile(t_edge, 4, H, hidden, 4*pid_m, B);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   const float* const t_3 = tsr::row_tile(t_3_edge, 4, H, t24, 4*pid_m, B);
@@ -1231,8 +1234,8 @@ static void train_step_k16_launch(const float* hidden, const float* t24, float* 
 static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 B,
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
-  float* const t = area + 0;
-  float* const t_1 = area + 4096;
+  float* const t = area;
+  float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, t28, H, 64*pid_n, 64*pid_m, B, H);
   tsr::transpose(t_1, t, 64, 64);
@@ -1253,9 +1256,9 @@ static void train_step_k17_launch(const float* t28, float* t29, const tsr::i64 B
 static void train_step_k18_program(const float* t29, const float lr, const float* b1, float* out2,
     const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
-  float* const t_edge = area + 0;
-  float* const t_1 = area + tsr::whole_lines(4*B);
-  float* const t_3 = area + tsr::whole_lines(4*B) + 16;
+  float* const t_edge = area;
+  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_3 = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, B, t29, 4*pid_m, H);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -1286,8 +1289,8 @@ static void train_step_k18_launch(const float* t29, const float lr, const float*
 static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(4096 + 4096);
-  float* const t = area + 0;
-  float* const t_1 = area + 4096;
+  float* const t = area;
+  float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, x, D, 64*pid_n, 64*pid_m, B, D);
   tsr::transpose(t_1, t, 64, 64);
@@ -1308,9 +1311,9 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
     const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   float* const area = tsr::scratch(65536 + 65536 + 65536);
-  float* const b_tile_smem = area + 0;
-  float* const acc = area + 65536;
-  float* const t_1 = area + 65536 + 65536;
+  float* const b_tile_smem = area;
+  float* const acc = b_tile_smem + 65536;
+  float* const t_1 = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):

@@ -36,6 +36,12 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -257,7 +263,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
@@ -510,7 +516,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);

@@ -38,6 +38,12 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// Infinity and the quiet NaN, by one name in every dialect.
+inline float tsr_infinity() { return INFINITY; }
+inline float tsr_nan() { return NAN; }
+
 // ---------------------------------------------------------------- chunk copies
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
@@ -255,7 +261,7 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
@@ -499,7 +505,7 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
-    float r = -INFINITY;
+    float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);

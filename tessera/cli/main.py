@@ -32,6 +32,9 @@ __all__ = ["main", "build_parser"]
 
 #: The subcommands: (module of ``tessera.cli``, function), imported when used, since
 #: the tuner brings numpy and the runtimes with it.
+#: Each --format and the stage whose output it formats.
+FORMATS = {"json": "meta", "yaml": "meta", "clang-format": "target"}
+
 _COMMANDS = {
     "tune": ("tune", "tune_main"),
     "cache": ("tune", "cache_main"),
@@ -124,9 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel (registers, shared memory, barriers, stack frame, spills)",
     )  # fmt: skip
     parser.add_argument(
-        "--format", choices=("json", "yaml"), default="json",
-        help="with --emit meta: yaml prints each kernel's metadata as the system "
-        "architecture's YAML (tile, fragments, resources, launch, epilogue; docs/runtime.md)",
+        "--format", choices=FORMATS, metavar="FORMAT",
+        help="how the output is written: with --emit meta, json (the default) or yaml (each "
+        "kernel's metadata as the system architecture's YAML: tile, fragments, resources, "
+        "launch, epilogue; docs/runtime.md); with --emit target, clang-format (the source "
+        "through clang-format in Tessera's style, where it is installed; docs/cli.md)",
     )  # fmt: skip
     parser.add_argument(
         "--debug", action="store_true",
@@ -159,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--python-loader needs CUDA output written with -o (it loads that file)")
     if args.resources and (options.target != "cuda" or args.emit != "meta"):
         parser.error("--resources goes with --emit meta for the cuda target")
-    if args.format == "yaml" and (args.emit != "meta" or args.resources):
-        parser.error("--format yaml goes with --emit meta, without --resources")
+    if args.format is not None and args.emit != FORMATS[args.format]:
+        parser.error(f"--format {args.format} goes with --emit {FORMATS[args.format]}")
+    if args.format == "yaml" and args.resources:
+        parser.error("--format yaml goes without --resources")
     if args.emit == "cubin" and args.output is None and sys.stdout.isatty():
         parser.error("a cubin is binary: write it to a file with -o")
     try:
@@ -195,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     for warning in program.diagnostics:
         print(warning.render(), file=sys.stderr)
+    if args.format == "clang-format":
+        text = _formatted(text, options.target)
     if args.output is None:
         if isinstance(text, bytes):
             sys.stdout.buffer.write(text)
@@ -218,6 +227,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tesserac: error: cannot write '{path}': {why}", file=sys.stderr)
             return 1
     return 0
+
+
+def _formatted(text: str, target: str) -> str:
+    """``text`` through clang-format; as it is, with a warning, where clang-format is
+    not installed or fails (the source is correct either way)."""
+    from ..transpiler.target.formatting import FormatError, clang_format, formatted
+
+    tool = clang_format()
+    if tool is None:
+        print("tesserac: warning: --format: clang-format is not installed; the output is "
+              "not formatted", file=sys.stderr)  # fmt: skip
+        return text
+    try:
+        return formatted(text, target, tool)
+    except FormatError as exc:
+        print(f"tesserac: warning: --format: {exc}; the output is not formatted", file=sys.stderr)
+        return text
 
 
 def _as_kwargs(options: Options) -> dict:

@@ -38,6 +38,10 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::uint32_t bits_of(float x) { return __builtin_bit_cast(std::uint32_t, x); }
 inline float float_of(std::uint32_t u) { return __builtin_bit_cast(float, u); }
 
+// Infinity and the quiet NaN by name, as the GPU targets have tsr_infinity() and tsr_nan().
+inline constexpr float infinity() { return std::numeric_limits<float>::infinity(); }
+inline constexpr float nan() { return std::numeric_limits<float>::quiet_NaN(); }
+
 // Storage types: the bits of a 16- or 8-bit float.
 struct bf16 { std::uint16_t bits; };
 struct f16 { std::uint16_t bits; };
@@ -68,23 +72,23 @@ inline float small_to_float(std::uint32_t bits) {
 inline float to_float(f16 x) {
   const std::uint32_t exp = (x.bits >> 10) & 0x1Fu;
   if (exp == 0x1Fu) {  // inf or nan
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3FFu) ? std::numeric_limits<float>::quiet_NaN() : inf;
+    const float inf = infinity();
+    const float v = (x.bits & 0x3FFu) ? nan() : inf;
     return (x.bits & 0x8000u) ? -v : v;
   }
   return small_to_float<5, 10>(x.bits);
 }
 
 inline float to_float(e4m3 x) {  // e4m3fn: no infinities, S.1111.111 is nan
-  if ((x.bits & 0x7Fu) == 0x7Fu) return std::numeric_limits<float>::quiet_NaN();
+  if ((x.bits & 0x7Fu) == 0x7Fu) return nan();
   return small_to_float<4, 3>(x.bits);
 }
 
 inline float to_float(e5m2 x) {
   const std::uint32_t exp = (x.bits >> 2) & 0x1Fu;
   if (exp == 0x1Fu) {
-    const float inf = std::numeric_limits<float>::infinity();
-    const float v = (x.bits & 0x3u) ? std::numeric_limits<float>::quiet_NaN() : inf;
+    const float inf = infinity();
+    const float v = (x.bits & 0x3u) ? nan() : inf;
     return (x.bits & 0x80u) ? -v : v;
   }
   return small_to_float<5, 2>(x.bits);
@@ -127,13 +131,13 @@ inline float round_small(float x, int e, int m, float max_finite, float overflow
 }
 
 inline float round_f16(float x) {
-  return round_small(x, 5, 10, 65504.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 10, 65504.0f, infinity());
 }
 inline float round_e4m3(float x) {
-  return round_small(x, 4, 3, 448.0f, std::numeric_limits<float>::quiet_NaN());
+  return round_small(x, 4, 3, 448.0f, nan());
 }
 inline float round_e5m2(float x) {
-  return round_small(x, 5, 2, 57344.0f, std::numeric_limits<float>::infinity());
+  return round_small(x, 5, 2, 57344.0f, infinity());
 }
 inline float round_tf32(float x) { return round_mantissa(x, 10); }
 
@@ -232,7 +236,7 @@ inline float exp(float x) {
   const float s2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
   float y = exp_poly(xc, ni) * s1 * s2;
   y = x < kExpLow ? 0.0f : y;
-  y = x > kExpHigh ? std::numeric_limits<float>::infinity() : y;
+  y = x > kExpHigh ? infinity() : y;
   return x != x ? x : y;  // nan stays nan
 }
 
@@ -652,7 +656,7 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
                            Limit limit) {
   for (i64 i = 0; i < m; ++i) {
     const i64 cols = live(n, limit(i));
-    const float mx = row_max(s + i * n, cols, -std::numeric_limits<float>::infinity());
+    const float mx = row_max(s + i * n, cols, -infinity());
     l_c[i] = exp_row(p + i * n, s + i * n, cols, softmax_base(mx), [](float x) { return x; });
     std::fill(p + i * n + cols, p + (i + 1) * n, 0.0f);
     m_c[i] = mx;

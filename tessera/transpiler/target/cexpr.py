@@ -50,10 +50,11 @@ def c_factor(dim: Dim, names: dict[str, str] | None = None) -> str:
 
 
 def c_float(value: float) -> str:
+    """A float constant of C++; infinity and NaN by the tile header's names for them."""
     if math.isinf(value):
-        return ("-" if value < 0 else "") + "std::numeric_limits<float>::infinity()"
+        return ("-" if value < 0 else "") + "tsr::infinity()"
     if math.isnan(value):
-        return "std::numeric_limits<float>::quiet_NaN()"
+        return "tsr::nan()"
     text = repr(float(value))
     if "e" not in text and "." not in text:
         text += ".0"

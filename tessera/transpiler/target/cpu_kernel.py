@@ -263,12 +263,14 @@ class _Emitter:
         grid = tuple((self.symbols[a.name], self._extent(a.extent, a.block),
                       self.namer.fresh(f"{self.symbols[a.name]}_count"))
                      for a in self.kernel.grid)  # fmt: skip
+        # Each buffer starts where the one before it ends, so that a size is written once.
         offsets = []
-        total = "0"
+        total, start = "0", "area"
         for name, size in self.storage:
-            offsets.append(f"float* const {name} = area + {total};")
+            offsets.append(f"float* const {name} = {start};")
             size = _whole_lines(size)
             total = size if total == "0" else f"{total} + {size}"
+            start = f"{name} + {size}"
         return CKernel(
             self.stem, self.kernel.function, tuple(params),
             {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),

@@ -71,9 +71,10 @@ class Dialect:
     #: ``x`` from the lane whose index differs in the bits of ``mask`` ("" where the
     #: emitter never exchanges registers between lanes).
     shuffle_xor: str = ""
-    #: Positive infinity and a quiet NaN as float expressions.
-    infinity: str = "INFINITY"
-    nan: str = "NAN"
+    #: Positive infinity and the quiet NaN as float expressions: the header's names for
+    #: them, the same in every dialect.
+    infinity: str = "tsr_infinity()"
+    nan: str = "tsr_nan()"
     #: Whether the shared-memory arena is sized at launch (CUDA: a static array is
     #: limited to 48 KiB; the metadata gives each launch its ``dynamic_smem`` bytes).
     dynamic_arena: bool = False
@@ -270,7 +271,7 @@ HIP = Dialect(
 
 #: CUDA spells everything as HIP does (HIP took its spelling from CUDA). Files include
 #: nothing, so that NVRTC compiles them as they are; without math.h there is no
-#: INFINITY, so the infinity and NaN are the header's named bit patterns.
+#: INFINITY, so the header defines the infinity and NaN by their bit patterns.
 CUDA = replace(
     HIP,
     name="cuda",
@@ -281,8 +282,6 @@ CUDA = replace(
         "// the comment above it).",
     ),
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {x}, {mask})",
-    infinity="tsr_infinity()",
-    nan="tsr_nan()",
     dynamic_arena=True,
     async_copy=True,
     pair_writes=_PAIRS,

@@ -58,6 +58,7 @@ from .simt_layout import (
 from .simt_persistent import PersistentTiles
 from .simt_tiles import SmemView, TileOps
 from .simt_tma import TensorMap, TmaCopies
+from .single_iteration import without_single_iterations
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -255,8 +256,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         grid = tuple((self.symbols[a.name], a.extent, a.block) for a in self.kernel.grid)
         threads = self.kernel.threads + self.kernel.producer
         sizes = {d: self.symbols[d] for d in self.dims}
+        body = tuple(without_single_iterations(self.lines))
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
-                          tuple(self.prologue.values()), tuple(self.lines),
+                          tuple(self.prologue.values()), body,
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer),
