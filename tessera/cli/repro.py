@@ -23,10 +23,10 @@ import shlex
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..frozen import frozen
 from ..packs import PackError, manifest, write_pack
 from ..transpiler import pipeline
 from ..transpiler.frontend.diagnostics import CompileError
@@ -41,7 +41,7 @@ __all__ = ["Invocation", "repro_files", "offer_pack", "pack_repro_main"]
 _IR_SUFFIX = {"ast": ".tsr", "meta": ".json", "ptx": ".ptx", "cubin": ".cubin"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Invocation:
     """A run of ``tesserac`` on one file: what a pack records and replays."""
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..cachedir import cache_dir
 from ..files import write_file
+from ..frozen import frozen
 from ..packs import PackError, is_archive, read_pack
 from .cpu import CpuLibrary
 from .kernel_yaml import load as load_yaml
@@ -33,7 +33,7 @@ class BundleError(RuntimeError):
     """The path is not a bundle this runtime can load; the message says why."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Bundle:
     """A loaded bundle (see the module's docstring)."""
 

@@ -15,8 +15,9 @@ import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from ..frozen import frozen
 
 __all__ = ["Process", "process", "world", "agree"]
 
@@ -25,7 +26,7 @@ __all__ = ["Process", "process", "world", "agree"]
 _LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
 
-@dataclass(frozen=True)
+@frozen
 class Process:
     """This process's place in the world, as torchrun's variables name it: ``rank`` and
     ``world_size`` (MPI's), and ``local_rank``, its rank among the processes of its

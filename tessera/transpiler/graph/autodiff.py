@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from ...frozen import frozen
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import F32, DType
@@ -494,7 +495,7 @@ _INSTEAD = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Region:
     """Ops that the backward pass differentiates as one, by a rule of their own: a call
     of a function with ``@custom_vjp`` or ``@custom_jvp``, or a ``checkpoint(F)``. The

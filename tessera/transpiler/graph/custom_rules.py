@@ -16,9 +16,9 @@ copy: the backward pass reads ``G``'s inputs, not the values inside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...frozen import frozen
 from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from .annotations import resolve_result, resolve_type
@@ -39,7 +39,7 @@ __all__ = ["CUSTOM_RULES", "CheckpointRef", "checkpoint_ref", "checkpointed", "c
 CUSTOM_RULES = ("custom_vjp", "custom_jvp")
 
 
-@dataclass(frozen=True)
+@frozen
 class CustomRule:
     """``F``'s rule: ``"custom_vjp"`` or ``"custom_jvp"``, and the function that is it."""
 
@@ -47,7 +47,7 @@ class CustomRule:
     node: ast.FunctionDef
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointRef:
     """``checkpoint(G)``: calling it runs ``G``, whose inner values the backward pass
     computes again instead of keeping."""
