@@ -806,6 +806,13 @@ class _FunctionAnalyzer:
                 stmt.span,
             )
         if stmt.value is None:
+            declared = self._declared_result()
+            if declared is not None:
+                raise SemanticError(
+                    f"'return' gives no value, but the declared result is {declared}",
+                    stmt.span,
+                    (Note("the result type is declared here", self.node.returns.span),),
+                )
             self.returned = ()
             return
         ev = self.evaluator.eval(stmt.value)
