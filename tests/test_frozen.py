@@ -98,3 +98,10 @@ def test_the_package_defines_its_value_classes_with_frozen() -> None:
         if line.lstrip().startswith("@dataclass(frozen=True")
     ]
     assert not slow, f"use @frozen (tessera/frozen.py) at {', '.join(slow)}"
+
+
+def test_the_suite_checks_immutability() -> None:
+    """tests/conftest.py turns the check on before the package is imported."""
+    from tessera import frozen as module
+
+    assert module.CHECKED

@@ -12,6 +12,7 @@ conversions, and a reader sees only what runs.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from ...frozen import frozen
@@ -35,7 +36,7 @@ class Section:
     name: str
     text: str
 
-    @property
+    @functools.cached_property
     def defines(self) -> frozenset[str]:
         names = set(_FUNCTION.findall(self.text))
         for decl in _CONSTANT.findall(self.text):
@@ -82,7 +83,7 @@ def paragraphs(text: str) -> list[Section]:
     return out
 
 
-def _callable(part: Section, types: set[str], wanted: set[str]) -> bool:
+def _callable(part: Section, types: frozenset[str], wanted: set[str]) -> bool:
     """Whether a paragraph may be called: it declares no function, or one whose
     parameters are of no header type that the file leaves out (``to_float(e4m3)``
     in a file without fp8)."""
@@ -92,15 +93,26 @@ def _callable(part: Section, types: set[str], wanted: set[str]) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(
+    header: str,
+) -> tuple[str, list[Section], str, dict[str, list[Section]], frozenset[str]]:
+    """The header split into sections and paragraphs, and the types it declares: the
+    same for every file of a target, so worked out once a process."""
+    preamble, sections, closing = split(header)
+    parts = {s.name: paragraphs(s.text) for s in sections}
+    types = frozenset(
+        struct or typedef for s in sections for struct, typedef in _TYPE.findall(s.text)
+    )
+    return preamble, sections, closing, parts, types
+
+
 def needed(header: str, code: str, symbol: str = CPP_SYMBOL) -> str:
     """The header with only the parts ``code`` needs, directly or through others:
     the sections that define a name it uses and, in them, the paragraphs that define
     one (and those that define none: a section's introduction); ``symbol`` is a
     pattern whose group is a header symbol's name."""
-    preamble, sections, closing = split(header)
-    parts = {s.name: paragraphs(s.text) for s in sections}
-    types = {n for s in sections for struct, typedef in _TYPE.findall(s.text)
-             for n in (struct or typedef,)}  # fmt: skip
+    preamble, sections, closing, parts, types = _parsed(header)
     wanted = set(re.findall(symbol, code))
     keep: set[int] = set()
     changed = True
