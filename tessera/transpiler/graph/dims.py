@@ -53,6 +53,8 @@ class Dim:
 
     def __add__(self, other: Dim | int) -> Dim:
         other = _as_dim(other)
+        if not other.terms or not self.terms:  # x + 0, 0 + x
+            return self if other.terms == () else other
         terms = dict(self.terms)
         for monomial, coeff in other.terms:
             terms[monomial] = terms.get(monomial, _ZERO) + coeff
@@ -66,6 +68,10 @@ class Dim:
 
     def __mul__(self, other: Dim | int) -> Dim:
         other = _as_dim(other)
+        if other is _UNIT or not self.terms:  # x * 1, 0 * x
+            return self
+        if self is _UNIT or not other.terms:
+            return other
         terms: dict[Monomial, Fraction] = {}
         for m1, c1 in self.terms:
             for m2, c2 in other.terms:
@@ -86,9 +92,10 @@ class Dim:
 
     # -- queries ---------------------------------------------------------------
 
-    @property
+    @cached_property
     def constant(self) -> int | None:
-        """The value if this dim is an integer constant."""
+        """The value if this dim is an integer constant (kept once computed, as
+        ``symbol``)."""
         if not self.terms:
             return 0
         if len(self.terms) == 1 and self.terms[0][0] == () and self.terms[0][1].denominator == 1:
@@ -127,6 +134,8 @@ class Dim:
     def substitute(self, values: Mapping[str, int | Dim]) -> Dim:
         """This dim with each symbol that ``values`` gives replaced: by a number (``-D``),
         or by a dim (a called function's sizes, which are its caller's dims)."""
+        if not any(symbol in values for monomial, _ in self.terms for symbol, _ in monomial):
+            return self
         result = Dim.const(0)
         for monomial, coeff in self.terms:
             term = Dim.const(coeff)
@@ -172,6 +181,10 @@ class Dim:
 
     def __repr__(self) -> str:
         return f"Dim({str(self)!r})"
+
+
+#: The dim 1, which a product skips.
+_UNIT = Dim.const(1)
 
 
 def _as_dim(value: Dim | int) -> Dim:

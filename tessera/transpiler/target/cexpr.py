@@ -21,9 +21,9 @@ def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
     """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
     loop counters). Fractions divide last, after the symbols multiply, so ``D/2`` is
     exact whenever the guards hold."""
+    if dim.constant is not None:
+        return str(dim.constant)
     names = names or {}
-    if not dim.terms:
-        return "0"
     parts = []
     for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
         ups = [names.get(s, s) for s, p in monomial for _ in range(p) if p > 0]
