@@ -16,10 +16,7 @@ write ``__init__`` alone and shares the rest:
   ``dataclasses.FrozenInstanceError``. (``object.__setattr__`` in ``__post_init__`` still
   sets a derived field, as with a frozen dataclass.) Checking that costs each field of
   each instance a Python call (a compilation makes tens of thousands of IR nodes), so it
-  is done where ``TESSERA_CHECK_IMMUTABLE=1``: the test suite sets it
-  (``tests/conftest.py``), so a pass that changes a node in place fails there, and a
-  user's compilation does not pay for the check. Like an ``assert``, it never changes
-  what a correct program does.
+  is one of the checks that run where ``TESSERA_CHECKS=1`` (``tessera/checks.py``).
 
 A class is still a dataclass: ``fields``, ``replace`` and ``asdict`` work on it. A
 method the class body defines itself is kept, as ``dataclasses`` keeps it.
@@ -28,17 +25,15 @@ method the class body defines itself is kept, as ``dataclasses`` keeps it.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, TypeVar, overload
 
+from . import checks
+
 __all__ = ["frozen"]
 
 T = TypeVar("T", bound=type)
-
-#: Whether a field assigned after ``__init__`` raises (see above).
-CHECKED = os.environ.get("TESSERA_CHECK_IMMUTABLE") == "1"
 
 
 @overload
@@ -65,7 +60,7 @@ def frozen(cls: Any = None, /, *, eq: bool = True) -> Any:
                 cls.__eq__ = _eq
             if own.get("__hash__") is None:  # none of its own, as dataclasses decides
                 cls.__hash__ = _hash
-        if CHECKED:
+        if checks.ENABLED:
             cls.__setattr__ = _set_once
             cls.__delattr__ = _no_delete
         return cls

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-#: Value classes raise when a field is assigned after __init__ (tessera/frozen.py), here
-#: and in every process a test starts.
-os.environ["TESSERA_CHECK_IMMUTABLE"] = "1"
+#: The compiler checks its own work as it goes (tessera/checks.py), here and in every
+#: process a test starts.
+os.environ["TESSERA_CHECKS"] = "1"
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.tsr"))

@@ -101,7 +101,7 @@ def test_the_package_defines_its_value_classes_with_frozen() -> None:
 
 
 def test_the_suite_checks_immutability() -> None:
-    """tests/conftest.py turns the check on before the package is imported."""
-    from tessera import frozen as module
+    """tests/conftest.py turns the checks on before the package is imported."""
+    from tessera import checks
 
-    assert module.CHECKED
+    assert checks.ENABLED

@@ -1,4 +1,5 @@
-"""The tile passes, in order, each a named unit with the verifier after it.
+"""The tile passes, in order, each a named unit (the verifier runs after the last, and
+with ``checks.ENABLED`` after each).
 
 ``legalize``       dot (+ add) -> mma on the target's instruction, as data
 ``causal-bound``   key loops of causal attention stop at the last query row
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ... import checks
 from ...frozen import frozen
 from ..schedule.hardware import Hardware
 from .barriers import insert_barriers
@@ -52,15 +54,18 @@ TILE_PASSES: tuple[TilePass, ...] = (
 
 def run_tile_passes(kernel: TileKernel, hw: Hardware, until: str | None = None) -> TileKernel:
     """Run the passes in order (up to and including ``until``; ``"lowering"`` runs
-    none), verifying after each."""
-    verify_kernel(kernel, hw, "lowering", masks_final=False)
+    none), verifying the result, and with ``checks.ENABLED`` what each pass gives."""
+    if checks.ENABLED or until == "lowering":
+        verify_kernel(kernel, hw, "lowering", masks_final=False)
     if until == "lowering":
         return kernel
     masked = False
     for tile_pass in TILE_PASSES:
         kernel = tile_pass.run(kernel, hw)
         masked = masked or tile_pass.name == "edge-mask"
-        verify_kernel(kernel, hw, tile_pass.name, masks_final=masked)
-        if tile_pass.name == until:
+        last = tile_pass.name == until or tile_pass is TILE_PASSES[-1]
+        if checks.ENABLED or last:
+            verify_kernel(kernel, hw, tile_pass.name, masks_final=masked)
+        if last:
             break
     return kernel

@@ -1,4 +1,4 @@
-"""The Tile IR verifier, run after the lowering and after every tile pass.
+"""The Tile IR verifier, run after the tile passes (and after each with ``TESSERA_CHECKS=1``).
 
 It checks what every backend relies on: values are defined before use, in
 scope; every access has one axis per tensor dim and covers the tile it moves;
