@@ -1,8 +1,9 @@
-"""The NaN/Inf sentinel of a debug build, after each launch (``check/sentinels.py``)."""
+"""What a debug build's checks found: the NaN/Inf sentinel after each launch
+(``check/sentinels.py``) and the first failed bounds check (``check/bounds.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,11 +11,33 @@ import numpy as np
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
-__all__ = ["NonFiniteError", "check_finite"]
+__all__ = ["BoundsError", "NonFiniteError", "check_finite", "raise_fault"]
 
 
 class NonFiniteError(FloatingPointError):
     """A kernel of a debug build wrote NaN or infinity."""
+
+
+class BoundsError(IndexError):
+    """A kernel of a debug build indexed a tensor out of its bounds."""
+
+
+def raise_fault(bounds: Sequence[Mapping[str, Any]], record: Sequence[int]) -> None:
+    """Raise ``BoundsError`` for a fault record (check number, index, size, extent) that
+    a debug build's code left, unless it is empty (number -1). ``bounds`` is the
+    metadata's list of the checks."""
+    site, index, size, extent = (int(v) for v in record)
+    if site < 0:
+        return
+    check = bounds[site]
+    # An unmasked tile that starts inside the axis fails at its first index past the end.
+    bad = max(index, extent) if check["whole"] else index
+    tile = f" (the tile covers [{index}, {index + size}))" if size > 1 else ""
+    raise BoundsError(
+        f"kernel '{check['kernel']}' ({check['line']}): {check['access']} of "
+        f"'{check['tensor']}' out of bounds: index {bad} on axis {check['axis']}, which has "
+        f"{extent} elements{tile}"
+    )
 
 
 def check_finite(launch: Mapping[str, Any], name: str, data: bytes | np.ndarray) -> None:

@@ -190,13 +190,13 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
     if options.target == "cpu":
         from .target.cpu import emit_cpu
 
-        return emit_cpu(irs["tile"], graph=irs["graph"])
+        return emit_cpu(irs["tile"], graph=irs["graph"], debug=options.debug)
     from .target.simt_dialect import DIALECTS
     from .target.simt_kernel import NotLowered
     from .target.simt_module import emit_simt
 
     try:
-        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"])
+        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"], options.debug)
     except NotLowered as exc:
         raise StageNotImplemented("target", str(exc)) from None
 

@@ -368,7 +368,7 @@ def load_hip(program: Any) -> Any:
     # A HIP kernel's shared memory is a fixed-size array: its launches ask for none.
     functions = [{**f, "launches": [{"dynamic_smem": 0, **k} for k in f["launches"]]}
                  for f in meta["functions"]]  # fmt: skip
-    return Library(meta, [CudaFunction(module, f) for f in functions])
+    return Library(meta, [CudaFunction(module, f, meta.get("bounds", ())) for f in functions])
 
 
 #: A SYCL file's host function: its name and its parameters after the queue.

@@ -268,6 +268,30 @@ inline float exp_nonpositive(float x) {
   return x < kExpLow ? 0.0f : y;
 }
 
+// ---------------------------------------------------------------- debug checks
+
+// The first failed check of a debug build, for the runtime to read after the call: the
+// check's number (-1 while none has failed), the index, the tile's size and the extent.
+struct Fault {
+  i64 site, index, size, extent;
+};
+inline Fault fault{-1, 0, 0, 0};
+
+// A failed bounds check: the first one of a call is kept, and the program ends.
+inline void out_of_bounds(i64 site, i64 index, i64 size, i64 extent) {
+#pragma omp critical(tsr_fault)
+  if (fault.site < 0) fault = Fault{site, index, size, extent};
+}
+
+// The first failure since the last time it was taken, as four integers; none after.
+inline void take_fault(i64* out) {
+  out[0] = fault.site;
+  out[1] = fault.index;
+  out[2] = fault.size;
+  out[3] = fault.extent;
+  fault = Fault{-1, 0, 0, 0};
+}
+
 // ---------------------------------------------------------------- extremes
 
 // As fmax and fmin (a NaN operand gives the other), with one compare and one select,

@@ -32,7 +32,7 @@ def with_sentinels(
     meta = copy.deepcopy(meta)
     meta["debug"] = True
     for function in meta["functions"]:
-        for launch in function["launches"]:
+        for launch in function.get("launches", ()):
             kernel = kernels.get(launch["kernel"])
             if kernel is not None:
                 writes = _writes(kernel, launch["args"])

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..check.bounds import Sites
 from ..graph.dims import Dim
 from ..graph.ir import Function, GraphModule, result_names
 from ..graph.types import TensorType
@@ -60,9 +61,9 @@ def _used(name: str, text: str) -> bool:
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel, name: str) -> None:
+    def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
         dims = symbols([p.type for p in kernel.params])
-        self.c: CKernel = emit_kernel(kernel, dims, name)
+        self.c: CKernel = emit_kernel(kernel, dims, name, sites)
         body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
         grid_text = " ".join(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
@@ -188,7 +189,10 @@ def _scalar(t: Any) -> str:
 
 
 def emit_cpu(
-    module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS, graph: GraphModule | None = None
+    module: TileModule,
+    flags: tuple[str, ...] = DEFAULT_FLAGS,
+    graph: GraphModule | None = None,
+    debug: bool = False,
 ) -> CpuModule:
     # The file's functions share one namespace: the entries ``tessera_<function>``,
     # whose names are the file's interface and go first, then each kernel's
@@ -196,8 +200,12 @@ def emit_cpu(
     programs = [p for p in module.programs if p.kernels or _exchanges(p)]
     names = Namer()
     entries = {p.host.function: names.fresh(f"tessera_{p.host.function}") for p in programs}
-    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS))
+    # A debug build checks each access's bounds; ``tessera_fault`` hands the runtime
+    # the first failure.
+    sites = Sites() if debug else None
+    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS), sites)
              for p in programs for k in p.kernels}  # fmt: skip
+    fault = names.fresh("tessera_fault") if debug else None
     by_name = {f.name: f for f in graph.functions} if graph is not None else {}
     functions = [
         _FunctionView(p, views, entries[p.host.function], by_name.get(p.host.function))
@@ -206,14 +214,17 @@ def emit_cpu(
     template = environment("cpu").get_template("module.cpp.j2")
     context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
                    kernels=list(views.values()), functions=functions,
-                   entries=[f.symbol for f in functions])  # fmt: skip
+                   entries=[f.symbol for f in functions], fault=fault)  # fmt: skip
     code = template.render(header="", **context)
     text = needed(header("cpu/tessera_tile.hpp"), code)
     mpi = any(f.collective for f in functions)
     if mpi:
         text += "\n\n" + header("cpu/tessera_mpi.hpp").rstrip()
     source = wrap_lines(template.render(header=text, **context))
-    return CpuModule(source, _meta(module, functions, flags, by_name, mpi))
+    meta = _meta(module, functions, flags, by_name, mpi)
+    if sites is not None:
+        meta |= {"fault": fault, "bounds": sites.table}
+    return CpuModule(source, meta)
 
 
 def _meta(

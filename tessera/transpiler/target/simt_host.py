@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..check.bounds import FAULT, FAULT_BYTES
 from ..graph.dims import parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
@@ -127,12 +128,48 @@ inline int encode_map(tsr_tensor_map* map, const void* address, unsigned element
 }
 """
 
+#: A debug build's bounds checks (``check/bounds.py``): the fault record is cleared before
+#: the launches and read back after each that checks, and the first failed check is
+#: printed, by the table of what each check is.
+_DEBUG = """
+#include <cstdio>
+
+#define TSR_HOST_EBOUNDS 4  // a debug build's bounds check failed: stderr says where
+
+namespace tsr_host {{
+
+// What each bounds check of the file is, by its number.
+static const char* const bounds_checks[] = {{
+{checks}
+}};
+
+// After a launch of a debug build: its fault record (zero, or the check's number + 1,
+// the index, the tile's size and the extent), read back once the launch is done.
+inline int check_bounds(const std::int64_t* fault, {stream} stream) {{
+  std::int64_t record[4];
+  if ({memcpy}(record, fault, sizeof record, {to_host}, stream) != {success} ||
+      {sync}(stream) != {success})
+    return TSR_HOST_ELAUNCH;
+  if (record[0] == 0) return TSR_HOST_SUCCESS;
+  std::fprintf(stderr, "tessera: %s out of bounds: the tile [%lld, %lld) of an axis of %lld\\n",
+               bounds_checks[record[0] - 1], static_cast<long long>(record[1]),
+               static_cast<long long>(record[1] + record[2]), static_cast<long long>(record[3]));
+  return TSR_HOST_EBOUNDS;
+}}
+
+}}  // namespace tsr_host
+"""
+
 #: The runtime's names, per target: its error type, stream type, calls.
 _API = {
     "cuda": {"stream": "cudaStream_t", "success": "cudaSuccess", "malloc": "cudaMallocAsync",
-             "free": "cudaFreeAsync", "last_error": "cudaGetLastError"},
+             "free": "cudaFreeAsync", "last_error": "cudaGetLastError",
+             "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync",
+             "to_host": "cudaMemcpyDeviceToHost", "sync": "cudaStreamSynchronize"},
     "hip": {"stream": "hipStream_t", "success": "hipSuccess", "malloc": "hipMallocAsync",
-            "free": "hipFreeAsync", "last_error": "hipGetLastError"},
+            "free": "hipFreeAsync", "last_error": "hipGetLastError",
+            "memcpy": "hipMemcpyAsync", "memset": "hipMemsetAsync",
+            "to_host": "hipMemcpyDeviceToHost", "sync": "hipStreamSynchronize"},
 }  # fmt: skip
 
 
@@ -156,12 +193,23 @@ def host_source(meta: Mapping[str, Any]) -> str:
         "\n// ---- host launchers: one per function of the .tsr file (docs/runtime.md)\n",
         _PRELUDE[target],
         _COMMON.format(maps=_MAPS if maps else ""),
+        _debug(meta["bounds"], target) if "bounds" in meta else "",
         'extern "C" {\n',
         *(_function(f, target) for f in meta["functions"]),
         '}  // extern "C"\n',
         "#endif\n",
     ]
     return "".join(parts)
+
+
+def _debug(bounds: list[Mapping[str, Any]], target: str) -> str:
+    checks = [
+        f"kernel '{c['kernel']}' ({c['line']}): {c['access']} of '{c['tensor']}' "
+        f"on axis {c['axis']}"
+        for c in bounds
+    ]
+    table = "\n".join(f'    "{text}",' for text in checks) or '    "",'
+    return _DEBUG.format(checks=table, **_API[target])
 
 
 def _function(f: Mapping[str, Any], target: str) -> str:
@@ -201,8 +249,18 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     for b, offset in zip(f["buffers"], offsets, strict=True):
         lines.append(f"const tsr_host::Bytes {b['name']}{{base + {offset}}};")
     lines.append("const int status = [&]() -> int {")
+    if any(b["name"] == FAULT for b in f["buffers"]):
+        lines += [
+            f"  if ({api['memset']}({FAULT}, 0, {FAULT_BYTES}, stream) != {api['success']})",
+            "    return TSR_HOST_ELAUNCH;",
+        ]
     for k in f["launches"]:
         lines += ["  " + line for line in _launch(k, target, f)]
+        if FAULT in k["args"]:
+            lines += [
+                f"  if (const int failed = tsr_host::check_bounds({FAULT}, stream)) "
+                "return failed;"
+            ]
     lines += [
         "  return TSR_HOST_SUCCESS;",
         "}();",
