@@ -30,7 +30,7 @@ from .cpu_ext import load_extension
 from .entry import Entry, Library
 from .foreign import TensorView
 from .mpi import agree, world
-from .sentinel import raise_fault
+from .sentinel import raise_cpu_fault
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
 
@@ -152,11 +152,12 @@ class CpuLibrary(Library):
             self.functions[name]._fast = call
 
     def check_fault(self) -> None:
-        """In a debug build, raise ``BoundsError`` for the first check the call failed."""
+        """In a debug build, raise for the first check the call failed: ``BoundsError``,
+        or ``NonFiniteError`` for the first launch that wrote NaN or infinity."""
         if self._fault is not None:
-            record = (ctypes.c_int64 * 4)()
+            record = (ctypes.c_int64 * 8)()
             self._fault(record)
-            raise_fault(self.meta["bounds"], record)
+            raise_cpu_fault(self.meta, record)
 
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:

@@ -11,7 +11,7 @@ import numpy as np
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
-__all__ = ["BoundsError", "NonFiniteError", "check_finite", "raise_fault"]
+__all__ = ["BoundsError", "NonFiniteError", "check_finite", "raise_cpu_fault", "raise_fault"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -51,8 +51,27 @@ def check_finite(launch: Mapping[str, Any], name: str, data: bytes | np.ndarray)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         first = int(bad[0])
-        raise NonFiniteError(
-            f"kernel '{launch['kernel']}' ({launch['sentinel']['line']}) wrote "
-            f"{values[first]} to '{name}' at flat index {first} ({bad.size} non-finite "
-            "values): the first launch of the call to produce one"
+        raise nonfinite_error(
+            launch["kernel"], launch["sentinel"]["line"], name, values[first], first, bad.size
         )
+
+
+def nonfinite_error(
+    kernel: str, line: str, name: str, value: float, first: int, count: int
+) -> NonFiniteError:
+    """The error of a sentinel that found ``count`` non-finite values in ``name``."""
+    return NonFiniteError(
+        f"kernel '{kernel}' ({line}) wrote {value} to '{name}' at flat index {first} "
+        f"({count} non-finite values): the first launch of the call to produce one"
+    )
+
+
+def raise_cpu_fault(meta: Mapping[str, Any], record: Sequence[int]) -> None:
+    """Raise for the CPU's fault record (``take_fault`` in the tile header): a failed
+    bounds check, or a sentinel that found NaN or infinity; nothing if neither."""
+    raise_fault(meta["bounds"], record[:4])
+    sentinel, first, count = (int(v) for v in record[4:7])
+    if sentinel >= 0:
+        check = meta["sentinels"][sentinel]
+        value = np.array([record[7]], np.int64).view(np.float32)[0]  # the low half
+        raise nonfinite_error(check["kernel"], check["line"], check["name"], value, first, count)
