@@ -96,7 +96,8 @@ def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
 @pytest.mark.parametrize("target", ["cuda", "hip"])
 def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     """The launcher clears the fault record, reads it back after the launch and prints
-    the failed check; nvcc and hipcc build it warning-free."""
+    the failed check, and checks what the launch wrote for NaN and infinity; nvcc and
+    hipcc build it warning-free."""
     compiler = shutil.which("nvcc") if target == "cuda" else HIPCC
     if compiler is None:
         pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
@@ -107,6 +108,7 @@ def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     text = out.read_text()
     assert "tsr_host::check_bounds(tsr_fault, stream)" in text
     assert "\"kernel 'shifted' (oob.tsr:5): load of 'k' on axis 0\"," in text
+    assert "tsr_host::check_finite(out, D*S, 4, 0x7f800000u, " in text
     flags = (["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings", "-Xcompiler",
               "-Wall,-Wextra"] if target == "cuda"
              else ["--offload-arch=gfx90a", "-Wall", "-Wextra", "-Werror"])  # fmt: skip
