@@ -401,8 +401,11 @@ def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any], host: str) -> Any
     from tessera.runtime.cpu import CpuFunction
 
     entry = getattr(library, f"tsr_sim_{host}")
-    # No C calls are built for a simulated file: its library counts no warm calls.
-    function = CpuFunction(entry, meta, SimpleNamespace(called=lambda: None))
+    # No C calls are built for a simulated file (its library counts no warm calls), and
+    # SYCL files have no debug checks.
+    function = CpuFunction(
+        entry, meta, SimpleNamespace(called=lambda: None, check_fault=lambda: None)
+    )
     entry.argtypes = [
         *(_SYCL_SCALARS[_SYCL_TYPES[p["type"]]] if p["kind"] == "scalar" else ctypes.c_void_p
           for p in meta["params"]),
