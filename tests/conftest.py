@@ -60,6 +60,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the fuzz tier with fifty times the examples",
     )
     parser.addoption(
+        "--debug-examples",
+        action="store_true",
+        help="run every example under --debug on the CPU and OpenCL against a plain build",
+    )
+    parser.addoption(
         "--fuzz-shards",
         type=int,
         default=1,

@@ -1,8 +1,10 @@
-"""Debug builds: each launch's NaN/Inf sentinel, at the user's line (OpenCL on PoCL)."""
+"""Debug builds: each launch's NaN/Inf sentinel, at the user's line: on the CPU, on
+OpenCL (PoCL) and through the CUDA runtime on the simulated GPU."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ import tessera
 from tessera.cli.main import main
 from tessera.runtime.sentinel import NonFiniteError
 
+from .gpusim import simulated_cupy, use_simulator
+from .test_cuda import needs_gxx
 from .test_opencl import _platform
 
 SOURCE = """\
@@ -43,10 +47,21 @@ def test_the_debug_switch(tmp_path, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["debug"] is True
 
 
+def _load(target: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
+    if target == "cuda":
+        use_simulator(monkeypatch, simulated_cupy("sm_80"))
+    return tessera.compile(SOURCE, "dbg.tsr", target=target, debug=True).load()
+
+
 @pytest.mark.execute
-@pytest.mark.skipif(_platform() is not None, reason=f"needs pyopencl and PoCL: {_platform()}")
-def test_the_first_kernel_to_write_nan_is_named() -> None:
-    lib = tessera.compile(SOURCE, "dbg.tsr", target="opencl", debug=True).load()
+@needs_gxx
+@pytest.mark.parametrize("target", ["cpu", "opencl", "cuda"])
+def test_the_first_kernel_to_write_nan_is_named(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = _load(target, monkeypatch)
     rng = np.random.default_rng(7)
     x = rng.uniform(0.5, 1.5, (5, 37)).astype(np.float32)
     w = rng.uniform(0.5, 1.5, (37, 37)).astype(np.float32)
@@ -57,3 +72,5 @@ def test_the_first_kernel_to_write_nan_is_named() -> None:
     with pytest.raises(NonFiniteError, match=r"kernel 'f_k0' \(dbg\.tsr:3\) wrote nan to 'z' "
                        r"at flat index 3 \(5 non-finite values\)"):  # fmt: skip
         lib.f(x, w)
+    w[:, 3] = 1.0  # the failure was that call's alone
+    assert np.isfinite(lib.f(x, w)).all()

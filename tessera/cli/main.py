@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--debug", action="store_true",
-        help="a debug build: the metadata has each launch check what it writes for NaN and "
-        "infinity (the OpenCL runtime runs the checks)",
+        help="a debug build: each global access is checked against its tensor's bounds and "
+        "what each launch writes for NaN and infinity, at the user's line",
     )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"tesserac {__version__}")
     return parser

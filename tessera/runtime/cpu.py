@@ -30,6 +30,7 @@ from .cpu_ext import load_extension
 from .entry import Entry, Library
 from .foreign import TensorView
 from .mpi import agree, world
+from .sentinel import raise_cpu_fault
 from .telemetry import launched
 
 __all__ = ["CpuLibrary", "CpuFunction", "BuildError", "load", "build", "cache_dir"]
@@ -111,6 +112,7 @@ class CpuFunction(Entry):
         launched(self._library.meta, self.name, self.meta["symbol"], self.meta["kernels"], sizes,
                  None, self._entry, *call, *(sizes[d] for d in self._dims))  # fmt: skip
         self._library.called()
+        self._library.check_fault()
 
 
 def _dtype(name: str) -> np.dtype:
@@ -135,6 +137,8 @@ class CpuLibrary(Library):
         self.path = path
         self._lib = ctypes.CDLL(str(path))
         self._calls = 0
+        # A debug build's checks: the first failure of a call, taken after it.
+        self._fault = getattr(self._lib, meta["fault"]) if "fault" in meta else None
         entries = [CpuFunction(getattr(self._lib, f["symbol"]), f, self)
                    for f in meta["functions"]]  # fmt: skip
         super().__init__(meta, entries)
@@ -143,8 +147,8 @@ class CpuLibrary(Library):
         """Count a call through the full checks; the ``WARM_CALLS``-th gives every
         function its C call."""
         self._calls += 1
-        if self._calls != WARM_CALLS:
-            return
+        if self._calls != WARM_CALLS or self._fault is not None:
+            return  # a debug build's calls all take the checks
         if all("mesh" in f for f in self.meta["functions"]):
             return
         calls = load_extension(self.meta, self._lib, self.meta["build"]["compiler"], _dtype)
@@ -153,6 +157,14 @@ class CpuLibrary(Library):
             # which a C call would skip
             if "mesh" not in self.functions[name].meta:
                 self.functions[name]._fast = call
+
+    def check_fault(self) -> None:
+        """In a debug build, raise for the first check the call failed: ``BoundsError``,
+        or ``NonFiniteError`` for the first launch that wrote NaN or infinity."""
+        if self._fault is not None:
+            record = (ctypes.c_int64 * 8)()
+            self._fault(record)
+            raise_cpu_fault(self.meta, record)
 
 
 def load(source: str, meta: Mapping[str, Any], flags: Sequence[str] | None = None) -> CpuLibrary:

@@ -26,18 +26,20 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..frozen import frozen
+from ..transpiler.check.bounds import FAULT, FAULT_BYTES
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 from . import cuda_launch, tensor_map
 from .entry import MISSED, Entry, Library, argument, evaluate
 from .foreign import BIT_CARRIERS, DeviceKind, TensorView, describe
 from .plan import fast_path
+from .sentinel import check_finite, raise_fault
 from .telemetry import copying, launched
 
 __all__ = ["CudaLibrary", "CudaFunction", "CudaUnavailable", "load", "check_arch"]
@@ -93,11 +95,17 @@ class CudaFunction(Entry):
     _contiguous = "np.ascontiguousarray, torch's .contiguous(), cupy.ascontiguousarray"
 
     def __init__(
-        self, module: Any, meta: Mapping[str, Any], top: Mapping[str, Any] | None = None
+        self,
+        module: Any,
+        meta: Mapping[str, Any],
+        top: Mapping[str, Any] | None = None,
+        bounds: Sequence[Any] = (),
     ) -> None:
-        """``meta`` is the function's metadata, ``top`` the module's (for the metrics)."""
+        """``meta`` is the function's metadata, ``top`` the module's (for the metrics),
+        ``bounds`` a debug build's bounds checks."""
         super().__init__(meta)
         self._module = top or {}
+        self._bounds = bounds
         self._kernels = {}
         for launch in meta["launches"]:
             kernel = module.get_function(launch["kernel"])
@@ -107,7 +115,11 @@ class CudaFunction(Entry):
         # A persistent launch runs a program per multiprocessor, each looping over tiles.
         persistent = any(launch.get("persistent") for launch in meta["launches"])
         self._units = multiprocessors() if persistent else 0
-        self._launches = _raw_launches(meta, self._kernels, self._units)
+        # A debug build's launches are checked one by one, on the full path.
+        debug = any(b["name"] == FAULT for b in meta["buffers"]) or any(
+            "sentinel" in launch for launch in meta["launches"]
+        )
+        self._launches = None if debug else _raw_launches(meta, self._kernels, self._units)
         if self._launches is not None:
             self._device = _cupy().cuda.Device().id
             self._first_tensor = next(
@@ -208,6 +220,8 @@ class CudaFunction(Entry):
                 device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = cupy.empty(size, dtype=cupy.uint8)
+        if FAULT in device:  # a debug build's fault record starts empty
+            device[FAULT] = cupy.asarray(np.zeros(FAULT_BYTES, np.uint8))
         scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
             grid = self._programs(launch, sizes)
@@ -223,12 +237,33 @@ class CudaFunction(Entry):
                      _synchronize, self._kernels[launch["kernel"]],
                      tuple(grid), (launch["threads"], 1, 1), args,
                      shared_mem=launch["dynamic_smem"])  # fmt: skip
+            if FAULT in launch["args"]:
+                record = device[FAULT].get().view(np.int64)
+                raise_fault(self._bounds, [record[0] - 1, *record[1:]])
+            if "sentinel" in launch:
+                self._check(launch, device, on_device)
         if on_device:
             return
         with copying(self.name):
             for p in self._params:
                 if p["kind"] == "tensor" and p["io"] != "in":
                     device[p["name"]].get(out=_bytes(arrays[p["name"]]))
+
+    def _check(
+        self, launch: Mapping[str, Any], device: Mapping[str, Any], on_device: Mapping[str, Any]
+    ) -> None:
+        """A debug build's sentinel: what the launch wrote, copied back and checked."""
+        cupy = _cupy()
+        for write in launch["sentinel"]["writes"]:
+            name = write["name"]
+            if name in on_device:
+                view = on_device[name].view
+                nbytes = math.prod(view.shape) * DTYPES[write["dtype"]].bits // 8
+                memory = cupy.cuda.UnownedMemory(view.address, nbytes, None)
+                data = cupy.ndarray(nbytes, cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+            else:
+                data = device[name]
+            check_finite(launch, name, data.get())
 
 
 def _raw_launches(meta: Mapping[str, Any], kernels: Mapping[str, Any], units: int) -> Any:
@@ -284,7 +319,8 @@ class CudaLibrary(Library):
         module = cupy.RawModule(
             code=source, options=tuple(meta["build"]["options"]), backend="nvrtc"
         )
-        super().__init__(meta, [CudaFunction(module, f, meta) for f in meta["functions"]])
+        bounds = meta.get("bounds", ())
+        super().__init__(meta, [CudaFunction(module, f, meta, bounds) for f in meta["functions"]])
 
 
 def multiprocessors() -> int:

@@ -11,13 +11,14 @@ the grid and group size the metadata gives, and copies back what they wrote.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..transpiler.check.bounds import FAULT, FAULT_BYTES
 from .entry import Entry, Library, argument
-from .sentinel import check_finite
+from .sentinel import check_finite, raise_fault
 from .telemetry import copying, launched
 
 __all__ = ["OpenclLibrary", "OpenclFunction", "OpenclUnavailable", "load"]
@@ -47,11 +48,17 @@ class OpenclFunction(Entry):
     """One function: its launches, run on the library's queue."""
 
     def __init__(
-        self, program: Any, queue: Any, meta: Mapping[str, Any], module: Mapping[str, Any]
+        self,
+        program: Any,
+        queue: Any,
+        meta: Mapping[str, Any],
+        module: Mapping[str, Any],
+        bounds: Sequence[Any] = (),
     ) -> None:
         super().__init__(meta)
         self._module = module
         self._queue = queue
+        self._bounds = bounds
         self._kernels = {k["kernel"]: getattr(program, k["kernel"]) for k in meta["launches"]}
 
     def _run(
@@ -64,6 +71,8 @@ class OpenclFunction(Entry):
             device = {name: _buffer(context, a.nbytes, a) for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = _buffer(context, size)
+        if FAULT in device:  # a debug build's fault record starts empty
+            device[FAULT] = _buffer(context, FAULT_BYTES, np.zeros(FAULT_BYTES // 8, np.int64))
         scalars = self._kernel_scalars(values)
         for launch in self.meta["launches"]:
             counts = self._programs(launch, sizes)
@@ -77,6 +86,8 @@ class OpenclFunction(Entry):
             launched(self._module, self.name, launch["kernel"], (launch["kernel"],), sizes,
                      self._queue.finish, cl.enqueue_nd_range_kernel, self._queue, kernel, grid,
                      group)  # fmt: skip
+            if FAULT in launch["args"]:
+                self._check_bounds(device[FAULT])
             if "sentinel" in launch:
                 self._check(launch, device)
         with copying(self.name):
@@ -84,6 +95,14 @@ class OpenclFunction(Entry):
                 if p["kind"] == "tensor" and p["io"] != "in" and arrays[p["name"]].nbytes:
                     cl.enqueue_copy(self._queue, arrays[p["name"]], device[p["name"]])
             self._queue.finish()
+
+    def _check_bounds(self, fault: Any) -> None:
+        """A debug build's bounds checks: the launch's first failure, read back."""
+        import pyopencl as cl
+
+        record = np.empty(FAULT_BYTES // 8, np.int64)
+        cl.enqueue_copy(self._queue, record, fault)
+        raise_fault(self._bounds, [record[0] - 1, *record[1:]])
 
     def _check(self, launch: Mapping[str, Any], device: Mapping[str, Any]) -> None:
         """A debug build's sentinel: what the launch wrote, read back and checked."""
@@ -117,7 +136,9 @@ class OpenclLibrary(Library):
         import pyopencl as cl
 
         program = cl.Program(queue.context, source).build(options=meta["build"]["options"])
-        super().__init__(meta, [OpenclFunction(program, queue, f, meta) for f in meta["functions"]])
+        bounds = meta.get("bounds", ())
+        functions = [OpenclFunction(program, queue, f, meta, bounds) for f in meta["functions"]]
+        super().__init__(meta, functions)
 
 
 def load(source: str, meta: Mapping[str, Any]) -> OpenclLibrary:

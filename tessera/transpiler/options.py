@@ -59,8 +59,8 @@ class Options:
     kernel: str | None = None
     #: Tuned schedules to use where they apply (``--schedule-cache``).
     schedule_cache: TunedSchedules | None = None
-    #: Debug builds (``--debug``): after each launch the runtime checks what the kernel
-    #: wrote for NaN and infinity (OpenCL; see docs/tools.md).
+    #: Debug builds (``--debug``): each global access is checked against its bounds, and
+    #: after each launch what the kernel wrote for NaN and infinity (docs/tools.md).
     debug: bool = False
 
     def __post_init__(self) -> None:

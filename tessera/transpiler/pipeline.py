@@ -190,13 +190,13 @@ def _emit(irs: Mapping[str, Any], options: Options, diags: Diagnostics) -> CpuMo
     if options.target == "cpu":
         from .target.cpu import emit_cpu
 
-        return emit_cpu(irs["tile"], graph=irs["graph"])
+        return emit_cpu(irs["tile"], graph=irs["graph"], debug=options.debug)
     from .target.simt_dialect import DIALECTS
     from .target.simt_kernel import NotLowered
     from .target.simt_module import emit_simt
 
     try:
-        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"])
+        return emit_simt(irs["tile"], DIALECTS[options.target], irs["graph"], options.debug)
     except NotLowered as exc:
         raise StageNotImplemented("target", str(exc)) from None
 
@@ -384,8 +384,8 @@ def compile(
     """Compile ``.tsr`` source text. Raises ``CompileError`` with every diagnostic.
     With ``until``, later stages run only when their IR is asked for; with
     ``schedule_cache`` (a file ``tesserac tune`` wrote), launches it has records for
-    take the tuned schedule. With ``debug``, the OpenCL runtime checks what each launch
-    writes for NaN and infinity."""
+    take the tuned schedule. With ``debug``, the code checks each global access's bounds
+    and the runtime what each launch writes for NaN and infinity."""
     schedules = _schedules(schedule_cache, target)
     options = Options.create(target, arch, defines, kernel, schedules, debug)
     return Program(SourceFile(filename, src), options, until)

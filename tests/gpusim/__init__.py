@@ -368,7 +368,7 @@ def load_hip(program: Any) -> Any:
     # A HIP kernel's shared memory is a fixed-size array: its launches ask for none.
     functions = [{**f, "launches": [{"dynamic_smem": 0, **k} for k in f["launches"]]}
                  for f in meta["functions"]]  # fmt: skip
-    return Library(meta, [CudaFunction(module, f) for f in functions])
+    return Library(meta, [CudaFunction(module, f, meta, meta.get("bounds", ())) for f in functions])
 
 
 #: A SYCL file's host function: its name and its parameters after the queue.
@@ -401,8 +401,10 @@ def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any], host: str) -> Any
     from tessera.runtime.cpu import CpuFunction
 
     entry = getattr(library, f"tsr_sim_{host}")
-    # No C calls are built for a simulated file: its library counts no warm calls.
-    function = CpuFunction(entry, meta, SimpleNamespace(called=lambda: None))
+    # No C calls are built for a simulated file (its library counts no warm calls), SYCL
+    # files have no debug checks, and their launches no metrics.
+    library = SimpleNamespace(meta={}, called=lambda: None, check_fault=lambda: None)
+    function = CpuFunction(entry, {**meta, "symbol": f"tsr_sim_{host}", "kernels": []}, library)
     entry.argtypes = [
         *(_SYCL_SCALARS[_SYCL_TYPES[p["type"]]] if p["kind"] == "scalar" else ctypes.c_void_p
           for p in meta["params"]),

@@ -823,6 +823,13 @@ inline float __uint_as_float(unsigned x) { return tsr_sim::bits<float>(x); }
 inline unsigned __float_as_uint(float x) { return tsr_sim::bits<unsigned>(x); }
 inline int __float_as_int(float x) { return tsr_sim::bits<int>(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// One thread runs at a time: a compare-and-swap is a plain one.
+inline int atomicCAS(int* address, int compare, int value) {
+  const int old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+inline void __trap() { tsr_sim::fail("__trap: the kernel stopped the launch"); }
 
 #ifdef TSR_SIM_CUDA
 // The tile primitives whose CUDA bodies are PTX.

@@ -272,6 +272,58 @@ inline float exp_nonpositive(float x) {
   return x < kExpLow ? 0.0f : y;
 }
 
+// ---------------------------------------------------------------- debug checks
+
+// The first failed check of a debug build, for the runtime to read after the call: a
+// bounds check's number (-1 while none has failed), the index, the tile's size and the
+// extent; a sentinel's number (-1 while none has failed), the first non-finite element's
+// index, how many there are, and its value.
+struct Fault {
+  i64 site, index, size, extent, sentinel, first, count;
+  float value;
+};
+inline Fault fault{-1, 0, 0, 0, -1, 0, 0, 0.0f};
+
+// A failed bounds check: the first one of a call is kept, and the program ends.
+inline void out_of_bounds(i64 site, i64 index, i64 size, i64 extent) {
+#pragma omp critical(tsr_fault)
+  if (fault.site < 0 && fault.sentinel < 0) {
+    fault.site = site;
+    fault.index = index;
+    fault.size = size;
+    fault.extent = extent;
+  }
+}
+
+// A debug build's sentinel after a launch: whether the `count` elements at `data` hold
+// NaN or infinity, which it records.
+template <typename T>
+inline bool non_finite(i64 sentinel, const T* data, i64 count) {
+  i64 bad = 0, first = -1;
+  for (i64 i = 0; i < count; ++i) {
+    if (!std::isfinite(to_float(data[i]))) {
+      first = first < 0 ? i : first;
+      ++bad;
+    }
+  }
+  if (bad == 0 || fault.site >= 0 || fault.sentinel >= 0) return bad > 0;
+  fault.sentinel = sentinel;
+  fault.first = first;
+  fault.count = bad;
+  fault.value = to_float(data[first]);
+  return true;
+}
+
+// The first failure since the last time it was taken, as seven integers and a float
+// (in the eighth); none after.
+inline void take_fault(i64* out) {
+  const i64 words[7] = {fault.site,     fault.index, fault.size, fault.extent,
+                        fault.sentinel, fault.first, fault.count};
+  std::memcpy(out, words, sizeof words);
+  std::memcpy(out + 7, &fault.value, sizeof fault.value);
+  fault = Fault{-1, 0, 0, 0, -1, 0, 0, 0.0f};
+}
+
 // ---------------------------------------------------------------- extremes
 
 // As fmax and fmin (a NaN operand gives the other), with one compare and one select,

@@ -2,21 +2,21 @@
 
 The Tile IR says which tiles a program holds in registers and how long each lives, so
 the estimate is the most words of live owned tiles (a product's, a reduction's, a loop's
-carried values) one thread holds at any op, on top of a
-fixed base (addresses, sizes, indices and loop counters). A tile of constant size is
-spread over the program's threads (a 128x128 f32 accumulator over 256 threads is 64
-words each); a per-row vector is repeated across the 16 threads of a row of the
-``Grid`` (``GRID_COLUMNS``); a tile with a symbolic dim is walked a vector at a time
-and holds one vector. An operand that a matrix instruction reads from shared memory
+carried values) one thread holds at any op, on top of a base for addresses, sizes,
+indices and loop counters that depends on the kind of kernel (``_base``). A tile of
+constant size is spread over the program's threads (a 128x128 f32 accumulator over 256
+threads is 64 words each); a per-row vector is repeated across the 16 threads of a row
+of the ``Grid`` (``GRID_COLUMNS``); a tile with a symbolic dim is walked a vector at a
+time and holds one vector. An operand that a matrix instruction reads from shared memory
 costs the fragments of one k step: ``mma.sync`` keeps a strip of ``a`` (4 registers
 per 16 rows of the warp's tile) and one ``b`` fragment, the FMA loop a column of its
 ``Grid`` block of ``a`` and a row of ``b``, ``wgmma`` none. The compiler
 caps what a thread may hold at what ``__launch_bounds__`` leaves it (a 384-thread
 block that must fit once per multiprocessor: 168), and so does the estimate.
 
-It is a model, checked against ptxas on the examples (``tests/test_tools_perf.py``),
-for the inspector and ``--emit meta`` to show where a schedule presses on registers:
-not a count.
+It is a model, checked against ptxas on the examples (``bench/registers.py``,
+``tests/test_nvrtc.py``), for the inspector and ``--emit meta`` to show where a
+schedule presses on registers: not a count.
 """
 
 from __future__ import annotations
@@ -35,10 +35,13 @@ __all__ = ["estimate_registers"]
 _OWNED = frozenset({"mma", "dot", "softmax_online", "softmax_accumulate", "sum", "max", "min",
                     "mean", "argmax", "argmin", "cumsum"})  # fmt: skip
 
-#: Registers every kernel spends on pointers, sizes, indices and loop counters; sm_90a
-#: kernels keep tensor-map and barrier addresses besides.
-BASE = {"sm_90a": 40}
+#: Registers a kernel spends on pointers, sizes, indices and loop counters; on sm_90a a
+#: kernel with a loop (a pipelined one: barriers, tensor maps, wgmma descriptors) keeps
+#: more; one without loops that walks only 1-D tiles needs one index and its tensors'
+#: addresses.
 _BASE = 32
+_LOOP_BASE = {"sm_90a": 40}
+_FLAT_BASE = 24
 _REGISTER_FILE = 65536
 
 
@@ -50,7 +53,20 @@ def estimate_registers(kernel: TileKernel, hw: Hardware) -> int:
     for op in walk(kernel.body):
         model.note_fragments(op)
     words = model.block(kernel.body, 0)
-    return min(BASE.get(hw.arch, _BASE) + words, _cap(kernel, hw))
+    return min(_base(kernel, hw) + words, _cap(kernel, hw))
+
+
+def _base(kernel: TileKernel, hw: Hardware) -> int:
+    """What the kernel spends besides its tiles (ptxas on the examples: 18 to 24
+    registers for a 1-D elementwise kernel, 30 to 32 for a 2-D one or a row reduction,
+    about 8 more for a loop on sm_90a)."""
+    ops = list(walk(kernel.body))
+    if any(op.kind == "for" for op in ops):
+        return _LOOP_BASE.get(hw.arch, _BASE)
+    flat = all(
+        len(r.type.dims) == 1 for op in ops for r in op.results if isinstance(r.type, TileType)
+    )
+    return _FLAT_BASE if flat else _BASE
 
 
 def _cap(kernel: TileKernel, hw: Hardware) -> int:

@@ -29,17 +29,23 @@ def with_sentinels(
     kernels = {k.name: k for program in module.programs for k in program.kernels}
     origins = launch_lines(graph, sched, file)
     name = file.rsplit("/", 1)[-1]
+
+    def line(kernel: TileKernel) -> str:
+        lines = origins.get(f"{kernel.function}/{kernel.launch}")
+        return f"{name}:{lines[0]}" if lines else _line(kernel)
+
     meta = copy.deepcopy(meta)
     meta["debug"] = True
     for function in meta["functions"]:
-        for launch in function["launches"]:
+        for launch in function.get("launches", ()):
             kernel = kernels.get(launch["kernel"])
             if kernel is not None:
                 writes = _writes(kernel, launch["args"])
                 if writes:
-                    lines = origins.get(f"{kernel.function}/{kernel.launch}")
-                    line = f"{name}:{lines[0]}" if lines else _line(kernel)
-                    launch["sentinel"] = {"line": line, "writes": writes}
+                    launch["sentinel"] = {"line": line(kernel), "writes": writes}
+    # The CPU's entries check after their launches themselves: each check by number.
+    for check in meta.get("sentinels", ()):
+        check["line"] = line(kernels[check["kernel"]])
     return meta
 
 

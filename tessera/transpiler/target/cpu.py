@@ -15,8 +15,9 @@ import re
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import Sites
 from ..graph.dims import Dim
-from ..graph.ir import Function, GraphModule, result_names
+from ..graph.ir import Function, GraphModule, result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim
@@ -60,9 +61,9 @@ def _used(name: str, text: str) -> bool:
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel, name: str) -> None:
+    def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
         dims = symbols([p.type for p in kernel.params])
-        self.c: CKernel = emit_kernel(kernel, dims, name)
+        self.c: CKernel = emit_kernel(kernel, dims, name, sites)
         body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
         grid_text = " ".join(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
@@ -97,6 +98,7 @@ class _FunctionView:
         views: dict[str, _KernelView],
         symbol: str,
         function: Function | None = None,
+        sentinels: list[dict[str, str]] | None = None,
     ) -> None:
         host = program.host
         self.name = host.function
@@ -163,6 +165,8 @@ class _FunctionView:
             view = views[kernels[launch.name].name]
             args = [c_name.get(a, a) for a in view.launch_args]
             body.append(f"{view.name}_launch({', '.join(args)});")
+            if sentinels is not None:
+                body += _sentinels(kernels[launch.name], c_name, sizes, sentinels)
         if collectives is not None and collectives.groups:
             body[:0] = collectives.setup()
         self.collective = collectives is not None and bool(collectives.groups)
@@ -170,6 +174,25 @@ class _FunctionView:
         body += [f"static_cast<void>({d});" for d in sizes.values() if not _used(d, text)]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
+
+
+def _sentinels(
+    kernel: TileKernel, c_name: dict[str, str], sizes: dict[str, str], table: list[dict[str, str]]
+) -> list[str]:
+    """A debug build's NaN/Inf sentinels after a launch: each float tensor the kernel
+    writes, checked whole; the first to hold one ends the call. ``table`` numbers them."""
+    stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+    lines = []
+    for p in kernel.params:
+        if p.id in stored and p.type.dtype.is_float:
+            count = Dim.const(1)
+            for d in p.type.dims:
+                count = count * d
+            table.append({"kernel": kernel.name, "name": p.name, "dtype": p.type.dtype.name})
+            pointer = c_name.get(p.name, p.name)
+            lines.append(f"if (tsr::non_finite({len(table) - 1}, {pointer}, "
+                         f"{c_dim(count, sizes)})) return;")  # fmt: skip
+    return lines
 
 
 def _exchanges(program: TileProgram) -> bool:
@@ -188,7 +211,10 @@ def _scalar(t: Any) -> str:
 
 
 def emit_cpu(
-    module: TileModule, flags: tuple[str, ...] = DEFAULT_FLAGS, graph: GraphModule | None = None
+    module: TileModule,
+    flags: tuple[str, ...] = DEFAULT_FLAGS,
+    graph: GraphModule | None = None,
+    debug: bool = False,
 ) -> CpuModule:
     # The file's functions share one namespace: the entries ``tessera_<function>``,
     # whose names are the file's interface and go first, then each kernel's
@@ -196,24 +222,32 @@ def emit_cpu(
     programs = [p for p in module.programs if p.kernels or _exchanges(p)]
     names = Namer()
     entries = {p.host.function: names.fresh(f"tessera_{p.host.function}") for p in programs}
-    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS))
+    # A debug build checks each access's bounds and, after each launch, what it wrote
+    # for NaN and infinity; ``tessera_fault`` hands the runtime the first failure.
+    sites = Sites() if debug else None
+    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS), sites)
              for p in programs for k in p.kernels}  # fmt: skip
+    fault = names.fresh("tessera_fault") if debug else None
     by_name = {f.name: f for f in graph.functions} if graph is not None else {}
+    sentinels: list[dict[str, str]] | None = [] if debug else None
     functions = [
-        _FunctionView(p, views, entries[p.host.function], by_name.get(p.host.function))
+        _FunctionView(p, views, entries[p.host.function], by_name.get(p.host.function), sentinels)
         for p in programs
     ]
     template = environment("cpu").get_template("module.cpp.j2")
     context = dict(source=module.name, arch=module.arch, flags=" ".join(flags),
                    kernels=list(views.values()), functions=functions,
-                   entries=[f.symbol for f in functions])  # fmt: skip
+                   entries=[f.symbol for f in functions], fault=fault)  # fmt: skip
     code = template.render(header="", **context)
     text = needed(header("cpu/tessera_tile.hpp"), code)
     mpi = any(f.collective for f in functions)
     if mpi:
         text += "\n\n" + header("cpu/tessera_mpi.hpp").rstrip()
     source = wrap_lines(template.render(header=text, **context))
-    return CpuModule(source, _meta(module, functions, flags, by_name, mpi))
+    meta = _meta(module, functions, flags, by_name, mpi)
+    if sites is not None:
+        meta |= {"fault": fault, "bounds": sites.table, "sentinels": sentinels}
+    return CpuModule(source, meta)
 
 
 def _meta(

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import Sites
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
@@ -22,6 +23,7 @@ from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, saturated
+from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
 from .render import SourceLines
 
@@ -95,10 +97,13 @@ class CKernel:
 KERNEL_FUNCTIONS = ("_program", "_launch")
 
 
-def emit_kernel(kernel: TileKernel, dims: tuple[str, ...], name: str) -> CKernel:
+def emit_kernel(
+    kernel: TileKernel, dims: tuple[str, ...], name: str, sites: Sites | None = None
+) -> CKernel:
     """The kernel's C++, its functions named after ``name`` (``name_program``,
-    ``name_launch``), which the file has given it."""
-    return _Emitter(kernel, dims, name).run()
+    ``name_launch``), which the file has given it; with ``sites`` (a debug build), each
+    global access checked against its tensor's bounds first."""
+    return _Emitter(kernel, dims, name, sites).run()
 
 
 _LINE_FLOATS = 16  # floats in a 64-byte cache line, as tsr::kLineFloats
@@ -126,8 +131,11 @@ def _shape(t: Any) -> tuple[Dim, ...]:
 
 
 class _Emitter:
-    def __init__(self, kernel: TileKernel, dims: tuple[str, ...], name: str) -> None:
+    def __init__(
+        self, kernel: TileKernel, dims: tuple[str, ...], name: str, sites: Sites | None
+    ) -> None:
         self.kernel = kernel
+        self.sites = sites
         self.stem = name
         self.dims = dims
         pids = tuple(a.name for a in kernel.grid)
@@ -753,7 +761,20 @@ class _Emitter:
         dims = _shape(t)
         return ("1", self.c(dims[0])) if len(dims) == 1 else (self.c(dims[-2]), self.c(dims[-1]))
 
+    def check_bounds(self, op: Op) -> None:
+        """In a debug build, the checks of ``op``'s access: a failed one records itself
+        (``tsr::out_of_bounds``) and ends the program."""
+        if self.sites is None:
+            return
+
+        def fail(site: int, first: str, size: str, extent: str) -> str:
+            return f"return tsr::out_of_bounds({site}, {first}, {size}, {extent});"
+
+        for text in bounds_lines(self.sites, self.kernel, op, self.c, fail):
+            self.line(text)
+
     def op_load(self, op: Op) -> None:
+        self.check_bounds(op)
         if self._whole_rows(op):
             self._row_view(op)
             return
@@ -795,6 +816,7 @@ class _Emitter:
                   f"{r0}, {rmax});")  # fmt: skip
 
     def op_store(self, op: Op) -> None:
+        self.check_bounds(op)
         tensor, tile = op.operands
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
         rows, cols = self._tile_dims(tile.type)
@@ -856,6 +878,7 @@ class _Emitter:
         return corner is not None and _inside(tile, corner)
 
     def op_copy(self, op: Op) -> None:
+        self.check_bounds(op)
         tensor, buf = op.operands
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
         if self._in_place(op):

@@ -21,10 +21,11 @@ leaves it out. ``docs/runtime.md`` documents the entries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..graph.dims import parse_dim
+from ..check.bounds import FAULT, FAULT_BYTES
+from ..graph.dims import Dim, parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
 from .simt_dialect import DIALECTS
@@ -127,12 +128,78 @@ inline int encode_map(tsr_tensor_map* map, const void* address, unsigned element
 }
 """
 
+#: A debug build's checks. Bounds (``check/bounds.py``): the fault record is cleared
+#: before the launches and read back after each that checks, and the first failed check
+#: is printed, by the table of what each check is. Sentinels (``check/sentinels.py``):
+#: each float tensor a launch writes is copied back and its elements' exponents read.
+_DEBUG = """
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#define TSR_HOST_EBOUNDS 4     // a debug build's bounds check failed: stderr says where
+#define TSR_HOST_ENONFINITE 5  // a debug build's launch wrote NaN or infinity: stderr says where
+
+namespace tsr_host {{
+
+// After a launch of a debug build: whether the `count` elements of `bytes` bytes at
+// `data` (on the device) hold NaN or infinity, an element whose exponent bits (`mask`)
+// are all ones; `what` says which launch wrote which tensor.
+inline int check_finite(const void* data, std::int64_t count, int bytes, std::uint32_t mask,
+                        const char* what, {stream} stream) {{
+  std::vector<unsigned char> host(static_cast<std::size_t>(count * bytes));
+  if (count == 0) return TSR_HOST_SUCCESS;
+  if ({memcpy}(host.data(), data, host.size(), {to_host}, stream) != {success} ||
+      {sync}(stream) != {success})
+    return TSR_HOST_ELAUNCH;
+  std::int64_t first = -1, bad = 0;
+  for (std::int64_t i = 0; i < count; ++i) {{
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, host.data() + i * bytes, static_cast<std::size_t>(bytes));
+    if ((bits & mask) == mask) {{
+      first = first < 0 ? i : first;
+      ++bad;
+    }}
+  }}
+  if (bad == 0) return TSR_HOST_SUCCESS;
+  std::fprintf(stderr, "tessera: %s NaN or infinity at flat index %lld (%lld non-finite values): "
+               "the first launch of the call to produce one\\n", what,
+               static_cast<long long>(first), static_cast<long long>(bad));
+  return TSR_HOST_ENONFINITE;
+}}
+
+// What each bounds check of the file is, by its number.
+static const char* const bounds_checks[] = {{
+{checks}
+}};
+
+// After a launch of a debug build: its fault record (zero, or the check's number + 1,
+// the index, the tile's size and the extent), read back once the launch is done.
+inline int check_bounds(const std::int64_t* fault, {stream} stream) {{
+  std::int64_t record[4];
+  if ({memcpy}(record, fault, sizeof record, {to_host}, stream) != {success} ||
+      {sync}(stream) != {success})
+    return TSR_HOST_ELAUNCH;
+  if (record[0] == 0) return TSR_HOST_SUCCESS;
+  std::fprintf(stderr, "tessera: %s out of bounds: the tile [%lld, %lld) of an axis of %lld\\n",
+               bounds_checks[record[0] - 1], static_cast<long long>(record[1]),
+               static_cast<long long>(record[1] + record[2]), static_cast<long long>(record[3]));
+  return TSR_HOST_EBOUNDS;
+}}
+
+}}  // namespace tsr_host
+"""
+
 #: The runtime's names, per target: its error type, stream type, calls.
 _API = {
     "cuda": {"stream": "cudaStream_t", "success": "cudaSuccess", "malloc": "cudaMallocAsync",
-             "free": "cudaFreeAsync", "last_error": "cudaGetLastError"},
+             "free": "cudaFreeAsync", "last_error": "cudaGetLastError",
+             "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync",
+             "to_host": "cudaMemcpyDeviceToHost", "sync": "cudaStreamSynchronize"},
     "hip": {"stream": "hipStream_t", "success": "hipSuccess", "malloc": "hipMallocAsync",
-            "free": "hipFreeAsync", "last_error": "hipGetLastError"},
+            "free": "hipFreeAsync", "last_error": "hipGetLastError",
+            "memcpy": "hipMemcpyAsync", "memset": "hipMemsetAsync",
+            "to_host": "hipMemcpyDeviceToHost", "sync": "hipStreamSynchronize"},
 }  # fmt: skip
 
 
@@ -156,12 +223,23 @@ def host_source(meta: Mapping[str, Any]) -> str:
         "\n// ---- host launchers: one per function of the .tsr file (docs/runtime.md)\n",
         _PRELUDE[target],
         _COMMON.format(maps=_MAPS if maps else ""),
+        _debug(meta.get("bounds", ()), target) if meta.get("debug") else "",
         'extern "C" {\n',
         *(_function(f, target) for f in meta["functions"]),
         '}  // extern "C"\n',
         "#endif\n",
     ]
     return "".join(parts)
+
+
+def _debug(bounds: Sequence[Mapping[str, Any]], target: str) -> str:
+    checks = [
+        f"kernel '{c['kernel']}' ({c['line']}): {c['access']} of '{c['tensor']}' "
+        f"on axis {c['axis']}"
+        for c in bounds
+    ]
+    table = "\n".join(f'    "{text}",' for text in checks) or '    "",'
+    return _DEBUG.format(checks=table, **_API[target])
 
 
 def _function(f: Mapping[str, Any], target: str) -> str:
@@ -201,8 +279,19 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     for b, offset in zip(f["buffers"], offsets, strict=True):
         lines.append(f"const tsr_host::Bytes {b['name']}{{base + {offset}}};")
     lines.append("const int status = [&]() -> int {")
+    if any(b["name"] == FAULT for b in f["buffers"]):
+        lines += [
+            f"  if ({api['memset']}({FAULT}, 0, {FAULT_BYTES}, stream) != {api['success']})",
+            "    return TSR_HOST_ELAUNCH;",
+        ]
     for k in f["launches"]:
         lines += ["  " + line for line in _launch(k, target, f)]
+        if FAULT in k["args"]:
+            lines += [
+                f"  if (const int failed = tsr_host::check_bounds({FAULT}, stream)) "
+                "return failed;"
+            ]
+        lines += ["  " + line for line in _sentinel(k, f)]
     lines += [
         "  return TSR_HOST_SUCCESS;",
         "}();",
@@ -222,6 +311,36 @@ def _function(f: Mapping[str, Any], target: str) -> str:
         f"// {f['name']}: {_launches(len(f['launches']))} on `stream`.\n"
         f"int {name}({signature}) {{\n{body}}}\n"
     )
+
+
+#: The exponent bits of each float dtype: all ones is NaN or infinity (e4m3 has no
+#: infinity, and its NaN is S.1111.111).
+_NON_FINITE = {"f32": 0x7F800000, "tf32": 0x7F800000, "bf16": 0x7F80, "f16": 0x7C00,
+               "fp8_e5m2": 0x7C, "fp8_e4m3": 0x7F}  # fmt: skip
+
+
+def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
+    """A debug build's sentinel after launch ``k``: each float tensor it writes."""
+    if "sentinel" not in k:
+        return []
+    dims = {p["name"]: p["dims"] for p in f["params"] if p["kind"] == "tensor"}
+    buffers = {b["name"]: b["bytes"] for b in f["buffers"]}
+    lines = []
+    for w in k["sentinel"]["writes"]:
+        size = DTYPES[w["dtype"]].bits // 8
+        if w["name"] in dims:
+            count = Dim.const(1)
+            for d in dims[w["name"]]:
+                count = count * parse_dim(d)
+        else:
+            count = parse_dim(buffers[w["name"]]) / size
+        what = f"kernel '{k['kernel']}' ({k['sentinel']['line']}) wrote to '{w['name']}':"
+        lines += [
+            f"if (const int failed = tsr_host::check_finite({w['name']}, {c_dim(count)}, "
+            f"{size}, {_NON_FINITE[w['dtype']]:#x}u, \"{what}\", stream))",
+            "  return failed;",
+        ]
+    return lines
 
 
 def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str]:

@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import FAULT, Sites
 from ..graph.dims import Dim
 from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value, walk
@@ -37,6 +38,7 @@ from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, saturated
+from .debug_checks import bounds_lines
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -123,22 +125,32 @@ class SimtKernel:
     #: The shared arrays a launch allocates for it where the dialect's launches do
     #: (``launched_locals``): (element type, name, elements, alignment in bytes).
     locals: tuple[tuple[str, str, int, int], ...] = ()
+    #: Whether it checks bounds (a debug build): then it takes the fault record last.
+    checked: bool = False
 
 
 def emit_simt_kernel(
-    kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int, arena_align: int
+    kernel: TileKernel,
+    dialect: Dialect,
+    dims: tuple[str, ...],
+    lanes: int,
+    arena_align: int,
+    sites: Sites | None = None,
 ) -> SimtKernel:
     """``kernel`` in ``dialect``; ``lanes`` is the target's warp or wavefront width, and
-    ``arena_align`` the alignment its shared-memory arena is declared with."""
-    return _Emitter(kernel, dialect, dims, lanes, arena_align).run()
+    ``arena_align`` the alignment its shared-memory arena is declared with. With
+    ``sites`` (a debug build), each global access is checked against its bounds."""
+    return _Emitter(kernel, dialect, dims, lanes, arena_align, sites).run()
 
 
 class _Emitter(TileOps, TmaCopies, PersistentTiles):
     def __init__(
         self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int,
-        arena_align: int,
+        arena_align: int, sites: Sites | None = None,
     ) -> None:  # fmt: skip
         self.kernel = kernel
+        self.sites = sites
+        self.checked = False
         self.arena_align = arena_align
         self.d = dialect
         self.dims = dims
@@ -262,7 +274,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer),
-                          locals=tuple(self.locals.values()))  # fmt: skip
+                          locals=tuple(self.locals.values()),
+                          checked=self.checked)  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next
@@ -827,7 +840,25 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
 
         return element
 
+    def check_bounds(self, op: Op) -> None:
+        """In a debug build, the checks of ``op``'s access. The offsets are the
+        program's, the same in all its threads, so a failed check stops the whole
+        program alike: each thread records it (the first claims the record) and returns,
+        except in a warp-specialized kernel, whose other warpgroup would wait for it
+        forever: that one traps, failing the launch."""
+        if self.sites is None:
+            return
+        stop = "__trap();" if self.kernel.producer else "return;"
+
+        def fail(site: int, first: str, size: str, extent: str) -> str:
+            return f"{{ tsr_out_of_bounds({FAULT}, {site}, {first}, {size}, {extent}); {stop} }}"
+
+        for text in bounds_lines(self.sites, self.kernel, op, self.c, fail):
+            self.line(text)
+            self.checked = True
+
     def op_load(self, op: Op) -> None:
+        self.check_bounds(op)
         tensor = op.operands[0]
         element = self.global_element(tensor, op.attr("at"))
         out = tuple(op.result.type.dims)
@@ -844,6 +875,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         self.forms[op.result.id] = Form("owned", out, name, dist=Flat(out))
 
     def op_store(self, op: Op) -> None:
+        self.check_bounds(op)
         tensor, tile = op.operands
         at: Access = op.attr("at")
         out = tuple(tile.type.dims)

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import FAULT, FAULT_BYTES, Sites
 from ..graph.dims import Dim
 from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
@@ -79,6 +80,8 @@ class _KernelView:
         self.params += [
             f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
         ]
+        if simt.checked:  # a debug build's fault record
+            self.params.append(d.pointer.format(const="", type=d.index_type, name=FAULT))
         if d.launched_locals:  # SYCL: the work-item, and the shared arrays of the launch
             self.params.append("const sycl::nd_item<3>& it")
             self.params += [f"{ctype}* {name}" for ctype, name, _, _ in simt.locals]
@@ -173,9 +176,14 @@ def _extent_text(extent: Any, block: int) -> str:
     return str(extent) if block == 1 else f"ceil({extent}/{block})"
 
 
-def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) -> SimtModule:
+def emit_simt(
+    module: TileModule, d: Dialect, graph: GraphModule | None = None, debug: bool = False
+) -> SimtModule:
     """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
-    it is defined, when a kernel uses an operation the emitter does not lower yet."""
+    it is defined, when a kernel uses an operation the emitter does not lower yet. A
+    ``debug`` build checks each global access's bounds (not in SYCL, whose host
+    functions have no fault record to pass yet)."""
+    sites = Sites() if debug and not d.launched_locals else None
     views: dict[str, _KernelView] = {}
     hw = hardware_for(module.target, module.arch)
     lanes = hw.lanes
@@ -194,7 +202,7 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
             try:
                 dims = symbols([p.type for p in kernel.params])
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
-                simt = emit_simt_kernel(kernel, d, dims, lanes, align)
+                simt = emit_simt_kernel(kernel, d, dims, lanes, align, sites)
                 clash = hosts and kernel.name == program.host.function
                 wanted = f"{kernel.name}_{kernel.launch}" if clash else kernel.name
                 views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(wanted))
@@ -221,6 +229,8 @@ def emit_simt(module: TileModule, d: Dialect, graph: GraphModule | None = None) 
     if d.wrapped:
         source = wrap_lines(source)
     meta = _meta(module, views, d)
+    if sites is not None:
+        meta["bounds"] = sites.table
     if d.name == "cuda" and graph is not None:
         nccl = nccl_host_code(module, graph)
         source += "\n" + nccl if nccl else ""
@@ -255,9 +265,10 @@ def _meta(module: TileModule, views: dict[str, _KernelView], d: Dialect) -> dict
         if not program.kernels:
             continue
         launches = [_launch(k, views[k.name], d) for k in program.kernels]
-        functions.append(
-            {**signature_meta(program), "buffers": _buffers(program), "launches": launches}
-        )
+        buffers = _buffers(program)
+        if any(views[k.name].simt.checked for k in program.kernels):
+            buffers.append({"name": FAULT, "bytes": str(FAULT_BYTES)})
+        functions.append({**signature_meta(program), "buffers": buffers, "launches": launches})
     build = {"options": _build_options(d.name, module.arch)}
     return {"source": module.name, "target": d.name, "arch": module.arch, "build": build,
             "functions": functions}  # fmt: skip
@@ -297,7 +308,10 @@ def _launch(kernel: TileKernel, view: _KernelView, d: Dialect) -> dict[str, Any]
     maps = [m.name for m in view.tensor_maps]
     launch: dict[str, Any] = {
         "kernel": view.name,
-        "args": [p.name for p in kernel.params] + list(view.dims) + maps,
+        "args": [p.name for p in kernel.params]
+        + list(view.dims)
+        + maps
+        + ([FAULT] if view.simt.checked else []),
         "grid": [{"extent": str(extent), "block": block} for extent, block in view.launch_grid],
         "threads": view.threads,
     }

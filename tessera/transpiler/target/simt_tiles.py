@@ -225,6 +225,7 @@ class TileOps:
         live = None if self.role == "producer" else self.runs(op)
         if live is not None:
             self.open(f"if ({live})")
+        self.check_bounds(op)
         aligned = self.chunks_aligned(op)
         if aligned is None:
             self.copy_elements(op)

@@ -1,0 +1,158 @@
+"""Debug builds' bounds checks (``check/bounds.py``): a tile kernel that indexes past the
+end of a tensor is stopped at its ``.tsr`` line, with the index and the extent, on the
+CPU, on OpenCL (PoCL) and on the simulated GPU (CUDA on both archs, HIP); the CUDA and
+HIP host launchers compile with the checks; a plain build has none. Every example runs
+clean and bit for bit alike under ``--debug`` with ``--debug-examples``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.cli.main import main
+from tessera.runtime.sentinel import BoundsError
+from tessera.transpiler.graph.dims import parse_dim
+from tessera.transpiler.graph.dtypes import DTYPES
+from tessera.transpiler.tile.interpret import numpy_dtype
+
+from .conftest import EXAMPLES
+from .gpusim import load_hip, simulated_cupy, use_simulator
+from .test_cuda import needs_gxx
+from .test_hip import HIPCC
+from .test_opencl import _platform
+
+#: ``k`` has L rows but each of the S / T.m programs loads its own block of them: with
+#: more programs than ``k`` has blocks, the last ones load past its end.
+SOURCE = """\
+@kernel
+def shifted(q: Tensor["S", "D", f32], k: Tensor["L", "D", f32]) -> Tensor["S", "D", f32]:
+    T = tile.context()
+    a = tile.load(q, rows=T.m)
+    b = tile.load(k, rows=T.m)
+    return a + b
+"""
+
+MESSAGE = (
+    r"kernel 'shifted' \(oob\.tsr:5\): load of 'k' out of bounds: index 8 on axis 0, which "
+    r"has 8 elements \(the tile covers \[8, 12\)\)"
+)
+
+needs_opencl = pytest.mark.skipif(_platform() is not None, reason=f"needs PoCL: {_platform()}")
+
+
+def _caught(lib: Any) -> None:
+    """In range the debug build computes the sum; past the end of ``k`` it raises at the
+    load's line; the failure is the call's alone."""
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((8, 5)).astype(np.float32) for _ in range(2))
+    np.testing.assert_array_equal(lib.shifted(q, k), q + k)
+    with pytest.raises(BoundsError, match=MESSAGE):
+        lib.shifted(rng.standard_normal((13, 5)).astype(np.float32), k)
+    np.testing.assert_array_equal(lib.shifted(q, k), q + k)
+
+
+def test_a_plain_build_checks_nothing() -> None:
+    for target in ("cpu", "cuda"):  # OpenCL's and HIP's kernels are CUDA's emitter's
+        plain = tessera.compile(SOURCE, "oob.tsr", target=target)
+        assert "out_of_bounds" not in plain.source and "bounds" not in plain.ir("meta")
+        debug = tessera.compile(SOURCE, "oob.tsr", target=target, debug=True)
+        assert "out_of_bounds" in debug.source
+        assert [(c["line"], c["tensor"]) for c in debug.ir("meta")["bounds"]] == [
+            ("oob.tsr:4", "q"), ("oob.tsr:5", "k"), ("oob.tsr:1", "out")
+        ]  # fmt: skip
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize("defines", [[], ["L=8"]], ids=["masked", "unmasked"])
+def test_an_index_past_the_end_is_caught_on_the_cpu(defines: list[str]) -> None:
+    _caught(tessera.compile(SOURCE, "oob.tsr", target="cpu", defines=defines, debug=True).load())
+
+
+@pytest.mark.execute
+@needs_opencl
+def test_an_index_past_the_end_is_caught_on_opencl() -> None:
+    _caught(tessera.compile(SOURCE, "oob.tsr", target="opencl", defines=["L=8"], debug=True).load())
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_90a"), ("hip", "gfx90a")])
+def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
+    target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_simulator(monkeypatch, simulated_cupy("sm_90a"))
+    program = tessera.compile(SOURCE, "oob.tsr", target=target, arch=arch, defines=["L=8"],
+                              debug=True)  # fmt: skip
+    _caught(load_hip(program) if target == "hip" else program.load())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
+    """The launcher clears the fault record, reads it back after the launch and prints
+    the failed check, and checks what the launch wrote for NaN and infinity; nvcc and
+    hipcc build it warning-free."""
+    compiler = shutil.which("nvcc") if target == "cuda" else HIPCC
+    if compiler is None:
+        pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
+    path = tmp_path / "oob.tsr"
+    path.write_text(SOURCE)
+    out = tmp_path / f"oob.{'cu' if target == 'cuda' else 'hip'}"
+    assert main([str(path), "--target", target, "--debug", "-D", "L=8", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "tsr_host::check_bounds(tsr_fault, stream)" in text
+    assert "\"kernel 'shifted' (oob.tsr:5): load of 'k' on axis 0\"," in text
+    assert "tsr_host::check_finite(out, D*S, 4, 0x7f800000u, " in text
+    flags = (["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings", "-Xcompiler",
+              "-Wall,-Wextra"] if target == "cuda"
+             else ["--offload-arch=gfx90a", "-Wall", "-Wextra", "-Werror"])  # fmt: skip
+    done = subprocess.run([compiler, "-std=c++17", *flags, "-c", "-o", str(tmp_path / "oob.o"),
+                           str(out)], capture_output=True, text=True, cwd=tmp_path,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+#: Sizes for the examples: ragged, and C a multiple of 64 (decoder_block reshapes it).
+_SIZES = {"C": 128}
+_DEFAULT = 96
+
+
+def _inputs(function: dict[str, Any]) -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    args: dict[str, Any] = {}
+    for p in function["params"]:
+        if p["kind"] == "scalar":
+            args[p["name"]] = {"bool": False, "int": 1}.get(p["type"], 0.5)
+        elif p["io"] != "out":
+            dims = [parse_dim(d) for d in p["dims"]]
+            shape = tuple(int(d.value({s: _SIZES.get(s, _DEFAULT) for s in d.symbols()}))
+                          for d in dims)  # fmt: skip
+            args[p["name"]] = rng.standard_normal(shape).astype(numpy_dtype(DTYPES[p["dtype"]]))
+    return args
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize("target", ["cpu", "opencl"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_runs_clean_under_debug(
+    path: Path, target: str, request: pytest.FixtureRequest
+) -> None:
+    if not request.config.getoption("--debug-examples"):
+        pytest.skip("builds every example twice: run with --debug-examples")
+    if target == "opencl" and _platform() is not None:
+        pytest.skip(f"needs PoCL: {_platform()}")
+    plain = tessera.compile_file(path, target=target).load()
+    program = tessera.compile_file(path, target=target, debug=True)
+    debug = program.load()
+    for function in program.ir("meta")["functions"]:
+        args = _inputs(function)
+        want = getattr(plain, function["name"])(**args)
+        have = getattr(debug, function["name"])(**args)
+        for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (want, have)), strict=True):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), function["name"]
