@@ -196,12 +196,12 @@ def test_saturating_conversions_are_bit_identical_everywhere(
     ("source", "message"),
     [
         ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @saturate]:\n    return cast(x, bf16)\n",
-         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not bf16"),
+         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2, i8 and i4, not bf16"),
         ("def f(x: Tensor['N', f32]) -> Tensor['N', i32 @saturate]:\n    return cast(x, i32)\n",
-         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not i32"),
+         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2, i8 and i4, not i32"),
         ("def f(x: Tensor['N', f32]) -> Tensor['N', f16]:\n"
          "    return cast(x, f16, saturate=True)\n",
-         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2 and i8, not f16"),
+         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2, i8 and i4, not f16"),
         ("def f(x: Tensor['N', f32], s: bool) -> Tensor['N', i8]:\n"
          "    return cast(x, i8, saturate=s)\n",
          "2:33: error: cast: 'saturate' must be a bool known at compile time"),

@@ -120,11 +120,11 @@ def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call(
         ("quantize(w, r, i8)", "5:9: error: quantize: shapes do not broadcast: w is [12, 8], "
          "r is [12]"),
         ("quantize(w, s, fp8_e4m3, zero_point=s)", "5:45: error: quantize: a zero point "
-         "applies to i8, not to fp8 dtypes"),
-        ("quantize(w, s, bf16)", "5:24: error: quantize: quantizes to i8, fp8_e4m3, "
-         "fp8_e5m2, not bf16"),
-        ("dequantize(w, s)", "5:20: error: dequantize: dequantizes i8, fp8_e4m3, fp8_e5m2 "
-         "tensors; w is f32"),
+         "applies to i8 and i4, not to fp8 dtypes"),
+        ("quantize(w, s, bf16)", "5:24: error: quantize: quantizes to i8, i4, "
+         "fp8_e4m3, fp8_e5m2, not bf16"),
+        ("dequantize(w, s)", "5:20: error: dequantize: dequantizes i8, i4, fp8_e4m3, "
+         "fp8_e5m2 tensors; w is f32"),
     ],
 )  # fmt: skip
 def test_mistakes_are_errors_at_their_line(body: str, message: str) -> None:
