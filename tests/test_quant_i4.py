@@ -12,6 +12,7 @@ import pytest
 import tessera
 from tessera.transpiler.frontend.diagnostics import CompileError
 
+from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
 from .test_numerics import _run
 
@@ -88,6 +89,30 @@ def test_i4_quantize_and_dequantize_are_bit_identical_everywhere(
     back = (want.astype(np.float32) * column).astype(ml_dtypes.bfloat16)
     have = _run(lib.back_per_column, back.dtype, packed, column, shape=(K, N))
     np.testing.assert_array_equal(have.view(np.uint16), back.view(np.uint16))
+
+
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_w4a16_matches_dequantize_then_multiply(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``examples/quant_linear.tsr``: a weight quantized per group of 32 rows by
+    ``quantize_i4``, and ``w4a16``, which unpacks it and dequantizes each group to bf16
+    in the product's main loop, against float64 NumPy of the same bf16 weight at ragged
+    M and N."""
+    source = (ROOT / "examples" / "quant_linear.tsr").read_text(encoding="utf-8")
+    lib = load_everywhere(source, target, arch, monkeypatch)
+    rng = np.random.default_rng(16)
+    m, k, n = 37, 160, 78  # K: five groups; M and N: no multiple of a tile
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    scale = (np.abs(w).reshape(k // 32, 32, n).max(axis=1) / 7).astype(np.float32)
+    packed = _run(lib.quantize_i4, np.uint8, w, scale, shape=(k, n // 2))
+    q = quantized(w, np.repeat(scale, 32, axis=0))
+    np.testing.assert_array_equal(packed, pack(q))
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    weight = (q * np.repeat(scale, 32, axis=0)).astype(ml_dtypes.bfloat16)
+    want = x.astype(np.float64) @ weight.astype(np.float64)
+    have = _run(lib.w4a16, np.float32, x, packed, scale, shape=(m, n))
+    np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_packing_round_trips() -> None:

@@ -153,7 +153,7 @@ class Dialect:
 
 #: Element ``o`` of a packed i4 tensor (``docs/numerics.md``): the low nibble of byte
 #: ``o / 2`` for an even ``o``, the high one for an odd ``o``, sign-extended from 4 bits.
-_NIBBLE = "(float)((((int){p}[({o}) >> 1] >> ((({o}) & 1) * 4)) & 15 ^ 8) - 8)"
+_NIBBLE = "(float)(((((int){p}[({o}) >> 1] >> ((({o}) & 1) * 4)) & 15) ^ 8) - 8)"
 
 #: A stored element as a float, and a float as a stored element (rounded to nearest
 #: even), by dtype. A tf32 tensor's elements are read as tf32, however the caller filled
