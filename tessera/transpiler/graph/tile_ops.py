@@ -117,7 +117,9 @@ def _load(call: OpCall) -> object:
     """Load a tile of a tensor argument. ``rows`` and ``cols`` each take a size (this
     program's own block of that size) or a block index from ``tile.range_n`` (that
     block); ``cols`` left out is the whole last dim. The rows may be given positionally:
-    ``tile.load(k, nblk, cols=T.d)``. A 1-D tensor takes ``rows=`` or ``cols=``, or
+    ``tile.load(k, nblk, cols=T.d)``. A block over ``K`` (of a constant size that ``G``
+    divides) also indexes an axis of ``K/G``, one element per group of ``G``: its rows
+    of a per-group scale ``[K/G, N]``. A 1-D tensor takes ``rows=`` or ``cols=``, or
     neither for the whole vector. ``vector`` and ``prefetch`` are hints that do nothing
     yet (the schedule decides both), and warn."""
     src = call.raw("src")
