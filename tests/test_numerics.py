@@ -95,9 +95,28 @@ def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
 def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
     return dequantize(q, s, dtype=bf16)
 
+@kernel
+def i4_per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
+                 z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i4]:
+    return quantize(w, s, i4, zero_point=z, group={GROUP})
+
+@kernel
+def i4_per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", i4]:
+    return quantize(w, s, i4)
+
+@kernel
+def i4_back_per_group(q: Tensor["K", "N", i4], s: Tensor["K/{GROUP}", "N", f32],
+                      z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
+    return dequantize(q, s, zero_point=z, group={GROUP})
+
+@kernel
+def i4_back_per_column(q: Tensor["K", "N", i4], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, dtype=bf16)
+
 """
 
-#: Both programs, built once per target for the tests of both files.
+#: Both programs, built once per target for the tests of this file, ``test_quant.py``
+#: and ``test_quant_i4.py``.
 PROGRAM = SOURCE + "\n" + QUANTIZING
 
 #: Columns per row of the test matrices: not a multiple of any tile.

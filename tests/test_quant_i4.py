@@ -14,32 +14,10 @@ from tessera.transpiler.frontend.diagnostics import CompileError
 
 from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_numerics import _run
+from .test_numerics import GROUP, PROGRAM, _run
 
-#: Rows per group of the per-group scales.
-GROUP = 4
 #: K is a multiple of the group size, N an even size that is not a multiple of any tile.
 K, N = 24, 38
-
-PROGRAM = f"""\
-@kernel
-def per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
-              z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i4]:
-    return quantize(w, s, i4, zero_point=z, group={GROUP})
-
-@kernel
-def per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", i4]:
-    return quantize(w, s, i4)
-
-@kernel
-def back_per_group(q: Tensor["K", "N", i4], s: Tensor["K/{GROUP}", "N", f32],
-                   z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
-    return dequantize(q, s, zero_point=z, group={GROUP})
-
-@kernel
-def back_per_column(q: Tensor["K", "N", i4], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
-    return dequantize(q, s, dtype=bf16)
-"""
 
 
 def pack(q: np.ndarray) -> np.ndarray:
@@ -74,20 +52,20 @@ def test_i4_quantize_and_dequantize_are_bit_identical_everywhere(
     per_row = np.repeat(group, GROUP, axis=0), np.repeat(zero, GROUP, axis=0)
     want = quantized(w, *per_row)
     assert len(np.unique(want)) == 16, "the weights use the range"
-    packed = _run(lib.per_group, np.uint8, w, group, zero, shape=(K, N // 2))
+    packed = _run(lib.i4_per_group, np.uint8, w, group, zero, shape=(K, N // 2))
     np.testing.assert_array_equal(unpack(packed), want)
     np.testing.assert_array_equal(packed, pack(want))
 
     back = (want.astype(np.float32) - per_row[1]) * per_row[0]
-    have = _run(lib.back_per_group, np.float32, packed, group, zero, shape=(K, N))
+    have = _run(lib.i4_back_per_group, np.float32, packed, group, zero, shape=(K, N))
     np.testing.assert_array_equal(have, back)
 
     column = (np.abs(w[1:]).max(axis=0) / 7).astype(np.float32)
     want = quantized(w, column)
-    packed = _run(lib.per_column, np.uint8, w, column, shape=(K, N // 2))
+    packed = _run(lib.i4_per_column, np.uint8, w, column, shape=(K, N // 2))
     np.testing.assert_array_equal(packed, pack(want))
     back = (want.astype(np.float32) * column).astype(ml_dtypes.bfloat16)
-    have = _run(lib.back_per_column, back.dtype, packed, column, shape=(K, N))
+    have = _run(lib.i4_back_per_column, back.dtype, packed, column, shape=(K, N))
     np.testing.assert_array_equal(have.view(np.uint16), back.view(np.uint16))
 
 
@@ -127,9 +105,9 @@ def test_an_i4_array_of_the_wrong_width_is_a_clear_error(
     lib = load_everywhere(PROGRAM, "cpu", None, monkeypatch)  # the build the test above made
     w, s = np.ones((K, N), np.float32), np.ones(N, np.float32)
     with pytest.raises(ValueError, match=r"dim N should be 38 elements, two to a byte"):
-        lib.per_column(w, s, out=np.zeros((K, N), np.uint8))  # N bytes hold 2N elements
+        lib.i4_per_column(w, s, out=np.zeros((K, N), np.uint8))  # N bytes hold 2N elements
     with pytest.raises(TypeError, match="numpy uint8"):
-        lib.back_per_column(np.zeros((K, N // 2), np.int8), s)
+        lib.i4_back_per_column(np.zeros((K, N // 2), np.int8), s)
 
 
 @pytest.mark.parametrize(
