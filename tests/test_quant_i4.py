@@ -108,6 +108,8 @@ def test_an_i4_array_of_the_wrong_width_is_a_clear_error(
         lib.i4_per_column(w, s, out=np.zeros((K, N), np.uint8))  # N bytes hold 2N elements
     with pytest.raises(TypeError, match="numpy uint8"):
         lib.i4_back_per_column(np.zeros((K, N // 2), np.int8), s)
+    with pytest.raises(ValueError, match="is i4, two to a byte: its last dim is even"):
+        lib.i4_per_column(np.ones((K, N - 1), np.float32), s[:-1])  # odd: a half-byte row
 
 
 @pytest.mark.parametrize(
