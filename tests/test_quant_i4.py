@@ -5,6 +5,8 @@ and the mistakes, at the user's line or at the call."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from tessera.transpiler.frontend.diagnostics import CompileError
 
 from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
+from .gpusim import simulated_cupy, simulated_driver, use_simulator
+from .test_cuda import needs_gxx
+from .test_loader import _loader_module
 from .test_numerics import GROUP, PROGRAM, _run
 
 #: K is a multiple of the group size, N an even size that is not a multiple of any tile.
@@ -91,6 +96,33 @@ def test_w4a16_matches_dequantize_then_multiply(
     want = x.astype(np.float64) @ weight.astype(np.float64)
     have = _run(lib.w4a16, np.float32, x, packed, scale, shape=(m, n))
     np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_gxx
+def test_the_cupy_loader_passes_i4_tensors_as_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CuPy loader of ``examples/quant_linear.tsr`` on the simulated GPU: an i4
+    result is allocated and an i4 argument checked as ``uint8`` bytes of half the last
+    dim, and its N is bound from them."""
+    cupy = simulated_cupy("sm_80")
+    use_simulator(monkeypatch, cupy)
+    program = tessera.compile_file("examples/quant_linear.tsr", target="cuda", arch="sm_80")
+    module = _loader_module(program, tmp_path, cupy, monkeypatch, driver=simulated_driver())
+    rng = np.random.default_rng(2)
+    m, k, n = 5, 64, 38
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    scale = (np.abs(w).reshape(k // 32, 32, n).max(axis=1) / 7).astype(np.float32)
+    packed = module.quantize_i4(cupy.asarray(w), cupy.asarray(scale))
+    np.testing.assert_array_equal(packed.get(), pack(quantized(w, np.repeat(scale, 32, axis=0))))
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    have = module.w4a16(cupy.asarray(x.view(np.uint16)), packed, cupy.asarray(scale)).get()
+    weight = (unpack(packed.get()) * np.repeat(scale, 32, axis=0)).astype(ml_dtypes.bfloat16)
+    want = x.astype(np.float64) @ weight.astype(np.float64)
+    np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ValueError, match="bytes of two"):
+        module.quantize_i4(cupy.asarray(w), cupy.asarray(scale),
+                           out=cupy.asarray(np.zeros((k, n), np.uint8)))  # fmt: skip
 
 
 def test_packing_round_trips() -> None:
