@@ -1,18 +1,22 @@
-"""Benchmark: W8A16 linear layers on the CPU, against PyTorch with the weight already
-dequantized, in one process.
+"""Benchmark: W8A16 and W4A16 linear layers on the CPU, against PyTorch with the weight
+already dequantized, in one process.
 
 ``examples/quant_linear.tsr``'s ``w8a16`` (the int8 weight widened in the product's main
 loop) and the graph-level ``x @ dequantize(q, scale, dtype=bf16)`` (which dequantizes the
 weight into a bf16 temporary first), for M = 1 and 16 rows of activations and N = K =
 4096, against ``torch.matmul`` of bf16 activations by the weight dequantized to bf16
-ahead of time, and the same in f32. Each case is timed interleaved with its peers,
-median of several runs after a warm-up; the int8 weight's bytes over the time give the
+ahead of time, and the same in f32; and ``w4a16`` (the i4 weight, packed two to a byte
+with a scale per group of 32 rows, unpacked and dequantized in the main loop) for M = 1,
+4 and 16 against the same peers. Each case is timed interleaved with its peers, median
+of several runs after a warm-up; the quantized weight's bytes over the time give the
 bandwidth each reaches, beside this machine's copy bandwidth (numpy ``copyto`` of that
-many bytes). Results go to ``bench/results/quant.json``.
+many bytes): for W4A16, the fraction of the packed weight's bandwidth that a kernel
+bound by reading it would reach. Results go to ``bench/results/quant.json``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -50,35 +54,72 @@ def _median_seconds(functions: dict[str, Callable[[], object]]) -> dict[str, flo
 
 
 def _case(
-    m: int, lib: Any, graph: Any, q: np.ndarray, scale: np.ndarray,
-    weight_bf16: torch.Tensor, weight_f32: torch.Tensor, rng: np.random.Generator,
+    m: int, ours: dict[str, Callable[[], object]], weight_bf16: torch.Tensor,
+    weight_f32: torch.Tensor, weight_bytes: int, rng: np.random.Generator,
 ) -> dict[str, object]:  # fmt: skip
-    """One size's timings, ratios and bandwidths."""
+    """One size's timings of ``ours`` (each given the activations ``x``), beside torch's
+    product by the weight dequantized ahead of time, in bf16 and in f32, and a copy of
+    the quantized weight's bytes: the ratios, and the bandwidth each reaches reading
+    those bytes."""
     x = rng.standard_normal((m, SIZE)).astype(ml_dtypes.bfloat16)
     x_bf16 = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
     x_f32 = torch.from_numpy(x.astype(np.float32))
-    out = np.empty((m, SIZE), np.float32)
-    source, target = np.empty(q.nbytes, np.uint8), np.empty(q.nbytes, np.uint8)
+    source, target = np.empty(weight_bytes, np.uint8), np.empty(weight_bytes, np.uint8)
     seconds = _median_seconds({
-        "tessera_w8a16": lambda: lib.w8a16(x, q, scale, out=out),
-        "tessera_dequantize_then_matmul": lambda: graph.linear(x, q, scale, out=out),
+        **{name: functools.partial(f, x) for name, f in ours.items()},
         "torch_bf16_dequantized": lambda: torch.matmul(x_bf16, weight_bf16),
         "torch_f32_dequantized": lambda: torch.matmul(x_f32, weight_f32),
-        "copy_int8_weight_bytes": lambda: np.copyto(target, source),
+        "copy_weight_bytes": lambda: np.copyto(target, source),
     })  # fmt: skip
+    first = next(iter(ours))
     case = {
         "m": m, "n": SIZE, "k": SIZE,
         "ms": {k: round(v * 1e3, 3) for k, v in seconds.items()},
-        "int8_weight_gb_per_s": {k: round(q.nbytes / v / 1e9, 2) for k, v in seconds.items()},
-        "ratio_w8a16_over_torch_bf16": round(
-            seconds["torch_bf16_dequantized"] / seconds["tessera_w8a16"], 3),
-        "ratio_w8a16_over_torch_f32": round(
-            seconds["torch_f32_dequantized"] / seconds["tessera_w8a16"], 3),
+        "weight_gb_per_s": {k: round(weight_bytes / v / 1e9, 2) for k, v in seconds.items()},
+        f"ratio_{first}_over_torch_bf16": round(
+            seconds["torch_bf16_dequantized"] / seconds[first], 3),
+        f"ratio_{first}_over_torch_f32": round(
+            seconds["torch_f32_dequantized"] / seconds[first], 3),
         "fraction_of_copy_bandwidth": round(
-            seconds["copy_int8_weight_bytes"] / seconds["tessera_w8a16"], 3),
+            seconds["copy_weight_bytes"] / seconds[first], 3),
     }  # fmt: skip
     print(json.dumps(case))
     return case
+
+
+def _w8a16(lib: Any, graph: Any, rng: np.random.Generator) -> list[dict[str, object]]:
+    """W8A16: one scale per output channel."""
+    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
+    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    q = np.zeros((SIZE, SIZE), np.int8)
+    lib.quantize_weights(w, scale, out=q)
+    weight = torch.from_numpy(q.astype(np.float32) * scale)
+    cases = []
+    for m in (1, 16):
+        out = np.empty((m, SIZE), np.float32)
+        ours = {
+            "tessera_w8a16": lambda x, out=out: lib.w8a16(x, q, scale, out=out),
+            "tessera_dequantize_then_matmul": lambda x, out=out: graph.linear(
+                x, q, scale, out=out),
+        }  # fmt: skip
+        cases.append(_case(m, ours, weight.to(torch.bfloat16), weight, q.nbytes, rng))
+    return cases
+
+
+def _w4a16(lib: Any, rng: np.random.Generator) -> list[dict[str, object]]:
+    """W4A16: the weight packed two to a byte, one scale per group of 32 rows."""
+    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
+    scale = (np.abs(w).reshape(SIZE // 32, 32, SIZE).max(axis=1) / 7).astype(np.float32)
+    packed = lib.quantize_i4(w, scale)
+    nibbles = np.stack([packed & 15, packed >> 4], axis=-1).reshape(SIZE, SIZE)
+    q = ((nibbles.astype(np.int8) ^ 8) - 8).astype(np.float32)
+    weight = torch.from_numpy(q * np.repeat(scale, 32, axis=0))
+    cases = []
+    for m in (1, 4, 16):
+        out = np.empty((m, SIZE), np.float32)
+        ours = {"tessera_w4a16": lambda x, out=out: lib.w4a16(x, packed, scale, out=out)}
+        cases.append(_case(m, ours, weight.to(torch.bfloat16), weight, packed.nbytes, rng))
+    return cases
 
 
 def main() -> None:
@@ -91,18 +132,14 @@ def main() -> None:
         target="cpu",
     ).load()
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
-    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
-    q = np.zeros((SIZE, SIZE), np.int8)
-    lib.quantize_weights(w, scale, out=q)
-    weight_bf16 = torch.from_numpy(q.astype(np.float32) * scale).to(torch.bfloat16)
-    weight_f32 = torch.from_numpy(q.astype(np.float32) * scale)
-    cases = [_case(m, lib, graph, q, scale, weight_bf16, weight_f32, rng) for m in (1, 16)]
+    w8a16 = _w8a16(lib, graph, rng)
+    w4a16 = _w4a16(lib, rng)
     result = {
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "numpy": np.__version__},
         "runs": RUNS,
-        "cases": cases,
+        "w8a16": w8a16,
+        "w4a16": w4a16,
     }  # fmt: skip
     write_file(RESULTS, json.dumps(result, indent=2) + "\n")
 

@@ -95,9 +95,28 @@ def back_per_group(q: Tensor["K", "N", i8], s: Tensor["K/{GROUP}", "N", f32],
 def back_per_column(q: Tensor["K", "N", fp8_e4m3], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
     return dequantize(q, s, dtype=bf16)
 
+@kernel
+def i4_per_group(w: Tensor["K", "N", f32], s: Tensor["K/{GROUP}", "N", f32],
+                 z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", i4]:
+    return quantize(w, s, i4, zero_point=z, group={GROUP})
+
+@kernel
+def i4_per_column(w: Tensor["K", "N", f32], s: Tensor["N", f32]) -> Tensor["K", "N", i4]:
+    return quantize(w, s, i4)
+
+@kernel
+def i4_back_per_group(q: Tensor["K", "N", i4], s: Tensor["K/{GROUP}", "N", f32],
+                      z: Tensor["K/{GROUP}", "N", f32]) -> Tensor["K", "N", f32]:
+    return dequantize(q, s, zero_point=z, group={GROUP})
+
+@kernel
+def i4_back_per_column(q: Tensor["K", "N", i4], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, dtype=bf16)
+
 """
 
-#: Both programs, built once per target for the tests of both files.
+#: Both programs, built once per target for the tests of this file, ``test_quant.py``
+#: and ``test_quant_i4.py``.
 PROGRAM = SOURCE + "\n" + QUANTIZING
 
 #: Columns per row of the test matrices: not a multiple of any tile.
@@ -196,12 +215,12 @@ def test_saturating_conversions_are_bit_identical_everywhere(
     ("source", "message"),
     [
         ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @saturate]:\n    return cast(x, bf16)\n",
-         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not bf16"),
+         "1:48: error: @saturate applies to fp8_e4m3, fp8_e5m2, i8 and i4, not bf16"),
         ("def f(x: Tensor['N', f32]) -> Tensor['N', i32 @saturate]:\n    return cast(x, i32)\n",
-         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2 and i8, not i32"),
+         "1:47: error: @saturate applies to fp8_e4m3, fp8_e5m2, i8 and i4, not i32"),
         ("def f(x: Tensor['N', f32]) -> Tensor['N', f16]:\n"
          "    return cast(x, f16, saturate=True)\n",
-         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2 and i8, not f16"),
+         "2:34: error: cast: saturate=True applies to fp8_e4m3, fp8_e5m2, i8 and i4, not f16"),
         ("def f(x: Tensor['N', f32], s: bool) -> Tensor['N', i8]:\n"
          "    return cast(x, i8, saturate=s)\n",
          "2:33: error: cast: 'saturate' must be a bool known at compile time"),

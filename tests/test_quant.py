@@ -98,6 +98,29 @@ def test_quantized_linear_layers_match_dequantize_then_multiply(
     np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_w8a8_sums_exactly_as_integers(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``examples/quant_linear.tsr``'s ``w8a8``: the int8 product's sum is exact past
+    2^24 (where an f32 accumulator would round), rounded once to f32, then scaled per
+    row and per column, bit for bit against NumPy's int64 sum."""
+    source = (ROOT / "examples" / "quant_linear.tsr").read_text(encoding="utf-8")
+    lib = load_everywhere(source, target, arch, monkeypatch)
+    rng = np.random.default_rng(88)
+    m, k, n = 37, 1400, 77  # K: 22 blocks of 64 with a ragged last one; M, N: ragged
+    x = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    x[:2], w[:, :2] = rng.integers(118, 128, (2, k)), rng.integers(118, 128, (k, 2))
+    x[1] = -x[1]  # sums past 2^24 of both signs, the last bits all kinds
+    x_scale = (rng.random((m, 1)) * 0.01).astype(np.float32)
+    w_scale = (rng.random(n) * 0.01).astype(np.float32)
+    total = x.astype(np.int64) @ w.astype(np.int64)
+    assert ((np.abs(total) > 2**24) & (total % 2 == 1)).sum() >= 2, "sums an f32 cannot hold"
+    want = total.astype(np.float32) * x_scale * w_scale
+    np.testing.assert_array_equal(_run(lib.w8a8, np.float32, x, w, x_scale, w_scale), want)
+
+
 def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,11 +143,11 @@ def test_a_scale_of_the_wrong_length_is_a_clear_error_at_the_call(
         ("quantize(w, r, i8)", "5:9: error: quantize: shapes do not broadcast: w is [12, 8], "
          "r is [12]"),
         ("quantize(w, s, fp8_e4m3, zero_point=s)", "5:45: error: quantize: a zero point "
-         "applies to i8, not to fp8 dtypes"),
-        ("quantize(w, s, bf16)", "5:24: error: quantize: quantizes to i8, fp8_e4m3, "
-         "fp8_e5m2, not bf16"),
-        ("dequantize(w, s)", "5:20: error: dequantize: dequantizes i8, fp8_e4m3, fp8_e5m2 "
-         "tensors; w is f32"),
+         "applies to i8 and i4, not to fp8 dtypes"),
+        ("quantize(w, s, bf16)", "5:24: error: quantize: quantizes to i8, i4, "
+         "fp8_e4m3, fp8_e5m2, not bf16"),
+        ("dequantize(w, s)", "5:20: error: dequantize: dequantizes i8, i4, fp8_e4m3, "
+         "fp8_e5m2 tensors; w is f32"),
     ],
 )  # fmt: skip
 def test_mistakes_are_errors_at_their_line(body: str, message: str) -> None:

@@ -73,8 +73,10 @@ def _functions(path: str) -> list[str]:
 #: rather than by a reference case here.
 CHECKED_ELSEWHERE = {
     ("examples/quant_linear.tsr", name): "tests/test_quant.py"
-    for name in ("quantize_weights", "w8a16", "linear_per_group")
+    for name in ("quantize_weights", "w8a16", "linear_per_group", "w8a8")
 } | {
+    ("examples/quant_linear.tsr", "quantize_i4"): "tests/test_quant_i4.py",
+    ("examples/quant_linear.tsr", "w4a16"): "tests/test_quant_i4.py",
     ("examples/train_mlp.tsr", "loss"): "examples/train_mlp.py (make demo)",
     ("examples/train_mlp.tsr", "train_step"): "examples/train_mlp.py (make demo)",
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",

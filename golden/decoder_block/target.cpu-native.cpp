@@ -67,6 +67,7 @@ struct e5m2 { std::uint8_t bits; };
 inline float to_float(float x) { return x; }
 inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
+
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
 // Round to `m` mantissa bits, to nearest even, keeping f32's exponent range.
@@ -179,9 +180,10 @@ constexpr int kLanes = 8;
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
-// (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
-template <typename T>
-inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+// (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
+// pointer, or a view of packed elements that indexes as one.
+template <typename Src>
+inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i64 c0,
                       i64 rmax, i64 cmax) {
   for (i64 i = 0; i < rows; ++i) {
     const i64 r = r0 + i;
@@ -190,7 +192,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
       for (i64 j = 0; j < cols; ++j) out[j] = 0.0f;
       continue;
     }
-    const T* row = src + r * ld + c0;
+    const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
     for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
@@ -201,13 +203,13 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
 // it is. For a tile whose one reader looks at nothing else (a product's operand, of which
 // the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
 // more than the rest of the call.
-template <typename T>
-inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+template <typename Src>
+inline void load_corner(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i64 c0,
                         i64 rmax, i64 cmax) {
   const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
   const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
   for (i64 i = 0; i < live_rows; ++i) {
-    const T* row = src + (r0 + i) * ld + c0;
+    const Src row = src + (r0 + i) * ld + c0;
     float* out = dst + i * cols;
     for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
   }

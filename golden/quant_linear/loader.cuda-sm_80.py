@@ -184,3 +184,123 @@ def linear_per_group(
         (t4, x, out, cupy.int64(K), cupy.int64(N), cupy.int64(M)),
     )
     return out
+
+
+def quantize_i4(
+    w: cupy.ndarray,
+    scale: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """quantize_i4(w: f32[K, N], scale: f32[K/32, N]) -> i4[K, N]"""
+    w = _tensor("quantize_i4", "w", w, "float32", 2)
+    K, N = w.shape
+    scale = _tensor("quantize_i4", "scale", scale, "float32", 2)
+    _shape("quantize_i4", "scale", scale, "[K/32, N]", (K // 32, N))
+    if K % 32 != 0:
+        raise ValueError(
+            f"quantize_i4(): K = {K} breaks K % 32 == 0 ('scale' has a dim \"K/32\")",
+        )
+    if N % 2 != 0:
+        raise ValueError(
+            f"quantize_i4(): N = {N} breaks N % 2 == 0 "
+            "(the result is i4, two to a byte: its last dim is even)"
+        )
+    if out is None:
+        out = cupy.empty((K, N // 2), dtype="uint8")
+    else:
+        out = _tensor("quantize_i4", "out", out, "uint8", 2)
+        _shape("quantize_i4", "out", out, "[K, N] in bytes of two", (K, N // 2))
+    t2 = cupy.empty(max(1, (K * N) // 8), dtype="uint8")
+    _launch(
+        "quantize_i4_k0",
+        (-(-1 // 4), K // 32),
+        128,
+        0,
+        (scale, t2, cupy.int64(K), cupy.int64(N)),
+    )
+    _launch(
+        "quantize_i4_k1",
+        (-(-32 // 4), K // 32),
+        128,
+        0,
+        (w, t2, out, cupy.int64(K), cupy.int64(N)),
+    )
+    return out
+
+
+def w4a16(
+    x: cupy.ndarray,
+    w: cupy.ndarray,
+    scale: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """w4a16(x: bf16[M, K], w: i4[K, N], scale: f32[K/32, N]) -> f32[M, N]"""
+    x = _tensor("w4a16", "x", x, "uint16", 2)
+    M, K = x.shape
+    w = _tensor("w4a16", "w", w, "uint8", 2)
+    N = 2 * w.shape[1]
+    _shape("w4a16", "w", w, "[K, N] in bytes of two", (K, N // 2))
+    scale = _tensor("w4a16", "scale", scale, "float32", 2)
+    _shape("w4a16", "scale", scale, "[K/32, N]", (K // 32, N))
+    if N % 2 != 0:
+        raise ValueError(
+            f"w4a16(): N = {N} breaks N % 2 == 0 "
+            "('w' is i4, two to a byte: its last dim is even)"
+        )
+    if K % 32 != 0:
+        raise ValueError(
+            f"w4a16(): K = {K} breaks K % 32 == 0 ('scale' has a dim \"K/32\")",
+        )
+    if out is None:
+        out = cupy.empty((M, N), dtype="float32")
+    else:
+        out = _tensor("w4a16", "out", out, "float32", 2)
+        _shape("w4a16", "out", out, "[M, N]", (M, N))
+    _launch(
+        "w4a16",
+        (-(-N // 128), -(-M // 128)),
+        256,
+        24576,
+        (x, w, scale, out, cupy.int64(M), cupy.int64(K), cupy.int64(N)),
+    )
+    return out
+
+
+def w8a8(
+    x: cupy.ndarray,
+    w: cupy.ndarray,
+    x_scale: cupy.ndarray,
+    w_scale: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """w8a8(
+        x: i8[M, K],
+        w: i8[K, N],
+        x_scale: f32[M, 1],
+        w_scale: f32[N],
+    ) -> f32[M, N]"""
+    x = _tensor("w8a8", "x", x, "int8", 2)
+    M, K = x.shape
+    w = _tensor("w8a8", "w", w, "int8", 2)
+    N = w.shape[1]
+    _shape("w8a8", "w", w, "[K, N]", (K, N))
+    x_scale = _tensor("w8a8", "x_scale", x_scale, "float32", 2)
+    _shape("w8a8", "x_scale", x_scale, "[M, 1]", (M, 1))
+    w_scale = _tensor("w8a8", "w_scale", w_scale, "float32", 1)
+    _shape("w8a8", "w_scale", w_scale, "[N]", (N,))
+    if out is None:
+        out = cupy.empty((M, N), dtype="float32")
+    else:
+        out = _tensor("w8a8", "out", out, "float32", 2)
+        _shape("w8a8", "out", out, "[M, N]", (M, N))
+    _launch(
+        "w8a8",
+        (-(-N // 128), -(-M // 128)),
+        256,
+        49152,
+        (x, w, x_scale, w_scale, out, cupy.int64(M), cupy.int64(K), cupy.int64(N)),
+    )
+    return out

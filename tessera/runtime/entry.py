@@ -117,7 +117,7 @@ class Entry:
         for p, given in zip(self._results, self._outs(out), strict=True):
             if given is None:
                 shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
-                given = self._allocate(shape, self._dtypes[p["name"]], arrays)
+                given = self._allocate(_bytes(p, shape), self._dtypes[p["name"]], arrays)
             arrays[p["name"]] = self._tensor(p, given, dict(sizes))
             results.append(given)
         self._run(arrays, values, sizes)
@@ -176,17 +176,20 @@ class Entry:
             written = "the result" if p["io"] == "out" else "updated in place"
             raise ValueError(f"{self.name}(): '{name}' is {written} but is read-only")
         dims = self._shapes[name]
+        shape = _elements(p, view.shape)
         binding = set()  # the positions whose size gives a symbol its value
-        for i, (dim, size) in enumerate(zip(dims, view.shape, strict=True)):
+        for i, (dim, size) in enumerate(zip(dims, shape, strict=True)):
             if dim.symbol is not None and dim.symbol not in sizes:
                 sizes[dim.symbol] = size
                 binding.add(i)
-        for i, (text, dim, size) in enumerate(zip(p["dims"], dims, view.shape, strict=True)):
+        for i, (text, dim, size) in enumerate(zip(p["dims"], dims, shape, strict=True)):
             want_size = size if i in binding else evaluate(text, sizes, name)
             if want_size != size:
+                last = p["dtype"] == "i4" and i == len(shape) - 1
+                packed = " elements, two to a byte" if last else ""
                 raise ValueError(
                     f"{self.name}(): '{name}' has shape {view.shape}: dim {text} should be "
-                    f"{want_size} ({_bindings(dim, sizes)})"
+                    f"{want_size}{packed} ({_bindings(dim, sizes)})"
                 )
         return self._argument(value, view)
 
@@ -352,3 +355,18 @@ def argument(
 
 def _bindings(dim: Dim, sizes: Mapping[str, int]) -> str:
     return ", ".join(f"{s} = {sizes[s]}" for s in sorted(dim.symbols()) if s in sizes)
+
+
+def _elements(p: Mapping[str, Any], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape in elements of a tensor argument whose array has ``shape``: an i4
+    tensor's array holds two elements in each byte of its last dim."""
+    if p["dtype"] != "i4" or not shape:
+        return shape
+    return (*shape[:-1], 2 * shape[-1])
+
+
+def _bytes(p: Mapping[str, Any], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The array shape of a result of ``shape`` elements (``_elements``'s inverse)."""
+    if p["dtype"] != "i4" or not shape:
+        return shape
+    return (*shape[:-1], shape[-1] // 2)

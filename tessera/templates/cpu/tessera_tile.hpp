@@ -51,6 +51,7 @@ struct e5m2 { std::uint8_t bits; };
 inline float to_float(float x) { return x; }
 inline float to_float(std::int32_t x) { return static_cast<float>(x); }
 inline float to_float(std::int8_t x) { return static_cast<float>(x); }
+
 inline float to_float(bf16 x) { return float_of(static_cast<std::uint32_t>(x.bits) << 16); }
 
 // A small float with `e` exponent bits and `m` mantissa bits, IEEE-style subnormals.
@@ -372,6 +373,45 @@ inline float dropout(float x, std::int64_t seed, std::int64_t n, float p) {
   return u >= p ? x * (1.0f / (1.0f - p)) : 0.0f;
 }
 
+// A packed i4 tensor (docs/numerics.md): element o is the low nibble of byte o / 2 for
+// an even o and the high nibble for an odd o, each a two's-complement value in [-8, 7].
+// A float converts to i4 toward zero and keeps the low 4 bits, as an i8 keeps 8.
+struct i4 { std::uint8_t pair; };
+inline int nibble_of(float x) {
+  return static_cast<int>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)) & 15u);
+}
+inline float from_nibble(int nibble) { return static_cast<float>((nibble ^ 8) - 8); }
+inline float round_i4(float x) { return from_nibble(nibble_of(x)); }
+
+// An i4 tensor from element `at` on, indexed as a pointer is.
+struct i4_view {
+  const i4* bytes;
+  i64 at;
+  i4_view operator+(i64 n) const { return {bytes, at + n}; }
+  float operator[](i64 j) const {
+    const i64 o = at + j;
+    return from_nibble((bytes[o >> 1].pair >> ((o & 1) * 4)) & 15);
+  }
+};
+
+// An i4 tensor from element `at` on, written by store_tile two columns at a time, so
+// that each byte is written whole by one program (a tile's first column and its width
+// are even, as an i4 tensor's rows are).
+struct i4_span {
+  i4* bytes;
+  i64 at;
+};
+inline void store_tile(i4_span dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax,
+                       const float* src, i64 rows, i64 cols) {
+  const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
+  for (i64 i = 0; i < rows && r0 + i < rmax; ++i) {
+    i4* row = dst.bytes + ((dst.at + (r0 + i) * ld + c0) >> 1);
+    const float* in = src + i * cols;
+    for (i64 j = 0; j + 1 < valid; j += 2)
+      row[j >> 1].pair = static_cast<std::uint8_t>(nibble_of(in[j]) | nibble_of(in[j + 1]) << 4);
+  }
+}
+
 // ---------------------------------------------------------------- memory
 
 // One SIMD register of floats: 16 with AVX-512, else 8 (AVX; two halves where the
@@ -385,9 +425,10 @@ constexpr int kLanes = 8;
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
-// (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched.
-template <typename T>
-inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+// (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
+// pointer, or a view of packed elements that indexes as one.
+template <typename Src>
+inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i64 c0,
                       i64 rmax, i64 cmax) {
   for (i64 i = 0; i < rows; ++i) {
     const i64 r = r0 + i;
@@ -396,7 +437,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
       for (i64 j = 0; j < cols; ++j) out[j] = 0.0f;
       continue;
     }
-    const T* row = src + r * ld + c0;
+    const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
     for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
@@ -407,13 +448,13 @@ inline void load_tile(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 
 // it is. For a tile whose one reader looks at nothing else (a product's operand, of which
 // the product reads that part only): zeroing a 256 x 256 tile for a 4 x 4 product cost
 // more than the rest of the call.
-template <typename T>
-inline void load_corner(float* dst, i64 rows, i64 cols, const T* src, i64 ld, i64 r0, i64 c0,
+template <typename Src>
+inline void load_corner(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i64 c0,
                         i64 rmax, i64 cmax) {
   const i64 live_rows = rmax - r0 < rows ? (rmax - r0 > 0 ? rmax - r0 : 0) : rows;
   const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
   for (i64 i = 0; i < live_rows; ++i) {
-    const T* row = src + (r0 + i) * ld + c0;
+    const Src row = src + (r0 + i) * ld + c0;
     float* out = dst + i * cols;
     for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
   }

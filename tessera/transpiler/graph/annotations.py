@@ -136,7 +136,23 @@ def _tensor_args(
     dtype = lookup_dtype(last.name)
     assert dtype is not None
     dims = tuple(_dim(arg, defines) for arg in args[:-1])
+    if dtype.name == "i4":
+        _packed(node, dims)
     return dims, dtype, _policies(last, dtype)
+
+
+def _packed(node: ast.TypeExpr, dims: tuple[Dim, ...]) -> None:
+    """An i4 tensor holds two elements in each byte of its last dim, so that dim must
+    exist and, where it is known, be even (a symbolic one is checked at the call)."""
+    if not dims:
+        raise SemanticError("an i4 tensor packs its last dim two to a byte: it needs one",
+                            node.span)  # fmt: skip
+    last = dims[-1]
+    if last.constant is not None and last.constant % 2:
+        raise SemanticError(
+            f"an i4 tensor packs its last dim two to a byte: it must be even, not {last}",
+            node.args[-2].span,
+        )
 
 
 def _dim(arg: ast.TypeExpr | ast.StrLit | ast.IntLit, defines: dict[str, int]) -> Dim:

@@ -130,6 +130,7 @@ SATURATION: dict[str, tuple[float, float]] = {
     "fp8_e4m3": (-448.0, 448.0),
     "fp8_e5m2": (-57344.0, 57344.0),
     "i8": (-128.0, 127.0),
+    "i4": (-8.0, 7.0),
 }
 
 
@@ -139,4 +140,4 @@ def saturation_error(dtype: DType) -> str | None:
     float that is its largest value."""
     if dtype.name in SATURATION:
         return None
-    return f"@saturate applies to fp8_e4m3, fp8_e5m2 and i8, not {dtype}"
+    return f"@saturate applies to fp8_e4m3, fp8_e5m2, i8 and i4, not {dtype}"

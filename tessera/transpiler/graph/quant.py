@@ -26,7 +26,7 @@ from .types import TensorType, dims_text
 __all__ = ["QUANTIZED"]
 
 #: The dtypes a tensor is quantized to.
-QUANTIZED = ("i8", "fp8_e4m3", "fp8_e5m2")
+QUANTIZED = ("i8", "i4", "fp8_e4m3", "fp8_e5m2")
 
 
 @register(
@@ -49,7 +49,8 @@ def _quantize(call: OpCall) -> object:
     scaled = grouped.binary("mul", grouped.x, inverse)
     if grouped.zero_point is not None:
         if dtype.is_float:
-            raise call.error("a zero point applies to i8, not to fp8 dtypes", at="zero_point")
+            raise call.error("a zero point applies to i8 and i4, not to fp8 dtypes",
+                             at="zero_point")  # fmt: skip
         scaled = grouped.binary("add", grouped.unary("round", scaled), grouped.zero_point)
     elif not dtype.is_float:
         scaled = grouped.unary("round", scaled)

@@ -411,6 +411,8 @@ class _FunctionAnalyzer:
                 result_type = self._local_result(node.returns, result_type)
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
+        for t in result_type if isinstance(result_type, tuple) else (result_type,):
+            self._packed_guard(t, "the result", node.returns.span if node.returns else node.span)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
         if all(isinstance(s, ast.Pass) or _is_ellipsis(s) for s in body):
             kind = "declaration"
@@ -684,6 +686,17 @@ class _FunctionAnalyzer:
                 self.guard(
                     "divisible", numerator, denominator, f"'{name}' has a dim \"{dim}\"", span
                 )
+        self._packed_guard(value.type, f"'{name}'", span)
+
+    def _packed_guard(self, t: object, shown: str, span: Span) -> None:
+        """An i4 tensor's last dim is even (two elements to a byte): a constant one is
+        checked at its annotation; a symbolic one, here, at the call."""
+        if getattr(t, "dtype", None) is None or t.dtype.name != "i4" or not t.dims:
+            return
+        last = t.dims[-1]
+        if last.constant is None:
+            self.guard("divisible", last, Dim.const(2),
+                       f"{shown} is i4, two to a byte: its last dim is even", span)  # fmt: skip
 
     # -- statements ----------------------------------------------------------------
 

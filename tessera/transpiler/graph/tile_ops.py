@@ -63,6 +63,9 @@ def _axis(call: OpCall, name: str, extent: Dim) -> tuple[str, Dim, Value | None]
     """
     value = call.raw(name)
     if isinstance(value, Value) and isinstance(value.type, BlockType):
+        group = _group(value.type, extent)
+        if group is not None:
+            return "block", value.type.size / group, value
         _same(
             call, value.type.extent, extent,
             f"the block ranges over {value.type.extent} but that axis of "
@@ -72,6 +75,19 @@ def _axis(call: OpCall, name: str, extent: Dim) -> tuple[str, Dim, Value | None]
     if isinstance(value, Const) and value.value is None:
         return "all", extent, None
     return "program", call.dim(name), None
+
+
+def _group(block: BlockType, extent: Dim) -> int | None:
+    """``G`` where a block of ``tile.range_n`` over ``K`` indexes an axis of ``K/G``
+    elements, one per group of ``G`` (a per-group scale): the block then covers the
+    groups of its own rows, ``size / G`` of them. None where the axis is not such, or
+    ``G`` does not divide the block's (constant) size."""
+    if extent == block.extent or len(extent.terms) != 1:
+        return None
+    ratio, size = (block.extent / extent).constant, block.size.constant
+    if ratio is None or ratio < 2 or size is None or size % ratio:
+        return None
+    return ratio
 
 
 def _access(call: OpCall, tensor: Value, what: str) -> tuple[tuple[Dim, ...], tuple, tuple]:
@@ -101,7 +117,9 @@ def _load(call: OpCall) -> object:
     """Load a tile of a tensor argument. ``rows`` and ``cols`` each take a size (this
     program's own block of that size) or a block index from ``tile.range_n`` (that
     block); ``cols`` left out is the whole last dim. The rows may be given positionally:
-    ``tile.load(k, nblk, cols=T.d)``. A 1-D tensor takes ``rows=`` or ``cols=``, or
+    ``tile.load(k, nblk, cols=T.d)``. A block over ``K`` (of a constant size that ``G``
+    divides) also indexes an axis of ``K/G``, one element per group of ``G``: its rows
+    of a per-group scale ``[K/G, N]``. A 1-D tensor takes ``rows=`` or ``cols=``, or
     neither for the whole vector. ``vector`` and ``prefetch`` are hints that do nothing
     yet (the schedule decides both), and warn."""
     src = call.raw("src")

@@ -32,12 +32,12 @@ __all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "R
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
     "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t", "i8": "std::int8_t",
-    "bool": "float",  # a mask between kernels: 1.0 and 0.0
+    "i4": "tsr::i4", "bool": "float",  # a mask between kernels: 1.0 and 0.0
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
          "fp8_e4m3": "tsr::round_e4m3", "fp8_e5m2": "tsr::round_e5m2",
-         "i32": "tsr::round_i32", "i8": "tsr::round_i8"}  # fmt: skip
+         "i32": "tsr::round_i32", "i8": "tsr::round_i8", "i4": "tsr::round_i4"}  # fmt: skip
 _SCALAR_TYPES = {"float": "float", "int": "tsr::i64", "bool": "bool", "index": "tsr::i64"}
 _UNARY = {
     "exp": "tsr::exp", "log": "std::log", "sqrt": "std::sqrt", "rsqrt": "tsr::rsqrt",
@@ -730,11 +730,16 @@ class _Emitter:
 
     # -- memory ------------------------------------------------------------------------
 
-    def _window(self, tensor: Value, at: Access) -> tuple[str, str, str, str, str, str]:
-        """(base pointer, ld, r0, c0, rmax, cmax) of an access to a row-major tensor."""
+    def _window(
+        self, tensor: Value, at: Access, written: bool = False
+    ) -> tuple[str, str, str, str, str, str]:
+        """(base pointer, ld, r0, c0, rmax, cmax) of an access to a row-major tensor; an
+        i4 tensor's base is a view that counts elements (``tsr::i4_span`` where it is
+        ``written``)."""
         dims = tensor.type.dims
         base = self.name(tensor)
         index = [(a, d) for a, d in zip(at.axes, dims, strict=True) if a.index]
+        offset = "0"
         if index:
             flat = Dim.const(0)
             for a, d in index:
@@ -742,7 +747,11 @@ class _Emitter:
             rest = Dim.const(1)
             for d in dims[len(index) :]:
                 rest = rest * d
-            base = f"{base} + ({self.c(flat)}) * ({self.c(rest)})"
+            offset = f"({self.c(flat)}) * ({self.c(rest)})"
+        if tensor.type.dtype.name == "i4":  # two to a byte: the view counts elements
+            base = f"tsr::{'i4_span' if written else 'i4_view'}{{{base}, {offset}}}"
+        elif index:
+            base = f"{base} + {offset}"
         tile = at.tile_axes
         if len(tile) == 1:
             (a,) = tile
@@ -818,7 +827,7 @@ class _Emitter:
     def op_store(self, op: Op) -> None:
         self.check_bounds(op)
         tensor, tile = op.operands
-        base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
+        base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"), written=True)
         rows, cols = self._tile_dims(tile.type)
         self.line(f"tsr::store_tile({base}, {ld}, {r0}, {c0}, {rmax}, {cmax}, {self.name(tile)}, "
                   f"{rows}, {cols});")  # fmt: skip

@@ -27,7 +27,7 @@ __all__ = ["LoaderError", "python_loader"]
 #: The cupy dtype that holds each Tessera dtype: bf16 and fp8 travel as their bits.
 _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
             "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "i8": "int8",
-            "f64": "float64"}  # fmt: skip
+            "i4": "uint8", "f64": "float64"}  # fmt: skip
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
 _RELATIONS = {"equal": "==", "at_most": "<=", "at_least": ">="}
 _WIDTH = 88  # black's default line length
@@ -145,7 +145,7 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         )
     for result in results:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
-        shape = _tuple([_py_size(d, names) for d in result["dims"]])
+        shape = _tuple(_array_shape(result, names))
         body.append(f"    if {out} is None:")
         body.extend(_wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
         body.append("    else:")
@@ -212,6 +212,8 @@ def _tensor_checks(
     name, dims, pad = p["name"], p["dims"], " " * indent
     check = [f'"{function}"', f'"{name}"', name, f'"{_STORAGE[p["dtype"]]}"', str(len(dims))]
     lines = _wrap(indent, f"{name} = _tensor(", check, ")")
+    if p["dtype"] == "i4":
+        return lines + _packed_checks(indent, function, p, bound, names)
     fresh = [d for d in dims if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound]
     if fresh == dims and len(dims) == 1:
         lines.append(f"{pad}{names[dims[0]]} = {name}.shape[0]")
@@ -223,6 +225,32 @@ def _tensor_checks(
         lines += _wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
     bound.update(dims)
     return lines
+
+
+def _array_shape(p: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """The shape of a tensor's array: an i4 tensor's holds two elements in each byte of
+    its last dim (``docs/numerics.md``)."""
+    shape = [_py_size(d, names) for d in p["dims"]]
+    if p["dtype"] == "i4":
+        shape[-1] = f"{_paren(shape[-1])} // 2"
+    return shape
+
+
+def _packed_checks(
+    indent: int, function: str, p: Mapping[str, Any], bound: set[str], names: Mapping[str, str]
+) -> list[str]:
+    """An i4 tensor's checks: the symbols its shape gives, bound from its bytes (two
+    elements in each of the last dim's), then its shape in bytes."""
+    name, dims, pad = p["name"], p["dims"], " " * indent
+    lines = []
+    for i, d in enumerate(dims):
+        if re.fullmatch(r"[A-Za-z_]\w*", d) and d not in bound:
+            size = f"2 * {name}.shape[{i}]" if i == len(dims) - 1 else f"{name}.shape[{i}]"
+            lines.append(f"{pad}{names[d]} = {size}")
+            bound.add(d)
+    shown = f'"[{", ".join(dims)}] in bytes of two"'
+    want = _tuple(_array_shape(p, names))
+    return lines + _wrap(indent, "_shape(", [f'"{function}"', f'"{name}"', name, shown, want], ")")
 
 
 def _guard(function: str, g: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:

@@ -154,6 +154,10 @@ class Dialect:
         return f"{pointer} const {name} = ({pointer})({arena} + {offset});"
 
 
+#: Element ``o`` of a packed i4 tensor (``docs/numerics.md``): the low nibble of byte
+#: ``o / 2`` for an even ``o``, the high one for an odd ``o``, sign-extended from 4 bits.
+_NIBBLE = "(float)(((((int){p}[({o}) >> 1] >> ((({o}) & 1) * 4)) & 15) ^ 8) - 8)"
+
 #: A stored element as a float, and a float as a stored element (rounded to nearest
 #: even), by dtype. A tf32 tensor's elements are read as tf32, however the caller filled
 #: the f32s.
@@ -161,7 +165,7 @@ _READS = {
     "f32": "{p}[{o}]", "tf32": "tsr_round_tf32({p}[{o}])", "bf16": "tsr_bf16_to_float({p}[{o}])",
     "f16": "tsr_f16_to_float({p}[{o}])", "fp8_e4m3": "tsr_fp8_e4m3_to_float({p}[{o}])",
     "fp8_e5m2": "tsr_fp8_e5m2_to_float({p}[{o}])", "i32": "(float){p}[{o}]",
-    "i8": "(float){p}[{o}]",
+    "i8": "(float){p}[{o}]", "i4": _NIBBLE,
 }  # fmt: skip
 _STORED = {
     "f32": "{v}", "tf32": "tsr_round_tf32({v})", "bf16": "tsr_float_to_bf16({v})",
@@ -184,7 +188,7 @@ OPENCL = Dialect(
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",
-             "fp8_e4m3": "uchar", "fp8_e5m2": "uchar", "i32": "int", "i8": "char"},
+             "fp8_e4m3": "uchar", "fp8_e5m2": "uchar", "i32": "int", "i8": "char", "i4": "char"},
     reads={**_READS, "f16": "vload_half({o}, {p})"},
     writes={**_WRITES, "f16": "vstore_half_rte({v}, {o}, {p});"},
     local_qualifier="__local",
@@ -229,7 +233,7 @@ HIP = Dialect(
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
     storage={"f32": "float", "tf32": "float", "f16": "unsigned short",
              "bf16": "unsigned short", "fp8_e4m3": "unsigned char", "fp8_e5m2": "unsigned char",
-             "i32": "int", "i8": "signed char"},
+             "i32": "int", "i8": "signed char", "i4": "signed char"},
     reads=_READS,
     writes=_WRITES,
     local_qualifier="__shared__",

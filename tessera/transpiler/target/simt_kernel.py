@@ -882,6 +882,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         dist = self.forms[tile.id].dist or Flat(out)
         if isinstance(dist, Rows):
             raise NotLowered("a store of a row vector held in registers")
+        if tensor.type.dtype.name == "i4":
+            self.store_nibbles(tensor, tile, at, dist)
+            return
         replicated = self.forms[tile.id].kind == "replicated" and _constant(out)
         if replicated and _numel(out) <= self.kernel.threads:
             self.store_replicated(tensor, tile, at)
@@ -899,6 +902,26 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         value = self.at(tile, index, out)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
+        self.close_walk()
+
+    def store_nibbles(self, tensor: Value, tile: Value, at: Access, dist: Distribution) -> None:
+        """Store a tile into a packed i4 tensor: the thread at each even element writes
+        its byte whole, from its element and the next one, so that no two threads write
+        one byte. The next element is computed again where it is an expression; the
+        tile's columns start at an even column and are an even number (the tensor's
+        last dim is even), so that it lies in the tile."""
+        out = tuple(tile.type.dims)
+        width = tile.type.dims[-1].constant
+        if self.forms[tile.id].kind not in ("lazy", "scalar") or (width and width % 2):
+            raise NotLowered("a store into an i4 tensor of values held in registers")
+        index = self.walk(dist)
+        offset, condition = self.address(tensor, at, index)
+        lo = self.at(tile, index, out)
+        hi = self.at(tile, (*index[:-1], f"{index[-1]} + 1"), out)
+        even = f"(({offset}) & 1) == 0"
+        pointer = self.forms[tensor.id].name
+        self.line(f"if ({' && '.join(c for c in (condition, even) if c)}) "
+                  f"{pointer}[({offset}) >> 1] = tsr_i4_pair({lo}, {hi});")  # fmt: skip
         self.close_walk()
 
     def store_replicated(self, tensor: Value, tile: Value, at: Access) -> None:

@@ -252,7 +252,12 @@ class TileOps:
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
         index = self.walk(Flat(tuple(buf.type.dims)))
         offset, condition = self.address(tensor, op.attr("at"), index)
-        self.line(self.d.copy(dtype, dst, place(index), src, offset, condition))
+        if tensor.type.dtype != buf.type.dtype:  # unpacked (i4 into bytes) as it is copied
+            value = self.d.read(tensor.type.dtype.name, src, offset)
+            value = f"{condition} ? {value} : 0.0f" if condition else value
+            self.line(self.d.write(dtype, dst, place(index), value))
+        else:
+            self.line(self.d.copy(dtype, dst, place(index), src, offset, condition))
         self.close_walk()
 
     def chunks_aligned(self, op: Op) -> str | None:
@@ -264,6 +269,8 @@ class TileOps:
         per = CHUNK_BYTES * 8 // buf.type.dtype.bits
         cols = buf.type.dims[-1].constant
         if at.axes[-1].index or cols is None or cols % per or len(buf.type.dims) > 2:
+            return None
+        if tensor.type.dtype != buf.type.dtype:
             return None
         if tensor.id not in self.aligned:
             name, row = self.forms[tensor.id].name, tensor.type.dims[-1]

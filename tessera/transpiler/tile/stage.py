@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..graph.dims import Dim
+from ..graph.dtypes import DTYPES
 from ..graph.ir import Block, Op, Value, new_value, walk
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
@@ -91,7 +92,9 @@ class _Stager:
         while name in taken:
             suffix += 1
             name = f"{base}_{suffix}"
-        buf = new_value(SharedType(t.dims, t.dtype, stages), name)
+        # An i4 tile is held a byte to an element: the copy unpacks it.
+        dtype = DTYPES["i8"] if t.dtype.name == "i4" else t.dtype
+        buf = new_value(SharedType(t.dims, dtype, stages), name)
         self.allocs.append(Op("alloc", (), (buf,), (("space", "shared"),)))
         self.buffers[load.result.id] = buf
         return buf

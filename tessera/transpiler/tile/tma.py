@@ -50,6 +50,7 @@ def fits_tma(copy: Op, layouts: dict[str, str]) -> bool:
     dims = copy.operands[0].type.dims
     return (
         layouts.get(buf.name or "smem") == "sw128"
+        and copy.operands[0].type.dtype == t.dtype  # TMA copies bytes as they are
         # TMA fills zeros past the tensor's end only: a view that ends sooner (a head's
         # columns) needs a mask of its own
         and all(not a.masked or a.extent == d for a, d in zip(at.axes, dims, strict=True))
