@@ -327,6 +327,30 @@ def test_barriers_separate_writes_from_reads_of_each_buffer() -> None:
     assert ops_of(loop(k).regions[0], "barrier")
 
 
+CAST_OPERANDS = """\
+@kernel
+def castdot(a: Tensor["M", "K", i8], b: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(a.shape[-1], T.k):
+        x = tile.cast(tile.load(a, rows=T.m, cols=kb), f32)
+        y = tile.cast(tile.load(b, kb, cols=T.n), f32)
+        acc += tile.dot(x, y)
+    return acc
+"""
+
+
+def test_operands_cast_in_shared_memory_are_read_at_the_product() -> None:
+    """A product of casts of staged tiles reads the buffers through the casts, so their
+    reads move down to it, past the other operand's barrier: the next iteration's copies
+    then wait for every thread's product (the barrier before them was missing, and a
+    copy overwrote an operand another thread was still multiplying)."""
+    for target, arch in (("opencl", None), ("cuda", "sm_80"), ("hip", None)):
+        body = [op.kind for op in loop(kernel(CAST_OPERANDS, target, arch)).regions[0].ops]
+        assert "barrier" not in body[body.index("read") : body.index("mma")], target
+        assert body.index("barrier") < body.index("copy"), target
+
+
 # -- shared-memory planning ------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ start before every thread's write to that buffer is done (read after write),
 and a write must not start while another thread may still read the old
 contents (write after read). Writes are synchronous ``copy`` ops, or
 asynchronous ones, which count as done at the ``wait`` that covers them. A
-barrier clears both hazards. Loops are walked twice so that the hazards
+barrier clears both hazards. A product reads its operands from shared memory as it
+runs, and its reads stand just before it (``defer_reads``), so a barrier that one of
+them needs goes before all of them. Loops are walked twice so that the hazards
 carried from one iteration into the next are seen; CPU programs are one
 thread and need none.
 """
@@ -58,8 +60,14 @@ def _block(block: Block, state: _Hazards) -> tuple[Block, _Hazards]:
         elif op.kind == "read":
             buf = op.operands[0].id
             if buf in state.written:
-                ops.append(_barrier())
-                state = _Hazards(pending=state.pending)
+                # before the reads (and their casts) just before it too: they read
+                # their buffers at the product they feed, after this barrier
+                run = len(ops)
+                while run and ops[run - 1].kind in _READING:
+                    run -= 1
+                ops.insert(run, _barrier())
+                read = {r.operands[0].id for r in ops[run + 1 :] if r.kind == "read"}
+                state = _Hazards(read=read, pending=state.pending)
             state.read.add(buf)
         elif op.kind == "for":
             body = op.regions[0]
@@ -80,6 +88,10 @@ def _block(block: Block, state: _Hazards) -> tuple[Block, _Hazards]:
             op = replace(op, regions=tuple(regions))
         ops.append(op)
     return replace(block, ops=tuple(ops)), state
+
+
+#: What stands between a deferred read and the product that reads it (``defer_reads``).
+_READING = ("read", "cast", "transpose")
 
 
 def _barrier() -> Op:

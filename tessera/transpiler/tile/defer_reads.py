@@ -49,6 +49,12 @@ def _reads_of_shared_operands(body: Block) -> set[int]:
                 source = defs.get(source.operands[0].id)
             if source is not None and source.kind == "read":
                 found.add(id(source))
+                # the casts and transposes between it move with it: the product reads
+                # through them, so they read the buffer where it stands
+                through = defs.get(v.id)
+                while through is not None and through.kind in _THROUGH:
+                    found.add(id(through))
+                    through = defs.get(through.operands[0].id)
     return found
 
 
@@ -63,11 +69,11 @@ def _place(block: Block, deferred: set[int], pending: list[Op]) -> tuple[Block, 
             continue
         direct = {v.id for v in op.operands}
         inner = _inner_uses(op)
-        here = [r for r in pending if r.result.id in direct]
+        here = _with_producers(pending, direct)
         if op.kind == "for":
-            down = [r for r in pending if r.result.id in inner and r not in here]
+            down = [r for r in _with_producers(pending, inner) if r not in here]
         else:  # a read used in one branch of an `if` stays before the `if`
-            here += [r for r in pending if r.result.id in inner and r not in here]
+            here = _with_producers(pending, direct | inner)
             down = []
         ops += here
         pending = [r for r in pending if r not in here and r not in down]
@@ -85,6 +91,17 @@ def _place(block: Block, deferred: set[int], pending: list[Op]) -> tuple[Block, 
     uses = {v.id for v in block.yields}
     ops += [r for r in pending if r.result.id in uses]
     return replace(block, ops=tuple(ops)), [r for r in pending if r.result.id not in uses]
+
+
+def _with_producers(pending: list[Op], used: set[int]) -> list[Op]:
+    """The pending ops whose results ``used`` names, with the pending ops they read
+    (a read before the cast of it), in their order."""
+    wanted, chosen = set(used), set()
+    for op in reversed(pending):
+        if op.result.id in wanted:
+            chosen.add(id(op))
+            wanted |= {v.id for v in op.operands}
+    return [op for op in pending if id(op) in chosen]
 
 
 def _inner_uses(op: Op) -> set[int]:
