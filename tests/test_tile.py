@@ -354,6 +354,19 @@ def test_operands_cast_in_shared_memory_are_read_at_the_product() -> None:
 # -- shared-memory planning ------------------------------------------------------------
 
 
+def test_a_block_too_big_for_shared_memory_is_an_error_at_its_loop() -> None:
+    """A constant range_n block whose staged tiles do not fit (an internal error after
+    the planner before): the loop's line, the bytes and the arch's limit."""
+    source = CAST_OPERANDS.replace("range_n(a.shape[-1], T.k)", "range_n(a.shape[-1], 256)")
+    for target, arch, need, limit in (("cuda", "sm_80", "196,608", "166,912"),
+                                      ("hip", None, "131,072", "65,536")):  # fmt: skip
+        with pytest.raises(tessera.CompileError) as caught:
+            tessera.compile(source, "big.tsr", target=target, arch=arch)
+        (error,) = caught.value.diagnostics
+        assert error.span.line == 5 and f"stages {need} bytes" in error.message, target
+        assert f"than the {limit} a block has" in error.message, target
+
+
 def test_smem_plan_reuses_the_query_buffer_and_keeps_live_buffers_apart() -> None:
     """On the CPU the query tile goes into registers before the loop: its buffer is free
     for the keys."""

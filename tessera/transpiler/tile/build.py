@@ -32,7 +32,7 @@ from .instantiate import (
 )
 from .ir import TileKernel, TileModule, TileProgram
 from .lower import KernelInput, View, lower_tile_function
-from .passes import run_tile_passes
+from .passes import SharedMemoryOverflow, run_tile_passes
 
 __all__ = ["tile_module", "ANCHORS", "RUNTIME"]
 
@@ -73,7 +73,10 @@ def tile_module(
                 )
             kernel = _lower_launch(function, host, group, launch, diags)
             if kernel is not None:
-                kernels.append(run_tile_passes(kernel, hw, until))
+                try:
+                    kernels.append(run_tile_passes(kernel, hw, until))
+                except SharedMemoryOverflow as exc:
+                    diags.error(str(exc), exc.span or function.span)
         programs.append(TileProgram(host, tuple(kernels), tuple(runtime)))
     return TileModule(sched.name, sched.target, sched.arch, tuple(programs))
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from ... import checks
 from ...frozen import frozen
+from ..graph.ir import walk
 from ..schedule.hardware import Hardware
 from .barriers import insert_barriers
 from .causal import bound_causal_loops
@@ -31,7 +32,7 @@ from .specialize import specialize_warps
 from .stage import stage_operands
 from .verify import verify_kernel
 
-__all__ = ["TILE_PASSES", "run_tile_passes", "TilePass"]
+__all__ = ["TILE_PASSES", "run_tile_passes", "TilePass", "SharedMemoryOverflow"]
 
 
 @frozen
@@ -52,6 +53,20 @@ TILE_PASSES: tuple[TilePass, ...] = (
 )
 
 
+class SharedMemoryOverflow(Exception):
+    """The kernel's buffers, as planned, need more shared memory than a block has: the
+    program's choice (a constant block in ``tile.range_n``), reported at its line."""
+
+    def __init__(self, kernel: TileKernel, hw: Hardware) -> None:
+        loops = [op for op in walk(kernel.body) if op.kind == "for"]
+        super().__init__(
+            f"'{kernel.function}' stages {kernel.smem_bytes:,} bytes of shared memory, more "
+            f"than the {hw.smem_bytes:,} a block has on {hw.arch}: a smaller block in "
+            "tile.range_n, or a schedule with smaller tiles, fits"
+        )
+        self.span = loops[0].span if loops and loops[0].span else kernel.span
+
+
 def run_tile_passes(kernel: TileKernel, hw: Hardware, until: str | None = None) -> TileKernel:
     """Run the passes in order (up to and including ``until``; ``"lowering"`` runs
     none), verifying the result, and with ``checks.ENABLED`` what each pass gives."""
@@ -63,6 +78,8 @@ def run_tile_passes(kernel: TileKernel, hw: Hardware, until: str | None = None) 
     for tile_pass in TILE_PASSES:
         kernel = tile_pass.run(kernel, hw)
         masked = masked or tile_pass.name == "edge-mask"
+        if tile_pass.name == "plan-smem" and kernel.smem_bytes > hw.smem_bytes:
+            raise SharedMemoryOverflow(kernel, hw)
         last = tile_pass.name == until or tile_pass is TILE_PASSES[-1]
         if checks.ENABLED or last:
             verify_kernel(kernel, hw, tile_pass.name, masks_final=masked)
