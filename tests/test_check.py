@@ -16,8 +16,8 @@ import pytest
 
 import tessera
 from tessera.cli.main import main
-from tessera.transpiler.check import check_module
 from tessera.transpiler.check.banks import BANKS, WORD, byte_address, degree, lint_banks, patterns
+from tessera.transpiler.check.checks import check_module
 from tessera.transpiler.check.races import find_races
 from tessera.transpiler.graph.dims import Dim
 from tessera.transpiler.graph.ir import Block

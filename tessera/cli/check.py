@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..transpiler.check import THRESHOLD, check_module
+from ..transpiler.check.checks import THRESHOLD, check_module
 from ..transpiler.pipeline import compile_file
 from .common import add_compile_options, run_reported
 

@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any
 
 from .. import __version__
-from ..transpiler.check import check_module
+from ..transpiler.check.checks import check_module
 from ..transpiler.pipeline import Program
 from .lines import graph_map, launch_lines, sched_map, target_map, tile_map
 

@@ -1,24 +1,6 @@
 """Static checks and estimates over the Tile IR: races, bank conflicts, the roofline.
 
-``tesserac check`` runs the checks (``check_module``); the estimates go into
-``--emit meta`` and the lowering inspector.
+``tesserac check`` runs the checks (``checks.check_module``); the estimates go into
+``--emit meta`` and the lowering inspector. The package imports none of its modules, so
+that a compilation loads only the estimates it writes into the metadata.
 """
-
-from __future__ import annotations
-
-from ..tile.ir import TileModule
-from .banks import THRESHOLD, lint_banks
-from .findings import Finding
-from .races import find_races
-
-__all__ = ["Finding", "check_module", "THRESHOLD"]
-
-
-def check_module(module: TileModule, bank_threshold: int = THRESHOLD) -> list[Finding]:
-    """Every finding of every check on every kernel of ``module``, kernel by kernel."""
-    findings: list[Finding] = []
-    for program in module.programs:
-        for kernel in program.kernels:
-            findings += find_races(kernel)
-            findings += lint_banks(kernel, bank_threshold)
-    return findings
