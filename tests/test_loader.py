@@ -220,7 +220,7 @@ def test_loader_binds_a_vector_length_and_passes_defaults(
     assert named["N"] == 1000 and isinstance(named["N"], np.int64)
     assert (named["lr"], named["step"]) == (np.float32(0.01), 3)
     defaults = {p["name"]: p["default"] for p in meta["params"] if "default" in p}
-    assert defaults == {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+    assert defaults == {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
     for name, value in defaults.items():
         assert named[name] == np.float32(value) and isinstance(named[name], np.float32)
     adam.fused_adam(param, grad, m, v, lr=0.01, step=3, beta1=0.5)

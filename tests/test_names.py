@@ -250,8 +250,13 @@ def _generated_names() -> list[str]:
         names |= words | {stem + suffix for stem in stems for suffix in suffixes}
     entry = tessera.compile(GENERATED.format(name="f", param="y", size="S"), target="cpu")
     names |= {entry.ir("meta")["functions"][0]["symbol"], "pid_m_count", "main"}
-    # What a .tsr file cannot name: Python's keywords, and the names the kernels below use.
-    return sorted(n for n in names if not keyword.iskeyword(n) and n not in {"R", "w", "x"})
+    # What a .tsr file cannot name: Python's keywords, the names results are passed under
+    # (out, out0, ...: a parameter so named is an error), and the names the kernels below
+    # use.
+    return sorted(
+        n for n in names
+        if not keyword.iskeyword(n) and not re.fullmatch(r"out\d*", n) and n not in {"R", "w", "x"}
+    )  # fmt: skip
 
 
 GENERATED = """\
