@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-exhaustive lint format bench clean
 
 # Set up, then compile an example for the CPU, run it, check it against numpy, time it;
 # then train a small MLP with a compiled training step, step by step beside PyTorch.
@@ -14,14 +14,21 @@ demo: $(STAMP)
 	$(BIN)/python examples/run_mlp.py
 	$(BIN)/python examples/train_mlp.py
 
-# Set up, then run every test tier that this machine's tools allow, one worker per core.
+# Set up, then run every test tier that this machine's tools allow, one worker per core,
+# but the exhaustive sweeps (every case under the sanitizers, the whole library through
+# nvcc and hipcc), which test-exhaustive runs and CI runs after it.
 # TEST_CORE_MINUTES is the suite's measured cost on one core of a 2-core machine; the
 # estimate printed first divides it by the cores (it is a guide, not a promise).
-TEST_CORE_MINUTES := 30
+TEST_CORE_MINUTES := 24
+EXHAUSTIVE_CORE_MINUTES := 10
 CORES := $(shell nproc 2>/dev/null || echo 1)
 test: $(STAMP) lint
 	@echo "make test: about $$(( ($(TEST_CORE_MINUTES) + $(CORES) - 1) / $(CORES) )) minutes on $(CORES) cores"
-	$(BIN)/python -m pytest -n $(CORES) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(CORES) -m "not exhaustive" $(PYTEST_ARGS)
+
+test-exhaustive: $(STAMP)
+	@echo "make test-exhaustive: about $$(( ($(EXHAUSTIVE_CORE_MINUTES) + $(CORES) - 1) / $(CORES) )) minutes on $(CORES) cores"
+	$(BIN)/python -m pytest -n $(CORES) -m exhaustive $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/black --check tessera tests bench examples

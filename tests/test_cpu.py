@@ -316,6 +316,7 @@ print("clean")
 """
 
 
+@pytest.mark.exhaustive
 def test_every_case_is_clean_under_address_and_undefined_sanitizers() -> None:
     done = run_sanitized(SANITIZED.format(root=str(ROOT)), ROOT)
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]

@@ -380,6 +380,7 @@ print("clean")
 """
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(("target", "arch"), TARGETS, ids=[a for _, a in TARGETS])
 def test_every_case_is_clean_under_address_and_undefined_sanitizers(target: str, arch: str) -> None:
     """Every reference case with the simulated kernels built under AddressSanitizer and

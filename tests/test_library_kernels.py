@@ -955,6 +955,7 @@ REDUCTIONS = {"row_sums", "row_means", "row_maxes", "log_partition", "amax", "ro
               "mean_squares", "cross_entropy", "count_at_least"}  # fmt: skip
 
 
+@pytest.mark.exhaustive
 @pytest.mark.compile
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
@@ -962,6 +963,7 @@ def test_compiles_with_nvcc_warning_free(arch: str, tmp_path: Path) -> None:
     _nvcc("library.tsr", arch, tmp_path, text=SOURCE)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.compile
 @needs_hipcc
 def test_compiles_with_hipcc_warning_free(tmp_path: Path) -> None:
