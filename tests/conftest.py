@@ -21,6 +21,13 @@ SEEDS = sorted((ROOT / "tests" / "seeds").glob("*.tsr"))
 SOURCES = [str(p.relative_to(ROOT)) for p in EXAMPLES] + sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "tessera/stdlib").glob("*.tsr")
 )
+#: SOURCES as the parameters of a sweep that puts each file through a toolchain: the
+#: library's files are the exhaustive tier's (make test-exhaustive), the examples, which
+#: instantiate the library's kernels, make test's.
+COMPILED_SOURCES = [
+    p if p.startswith("examples/") else pytest.param(p, marks=pytest.mark.exhaustive, id=p)
+    for p in SOURCES
+]
 
 #: Examples per fuzz test: six fuzz tests give 1,200 cases, and --fuzz-long fifty times
 #: that (10,000 mutants of the examples, seed snippets and library kernels alone).

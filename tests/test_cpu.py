@@ -50,7 +50,11 @@ COMPILERS = {"g++": ("-fsyntax-only",), "clang++": ("-c", "-o", "k.o")}
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
-@pytest.mark.parametrize("path", EXAMPLES + STDLIB, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    EXAMPLES + [pytest.param(p, marks=pytest.mark.exhaustive, id=p.stem) for p in STDLIB],
+    ids=lambda p: p.stem,
+)
 def test_generated_cpp_compiles_warning_free(path: Path, compiler: str, tmp_path: Path) -> None:
     if shutil.which(compiler) is None:
         pytest.skip(f"needs {compiler}")

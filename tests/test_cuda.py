@@ -30,7 +30,7 @@ from tessera.runtime.foreign import BIT_CARRIERS
 from tessera.transpiler.schedule.hardware import hardware_for
 from tessera.transpiler.target.nvrtc import parse_report
 
-from .conftest import ROOT, SOURCES
+from .conftest import COMPILED_SOURCES, ROOT
 from .gpusim import simulated_cupy, use_simulator
 from .reference import (
     CASES,
@@ -112,7 +112,7 @@ def _nvcc(path: str, arch: str, tmp_path: Path, text: str | None = None) -> tupl
 @pytest.mark.compile
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("path", SOURCES)
+@pytest.mark.parametrize("path", COMPILED_SOURCES)
 def test_compiles_with_nvcc_warning_free_without_spills(path: str, arch: str, tmp_path: Path):
     _, report = _nvcc(path, arch, tmp_path)
     frames = re.findall(
@@ -166,7 +166,7 @@ def test_swizzled_and_plain_arenas_in_one_file_compile_warning_free(tmp_path: Pa
 @pytest.mark.compile
 @needs_nvrtc
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("path", SOURCES)
+@pytest.mark.parametrize("path", COMPILED_SOURCES)
 def test_compiles_with_nvrtc_as_it_is(path: str, arch: str) -> None:
     """NVRTC has no include path: the file must need nothing but itself."""
     from cuda.bindings import nvrtc

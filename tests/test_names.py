@@ -265,8 +265,10 @@ def {name}({param}: Tensor["R", "{size}", f32],
            w: Tensor["{size}", f32]) -> Tensor["R", "{size}", f32]:
     return rmsnorm({param}, w, eps=1e-6)
 """
-GENERATED_TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
-                     ("hip", "gfx90a"),
+#: nvcc and hipcc take minutes over a kernel per name: theirs are the exhaustive tier's.
+GENERATED_TARGETS = [("cpu", None), ("opencl", None),
+                     *(pytest.param(t, a, marks=pytest.mark.exhaustive)
+                       for t, a in (("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"))),
                      pytest.param("sycl", None, marks=needs_sycl_headers)]  # fmt: skip
 
 
