@@ -95,6 +95,14 @@ def _check(text: str, target: str, arch: str | None) -> None:
         assert str(exc)
 
 
+def test_lone_carriage_returns_do_not_count_as_lines() -> None:
+    """A file with lone CRs and a form feed: the error at its end is on its last line
+    (line ends were counted as Python's splitlines counts them, which put it three lines
+    past the end; found by --fuzz-long)."""
+    text = "\x0c\r# a comment\n\r# another\n\n@kernel\n"
+    check(text + 'def f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n', "cpu", None)
+
+
 #: What an extreme-number mutation puts in place of a number.
 EXTREMES = ["0", "-1", "0.0", "-0.0", "1e308", "1e-320", "9223372036854775807",
             "9223372036854775808", "99999999999999999999999", "2**63", "0x10", "1_000"]  # fmt: skip

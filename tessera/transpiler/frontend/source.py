@@ -24,7 +24,12 @@ class SourceFile:
     _lines: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_lines", tuple(self.text.splitlines()))
+        # Lines end at "\n" alone, as the lexer counts them: splitlines() would also end
+        # one at a lone CR or a form feed, and put a position past the file's last line.
+        lines = self.text.split("\n")
+        if lines[-1] == "":  # a final line break ends the last line; it starts none
+            lines.pop()
+        object.__setattr__(self, "_lines", tuple(lines))
 
     def line_text(self, line: int) -> str:
         """The text of a 1-based line, without its line break ('' past the end)."""
