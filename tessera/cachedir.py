@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "private_cache_dir"]
+__all__ = ["cache_dir", "private_cache_dir", "keep"]
 
 
 def cache_dir() -> Path:
@@ -37,3 +38,19 @@ def private_cache_dir(name: str) -> Path | None:
     except OSError:
         return None
     return path
+
+
+def keep(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` in a cache folder whole or not at all: a concurrent run
+    reads the old file or the new one, never half of one. A failure leaves the cache as
+    it was (what is kept can always be rebuilt)."""
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)

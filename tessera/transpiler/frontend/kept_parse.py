@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import pickle
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 
-from ...cachedir import private_cache_dir
+from ...cachedir import keep, private_cache_dir
 from . import ast
 from .diagnostics import Diagnostics
 from .parser import parse
@@ -58,20 +56,5 @@ def parse_library_file(name: str, text: str) -> ast.Module:
     module = parse(SourceFile(name, text), diags)
     assert module is not None and not diags.items, f"{name} does not parse"
     if path is not None:
-        _write(path, pickle.dumps((key, module), protocol=pickle.HIGHEST_PROTOCOL))
+        keep(path, pickle.dumps((key, module), protocol=pickle.HIGHEST_PROTOCOL))
     return module
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Write ``data`` whole or not at all: a concurrent run reads the old file or the
-    new one, never half of one."""
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name)
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)

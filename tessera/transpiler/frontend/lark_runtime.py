@@ -20,14 +20,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
-import os
-import tempfile
 from importlib import resources
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...cachedir import private_cache_dir
+from ...cachedir import keep, private_cache_dir
 
 __all__ = [
     "Token", "Tree", "PostLex", "PatternStr", "UnexpectedInput", "UnexpectedToken",
@@ -72,7 +69,7 @@ def _load_kept() -> ModuleType | None:
     grammar = _grammar()
     path = folder / _kept_name(grammar)
     if not path.exists():
-        _write(path, stand_alone_source(grammar))
+        keep(path, stand_alone_source(grammar).encode("utf-8"))
     spec = importlib.util.spec_from_file_location("tessera_lalr", path)
     if spec is None or spec.loader is None:
         return None
@@ -85,21 +82,6 @@ def _load_kept() -> ModuleType | None:
         pass
     path.unlink(missing_ok=True)
     return None
-
-
-def _write(path: Path, text: str) -> None:
-    """Write ``text`` whole or not at all: a concurrent run imports the complete file
-    or writes its own, never half of one."""
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
 
 
 _kept = _load_kept()
