@@ -44,17 +44,13 @@ def _reads_of_shared_operands(body: Block) -> set[int]:
             continue
         operands = (op.operands[4],) if op.kind == "softmax_accumulate" else op.operands[:2]
         for v in operands:
-            source = defs.get(v.id)
-            while source is not None and source.kind in _THROUGH:
-                source = defs.get(source.operands[0].id)
-            if source is not None and source.kind == "read":
-                found.add(id(source))
-                # the casts and transposes between it move with it: the product reads
-                # through them, so they read the buffer where it stands
-                through = defs.get(v.id)
-                while through is not None and through.kind in _THROUGH:
-                    found.add(id(through))
-                    through = defs.get(through.operands[0].id)
+            # the read and the casts and transposes between it and the product, which
+            # reads through them: they move together, reading the buffer where it stands
+            chain = [defs.get(v.id)]
+            while chain[-1] is not None and chain[-1].kind in _THROUGH:
+                chain.append(defs.get(chain[-1].operands[0].id))
+            if chain[-1] is not None and chain[-1].kind == "read":
+                found |= {id(op) for op in chain}
     return found
 
 
