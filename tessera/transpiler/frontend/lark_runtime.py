@@ -31,6 +31,10 @@ __all__ = [
     "UnexpectedCharacters", "new_parser",
 ]  # fmt: skip
 
+#: What the front end takes from the module.
+_TAKEN = ("Token", "Tree", "PostLex", "PatternStr", "UnexpectedInput", "UnexpectedToken",
+          "UnexpectedCharacters", "Lark_StandAlone")  # fmt: skip
+
 #: How the grammar is compiled: fixed when the tables are, so part of the file's name.
 OPTIONS: dict[str, Any] = {
     "parser": "lalr",
@@ -76,7 +80,7 @@ def _load_kept() -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-        if all(hasattr(module, name) for name in (*__all__[:-1], "Lark_StandAlone")):
+        if all(hasattr(module, name) for name in _TAKEN):
             return module
     except Exception:  # damaged: written anew next time, and lark used this time
         pass
