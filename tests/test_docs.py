@@ -12,6 +12,7 @@ import pytest
 
 import tessera
 from tessera.transpiler.graph.graph_ops import GRAPH_OPS
+from tessera.transpiler.graph.opdocs import main as write_ops_doc
 from tessera.transpiler.graph.opdocs import render_ops_doc
 
 from .conftest import ROOT
@@ -28,6 +29,18 @@ def test_ops_reference_is_current(update_golden: bool) -> None:
     assert (
         OPS_DOC.read_text(encoding="utf-8") == expected
     ), "docs/ops.md is stale: run python -m tessera.transpiler.graph.opdocs"
+
+
+def test_ops_reference_writer_takes_help_as_an_option_not_a_file_name(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        write_ops_doc(["--help"])
+    assert exit_info.value.code == 0 and "operation reference" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+    write_ops_doc(["ops.md"])
+    assert (tmp_path / "ops.md").read_text(encoding="utf-8") == render_ops_doc()
 
 
 def test_every_operation_is_documented() -> None:

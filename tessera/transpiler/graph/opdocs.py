@@ -8,7 +8,7 @@ changing an operation.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 from ...files import write_file
@@ -111,9 +111,16 @@ def render_ops_doc() -> str:
     return "\n".join(parts)
 
 
-def main() -> None:
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/ops.md")
-    write_file(target, render_ops_doc())
+def main(argv: list[str] | None = None) -> None:
+    """Write the reference to the path given (``docs/ops.md`` by default)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tessera.transpiler.graph.opdocs",
+        description="Write the operation reference from the operation registry.",
+    )
+    parser.add_argument(
+        "output", nargs="?", type=Path, default=Path("docs/ops.md"), help="default: docs/ops.md"
+    )
+    write_file(parser.parse_args(argv).output, render_ops_doc())
 
 
 if __name__ == "__main__":
