@@ -111,3 +111,20 @@ def test_the_launchers_are_left_out_on_request_and_never_clash_with_a_kernel(
     assert "named like the kernel 'tessera_x'" in capsys.readouterr().err
     with pytest.raises(HostNameClash):
         host_source(tessera.compile(clash.read_text(), "clash.tsr", target="cuda").ir("meta"))
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip", "sycl"])
+def test_an_unused_parameter_is_left_unnamed_in_the_launcher(target: str, tmp_path: Path) -> None:
+    """A parameter no kernel reads keeps its place in the host function, unnamed, as in
+    the CPU entry: named, it was an unused-parameter warning under -Wextra."""
+    from .test_targets import UNUSED_PARAMETERS
+
+    (tmp_path / "unused.tsr").write_text(UNUSED_PARAMETERS)
+    out = tmp_path / f"unused.{target}.cpp"
+    assert main([str(tmp_path / "unused.tsr"), "--target", target, "-o", str(out)]) == 0
+    source = out.read_text()
+    start = source.index("inline void scaled(" if target == "sycl" else "int tessera_scaled(")
+    signature = " ".join(source[start : source.index("{", start)].split())
+    for unused in ("s", "y", "n", "eps"):
+        assert f"/* {unused} */" in signature, signature
+    assert "/* x */" not in signature and "* x," in signature, signature

@@ -134,3 +134,28 @@ def test_reductions_without_an_axis_reduce_every_axis(
         getattr(lib, name)(arg.astype(np.float32), out=out)
         error = np.abs(f64(out) - want).max() / np.abs(want).max()
         assert error < 1e-5, f"{name}: relative error {error:.2e}"
+
+
+#: A function that does not use all its parameters (yet): a scalar, an int and a tensor.
+UNUSED_PARAMETERS = """\
+@kernel
+def scaled(x: Tensor["N", f32], s: float, y: Tensor["N", f32], n: int, *,
+           eps: float = 1e-5) -> Tensor["N", f32]:
+    return x * 2.0
+"""
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_unused_parameters_keep_their_place_in_the_signature(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A caller passes what the ``.tsr`` signature declares, used or not: an unused
+    scalar was dropped from the entry, so ``scaled(x, 0.5, y, 3)`` was refused as four
+    arguments for two."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = load_everywhere(UNUSED_PARAMETERS, target, arch, monkeypatch)
+    x, y = np.random.default_rng(5).standard_normal((2, 37)).astype(np.float32)
+    out = np.full(37, np.nan, np.float32)
+    lib.scaled(x, 0.5, y, 3, eps=1e-3, out=out)
+    np.testing.assert_array_equal(out, x * np.float32(2.0))

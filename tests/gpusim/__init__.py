@@ -383,7 +383,12 @@ def simulated_sycl_source(source: str) -> str:
     text = source.replace("#include <sycl/sycl.hpp>\n", "")
     wrappers = []
     for match in _SYCL_HOST.finditer(source):
-        params = [" ".join(p.split()) for p in match.group(2).split(",")]
+        # the wrapper names every parameter, the ones the host function leaves unnamed
+        # (``const float* /* y */``, unused) included
+        params = [
+            " ".join(p.replace("/*", "").replace("*/", "").split())
+            for p in match.group(2).split(",")
+        ]
         names = [p.rsplit(" ", 1)[1] for p in params]
         wrappers.append(
             f'extern "C" void tsr_sim_{match.group(1)}({", ".join(params)}) {{\n'

@@ -133,14 +133,14 @@ class _FunctionView:
         }
         read |= set(results)  # fmt: skip
         for name, t in params:
+            # an input that no kernel reads (a gradient that does not need it, a scalar
+            # not used yet) keeps its place in the entry, unnamed
+            arg = c_name[name] if name in read else f"/* {c_name[name]} */"
             if isinstance(t, TensorType):
                 const = "" if name in results or written(program, name) else "const "
-                # an input that no kernel reads (a gradient that does not need it) keeps
-                # its place in the entry, unnamed
-                arg = c_name[name] if name in read else f"/* {c_name[name]} */"
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {arg}")
             else:
-                decls.append(f"const {_scalar(t)} {c_name[name]}")
+                decls.append(f"const {_scalar(t)} {arg}")
         self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]
         body: list[str] = []
         for slot, size in sorted(slots.items()):

@@ -40,17 +40,10 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
-    # a tensor that only a collective reads or writes is still the entry's to take, and a
-    # tensor input that no kernel reads keeps its place (a gradient may not need it)
-    results = dict(zip(program.host.results, result_names(len(program.host.results)), strict=True))
-    exchanged = {results.get(n, n.removeprefix("%")) for launch in program.host.launches
-                 if launch.kind == "collective"
-                 for n in (*launch.reads, *launch.writes)}  # fmt: skip
-    kept = [
-        n
-        for n in names
-        if n in by_name or n in exchanged or isinstance(declared.get(n), TensorType)
-    ]
+    # every declared parameter keeps its place, read or not (a gradient may not need an
+    # input, a scalar may be unused while a model is written): callers pass what the
+    # ``.tsr`` signature says
+    kept = [n for n in names if n in by_name or n in declared]
     return [(n, declared.get(n, by_name.get(n))) for n in kept]
 
 

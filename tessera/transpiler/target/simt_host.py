@@ -21,6 +21,7 @@ leaves it out. ``docs/runtime.md`` documents the entries.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -246,13 +247,6 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     api = _API[target]
     storage = DIALECTS[target].storage
     sizes = [f"std::int64_t {d}" for d in f["dims"]]
-    params = []
-    for p in f["params"]:
-        if p["kind"] == "scalar":
-            params.append(f"{_C_SCALARS[p['type']]} {p['name']}")
-        else:
-            const = "const " if p["io"] == "in" else ""
-            params.append(f"{const}{storage[p['dtype']]}* {p['name']}")
     name = f"tessera_{f['name']}"
     size_args = ", ".join(f["dims"])
     lines: list[str] = []
@@ -301,6 +295,16 @@ def _function(f: Mapping[str, Any], target: str) -> str:
         "return status;",
     ]
     body = "".join(f"  {line}\n" for line in lines if line)
+    # an input that no kernel reads keeps its place in the signature, unnamed
+    read = set(re.findall(r"\w+", body))
+    params = []
+    for p in f["params"]:
+        shown = p["name"] if p["name"] in read else f"/* {p['name']} */"
+        if p["kind"] == "scalar":
+            params.append(f"{_C_SCALARS[p['type']]} {shown}")
+        else:
+            const = "const " if p["io"] == "in" else ""
+            params.append(f"{const}{storage[p['dtype']]}* {shown}")
     signature = ", ".join([*params, *sizes, "void* workspace", "std::size_t workspace_bytes",
                            f"{api['stream']} stream"])  # fmt: skip
     return (

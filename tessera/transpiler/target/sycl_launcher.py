@@ -69,14 +69,15 @@ def launcher(
     that its parameters must not hide."""
     namer = Namer(file_names | LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS)
     names: dict[str, str] = {}
-    params = []
+    inputs = []  # (the declaration before its name, the name)
     for entry, t in entry_params(program):
         names[entry] = namer.fresh(entry, "arg")
         if isinstance(t, TensorType):
             const = "" if written(program, entry) else "const "
-            params.append(f"{const}{d.storage[t.dtype.name]}* {names[entry]}")
+            inputs.append((f"{const}{d.storage[t.dtype.name]}*", names[entry]))
         else:
-            params.append(f"const {d.scalar_types[t.kind]} {names[entry]}")
+            inputs.append((f"const {d.scalar_types[t.kind]}", names[entry]))
+    params = []
     for dim in symbols([t for _, t in entry_params(program)]):
         names[dim] = namer.fresh(dim, "size")
         params.append(f"const {d.index_type} {names[dim]}")
@@ -91,6 +92,9 @@ def launcher(
         args += [names[dim] for dim in symbols([p.type for p in kernel.params])]
         work = _global_range(grid, simt.threads, names)
         launches.append(Launch(printed, tuple(args), _locals(simt), work, simt.threads))
+    # an input that no kernel reads keeps its place in the signature, unnamed
+    read = {a for launch in launches for a in launch.args}
+    params[:0] = [f"{decl} {n}" if n in read else f"{decl} /* {n} */" for decl, n in inputs]
     return Launcher(name, program.host.function, tuple(params), tuple(buffers), tuple(launches))
 
 
