@@ -56,6 +56,10 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         lambda x, y, w, b: (x * w + b) / (y * y + 1) - x + 2 * y,
     ),
     "unary": ((("x", "RC"),), _unary),
+    "remainder": (
+        (("x", "RC"), ("y", "RC")),
+        lambda x, y: torch.remainder(x * 3 + 20, y * y + 5) + x,
+    ),
     "activations": (
         (("x", "RC"),),
         lambda x: F.gelu(x, approximate="tanh") + F.silu(x) * 2 + F.relu(x) * 3 + x,

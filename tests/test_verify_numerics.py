@@ -46,6 +46,14 @@ def test_a_division_by_a_range_containing_zero() -> None:
     assert _findings(_function("    return tanh(x / (x * x + 1.0))\n")) == []
 
 
+def test_floor_division_and_remainder_are_bounded_by_their_divisor() -> None:
+    """``x % 3`` lies in [0, 3] and ``x // 3`` in [-34, 33] for x in [-100, 100]: inside
+    the declared range, where an unknown op would have made it [-inf, inf]."""
+    assert _findings(_function("    return x % 3.0 + x // 3.0 - x % -2.0\n")) == []
+    found = _findings(_function("    return x // 0.5\n"))
+    assert len(found) == 1 and "may reach [-200, 200]" in found[0][1], found
+
+
 def test_cancellation_when_stable() -> None:
     body = ("    v = mean(x * x, axis=-1) - mean(x, axis=-1) * mean(x, axis=-1)\n"
             "    return tanh(x - mean(x, axis=-1)[:, None] + v[:, None])\n")  # fmt: skip

@@ -43,6 +43,9 @@ inline float sin(float x) { return std::sin(x); }
 inline float cos(float x) { return std::cos(x); }
 inline float fabs(float x) { return std::fabs(x); }
 inline float rint(float x) { return std::rint(x); }
+inline float floor(float x) { return std::floor(x); }
+inline float fmod(float x, float y) { return std::fmod(x, y); }
+inline float copysign(float x, float y) { return std::copysign(x, y); }
 inline float pow(float x, float y) { return std::pow(x, y); }
 inline float pown(float x, int n) { return std::pow(x, static_cast<float>(n)); }
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }

@@ -332,6 +332,27 @@ inline void take_fault(i64* out) {
 inline float max_of(float a, float b) { return a >= b || b != b ? a : b; }
 inline float min_of(float a, float b) { return a <= b || b != b ? a : b; }
 
+// ---------------------------------------------------------------- floor division
+
+// a % b and a // b as Python and NumPy define them: a remainder with the sign of b, and
+// the quotient rounded toward minus infinity, computed from the exact remainder as
+// CPython computes it. A zero b gives NaN or infinity, as NumPy's float ops do.
+inline float mod(float a, float b) {
+  const float r = std::fmod(a, b);
+  return r == 0.0f ? std::copysign(0.0f, b) : (r < 0.0f) != (b < 0.0f) ? r + b : r;
+}
+inline float floordiv(float a, float b) {
+  if (b == 0.0f) return a / b;
+  const float r = std::fmod(a, b);
+  const float q = (a - r) / b - (r != 0.0f && (r < 0.0f) != (b < 0.0f) ? 1.0f : 0.0f);
+  if (q == 0.0f) return std::copysign(0.0f, a / b);
+  const float whole = std::floor(q);
+  return q - whole > 0.5f ? whole + 1.0f : whole;
+}
+// Of integers, a zero b gives 0, as NumPy's integer // and % do.
+inline float floordiv_int(float a, float b) { return b == 0.0f ? 0.0f : floordiv(a, b); }
+inline float mod_int(float a, float b) { return b == 0.0f ? 0.0f : mod(a, b); }
+
 // ---------------------------------------------------------------- gather and scatter
 
 // The column a gather reads or a scatter writes: the index (an integer held in a float

@@ -189,6 +189,16 @@ def _div(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return _pairs(op, ("a", "b"), (ga, gb))
 
 
+@_rule("mod")
+def _mod(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``a % b`` is ``a - (a // b) * b``, whose quotient is constant where it is
+    differentiable (as PyTorch's ``remainder``): 1 for ``a``, ``-(a // b)`` for ``b``."""
+    g = _scaled(b, op, gs[0])
+    x, y = binary_operands(op)
+    gb = b("neg", b("mul", g, b("floordiv", x, y))) if isinstance(y, Value) else None
+    return _pairs(op, ("a", "b"), (g, gb))
+
+
 @_rule("pow")
 def _pow(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = gs[0]

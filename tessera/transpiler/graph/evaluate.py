@@ -72,7 +72,8 @@ BUILTINS = (
 )  # fmt: skip
 #: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
-_ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+_ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
+          "**": "pow"}  # fmt: skip
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
 #: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
 #: PyTorch's two axes to swap; ``x.T`` and ``transpose(x, axes)`` say which.)
@@ -363,6 +364,12 @@ class Evaluator:
             else:
                 raise SemanticError(f"'{node.op}' is not defined on {describe(v)}", ev.span)
         kind = "float" if "float" in kinds or node.op == "/" else "int"
+        if kind == "int" and node.op in ("//", "%"):
+            raise SemanticError(
+                f"'{node.op}' of int parameters is not computed in a kernel: compute it "
+                "where the function is called and pass the result as a parameter",
+                node.span,
+            )
         if node.op == "/" and "float" not in kinds:  # n / m of ints divides as floats do
             operands = [self._widened(v, node.span) for v in operands]
         return self._runtime(node.span).emit(

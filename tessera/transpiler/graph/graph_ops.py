@@ -38,7 +38,8 @@ LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
 #: the unary math, casts, comparisons and ``where``. Fusion, canonicalization and the
 #: tile passes share it.
 ELEMENTWISE_MATH = frozenset({
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
+    "add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "neg", "exp",
+    "log", "sqrt",
     "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "cast", "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
@@ -125,6 +126,8 @@ def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
         dtype = types[0].dtype
         for t in types[1:]:
             dtype = promote(dtype, t.dtype)
+        if not dtype.is_float and (kind == "div" or _has_float_number(call)):
+            dtype = F32  # NumPy's and PyTorch's: 7 / 2 is 3.5, and so is i * 0.5 of i = 7
         if compare:
             dtype = BOOL
         dims = types[0].dims
@@ -155,10 +158,37 @@ def _binary(kind: str, symbol: str | None) -> Callable[[OpCall], object]:
     rule.__doc__ = (
         f"Elementwise {what} with NumPy broadcasting. Either side may be a "
         "number or a scalar parameter. The result dtype is the wider of the two (a float "
-        "beats an integer; bf16 and f16 together give f32)."
-        + ("" if symbol else " A NaN operand gives the other one, as C's ``fmax`` and ``fmin`` do.")
+        "beats an integer, and an integer tensor with a float number or a float scalar "
+        "gives f32; bf16 and f16 together give f32)." + _BINARY_NOTES.get(kind, "")
     )
     return rule
+
+
+#: What the documentation of each binary op adds to the common text.
+_BINARY_NOTES = {
+    "div": " Two integers divide as NumPy's and PyTorch's ``/`` do: true division, to f32.",
+    "floordiv": (
+        " The quotient rounded toward minus infinity, as Python and NumPy define it "
+        "(``-7 // 2`` is -4); of integers, an integer, and 0 where ``b`` is 0 (NumPy's)."
+    ),
+    "mod": (
+        " The remainder of ``a // b``, with the sign of ``b``, as Python and NumPy define "
+        "it (``-7 % 2`` is 1); of integers, 0 where ``b`` is 0 (NumPy's)."
+    ),
+    "maximum": " A NaN operand gives the other one, as C's ``fmax`` and ``fmin`` do.",
+    "minimum": " A NaN operand gives the other one, as C's ``fmax`` and ``fmin`` do.",
+}
+
+
+def _has_float_number(call: OpCall) -> bool:
+    """Whether ``a`` or ``b`` is a float number or a float scalar parameter."""
+    for name in ("a", "b"):
+        value = call.raw(name)
+        if isinstance(value, Const) and isinstance(value.value, float):
+            return True
+        if isinstance(value, Value) and value.type == ScalarType("float"):
+            return True
+    return False
 
 
 #: The binary ops written as calls: what each picks, and of two numbers, how.
@@ -209,7 +239,8 @@ def named_operands(op: Op, names: tuple[str, ...]) -> list[Any]:
     return picked
 
 
-for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("pow", "**")):
+for _kind, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"),
+                       ("floordiv", "//"), ("mod", "%"), ("pow", "**")):  # fmt: skip
     register(_kind, P("a"), P("b"), level="any")(_binary(_kind, _symbol))
 for _kind in _EXTREMES:
     register(_kind, P("a"), P("b"))(_binary(_kind, None))

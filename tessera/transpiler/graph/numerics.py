@@ -296,6 +296,15 @@ class _Ranges:
             if len(args) != 2 or args[1].contains_zero():
                 return UNBOUNDED
             return args[0] * Interval(1 / args[1].hi, 1 / args[1].lo)
+        if kind in ("floordiv", "mod") and len(args) == 2 and not args[1].contains_zero():
+            divisor = args[1]
+            if kind == "mod":  # the divisor's sign, smaller than it in magnitude
+                return Interval(0.0, divisor.hi) if divisor.lo > 0 else Interval(divisor.lo, 0.0)
+            quotient = args[0] * Interval(1 / divisor.hi, 1 / divisor.lo)
+            return Interval(
+                math.floor(quotient.lo) if math.isfinite(quotient.lo) else quotient.lo,
+                math.floor(quotient.hi) if math.isfinite(quotient.hi) else quotient.hi,
+            )
         if kind == "exp":
             if ids and ids[0] in self.peaked:
                 self.has_one.add(op.results[0].id)

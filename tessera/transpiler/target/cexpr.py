@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 from ..graph.dims import Dim
 from ..graph.dtypes import SATURATION, DType
 
-__all__ = ["c_dim", "c_factor", "c_float", "saturated", "MAX_INLINED_OPS"]
+__all__ = ["c_dim", "c_factor", "c_float", "saturated", "integer_variant", "MAX_INLINED_OPS"]
 
 #: The most elementwise ops that one expression of generated code holds: a longer chain
 #: is computed into an array every so many ops, so that each expression, and the time
@@ -68,3 +69,12 @@ def saturated(expr: str, dtype: DType, prefix: str) -> str:
     lo, hi = (c_float(bound) for bound in SATURATION[dtype.name])
     function = "saturate" if dtype.is_float else "saturate_int"
     return f"{prefix}{function}({expr}, {lo}, {hi})"
+
+
+def integer_variant(op: Any) -> str:
+    """The suffix of the tile header's function for a binary op called as a function:
+    ``_int`` for ``//`` and ``%`` of integers (NumPy's: a zero divisor gives 0, not the
+    float result's NaN or infinity), nothing otherwise."""
+    dtype = getattr(op.results[0].type, "dtype", None)
+    integer = dtype is not None and not dtype.is_float and dtype.name != "bool"
+    return "_int" if op.kind in ("floordiv", "mod") and integer else ""

@@ -22,7 +22,7 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, saturated
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, saturated
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
 from .render import SourceLines
@@ -53,7 +53,8 @@ _OPERATORS = {**_BINARY, **_COMPARED}
 #: (comparisons) or masks held as floats, which C++ takes as true where not 0.0.
 _LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_not": "!"}
 #: Binary ops that are calls, not operators.
-_CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of"}
+_CALLED = {"pow": "std::pow", "maximum": "tsr::max_of", "minimum": "tsr::min_of",
+           "floordiv": "tsr::floordiv", "mod": "tsr::mod"}  # fmt: skip
 #: An element of a tile in generated code: ``name[index]``.
 _ELEMENT = re.compile(r"\b([A-Za-z_]\w*)\[([^\[\]]*)\]")
 
@@ -459,7 +460,7 @@ class _Emitter:
         elif op.kind in _OPERATORS or op.kind in _CALLED:
             a, b = (self._arg(x, out) for x in binary_operands(op))
             expr = (
-                f"{_CALLED[op.kind]}({a}, {b})"
+                f"{_CALLED[op.kind]}{integer_variant(op)}({a}, {b})"
                 if op.kind in _CALLED
                 else f"{a} {_OPERATORS[op.kind]} {b}"
             )

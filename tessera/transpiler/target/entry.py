@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..graph.ir import Guard, result_names, walk
-from ..graph.types import TensorType
+from ..graph.types import ScalarType, TensorType
 from ..tile.ir import TileProgram
 
 __all__ = ["signature_items", "symbols", "entry_params", "written", "signature_meta"]
@@ -43,7 +43,9 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     # every declared parameter keeps its place, read or not (a gradient may not need an
     # input, a scalar may be unused while a model is written): callers pass what the
     # ``.tsr`` signature says
-    kept = [n for n in names if n in by_name or n in declared]
+    kept = [
+        n for n in names if n in by_name or isinstance(declared.get(n), (TensorType, ScalarType))
+    ]
     return [(n, declared.get(n, by_name.get(n))) for n in kept]
 
 

@@ -220,7 +220,8 @@ OPENCL = Dialect(
     unary={
         "exp": "exp", "pow": "pow", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
         "tanh": "tanh", "abs": "fabs", "sin": "sin", "cos": "cos", "relu": "tsr_relu",
-        "round": "rint",
+        "round": "rint", "fmod": "fmod", "floor": "floor", "copysign": "copysign",
+        "floordiv": "tsr_floordiv", "mod": "tsr_mod",
         "maximum": "fmax", "minimum": "fmin",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rint",
     },
@@ -267,7 +268,8 @@ HIP = Dialect(
     unary={
         "exp": "expf", "pow": "powf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
         "tanh": "tanhf", "abs": "fabsf", "sin": "sinf", "cos": "cosf", "relu": "tsr_relu",
-        "round": "rintf",
+        "round": "rintf", "fmod": "fmodf", "floor": "floorf", "copysign": "copysignf",
+        "floordiv": "tsr_floordiv", "mod": "tsr_mod",
         "maximum": "fmaxf", "minimum": "fminf",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rintf",
     },
@@ -330,6 +332,8 @@ SYCL = replace(
         "cos": "sycl::cos", "relu": "tsr_relu", "maximum": "sycl::fmax",
         "minimum": "sycl::fmin", "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu",
         "silu": "tsr_silu", "rint": "sycl::rint", "round": "sycl::rint",
+        "fmod": "sycl::fmod", "floor": "sycl::floor", "copysign": "sycl::copysign",
+        "floordiv": "tsr_floordiv", "mod": "tsr_mod",
     },
     group_context="it, ",
     wrapped=True,

@@ -37,7 +37,7 @@ from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, saturated
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, integer_variant, saturated
 from .debug_checks import bounds_lines
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
@@ -68,7 +68,7 @@ _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
           "round", "sin", "cos", "neg")  # fmt: skip
 #: Binary ops that are calls of the dialect's math functions, not operators.
-_CALLED = ("maximum", "minimum")
+_CALLED = ("maximum", "minimum", "floordiv", "mod")
 #: The comparisons, as C operators: an int, which a float holds as 1.0 or 0.0.
 _COMPARED = {kind: symbol for symbol, kind in COMPARISONS.items()}
 _OPERATORS = {**_BINARY, **_COMPARED}
@@ -584,7 +584,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
                 integer = isinstance(exponent, Value) and exponent.type == ScalarType("int")
                 return d.pown.format(x=a, n=b) if integer else f"{d.unary['pow']}({a}, {b})"
             if op.kind in _CALLED:
-                return f"{d.unary[op.kind]}({a}, {b})"
+                return f"{d.unary[op.kind]}{integer_variant(op)}({a}, {b})"
             return f"{a} {_OPERATORS[op.kind]} {b}"
         if op.kind == "where":
             mask, a, b = named_operands(op, ("cond", "a", "b"))

@@ -38,7 +38,7 @@ ZERO_PRESERVING = frozenset({
     "neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "round", "sin", "mask_causal",
     "dropout",
 })  # fmt: skip
-_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+_BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).
 _DIRTYING = frozenset({*COMPARISONS.values(), *LOGICAL.values(), "where"})
 
@@ -152,7 +152,7 @@ class _Masker:
             first = padded[0]
             if op.kind == "mul":
                 zero = any(p.zero for p in padded)
-            elif op.kind == "div":
+            elif op.kind in ("div", "floordiv", "mod"):  # 0 / b is 0 where b is not
                 zero = pads[0] is not None and pads[0].zero and len(padded) == 1
             else:
                 zero = (

@@ -459,6 +459,7 @@ def _gelu(x: Any) -> Any:
 _BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b, "pow": lambda a, b: a**b, "maximum": np.fmax, "minimum": np.fmin,
+    "floordiv": np.floor_divide, "mod": np.mod,
     "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or,
