@@ -159,3 +159,42 @@ def test_unused_parameters_keep_their_place_in_the_signature(
     out = np.full(37, np.nan, np.float32)
     lib.scaled(x, 0.5, y, 3, eps=1e-3, out=out)
     np.testing.assert_array_equal(out, x * np.float32(2.0))
+
+
+#: Attention with head dims narrower than a matrix instruction's tile (MFMA's 32
+#: columns): every product of the kernel then runs as an FMA loop.
+NARROW_HEADS = """\
+@kernel
+def narrow(q: Tensor["B", "S", 16, f32], k: Tensor["B", "S", 16, f32],
+           v: Tensor["B", "S", 16, f32]) -> Tensor["B", "S", 16, f32]:
+    return flash_attention(q, k, v, causal=True)
+
+@kernel
+def narrow_bf16(q: Tensor["B", "S", 8, bf16], k: Tensor["B", "S", 8, bf16],
+                v: Tensor["B", "S", 8, bf16]) -> Tensor["B", "S", 8, f32]:
+    return cast(flash_attention(q, k, v), f32)
+"""
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_attention_with_a_head_dim_narrower_than_the_matrix_instruction(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On HIP a head dim of 16 was refused ("a 128x16 product over 4x1 warps of
+    mfma_f32_32x32x2f32"): MFMA's tiles do not cover it."""
+    import ml_dtypes
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = load_everywhere(NARROW_HEADS, target, arch, monkeypatch)
+    rng = np.random.default_rng(16)
+    for name, head, dtype, causal, tolerance in (
+        ("narrow", 16, np.float32, True, 1e-5),
+        ("narrow_bf16", 8, ml_dtypes.bfloat16, False, 2e-2),
+    ):
+        q, k, v = (rng.standard_normal((2, 37, head)).astype(dtype) for _ in range(3))
+        out = np.full(q.shape, np.nan, np.float32)
+        getattr(lib, name)(q, k, v, out=out)
+        want = attention(f64(q), f64(k), f64(v), causal=causal)
+        error = np.abs(f64(out) - want).max() / np.abs(want).max()
+        assert error < tolerance, f"{name}: relative error {error:.2e}"

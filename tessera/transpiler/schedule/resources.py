@@ -41,9 +41,13 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         # Scores of FMA loops (a dtype the arch's matrix cores do not take), and of tf32
         # on CUDA, sit in a Grid, whose row maxima and sums are combined across the
         # threads of a row through GRID_COLUMNS floats per row.
+        # So are those of a head dim the instruction's tiles do not cover (16 under
+        # MFMA's 32 columns): every product of the kernel then runs as an FMA loop.
+        shapes = {cols: instruction(hw, problem.dtype.name, cols)[:2] for cols in (bn, bd)}
         grid = hw.kind == "gpu" and (
-            instruction(hw, problem.dtype.name, bn)[0] == "fma"
+            shapes[bn][0] == "fma"
             or (hw.target == "cuda" and size == 4)
+            or any(bm % m or cols % n for cols, (_, (m, n, _)) in shapes.items())
         )
         if hw.kind == "gpu" and (hw.target != "cuda" or grid):
             # Without 16-bit mma fragments, the probabilities reach their product with

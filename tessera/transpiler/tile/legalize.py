@@ -51,10 +51,12 @@ def _warp_layout(warps: int, rows: int, cols: int, shape: tuple[int, int, int]) 
 
 def _mma(
     kernel: TileKernel, hw: Hardware, dtype: str, out: TileType, whole_rows: bool,
-    k_major: bool = False,
+    k_major: bool = False, fma: bool = False,
 ) -> Mma:  # fmt: skip
     rows, cols = (d.constant or 1 for d in out.dims)
     inst, shape, operands = instruction(hw, dtype, cols)
+    if fma and hw.kind != "cpu":
+        inst, shape = "fma", (1, 1, 1)
     if hw.kind == "cpu":
         return Mma(inst, shape, (1, 1), (rows, cols), operands)
     if inst in _K_MAJOR_ONLY:
@@ -75,6 +77,10 @@ def _mma_of(
         wm, wn = units, 1
     else:
         wm, wn = _warp_layout(units, rows, cols, shape)
+    if inst != "fma" and (rows % (wm * shape[0]) or cols % (wn * shape[1])):
+        # the instruction's tiles do not cover the product (a head dim of 16 under
+        # MFMA's 32 columns): the FMA loop computes it
+        return _mma_of(kernel, "fma", (1, 1, 1), rows, cols, whole_rows)
     return Mma(inst, shape, (wm, wn), (rows // wm, cols // wn), "shared")
 
 
@@ -95,34 +101,40 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
                     fused.add(other.id)
                     break
 
-    def visit(op: Op) -> list[Op]:
+    def visit(op: Op, fma: bool) -> list[Op]:
         if op.kind == "dot" and op.result.id in fused:
             return []
         if op.kind == "dot":
             k_major = _k_major(*op.operands, defs)
             return [_with_mma(op, kernel, hw, op.operands[0], op.result.type, whole_rows,
-                              k_major)]  # fmt: skip
+                              k_major, fma)]  # fmt: skip
         if op.kind == "add" and any(v.id in fused for v in op.operands):
             dot_value = next(v for v in op.operands if v.id in fused)
             acc = next(v for v in op.operands if v is not dot_value)
             a, b = defs[dot_value.id].operands
             mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
             return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows,
-                              _k_major(a, b, defs))]  # fmt: skip
+                              _k_major(a, b, defs), fma)]  # fmt: skip
         if op.kind == "softmax_accumulate":
             p, v = op.operands[3], op.operands[4]
             out = TileType((p.type.dims[0], v.type.dims[1]), op.results[0].type.dtype)
-            return [_with_mma(op, kernel, hw, v, out, whole_rows)]
+            return [_with_mma(op, kernel, hw, v, out, whole_rows, fma=fma)]
         return [op]
 
-    return replace(kernel, body=rewrite(kernel.body, visit))
+    body = rewrite(kernel.body, lambda op: visit(op, False))
+    chosen = {op.attr("mma").inst for op in walk(body) if op.attr("mma") is not None}
+    if whole_rows and "fma" in chosen and len(chosen) > 1:
+        # the online softmax's row state meets every product's rows in the same threads:
+        # one product that the instruction cannot tile puts them all on the FMA loop
+        body = rewrite(kernel.body, lambda op: visit(op, True))
+    return replace(kernel, body=body)
 
 
 def _with_mma(
     op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool,
-    k_major: bool = False,
+    k_major: bool = False, fma: bool = False,
 ) -> Op:  # fmt: skip
-    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major)
+    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major, fma)
     return replace(op, attrs=(*op.attrs, ("mma", mma)))
 
 
