@@ -447,6 +447,8 @@ class _Emitter:
         user = self.users.get(result.id)
         if self.uses.get(result.id) != 1 or user is None or self._held(op) > MAX_INLINED_OPS:
             return False
+        if user.results and user.results[0].id in self.folded:
+            return False  # a dequantization's scales, which the product reads stored
         if _is_elementwise(user) or (user.kind == "mask_edge" and not self._absorbed(user)):
             return _shape(user.results[0].type) == _shape(result.type)
         return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
