@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import platform
 import statistics
 import time
@@ -132,11 +133,14 @@ def main() -> None:
         target="cpu",
     ).load()
     rng = np.random.default_rng(0)
+    load_before = os.getloadavg()[0]  # other work on the machine stretches every timing
     w8a16 = _w8a16(lib, graph, rng)
     w4a16 = _w4a16(lib, rng)
     result = {
         "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "numpy": np.__version__},
+                    "cores": os.cpu_count(), "torch": torch.__version__,
+                    "numpy": np.__version__,
+                    "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
         "runs": RUNS,
         "w8a16": w8a16,
         "w4a16": w4a16,

@@ -171,6 +171,12 @@ constexpr int kLanes = 8;
 #endif
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
+// The first n elements of a row of a tensor, as floats (packed ones have their own).
+template <typename Src>
+inline void widen_row(float* out, Src row, i64 n) {
+  for (i64 j = 0; j < n; ++j) out[j] = to_float(row[j]);
+}
+
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
 // pointer, or a view of packed elements that indexes as one.
@@ -186,7 +192,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i
     }
     const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
-    for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
+    widen_row(out, row, valid);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
   }
 }
@@ -202,8 +208,7 @@ inline void load_corner(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0,
   const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
   for (i64 i = 0; i < live_rows; ++i) {
     const Src row = src + (r0 + i) * ld + c0;
-    float* out = dst + i * cols;
-    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+    widen_row(dst + i * cols, row, live_cols);
   }
 }
 
@@ -350,23 +355,45 @@ inline void with_rows(i64 rows, F&& f) {
   f(std::integral_constant<int, R>{});
 }
 
+// Before a product's blocks run: out = acc, or with Fresh (a dot) zeros where the blocks
+// do not write, past the live corner of m rows and n columns.
+template <bool Fresh>
+inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64 n) {
+  if constexpr (Fresh) {
+    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
+  } else if (out != acc) {
+    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+  }
+}
+
+// One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
+// that is zero past them: straight into out for a whole panel, else through a copy of
+// out's rows, so that nothing past the last column is read or written.
+template <int R, bool Fresh>
+inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
+                        i64 k, i64 cols) {
+  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
+  float block[R * kPanel] = {};
+  if constexpr (!Fresh)
+    for (int r = 0; r < R; ++r)
+      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+  for (int r = 0; r < R; ++r)
+    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+}
+
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
 // are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
 // corner only: rows of a below m, columns of b below n, and k steps of the reduction.
 // Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
-// zero: a dot. The columns past the last whole panel run as one more panel on copies:
-// b's columns zero-padded to a panel, out's rows to a block, so that nothing past
-// column n of either is read or written. (A scalar loop over them made SGEMM 1500, whose
+// zero: a dot. The columns past the last whole panel run as one more panel on a copy of
+// b's columns zero-padded to a panel. (A scalar loop over them made SGEMM 1500, whose
 // last tile is 220 wide, run at 0.84 of numpy.)
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel, tail = n - panels;
-  if constexpr (Fresh) {  // zero what the blocks below do not write
-    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
-  } else if (out != acc) {
-    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
-  }
+  start_product<Fresh>(out, acc, M, N, m, n);
   static thread_local std::vector<float> b_tail;
   if (tail > 0) {
     b_tail.assign(static_cast<std::size_t>(k * kPanel), 0.0f);
@@ -379,14 +406,8 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       float* o = out + i * N;
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
-      if (tail == 0) return;
-      float block[R * kPanel] = {};
-      if constexpr (!Fresh)
-        for (int r = 0; r < R; ++r)
-          std::memcpy(block + r * kPanel, o + r * N + panels, sizeof(float) * tail);
-      mma_block<R, Fresh>(block, a + i * ld_a, b_tail.data(), kPanel, ld_a, kPanel, k);
-      for (int r = 0; r < R; ++r)
-        std::memcpy(o + r * N + panels, block + r * kPanel, sizeof(float) * tail);
+      if (tail > 0)
+        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
     });
 }
 

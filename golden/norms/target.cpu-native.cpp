@@ -163,6 +163,12 @@ inline float exp_nonpositive(float x) {
 
 // ---------------------------------------------------------------- memory
 
+// The first n elements of a row of a tensor, as floats (packed ones have their own).
+template <typename Src>
+inline void widen_row(float* out, Src row, i64 n) {
+  for (i64 j = 0; j < n; ++j) out[j] = to_float(row[j]);
+}
+
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
 // pointer, or a view of packed elements that indexes as one.
@@ -178,7 +184,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i
     }
     const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
-    for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
+    widen_row(out, row, valid);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
   }
 }

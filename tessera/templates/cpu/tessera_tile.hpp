@@ -415,6 +415,22 @@ struct i4_view {
   }
 };
 
+// The first n elements of an i4 row, widened: a byte, two elements, a step, which GCC
+// and Clang vectorize (an element a step, through i4_view's index, stayed scalar, and
+// W4A16 at M = 1 took 2.5 times as long).
+inline void widen_row(float* out, i4_view row, i64 n) {
+  const i64 lead = row.at & 1 && n > 0 ? 1 : 0;  // a row that starts in a byte's high nibble
+  if (lead) out[0] = row[0];
+  const std::uint8_t* bytes = &row.bytes[(row.at + lead) >> 1].pair;
+  const i64 pairs = (n - lead) / 2;
+#pragma omp simd
+  for (i64 q = 0; q < pairs; ++q) {
+    out[lead + 2 * q] = from_nibble(bytes[q] & 15);
+    out[lead + 2 * q + 1] = from_nibble(bytes[q] >> 4);
+  }
+  if (lead + 2 * pairs < n) out[n - 1] = row[n - 1];
+}
+
 // An i4 tensor from element `at` on, written by store_tile two columns at a time, so
 // that each byte is written whole by one program (a tile's first column and its width
 // are even, as an i4 tensor's rows are).
@@ -445,6 +461,12 @@ constexpr int kLanes = 8;
 #endif
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
+// The first n elements of a row of a tensor, as floats (packed ones have their own).
+template <typename Src>
+inline void widen_row(float* out, Src row, i64 n) {
+  for (i64 j = 0; j < n; ++j) out[j] = to_float(row[j]);
+}
+
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
 // pointer, or a view of packed elements that indexes as one.
@@ -460,7 +482,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i
     }
     const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
-    for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
+    widen_row(out, row, valid);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
   }
 }
@@ -476,8 +498,7 @@ inline void load_corner(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0,
   const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
   for (i64 i = 0; i < live_rows; ++i) {
     const Src row = src + (r0 + i) * ld + c0;
-    float* out = dst + i * cols;
-    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+    widen_row(dst + i * cols, row, live_cols);
   }
 }
 
@@ -662,23 +683,45 @@ inline void with_rows(i64 rows, F&& f) {
   f(std::integral_constant<int, R>{});
 }
 
+// Before a product's blocks run: out = acc, or with Fresh (a dot) zeros where the blocks
+// do not write, past the live corner of m rows and n columns.
+template <bool Fresh>
+inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64 n) {
+  if constexpr (Fresh) {
+    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
+  } else if (out != acc) {
+    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+  }
+}
+
+// One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
+// that is zero past them: straight into out for a whole panel, else through a copy of
+// out's rows, so that nothing past the last column is read or written.
+template <int R, bool Fresh>
+inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
+                        i64 k, i64 cols) {
+  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
+  float block[R * kPanel] = {};
+  if constexpr (!Fresh)
+    for (int r = 0; r < R; ++r)
+      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+  for (int r = 0; r < R; ++r)
+    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+}
+
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
 // are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
 // corner only: rows of a below m, columns of b below n, and k steps of the reduction.
 // Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
-// zero: a dot. The columns past the last whole panel run as one more panel on copies:
-// b's columns zero-padded to a panel, out's rows to a block, so that nothing past
-// column n of either is read or written. (A scalar loop over them made SGEMM 1500, whose
+// zero: a dot. The columns past the last whole panel run as one more panel on a copy of
+// b's columns zero-padded to a panel. (A scalar loop over them made SGEMM 1500, whose
 // last tile is 220 wide, run at 0.84 of numpy.)
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel, tail = n - panels;
-  if constexpr (Fresh) {  // zero what the blocks below do not write
-    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
-  } else if (out != acc) {
-    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
-  }
+  start_product<Fresh>(out, acc, M, N, m, n);
   static thread_local std::vector<float> b_tail;
   if (tail > 0) {
     b_tail.assign(static_cast<std::size_t>(k * kPanel), 0.0f);
@@ -691,14 +734,8 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       float* o = out + i * N;
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
-      if (tail == 0) return;
-      float block[R * kPanel] = {};
-      if constexpr (!Fresh)
-        for (int r = 0; r < R; ++r)
-          std::memcpy(block + r * kPanel, o + r * N + panels, sizeof(float) * tail);
-      mma_block<R, Fresh>(block, a + i * ld_a, b_tail.data(), kPanel, ld_a, kPanel, k);
-      for (int r = 0; r < R; ++r)
-        std::memcpy(o + r * N + panels, block + r * kPanel, sizeof(float) * tail);
+      if (tail > 0)
+        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
     });
 }
 
@@ -725,6 +762,80 @@ inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K,
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
   dot(out, a, b, m, n, k, m, n, k);
+}
+
+// One row of a panel of mma_i4's weight: `cols` elements of an i4 row, times their
+// scales, rounded, and zeros up to kPanel. A whole panel that starts on a byte is
+// unpacked in vectors: kLanes elements are the nibbles of kLanes / 2 bytes, lane l
+// shifting the little-endian word that holds its nibble by 4 * (l % 8). (Unpacked a
+// byte a step into an array that vector loads then read, every load waited for the
+// stores before it: W4A16 ran three times slower.)
+typedef std::uint32_t u32xN __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
+typedef std::int32_t i32xN __attribute__((vector_size(kLanes * sizeof(std::int32_t))));
+template <typename Round>
+inline void dequantize_row(float* out, i4_view row, const float* scale, i64 cols, Round round) {
+  if (cols == kPanel && !(row.at & 1)) {
+    const i4* bytes = row.bytes + (row.at >> 1);
+    for (int h = 0; h < 2; ++h) {
+      std::uint32_t word[kLanes / 8];
+      std::memcpy(word, bytes + h * kLanes / 2, sizeof word);
+      u32xN words, shift;
+      for (int l = 0; l < kLanes; ++l) shift[l] = static_cast<std::uint32_t>(l % 8 * 4);
+      if constexpr (kLanes == 8)
+        words = u32xN{} + word[0];
+      else
+        for (int l = 0; l < kLanes; ++l) words[l] = word[l / 8];
+      const i32xN q = (__builtin_convertvector(words >> shift & 15u, i32xN) ^ 8) - 8;
+      f32xN x, s;
+      std::memcpy(&s, scale + h * kLanes, sizeof s);
+      x = __builtin_convertvector(q, f32xN) * s;
+      std::memcpy(out + h * kLanes, &x, sizeof x);
+    }
+  } else {
+    widen_row(out, row, cols);
+    for (i64 q = 0; q < cols; ++q) out[q] *= scale[q];
+    std::fill(out + cols, out + kPanel, 0.0f);
+  }
+#pragma omp simd
+  for (int q = 0; q < kPanel; ++q) out[q] = round(out[q]);
+}
+
+// mma with b the window of an i4 tensor from row r0 and column c0 (`ld_w` elements a row,
+// none read at or past row rmax or column cmax), dequantized as the product reads it:
+// round(q * scale[j]), `round` rounding to the dtype the program casts the weight to.
+// One panel of b's columns at a time is dequantized into k x kPanel floats that stay in
+// L1, and every row block of a runs over it: the weight is read once, half a byte an
+// element, and never widened whole. The sums are mma's, in its order, so the result has
+// the bits of the program that dequantizes the whole block first.
+template <typename Round>
+inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 c0, i64 rmax,
+                   i64 cmax, const float* scale, Round round, const float* acc, i64 M, i64 N,
+                   i64 m, i64 n, i64 k, i64 ld_a) {
+  n = std::max<i64>(0, std::min(n, cmax - c0));
+  k = std::max<i64>(0, std::min(k, rmax - r0));
+  start_product<false>(out, acc, M, N, m, n);
+  // The rows after the window, which a loop over K reads next: each program reads a few
+  // bytes of every row, too far apart for the hardware to prefetch.
+  const i64 ahead = std::min(2 * k, rmax - r0);
+  for (i64 p = k; p < ahead; ++p)
+    for (i64 j = 0; j < n; j += 128) {
+      const i4_view next = w + (r0 + p) * ld_w + c0 + j;
+      __builtin_prefetch(next.bytes + (next.at >> 1));
+    }
+  static thread_local std::vector<float> panel;
+  panel.resize(static_cast<std::size_t>(k * kPanel));
+  for (i64 j = 0; j < n; j += kPanel) {
+    const i64 cols = std::min(kPanel, n - j);
+    for (i64 p = 0; p < k; ++p)
+      dequantize_row(&panel[static_cast<std::size_t>(p * kPanel)], w + (r0 + p) * ld_w + c0 + j,
+                     scale + j, cols, round);
+    for (i64 i = 0; i < m; i += kRows)
+      with_rows(m - i, [&](auto rows) {
+        constexpr int R = decltype(rows)::value;
+        panel_block<R, false>(out + i * N + j, a + i * ld_a, panel.data(), N, ld_a, kPanel, k,
+                              cols);
+      });
+  }
 }
 
 // ---------------------------------------------------------------- online softmax

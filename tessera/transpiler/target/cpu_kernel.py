@@ -23,6 +23,7 @@ from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, saturated
+from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
 from .render import SourceLines
@@ -171,6 +172,10 @@ class _Emitter:
         self.copies = {op.operands[1].id: op for op in walk(kernel.body) if op.kind == "copy"}
         #: Online softmax ops emitted with their accumulate, by the id of their ``p``.
         self.deferred: dict[int, Op] = {}
+        #: Products' right operands that are an i4 weight dequantized in the product
+        #: (``tsr::mma_i4``), by value id; and the results of the ops it takes over.
+        self.dequantized: dict[int, Dequantized] = {}
+        self.folded: set[int] = set()
         self.lines: list[str] = []
         self.depth = 1
         self.local: list[set[int]] = []
@@ -293,8 +298,15 @@ class _Emitter:
         self.local.append({a.id for a in block.args})
         self.users.update({v.id: op for op in block.ops for v in op.operands})
         self.defs.update({r.id: op for op in block.ops for r in op.results})
+        dequantized = dequantized_operands(block.ops, self.uses)
+        self.dequantized.update(dequantized)
+        self.folded.update(i for d in dequantized.values() for i in d.folded)
         for op in block.ops:
             self.source_comment(op)
+            if op.results and op.results[0].id in self.folded:
+                if op.kind == "load":
+                    self.check_bounds(op)
+                continue
             handler = getattr(self, "op_" + op.kind, None)
             if handler is not None:
                 handler(op)
@@ -436,6 +448,8 @@ class _Emitter:
         user = self.users.get(result.id)
         if self.uses.get(result.id) != 1 or user is None or self._held(op) > MAX_INLINED_OPS:
             return False
+        if user.results and user.results[0].id in self.folded:
+            return False  # a dequantization's scales, which the product reads stored
         if _is_elementwise(user) or (user.kind == "mask_edge" and not self._absorbed(user)):
             return _shape(user.results[0].type) == _shape(result.type)
         return user.kind in ("max", "sum") and len(_shape(result.type)) == 2
@@ -975,8 +989,26 @@ class _Emitter:
     def op_mma(self, op: Op) -> None:
         a, b, acc = op.operands
         name = self.result_in_place(op, (2,))
+        if b.id in self.dequantized:
+            self._dequantized_product(op, name, self.name(acc))
+            return
         args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
         self.line(f"tsr::mma({', '.join(args)});")
+
+    def _dequantized_product(self, op: Op, out: str, acc: str) -> None:
+        """An ``mma`` whose right operand is an i4 weight dequantized as it is read."""
+        a, b = op.operands[:2]
+        chain = self.dequantized[b.id]
+        window = self._window(chain.load.operands[0], chain.load.attr("at"))
+        sizes = self._mnk(a, b)
+        m, n, k = self._live(op, sizes) or sizes
+        rounding = ROUND.get(chain.rounding or "")
+        round_b = (
+            f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
+        )
+        args = (out, self.name(a), *window, self.name(chain.scale), round_b, acc, *sizes[:2],
+                m, n, k, self.strides.get(a.id, sizes[2]))  # fmt: skip
+        self.line(f"tsr::mma_i4({', '.join(args)});")
 
     def _limit(self, s: Value) -> str:
         """A lambda giving how many leading columns of row i of scores ``s`` are live."""
