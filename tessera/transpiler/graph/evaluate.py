@@ -496,6 +496,12 @@ class Evaluator:
             raise SemanticError(
                 f"{ns.name} has no operation '{attr}'{did_you_mean(attr, graph)}", span
             )
+        if attr in GRAPH_OPS and GRAPH_OPS[attr].level != "tile":  # np.exp, torch.tanh
+            raise SemanticError(
+                f"'{ns.name}' has no attribute '{attr}': a .tsr file does not run "
+                f"{ns.name}; write {attr}(...), the graph operation",
+                span,
+            )
         raise SemanticError(f"'{ns.name}' has no attribute '{attr}'", span)
 
     def _value_attr(self, base: Ev, attr: str, span: Span) -> Any:
