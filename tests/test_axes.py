@@ -115,3 +115,40 @@ def test_every_softmax_axis(library: Any, rank: int, axis: int) -> None:
     got = _call(library, f"softmax_{rank}_{axis}", x, x.shape)
     want = np.moveaxis(softmax(np.moveaxis(f64(x), axis, -1)), -1, axis)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+#: The methods that reorder axes, as NumPy and PyTorch code writes them.
+AXIS_METHODS = """\
+def numpy_tuple(x: Tensor["A", "B", "C", f32]) -> Tensor["C", "A", "B", f32]:
+    return x.transpose((2, 0, 1))
+
+def numpy_axes(x: Tensor["A", "B", "C", f32]) -> Tensor["B", "C", "A", f32]:
+    return x.transpose(1, 2, 0)
+
+def torch_swap(x: Tensor["A", "B", "C", f32]) -> Tensor["A", "C", "B", f32]:
+    return x.transpose(1, 2)
+
+def torch_swap_negative(x: Tensor["A", "B", "C", f32]) -> Tensor["C", "B", "A", f32]:
+    return x.transpose(-1, 0)
+
+def torch_permute(x: Tensor["A", "B", "C", f32]) -> Tensor["B", "A", "C", f32]:
+    return x.permute(1, 0, 2)
+
+def matrix_swap(y: Tensor["A", "B", f32]) -> Tensor["B", "A", f32]:
+    return y.transpose(0, 1)
+"""
+
+
+def test_transpose_and_permute_methods_read_as_numpy_and_pytorch_do() -> None:
+    library = tessera.compile(AXIS_METHODS, "axes.tsr", target="cpu").load()
+    x = np.random.default_rng(3).standard_normal(SHAPE[:3]).astype(np.float32)
+    for name, want in (
+        ("numpy_tuple", x.transpose((2, 0, 1))),
+        ("numpy_axes", x.transpose(1, 2, 0)),
+        ("torch_swap", np.swapaxes(x, 1, 2)),
+        ("torch_swap_negative", np.swapaxes(x, -1, 0)),
+        ("torch_permute", x.transpose(1, 0, 2)),
+        ("matrix_swap", x[0].T),
+    ):
+        arg = x[0] if name == "matrix_swap" else x
+        np.testing.assert_array_equal(_call(library, name, arg, want.shape), want, err_msg=name)

@@ -86,11 +86,14 @@ _METHODS = (
 )  # fmt: skip
 
 
+#: Tensor methods that reorder axes, read by ``Evaluator._reordered``: PyTorch's
+#: ``x.permute(2, 0, 1)``, NumPy's ``x.transpose((2, 0, 1))`` and PyTorch's swap
+#: ``x.transpose(1, 2)``.
+_AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
+
 #: What to write instead of a tensor method that PyTorch or NumPy code has and a
 #: tensor here does not: each one's hint in the error.
 _METHOD_HINTS = {
-    "transpose": "transpose(x, axes), with NumPy's permutation, or x.T",
-    "permute": "transpose(x, axes), with the permutation as PyTorch's permute takes it",
     "unsqueeze": "x[:, None], with None where the new axis goes",
     "view": 'x.reshape("B*S", "C")',
     "flatten": "x.reshape(-1)",
@@ -519,12 +522,15 @@ class Evaluator:
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
             if attr == "reshape" and isinstance(t, TensorType):  # x.reshape("B*S", "C")
                 return OpRef("reshape", base)
+            if attr in _AXIS_METHODS and isinstance(t, TensorType):  # read by _reordered
+                return OpRef(_AXIS_METHODS[attr], base)
             prefix = "tile." if isinstance(t, TileType) else ""
             methods = [m for m in _METHODS if prefix + m in GRAPH_OPS]
             if attr in methods:
                 return OpRef(prefix + attr, base)
             what = "tile" if prefix else "tensor"
-            known = ("shape", "dtype", "T", "to", *methods, *(() if prefix else ("reshape",)))
+            known = ("shape", "dtype", "T", "to", *methods,
+                     *(() if prefix else ("reshape", *_AXIS_METHODS)))  # fmt: skip
             hint = f"; write {_METHOD_HINTS[attr]}" if attr in _METHOD_HINTS and not prefix else ""
             raise SemanticError(
                 f"a {what} has no attribute '{attr}'{hint or did_you_mean(attr, known)}", span
@@ -717,6 +723,8 @@ class Evaluator:
     def _call(self, node: ast.Call) -> Any:
         callee = self.eval(node.func)
         method = isinstance(callee.value, OpRef) and isinstance(callee.value.receiver, Ev)
+        if method and callee.value.name in _AXIS_METHODS.values():
+            return self._reordered(node, callee)
         one_dim = len(node.args) == 1 and not isinstance(
             node.args[0], (ast.TupleExpr, ast.ListExpr, ast.Name)
         )
@@ -808,6 +816,39 @@ class Evaluator:
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
             self.function.attach(result, ("schedule", ref.receiver.spec))
         return result
+
+    def _reordered(self, node: ast.Call, callee: Ev) -> Any:
+        """``x.permute(...)`` and ``x.transpose(...)`` as ``transpose(x, axes)``. PyTorch's
+        ``permute`` and NumPy's ``transpose`` take the whole permutation, as a tuple or
+        one axis per argument; two axes given to ``transpose`` are PyTorch's swap of
+        those axes (NumPy's reading of two is the same swap on a matrix, or an error)."""
+        x: Ev = callee.value.receiver
+        method = callee.text.rsplit(".", 1)[-1]
+        if node.keywords:
+            raise SemanticError(f"{callee.text}() takes the axes only", node.keywords[0].span)
+        args = [self.eval(a) for a in node.args]
+        if any(isinstance(a.value, Poison) for a in args):
+            return POISON
+        raw = [a.value.value if isinstance(a.value, Const) else None for a in args]
+        axes = tuple(raw[0]) if len(raw) == 1 and isinstance(raw[0], (tuple, list)) else raw
+        rank = x.value.type.rank
+        if any(not isinstance(a, int) or isinstance(a, bool) for a in axes) or not axes:
+            raise SemanticError(
+                f"{callee.text}() takes axes known at compile time, such as "
+                f"{callee.text}({', '.join(str(i) for i in reversed(range(max(rank, 2))))})",
+                node.span,
+            )
+        if method == "transpose" and len(args) == 2:  # PyTorch's swap of two axes
+            order = list(range(rank))
+            a, b = (i % rank if -rank <= i < rank else i for i in axes)
+            if not (0 <= a < rank and 0 <= b < rank):
+                raise SemanticError(
+                    f"{callee.text}(): axes out of range for rank {rank}", node.span
+                )
+            order[a], order[b] = order[b], order[a]
+            axes = tuple(order)
+        permutation = Ev(Const(tuple(axes)), node.span, "axes")
+        return self.call_op(GRAPH_OPS["transpose"], [x, permutation], [], node.span, callee.text)
 
     def call_op(self, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:
         if self.function is None:

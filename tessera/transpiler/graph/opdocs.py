@@ -62,6 +62,11 @@ _VALUES = """\
 | `x.shape` | the dims of a tensor or tile; `x.shape[i]` is one size |
 | `x.dtype` | its dtype |
 | `x.T` | `transpose(x)` (`tile.transpose` for a tile) |
+| `x.transpose(2, 0, 1)`, `x.transpose((2, 0, 1))`, `x.permute(2, 0, 1)` | \
+`transpose(x, (2, 0, 1))`: the whole permutation, as NumPy's `transpose` and PyTorch's \
+`permute` take it |
+| `x.transpose(1, 2)` | two axes swapped, as PyTorch's `transpose` swaps them (on a matrix, \
+NumPy's reading of two axes is the same swap) |
 | `x.to(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in PyTorch and Triton |
 | `x[:, None]` | a new axis of size 1 (for broadcasting); `...` stands for the axes not named |
 | `x[:, a:b]` | elements `[a, b)` of a tensor's axis, on any axes of a tensor of two or more, \
