@@ -44,7 +44,8 @@ def _mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:
 def _unary(x: Any) -> Any:
     a = torch.exp(x * 0.5) + torch.log(x * x + 1) + torch.sqrt(x * x + 2)
     a = a + torch.rsqrt(x * x + 0.5)
-    return a + torch.tanh(x) + torch.sigmoid(x) - x**3 + x.abs() * 0.5
+    a = a + torch.tanh(x) + torch.sigmoid(x) - x**3 + x.abs() * 0.5
+    return a + torch.sin(x) * torch.cos(x * 2)
 
 
 #: Each case: its function, its inputs ((name, shape) in parameter order; a shape of

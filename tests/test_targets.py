@@ -198,3 +198,43 @@ def test_attention_with_a_head_dim_narrower_than_the_matrix_instruction(
         want = attention(f64(q), f64(k), f64(v), causal=causal)
         error = np.abs(f64(out) - want).max() / np.abs(want).max()
         assert error < tolerance, f"{name}: relative error {error:.2e}"
+
+
+#: Rotary tables computed in the function, and cut from a table of whole rows (Hugging
+#: Face's, whose halves repeat): the library kernel reads its tables from memory, so a
+#: computed or sliced one is written first.
+ROTARY_TABLES = """\
+@kernel
+def rope_angles(x: Tensor["S", "D", f32], angles: Tensor["S", "D/2", f32]) -> Tensor["S", "D", f32]:
+    return rotary_embedding(x, cos(angles), sin(angles))
+
+@kernel
+def rope_halves(x: Tensor["S", "D", f32], cos_full: Tensor["S", "D", f32],
+                sin_full: Tensor["S", "D", f32]) -> Tensor["S", "D", f32]:
+    return rotary_embedding(x, cos_full[:, :D // 2], sin_full[:, :D // 2])
+"""
+
+
+def _rope(x: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    x1, x2 = f64(x[:, :half]), f64(x[:, half:])
+    return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_rotary_tables_computed_or_sliced_in_the_function(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    lib = load_everywhere(ROTARY_TABLES, target, arch, monkeypatch)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((37, 24)).astype(np.float32)
+    angles = (rng.standard_normal((37, 12)) * 3).astype(np.float32)
+    c, s = np.cos(f64(angles)), np.sin(f64(angles))
+    full = [np.concatenate([t, t], axis=-1).astype(np.float32) for t in (c, s)]
+    for name, args in (("rope_angles", (x, angles)), ("rope_halves", (x, *full))):
+        out = np.full(x.shape, np.nan, np.float32)
+        getattr(lib, name)(*args, out=out)
+        error = np.abs(f64(out) - _rope(x, c, s)).max()
+        assert error < 1e-5, f"{name}: error {error:.2e}"

@@ -275,6 +275,8 @@ VJP_RULES.update({
     "sigmoid": _unary(lambda b, x, y: b("mul", y, b("sub", 1.0, y))),
     "gelu": _unary(_gelu_derivative),
     "silu": _unary(_silu_derivative),
+    "sin": _unary(lambda b, x, y: b("cos", x)),
+    "cos": _unary(lambda b, x, y: b("neg", b("sin", x))),
 })  # fmt: skip
 
 

@@ -75,14 +75,13 @@ _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.va
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
           "**": "pow"}  # fmt: skip
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
-#: is ``sum(x, axis=0)``. (``transpose`` is not one: NumPy's takes a permutation and
-#: PyTorch's two axes to swap; ``x.T`` and ``transpose(x, axes)`` say which.)
+#: is ``sum(x, axis=0)``. (``transpose`` and ``permute`` are read by ``_reordered``.)
 #: On a tile, a method is the tile operation of that name (``s.max(axis=1)``), where
 #: there is one.
 _METHODS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round",
-    "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe", "log_softmax",
-    "logsumexp_safe",
+    "sin", "cos", "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe",
+    "log_softmax", "logsumexp_safe",
 )  # fmt: skip
 
 

@@ -78,6 +78,9 @@ _ELEMENTWISE = {
     *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
     "kvcache.v",
 }  # fmt: skip
+#: Elementwise ops that a library row kernel computes: it loads its first operand
+#: through a prologue, and its other operands (rotary's cos and sin) from memory.
+_LIBRARY_ROWS = {"rotary_embedding"}
 #: Kernels that accept an elementwise epilogue.
 _TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise", "layout"}
 
@@ -363,6 +366,11 @@ def _kernels(
             for indices in [g for g in given if g not in kept]:
                 own_kernel(indices)
             viewed = sorted({i for g in kept for i in g})
+        elif op.kind in _LIBRARY_ROWS:  # its tables are read from memory as they lie
+            tables = {v.id for v in op.operands[1:]}
+            for indices in [g for g in given if ops[g[-1]].results[0].id in tables]:
+                own_kernel(indices)
+                viewed = [i for i in viewed if i not in indices]
         target = None
         if cls in ("elementwise", "reduction") or op.kind == "transpose":
             # a row kernel computes a prologue where it loads its first operand only (a

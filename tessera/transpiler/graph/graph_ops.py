@@ -7,6 +7,7 @@ the two in step.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,8 @@ LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
 ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "neg", "exp",
     "log", "sqrt",
-    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "cast", "where",
+    "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "sin", "cos", "cast",
+    "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
@@ -438,6 +440,8 @@ UNARY_DOCS = {
     "silu": "``x * sigmoid(x)`` (swish)",
     "abs": "absolute value",
     "round": "rounding to the nearest integer, ties to even (as Python's ``round``)",
+    "sin": "sine (of radians: the tables of ``rotary_embedding``)",
+    "cos": "cosine (of radians)",
 }
 
 
@@ -460,6 +464,8 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "silu": lambda x: x * _sigmoid(x),
     "abs": abs,
     "round": lambda x: float(round(x)),
+    "sin": math.sin,
+    "cos": math.cos,
 }
 
 
@@ -1015,19 +1021,26 @@ def _rotary(call: OpCall) -> object:
     for name in ("cos", "sin"):
         table = _float_input(call, name)
         want = (seq, half)
+        message = functools.partial(_rotary_table_message, call, name, table, want, width)
         if table.type.rank != 2:
-            raise call.error(
-                f"'{name}' must be [S, D/2] = {dims_text(want)}; {call.shape_of(name)}", at=name
-            )
+            raise call.error(message(), at=name)
         for got, expected in zip(table.type.dims, want, strict=True):
-            call.same_dim(
-                got, expected,
-                lambda name=name, want=want: f"'{name}' must be [S, D/2] = {dims_text(want)}; "
-                f"{call.shape_of(name)}",
-                f"{name} shape", ("x", name),
-            )  # fmt: skip
+            call.same_dim(got, expected, message, f"{name} shape", ("x", name))
         operands.append(table)
     return call.emit("rotary_embedding", tuple(operands), elementwise_type(x))
+
+
+def _rotary_table_message(
+    call: OpCall, name: str, table: Value, want: tuple[Dim, ...], width: Dim
+) -> str:
+    """Why ``table`` is not a rotary table of ``want``'s dims, with the slice to write
+    where it has whole rows (Hugging Face's tables repeat their first half)."""
+    shown = "[S, D/2]" + ("" if dims_text(want) == "[S, D/2]" else f" = {dims_text(want)}")
+    hint = ""
+    if table.type.rank == 2 and table.type.dims[-1] == width:
+        hint = (" (a table of whole rows, as Hugging Face's, repeats its first half: "
+                f"pass {call.ev(name).text}[:, :D // 2], D the head dim)")  # fmt: skip
+    return f"'{name}' must be {shown}, one angle per pair; {call.shape_of(name)}{hint}"
 
 
 @register("split_qkv", P("qkv"), P("heads", keyword_only=True))

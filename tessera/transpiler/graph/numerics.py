@@ -327,7 +327,7 @@ def _library(kind: str, first: Interval, args: Iterable[Interval]) -> Interval:
     """The ranges of the elementwise functions and of the library's stable ops."""
     if kind in ("softmax", "softmax_safe", "sigmoid", "softmax_online"):
         return Interval(0.0, 1.0)
-    if kind == "tanh":
+    if kind in ("tanh", "sin", "cos"):
         return Interval(-1.0, 1.0)
     if kind == "relu":
         return Interval(max(first.lo, 0.0), max(first.hi, 0.0))
