@@ -62,6 +62,30 @@ def unsaturated(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
 def tile_cast(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2]:
     T = tile.context()
     return tile.cast(tile.load(x, rows=T.m), fp8_e5m2, saturate=True)
+
+@kernel
+def sr_bf16(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", bf16 @stochastic_round(seed=step)]:
+    return cast(x, bf16)
+
+@kernel
+def sr_f16(x: Tensor["R", "C", f32], step: int) -> Tensor["R", "C", f16 @stochastic_round(step)]:
+    return x.to(f16)
+
+@kernel
+def sr_e4m3(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", fp8_e4m3 @stochastic_round(seed=step) @saturate]:
+    return cast(x, fp8_e4m3)
+
+@kernel
+def sr_e5m2(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", fp8_e5m2 @stochastic_round(seed=step)]:
+    return cast(x, fp8_e5m2)
+
+@kernel
+def sr_gemm(x: Tensor["R", "K", f32],
+            w: Tensor["K", "C", f32]) -> Tensor["R", "C", bf16 @stochastic_round(seed=5)]:
+    return x @ w
 """
 
 #: Rows per group of ``tests/test_quant.py``'s per-group scales.

@@ -21,7 +21,7 @@ from .values import Const, DimValue, Ev, describe
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
-    "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask",
+    "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask", "DRAWN",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -42,6 +42,11 @@ ELEMENTWISE_MATH = frozenset({
     "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "cast", "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
+
+#: Elementwise ops that draw from Philox by the element's row-major place in their result
+#: (``dropout``; ``stochastic_cast``, which ``@stochastic_round`` makes of a cast): the tile
+#: lowering gives each the place of its tile (``at``).
+DRAWN = frozenset({"dropout", "stochastic_cast"})
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 

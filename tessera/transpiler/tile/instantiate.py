@@ -28,7 +28,7 @@ from ..frontend.kept_parse import parse_library_file
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
-from ..graph.graph_ops import rows_permuted, view_starts
+from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType, in_memory
@@ -234,7 +234,7 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
             result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
             # dropout draws by the element's place in the tensor: where the tile lies
-            attrs = (*op.attrs, ("at", access)) if op.kind == "dropout" else op.attrs
+            attrs = (*op.attrs, ("at", access)) if op.kind in DRAWN else op.attrs
             (value,) = lowering.emit(
                 op.kind, operands, (result_type,), attrs, op.effects, (), op.span,
                 (op.result.name,),
