@@ -83,6 +83,16 @@ def sr_e5m2(x: Tensor["R", "C", f32],
     return cast(x, fp8_e5m2)
 
 @kernel
+def acc_bf16(x: Tensor["R", "K", bf16 @accum(bf16)],
+             w: Tensor["K", "C", bf16]) -> Tensor["R", "C", bf16]:
+    return x @ w
+
+@kernel
+def acc_f16(x: Tensor["R", "K", f16 @accum(f16)],
+            w: Tensor["K", "C", f16]) -> Tensor["R", "C", f16]:
+    return x @ w
+
+@kernel
 def sr_gemm(x: Tensor["R", "K", f32],
             w: Tensor["K", "C", f32]) -> Tensor["R", "C", bf16 @stochastic_round(seed=5)]:
     return x @ w

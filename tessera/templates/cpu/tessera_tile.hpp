@@ -732,6 +732,36 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
   dot(out, a, b, m, n, k, m, n, k);
 }
 
+// ---------------------------------------------------------------- narrow accumulation
+
+// out = acc + a @ b accumulated in a 16-bit float (@accum(bf16), @accum(f16)): element by
+// element, k ascending, each product (exact in f32) added in f32 and the sum rounded by
+// `Round` to the dtype, on the live corner; past it out keeps acc (zero with Fresh, a
+// dot). The order is docs/numerics.md's, which the GPUs' FMA loops follow too.
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 M,
+                        i64 N, i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
+  for (i64 i = 0; i < M; ++i)
+    for (i64 j = 0; j < N; ++j) {
+      float sum = Fresh ? 0.0f : acc[i * N + j];
+      if (i < m && j < n)
+        for (i64 p = 0; p < k; ++p) sum = Round(sum + a[i * ld_a + p] * b[p * ld_b + j]);
+      out[i * N + j] = sum;
+    }
+}
+
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 M,
+                        i64 N, i64 K, i64 m, i64 n, i64 k) {
+  mma_rounded<Round, Fresh>(out, a, b, acc, M, N, m, n, k, K, N);
+}
+
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 m,
+                        i64 n, i64 k) {
+  mma_rounded<Round, Fresh>(out, a, b, acc, m, n, k, m, n, k);
+}
+
 // ---------------------------------------------------------------- online softmax
 
 // Online softmax reads a block's scores from a plain array, and its masks as a count of

@@ -240,7 +240,7 @@ def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
                 f"unknown numerics policy '@{policy.name}'"
                 f"{did_you_mean(policy.name, NUMERIC_POLICIES)}",
                 policy.span,
-                (Note("numerics policies: @accum(f32|bf16), @stochastic_round, "
+                (Note("numerics policies: @accum(f32|bf16|f16), @stochastic_round, "
                       "@loss_scale(k), @saturate"),),
             )  # fmt: skip
     span = seen["stochastic_round"].span if stochastic else None
@@ -274,8 +274,8 @@ def _flag(policy: ast.Policy) -> None:
 def _accum(policy: ast.Policy, dtype: DType) -> DType:
     arg = policy.args[0] if len(policy.args) == 1 and not policy.keywords else None
     target = lookup_dtype(arg.id) if isinstance(arg, ast.Name) else None
-    if target is None or target.name not in ("f32", "bf16"):
-        raise SemanticError("@accum takes one dtype, f32 or bf16: @accum(f32)", policy.span)
+    if target is None or target.name not in ("f32", "bf16", "f16"):
+        raise SemanticError("@accum takes one dtype, f32, bf16 or f16: @accum(f32)", policy.span)
     if not dtype.is_float:
         raise SemanticError(
             f"@accum applies to floating-point dtypes; {dtype} always accumulates in i32",
@@ -285,6 +285,11 @@ def _accum(policy: ast.Policy, dtype: DType) -> DType:
         raise SemanticError(
             f"@accum({target}) on {dtype} would accumulate in less precision than the "
             f"inputs have; use @accum(f32)",
+            policy.span,
+        )
+    if target.bits == 16 and dtype != target and dtype.bits != 8:
+        raise SemanticError(
+            f"@accum({target}) applies to {target} and fp8 values, not {dtype}: " "use @accum(f32)",
             policy.span,
         )
     return target

@@ -569,6 +569,13 @@ def _one_axis(kind: str, keeps_dtype: bool) -> Reduce:
     """The reduction ``kind`` over one axis, in its result dtype."""
 
     def one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
+        narrow = x.type.policies.accum
+        if not keeps_dtype and narrow is not None and narrow.bits == 16:
+            raise call.error(
+                f"@accum({narrow}) applies to products (matmul): {kind} accumulates in f32; "
+                "drop the policy or write @accum(f32)",
+                at="x",
+            )
         dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
         if kind == "sum" and x.type.dtype != dtype:  # the terms in the accumulation dtype
             x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))

@@ -980,6 +980,11 @@ class _Emitter:
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
+        accum = op.attr("accum")
+        if accum is not None:  # from zero: acc is the result itself
+            args = ", ".join((name, self.name(a), self.name(b), name, *self._product(op)))
+            self.line(f"tsr::mma_rounded<{ROUND[accum.name]}, true>({args});")
+            return
         args = ", ".join((name, self.name(a), self.name(b), *self._product(op)))
         self.line(f"tsr::dot({args});")
 
@@ -987,7 +992,9 @@ class _Emitter:
         a, b, acc = op.operands
         name = self.result_in_place(op, (2,))
         args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
-        self.line(f"tsr::mma({', '.join(args)});")
+        accum = op.attr("accum")
+        function = "tsr::mma" if accum is None else f"tsr::mma_rounded<{ROUND[accum.name]}>"
+        self.line(f"{function}({', '.join(args)});")
 
     def _limit(self, s: Value) -> str:
         """A lambda giving how many leading columns of row i of scores ``s`` are live."""

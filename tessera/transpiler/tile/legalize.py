@@ -106,7 +106,7 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
             dot_value = next(v for v in op.operands if v.id in fused)
             acc = next(v for v in op.operands if v is not dot_value)
             a, b = defs[dot_value.id].operands
-            mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
+            mma = Op("mma", (a, b, acc), op.results, defs[dot_value.id].attrs, (), (), op.span)
             return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows,
                               _k_major(a, b, defs))]  # fmt: skip
         if op.kind == "softmax_accumulate":
@@ -122,7 +122,12 @@ def _with_mma(
     op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool,
     k_major: bool = False,
 ) -> Op:  # fmt: skip
-    mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major)
+    if op.attr("accum") is not None and hw.kind != "cpu":
+        # rounded after each product, in k order: on FMAs, never a matrix instruction
+        rows, cols = (d.constant or 1 for d in out.dims)
+        mma = _mma_of(kernel, "fma", (1, 1, 1), rows, cols, whole_rows)
+    else:
+        mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major)
     return replace(op, attrs=(*op.attrs, ("mma", mma)))
 
 
