@@ -14,7 +14,6 @@ __all__ = ["NOT_YET", "not_yet"]
 
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
-    "@loss_scale": "nothing is scaled",
     "@rolling_window": "the cache keeps every position up to its S_max",
     "@device": "the cache lives where the target's tensors do",
     "@paged": "the cache is one contiguous tensor",
