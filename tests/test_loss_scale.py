@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import tessera
-from tessera.transpiler.frontend.diagnostics import CompileError
 
 from .test_cuda import needs_gxx
 
@@ -51,6 +51,13 @@ def lib() -> Any:
     return tessera.compile(SOURCE, filename="loss_scale.tsr", target="cpu").load()
 
 
+def _inputs(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random x and w of sizes that are multiples of no tile."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((23, 19)).astype(np.float32),
+            rng.standard_normal((19, 11)).astype(np.float32))  # fmt: skip
+
+
 def _torch_grads(x: np.ndarray, w: np.ndarray) -> tuple[Any, Any]:
     """The gradients of the loss, in float64, as PyTorch's autograd takes them."""
     tx, tw = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, w))
@@ -61,9 +68,7 @@ def _torch_grads(x: np.ndarray, w: np.ndarray) -> tuple[Any, Any]:
 @needs_gxx
 @pytest.mark.execute
 def test_loss_scaled_gradients_are_the_losss_own_and_overflow_shows(lib: Any) -> None:
-    rng = np.random.default_rng(38)
-    x = rng.standard_normal((23, 19)).astype(np.float32)
-    w = rng.standard_normal((19, 11)).astype(np.float32)
+    x, w = _inputs(38)
     want_x, want_w = _torch_grads(x, w)
     dx, dw = lib.scaled_vjp(x, w, np.float32(1.0))
     np.testing.assert_allclose(dx, want_x, rtol=1e-5, atol=1e-5)
@@ -79,9 +84,7 @@ def test_loss_scaled_gradients_are_the_losss_own_and_overflow_shows(lib: Any) ->
 @needs_gxx
 @pytest.mark.execute
 def test_a_training_step_skips_the_update_whose_gradients_overflowed(lib: Any) -> None:
-    rng = np.random.default_rng(39)
-    x = rng.standard_normal((23, 19)).astype(np.float32)
-    w = rng.standard_normal((19, 11)).astype(np.float32)
+    x, w = _inputs(39)
     _, want_w = _torch_grads(x, w)
     np.testing.assert_allclose(lib.step(x, w, 0.1), w - 0.1 * want_w, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(lib.huge_step(x, w, 0.1), w)
@@ -91,26 +94,7 @@ def test_a_training_step_skips_the_update_whose_gradients_overflowed(lib: Any) -
 @pytest.mark.execute
 @pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan])
 def test_all_finite_flags_an_infinity_or_nan_anywhere(lib: Any, bad: float | None) -> None:
-    import ml_dtypes
-
     g = np.random.default_rng(5).standard_normal((29, 37)).astype(ml_dtypes.bfloat16)
     if bad is not None:
         g[17, 31] = bad
     np.testing.assert_array_equal(lib.finite(g), [1.0 if bad is None else 0.0])
-
-
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        ("def f(x: Tensor['N', f32]) -> tuple[Tensor[f32 @loss_scale(8)], Tensor[f32]]:\n"
-         "    return sum(x, axis=None), sum(x, axis=None)\n",
-         "1:31: error: @loss_scale: the results have different scales"),
-        ("def f(x: Tensor['N', i8]) -> Tensor[1, f32]:\n    return all_finite(x)\n",
-         "2:23: error: all_finite: 'x' must be a float tensor"),
-    ],
-)  # fmt: skip
-def test_loss_scaling_it_cannot_do_is_an_error_at_its_line(source: str, message: str) -> None:
-    with pytest.raises(CompileError) as info:
-        tessera.compile("@jit @autodiff\n" + source, filename="s.tsr", target="cpu")
-    line, rest = message.split(":", 1)
-    assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)

@@ -8,9 +8,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import tessera
-from tessera.transpiler.frontend.diagnostics import CompileError
-
 from .everywhere import EVERY_TARGET, load_everywhere
 from .test_numerics import PROGRAM, _bits, _run
 
@@ -44,24 +41,3 @@ def test_a_product_accumulates_in_its_16_bit_dtype_in_k_order_everywhere(
         np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=name)
         once = (a.astype(np.float64) @ b.astype(np.float64)).astype(np_type)
         assert (_bits(once) != _bits(want)).mean() > 0.5
-
-
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        ("def f(x: Tensor['N', 'K', bf16 @accum(f16)]) -> Tensor['N', bf16]:\n    return x\n",
-         "1:32: error: @accum(f16) applies to f16 and fp8 values, not bf16: use @accum(f32)"),
-        ("def f(x: Tensor['N', 'K', f16 @accum(bf16)]) -> Tensor['N', f16]:\n    return x\n",
-         "1:31: error: @accum(bf16) on f16 would accumulate in less precision than the inputs"),
-        ("def f(x: Tensor['N', 'K', bf16 @accum(bf16)]) -> Tensor['N', bf16]:\n"
-         "    return sum(x, axis=1)\n",
-         "2:16: error: sum: @accum(bf16) applies to products (matmul): sum accumulates in f32"),
-    ],
-)  # fmt: skip
-def test_narrow_accumulation_it_cannot_do_is_an_error_at_its_line(
-    source: str, message: str
-) -> None:
-    with pytest.raises(CompileError) as info:
-        tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
-    line, rest = message.split(":", 1)
-    assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.transpiler.frontend.diagnostics import CompileError
 from tessera.transpiler.tile.interpret import run_function
 
 from .everywhere import EVERY_TARGET, load_everywhere
@@ -134,33 +133,3 @@ def test_stochastic_rounding_is_unbiased_and_rounding_to_nearest_is_not(
     assert abs(np.mean(sr_bf16(biased, 2024).astype(np.float64) - biased) / q) < 2 * tolerance
     agree = (sr_bf16(x, 2025) == out.astype(ml_dtypes.bfloat16)).mean()
     assert agree < 0.9
-
-
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        ("def f(x: Tensor['N', f32], s: float) -> Tensor['N', bf16 @stochastic_round(seed=s)]:\n"
-         "    return cast(x, bf16)\n",
-         "1:58: error: @stochastic_round's seed 's' names a float parameter of 'f': it takes a "
-         "number or an int parameter"),
-        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round(seed=t)]:\n"
-         "    return cast(x, bf16)\n",
-         "1:48: error: @stochastic_round's seed 't' names no parameter of 'f'"),
-        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round(1, 2)]:\n"
-         "    return cast(x, bf16)\n",
-         "1:48: error: @stochastic_round takes one seed, a number or an int parameter"),
-        ("def f(x: Tensor['N', 'C', bf16]) -> Tensor['N', 'C', bf16 @stochastic_round]:\n"
-         "    return softmax(x)\n",
-         "2:12: error: @stochastic_round cannot round softmax's result"),
-        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round]:\n"
-         "    T = tile.context()\n    return tile.cast(tile.load(x, rows=T.m), bf16)\n",
-         "3:12: error: @stochastic_round cannot round a tile kernel's result"),
-    ],
-)  # fmt: skip
-def test_stochastic_rounding_it_cannot_do_is_an_error_at_its_line(
-    source: str, message: str
-) -> None:
-    with pytest.raises(CompileError) as info:
-        tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
-    line, rest = message.split(":", 1)
-    assert str(info.value).startswith(f"s.tsr:{int(line) + 1}:{rest}"), str(info.value)
