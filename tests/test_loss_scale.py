@@ -11,8 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import tessera
-
+from .test_autodiff import built_unoptimized
 from .test_cuda import needs_gxx
 
 torch = pytest.importorskip("torch")
@@ -47,8 +46,8 @@ def finite(g: Tensor["N", "D", bf16]) -> Tensor[1, f32]:
 
 
 @pytest.fixture(scope="module")
-def lib() -> Any:
-    return tessera.compile(SOURCE, filename="loss_scale.tsr", target="cpu").load()
+def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return built_unoptimized(SOURCE, tmp_path_factory)
 
 
 def _inputs(seed: int) -> tuple[np.ndarray, np.ndarray]:
