@@ -64,8 +64,8 @@ def _values() -> np.ndarray:
     neighbours, overflow, infinities, NaN), random values over many binades, and the
     subnormals of every format, f32's own included."""
     rng = np.random.default_rng(7)
-    spread = rng.standard_normal(600) * np.exp2(rng.integers(-30, 30, 600))
-    tiny = np.concatenate([np.exp2(rng.uniform(-149, -120, 60)), np.exp2(rng.uniform(-26, -5, 60))])
+    spread = rng.standard_normal(300) * np.exp2(rng.integers(-30, 30, 300))
+    tiny = np.concatenate([np.exp2(rng.uniform(-149, -120, 40)), np.exp2(rng.uniform(-26, -5, 40))])
     values = np.concatenate([_narrowing_values(), spread, tiny, -tiny]).astype(np.float32)
     return values
 
@@ -80,13 +80,13 @@ def test_stochastic_rounding_is_the_documented_rule_on_every_target(
     lib = load_everywhere(PROGRAM, target, arch, monkeypatch)
     x = _matrix(_values())
     for dtype, (np_type, _, _, name) in FORMATS.items():
-        for seed in (3, 2**40 + 9) if dtype == "bf16" else (3,):  # the key's high word too
-            want = stochastic(x, dtype, seed, saturate=dtype == "fp8_e4m3")
-            got = _run(getattr(lib, name), np_type, x, seed, shape=x.shape)
-            if dtype == "f16":  # OpenCL writes an f16 NaN as PoCL's vstore_half does (0x7fff)
-                np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-                got, want = (np.nan_to_num(a) for a in (got, want))
-            np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"{dtype} {seed}")
+        seed = 2**40 + 9  # the key's high word too
+        want = stochastic(x, dtype, seed, saturate=dtype == "fp8_e4m3")
+        got = _run(getattr(lib, name), np_type, x, seed, shape=x.shape)
+        if dtype == "f16":  # OpenCL writes an f16 NaN as PoCL's vstore_half does (0x7fff)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            got, want = (np.nan_to_num(a) for a in (got, want))
+        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=dtype)
     finite = np.nan_to_num(x[:70], posinf=1e30, neginf=-1e30)
     eye = np.eye(COLUMNS, dtype=np.float32)
     want = stochastic(finite, "bf16", 5)
