@@ -62,6 +62,40 @@ def unsaturated(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e4m3]:
 def tile_cast(x: Tensor["R", "C", f32]) -> Tensor["R", "C", fp8_e5m2]:
     T = tile.context()
     return tile.cast(tile.load(x, rows=T.m), fp8_e5m2, saturate=True)
+
+@kernel
+def sr_bf16(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", bf16 @stochastic_round(seed=step)]:
+    return cast(x, bf16)
+
+@kernel
+def sr_f16(x: Tensor["R", "C", f32], step: int) -> Tensor["R", "C", f16 @stochastic_round(step)]:
+    return x.to(f16)
+
+@kernel
+def sr_e4m3(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", fp8_e4m3 @stochastic_round(seed=step) @saturate]:
+    return cast(x, fp8_e4m3)
+
+@kernel
+def sr_e5m2(x: Tensor["R", "C", f32],
+            step: int) -> Tensor["R", "C", fp8_e5m2 @stochastic_round(seed=step)]:
+    return cast(x, fp8_e5m2)
+
+@kernel
+def acc_bf16(x: Tensor["R", "K", bf16 @accum(bf16)],
+             w: Tensor["K", "C", bf16]) -> Tensor["R", "C", bf16]:
+    return x @ w
+
+@kernel
+def acc_f16(x: Tensor["R", "K", f16 @accum(f16)],
+            w: Tensor["K", "C", f16]) -> Tensor["R", "C", f16]:
+    return x @ w
+
+@kernel
+def sr_gemm(x: Tensor["R", "K", f32],
+            w: Tensor["K", "C", f32]) -> Tensor["R", "C", bf16 @stochastic_round(seed=5)]:
+    return x @ w
 """
 
 #: Rows per group of ``tests/test_quant.py``'s per-group scales.
@@ -224,11 +258,38 @@ def test_saturating_conversions_are_bit_identical_everywhere(
         ("def f(x: Tensor['N', f32], s: bool) -> Tensor['N', i8]:\n"
          "    return cast(x, i8, saturate=s)\n",
          "2:33: error: cast: 'saturate' must be a bool known at compile time"),
+        ("def f(x: Tensor['N', f32], s: float) -> Tensor['N', bf16 @stochastic_round(seed=s)]:\n"
+         "    return cast(x, bf16)\n",
+         "1:58: error: @stochastic_round's seed 's' names a float parameter of 'f': it takes a "
+         "number or an int parameter"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round(seed=t)]:\n"
+         "    return cast(x, bf16)\n",
+         "1:48: error: @stochastic_round's seed 't' names no parameter of 'f'"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round(1, 2)]:\n"
+         "    return cast(x, bf16)\n",
+         "1:48: error: @stochastic_round takes one seed, a number or an int parameter"),
+        ("def f(x: Tensor['N', 'C', bf16]) -> Tensor['N', 'C', bf16 @stochastic_round]:\n"
+         "    return softmax(x)\n",
+         "2:12: error: @stochastic_round cannot round softmax's result"),
+        ("def f(x: Tensor['N', f32]) -> Tensor['N', bf16 @stochastic_round]:\n"
+         "    T = tile.context()\n    return tile.cast(tile.load(x, rows=T.m), bf16)\n",
+         "3:12: error: @stochastic_round cannot round a tile kernel's result"),
+        ("def f(x: Tensor['N', 'K', bf16 @accum(f16)]) -> Tensor['N', bf16]:\n    return x\n",
+         "1:32: error: @accum(f16) applies to f16 and fp8 values, not bf16: use @accum(f32)"),
+        ("def f(x: Tensor['N', 'K', f16 @accum(bf16)]) -> Tensor['N', f16]:\n    return x\n",
+         "1:31: error: @accum(bf16) on f16 would accumulate in less precision than the inputs"),
+        ("def f(x: Tensor['N', 'K', bf16 @accum(bf16)]) -> Tensor['N', bf16]:\n"
+         "    return sum(x, axis=1)\n",
+         "2:16: error: sum: @accum(bf16) applies to products (matmul): sum accumulates in f32"),
+        ("@autodiff\n"
+         "def f(x: Tensor['N', f32]) -> tuple[Tensor[f32 @loss_scale(8)], Tensor[f32]]:\n"
+         "    return sum(x, axis=None), sum(x, axis=None)\n",
+         "2:31: error: @loss_scale: the results have different scales"),
+        ("def f(x: Tensor['N', i8]) -> Tensor[1, f32]:\n    return all_finite(x)\n",
+         "2:23: error: all_finite: 'x' must be a float tensor"),
     ],
 )  # fmt: skip
-def test_saturation_of_a_dtype_without_it_is_an_error_at_its_line(
-    source: str, message: str
-) -> None:
+def test_a_policy_where_it_cannot_apply_is_an_error_at_its_line(source: str, message: str) -> None:
     with pytest.raises(CompileError) as info:
         tessera.compile("@kernel\n" + source, filename="s.tsr", target="cpu")
     line, rest = message.split(":", 1)

@@ -19,6 +19,7 @@ EXPECTED = {
     "elementwise": ("reduction", ["ceil(R/4)"]),
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),
+    "fused_adam_master": ("elementwise", ["ceil(N/1024)"]),
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "gemm_nt": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),

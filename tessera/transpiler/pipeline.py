@@ -29,6 +29,7 @@ from .graph.numerics import verify_numerics
 from .graph.passes import run_graph_passes
 from .graph.printer import print_graph
 from .graph.sema import analyze
+from .graph.stochastic import stochastic_results
 from .options import Options, OptionsError
 from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
@@ -115,6 +116,7 @@ def _graph_stage(
     diags.check()
     verify_numerics(irs["ast"], graph, diags)
     graph = distribute(graph, diags)
+    graph = stochastic_results(graph, diags)
     diags.check()
     return run_graph_passes(graph)
 

@@ -365,12 +365,12 @@ inline i64 clamp_index(float index, i64 size) {
 // ---------------------------------------------------------------- dropout
 
 // Philox4x32-10 (Salmon, Moraes, Dror and Shaw, SC'11), the first word of the block for
-// the counter (n, 0, 0, 0) under the key `seed`: a counter-based generator, so element
-// n of a tensor draws the same number in whichever program, thread and order it is
-// computed, on every backend.
-inline std::uint32_t philox(std::uint64_t seed, std::uint64_t n) {
+// the counter (n, 0, stream, 0) under the key `seed`: a counter-based generator, so
+// element n of a tensor draws the same number in whichever program, thread and order it
+// is computed, on every backend. Dropout draws on stream 0, stochastic rounding on 1.
+inline std::uint32_t philox(std::uint64_t seed, std::uint64_t n, std::uint32_t stream) {
   std::uint32_t c0 = static_cast<std::uint32_t>(n), c1 = static_cast<std::uint32_t>(n >> 32);
-  std::uint32_t c2 = 0, c3 = 0;
+  std::uint32_t c2 = stream, c3 = 0;
   std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
   for (int i = 0; i < 10; ++i) {
     const std::uint64_t p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;
@@ -390,7 +390,7 @@ inline std::uint32_t philox(std::uint64_t seed, std::uint64_t n) {
 // of element n's draw, as a fraction of 2^24 (exact in a float), are at least p.
 inline float dropout(float x, std::int64_t seed, std::int64_t n, float p) {
   const float u = static_cast<float>(philox(static_cast<std::uint64_t>(seed),
-                                            static_cast<std::uint64_t>(n)) >> 8) * 0x1p-24f;
+                                            static_cast<std::uint64_t>(n), 0) >> 8) * 0x1p-24f;
   return u >= p ? x * (1.0f / (1.0f - p)) : 0.0f;
 }
 
@@ -447,6 +447,32 @@ inline void store_tile(i4_span dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax,
     for (i64 j = 0; j + 1 < valid; j += 2)
       row[j >> 1].pair = static_cast<std::uint8_t>(nibble_of(in[j]) | nibble_of(in[j + 1]) << 4);
   }
+}
+
+// ---------------------------------------------------------------- stochastic rounding
+
+// x rounded to a float format of `mantissa` stored bits whose normal exponents start at
+// `emin` (@stochastic_round, docs/numerics.md): to the neighbour toward zero, or away from
+// zero when the top 24 bits of element n's draw on stream 1 are less than the share of
+// the gap that x has gone past that neighbour, times 2^24 (rounded up). Integer steps, so
+// every target gives the same bits; the result is a value of the format, or the power of
+// two past its largest, which the conversion that follows makes infinity or NaN.
+inline float stochastic_round(float x, int mantissa, int emin, std::int64_t seed, std::int64_t n) {
+  const std::uint32_t bits = bits_of(x), field = bits >> 23 & 0xffu;
+  if (field == 0xffu) return x;  // infinities and NaN convert as they are
+  const std::uint32_t sig = field ? (bits & 0x7fffffu) | 0x800000u : bits & 0x7fffffu;
+  const int exponent = static_cast<int>(field) - 127;
+  const int gap = (exponent > emin ? exponent : emin) - mantissa;  // the spacing is 2^gap
+  const int cut = gap - ((field ? static_cast<int>(field) : 1) - 150);  // bits of sig below it
+  const std::uint32_t kept = cut < 24 ? sig >> cut : 0u, rest = sig - (cut < 24 ? kept << cut : 0u);
+  const std::uint32_t bound = cut <= 24 ? rest << (24 - cut)
+                              : cut >= 48 ? (rest != 0u)
+                              : (rest >> (cut - 24)) + ((rest & ((1u << (cut - 24)) - 1u)) != 0u);
+  const std::uint32_t draw = philox(static_cast<std::uint64_t>(seed), static_cast<std::uint64_t>(n), 1) >> 8;
+  const float step = gap >= -126 ? float_of(static_cast<std::uint32_t>(gap + 127) << 23)
+                                 : float_of(1u << (gap + 149));
+  const float magnitude = static_cast<float>(kept + (draw < bound ? 1u : 0u)) * step;
+  return float_of(bits_of(magnitude) | (bits & 0x80000000u));
 }
 
 // ---------------------------------------------------------------- memory
@@ -836,6 +862,36 @@ inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 
                               cols);
       });
   }
+}
+
+// ---------------------------------------------------------------- narrow accumulation
+
+// out = acc + a @ b accumulated in a 16-bit float (@accum(bf16), @accum(f16)): element by
+// element, k ascending, each product (exact in f32) added in f32 and the sum rounded by
+// `Round` to the dtype, on the live corner; past it out keeps acc (zero with Fresh, a
+// dot). The order is docs/numerics.md's, which the GPUs' FMA loops follow too.
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 M,
+                        i64 N, i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
+  for (i64 i = 0; i < M; ++i)
+    for (i64 j = 0; j < N; ++j) {
+      float sum = Fresh ? 0.0f : acc[i * N + j];
+      if (i < m && j < n)
+        for (i64 p = 0; p < k; ++p) sum = Round(sum + a[i * ld_a + p] * b[p * ld_b + j]);
+      out[i * N + j] = sum;
+    }
+}
+
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 M,
+                        i64 N, i64 K, i64 m, i64 n, i64 k) {
+  mma_rounded<Round, Fresh>(out, a, b, acc, M, N, m, n, k, K, N);
+}
+
+template <float (*Round)(float), bool Fresh = false>
+inline void mma_rounded(float* out, const float* a, const float* b, const float* acc, i64 m,
+                        i64 n, i64 k) {
+  mma_rounded<Round, Fresh>(out, a, b, acc, m, n, k, m, n, k);
 }
 
 // ---------------------------------------------------------------- online softmax

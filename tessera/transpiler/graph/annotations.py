@@ -205,6 +205,7 @@ def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
     seen: dict[str, ast.Policy] = {}
     accum = None
     stochastic = False
+    seed: int | str = 0
     loss_scale = None
     saturate = False
     for policy in node.policies:
@@ -218,7 +219,7 @@ def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
         if policy.name == "accum":
             accum = _accum(policy, dtype)
         elif policy.name == "stochastic_round":
-            _flag(policy)
+            seed = _seed(policy)
             if not dtype.is_float or dtype.bits > 16:
                 raise SemanticError(
                     f"@stochastic_round applies to bf16, f16 and fp8 values, not {dtype}: "
@@ -239,10 +240,30 @@ def _policies(node: ast.TypeExpr, dtype: DType) -> Policies:
                 f"unknown numerics policy '@{policy.name}'"
                 f"{did_you_mean(policy.name, NUMERIC_POLICIES)}",
                 policy.span,
-                (Note("numerics policies: @accum(f32|bf16), @stochastic_round, "
+                (Note("numerics policies: @accum(f32|bf16|f16), @stochastic_round, "
                       "@loss_scale(k), @saturate"),),
             )  # fmt: skip
-    return Policies(accum, stochastic, loss_scale, saturate)
+    span = seen["stochastic_round"].span if stochastic else None
+    return Policies(accum, stochastic, seed, span, loss_scale, saturate)
+
+
+def _seed(policy: ast.Policy) -> int | str:
+    """The key of ``@stochastic_round(seed=...)``: a number, or the name of an ``int``
+    parameter (a step counter), which semantic analysis checks; 0 when none is given."""
+    args = [*policy.args, *(k.value for k in policy.keywords if k.name == "seed")]
+    if not policy.args and not policy.keywords:
+        return 0
+    if len(args) == 1 and len(policy.args) + len(policy.keywords) == 1:
+        arg = args[0]
+        if isinstance(arg, ast.IntLit):
+            return arg.value
+        if isinstance(arg, ast.Name):
+            return arg.id
+    raise SemanticError(
+        "@stochastic_round takes one seed, a number or an int parameter: "
+        "@stochastic_round(seed=step)",
+        policy.span,
+    )
 
 
 def _flag(policy: ast.Policy) -> None:
@@ -253,8 +274,8 @@ def _flag(policy: ast.Policy) -> None:
 def _accum(policy: ast.Policy, dtype: DType) -> DType:
     arg = policy.args[0] if len(policy.args) == 1 and not policy.keywords else None
     target = lookup_dtype(arg.id) if isinstance(arg, ast.Name) else None
-    if target is None or target.name not in ("f32", "bf16"):
-        raise SemanticError("@accum takes one dtype, f32 or bf16: @accum(f32)", policy.span)
+    if target is None or target.name not in ("f32", "bf16", "f16"):
+        raise SemanticError("@accum takes one dtype, f32, bf16 or f16: @accum(f32)", policy.span)
     if not dtype.is_float:
         raise SemanticError(
             f"@accum applies to floating-point dtypes; {dtype} always accumulates in i32",
@@ -264,6 +285,11 @@ def _accum(policy: ast.Policy, dtype: DType) -> DType:
         raise SemanticError(
             f"@accum({target}) on {dtype} would accumulate in less precision than the "
             f"inputs have; use @accum(f32)",
+            policy.span,
+        )
+    if target.bits == 16 and dtype != target and dtype.bits != 8:
+        raise SemanticError(
+            f"@accum({target}) applies to {target} and fp8 values, not {dtype}: " "use @accum(f32)",
             policy.span,
         )
     return target

@@ -47,7 +47,13 @@ from dataclasses import replace
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import DType
-from .graph_ops import ELEMENTWISE_MATH, has_transpose_kernel, last_two_swapped, rows_permuted
+from .graph_ops import (
+    DRAWN,
+    ELEMENTWISE_MATH,
+    has_transpose_kernel,
+    last_two_swapped,
+    rows_permuted,
+)
 from .ir import Block, Function, GraphModule, Op, Value, new_value
 from .rewrite import Rewriter, map_functions, reader_counts
 from .types import ScalarType
@@ -58,7 +64,7 @@ _ROW_MAPS = ("softmax", "softmax_safe", "log_softmax")
 _NORMS = ("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
 #: Ops computed on each element alone; dropout's mask is drawn from the element's
 #: row-major position, which is 0 in ``[1]`` as in a 0-d tensor.
-_ELEMENTWISE = ELEMENTWISE_MATH | {"dropout"}
+_ELEMENTWISE = ELEMENTWISE_MATH | DRAWN
 
 __all__ = ["canonicalize"]
 

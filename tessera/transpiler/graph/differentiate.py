@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics, did_you_mean
-from .autodiff import REMAT_POLICIES, backward, differentiable, filled
+from .annotations import resolve_result
+from .autodiff import REMAT_POLICIES, Builder, backward, differentiable, filled
 from .custom_rules import custom_region
 from .ir import Block, Function, Op, Param, Value, new_value
+from .loss_scale import loss_scale, scaled
 from .opcall import SemanticError
 from .types import TensorType, TupleType, result_types
 from .values import POISON, Const, Ev, FunctionRef, GradRef, Poison, describe
@@ -188,9 +190,13 @@ def _derived(analyzer: _FunctionAnalyzer, forward: Function, mode: str) -> Funct
         )
         added = _fresh(names, declared, taken, node.returns.span)
         forward = list(analyzer.blocks[0])
+        k = loss_scale(declared, node.returns)
+        b = Builder(analyzer, span)
+        seeds = scaled(b, added, k)
         results = backward(
-            analyzer, forward, analyzer.returned, added, wrt, span, analyzer.regions, remat
+            analyzer, forward, analyzer.returned, seeds, wrt, span, analyzer.regions, remat
         )
+        results = scaled(b, results, k, "div")
         _mark_backward(analyzer.blocks[0], len(forward))
         types = tuple(v.type for v in wrt)
     else:
@@ -315,8 +321,11 @@ def gradient_of(
     params = [(p.name, bound[p.name].value) for p in node.params if p.name in bound]
     wrt = _picked(node.name, params, ref.wanted, span)
     ops = analyzer.blocks[-1][start:]
-    seed = filled(analyzer, result, 1.0, span)
+    declared = resolve_result(node.returns, analyzer.defines) if node.returns else None
+    k = loss_scale(result_types(declared), node.returns)
+    seed = filled(analyzer, result, 1.0 if k is None else k, span)
     grads = backward(analyzer, ops, [result], [seed], wrt, span, analyzer.regions, ref.remat)
+    grads = scaled(Builder(analyzer, span), grads, k, "div")
     _mark_backward(analyzer.blocks[-1], start + len(ops))
     grads_value = grads[0] if len(grads) == 1 else tuple(grads)
     return (result, grads_value) if ref.with_value else grads_value

@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from .dims import Dim
-from .graph_ops import ELEMENTWISE_MATH
+from .graph_ops import DRAWN, ELEMENTWISE_MATH
 from .ir import Function, GraphModule, Guard, Op, Value, new_value, walk
 from .opcall import SemanticError
 from .types import TensorType, dims_text, result_types
@@ -30,7 +30,7 @@ from .types import TensorType, dims_text, result_types
 __all__ = ["distribute"]
 
 #: ops that keep every dim and act on each element alone
-_ELEMENTWISE = ELEMENTWISE_MATH | {"dropout"}
+_ELEMENTWISE = ELEMENTWISE_MATH | DRAWN
 #: ops that read whole rows: the last dim must be whole on each device
 _ROWS = {"softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm",
          "layernorm_safe", "rmsnorm", "rmsnorm_safe"}  # fmt: skip

@@ -8,6 +8,9 @@ so ``f32 @saturate`` is an error at the annotation, not a surprise at run time.
 
 from __future__ import annotations
 
+from dataclasses import field
+from typing import Any
+
 from ...frozen import frozen
 
 __all__ = [
@@ -100,6 +103,10 @@ class Policies:
 
     accum: DType | None = None
     stochastic_round: bool = False
+    #: The Philox key of ``@stochastic_round``: a number, or the name of an int parameter.
+    seed: int | str = 0
+    #: Where ``@stochastic_round`` is written, for the errors about its seed and result.
+    stochastic_span: Any = field(default=None, compare=False, repr=False)
     loss_scale: float | None = None
     saturate: bool = False
 
@@ -108,7 +115,7 @@ class Policies:
         if self.accum is not None:
             parts.append(f"@accum({self.accum})")
         if self.stochastic_round:
-            parts.append("@stochastic_round")
+            parts.append("@stochastic_round" + (f"(seed={self.seed})" if self.seed else ""))
         if self.loss_scale is not None:
             value = int(self.loss_scale) if self.loss_scale.is_integer() else self.loss_scale
             parts.append(f"@loss_scale({value})")

@@ -52,7 +52,7 @@ from bisect import insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from .graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
+from .graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
 from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
 from .types import ScalarType, TensorType
@@ -75,7 +75,7 @@ _REDUCTIONS = {
     "put_along_axis", "scatter_add",
 }  # fmt: skip
 _ELEMENTWISE = {
-    *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
+    *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
     "kvcache.v",
 }  # fmt: skip
 #: Elementwise ops that a library row kernel computes: it loads its first operand

@@ -22,7 +22,7 @@ from .values import Const, DimValue, Ev, describe
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
-    "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask",
+    "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask", "DRAWN",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -45,6 +45,11 @@ ELEMENTWISE_MATH = frozenset({
     "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
+
+#: Elementwise ops that draw from Philox by the element's row-major place in their result
+#: (``dropout``; ``stochastic_cast``, which ``@stochastic_round`` makes of a cast): the tile
+#: lowering gives each the place of its tile (``at``).
+DRAWN = frozenset({"dropout", "stochastic_cast"})
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 
@@ -601,6 +606,13 @@ def _one_axis(kind: str, keeps_dtype: bool) -> Reduce:
     """The reduction ``kind`` over one axis, in its result dtype."""
 
     def one(call: OpCall, x: Value, axis: int, keepdims: bool) -> Value:
+        narrow = x.type.policies.accum
+        if not keeps_dtype and narrow is not None and narrow.bits == 16:
+            raise call.error(
+                f"@accum({narrow}) applies to products (matmul): {kind} accumulates in f32; "
+                "drop the policy or write @accum(f32)",
+                at="x",
+            )
         dtype = x.type.dtype if keeps_dtype else accumulator(x.type.dtype, x.type.policies)
         if kind == "sum" and x.type.dtype != dtype:  # the terms in the accumulation dtype
             x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))

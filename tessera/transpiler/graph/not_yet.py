@@ -14,9 +14,6 @@ __all__ = ["NOT_YET", "not_yet"]
 
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
-    "@stochastic_round": "results round to nearest even",
-    "@loss_scale": "nothing is scaled",
-    "@accum(bf16)": "products and sums accumulate in f32",
     "@rolling_window": "the cache keeps every position up to its S_max",
     "@device": "the cache lives where the target's tensors do",
     "@paged": "the cache is one contiguous tensor",

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from ...files import write_file
-from . import optim, quant  # noqa: F401  (register fused_adam, quantize and dequantize)
+from . import loss_scale, optim, quant  # noqa: F401  (they register their graph ops)
 from .graph_ops import COMPARISONS, GRAPH_OPS
 from .opcall import OpSpec
 from .tile_ops import TILE_DIMS

@@ -19,7 +19,7 @@ from .graph_ops import ELEMENTWISE_MATH
 from .ir import Function, GraphModule, Op, new_value
 from .types import TensorType, TileType, result_types
 
-__all__ = ["saturate_results"]
+__all__ = ["saturate_results", "through_f32"]
 
 _CASTS = ("cast", "tile.cast")
 
@@ -44,13 +44,13 @@ def _function(function: Function) -> Function:
         elif op.kind in _CASTS:
             ops.append(replace(op, attrs=(*op.attrs, ("saturate", True))))
         elif op.kind.removeprefix("tile.") in ELEMENTWISE_MATH and len(op.results) == 1:
-            ops.extend(_through_f32(op))
+            ops.extend(through_f32(op))
         else:
             ops.append(op)
     return replace(function, body=replace(function.body, ops=tuple(ops)))
 
 
-def _through_f32(op: Op) -> tuple[Op, Op]:
+def through_f32(op: Op) -> tuple[Op, Op]:
     """``op`` computed in f32, and a saturating cast of that into its result."""
     result = op.result
     t = result.type

@@ -19,7 +19,7 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from . import optim, quant  # noqa: F401  (register fused_adam, quantize and dequantize)
+from . import loss_scale, optim, quant  # noqa: F401  (they register their graph ops)
 from .annotations import resolve_result, resolve_type, unimplemented_policies
 from .autodiff import Region
 from .custom_rules import CUSTOM_RULES, custom_region, custom_rule

@@ -17,8 +17,15 @@ from ...frozen import frozen
 from ..check.bounds import Sites
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
-from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
+from ..graph.graph_ops import (
+    COMPARISONS,
+    DRAWN,
+    binary_operands,
+    dropout_operands,
+    named_operands,
+)  # fmt: skip
 from ..graph.ir import Block, Op, Value, walk
+from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
@@ -486,6 +493,11 @@ class _Emitter:
         elif op.kind == "dropout":
             x, p, seed = (self._arg(v, out) for v in dropout_operands(op))
             expr = f"tsr::dropout({x}, {seed}, {self._position(op.attr('at'), out)}, {p})"
+        elif op.kind == "stochastic_cast":
+            x, seed = (self._arg(v, out) for v in stochastic_operands(op))
+            mantissa, emin = STOCHASTIC_FORMATS[out_type.dtype.name]
+            place = self._position(op.attr("at"), out)
+            expr = f"tsr::stochastic_round({x}, {mantissa}, {emin}, {seed}, {place})"
         else:
             x = self._arg(op.operands[0], out)
             function = _UNARY.get(op.kind)
@@ -983,6 +995,11 @@ class _Emitter:
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
+        accum = op.attr("accum")
+        if accum is not None:  # from zero: acc is the result itself
+            args = ", ".join((name, self.name(a), self.name(b), name, *self._product(op)))
+            self.line(f"tsr::mma_rounded<{ROUND[accum.name]}, true>({args});")
+            return
         args = ", ".join((name, self.name(a), self.name(b), *self._product(op)))
         self.line(f"tsr::dot({args});")
 
@@ -993,7 +1010,9 @@ class _Emitter:
             self._dequantized_product(op, name, self.name(acc))
             return
         args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
-        self.line(f"tsr::mma({', '.join(args)});")
+        accum = op.attr("accum")
+        function = "tsr::mma" if accum is None else f"tsr::mma_rounded<{ROUND[accum.name]}>"
+        self.line(f"{function}({', '.join(args)});")
 
     def _dequantized_product(self, op: Op, out: str, acc: str) -> None:
         """An ``mma`` whose right operand is an i4 weight dequantized as it is read."""
@@ -1147,7 +1166,7 @@ def _is_elementwise(op: Op) -> bool:
         or op.kind in _UNARY
         or op.kind in _COMPARED
         or op.kind in _LOGICAL
-        or op.kind in ("cast", "dropout", "where")
+        or op.kind in ("cast", "where", *DRAWN)
     )
 
 

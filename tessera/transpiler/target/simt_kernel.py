@@ -30,8 +30,15 @@ from typing import Any
 from ...frozen import frozen
 from ..check.bounds import FAULT, Sites
 from ..graph.dims import Dim
-from ..graph.graph_ops import COMPARISONS, binary_operands, dropout_operands, named_operands
+from ..graph.graph_ops import (
+    COMPARISONS,
+    DRAWN,
+    binary_operands,
+    dropout_operands,
+    named_operands,
+)  # fmt: skip
 from ..graph.ir import Block, Op, Value, walk
+from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType
 from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import Access, Mma, TileKernel
@@ -78,7 +85,7 @@ _LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_not": "!"}
 #: The ops whose expression is a condition, which ``where`` reads as it is.
 _CONDITIONS = frozenset({*_COMPARED, *_LOGICAL})
 _ELEMENTWISE = frozenset(
-    {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "dropout", "where"}
+    {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "where", *DRAWN}
 )
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them (nor after the header's and the template's ``tsr_`` names: ``OWN_PREFIX``).
@@ -598,6 +605,14 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
             at: Access = op.attr("at")
             place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
             return f"tsr_dropout({x}, {seed}, {place}, {p})"
+        if op.kind == "stochastic_cast":
+            x, seed = (self.at(v, index, out) for v in stochastic_operands(op))
+            at = op.attr("at")
+            place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
+            mantissa, emin = STOCHASTIC_FORMATS[op.result.type.dtype.name]
+            x = f"tsr_stochastic_round({x}, {mantissa}, {emin}, {seed}, {place})"
+            # rounded to the dtype as every op is; clamping after the draw is clamping before
+            return saturated(x, op.result.type.dtype, "tsr_") if op.attr("saturate") else x
         x = self.at(op.operands[0], index, out)
         if op.kind == "cast":
             dtype = op.result.type.dtype

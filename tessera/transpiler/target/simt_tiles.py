@@ -504,7 +504,10 @@ class TileOps:
         self.line(f"for (int c = 0; c < {rn}; ++c) b_k[c] = {b(('kk', col))};")
         self.open(f"for (int r = 0; r < {rm}; ++r)")
         slot = f"{acc}[r * {rn} + c]"
-        self.line(f"for (int c = 0; c < {rn}; ++c) {slot} = {self.d.fma}(a_k[r], b_k[c], {slot});")
+        step = f"{self.d.fma}(a_k[r], b_k[c], {slot})"
+        accum = op.attr("accum")  # @accum(bf16): the running sum rounded after each step
+        step = step if accum is None else self.d.round(accum.name, step)
+        self.line(f"for (int c = 0; c < {rn}; ++c) {slot} = {step};")
         self.close()
         self.close()
 

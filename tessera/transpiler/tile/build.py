@@ -15,7 +15,7 @@ from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import ELEMENTWISE_MATH, retyping_view, rows_permuted
+from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
 from ..graph.types import ScalarType, TensorType, in_memory
@@ -39,7 +39,7 @@ __all__ = ["tile_module", "ANCHORS", "RUNTIME"]
 #: Graph ops that a library kernel implements (``template_of`` says which kernel).
 ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE_PARAMS)
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
-_CHAIN = ELEMENTWISE_MATH | {"dropout"}
+_CHAIN = ELEMENTWISE_MATH | DRAWN
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
 RUNTIME = {
     "host": "host-side work: a scalar computed for an op that is not elementwise (an "

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from ...frozen import frozen
 from ..graph.dims import Dim
-from ..graph.graph_ops import COMPARISONS, LOGICAL
+from ..graph.graph_ops import COMPARISONS, DRAWN, LOGICAL
 from ..graph.ir import Block, Op, Value, new_value
 from ..graph.types import TileType
 from ..schedule.hardware import Hardware
@@ -36,7 +36,7 @@ __all__ = ["mask_edges", "ZERO_PRESERVING"]
 #: Elementwise ops with f(0) == 0: zero padding stays zero.
 ZERO_PRESERVING = frozenset({
     "neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "round", "sin", "mask_causal",
-    "dropout",
+    *DRAWN,
 })  # fmt: skip
 _BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).
@@ -107,8 +107,8 @@ class _Masker:
             self.binary(op)
         elif op.kind in _DIRTYING:
             self.dirtied(op)
-        elif op.kind == "dropout" or (len(op.operands) == 1 and len(op.results) == 1):
-            self.unary(op)  # dropout's other operands are scalars
+        elif op.kind in DRAWN or (len(op.operands) == 1 and len(op.results) == 1):
+            self.unary(op)  # the other operands of a drawing op are scalars
         return [op]
 
     # -- accesses --------------------------------------------------------------

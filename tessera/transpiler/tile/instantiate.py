@@ -28,13 +28,15 @@ from ..frontend.kept_parse import parse_library_file
 from ..frontend.parser import parse
 from ..frontend.source import SourceFile
 from ..graph.dims import Dim
-from ..graph.graph_ops import rows_permuted, view_starts
+from ..graph.dtypes import DType
+from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
 from ..graph.types import ScalarType, TensorType, TileType, in_memory
 from ..options import Options
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue, View
+from .rewrite import rewrite
 
 __all__ = [
     "TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped",
@@ -149,6 +151,8 @@ def instantiate(
     span = (anchor or group_ops[-1]).span
     operands = tuple(in_memory(v.type) for v in tensors)
     fn = stdlib_kernel(template, operands, in_memory(result), span, names)
+    if anchor is not None and anchor.kind == "matmul":
+        fn = narrow_accumulation(fn, anchor.result.type.dtype)
     bind: dict[int, Any] = {}
     for param in fn.params:
         if param.value.name not in TEMPLATE_PARAMS[template]:
@@ -170,6 +174,22 @@ def instantiate(
         template, kind,
     )  # fmt: skip
     return fn, given
+
+
+def narrow_accumulation(fn: Function, dtype: DType) -> Function:
+    """A matmul whose result is a 16-bit float accumulates in it (``@accum(bf16)``,
+    ``@accum(f16)``): each dot of its library kernel says so, for legalization (which
+    runs it on FMAs, in order) and the emitters (which round the running sum to ``dtype``
+    after each product is added: ``docs/numerics.md``)."""
+    if not (dtype.is_float and dtype.bits == 16):
+        return fn
+
+    def visit(op: Op) -> list[Op]:
+        if op.kind != "tile.dot":
+            return [op]
+        return [dataclasses.replace(op, attrs=(*op.attrs, ("accum", dtype)))]
+
+    return dataclasses.replace(fn, body=rewrite(fn.body, visit))
 
 
 def kept_axis_dropped(t: TensorType) -> TensorType:
@@ -234,7 +254,7 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
             result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
             # dropout draws by the element's place in the tensor: where the tile lies
-            attrs = (*op.attrs, ("at", access)) if op.kind == "dropout" else op.attrs
+            attrs = (*op.attrs, ("at", access)) if op.kind in DRAWN else op.attrs
             (value,) = lowering.emit(
                 op.kind, operands, (result_type,), attrs, op.effects, (), op.span,
                 (op.result.name,),

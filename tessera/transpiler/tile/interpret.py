@@ -29,6 +29,7 @@ from ..graph.dims import Dim
 from ..graph.dtypes import SATURATION, DType
 from ..graph.graph_ops import binary_operands, dropout_operands, named_operands
 from ..graph.ir import Block, Op, Value
+from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType, TileType
 from .ir import Access, SharedType, Slot, TileKernel, TileModule, When
 
@@ -346,6 +347,24 @@ class _Program:
         _, p, seed = (
             self.values[v.id] if isinstance(v, Value) else v for v in dropout_operands(op)
         )
+        drawn = _philox(int(seed), self._place(op, x), 0)
+        u = (drawn >> 8).astype(np.float32) * np.float32(2.0**-24)
+        p = np.float32(p)
+        return np.where(u >= p, x * (np.float32(1.0) / (np.float32(1.0) - p)), np.float32(0.0))
+
+    def op_stochastic_cast(self, op: Op, x: np.ndarray, *_: Any) -> np.ndarray:
+        _, seed = (
+            self.values[v.id] if isinstance(v, Value) else v for v in stochastic_operands(op)
+        )
+        dtype = op.result.type.dtype
+        mantissa, emin = STOCHASTIC_FORMATS[dtype.name]
+        drawn = _philox(int(seed), self._place(op, x), 1) >> 8
+        rounded = stochastic_round(np.asarray(x, np.float32), mantissa, emin, drawn)
+        return saturate(rounded, dtype) if op.attr("saturate") else rounded
+
+    def _place(self, op: Op, x: np.ndarray) -> np.ndarray:
+        """The row-major place in its tensor of each element of the tile ``x`` that a
+        drawing op (``DRAWN``) computes, from the op's ``at``."""
         at: Access = op.attr("at")
         place: Any = 0
         tile_axis = 0
@@ -357,10 +376,7 @@ class _Program:
                 offset = offset + np.arange(x.shape[tile_axis], dtype=np.uint64).reshape(shape)
                 tile_axis += 1
             place = place * _eval(axis.extent, self.env) + offset
-        drawn = _philox(int(seed), np.broadcast_to(np.uint64(place), x.shape))
-        u = (drawn >> 8).astype(np.float32) * np.float32(2.0**-24)
-        p = np.float32(p)
-        return np.where(u >= p, x * (np.float32(1.0) / (np.float32(1.0) - p)), np.float32(0.0))
+        return np.broadcast_to(np.uint64(place), x.shape)
 
     def op_mask_edge(self, op: Op, x: np.ndarray) -> np.ndarray:
         axis = op.attr("axis")
@@ -422,12 +438,12 @@ class _Program:
         raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
 
 
-def _philox(seed: int, n: np.ndarray) -> np.ndarray:
-    """Philox4x32-10's first word for the counters ``(n, 0, 0, 0)`` under the key
+def _philox(seed: int, n: np.ndarray, stream: int) -> np.ndarray:
+    """Philox4x32-10's first word for the counters ``(n, 0, stream, 0)`` under the key
     ``seed``, as the backends' headers compute it."""
     low = np.uint64(0xFFFFFFFF)
     c0, c1 = n & low, n >> np.uint64(32)
-    c2 = c3 = np.zeros_like(n)
+    c2, c3 = np.full_like(n, stream), np.zeros_like(n)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     for _ in range(10):
         p0, p1 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
@@ -471,3 +487,22 @@ _UNARY = {
     "neg": lambda x: -x, "abs": np.abs, "round": np.rint, "sin": np.sin, "cos": np.cos,
     "logical_not": np.logical_not,
 }  # fmt: skip
+
+
+def stochastic_round(x: np.ndarray, mantissa: int, emin: int, draw: np.ndarray) -> np.ndarray:
+    """``x`` (f32) rounded as the headers' ``stochastic_round`` does, with the 24-bit draws
+    ``draw``: toward zero to a multiple of the format's spacing at ``x``, and one spacing
+    further when the draw is less than the remainder's share of it times 2^24, rounded up."""
+    bits = x.view(np.uint32).astype(np.int64)
+    field = (bits >> 23) & 0xFF
+    sig = np.where(field > 0, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
+    gap = np.maximum(field - 127, emin) - mantissa
+    cut = gap - (np.maximum(field, 1) - 150)
+    kept = np.where(cut < 24, sig >> np.minimum(cut, 63), 0)
+    rest = sig - (kept << np.minimum(cut, 63))
+    # ceil(rest * 2^(24 - cut)), exactly: rest < 2^24 and cut >= 13
+    bound = -((-rest << 39) >> np.minimum(cut + 15, 63))
+    up = draw.astype(np.int64) < bound
+    with np.errstate(over="ignore"):  # the power of two past the largest f32: infinity
+        magnitude = ((kept + up) * np.ldexp(1.0, gap)).astype(np.float32)
+    return np.where(field == 0xFF, x, np.copysign(magnitude, x)).astype(np.float32)

@@ -112,7 +112,7 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
             dot_value = next(v for v in op.operands if v.id in fused)
             acc = next(v for v in op.operands if v is not dot_value)
             a, b = defs[dot_value.id].operands
-            mma = Op("mma", (a, b, acc), op.results, (), (), (), op.span)
+            mma = Op("mma", (a, b, acc), op.results, defs[dot_value.id].attrs, (), (), op.span)
             return [_with_mma(mma, kernel, hw, a, op.result.type, whole_rows,
                               _k_major(a, b, defs), fma)]  # fmt: skip
         if op.kind == "softmax_accumulate":
@@ -134,6 +134,8 @@ def _with_mma(
     op: Op, kernel: TileKernel, hw: Hardware, operand: Value, out: TileType, whole_rows: bool,
     k_major: bool = False, fma: bool = False,
 ) -> Op:  # fmt: skip
+    # an @accum(bf16|f16) product rounds after each step, in k order: an FMA loop
+    fma = fma or (op.attr("accum") is not None and hw.kind != "cpu")
     mma = _mma(kernel, hw, operand.type.dtype.name, out, whole_rows, k_major, fma)
     return replace(op, attrs=(*op.attrs, ("mma", mma)))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..graph.dims import Dim
-from ..graph.graph_ops import ELEMENTWISE_MATH
+from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH
 from ..graph.ir import Op, walk
 from ..schedule.hardware import Hardware
 from .ir import Mma, SharedType, Slot, TileKernel
@@ -37,7 +37,7 @@ PRODUCER_THREADS = 128
 #: Ops outside the loop that every thread runs on its own elements, with no barrier.
 _PER_THREAD = frozenset({
     "alloc", "copy", "commit", "wait_mma", "full", "load", "store", "cast", "expand_dims",
-    "dim_to_float", "const", "dropout", *ELEMENTWISE_MATH,
+    "dim_to_float", "const", *DRAWN, *ELEMENTWISE_MATH,
 })  # fmt: skip
 #: Ops through which a read of a stage reaches the product that reads it.
 _THROUGH = ("transpose", "cast")
