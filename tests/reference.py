@@ -329,7 +329,26 @@ CASES = (
                       "weight_decay": 0.1},
          lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
                         a["beta1"], a["beta2"], a["eps"], a["weight_decay"]), 1e-5),
+    # a large step (lr 0.3), so that the bf16 parameter's rounding (the tolerance) is
+    # small beside the update; tests/test_fp32_master.py checks its bits on the CPU
+    Case("tessera/stdlib/fused_adam_master.tsr", "fused_adam_master",
+         lambda rng: {"param": _normal(rng, (1100,), ml_dtypes.bfloat16),
+                      "grad": _normal(rng, (1100,), ml_dtypes.bfloat16),
+                      "master": _normal(rng, (1100,)),
+                      "exp_avg": _normal(rng, (1100,), scale=0.1),
+                      "exp_avg_sq": np.abs(_normal(rng, (1100,), scale=0.1)), "lr": 0.3,
+                      "step": 3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                      "weight_decay": 0.1},
+         lambda a: _adam_master(a), 1e-2),
 )  # fmt: skip
+
+
+def _adam_master(a: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``fused_adam_master``'s step: Adam on the f32 master, the parameter its rounding."""
+    step = adam(a["master"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
+                a["beta1"], a["beta2"], a["eps"], a["weight_decay"])  # fmt: skip
+    master = step.pop("param")
+    return {**step, "master": master, "param": master}
 
 
 @dataclass(frozen=True)
