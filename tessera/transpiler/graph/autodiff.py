@@ -478,6 +478,62 @@ def _take_along_axis(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(x, b("scatter_add", zeros, indices, _whole(b, gs[0], op.result), -1))]
 
 
+@_rule("slice")
+def _slice(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The cotangent written where the slice lies, into zeros of the operand's shape."""
+    x = op.operands[0]
+    return [(x, _padded(b, _whole(b, gs[0], op.result), x, op.attr("starts")))]
+
+
+@_rule("split_qkv")
+def _split_qkv(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Each part's cotangent, its heads moved back after the rows (the part's permutation
+    is its own inverse), written into its third of the projection's columns; the three
+    parts' add up."""
+    qkv = op.operands[0]
+    g = b("transpose", _whole(b, gs[0], op.result), op.attr("perm"))
+    g = b("reshape", g, (*g.type.dims[:-2], g.type.dims[-2] * g.type.dims[-1]))
+    zero = Dim.const(0)
+    starts = (*(zero,) * (qkv.type.rank - 1), g.type.dims[-1] * op.attr("part"))
+    return [(qkv, _padded(b, g, qkv, starts))]
+
+
+@_rule("pad")
+def _pad(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The block of the cotangent where ``g`` was written (a slice); ``like`` gives only
+    a length, and no gradient."""
+    g, like = op.operands
+    attrs = (("perm", (0, 1)), ("starts", (Dim.const(0), op.attr("start"))))
+    (block,) = b.emitter.emit("slice", (_whole(b, gs[0], op.result),), (g.type,), attrs, (), b.span)
+    return [(g, block), (like, None)]
+
+
+def _padded(b: Builder, g: Value, x: Value, starts: tuple[Dim, ...]) -> Value:
+    """``g``, a block of ``x``'s shape that starts at ``starts``, written into zeros of
+    ``x``'s shape: one axis at a time, from the last, each a ``pad`` of columns."""
+    for axis in reversed(range(x.type.rank)):
+        if g.type.dims[axis] != x.type.dims[axis]:
+            g = _pad_axis(b, g, x, axis, starts[axis])
+    return g
+
+
+def _pad_axis(b: Builder, g: Value, x: Value, axis: int, start: Dim) -> Value:
+    """``g`` padded with zeros along ``axis`` to ``x``'s size there, its elements starting
+    at ``start``; its axes after ``axis`` are ``x``'s already. Both are seen as rows whose
+    columns are ``axis`` and the axes after it, so that the block is a block of columns
+    (the library's ``pad``, which reads ``x`` seen so only for its row length)."""
+    have, want = g.type.dims, x.type.dims
+    after = math.prod(want[axis + 1 :], start=Dim.const(1))
+    rows = math.prod(have[:axis], start=Dim.const(1))
+    flat = b("reshape", g, (rows, have[axis] * after))
+    like = b("reshape", x, (math.prod(want[:axis], start=Dim.const(1)), want[axis] * after))
+    offset = start * after
+    out = TensorType((rows, want[axis] * after), g.type.dtype)
+    attrs = (("start", offset),)
+    (padded,) = b.emitter.emit("pad", (flat, like), (out,), attrs, (), b.span)
+    return b("reshape", padded, (*have[:axis], *want[axis:]))
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 

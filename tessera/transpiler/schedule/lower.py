@@ -52,7 +52,7 @@ TEMPLATES = {
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
-    "put_along_axis": "put_along_axis", "scatter_add": "scatter_add",
+    "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
 }  # fmt: skip
 
 
