@@ -18,6 +18,8 @@ import pytest
 
 import tessera
 from tessera.runtime import cpu
+from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RULES
+from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 
 from .everywhere import EVERY_TARGET, load_everywhere
 from .test_cuda import needs_gxx
@@ -26,7 +28,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 CASES_FILE = Path(__file__).with_name("autodiff_cases.tsr")
-SIZES = {"R": 7, "C": 13, "M": 5, "K": 11, "N": 9, "B": 3, "D": 6, "H": 10}
+SIZES = {"R": 7, "C": 13, "M": 5, "K": 11, "N": 9, "B": 3, "D": 6, "H": 10, "Q": 18}
 
 
 def _layernorm(x: Any, w: Any = None, b: Any = None) -> Any:
@@ -45,6 +47,11 @@ def _unary(x: Any) -> Any:
     a = torch.exp(x * 0.5) + torch.log(x * x + 1) + torch.sqrt(x * x + 2)
     a = a + torch.rsqrt(x * x + 0.5)
     return a + torch.tanh(x) + torch.sigmoid(x) - x**3 + x.abs() * 0.5
+
+
+def _fused_qkv(x: Any) -> Any:
+    q, k, v = x.reshape(x.shape[0], 3, 2, -1).permute(1, 2, 0, 3)
+    return F.scaled_dot_product_attention(q, k, v) + q * 0.5
 
 
 #: Each case: its function, its inputs ((name, shape) in parameter order; a shape of
@@ -113,6 +120,15 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
     "gather_rows": (
         (("x", "RC"), ("rows", "ixR:KC")),
         lambda x, rows: torch.take_along_dim(x * 2, rows.long(), 0),
+    ),
+    "slices": (
+        (("x", "RC"), ("y", "BRC")),
+        lambda x, y: (x[2:6, 3:7] * torch.tanh(x[1:5, -4:]), y[1:3, :, 4][:, :, None] * 2),
+    ),
+    "fused_qkv": ((("x", "RQ"),), lambda x: _fused_qkv(x)),
+    "scattered": (
+        (("x", "RC"), ("idx", "ixC:RK"), ("v", "RK")),
+        lambda x, idx, v: (x * 2).scatter_add(-1, idx.long(), torch.tanh(v)),
     ),
     "mlp_loss": (
         (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
@@ -315,9 +331,9 @@ BAD = {
     ),
     "no rule": (
         "@autodiff\ndef f(x: Tensor['R', 'C', f32]) -> Tensor['R', 2, f32]:\n"
-        "    y = x * 2.0\n    return y[:, 1:3]\n",
-        4,
-        "cannot differentiate slice: it has no gradient rule yet; pass the parts",
+        "    y = round(x * 2.0)\n    return y[:, 1:3]\n",
+        3,
+        "cannot differentiate round: its derivative is zero wherever it exists",
     ),
     "grad of a tensor": (
         "def g(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * x\n\n"
@@ -332,6 +348,28 @@ BAD = {
         "wrt= names 'y', which is not a parameter of 'g'",
     ),
 }
+
+
+#: Graph ops whose rules emit other ops, and those ops: each has a rule or a reason.
+COMPOSITE = {
+    "cast_like": ("cast",), "clamp": ("maximum", "minimum"), "min": ("neg", "max"),
+    "residual": ("add", "dropout"), "fused_adam": ("add", "sub", "mul", "div", "sqrt"),
+    "quantize": ("div", "round", "maximum", "minimum", "cast"), "dequantize": ("cast", "mul"),
+}  # fmt: skip
+#: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
+#: the library ops that the gradients are made of.
+EMITTED = ("slice", "expand_dims", "pad")
+
+
+def test_every_graph_op_has_a_gradient_rule_or_says_why_not() -> None:
+    """A graph op added without a rule fails here: it either has one, gives no gradient
+    (a comparison), is made of ops that have one, or says why it has none."""
+    ops = [k for k, spec in GRAPH_OPS.items() if spec.level != "tile"]
+    for kind in (*ops, *EMITTED):
+        parts = COMPOSITE.get(kind, (kind,))
+        known = (*VJP_RULES, *CONSTANT_OPS, *NO_GRADIENT)
+        assert all(p in known for p in parts), f"{kind} has no gradient rule and no reason"
+    assert not set(NO_GRADIENT) & set(VJP_RULES)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -357,6 +395,11 @@ def layer(x: Tensor["R", "D", f32], w: Tensor["D", "C", f32], b: Tensor["C", f32
 @autodiff
 def labelled(z: Tensor["R", "C", f32], labels: Tensor["R", 1, i32]) -> Tensor[f32]:
     return -sum(take_along_axis(log_softmax(z, axis=-1), labels, axis=-1), axis=None)
+
+@autodiff
+def sliced(h: Tensor["R", "C", f32]) -> Tensor[2, "R", 3, f32]:
+    q, k, v = split_qkv(h[:, 2:20], heads=2)
+    return q * tanh(k) + v * h[:, -3:]
 """
 
 
@@ -385,3 +428,10 @@ def test_vjp_on_the_other_targets(
     picked = torch.take_along_dim(F.log_softmax(tz, -1), torch.tensor(labels).long(), -1)
     (-picked.sum() * 1.5).backward()
     np.testing.assert_allclose(dz, tz.grad.numpy(), rtol=1e-4, atol=1e-4)
+    # slices and split_qkv: the cotangent written into zeros by the pad kernel
+    g = rng.standard_normal((2, r, 3)).astype(np.float32)
+    dh = built.sliced_vjp(t, g)
+    th = torch.tensor(t, dtype=torch.float64, requires_grad=True)
+    q, k, v = th[:, 2:20].reshape(r, 3, 2, 3).permute(1, 2, 0, 3)
+    (q * torch.tanh(k) + v * th[:, -3:]).backward(torch.tensor(g, dtype=torch.float64))
+    np.testing.assert_allclose(dh, th.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -34,6 +34,7 @@ from .values import Const, DTypeRef, Ev
 __all__ = [
     "Builder",
     "CONSTANT_OPS",
+    "NO_GRADIENT",
     "REMAT_POLICIES",
     "VJP_RULES",
     "Region",
@@ -327,6 +328,13 @@ def _reshape(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(x, b("reshape", _whole(b, g, op.result), x.type.dims))]
 
 
+@_rule("expand_dims")
+def _expand_dims(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The new axes of one element dropped again: a reshape."""
+    x = op.operands[0]
+    return [(x, b("reshape", _whole(b, gs[0], op.result), x.type.dims))]
+
+
 @_rule("transpose")
 def _transpose(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     perm = op.attr("perm")
@@ -534,6 +542,15 @@ def _pad_axis(b: Builder, g: Value, x: Value, axis: int, start: Dim) -> Value:
     return b("reshape", padded, (*have[:axis], *want[axis:]))
 
 
+@_rule("scatter_add")
+def _scatter_add(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``x``'s cotangent as it is; each added value's, the cotangent where it was added
+    (``take_along_axis``, the converse gather)."""
+    x, indices, values = op.operands
+    g = _whole(b, gs[0], op.result)
+    return [(x, g), (values, b("take_along_axis", g, indices, -1))]
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 
@@ -543,10 +560,19 @@ _NO_RULE: Any = object()
 CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
                        "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
 
-#: What to write instead, for the ops that have no rule yet.
-_INSTEAD = {
-    "slice": "pass the parts as separate parameters",
-    "split_qkv": "project q, k and v with three matmuls",
+#: The ops with floating-point results that have no gradient rule, why, and what to
+#: write instead: differentiating through one is an error at its line.
+NO_GRADIENT = {
+    "round": "its derivative is zero wherever it exists; round outside the differentiated "
+    "function, or keep the value unrounded",
+    "put_along_axis": "an element written twice takes one of the values, and which one "
+    "decides the gradients; add with scatter_add into zeros instead",
+    "all_gather": "only all_reduce has a gradient among the collectives yet; gather "
+    "outside the differentiated function",
+    "reduce_scatter": "only all_reduce has a gradient among the collectives yet; write "
+    "all_reduce and a slice",
+    "all_to_all": "only all_reduce has a gradient among the collectives yet; exchange "
+    "outside the differentiated function",
     "kvcache.append": "keep state updates out of the differentiated function",
 }
 
@@ -708,8 +734,7 @@ class _Recomputed:
 
 def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:
     which = f" with respect to '{operand.name}'" if operand is not None and operand.name else ""
-    instead = _INSTEAD.get(op.kind, "compute it from ops that have gradients")
-    return SemanticError(
-        f"cannot differentiate {op.kind}{which}: it has no gradient rule yet; {instead}",
-        op.span,
+    why = NO_GRADIENT.get(
+        op.kind, "it has no gradient rule yet; compute it from ops that have gradients"
     )
+    return SemanticError(f"cannot differentiate {op.kind}{which}: {why}", op.span)
