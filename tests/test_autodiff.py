@@ -113,6 +113,14 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("q", "BMD"), ("k", "BND"), ("v", "BND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     ),
+    "causal_attention": (
+        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+    ),
+    "grouped_attention": (
+        (("q", "14ND"), ("k", "12ND"), ("v", "12ND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    ),
     "cross_entropy": (
         (("logits", "RC"), ("labels", "ixC:R1")),
         lambda x, labels: -torch.take_along_dim(F.log_softmax(x, -1), labels.long(), -1).sum() / 7,
@@ -435,3 +443,34 @@ def test_vjp_on_the_other_targets(
     q, k, v = th[:, 2:20].reshape(r, 3, 2, 3).permute(1, 2, 0, 3)
     (q * torch.tanh(k) + v * th[:, -3:]).backward(torch.tensor(g, dtype=torch.float64))
     np.testing.assert_allclose(dh, th.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+ATTENTION = """\
+@autodiff
+def attend(q: Tensor[1, 4, "S", 16, f32], k: Tensor[1, 2, "S", 16, f32],
+           v: Tensor[1, 2, "S", 16, f32]) -> Tensor[1, 4, "S", 16, f32]:
+    return flash_attention(q, k, v, causal=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [pytest.param(*p.values, marks=[*p.marks, pytest.mark.exhaustive], id=p.id)
+     if p.id == "opencl" else p
+     for p in EVERY_TARGET if p.id in ("opencl", "sm_80")],
+)  # fmt: skip
+def test_attention_vjp_on_the_other_targets(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Causal grouped-query attention's gradients by the FlashAttention-2 backward
+    kernels, at a length that is not a multiple of the tile (the CPU runs the other
+    cases of attention)."""
+    built = load_everywhere(ATTENTION, target, arch, monkeypatch)
+    rng = np.random.default_rng(4)
+    qkv = [rng.standard_normal((1, n, 37, 16)).astype(np.float32) for n in (4, 2, 2, 4)]
+    grads = built.attend_vjp(*qkv)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in qkv[:3])
+    out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+    out.backward(torch.tensor(qkv[3], dtype=torch.float64))
+    for have, want in zip(grads, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(have, want.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -448,32 +448,38 @@ def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 @_rule("flash_attention")
 def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
-    """The scores and probabilities computed again from q and k, in f32, and the
-    gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
-    with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
-    if op.attr("causal") or op.attr("dropout") is not None:
+    """FlashAttention-2's backward: the library's ``attention_lse`` gives each query's
+    logsumexp of the scores, and ``attention_dq``, ``attention_dk`` and ``attention_dv``
+    compute the probabilities again from it, a block at a time, each accumulating one
+    gradient; ``delta = rowsum(g * o)`` comes from the forward result. In f32; causal or
+    not, grouped-query k and v heads summed over their group by ``_fit``."""
+    if op.attr("dropout") is not None:
         raise SemanticError(
-            "cannot differentiate a causal attention or one with dropout yet: write the "
-            "attention out, softmax(where(mask, q @ k.T * scale, -INF)) @ v, with the mask "
-            "as a parameter",
+            "cannot differentiate an attention with dropout yet: write the attention out, "
+            "dropout(softmax(q @ k.T * scale), p, seed=s) @ v",
             op.span,
         )
-    q, k, v = (x if x.type.dtype == F32 else b("cast", x, F32) for x in op.operands[:3])
+    q, k, v = (_f32(b, x) for x in op.operands[:3])
     scale = op.attr("scale")
-    if scale == "scalar":
-        scale = op.operands[-1]
-    elif scale is None:
-        head = q.type.dims[-1]
-        scale = 1.0 / math.sqrt(head.constant) if head.constant else b("rsqrt", b.size(head))
-    p = b("softmax", b("mul", b("matmul", q, b("transpose", k)), scale), -1)
-    g = _whole(b, gs[0], op.result)
-    g = g if g.type.dtype == F32 else b("cast", g, F32)
-    dp = b("matmul", g, b("transpose", v))
-    ds = b("mul", p, b("sub", dp, b("sum", b("mul", dp, p), axis=-1, keepdims=True)))
-    dq = b("mul", b("matmul", ds, k), scale)
-    dk = b("mul", b("matmul", b("transpose", ds), q), scale)
-    dv = b("matmul", b("transpose", p), g)
+    scalars = (op.operands[-1],) if scale == "scalar" else ()
+    attrs = (("causal", op.attr("causal")), ("scale", scale))
+    g = _f32(b, _whole(b, gs[0], op.result))
+    delta = b("sum", b("mul", g, _f32(b, op.result)), axis=-1, keepdims=True)
+    batch, rows, keys = op.result.type.dims[:-2], q.type.dims[-2], k.type.dims[-2]
+
+    def kernel(kind: str, operands: tuple[Value, ...], dims: tuple[Dim, ...]) -> Value:
+        out = TensorType((*batch, *dims), F32)
+        return b.emitter.emit(kind, (*operands, *scalars), (out,), attrs, (), b.span)[0]
+
+    lse = kernel("attention_lse", (q, k), (rows, Dim.const(1)))
+    dq = kernel("attention_dq", (q, k, v, g, lse, delta), q.type.dims[-2:])
+    dk = kernel("attention_dk", (q, k, v, g, lse, delta), k.type.dims[-2:])
+    dv = kernel("attention_dv", (q, k, g, lse), (keys, v.type.dims[-1]))
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
+
+
+def _f32(b: Builder, x: Value) -> Value:
+    return x if x.type.dtype == F32 else b("cast", x, F32)
 
 
 @_rule("take_along_axis")
@@ -574,6 +580,11 @@ NO_GRADIENT = {
     "all_to_all": "only all_reduce has a gradient among the collectives yet; exchange "
     "outside the differentiated function",
     "kvcache.append": "keep state updates out of the differentiated function",
+    **dict.fromkeys(
+        ("attention_lse", "attention_dq", "attention_dk", "attention_dv"),
+        "flash_attention's backward kernels have no derivatives of their own: F_jvp and "
+        "second derivatives of an attention need it written out, softmax(q @ k.T * scale) @ v",
+    ),
 }
 
 

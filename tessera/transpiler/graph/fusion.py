@@ -62,6 +62,10 @@ __all__ = ["fuse", "op_class", "kernel_order"]
 _ANCHORS = {
     "matmul": "gemm",
     "flash_attention": "attention",
+    "attention_lse": "attention",
+    "attention_dq": "attention",
+    "attention_dk": "attention",
+    "attention_dv": "attention",
     "kvcache.append": "state",
     "all_reduce": "collective",
     "all_gather": "collective",

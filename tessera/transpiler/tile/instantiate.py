@@ -61,6 +61,10 @@ TEMPLATE_PARAMS = {
     "put_along_axis": ("x", "index", "values"),
     "scatter_add": ("x", "index", "values"),
     "pad": ("g", "like"),
+    "attention_lse": ("q", "k"),
+    "attention_dq": ("q", "k", "v", "do", "lse", "delta"),
+    "attention_dk": ("q", "k", "v", "do", "lse", "delta"),
+    "attention_dv": ("q", "k", "do", "lse"),
 }
 
 
