@@ -37,6 +37,7 @@ EXPECTED = {
     "row_sum": ("reduction", ["ceil(R/4)"]),
     "scatter_add": ("reduction", ["ceil(R/4)"]),
     "softmax": ("reduction", ["ceil(R/4)"]),
+    "softmax_grad": ("reduction", ["ceil(R/4)"]),
     "take_along_axis": ("reduction", ["ceil(R/4)"]),
     "transpose": ("layout", ["ceil(M/64)", "ceil(N/64)"]),
 }

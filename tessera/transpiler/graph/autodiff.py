@@ -389,9 +389,28 @@ def _max(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 @_rule("softmax", "softmax_safe")
 def _softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``y * (g - sum(g * y))``: over the last axis of f32 rows, the library's one-pass
+    row kernel ``softmax_grad``; else as ops."""
     y, axis = op.result, op.attr("axis")
-    gy = b("mul", _whole(b, gs[0], y), y)
+    g = _whole(b, gs[0], y)
+    if axis == y.type.rank - 1 and y.type.rank > 1 and y.type.dtype == g.type.dtype == F32:
+        return [(op.operands[0], _softmax_grad(b, y, g))]
+    gy = b("mul", g, y)
     return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
+
+
+def _softmax_grad(b: Builder, y: Value, g: Value) -> Value:
+    return b.emitter.emit("softmax_grad", (y, g), (TensorType(y.type.dims, F32),), (), (), b.span)[
+        0
+    ]
+
+
+@_rule("softmax_grad")
+def _softmax_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Linear in ``g`` with a symmetric Jacobian, ``diag(y) - y y^T``: its own transpose
+    (which ``F_jvp`` reads). None of ``y``: no second derivatives of a softmax."""
+    y, _ = op.operands
+    return [(op.operands[1], _softmax_grad(b, y, _whole(b, gs[0], op.result))), (y, _NO_RULE)]
 
 
 @_rule("log_softmax")

@@ -76,7 +76,7 @@ _ANCHORS = {
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
-    "put_along_axis", "scatter_add", "pad",
+    "put_along_axis", "scatter_add", "pad", "softmax_grad",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, "dropout", "expand_dims", "reshape", "rotary_embedding", "kvcache.k",

@@ -54,7 +54,7 @@ TEMPLATES = {
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
     "attention_lse": "attention_lse", "attention_dq": "attention_dq",
-    "attention_dk": "attention_dk", "attention_dv": "attention_dv",
+    "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
 }  # fmt: skip
 
 

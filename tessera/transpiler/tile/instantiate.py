@@ -65,6 +65,7 @@ TEMPLATE_PARAMS = {
     "attention_dq": ("q", "k", "v", "do", "lse", "delta"),
     "attention_dk": ("q", "k", "v", "do", "lse", "delta"),
     "attention_dv": ("q", "k", "do", "lse"),
+    "softmax_grad": ("y", "g"),
 }
 
 
