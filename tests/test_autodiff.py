@@ -448,6 +448,16 @@ def test_vjp_on_the_other_targets(
     np.testing.assert_allclose(dh, th.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:
+    """At a head dim known only at run time, the head-dim tile is the widest, and the
+    backward kernels hold two of them: gfx90a's 64 KiB of shared memory fit none."""
+    source = ATTENTION.replace("16, f32", '"D", f32')
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(source, filename="bad.tsr", target="hip", arch="gfx90a", until="sched")
+    first = caught.value.diagnostics[0]
+    assert first.span.line == 4 and "attention_dq fits the 65,536 bytes" in first.message
+
+
 ATTENTION = """\
 @autodiff
 def attend(q: Tensor[1, 4, "S", 16, f32], k: Tensor[1, 2, "S", 16, f32],

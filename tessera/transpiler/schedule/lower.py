@@ -80,6 +80,7 @@ def schedule_module(
         for f in graph.functions
     )
     module = ScheduleModule(graph.name, hw.target, hw.arch, programs)
+    diags.check()  # a kernel that no schedule fits is the program's error, said at its line
     verify_schedule(module, {f.name: len(f.groups) for f in graph.functions}, hw)
     return module
 
@@ -211,6 +212,17 @@ class _Scheduler:
         if group.kind == "tile" and self.diags.error_count == errors:  # one error a kernel
             self._check_sized(tiles)
         cost = resources(problem, knobs, self.hw)
+        if source == "heuristic" and self.hw.kind == "gpu" and cost.smem_bytes > self.hw.smem_bytes:
+            # none of the heuristic's blocks fits (attention's backward at a head dim
+            # known only at run time, whose tile is then the widest): not a compiler bug
+            what = template if template != "tile_kernel" else f"'{self.function.name}'"
+            self.diags.error(
+                f"{what} fits the {self.hw.smem_bytes:,} bytes of shared memory a block has on "
+                f"{self.hw.arch} at none of the blocks the schedule tries ({cost.smem_bytes:,} "
+                "at the first): give the head dim as a number (-D D=64), or compile for "
+                "another arch",
+                anchor.span,
+            )
         dot = group.kind in ("gemm", "attention") or (
             group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
         )
