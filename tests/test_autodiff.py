@@ -22,7 +22,8 @@ from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RUL
 from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_cuda import needs_gxx
+from .test_cuda import NVCC, _nvcc, needs_gxx
+from .test_hip import HIPCC, _hipcc_warning_free
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -487,3 +488,20 @@ def test_attention_vjp_on_the_other_targets(
     out.backward(torch.tensor(qkv[3], dtype=torch.float64))
     for have, want in zip(grads, (tq, tk, tv), strict=True):
         np.testing.assert_allclose(have, want.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
+                                              ("hip", "gfx90a")])  # fmt: skip
+def test_attention_backward_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
+    """The backward kernels at head dim 64 through nvcc and hipcc, every warning an
+    error."""
+    source = ATTENTION.replace("16, f32", "64, f32")
+    if target == "cuda":
+        if NVCC is None:
+            pytest.skip("needs nvcc (the CUDA toolkit)")
+        _nvcc("attend.tsr", arch, tmp_path, source)
+    else:
+        if HIPCC is None:
+            pytest.skip("needs hipcc (apt-get install hipcc)")
+        _hipcc_warning_free(tessera.compile(source, "attend.tsr", target="hip").source, tmp_path)
