@@ -18,15 +18,18 @@ import pytest
 
 import tessera
 from tessera.runtime import cpu
+from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RULES
+from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 
 from .everywhere import EVERY_TARGET, load_everywhere
-from .test_cuda import needs_gxx
+from .test_cuda import NVCC, _nvcc, needs_gxx
+from .test_hip import HIPCC, _hipcc_warning_free
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 CASES_FILE = Path(__file__).with_name("autodiff_cases.tsr")
-SIZES = {"R": 7, "C": 13, "M": 5, "K": 11, "N": 9, "B": 3, "D": 6, "H": 10}
+SIZES = {"R": 7, "C": 13, "M": 5, "K": 11, "N": 9, "B": 3, "D": 6, "H": 10, "Q": 18}
 
 
 def _layernorm(x: Any, w: Any = None, b: Any = None) -> Any:
@@ -46,6 +49,11 @@ def _unary(x: Any) -> Any:
     a = a + torch.rsqrt(x * x + 0.5)
     a = a + torch.tanh(x) + torch.sigmoid(x) - x**3 + x.abs() * 0.5
     return a + torch.sin(x) * torch.cos(x * 2)
+
+
+def _fused_qkv(x: Any) -> Any:
+    q, k, v = x.reshape(x.shape[0], 3, 2, -1).permute(1, 2, 0, 3)
+    return F.scaled_dot_product_attention(q, k, v) + q * 0.5
 
 
 #: Each case: its function, its inputs ((name, shape) in parameter order; a shape of
@@ -111,6 +119,14 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("q", "BMD"), ("k", "BND"), ("v", "BND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     ),
+    "causal_attention": (
+        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+    ),
+    "grouped_attention": (
+        (("q", "14ND"), ("k", "12ND"), ("v", "12ND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    ),
     "cross_entropy": (
         (("logits", "RC"), ("labels", "ixC:R1")),
         lambda x, labels: -torch.take_along_dim(F.log_softmax(x, -1), labels.long(), -1).sum() / 7,
@@ -118,6 +134,15 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
     "gather_rows": (
         (("x", "RC"), ("rows", "ixR:KC")),
         lambda x, rows: torch.take_along_dim(x * 2, rows.long(), 0),
+    ),
+    "slices": (
+        (("x", "RC"), ("y", "BRC")),
+        lambda x, y: (x[2:6, 3:7] * torch.tanh(x[1:5, -4:]), y[1:3, :, 4][:, :, None] * 2),
+    ),
+    "fused_qkv": ((("x", "RQ"),), lambda x: _fused_qkv(x)),
+    "scattered": (
+        (("x", "RC"), ("idx", "ixC:RK"), ("v", "RK")),
+        lambda x, idx, v: (x * 2).scatter_add(-1, idx.long(), torch.tanh(v)),
     ),
     "mlp_loss": (
         (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
@@ -320,9 +345,9 @@ BAD = {
     ),
     "no rule": (
         "@autodiff\ndef f(x: Tensor['R', 'C', f32]) -> Tensor['R', 2, f32]:\n"
-        "    y = x * 2.0\n    return y[:, 1:3]\n",
-        4,
-        "cannot differentiate slice: it has no gradient rule yet; pass the parts",
+        "    y = round(x * 2.0)\n    return y[:, 1:3]\n",
+        3,
+        "cannot differentiate round: its derivative is zero wherever it exists",
     ),
     "grad of a tensor": (
         "def g(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x * x\n\n"
@@ -337,6 +362,29 @@ BAD = {
         "wrt= names 'y', which is not a parameter of 'g'",
     ),
 }
+
+
+#: Graph ops whose rules emit other ops, and those ops: each has a rule or a reason.
+COMPOSITE = {
+    "cast_like": ("cast",), "clamp": ("maximum", "minimum"), "min": ("neg", "max"),
+    "residual": ("add", "dropout"), "fused_adam": ("add", "sub", "mul", "div", "sqrt"),
+    "quantize": ("div", "round", "maximum", "minimum", "cast"), "dequantize": ("cast", "mul"),
+}  # fmt: skip
+#: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
+#: the library ops that the gradients are made of.
+EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "attention_lse", "attention_dq",
+           "attention_dk", "attention_dv")  # fmt: skip
+
+
+def test_every_graph_op_has_a_gradient_rule_or_says_why_not() -> None:
+    """A graph op added without a rule fails here: it either has one, gives no gradient
+    (a comparison), is made of ops that have one, or says why it has none."""
+    ops = [k for k, spec in GRAPH_OPS.items() if spec.level != "tile"]
+    for kind in (*ops, *EMITTED):
+        parts = COMPOSITE.get(kind, (kind,))
+        known = (*VJP_RULES, *CONSTANT_OPS, *NO_GRADIENT)
+        assert all(p in known for p in parts), f"{kind} has no gradient rule and no reason"
+    assert not set(NO_GRADIENT) & set(VJP_RULES)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -362,6 +410,11 @@ def layer(x: Tensor["R", "D", f32], w: Tensor["D", "C", f32], b: Tensor["C", f32
 @autodiff
 def labelled(z: Tensor["R", "C", f32], labels: Tensor["R", 1, i32]) -> Tensor[f32]:
     return -sum(take_along_axis(log_softmax(z, axis=-1), labels, axis=-1), axis=None)
+
+@autodiff
+def sliced(h: Tensor["R", "C", f32]) -> Tensor[2, "R", 3, f32]:
+    q, k, v = split_qkv(h[:, 2:20], heads=2)
+    return softmax(q) * tanh(k) + v * h[:, -3:]
 """
 
 
@@ -390,3 +443,70 @@ def test_vjp_on_the_other_targets(
     picked = torch.take_along_dim(F.log_softmax(tz, -1), torch.tensor(labels).long(), -1)
     (-picked.sum() * 1.5).backward()
     np.testing.assert_allclose(dz, tz.grad.numpy(), rtol=1e-4, atol=1e-4)
+    # slices and split_qkv (the cotangent written into zeros by the pad kernel), and the
+    # one-pass row kernel of a softmax's gradient
+    g = rng.standard_normal((2, r, 3)).astype(np.float32)
+    dh = built.sliced_vjp(t, g)
+    th = torch.tensor(t, dtype=torch.float64, requires_grad=True)
+    q, k, v = th[:, 2:20].reshape(r, 3, 2, 3).permute(1, 2, 0, 3)
+    out = torch.softmax(q, -1) * torch.tanh(k) + v * th[:, -3:]
+    out.backward(torch.tensor(g, dtype=torch.float64))
+    np.testing.assert_allclose(dh, th.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:
+    """At a head dim known only at run time, the head-dim tile is the widest, and the
+    backward kernels hold two of them: gfx90a's 64 KiB of shared memory fit none."""
+    source = ATTENTION.replace("16, f32", '"D", f32')
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(source, filename="bad.tsr", target="hip", arch="gfx90a", until="sched")
+    first = caught.value.diagnostics[0]
+    assert first.span.line == 4 and "attention_dq fits the 65,536 bytes" in first.message
+
+
+ATTENTION = """\
+@autodiff
+def attend(q: Tensor[1, 4, "S", 16, f32], k: Tensor[1, 2, "S", 16, f32],
+           v: Tensor[1, 2, "S", 16, f32]) -> Tensor[1, 4, "S", 16, f32]:
+    return flash_attention(q, k, v, causal=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [pytest.param(*p.values, marks=[*p.marks, pytest.mark.exhaustive], id=p.id)
+     if p.id == "opencl" else p
+     for p in EVERY_TARGET if p.id in ("opencl", "sm_80")],
+)  # fmt: skip
+def test_attention_vjp_on_the_other_targets(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Causal grouped-query attention's gradients by the FlashAttention-2 backward
+    kernels, at a length that is not a multiple of the tile (the CPU runs the other
+    cases of attention)."""
+    built = load_everywhere(ATTENTION, target, arch, monkeypatch)
+    rng = np.random.default_rng(4)
+    qkv = [rng.standard_normal((1, n, 37, 16)).astype(np.float32) for n in (4, 2, 2, 4)]
+    grads = built.attend_vjp(*qkv)
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in qkv[:3])
+    out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+    out.backward(torch.tensor(qkv[3], dtype=torch.float64))
+    for have, want in zip(grads, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(have, want.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
+                                              ("hip", "gfx90a")])  # fmt: skip
+def test_attention_backward_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
+    """The backward kernels at head dim 64 through nvcc and hipcc, every warning an
+    error."""
+    source = ATTENTION.replace("16, f32", "64, f32")
+    if target == "cuda":
+        if NVCC is None:
+            pytest.skip("needs nvcc (the CUDA toolkit)")
+        _nvcc("attend.tsr", arch, tmp_path, source)
+    else:
+        if HIPCC is None:
+            pytest.skip("needs hipcc (apt-get install hipcc)")
+        _hipcc_warning_free(tessera.compile(source, "attend.tsr", target="hip").source, tmp_path)

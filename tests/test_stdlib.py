@@ -16,6 +16,10 @@ pytestmark = pytest.mark.unit
 STDLIB = sorted((ROOT / "tessera" / "stdlib").glob("*.tsr"))
 #: Each kernel, what it works like, and its grid.
 EXPECTED = {
+    "attention_dk": ("attention", ["ceil(T/64)", "BH"]),
+    "attention_dq": ("attention", ["ceil(S/64)", "BH"]),
+    "attention_dv": ("attention", ["ceil(T/64)", "BH"]),
+    "attention_lse": ("attention", ["ceil(S/128)", "BH"]),
     "elementwise": ("reduction", ["ceil(R/4)"]),
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),
@@ -24,6 +28,7 @@ EXPECTED = {
     "gemm_nt": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),
     "log_softmax": ("reduction", ["ceil(R/4)"]),
+    "pad": ("reduction", ["ceil(R/4)"]),
     "logsumexp": ("reduction", ["ceil(R/4)"]),
     "rmsnorm": ("reduction", ["ceil(R/4)"]),
     "rotary_embedding": ("reduction", ["ceil(S/4)"]),
@@ -33,6 +38,7 @@ EXPECTED = {
     "row_sum": ("reduction", ["ceil(R/4)"]),
     "scatter_add": ("reduction", ["ceil(R/4)"]),
     "softmax": ("reduction", ["ceil(R/4)"]),
+    "softmax_grad": ("reduction", ["ceil(R/4)"]),
     "take_along_axis": ("reduction", ["ceil(R/4)"]),
     "transpose": ("layout", ["ceil(M/64)", "ceil(N/64)"]),
 }

@@ -34,6 +34,7 @@ from .values import Const, DTypeRef, Ev
 __all__ = [
     "Builder",
     "CONSTANT_OPS",
+    "NO_GRADIENT",
     "REMAT_POLICIES",
     "VJP_RULES",
     "Region",
@@ -339,6 +340,13 @@ def _reshape(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(x, b("reshape", _whole(b, g, op.result), x.type.dims))]
 
 
+@_rule("expand_dims")
+def _expand_dims(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The new axes of one element dropped again: a reshape."""
+    x = op.operands[0]
+    return [(x, b("reshape", _whole(b, gs[0], op.result), x.type.dims))]
+
+
 @_rule("transpose")
 def _transpose(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     perm = op.attr("perm")
@@ -393,9 +401,28 @@ def _max(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 @_rule("softmax", "softmax_safe")
 def _softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``y * (g - sum(g * y))``: over the last axis of f32 rows, the library's one-pass
+    row kernel ``softmax_grad``; else as ops."""
     y, axis = op.result, op.attr("axis")
-    gy = b("mul", _whole(b, gs[0], y), y)
+    g = _whole(b, gs[0], y)
+    if axis == y.type.rank - 1 and y.type.rank > 1 and y.type.dtype == g.type.dtype == F32:
+        return [(op.operands[0], _softmax_grad(b, y, g))]
+    gy = b("mul", g, y)
     return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
+
+
+def _softmax_grad(b: Builder, y: Value, g: Value) -> Value:
+    return b.emitter.emit("softmax_grad", (y, g), (TensorType(y.type.dims, F32),), (), (), b.span)[
+        0
+    ]
+
+
+@_rule("softmax_grad")
+def _softmax_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Linear in ``g`` with a symmetric Jacobian, ``diag(y) - y y^T``: its own transpose
+    (which ``F_jvp`` reads). None of ``y``: no second derivatives of a softmax."""
+    y, _ = op.operands
+    return [(op.operands[1], _softmax_grad(b, y, _whole(b, gs[0], op.result))), (y, _NO_RULE)]
 
 
 @_rule("log_softmax")
@@ -452,32 +479,38 @@ def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 @_rule("flash_attention")
 def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
-    """The scores and probabilities computed again from q and k, in f32, and the
-    gradients as products of them: ``dv = p.T @ g``, ``ds = p * (dp - rowsum(dp * p))``
-    with ``dp = g @ v.T``, ``dq = ds @ k * scale``, ``dk = ds.T @ q * scale``."""
-    if op.attr("causal") or op.attr("dropout") is not None:
+    """FlashAttention-2's backward: the library's ``attention_lse`` gives each query's
+    logsumexp of the scores, and ``attention_dq``, ``attention_dk`` and ``attention_dv``
+    compute the probabilities again from it, a block at a time, each accumulating one
+    gradient; ``delta = rowsum(g * o)`` comes from the forward result. In f32; causal or
+    not, grouped-query k and v heads summed over their group by ``_fit``."""
+    if op.attr("dropout") is not None:
         raise SemanticError(
-            "cannot differentiate a causal attention or one with dropout yet: write the "
-            "attention out, softmax(where(mask, q @ k.T * scale, -INF)) @ v, with the mask "
-            "as a parameter",
+            "cannot differentiate an attention with dropout yet: write the attention out, "
+            "dropout(softmax(q @ k.T * scale), p, seed=s) @ v",
             op.span,
         )
-    q, k, v = (x if x.type.dtype == F32 else b("cast", x, F32) for x in op.operands[:3])
+    q, k, v = (_f32(b, x) for x in op.operands[:3])
     scale = op.attr("scale")
-    if scale == "scalar":
-        scale = op.operands[-1]
-    elif scale is None:
-        head = q.type.dims[-1]
-        scale = 1.0 / math.sqrt(head.constant) if head.constant else b("rsqrt", b.size(head))
-    p = b("softmax", b("mul", b("matmul", q, b("transpose", k)), scale), -1)
-    g = _whole(b, gs[0], op.result)
-    g = g if g.type.dtype == F32 else b("cast", g, F32)
-    dp = b("matmul", g, b("transpose", v))
-    ds = b("mul", p, b("sub", dp, b("sum", b("mul", dp, p), axis=-1, keepdims=True)))
-    dq = b("mul", b("matmul", ds, k), scale)
-    dk = b("mul", b("matmul", b("transpose", ds), q), scale)
-    dv = b("matmul", b("transpose", p), g)
+    scalars = (op.operands[-1],) if scale == "scalar" else ()
+    attrs = (("causal", op.attr("causal")), ("scale", scale))
+    g = _f32(b, _whole(b, gs[0], op.result))
+    delta = b("sum", b("mul", g, _f32(b, op.result)), axis=-1, keepdims=True)
+    batch, rows, keys = op.result.type.dims[:-2], q.type.dims[-2], k.type.dims[-2]
+
+    def kernel(kind: str, operands: tuple[Value, ...], dims: tuple[Dim, ...]) -> Value:
+        out = TensorType((*batch, *dims), F32)
+        return b.emitter.emit(kind, (*operands, *scalars), (out,), attrs, (), b.span)[0]
+
+    lse = kernel("attention_lse", (q, k), (rows, Dim.const(1)))
+    dq = kernel("attention_dq", (q, k, v, g, lse, delta), q.type.dims[-2:])
+    dk = kernel("attention_dk", (q, k, v, g, lse, delta), k.type.dims[-2:])
+    dv = kernel("attention_dv", (q, k, g, lse), (keys, v.type.dims[-1]))
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
+
+
+def _f32(b: Builder, x: Value) -> Value:
+    return x if x.type.dtype == F32 else b("cast", x, F32)
 
 
 @_rule("take_along_axis")
@@ -490,6 +523,71 @@ def _take_along_axis(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     return [(x, b("scatter_add", zeros, indices, _whole(b, gs[0], op.result), -1))]
 
 
+@_rule("slice")
+def _slice(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The cotangent written where the slice lies, into zeros of the operand's shape."""
+    x = op.operands[0]
+    return [(x, _padded(b, _whole(b, gs[0], op.result), x, op.attr("starts")))]
+
+
+@_rule("split_qkv")
+def _split_qkv(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Each part's cotangent, its heads moved back after the rows (the part's permutation
+    is its own inverse), written into its third of the projection's columns; the three
+    parts' add up."""
+    qkv = op.operands[0]
+    g = b("transpose", _whole(b, gs[0], op.result), op.attr("perm"))
+    g = b("reshape", g, (*g.type.dims[:-2], g.type.dims[-2] * g.type.dims[-1]))
+    zero = Dim.const(0)
+    starts = (*(zero,) * (qkv.type.rank - 1), g.type.dims[-1] * op.attr("part"))
+    return [(qkv, _padded(b, g, qkv, starts))]
+
+
+@_rule("pad")
+def _pad(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """The block of the cotangent where ``g`` was written (a slice); ``like`` gives only
+    a length, and no gradient."""
+    g, like = op.operands
+    attrs = (("perm", (0, 1)), ("starts", (Dim.const(0), op.attr("start"))))
+    (block,) = b.emitter.emit("slice", (_whole(b, gs[0], op.result),), (g.type,), attrs, (), b.span)
+    return [(g, block), (like, None)]
+
+
+def _padded(b: Builder, g: Value, x: Value, starts: tuple[Dim, ...]) -> Value:
+    """``g``, a block of ``x``'s shape that starts at ``starts``, written into zeros of
+    ``x``'s shape: one axis at a time, from the last, each a ``pad`` of columns."""
+    for axis in reversed(range(x.type.rank)):
+        if g.type.dims[axis] != x.type.dims[axis]:
+            g = _pad_axis(b, g, x, axis, starts[axis])
+    return g
+
+
+def _pad_axis(b: Builder, g: Value, x: Value, axis: int, start: Dim) -> Value:
+    """``g`` padded with zeros along ``axis`` to ``x``'s size there, its elements starting
+    at ``start``; its axes after ``axis`` are ``x``'s already. Both are seen as rows whose
+    columns are ``axis`` and the axes after it, so that the block is a block of columns
+    (the library's ``pad``, which reads ``x`` seen so only for its row length)."""
+    have, want = g.type.dims, x.type.dims
+    after = math.prod(want[axis + 1 :], start=Dim.const(1))
+    rows = math.prod(have[:axis], start=Dim.const(1))
+    flat = b("reshape", g, (rows, have[axis] * after))
+    like = b("reshape", x, (math.prod(want[:axis], start=Dim.const(1)), want[axis] * after))
+    offset = start * after
+    out = TensorType((rows, want[axis] * after), g.type.dtype)
+    attrs = (("start", offset),)
+    (padded,) = b.emitter.emit("pad", (flat, like), (out,), attrs, (), b.span)
+    return b("reshape", padded, (*have[:axis], *want[axis:]))
+
+
+@_rule("scatter_add")
+def _scatter_add(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``x``'s cotangent as it is; each added value's, the cotangent where it was added
+    (``take_along_axis``, the converse gather)."""
+    x, indices, values = op.operands
+    g = _whole(b, gs[0], op.result)
+    return [(x, g), (values, b("take_along_axis", g, indices, -1))]
+
+
 #: A cotangent that no rule gives: an error where the operand needs a gradient.
 _NO_RULE: Any = object()
 
@@ -499,11 +597,25 @@ _NO_RULE: Any = object()
 CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
                        "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
 
-#: What to write instead, for the ops that have no rule yet.
-_INSTEAD = {
-    "slice": "pass the parts as separate parameters",
-    "split_qkv": "project q, k and v with three matmuls",
+#: The ops with floating-point results that have no gradient rule, why, and what to
+#: write instead: differentiating through one is an error at its line.
+NO_GRADIENT = {
+    "round": "its derivative is zero wherever it exists; round outside the differentiated "
+    "function, or keep the value unrounded",
+    "put_along_axis": "an element written twice takes one of the values, and which one "
+    "decides the gradients; add with scatter_add into zeros instead",
+    "all_gather": "only all_reduce has a gradient among the collectives yet; gather "
+    "outside the differentiated function",
+    "reduce_scatter": "only all_reduce has a gradient among the collectives yet; write "
+    "all_reduce and a slice",
+    "all_to_all": "only all_reduce has a gradient among the collectives yet; exchange "
+    "outside the differentiated function",
     "kvcache.append": "keep state updates out of the differentiated function",
+    **dict.fromkeys(
+        ("attention_lse", "attention_dq", "attention_dk", "attention_dv"),
+        "flash_attention's backward kernels have no derivatives of their own: F_jvp and "
+        "second derivatives of an attention need it written out, softmax(q @ k.T * scale) @ v",
+    ),
 }
 
 
@@ -664,8 +776,7 @@ class _Recomputed:
 
 def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:
     which = f" with respect to '{operand.name}'" if operand is not None and operand.name else ""
-    instead = _INSTEAD.get(op.kind, "compute it from ops that have gradients")
-    return SemanticError(
-        f"cannot differentiate {op.kind}{which}: it has no gradient rule yet; {instead}",
-        op.span,
+    why = NO_GRADIENT.get(
+        op.kind, "it has no gradient rule yet; compute it from ops that have gradients"
     )
+    return SemanticError(f"cannot differentiate {op.kind}{which}: {why}", op.span)

@@ -251,7 +251,7 @@ def custom_region(
 _LINEAR = frozenset({
     "add", "sub", "neg", "sum", "mean", "reshape", "transpose", "expand_dims", "cast",
     "where", "all_reduce", "take_along_axis", "scatter_add", "put_along_axis", "dropout",
-    "slice", "split_qkv",
+    "slice", "split_qkv", "pad",
 })  # fmt: skip
 _LINEAR_IN_ONE = {"mul": (0, 1), "matmul": (0, 1), "div": (0,), "rotary_embedding": (0,)}
 

@@ -62,6 +62,10 @@ __all__ = ["fuse", "op_class", "kernel_order"]
 _ANCHORS = {
     "matmul": "gemm",
     "flash_attention": "attention",
+    "attention_lse": "attention",
+    "attention_dq": "attention",
+    "attention_dk": "attention",
+    "attention_dv": "attention",
     "kvcache.append": "state",
     "all_reduce": "collective",
     "all_gather": "collective",
@@ -72,7 +76,7 @@ _ANCHORS = {
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
-    "put_along_axis", "scatter_add",
+    "put_along_axis", "scatter_add", "pad", "softmax_grad",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", "kvcache.k",

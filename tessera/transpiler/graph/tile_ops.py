@@ -414,10 +414,17 @@ def _row_index(call: OpCall) -> object:
 
 @register("tile.col_index", P("block"), level="tile")
 def _col_index(call: OpCall) -> object:
-    """The global column index of each column of a block from ``tile.range_n``: ``[size]`` i32."""
+    """The global column index of each column of a block from ``tile.range_n``: ``[size]``
+    i32; or, given a size ``n`` (``x.shape[-1]``), the indices ``0 .. n-1`` of a whole row,
+    which a kernel whose programs own whole rows compares and gathers with."""
     block = call.raw("block")
+    if isinstance(block, DimValue):
+        return call.emit("tile.col_index", (), TileType((block.dim,), I32))
     if not isinstance(block, Value) or not isinstance(block.type, BlockType):
-        raise call.error("'block' must be a block index from tile.range_n", at="block")
+        raise call.error(
+            "'block' must be a block index from tile.range_n, or a size (x.shape[-1])",
+            at="block",
+        )
     return call.emit("tile.col_index", (block,), TileType((block.type.size,), I32))
 
 

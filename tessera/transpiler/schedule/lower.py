@@ -52,7 +52,9 @@ TEMPLATES = {
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
-    "put_along_axis": "put_along_axis", "scatter_add": "scatter_add",
+    "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
+    "attention_lse": "attention_lse", "attention_dq": "attention_dq",
+    "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
 }  # fmt: skip
 
 
@@ -78,6 +80,7 @@ def schedule_module(
         for f in graph.functions
     )
     module = ScheduleModule(graph.name, hw.target, hw.arch, programs)
+    diags.check()  # a kernel that no schedule fits is the program's error, said at its line
     verify_schedule(module, {f.name: len(f.groups) for f in graph.functions}, hw)
     return module
 
@@ -209,6 +212,17 @@ class _Scheduler:
         if group.kind == "tile" and self.diags.error_count == errors:  # one error a kernel
             self._check_sized(tiles)
         cost = resources(problem, knobs, self.hw)
+        if source == "heuristic" and self.hw.kind == "gpu" and cost.smem_bytes > self.hw.smem_bytes:
+            # none of the heuristic's blocks fits (attention's backward at a head dim
+            # known only at run time, whose tile is then the widest): not a compiler bug
+            what = template if template != "tile_kernel" else f"'{self.function.name}'"
+            self.diags.error(
+                f"{what} fits the {self.hw.smem_bytes:,} bytes of shared memory a block has on "
+                f"{self.hw.arch} at none of the blocks the schedule tries ({cost.smem_bytes:,} "
+                "at the first): give the head dim as a number (-D D=64), or compile for "
+                "another arch",
+                anchor.span,
+            )
         dot = group.kind in ("gemm", "attention") or (
             group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
         )
@@ -349,8 +363,9 @@ class _Scheduler:
                            batch=out.dims[:-2])  # fmt: skip
         if kind == "attention":
             q, k = anchor.operands[:2]
+            held = 1 if anchor.kind in ("flash_attention", "attention_lse") else 2
             return Problem(kind, q.type.dtype, q.type.dims[-2], k.type.dims[-2],
-                           d=q.type.dims[-1], batch=q.type.dims[:-2])  # fmt: skip
+                           d=q.type.dims[-1], batch=q.type.dims[:-2], held=held)  # fmt: skip
         if kind == "reduction":
             x = anchor.operands[0]
             axis = anchor.attr("axis", x.type.rank - 1) % x.type.rank
@@ -388,9 +403,14 @@ class _Scheduler:
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
         tiles = self._tile_dims()
         head = dims[-1] if "T.d" in tiles else None  # only a T.d tile spans it
-        if any(op.kind == "tile.softmax_online" for op in ops):
+        # tiles of T.d columns held through a loop over blocks: attention's queries; in
+        # its backward pass, which multiplies probabilities itself (staged, as two held
+        # tiles count), its queries and their gradient, or keys and values
+        held = sum(op.kind == "tile.load" and op.attr("cols") == "program" for op in f.body.ops)
+        online = any(op.kind == "tile.softmax_online" for op in ops)
+        if online or (head and held and loop is not None):
             return Problem("tile", dtype, dims[-2], loop, d=head, batch=dims[:-2],
-                           shape="attention")  # fmt: skip
+                           shape="attention", held=1 if online else max(held, 2))  # fmt: skip
         if any(op.kind == "tile.dot" for op in ops) and len(dims) < 2:
             self.diags.error(
                 f"'{f.name}' computes a tile.dot but its result is {len(dims)}-D: the programs "

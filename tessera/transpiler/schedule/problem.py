@@ -21,6 +21,10 @@ class Problem:
       works like (``attention`` with online softmax, ``gemm`` with a dot,
       ``reduction`` for row blocks, ``elementwise`` for 1-D blocks) and the sizes
       follow that kind, with ``k`` (gemm) or ``n`` (attention) the extent of its loop.
+
+    ``held`` counts the ``m x d`` tiles an attention program holds through its loop: the
+    forward pass's queries, or two in its backward pass (queries and their output's
+    gradient, or keys and values), which also stages probabilities for its products.
     """
 
     kind: str
@@ -31,6 +35,7 @@ class Problem:
     d: Dim | None = None
     batch: tuple[Dim, ...] = ()
     shape: str | None = None
+    held: int = 1
 
     @property
     def bytes(self) -> int:

@@ -57,6 +57,11 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
             smem += bm * (bn + 4 // p_size) * p_size
         if grid:
             smem += bm * min(GRID_COLUMNS, threads) * 4
+        if problem.held > 1:
+            # the other tiles held through the loop, and on GPUs the f32 probabilities
+            # staged for their products (transposed, or by k)
+            smem += (problem.held - 1) * bm * bd * size
+            smem += bm * (bn + 1) * 4 if hw.kind == "gpu" else 0
         accumulators = (bm * bd + bm * bn) // threads
     else:
         smem = 0

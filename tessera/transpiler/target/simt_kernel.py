@@ -536,8 +536,26 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
             dist = self.product_dist(producer, tuple(producer.results[0].type.dims))
             return dist if len(dims) == 2 else rows_of(dist)
         if len(dims) == 1:
+            product = self.product_under(value)
+            if product is not None:  # a running row maximum or sum of a product's rows
+                return rows_of(self.product_dist(product, tuple(product.result.type.dims)))
             return rows_for(dims[0], self.kernel.threads)
         return grid_for(dims, self.kernel.threads)
+
+    def product_under(self, value: Value) -> Op | None:
+        """The product whose rows a row vector is computed from, through elementwise ops
+        and ``softmax_online``, if any."""
+        stack, seen = [value], set()
+        while stack:
+            v = stack.pop()
+            producer = self.producers.get(v.id)
+            if producer is None or v.id in seen:
+                continue
+            seen.add(v.id)
+            if isinstance(producer.attr("mma"), Mma) and len(producer.result.type.dims) == 2:
+                return producer
+            stack.extend(producer.operands)
+        return None
 
     # -- scalars and elementwise -------------------------------------------------------
 
@@ -895,8 +913,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         at: Access = op.attr("at")
         out = tuple(tile.type.dims)
         dist = self.forms[tile.id].dist or Flat(out)
-        if isinstance(dist, Rows):
-            raise NotLowered("a store of a row vector held in registers")
+        if isinstance(dist, (Rows, FragmentRows)):
+            self.store_rows(tensor, tile, at, dist)
+            return
         if tensor.type.dtype.name == "i4":
             self.store_nibbles(tensor, tile, at, dist)
             return
@@ -917,6 +936,23 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         value = self.at(tile, index, out)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
+        self.close_walk()
+
+    def store_rows(self, tensor: Value, tile: Value, at: Access, dist: Rows | FragmentRows) -> None:
+        """Store a row vector held in registers (attention's row logsumexp, ``[T.m]`` or
+        ``[T.m, 1]``): every thread of a row of the grid (or of a fragment's row) holds
+        the row's value, and the one at its first column stores it."""
+        out = tuple(tile.type.dims)
+        if any(d != Dim.const(1) for d in out[1:]):
+            raise NotLowered("a store of a row vector held in registers, broadcast")
+        (row,) = self.walk(dist)
+        index = (row, *("0",) * (len(out) - 1))
+        offset, condition = self.address(tensor, at, index)
+        value = self.at(tile, index, out)
+        store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
+        column = "tx" if isinstance(dist, Rows) else f"({dist.shape.col})"
+        first = " && ".join(c for c in (f"{column} == 0", condition) if c)
+        self.line(f"if ({first}) {store}")
         self.close_walk()
 
     def store_nibbles(self, tensor: Value, tile: Value, at: Access, dist: Distribution) -> None:

@@ -368,6 +368,13 @@ class TileOps:
 
     def op_transpose(self, op: Op) -> None:
         x = self.forms[op.operands[0].id]
+        if x.kind == "owned" or (x.kind == "lazy" and x.dist is not None):
+            # held in registers (attention's probabilities, in its backward pass): each
+            # thread reads elements that others hold, so they go through shared memory
+            element, bits = self.through_shared(op.operands[0])
+            self.lazy(op.result, lambda index: element(index[::-1]))
+            self.bits[op.result.id] = lambda index: bits(index[::-1])
+            return
         if x.kind != "lazy":
             raise NotLowered(f"a transpose of a {x.kind} value")
         element = x.element
@@ -453,12 +460,25 @@ class TileOps:
         return self.materialize(acc, dist, self.namer.fresh(result.name, "v"))
 
     def operand(self, x: Value, op: Op) -> Element:
-        """An operand of ``op``'s product, readable at any index by any thread."""
+        """An operand of ``op``'s product, readable at any index by any thread: one held
+        in registers goes through shared memory first."""
         form = self.forms[x.id]
         if form.kind != "lazy" or form.dist is not None:
-            raise NotLowered("a product of a value held in registers")
+            element, bits = self.through_shared(x)
+            return self.fragment_element(op, element, bits, "f32")
         assert form.element is not None
         return self.fragment_element(op, form.element, self.bits.get(x.id), x.type.dtype.name)
+
+    def through_shared(self, x: Value) -> tuple[Element, Element]:
+        """A tile held in registers (or computed from such), written to a shared staging
+        buffer as f32 so that any thread can read any element: (element, bits)."""
+        form = self.forms[x.id]
+        name = self.namer.fresh(x.name, "held")
+        if form.kind == "lazy" and form.dist is not None:
+            form = self.materialize(x, form.dist, name)
+        if form.kind != "owned" or not isinstance(form.dist, (Grid, Fragments)):
+            raise NotLowered("a product of a value held in registers")
+        return self.stage(f"{name}_stage", form.dist, f"{form.name}[t]", "f32")
 
     def fragment_element(
         self, op: Op, element: Element, bits: Element | None, dtype: str

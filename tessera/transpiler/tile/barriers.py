@@ -7,7 +7,9 @@ contents (write after read). Writes are synchronous ``copy`` ops, or
 asynchronous ones, which count as done at the ``wait`` that covers them. A
 barrier clears both hazards. A product reads its operands from shared memory as it
 runs, and its reads stand just before it (``defer_reads``), so a barrier that one of
-them needs goes before all of them. Loops are walked twice so that the hazards
+them needs goes before all of them; a product that reads a buffer again later (attention's
+backward multiplies by its key tile twice) reads it there too. Loops are walked twice so
+that the hazards
 carried from one iteration into the next are seen; CPU programs are one
 thread and need none.
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from ..graph.ir import Block, Op
 from ..schedule.hardware import Hardware
-from .ir import TileKernel
+from .ir import Mma, TileKernel
 
 __all__ = ["insert_barriers"]
 
@@ -41,13 +43,20 @@ class _Hazards:
 def insert_barriers(kernel: TileKernel, hw: Hardware) -> TileKernel:
     if hw.kind != "gpu" or kernel.threads <= 1:
         return kernel
-    body, _ = _block(kernel.body, _Hazards())
+    body, _ = _block(kernel.body, _Hazards(), {})
     return replace(kernel, body=body)
 
 
-def _block(block: Block, state: _Hazards) -> tuple[Block, _Hazards]:
+def _block(block: Block, state: _Hazards, sources: dict[int, int]) -> tuple[Block, _Hazards]:
+    """``block`` with its barriers; ``sources`` maps each value read from shared memory
+    (and its casts and transposes) to its buffer."""
     ops: list[Op] = []
     for op in block.ops:
+        if isinstance(op.attr("mma"), Mma) and op.attr("mma").operands == "shared":
+            # a product reads its shared operands as it runs, wherever their reads stand
+            state.read |= {sources[v.id] for v in op.operands if v.id in sources}
+        elif op.kind in _READING[1:] and op.operands[0].id in sources:
+            sources[op.result.id] = sources[op.operands[0].id]
         if op.kind == "copy":
             buf = op.operands[1].id
             if buf in state.read:
@@ -69,19 +78,20 @@ def _block(block: Block, state: _Hazards) -> tuple[Block, _Hazards]:
                 read = {r.operands[0].id for r in ops[run + 1 :] if r.kind == "read"}
                 state = _Hazards(read=read, pending=state.pending)
             state.read.add(buf)
+            sources[op.result.id] = buf
         elif op.kind == "for":
             body = op.regions[0]
-            _, end = _block(body, state.copy())
+            _, end = _block(body, state.copy(), sources)
             entry = state.copy()
             entry.merge(end)
-            new_body, end = _block(body, entry)
+            new_body, end = _block(body, entry, sources)
             state.merge(end)
             op = replace(op, regions=(new_body,))
         elif op.regions:
             regions = []
             after = state.copy()
             for region in op.regions:
-                new_region, end = _block(region, state.copy())
+                new_region, end = _block(region, state.copy(), sources)
                 regions.append(new_region)
                 after.merge(end)
             state = after

@@ -14,7 +14,7 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.dims import Dim
-from ..graph.fusion import kernel_order
+from ..graph.fusion import kernel_order, op_class
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
@@ -191,7 +191,8 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
     reads; and the result that attention stores through a row permutation (the heads
     merged back), by the id of the value stored, into the output parameter, whose axes
     after the rows are then one (``merged_rows``)."""
-    if anchor is None or anchor.kind not in ("flash_attention", "matmul"):
+    attention = anchor is not None and op_class(anchor) == "attention"
+    if anchor is None or not (attention or anchor.kind == "matmul"):
         return {}
     views = {
         op.result.id: view_of(op, rename)
@@ -199,12 +200,7 @@ def _in_place(anchor: Op | None, ops: list[Op], rename: dict[int, Value]) -> dic
         if rows_permuted(op) and op.result in anchor.operands and op.operands[0].id in rename
     }
     last = ops[-1]
-    stored = (
-        anchor.kind == "flash_attention"
-        and last is not anchor
-        and last.kind == "transpose"
-        and rows_permuted(last)
-    )
+    stored = attention and last is not anchor and last.kind == "transpose" and rows_permuted(last)
     if stored and last.operands[0].id not in rename:
         perm = last.attr("perm")
         inverse = tuple(perm.index(axis) for axis in range(len(perm)))

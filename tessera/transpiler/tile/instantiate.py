@@ -62,6 +62,12 @@ TEMPLATE_PARAMS = {
     "take_along_axis": ("x", "index"),
     "put_along_axis": ("x", "index", "values"),
     "scatter_add": ("x", "index", "values"),
+    "pad": ("g", "like"),
+    "attention_lse": ("q", "k"),
+    "attention_dq": ("q", "k", "v", "do", "lse", "delta"),
+    "attention_dk": ("q", "k", "v", "do", "lse", "delta"),
+    "attention_dv": ("q", "k", "do", "lse"),
+    "softmax_grad": ("y", "g"),
 }
 
 
@@ -219,6 +225,10 @@ def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...], rename: dict[int
             return 1.0 / math.sqrt(head_dim.constant)
         return lambda lowering: lowering.rsqrt_of(head_dim)
     assert value is not None, f"{anchor.kind} gives no {name}"
+    if isinstance(value, Dim):  # a float parameter that depends on the sizes
+        if value.constant is not None:
+            return float(value.constant)
+        return lambda lowering: lowering.float_of(value)
     return value
 
 

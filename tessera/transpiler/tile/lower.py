@@ -180,10 +180,15 @@ class _Lowering:
         self.ops.append(Op(kind, operands, results, attrs, effects, regions, span))
         return results
 
+    def float_of(self, dim: Dim) -> Value:
+        """A run-time size as a float scalar."""
+        (size,) = self.emit("dim_to_float", (), (ScalarType("float"),), (("dim", dim),))
+        return size
+
     def rsqrt_of(self, dim: Dim) -> Value:
         """``1/sqrt(dim)`` as a scalar, for a scale that depends on a run-time size."""
-        (size,) = self.emit("dim_to_float", (), (ScalarType("float"),), (("dim", dim),))
-        (scale,) = self.emit("rsqrt", (size,), (ScalarType("float"),), names=("scale",))
+        (scale,) = self.emit("rsqrt", (self.float_of(dim),), (ScalarType("float"),),
+                             names=("scale",))  # fmt: skip
         return scale
 
     # -- the walk --------------------------------------------------------------------
@@ -362,8 +367,9 @@ class _Lowering:
 
     def op_tile_col_index(self, op: Op) -> None:
         t = self.type(op.result.type)
-        counter = self.value(op.operands[0])
-        offset = Dim.sym(counter.name) * t.dims[0]
+        offset = Dim.const(0)  # a whole row's columns
+        if op.operands:  # a block of tile.range_n's
+            offset = Dim.sym(self.value(op.operands[0]).name) * t.dims[0]
         (self.values[op.result.id],) = self.emit(
             "iota", (), (t,), (("offset", offset),), (), (), op.span
         )
