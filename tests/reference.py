@@ -329,6 +329,26 @@ CASES = (
                       "weight_decay": 0.1},
          lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
                         a["beta1"], a["beta2"], a["eps"], a["weight_decay"]), 1e-5),
+    Case("tessera/stdlib/attention_lse.tsr", "attention_lse",
+         lambda rng: _attention_backward_inputs(rng, "q", "k"),
+         lambda a: {"out": attention_backward(_with_v(a))["lse"]}, 1e-5),
+    Case("tessera/stdlib/attention_dq.tsr", "attention_dq",
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
+         lambda a: {"out": attention_backward(a)["dq"]}, 1e-4),
+    Case("tessera/stdlib/attention_dk.tsr", "attention_dk",
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
+         lambda a: {"out": attention_backward(a)["dk"]}, 1e-4),
+    Case("tessera/stdlib/attention_dv.tsr", "attention_dv",
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "do", "lse"),
+         lambda a: {"out": attention_backward(_with_v(a))["dv"]}, 1e-4),
+    Case("tessera/stdlib/pad.tsr", "pad",
+         lambda rng: {"g": _normal(rng, (R, 13)), "like": _normal(rng, (3, C)), "start": 29.0},
+         lambda a: {"out": np.pad(f64(a["g"]), ((0, 0), (29, C - 29 - 13)))}, 1e-7),
+    Case("tessera/stdlib/softmax_grad.tsr", "softmax_grad",
+         lambda rng: {"y": softmax(_normal(rng, (R, C), np.float64)).astype(np.float32),
+                      "g": _normal(rng, (R, C))},
+         lambda a: {"out": f64(a["y"]) * (f64(a["g"]) - (f64(a["g"]) * f64(a["y"])).sum(
+             axis=-1, keepdims=True))}, 1e-5),
     # a large step (lr 0.3), so that the bf16 parameter's rounding (the tolerance) is
     # small beside the update; tests/test_fp32_master.py checks its bits on the CPU
     Case("tessera/stdlib/fused_adam_master.tsr", "fused_adam_master",
@@ -341,6 +361,39 @@ CASES = (
                       "weight_decay": 0.1},
          lambda a: _adam_master(a), 1e-2),
 )  # fmt: skip
+
+
+def attention_backward(a: dict[str, Any]) -> dict[str, np.ndarray]:
+    """FlashAttention-2's backward in float64 from ``a``'s q, k, v and do: the row
+    logsumexp, ``delta = rowsum(do * o)``, and the gradients of q, k and v."""
+    q, k, v, do = (f64(a[n]) for n in ("q", "k", "v", "do"))
+    s = q @ np.swapaxes(k, -1, -2) * a["scale"]
+    if a["causal"]:
+        rows, cols = np.indices(s.shape[-2:])
+        s = np.where(cols > rows, -np.inf, s)
+    lse = logsumexp(s)[..., None]
+    p = np.exp(s - lse)
+    delta = (do * (p @ v)).sum(axis=-1, keepdims=True)
+    ds = p * (do @ np.swapaxes(v, -1, -2) - delta)
+    return {"lse": lse, "delta": delta, "dq": ds @ k * a["scale"],
+            "dk": np.swapaxes(ds, -1, -2) @ q * a["scale"], "dv": np.swapaxes(p, -1, -2) @ do}
+
+
+def _attention_backward_inputs(rng: np.random.Generator, *names: str) -> dict[str, Any]:
+    """q, k, v and do of 2 x 150 x 64 (ragged against the 128-row tiles), causal, with
+    the lse and delta the backward kernels read where ``names`` asks for them."""
+    a: dict[str, Any] = {n: _normal(rng, (2, 150, 64)) for n in ("q", "k", "v", "do")}
+    a |= {"causal": True, "scale": 0.125}
+    want = attention_backward(a)
+    a |= {n: want[n].astype(np.float32) for n in ("lse", "delta") if n in names}
+    return {n: a[n] for n in (*names, "causal", "scale")}
+
+
+def _with_v(a: dict[str, Any]) -> dict[str, Any]:
+    """The inputs of a kernel that does not read v or do, with zeros for them: the
+    logsumexp and dv do not depend on them."""
+    zeros = np.zeros_like(a["q"])
+    return {"v": zeros, "do": zeros, **a}
 
 
 def _adam_master(a: dict[str, Any]) -> dict[str, np.ndarray]:

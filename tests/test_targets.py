@@ -238,3 +238,4 @@ def test_rotary_tables_computed_or_sliced_in_the_function(
         getattr(lib, name)(*args, out=out)
         error = np.abs(f64(out) - _rope(x, c, s)).max()
         assert error < 1e-5, f"{name}: error {error:.2e}"
+

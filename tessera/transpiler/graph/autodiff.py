@@ -595,13 +595,16 @@ _NO_RULE: Any = object()
 
 #: Ops whose results carry no gradient, whatever their operands.
 CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
-                       "logical_and", "logical_or", "logical_not", "dim_to_float"})  # fmt: skip
+                       "logical_and", "logical_or", "logical_not", "dim_to_float",
+                       "all_finite"})  # fmt: skip
 
 #: The ops with floating-point results that have no gradient rule, why, and what to
 #: write instead: differentiating through one is an error at its line.
 NO_GRADIENT = {
     "round": "its derivative is zero wherever it exists; round outside the differentiated "
     "function, or keep the value unrounded",
+    "floordiv": "its derivative is zero wherever it exists; compute the quotient outside the "
+    "differentiated function (a % b, the remainder, has a gradient)",
     "put_along_axis": "an element written twice takes one of the values, and which one "
     "decides the gradients; add with scatter_add into zeros instead",
     "all_gather": "only all_reduce has a gradient among the collectives yet; gather "

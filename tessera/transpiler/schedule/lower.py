@@ -402,7 +402,7 @@ class _Scheduler:
         dtype = max((t.dtype for t in blocks), key=lambda d: d.bits) if blocks else out.dtype
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
         tiles = self._tile_dims()
-        head = dims[-1] if "T.d" in tiles else None  # only a T.d tile spans it
+        head = _head_dim(ops) if "T.d" in tiles else None
         # tiles of T.d columns held through a loop over blocks: attention's queries; in
         # its backward pass, which multiplies probabilities itself (staged, as two held
         # tiles count), its queries and their gradient, or keys and values
@@ -610,3 +610,21 @@ def _grid(problem: Problem, knobs: dict[str, Any]) -> tuple[GridDim, ...]:
     split = int(knobs.get("split_k", 1))
     splits = (GridDim(Dim.const(split)),) if split > 1 else ()
     return (GridDim(problem.n, int(knobs["block_n"])), rows, *batch, *splits)
+
+
+def _head_dim(ops: list[Op]) -> Dim | None:
+    """The dim that a tile kernel's ``T.d`` tiles span whole: the last dim of the tensors
+    it loads ``cols=T.d`` of (attention's q, k and v), not its result's (``attention_lse``
+    returns one value per row: its T.d tile was sized for a width of 1, 16 columns, and
+    the rest of each head was never read). The widest where several differ."""
+    spanned = [
+        op.operands[0].type.dims[-1]
+        for op in ops
+        if op.kind == "tile.load" and op.results[0].type.dims[-1:] == (Dim.sym("T.d"),)
+    ]
+    if not spanned:
+        return None
+    known = [d for d in spanned if d.constant is not None]
+    symbolic = [d for d in spanned if d.constant is None]
+    return symbolic[0] if symbolic else max(known, key=lambda d: d.constant)
+

@@ -77,7 +77,9 @@ class _KernelView:
         launch_dims = [d for d in dims if _used(sizes[d], body_text + " " + grid_text)]
         pids = [pid for pid, _, _ in self.c.grid if _used(pid, body_text)]
         tensors = [p.decl for p in self.c.params]
-        self.program_params = [*tensors, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
+        # a tensor whose data the program never reads (pad's ``like``) is unnamed there
+        read = [p.declared(_used(p.name, body_text)) for p in self.c.params]
+        self.program_params = [*read, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
         self.program_args = [p.name for p in self.c.params] + used_dims + pids
         self.launch_params = [*tensors, *(f"const tsr::i64 {sizes[d]}" for d in launch_dims)]
         #: The launch's arguments as its caller names them: parameters by their Tile IR

@@ -80,9 +80,14 @@ class CParam:
 
     @property
     def decl(self) -> str:
+        return self.declared(True)
+
+    def declared(self, named: bool) -> str:
+        """The declaration, the name in a comment where the function does not read it."""
+        name = self.name if named else f"/* {self.name} */"
         if self.kind == "tensor":
-            return f"{'' if self.written else 'const '}{self.c_type}* {self.name}"
-        return f"const {self.c_type} {self.name}"
+            return f"{'' if self.written else 'const '}{self.c_type}* {name}"
+        return f"const {self.c_type} {name}"
 
 
 @frozen

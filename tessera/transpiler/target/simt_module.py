@@ -75,7 +75,10 @@ class _KernelView:
             else f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
         )
         self.dims = symbols([p.type for p in kernel.params])
-        self.params = [_param_decl(p, d) for p in simt.params]
+        # a tensor whose data no statement reads (pad's ``like``, which gives only a row
+        # length) keeps its place, unnamed
+        read = set(re.findall(r"\w+", "\n".join((*simt.prologue, *simt.body))))
+        self.params = [_param_decl(p, d, p.name in read) for p in simt.params]
         self.params += [f"const {d.index_type} {simt.sizes[dim]}" for dim in self.dims]
         self.params += [
             f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
@@ -165,11 +168,12 @@ def _operand(dim: Dim, sizes: dict[str, str]) -> str:
     return text if text.isidentifier() or text.isdigit() else f"({text})"
 
 
-def _param_decl(p: Any, d: Dialect) -> str:
+def _param_decl(p: Any, d: Dialect, named: bool = True) -> str:
+    name = p.name if named else f"/* {p.name} */"
     if p.kind == "tensor":
         const = "" if p.written else "const "
-        return d.pointer.format(const=const, type=d.storage[p.dtype], name=p.name)
-    return f"const {d.scalar_types[p.dtype]} {p.name}"
+        return d.pointer.format(const=const, type=d.storage[p.dtype], name=name)
+    return f"const {d.scalar_types[p.dtype]} {name}"
 
 
 def _extent_text(extent: Any, block: int) -> str:
