@@ -24,6 +24,7 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
+from .kvcache import check_append
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
@@ -853,6 +854,7 @@ class Evaluator:
                 raise SemanticError(
                     f"KVCache.append: {ev.text} must be a tensor, not {describe(ev.value)}", ev.span
                 )
+        check_append(cache.type, [(e.text, e.value.type, e.span) for e in args])
         operands = (cache, args[0].value, args[1].value)
         return self._runtime(node.span).emit(
             "kvcache.append", operands, (cache.type,), (), ("state",), node.span
