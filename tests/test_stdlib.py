@@ -45,12 +45,10 @@ def test_the_library_is_complete() -> None:
 @pytest.mark.parametrize("path", STDLIB, ids=[p.stem for p in STDLIB])
 def test_kernel_type_checks_as_a_tile_kernel(path: Path) -> None:
     program = tessera.compile_file(path, target="cuda")
-    # A file's kernel is the function named after it; decode_attention's file also
-    # holds the graph function that combines its splits.
-    (function,) = (f for f in program.ir("graph").functions if f.name == path.stem)
-    assert function.kind == "tile"
+    (function,) = program.ir("graph").functions
+    assert (function.name, function.kind) == (path.stem, "tile")
     assert not program.diagnostics
-    (host,) = (p for p in program.ir("sched").programs if p.function == path.stem)
+    (host,) = program.ir("sched").programs
     (launch,) = host.launches
     assert [str(g) for g in launch.grid] == EXPECTED[path.stem][1]
 
