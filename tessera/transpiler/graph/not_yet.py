@@ -17,7 +17,7 @@ NOT_YET = {
     "@stochastic_round": "results round to nearest even",
     "@loss_scale": "nothing is scaled",
     "@accum(bf16)": "products and sums accumulate in f32",
-    "@rolling_window": "the cache keeps every position up to its S_max",
+    "@rolling_window": "compiled code does not append; tessera.KVCache(window=W) keeps the ring",
     "@device": "the cache lives where the target's tensors do",
     "@paged": "the cache is one contiguous tensor",
     "@checkpointable": "the cache is not checkpointed",
