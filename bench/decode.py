@@ -8,8 +8,8 @@ scaled_dot_product_attention`` with ``enable_gqa=True`` on the same cache memory
 tensors made with ``from_numpy``). A decode step reads the whole cache once, so the cache's
 bytes over the time is the bandwidth each reaches, beside this machine's copy bandwidth
 (numpy ``copyto`` of the same bytes): the fraction of copy bandwidth. Each case is timed
-interleaved with its peers, median of several runs after a warm-up; results go to
-``bench/results/decode.json``.
+interleaved with its peers, median of 7 runs (of several calls for a short cache)
+after a warm-up; results go to ``bench/results/decode.json``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from quant import RUNS, _median_seconds  # bench/, the script's directory, is on the path
 
 import tessera
 from tessera.files import write_file
@@ -34,26 +33,24 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "decode.json"
 Q_HEADS, KV_HEADS, DIM = 32, 8, 128
 LENGTHS = (1024, 4096, 16384, 32768)
-RUNS = 7
-#: Calls a run times, so that the shortest case takes milliseconds, not microseconds.
-CALLS = 10
+#: Keys a run reads at least: a run of a short cache is several calls, so that it takes
+#: milliseconds, not microseconds.
+KEYS_A_RUN = 8192
 
 
-def _median_seconds(functions: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Each function's median time a call over ``RUNS`` interleaved runs of ``CALLS``
-    calls, after one warm-up."""
-    times: dict[str, list[float]] = {name: [] for name in functions}
-    for f in functions.values():
-        f()
-    for _ in range(RUNS):
-        for name, f in functions.items():
-            time.sleep(0.2)  # torch's threads stop spinning
-            f()
-            start = time.perf_counter()
-            for _ in range(CALLS):
+def _per_call(functions: dict[str, Callable[[], object]], calls: int) -> dict[str, float]:
+    """Each function's median seconds a call, timed as ``bench/quant.py`` times (interleaved
+    runs after a warm-up), a run being ``calls`` calls."""
+
+    def repeated(f: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(calls):
                 f()
-            times[name].append((time.perf_counter() - start) / CALLS)
-    return {name: statistics.median(t) for name, t in times.items()}
+
+        return run
+
+    seconds = _median_seconds({name: repeated(f) for name, f in functions.items()})
+    return {name: t / calls for name, t in seconds.items()}
 
 
 def _case(length: int, rng: np.random.Generator) -> dict[str, object]:
@@ -73,14 +70,15 @@ def _case(length: int, rng: np.random.Generator) -> dict[str, object]:
     assert error < 1e-4, f"length {length}: tessera and torch differ by {error}"
     cache_bytes = cache.K.nbytes + cache.V.nbytes
     source, target = np.empty(cache_bytes, np.uint8), np.empty(cache_bytes, np.uint8)
-    seconds = _median_seconds({
+    calls = max(1, KEYS_A_RUN // length)
+    seconds = _per_call({
         "tessera": lambda: tessera.decode_attention(q, cache),
         "torch_sdpa": torch_sdpa,
         "copy_cache_bytes": lambda: np.copyto(target, source),
-    })  # fmt: skip
+    }, calls)  # fmt: skip
     gb_per_s = {k: round(cache_bytes / v / 1e9, 2) for k, v in seconds.items()}
     return {
-        "length": length, "cache_mb": round(cache_bytes / 2**20, 1),
+        "length": length, "cache_mb": round(cache_bytes / 2**20, 1), "calls_a_run": calls,
         "ms": {k: round(v * 1e3, 4) for k, v in seconds.items()},
         "cache_gb_per_s": gb_per_s,
         "ratio_tessera_over_torch": round(seconds["torch_sdpa"] / seconds["tessera"], 3),
@@ -112,7 +110,7 @@ def main() -> None:
         },
         "shape": {"batch": 1, "q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": DIM,
                   "dtype": "f32", "query_rows": 1},
-        "runs": RUNS, "calls_a_run": CALLS,
+        "runs": RUNS,
         "cases": cases,
     }  # fmt: skip
     write_file(RESULTS, json.dumps(result, indent=2) + "\n")
