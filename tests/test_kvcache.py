@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -218,3 +219,27 @@ def test_an_append_that_cannot_fit_is_an_error_at_its_line(
     assert (error.span.line, error.span.column) == (4, column)
     assert error.message.startswith("KVCache.append: ")
     assert re.search(message, error.message), error.message
+
+
+@pytest.mark.execute
+@pytest.mark.exhaustive
+@needs_gxx
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_half_precision_cache(dtype: str) -> None:
+    """The kernel instantiated for a bf16 or f16 cache: scores and sums in f32, the
+    weights rounded to the cache's dtype before they multiply V, as flash_attention's
+    are; the result in the cache's dtype."""
+    numpy_dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}[dtype]
+    rng = np.random.default_rng(5)
+    cache = KVCache.zeros(2, 2, 96, 40, numpy_dtype)
+    history = History(2)
+    k = rng.standard_normal((2, 2, 37, 40)).astype(numpy_dtype)
+    v = rng.standard_normal((2, 2, 37, 40)).astype(numpy_dtype)
+    cache.append(k, v)
+    history.append(k, v)
+    q = rng.standard_normal((2, 6, 3, 40)).astype(numpy_dtype)
+    got = decode_attention(q, cache, splits=2, library=decode_library("cpu", dtype))
+    assert got.dtype == numpy_dtype
+    want = history.attention(q, True, None)
+    error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert error < (1e-2 if dtype == "bf16" else 2e-3), f"{dtype}: relative error {error:.2e}"
