@@ -107,6 +107,7 @@ class KVCache:
         Without a window, an append that would pass ``S_max`` raises ``ValueError`` before
         anything is written. With one, ``n`` may not exceed the window (the first rows of
         ``k`` would be overwritten by the last ones in the same append)."""
+        self.check()
         batch, heads, s_max, dim = self.shape
         for name, x in (("k", k), ("v", v)):
             if (
