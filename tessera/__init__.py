@@ -28,6 +28,8 @@ _PUBLIC = {
     "compile": "tessera.transpiler.pipeline",
     "compile_file": "tessera.transpiler.pipeline",
     "load_bundle": "tessera.runtime.bundle",
+    "KVCache": "tessera.runtime.kvcache",
+    "decode_attention": "tessera.runtime.kvcache",
 }
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "CompileError",
     "Diagnostic",
     "InternalCompilerError",
+    "KVCache",
     "Options",
     "OptionsError",
     "Program",
@@ -42,11 +45,13 @@ __all__ = [
     "__version__",
     "compile",
     "compile_file",
+    "decode_attention",
     "load_bundle",
 ]
 
 if TYPE_CHECKING:
     from .runtime.bundle import load_bundle
+    from .runtime.kvcache import KVCache, decode_attention
     from .transpiler.frontend.diagnostics import CompileError, Diagnostic
     from .transpiler.options import Options, OptionsError
     from .transpiler.pipeline import (

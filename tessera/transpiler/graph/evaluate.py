@@ -24,6 +24,7 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
+from .kvcache import check_append, check_not_attended
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
@@ -862,6 +863,8 @@ class Evaluator:
                 span,
             )
         self.function.check_level(spec, span, shown)
+        if spec.name == "flash_attention":
+            check_not_attended(shown, args)
         bound = bind(spec, args, keywords, span, shown)
         if any(isinstance(e.value, Poison) for e in bound.values()):
             return POISON
@@ -906,6 +909,7 @@ class Evaluator:
                 raise SemanticError(
                     f"KVCache.append: {ev.text} must be a tensor, not {describe(ev.value)}", ev.span
                 )
+        check_append(cache.type, [(e.text, e.value.type, e.span) for e in args])
         operands = (cache, args[0].value, args[1].value)
         return self._runtime(node.span).emit(
             "kvcache.append", operands, (cache.type,), (), ("state",), node.span

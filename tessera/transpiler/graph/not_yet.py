@@ -14,7 +14,7 @@ __all__ = ["NOT_YET", "not_yet"]
 
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
-    "@rolling_window": "the cache keeps every position up to its S_max",
+    "@rolling_window": "compiled code does not append; tessera.KVCache(window=W) keeps the ring",
     "@device": "the cache lives where the target's tensors do",
     "@paged": "the cache is one contiguous tensor",
     "@checkpointable": "the cache is not checkpointed",

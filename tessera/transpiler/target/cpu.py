@@ -64,7 +64,10 @@ class _KernelView:
     def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
         dims = symbols([p.type for p in kernel.params])
         self.c: CKernel = emit_kernel(kernel, dims, name, sites)
-        body_text = "\n".join((*self.c.body, *self.c.storage, self.c.scratch))
+        # The code, without its source comments: a size named in a quoted line of .tsr
+        # ("B" in reshape("B", "T", 256)) is not a use.
+        code = [line for line in self.c.body if not line.lstrip().startswith("//")]
+        body_text = "\n".join((*code, *self.c.storage, self.c.scratch))
         grid_text = " ".join(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
         self.source = _origin(kernel)

@@ -165,6 +165,8 @@ class _Emitter:
         self.views: set[str] = set()
         self.storage: list[tuple[str, str]] = []
         self.uses = use_counts(kernel.body)
+        #: The tile each ``expand_dims`` result views, by the result's id.
+        self.viewed: dict[int, Value] = {}
         #: Elementwise results computed inside their one consumer's loop, by value id.
         self.inlined: dict[int, str] = {}
         #: How many ops each inlined expression holds, by value id.
@@ -249,11 +251,15 @@ class _Emitter:
         return name
 
     def _dies_here(self, v: Value) -> bool:
-        """Whether ``v`` is a private tile of this block with no use after this one."""
+        """Whether ``v`` is a private tile of this block with no use after this one. An
+        alias (``l[:, None]`` of ``l``) dies only with the value it views: writing over
+        it would change that value, which a later op may still read."""
+        viewed = self.viewed.get(v.id)
         return (
             self.roots.get(v.id) in self.private
             and self.uses.get(v.id) == 1
             and v.id in self.local[-1]
+            and (viewed is None or self._dies_here(viewed))
         )
 
     def c(self, dim: Dim) -> str:
@@ -590,6 +596,7 @@ class _Emitter:
 
     def op_expand_dims(self, op: Op) -> None:
         self.alias(op.result, op.operands[0])
+        self.viewed[op.result.id] = op.operands[0]
 
     def op_transpose(self, op: Op) -> None:
         x = op.operands[0]

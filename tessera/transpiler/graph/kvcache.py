@@ -1,0 +1,74 @@
+"""The type rules of ``KVCache.append``: what a program may append to a cache.
+
+``cache.append(k, v)`` takes ``k`` and ``v`` ``[B, H, n, D]`` of the cache's ``B``, ``H``
+and ``D`` and its dtype. Where ``n`` and the cache's ``S_max`` are known, an append that
+can never fit (``n > S_max`` without ``@rolling_window``, ``n`` past the window with it)
+is an error at the call, not a write out of bounds at run time; the run-time cache
+(``tessera.runtime.kvcache``) checks the lengths it holds before each write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..frontend.source import Span
+from .ir import Value
+from .opcall import SemanticError
+from .types import KVCacheType, TensorType
+
+__all__ = ["check_append", "check_not_attended", "rolling_window"]
+
+
+def rolling_window(cache: KVCacheType) -> int | None:
+    """The ``W`` of ``@rolling_window(W)``, 0 for a window without a size, None without
+    the policy."""
+    for policy in cache.policies:
+        if policy == "@rolling_window":
+            return 0
+        if policy.startswith("@rolling_window("):
+            size = policy.removeprefix("@rolling_window(").removesuffix(")")
+            return int(size) if size.isdigit() else 0
+    return None
+
+
+def check_append(cache: KVCacheType, operands: list[tuple[str, TensorType, Span]]) -> None:
+    """Raise ``SemanticError`` at the offending argument unless ``operands`` (``k`` and
+    ``v``: their text, type and span) can be appended to a cache of type ``cache``."""
+    if cache.dims is None or cache.dtype is None:
+        return  # a cache of unknown shape: the run-time cache checks each append
+    batch, heads, s_max, dim = cache.dims
+    for text, t, span in operands:
+        if t.rank != 4 or (t.dims[0], t.dims[1], t.dims[3]) != (batch, heads, dim):
+            raise SemanticError(
+                f"KVCache.append: {text} must be [B, H, n, D] of the cache's [{batch}, {heads}, "
+                f"{s_max}, {dim}], not [{', '.join(map(str, t.dims))}]",
+                span,
+            )
+        if t.dtype != cache.dtype:
+            raise SemanticError(
+                f"KVCache.append: {text} is {t.dtype} but the cache holds {cache.dtype}", span
+            )
+    (_, k, k_span), (_, v, v_span) = operands
+    if k.dims[2] != v.dims[2]:
+        raise SemanticError(
+            f"KVCache.append: k appends {k.dims[2]} positions but v {v.dims[2]}", v_span
+        )
+    n, window = k.dims[2].constant, rolling_window(cache)
+    room = window if window else s_max.constant
+    if n is not None and room is not None and n > room:
+        where = f"the cache's window of {window}" if window else f"a cache of S_max = {room}"
+        hint = "" if window is not None else "; declare @rolling_window to keep the last positions"
+        raise SemanticError(f"KVCache.append: {n} positions never fit {where}{hint}", k_span)
+
+
+def check_not_attended(op: str, args: list[Any]) -> None:
+    """Raise ``SemanticError`` at a cache passed to ``op`` (seed 004's ``flash_attention(q,
+    cache)``): attention over a cache's lengths is not compiled yet, and reading its whole
+    ``K`` and ``V`` instead would attend to slots that hold no position."""
+    for ev in args:
+        if isinstance(ev.value, Value) and isinstance(ev.value.type, KVCacheType):
+            raise SemanticError(
+                f"{op} over a KVCache is not compiled yet: call tessera.decode_attention(q, "
+                "cache) from Python between compiled functions (docs/kv-cache.md)",
+                ev.span,
+            )
