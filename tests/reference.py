@@ -20,7 +20,7 @@ from tessera.transpiler.graph.dtypes import DTYPES
 from tessera.transpiler.pipeline import Program
 from tessera.transpiler.tile.interpret import numpy_dtype
 
-from .conftest import ROOT
+from .conftest import FIXED_HEAD_DIM, ROOT
 
 BF16 = ml_dtypes.bfloat16
 
@@ -375,8 +375,13 @@ def attention_backward(a: dict[str, Any]) -> dict[str, np.ndarray]:
     p = np.exp(s - lse)
     delta = (do * (p @ v)).sum(axis=-1, keepdims=True)
     ds = p * (do @ np.swapaxes(v, -1, -2) - delta)
-    return {"lse": lse, "delta": delta, "dq": ds @ k * a["scale"],
-            "dk": np.swapaxes(ds, -1, -2) @ q * a["scale"], "dv": np.swapaxes(p, -1, -2) @ do}
+    return {
+        "lse": lse,
+        "delta": delta,
+        "dq": ds @ k * a["scale"],
+        "dk": np.swapaxes(ds, -1, -2) @ q * a["scale"],
+        "dv": np.swapaxes(p, -1, -2) @ do,
+    }
 
 
 def _attention_backward_inputs(rng: np.random.Generator, *names: str) -> dict[str, Any]:
@@ -429,7 +434,8 @@ def check_case(
     the module whose function runs: Tessera's runtime, or a generated loader."""
     inputs = case.make(np.random.default_rng(seed))
     expected = case.reference({k: np.copy(v) for k, v in inputs.items()})
-    program = tessera.compile_file(ROOT / case.path, target=target, arch=arch)
+    defines = FIXED_HEAD_DIM.get((target, case.path))
+    program = tessera.compile_file(ROOT / case.path, target=target, arch=arch, defines=defines)
     fn = getattr(load(program), case.function)
     meta = next(f for f in program.ir("meta")["functions"] if f["name"] == case.function)
     placed = {k: placement.put(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}

@@ -80,6 +80,9 @@ CHECKED_ELSEWHERE = {
     ("examples/train_mlp.tsr", "loss"): "examples/train_mlp.py (make demo)",
     ("examples/train_mlp.tsr", "train_step"): "examples/train_mlp.py (make demo)",
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",
+    ("tessera/stdlib/decode_attention.tsr", "decode_attention"): "tests/test_kvcache.py",
+    ("examples/decode.tsr", "project"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "finish"): "tests/test_decode_example.py",
     ("tessera/stdlib/scatter_add.tsr", "scatter_add"): "tests/test_scatter.py",
 }
 
@@ -238,4 +241,3 @@ def test_rotary_tables_computed_or_sliced_in_the_function(
         getattr(lib, name)(*args, out=out)
         error = np.abs(f64(out) - _rope(x, c, s)).max()
         assert error < 1e-5, f"{name}: error {error:.2e}"
-

@@ -133,6 +133,8 @@ def _kernels(source: str) -> list[_Kernel]:
         parsed = []
         for param in match.group(2).split(", "):
             plain = param.replace(" __restrict__", "").replace("__grid_constant__ ", "")
+            # a parameter the kernel does not read is unnamed there (``float* /* like */``)
+            plain = " ".join(plain.replace("/*", "").replace("*/", "").split())
             ctype, pname = plain.rsplit(" ", 1)
             parsed.append((ctype.removeprefix("const "), pname))
         body = source[match.end() : after.start() if after else len(source)]

@@ -122,7 +122,7 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         variants = [(m, n, st, w) for st in range(s, 0, -1)]
         variants += [(m, bn, 1, w) for bn in keys[1:]]
         variants += [(bm, bn, 1, max(1, w * bm // m))
-                     for bm in (m // 2, m // 4) if bm >= 16 for bn in keys]  # fmt: skip
+                     for bm in (m // 2, m // 4, m // 8) if bm >= 16 for bn in keys]  # fmt: skip
         return [
             {**base, "block_m": bm, "block_n": bn, "block_d": d,
              "warps": _warps(problem, hw, bm, bm * (d + bn), wv), "stages": st}

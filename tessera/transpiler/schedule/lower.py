@@ -363,7 +363,7 @@ class _Scheduler:
                            batch=out.dims[:-2])  # fmt: skip
         if kind == "attention":
             q, k = anchor.operands[:2]
-            held = 1 if anchor.kind in ("flash_attention", "attention_lse") else 2
+            held = 1 if anchor.kind == "flash_attention" else 2
             return Problem(kind, q.type.dtype, q.type.dims[-2], k.type.dims[-2],
                            d=q.type.dims[-1], batch=q.type.dims[:-2], held=held)  # fmt: skip
         if kind == "reduction":
@@ -408,9 +408,13 @@ class _Scheduler:
         # tiles count), its queries and their gradient, or keys and values
         held = sum(op.kind == "tile.load" and op.attr("cols") == "program" for op in f.body.ops)
         online = any(op.kind == "tile.softmax_online" for op in ops)
+        # the forward pass holds its queries and accumulates the values; a kernel that
+        # only reduces the online softmax (attention_lse) holds the scores as its
+        # backward kernels do, so that its blocks of keys are as narrow as theirs
+        accumulated = any(op.kind == "tile.softmax_accumulate" for op in ops)
         if online or (head and held and loop is not None):
             return Problem("tile", dtype, dims[-2], loop, d=head, batch=dims[:-2],
-                           shape="attention", held=1 if online else max(held, 2))  # fmt: skip
+                           shape="attention", held=1 if accumulated else max(held, 2))  # fmt: skip
         if any(op.kind == "tile.dot" for op in ops) and len(dims) < 2:
             self.diags.error(
                 f"'{f.name}' computes a tile.dot but its result is {len(dims)}-D: the programs "
@@ -627,4 +631,3 @@ def _head_dim(ops: list[Op]) -> Dim | None:
     known = [d for d in spanned if d.constant is not None]
     symbolic = [d for d in spanned if d.constant is None]
     return symbolic[0] if symbolic else max(known, key=lambda d: d.constant)
-
