@@ -128,6 +128,8 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -146,12 +148,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j) : Q, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -210,37 +212,37 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S && nblk * 32 < 128*pid_m + 128; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (32*nblk + 32 < S && 32*nblk + 32 < 128*pid_m + 128) {
+    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (K_aligned) {
-          const int bytes = 32*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j) : K, bytes);
+          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + 32 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (32*nblk + 32 < S && 32*nblk + 32 < 128*pid_m + 128) {
+    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (V_aligned) {
-          const int bytes = 32*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j) : V, bytes);
+          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + 32 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
@@ -261,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    if (32*nblk + 32 <= S && 32*nblk + 31 <= 128*pid_m) {
+    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 4; ++frag) {
@@ -279,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
           const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity() : ((32*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -348,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
       p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q) a_step[q] = kk == 16 ? p_frag[1][q] : p_frag[0][q];
@@ -373,11 +375,11 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -388,6 +390,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -403,12 +407,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 128*pid_m + i) * D + j) : q_1, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -467,37 +471,37 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (k_aligned) {
-          const int bytes = 64*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + 64 + i) * D + j) : k, bytes);
+          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + 64 + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + 64 + i) * D + j + q] : 0;
+            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 64 + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (v_aligned) {
-          const int bytes = 64*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + 64 + i) * D + j) : v, bytes);
+          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + 64 + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + 64 + i) * D + j + q] : 0;
+            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 64 + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
@@ -520,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 8; ++frag) {
@@ -529,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -540,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = BN*nblk + j >= S ? -tsr_infinity() : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }
@@ -609,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
       P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q) a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q] : P_frag[0][q];
@@ -634,11 +638,11 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + 128*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[((pid_b0) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < S && j0 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

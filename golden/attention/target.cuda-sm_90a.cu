@@ -232,6 +232,8 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const __grid_constant__ tsr_tensor_map Q_map, const __grid_constant__ tsr_tensor_map K_map, const __grid_constant__ tsr_tensor_map V_map) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -263,15 +265,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
       if (Q_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, 128*pid_m, pid_b1, pid_b0);
-          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, 128*pid_m, pid_b1, pid_b0);
+          tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, BM*pid_m, pid_b1, pid_b0);
+          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, BM*pid_m, pid_b1, pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
+          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -307,36 +309,36 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
     }
-    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
-      if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
+      if (BN*nblk + 128 < S && BN*nblk + 128 < BM*pid_m + 128) {
         if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
         // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
         if (K_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BN*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
         if (V_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BN*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -369,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       const int r = rs;
       l[r] = 0.0f;
     }
-    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
       float dot[64];
@@ -383,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       tsr_wgmma_wait<0>();
       // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
       float p[64];
-      if (128*nblk + 128 <= S && 128*nblk + 127 <= 128*pid_m) {
+      if (BN*nblk + 128 <= S && BN*nblk + 127 <= BM*pid_m) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
@@ -401,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            p[t] = 128*nblk + j >= S ? -tsr_infinity() : ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+            p[t] = BN*nblk + j >= S ? -tsr_infinity() : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
           }
         }
       }
@@ -492,11 +494,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
           const int t = frag * 4 + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
         }
-        if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -508,6 +510,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
 extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const __grid_constant__ tsr_tensor_map q_1_map, const __grid_constant__ tsr_tensor_map k_map, const __grid_constant__ tsr_tensor_map v_map) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -538,15 +542,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
       if (q_1_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, 128*pid_m, pid_b0);
-          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, 128*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, BM*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, BM*pid_m, pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
+          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < S && j < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -582,36 +586,36 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (q_1_aligned ? 32768 : 0) + (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
     }
-    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
-      if (128*nblk + 128 < S) {
+    for (long long nblk = 0; nblk * BN < S; ++nblk) {
+      if (BN*nblk + 128 < S) {
         if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
         // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
         if (k_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BN*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
         if (v_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BN*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -642,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       const int r = rs;
       l[r] = 0.0f;
     }
-    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+    for (long long nblk = 0; nblk * BN < S; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
       float dot[64];
@@ -658,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       const float s_1 = rsqrtf(s);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
       float P[64];
-      if (128*nblk + 128 <= S) {
+      if (BN*nblk + 128 <= S) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
@@ -667,7 +671,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+            P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
           }
         }
       } else {
@@ -678,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = 128*nblk + j >= S ? -tsr_infinity() : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+            P[t] = BN*nblk + j >= S ? -tsr_infinity() : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
           }
         }
       }
@@ -769,11 +773,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
           const int t = frag * 4 + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
         }
-        if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + 128*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[((pid_b0) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < S && j0 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < S && j0 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

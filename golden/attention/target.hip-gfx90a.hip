@@ -61,6 +61,8 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -80,12 +82,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j) : Q, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -111,19 +113,19 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 64; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 1024; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : K, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -132,12 +134,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : V, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -160,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (64*nblk + 64 <= S && 64*nblk + 63 <= 64*pid_m) {
+    if (BN*nblk + 64 <= S && BN*nblk + 63 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
@@ -178,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = 64*nblk + j >= S ? -tsr_infinity() : ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -257,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
@@ -279,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+      if (BM*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
     }
   }
 }
@@ -289,6 +291,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
 extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -305,12 +309,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * D + j) : q_1, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -336,19 +340,19 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 1024; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + i) * D + j) : k, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -357,12 +361,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + i) * D + j) : v, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -387,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
@@ -396,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
         }
       }
     } else {
@@ -407,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = BN*nblk + j >= S ? -tsr_infinity() : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
         }
       }
     }
@@ -486,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
@@ -508,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S && j < D) out[((pid_b0) * S + 64*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+      if (BM*pid_m + i < S && j < D) out[((pid_b0) * S + BM*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
     }
   }
 }

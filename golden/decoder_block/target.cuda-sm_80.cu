@@ -86,6 +86,7 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // grid [pid_m < ceil(S/4)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -94,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -118,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -127,6 +128,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -141,12 +145,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -157,12 +161,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wq[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -174,12 +178,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -190,12 +194,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16 + i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wq[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -209,44 +213,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16*kb + 32 + i) * C + 128*pid_n + j) : wq, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wq[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -260,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t0[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -269,6 +273,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -283,12 +290,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -299,12 +306,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wk[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -316,12 +323,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -332,12 +339,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16 + i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wk[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -351,44 +358,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16*kb + 32 + i) * C + 128*pid_n + j) : wk, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wk[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -402,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t2[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -411,6 +418,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -425,12 +435,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -441,12 +451,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wv[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -458,12 +468,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -474,12 +484,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16 + i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wv[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -493,44 +503,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16*kb + 32 + i) * C + 128*pid_n + j) : wv, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wv[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -544,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t4[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -553,6 +563,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -571,12 +583,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 128*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((128*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S ? t0[(128*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -629,37 +641,37 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (int r = 0; r < 8; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t2_aligned) {
-          const int bytes = 64*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((64*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
+          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*nblk + 64 + i < S ? t2[(64*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + 64 + i < S ? t2[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t4_aligned) {
-          const int bytes = 64*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((64*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
+          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*nblk + 64 + i < S ? t4[(64*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + 64 + i < S ? t4[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -678,7 +690,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) {
@@ -691,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 4; ++c) {
           const int j = tx + c * 16;
           const int t = r * 4 + c;
-          p[t] = 64*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
@@ -756,7 +768,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; ++kk) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
       for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -771,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (128*pid_m + i < S) t6[(128*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
@@ -780,6 +792,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -794,12 +809,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? t6[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -810,12 +825,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wo[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -827,12 +842,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 16 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? t6[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -843,12 +858,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16 + i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wo[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -862,44 +877,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 16*kb + 32 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? t6[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16*kb + 32 + i) * C + 128*pid_n + j) : wo, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wo[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -914,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) x_1[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C) x_1[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
     }
   }
 }
@@ -923,6 +938,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
 // grid [pid_m < ceil(S/4)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -931,7 +947,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -955,7 +971,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -964,6 +980,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -978,12 +997,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -994,12 +1013,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w1[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1011,12 +1030,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1027,12 +1046,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16 + i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < F ? w1[(16 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1046,44 +1065,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 32 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + 32 + i) * F + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < F ? w1[(16*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -1098,7 +1117,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t10[(128*pid_m + i) * F + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F) t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
@@ -1107,6 +1126,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1121,12 +1143,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1137,12 +1159,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w3[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1154,12 +1176,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1170,12 +1192,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16 + i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < F ? w3[(16 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1189,44 +1211,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 32 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16*kb + 32 + i) * F + 128*pid_n + j) : w3, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < F ? w3[(16*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -1241,7 +1263,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t12[(128*pid_m + i) * F + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < F ? t10[(128*pid_m + i) * F + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F) t12[(BM*pid_m + i) * F + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f) * acc[t]);
     }
   }
 }
@@ -1250,6 +1272,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1264,12 +1289,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < F ? t12[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1280,12 +1305,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1297,12 +1322,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 16 + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < F ? t12[(128*pid_m + i) * F + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
         }
       }
     }
@@ -1313,12 +1338,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = 16 + i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16 + i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = 16 + i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < F && 128*pid_n + j + q < C ? w2[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1332,44 +1357,44 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 16*kb + 32 + j) : t12, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < F ? t12[(128*pid_m + i) * F + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 16*kb + 32 + i < F && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + 32 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < F && 128*pid_n + j + q < C ? w2[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
@@ -1384,7 +1409,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) out[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x_1[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C) out[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
     }
   }
 }

@@ -161,6 +161,9 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -175,12 +178,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -191,12 +194,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -208,12 +211,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -224,12 +227,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -245,44 +248,44 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 64 + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 64 + i < K && BN*pid_n + j + q < N ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -309,13 +312,13 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -325,6 +328,9 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -339,12 +345,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -355,12 +361,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + 128*pid_n + j) : W_in, bytes);
+        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && 128*pid_n + j + q < F ? W_in[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && BN*pid_n + j + q < F ? W_in[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -372,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && 32 + j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32 + j + q < D ? x[(128*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
     }
@@ -388,12 +394,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
-        const int bytes = 32 + i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32 + i) * F + 128*pid_n + j) : W_in, bytes);
+        const int bytes = 32 + i < D && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32 + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < D && 128*pid_n + j + q < F ? W_in[(32 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < D && BN*pid_n + j + q < F ? W_in[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -409,44 +415,44 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 64 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 64 + j + q < D ? x[(128*pid_m + i) * D + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && BK*kb + 64 + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
-          const int bytes = 32*kb + 64 + i < D && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + 64 + i) * F + 128*pid_n + j) : W_in, bytes);
+          const int bytes = BK*kb + 64 + i < D && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((BK*kb + 64 + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < D && 128*pid_n + j + q < F ? W_in[(32*kb + 64 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 64 + i < D && BN*pid_n + j + q < F ? W_in[(BK*kb + 64 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -473,13 +479,13 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f))))));
+        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 128*pid_n + j0])) {
-        tsr_store_pair(&h[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+        tsr_store_pair(&h[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < F) h[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < F) h[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F) h[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -489,6 +495,9 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
 // grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -503,12 +512,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < F ? h[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -519,12 +528,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + 128*pid_n + j) : W_out, bytes);
+        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && 128*pid_n + j + q < D ? W_out[(i) * D + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && BN*pid_n + j + q < D ? W_out[(i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -536,12 +545,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && 32 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((BM*pid_m + i) * F + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32 + j + q < F ? h[(128*pid_m + i) * F + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && 32 + j + q < F ? h[(BM*pid_m + i) * F + 32 + j + q] : 0;
         }
       }
     }
@@ -552,12 +561,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
-        const int bytes = 32 + i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32 + i) * D + 128*pid_n + j) : W_out, bytes);
+        const int bytes = 32 + i < F && BN*pid_n + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32 + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < F && 128*pid_n + j + q < D ? W_out[(32 + i) * D + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < F && BN*pid_n + j + q < D ? W_out[(32 + i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -573,44 +582,44 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < F) {
+    if (BK*kb + 64 < F) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 64 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32*kb + 64 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((BM*pid_m + i) * F + BK*kb + 64 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 64 + j + q < F ? h[(128*pid_m + i) * F + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < T && BK*kb + 64 + j + q < F ? h[(BM*pid_m + i) * F + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < F) {
+    if (BK*kb + 64 < F) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
-          const int bytes = 32*kb + 64 + i < F && 128*pid_n + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + 64 + i) * D + 128*pid_n + j) : W_out, bytes);
+          const int bytes = BK*kb + 64 + i < F && BN*pid_n + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((BK*kb + 64 + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < F && 128*pid_n + j + q < D ? W_out[(32*kb + 64 + i) * D + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 64 + i < F && BN*pid_n + j + q < D ? W_out[(BK*kb + 64 + i) * D + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -637,13 +646,13 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f)))));
+        pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f) + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * D + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(BM*pid_m + i) * D + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * D + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < D) out[(BM*pid_m + i) * D + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D) out[(BM*pid_m + i) * D + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -653,6 +662,9 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
@@ -667,12 +679,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -683,12 +695,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 128*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && j + q < D ? w[(128*pid_n + i) * D + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
     }
@@ -700,12 +712,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64 + j + q < D ? x[(128*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < T && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -716,12 +728,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 128*pid_n + i < F && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64 + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((BN*pid_n + i) * D + 64 + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64 + j + q < D ? w[(128*pid_n + i) * D + 64 + j + q] : 0;
+          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BN*pid_n + i < F && 64 + j + q < D ? w[(BN*pid_n + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -737,44 +749,44 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 128 < D) {
+    if (BK*kb + 128 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64*kb + 128 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 128 + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (64*kb + 128 < D) {
+    if (BK*kb + 128 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {
-          const int bytes = 128*pid_n + i < F && 64*kb + 128 + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64*kb + 128 + j) : w, bytes);
+          const int bytes = BN*pid_n + i < F && BK*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + 128 + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64*kb + 128 + j + q < D ? w[(128*pid_n + i) * D + 64*kb + 128 + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 128 + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - 64*kb; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -805,13 +817,13 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f))));
+        pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < F) out[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < F) out[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F) out[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

@@ -255,6 +255,9 @@ __device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long 
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -287,31 +290,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? B[(i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -321,67 +324,67 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && 64 + j < K ? A[(BM*pid_m + i) * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? B[(64 + i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && BN*pid_n + j < N ? B[(64 + i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 128 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 128 < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map, tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && BK*kb + 128 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map, tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? B[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N ? B[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -400,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
@@ -426,13 +429,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < N ? bias[256*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -443,6 +446,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
 // grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map W_in_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -475,31 +481,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 256*pid_n + j < F ? W_in[(i) * F + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && BN*pid_n + j < F ? W_in[(i) * F + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -509,67 +515,67 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < D ? x[(128*pid_m + i) * D + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && 64 + j < D ? x[(BM*pid_m + i) * D + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 256*pid_n + j < F ? W_in[(64 + i) * F + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && BN*pid_n + j < F ? W_in[(64 + i) * F + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < D; ++kb) {
-      if (64*kb + 128 < D) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
+      if (BK*kb + 128 < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && BK*kb + 128 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_in_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 256*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BK*kb + 128 + i < D && BN*pid_n + j < F ? W_in[(BK*kb + 128 + i) * F + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -588,7 +594,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < D; ++kb) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
@@ -614,13 +620,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < F ? b_in[256*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 256*pid_n + j0])) {
-          tsr_store_pair(&h[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+          tsr_store_pair(&h[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < F) h[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < F) h[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F) h[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -631,6 +637,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
 // grid [pid_n < ceil(D/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D, const __grid_constant__ tsr_tensor_map h_map, const __grid_constant__ tsr_tensor_map W_out_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -663,31 +672,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && j < F ? h[(BM*pid_m + i) * F + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 256*pid_n + j < D ? W_out[(i) * D + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && BN*pid_n + j < D ? W_out[(i) * D + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -697,67 +706,67 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < F ? h[(128*pid_m + i) * F + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && 64 + j < F ? h[(BM*pid_m + i) * F + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 256*pid_n + j < D ? W_out[(64 + i) * D + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && BN*pid_n + j < D ? W_out[(64 + i) * D + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < F; ++kb) {
-      if (64*kb + 128 < F) {
+    for (long long kb = 0; kb * BK < F; ++kb) {
+      if (BK*kb + 128 < F) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (h_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map, tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < T && BK*kb + 128 + j < F ? h[(BM*pid_m + i) * F + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_out_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 256*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BK*kb + 128 + i < F && BN*pid_n + j < D ? W_out[(BK*kb + 128 + i) * D + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -776,7 +785,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < F; ++kb) {
+    for (long long kb = 0; kb * BK < F; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
@@ -802,13 +811,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 256*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 256*pid_n + j]) : 0.0f) + (acc[t] + (256*pid_n + j < D ? b_out[256*pid_n + j] : 0.0f)))));
+          pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f) + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * D + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(BM*pid_m + i) * D + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * D + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < D) out[(128*pid_m + i) * D + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < D) out[(BM*pid_m + i) * D + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D) out[(BM*pid_m + i) * D + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -819,6 +828,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
 // grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map w_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 65536);
@@ -851,28 +863,28 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 256*pid_n);
+          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, BN*pid_n);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && j < D ? w[(256*pid_n + i) * D + j] : 0;
+          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BN*pid_n + i < F && j < D ? w[(BN*pid_n + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -882,61 +894,61 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128 + j < D ? x[(128*pid_m + i) * D + 128 + j] : 0;
+          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BM*pid_m + i < T && 128 + j < D ? x[(BM*pid_m + i) * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, 256*pid_n);
+          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, BN*pid_n);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128 + j < D ? w[(256*pid_n + i) * D + 128 + j] : 0;
+          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BN*pid_n + i < F && 128 + j < D ? w[(BN*pid_n + i) * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 128 < D; ++kb) {
-      if (128*kb + 256 < D) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
+      if (BK*kb + 256 < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map, tsr_landed + (kb + 2) % 4, BK*kb + 256, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128*kb + 256 + j < D ? x[(128*pid_m + i) * D + 128*kb + 256 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BM*pid_m + i < T && BK*kb + 256 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
         if (w_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 256*pid_n);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map, tsr_landed + (kb + 2) % 4, BK*kb + 256, BN*pid_n);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 32768; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128*kb + 256 + j < D ? w[(256*pid_n + i) * D + 128*kb + 256 + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = BN*pid_n + i < F && BK*kb + 256 + j < D ? w[(BN*pid_n + i) * D + BK*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -955,7 +967,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 128 < D; ++kb) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
       tsr_wgmma_fence();
@@ -981,13 +993,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((acc[t] + (256*pid_n + j < F ? bias[256*pid_n + j] : 0.0f))));
+          pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < F) out[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < F) out[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F) out[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

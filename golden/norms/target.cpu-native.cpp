@@ -252,6 +252,7 @@ inline float* scratch(i64 floats) {
 
 static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C));
   float* const rows_edge = area;
@@ -260,7 +261,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
   float* const t_3 = e + tsr::whole_lines(4*C);
   float* const t_5 = t_3 + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
+  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, BM*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = -tsr::infinity();
@@ -291,7 +292,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
       t_5[i * C + j] = e[i * C + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(out, C, 4*pid_m, 0, R, C, t_5, 4, C);
+  tsr::store_tile(out, C, BM*pid_m, 0, R, C, t_5, 4, C);
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
@@ -304,6 +305,7 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 
 static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
       + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t = area;
@@ -316,7 +318,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   float* const t_13 = t_11 + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
+  tsr::load_tile(t, 4, D, x, D, BM*pid_m, 0, T, D);
   float* const rows = t;
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -373,7 +375,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
       t_13[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_12[j]));
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_13, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, t_13, 4, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
@@ -387,6 +389,7 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 
 static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T,
     const tsr::i64 D, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
       + tsr::whole_lines(4*D));
   float* const rows_edge = area;
@@ -396,7 +399,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
+  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -421,7 +424,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
       normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, normed_1, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, normed_1, 4, D);
 }
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
@@ -435,6 +438,7 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
 
 static void add_rms_program(const float* x, const float* residual, const float* weight,
     float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
       + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t_edge = area;
@@ -445,8 +449,8 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   float* const t_7 = t_5 + 16;
   float* const normed_1 = t_7 + tsr::whole_lines(D);
   const float eps = 1e-06f;
-  const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
-  const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);
+  const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), BM*pid_m, S);
+  const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
   // norms.tsr:29: return rmsnorm_safe(x + residual, weight, eps=1e-6)
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -478,7 +482,7 @@ static void add_rms_program(const float* x, const float* residual, const float* 
       normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_8[j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, normed_1, 4, D);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, 4, D);
 }
 
 static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,

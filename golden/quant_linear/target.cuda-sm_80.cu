@@ -149,10 +149,11 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 // grid [pid_m < ceil(N/1024)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] = (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] = (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
@@ -160,12 +161,13 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const floa
 // grid [pid_m < ceil(K/4)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0, signed char* __restrict__ out, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((4*pid_m + i < K ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -174,6 +176,9 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 36864 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 24576);
@@ -188,12 +193,12 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -204,12 +209,12 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -221,12 +226,12 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -237,12 +242,12 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((32 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((32 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 32 + i < K && 128*pid_n + j + q < N ? w[(32 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem[(1 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 32 + i < K && BN*pid_n + j + q < N ? w[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -258,44 +263,44 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 64 + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((32*kb + 64 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((BK*kb + 64 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? w[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = BK*kb + 64 + i < K && BN*pid_n + j + q < N ? w[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -323,13 +328,13 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (acc[t] * (128*pid_n + j < N ? scale[128*pid_n + j] : 0.0f));
+        pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -340,13 +345,14 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
 extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const signed char* __restrict__ w, const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
 }
@@ -355,6 +361,9 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const sign
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x, float* __restrict__ out, const long long K, const long long N, const long long M) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -369,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -385,12 +394,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((i) * N + 128*pid_n + j) : t4, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? t4[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? t4[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -402,12 +411,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -418,12 +427,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32 + i) * N + 128*pid_n + j) : t4, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32 + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? t4[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && BN*pid_n + j + q < N ? t4[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -439,44 +448,44 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 64 + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (t4_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32*kb + 64 + i) * N + 128*pid_n + j) : t4, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((BK*kb + 64 + i) * N + BN*pid_n + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? t4[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 64 + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -503,11 +512,11 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -518,13 +527,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] = (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] = (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
@@ -534,13 +544,14 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w, const float* __restrict__ t2, signed char* __restrict__ out, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -549,6 +560,8 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -561,12 +574,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -577,12 +590,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -607,12 +620,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
         }
       }
@@ -628,8 +641,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
       }
@@ -647,11 +660,11 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -661,6 +674,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ x_scale, const float* __restrict__ w_scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 24576);
@@ -675,12 +690,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -690,12 +705,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -706,12 +721,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
@@ -721,12 +736,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 128*pid_n + j + q < N ? w[(64 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -756,12 +771,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+            operand_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 128 + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
           }
         }
       }
@@ -771,12 +786,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem_1 + (((kb + 2) % 3 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 128 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = 64*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem_1 + (((kb + 2) % 3 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 2) % 3 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? w[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem_1[((kb + 2) % 3 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 128 + i < K && BN*pid_n + j + q < N ? w[(64*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -815,7 +830,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (128*pid_m + i < M ? x_scale[(128*pid_m + i) * 1 + 0] : 0.0f)) * (128*pid_n + j < N ? w_scale[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f)) * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

@@ -289,10 +289,11 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
 // grid [pid_m < ceil(N/1024)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] = (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] = (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
@@ -300,12 +301,13 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const floa
 // grid [pid_m < ceil(K/4)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0, signed char* __restrict__ out, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((4*pid_m + i < K ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -314,6 +316,9 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
@@ -328,12 +333,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -344,12 +349,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 256*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 256*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 256*pid_n + j + q < N ? w[(i) * N + 256*pid_n + j + q] : 0;
+          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -361,12 +366,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
@@ -377,12 +382,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 256*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 256*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 256*pid_n + j + q < N ? w[(64 + i) * N + 256*pid_n + j + q] : 0;
+          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -398,45 +403,45 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (64*kb + 128 < K) {
+    if (BK*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+            a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 128 + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
-    if (64*kb + 128 < K) {
+    if (BK*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 256*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 128 + i) * N + 256*pid_n + j) : w, bytes);
+          const int bytes = BK*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((BK*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 128 + i < K && 256*pid_n + j + q < N ? w[(64*kb + 128 + i) * N + 256*pid_n + j + q] : 0;
+            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = BK*kb + 128 + i < K && BN*pid_n + j + q < N ? w[(BK*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0], a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
       #pragma unroll
@@ -460,13 +465,13 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (acc[t] * (256*pid_n + j < N ? scale[256*pid_n + j] : 0.0f));
+        pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
-      if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -477,13 +482,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
 extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const signed char* __restrict__ w, const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
 }
@@ -492,6 +498,9 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const sign
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x, float* __restrict__ out, const long long K, const long long N, const long long M, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map t4_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -524,31 +533,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? x[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && j < K ? x[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &t4_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &t4_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &t4_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &t4_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &t4_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &t4_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? t4[(i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && BN*pid_n + j < N ? t4[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -558,67 +567,67 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? x[(128*pid_m + i) * K + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && 64 + j < K ? x[(BM*pid_m + i) * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &t4_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &t4_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &t4_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &t4_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &t4_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &t4_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &t4_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &t4_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? t4[(64 + i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && BN*pid_n + j < N ? t4[(64 + i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 128 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 128 < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && BK*kb + 128 + j < K ? x[(BM*pid_m + i) * K + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (t4_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &t4_map, tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &t4_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &t4_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &t4_map, tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? t4[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N ? t4[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -637,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
@@ -663,11 +672,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
           const int t = frag * 4 + reg + half;
           pair[half] = acc[t];
         }
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], pair[0], pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
         } else {
-          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = pair[0];
-          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = pair[1];
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
         }
       }
     }
@@ -679,13 +688,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] = (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] = (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
@@ -695,13 +705,14 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w, const float* __restrict__ t2, signed char* __restrict__ out, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -710,6 +721,8 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -722,12 +735,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -738,12 +751,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -769,12 +782,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
         }
       }
@@ -787,8 +800,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && BN*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && BN*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && BN*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && BN*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -806,11 +819,11 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -820,6 +833,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ x_scale, const float* __restrict__ w_scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 32768);
@@ -834,12 +849,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -849,12 +864,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -865,12 +880,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
@@ -880,12 +895,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 128*pid_n + j + q < N ? w[(64 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -896,12 +911,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 128 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 128 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 128 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 128 + j + q < K ? x[(128*pid_m + i) * K + 128 + j + q] : 0;
+          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && 128 + j + q < K ? x[(BM*pid_m + i) * K + 128 + j + q] : 0;
         }
       }
     }
@@ -911,12 +926,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((128 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 128 + i < K && 128*pid_n + j + q < N ? w[(128 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 128 + i < K && BN*pid_n + j + q < N ? w[(128 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -946,12 +961,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
+          tsr_copy_async16(operand_smem + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64*kb + 192 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
+            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 192 + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
           }
         }
       }
@@ -961,12 +976,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 192 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem_1 + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 192 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem_1 + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 192 + i < K && 128*pid_n + j + q < N ? w[(64*kb + 192 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 192 + i < K && BN*pid_n + j + q < N ? w[(64*kb + 192 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1005,7 +1020,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (128*pid_m + i < M ? x_scale[(128*pid_m + i) * 1 + 0] : 0.0f)) * (128*pid_n + j < N ? w_scale[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f)) * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

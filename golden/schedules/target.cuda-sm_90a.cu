@@ -286,6 +286,9 @@ __device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a, 
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -300,12 +303,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -316,12 +319,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -337,38 +340,38 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 32 + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 32 + i < K && BN*pid_n + j + q < N ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -406,11 +409,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -420,6 +423,9 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -434,12 +440,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && j + q < K ? A[(64*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -450,12 +456,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 64*pid_n + j + q < N ? B[(i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -471,38 +477,38 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 64*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = BM*pid_m + i < M && BK*kb + 32 + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 64*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 64*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 64*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BK*kb + 32 + i < K && BN*pid_n + j + q < N ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -540,11 +546,11 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(64*pid_m + i) * N + 64*pid_n + j0])) {
-        tsr_store_pair(&out[(64*pid_m + i) * N + 64*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
       } else {
-        if (64*pid_m + i < M && 64*pid_n + j0 < N) out[(64*pid_m + i) * N + 64*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N) out[(64*pid_m + i) * N + 64*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -554,6 +560,9 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
@@ -584,63 +593,63 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 64 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 64 < K) {
         if ((kb + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + 1) % 3, ((kb + 1) / 3 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, BK*kb + 64, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
+            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = BM*pid_m + i < M && BK*kb + 64 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 64 + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + 64);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
+            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = BK*kb + 64 + i < K && BN*pid_n + j < N ? B[(BK*kb + 64 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -659,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
@@ -685,13 +694,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N) out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
