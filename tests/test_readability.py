@@ -1,9 +1,7 @@
 """Generated files read as code a reviewer would accept: measured over the golden files.
 
 The goldens are the generated output of every example (``test_golden.py`` keeps them
-equal), so that these measures cost no compile. They cover the CPU, OpenCL and SYCL
-output; the CUDA and HIP files share the measures of loops, of bit patterns and of the
-header (their lines are not yet broken under 100 columns).
+equal), so that these measures cost no compile. They cover every target's output.
 """
 
 from __future__ import annotations
@@ -24,7 +22,13 @@ GOLDEN = ROOT / "golden"
 #: The generated files whose every line is measured.
 WRAPPED = sorted(
     p
-    for suffix in ("cpu-native.cpp", "opencl-generic.cl", "sycl-generic.sycl.cpp")
+    for suffix in (
+        "cpu-native.cpp",
+        "opencl-generic.cl",
+        "sycl-generic.sycl.cpp",
+        "cuda-*.cu",
+        "hip-*.hip",
+    )
     for p in GOLDEN.glob(f"*/target.{suffix}")
 )
 EVERY = sorted(GOLDEN.glob("*/target.*"))

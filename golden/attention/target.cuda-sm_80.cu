@@ -31,12 +31,15 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -44,11 +47,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -76,12 +82,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -125,7 +135,10 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q,
+    const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
+    unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
+    const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 128;
@@ -138,7 +151,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
-  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   const float s = (float)(D);
@@ -149,11 +163,14 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int j = e % 16 * 8;
     if (Q_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -164,11 +181,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       const int j = e % 16 * 8;
       if (K_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
+        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -180,11 +199,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       const int j = e % 16 * 8;
       if (V_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
+        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -222,11 +243,15 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int j = e % 16 * 8;
         if (K_aligned) {
           const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : K, bytes);
+          tsr_copy_async16(k_tile_smem
+              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
+                ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
@@ -238,11 +263,15 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int j = e % 16 * 8;
         if (V_aligned) {
           const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : V, bytes);
+          tsr_copy_async16(v_tile_smem
+              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
+                ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
@@ -253,11 +282,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2(b_frag, k_tile_smem + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
+        tsr_ldmatrix_x2(b_frag, k_tile_smem
+            + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (kk + lane / 8 % 2 * 8) % 8));
         tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -281,7 +316,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
           const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          p[t] = BN*nblk + j >= S ? -tsr_infinity() : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -305,7 +341,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -345,10 +382,14 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     unsigned p_frag[2][4];
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
+      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+          tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+          tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+          tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+          tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
     for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
@@ -357,7 +398,9 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }
@@ -375,11 +418,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D
+          && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0],
+            tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (BM*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (BM*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D)
+            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
+            tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D)
+            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
+            tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -387,7 +436,10 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < BH], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) flash_attention(
+    const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
+    const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
   constexpr int BM = 128;
@@ -408,11 +460,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const int j = e % 16 * 8;
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -423,11 +477,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       const int j = e % 16 * 8;
       if (k_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
+        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -439,11 +495,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       const int j = e % 16 * 8;
       if (v_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
+        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -481,11 +539,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int j = e % 16 * 8;
         if (k_aligned) {
           const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : k, bytes);
+          tsr_copy_async16(Kb_smem
+              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? k + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 64 + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
+            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BN*nblk + 64 + i < S && j + q < D
+                ? k[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
@@ -497,11 +559,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int j = e % 16 * 8;
         if (v_aligned) {
           const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : v, bytes);
+          tsr_copy_async16(Vb_smem
+              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? v + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = BN*nblk + 64 + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
+            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BN*nblk + 64 + i < S && j + q < D
+                ? v[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
@@ -512,11 +578,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2(b_frag, Kb_smem + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
+        tsr_ldmatrix_x2(b_frag, Kb_smem
+            + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (kk + lane / 8 % 2 * 8) % 8));
         tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -533,7 +605,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1);
         }
       }
     } else {
@@ -544,7 +617,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = BN*nblk + j >= S ? -tsr_infinity() : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1));
         }
       }
     }
@@ -568,7 +643,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -608,19 +684,27 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     unsigned P_frag[4][4];
     #pragma unroll
     for (int kk = 0; kk < 64; kk += 16) {
-      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
+      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+          tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+          tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+          tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+          tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
     for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
-      for (int q = 0; q < 4; ++q) a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q] : P_frag[0][q];
+      for (int q = 0; q < 4; ++q)
+          a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q]
+          : P_frag[0][q];
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }
@@ -638,11 +722,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (BM*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D
+          && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (BM*pid_m + i < S && j0 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (BM*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D)
+            out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D)
+            out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

@@ -56,12 +56,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -84,7 +88,8 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -95,7 +100,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -119,14 +126,16 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -146,11 +155,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -162,11 +173,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -179,11 +192,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -195,11 +210,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -223,11 +240,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -239,11 +260,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 32 * 4;
         if (wq_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -252,8 +277,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -271,7 +300,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -291,11 +321,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -307,11 +339,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -324,11 +358,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -340,11 +376,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -368,11 +406,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -384,11 +426,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 32 * 4;
         if (wk_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -397,8 +443,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -416,7 +466,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -436,11 +487,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -452,11 +505,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -469,11 +524,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -485,11 +542,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -513,11 +572,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -529,11 +592,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 32 * 4;
         if (wv_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -542,8 +609,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -561,7 +632,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 64;
@@ -584,11 +657,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int j = e % 16 * 4;
     if (t0_aligned) {
       const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -599,11 +674,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -615,11 +692,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -651,11 +730,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         const int j = e % 16 * 4;
         if (t2_aligned) {
           const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
+          tsr_copy_async16(k_tile_smem
+              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t2 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + 64 + i < S ? t2[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+                + (j + q) % 4] = BN*nblk + 64 + i < S
+                ? t2[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -667,11 +750,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         const int j = e % 16 * 4;
         if (t4_aligned) {
           const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
+          tsr_copy_async16(v_tile_smem
+              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t4 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + 64 + i < S ? t4[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+                + (j + q) % 4] = BN*nblk + 64 + i < S
+                ? t4[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -682,8 +769,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64
+          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fmaf(a_k[r], b_k[c], dot[r * 4 + c]);
       }
@@ -771,7 +861,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int kk = 0; kk < 64 && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -790,7 +882,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -810,11 +904,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 4 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -826,11 +922,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -843,11 +941,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 4 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -859,11 +959,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -887,11 +989,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 4 * 4;
         if (t6_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -903,11 +1009,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 32 * 4;
         if (wo_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -916,8 +1026,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -929,14 +1043,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) x_1[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -947,7 +1066,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -971,14 +1092,17 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -998,11 +1122,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1014,11 +1140,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1031,11 +1159,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1047,11 +1177,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1075,11 +1207,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 4 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1091,11 +1227,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 32 * 4;
         if (w1_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1104,8 +1244,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1117,14 +1261,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1144,11 +1291,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1160,11 +1309,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1177,11 +1328,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1193,11 +1346,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1221,11 +1376,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 4 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1237,11 +1396,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 32 * 4;
         if (w3_aligned) {
           const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1250,8 +1413,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1263,14 +1430,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t12[(BM*pid_m + i) * F + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1290,11 +1462,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 4 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1306,11 +1480,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1323,11 +1499,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 4 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && 16 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
         }
       }
     }
@@ -1339,11 +1517,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 16 + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1367,11 +1547,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 4 * 4;
         if (t12_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 32 + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1383,11 +1567,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 32 * 4;
         if (w2_aligned) {
           const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 32 + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1396,8 +1584,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1409,7 +1601,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) out[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

@@ -56,12 +56,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -84,7 +88,8 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -95,7 +100,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -119,14 +126,16 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -146,11 +155,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -162,11 +173,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -179,11 +192,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -195,11 +210,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((32 + i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((32 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < C ? wq[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wq[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -212,11 +229,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -228,11 +247,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((64 + i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((64 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < C ? wq[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wq[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -256,11 +277,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 8 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -272,11 +297,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 32 * 4;
         if (wq_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wq, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -285,8 +314,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -304,7 +337,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -324,11 +358,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -340,11 +376,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -357,11 +395,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -373,11 +413,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((32 + i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((32 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < C ? wk[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wk[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -390,11 +432,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -406,11 +450,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((64 + i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((64 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < C ? wk[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wk[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -434,11 +480,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 8 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -450,11 +500,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 32 * 4;
         if (wk_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wk, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -463,8 +517,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -482,7 +540,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -502,11 +561,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -518,11 +579,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -535,11 +598,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -551,11 +616,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((32 + i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((32 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < C ? wv[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wv[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -568,11 +635,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 8 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -584,11 +653,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((64 + i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((64 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < C ? wv[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wv[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -612,11 +683,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 8 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -628,11 +703,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 32 * 4;
         if (wv_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wv, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -641,8 +720,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -660,7 +743,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -683,11 +768,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int j = e % 16 * 4;
     if (t0_aligned) {
       const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -715,11 +802,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -729,11 +818,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -743,8 +834,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -832,7 +925,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int kk = 0; kk < 128 && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 129 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -851,7 +945,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -871,11 +967,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 8 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -887,11 +985,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -904,11 +1004,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 8 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + 32 + j) : t6, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 32 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? t6[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? t6[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -920,11 +1022,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((32 + i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((32 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < C ? wo[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wo[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -937,11 +1041,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 8 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + 64 + j) : t6, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 64 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? t6[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? t6[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -953,11 +1059,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((64 + i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((64 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < C ? wo[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wo[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -981,11 +1089,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 8 * 4;
         if (t6_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t6, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -997,11 +1109,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 32 * 4;
         if (wo_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wo, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1010,8 +1126,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1023,14 +1143,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) x_1[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -1041,7 +1166,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -1065,14 +1192,17 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1092,11 +1222,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1108,11 +1240,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1125,11 +1259,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1141,11 +1277,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((32 + i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((32 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < F ? w1[(32 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < F ? w1[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1158,11 +1296,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1174,11 +1314,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((64 + i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((64 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < F ? w1[(64 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < F ? w1[(64 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1202,11 +1344,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 8 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1218,11 +1364,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 32 * 4;
         if (w1_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w1, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1231,8 +1381,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1244,14 +1398,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1271,11 +1428,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1287,11 +1446,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1304,11 +1465,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1320,11 +1483,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = 32 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((32 + i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((32 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && BN*pid_n + j + q < F ? w3[(32 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < F ? w3[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1337,11 +1502,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 8 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1353,11 +1520,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = 64 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((64 + i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((64 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && BN*pid_n + j + q < F ? w3[(64 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < F ? w3[(64 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1381,11 +1550,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 8 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1397,11 +1570,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 32 * 4;
         if (w3_aligned) {
           const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w3, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1410,8 +1587,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1423,14 +1604,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t12[(BM*pid_m + i) * F + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1450,11 +1636,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 8 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1466,11 +1654,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1483,11 +1673,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 8 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + 32 + j) : t12, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 32 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 32 + j + q < F ? t12[(BM*pid_m + i) * F + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < F ? t12[(BM*pid_m + i) * F + 32 + j + q] : 0;
         }
       }
     }
@@ -1499,11 +1691,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 32 + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < F && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < F && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1516,11 +1710,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 8 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && 64 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + 64 + j) : t12, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 64 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && 64 + j + q < F ? t12[(BM*pid_m + i) * F + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < F ? t12[(BM*pid_m + i) * F + 64 + j + q] : 0;
         }
       }
     }
@@ -1532,11 +1728,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 64 + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < F && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < F && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1560,11 +1758,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 8 * 4;
         if (t12_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 96 + j) : t12, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 96 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 96 + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1576,11 +1778,15 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 32 * 4;
         if (w2_aligned) {
           const int bytes = BK*kb + 96 + i < F && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1589,8 +1795,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1602,7 +1812,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) out[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

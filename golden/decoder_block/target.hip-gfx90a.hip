@@ -75,7 +75,8 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
@@ -86,7 +87,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -110,14 +113,16 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -137,11 +142,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -153,11 +160,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int j = e % 32 * 4;
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -181,11 +190,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -197,11 +209,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
         const int j = e % 32 * 4;
         if (wq_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wq, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -210,10 +225,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -236,7 +255,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -256,11 +276,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -272,11 +294,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int j = e % 32 * 4;
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -300,11 +324,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -316,11 +343,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
         const int j = e % 32 * 4;
         if (wk_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wk, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -329,10 +359,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -355,7 +389,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -375,11 +410,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 4 * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -391,11 +428,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int j = e % 32 * 4;
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -419,11 +458,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -435,11 +477,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
         const int j = e % 32 * 4;
         if (wv_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wv, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -448,10 +493,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -474,7 +523,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < C/64], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 32;
@@ -496,11 +547,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     const int j = e % 16 * 4;
     if (t0_aligned) {
       const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -534,11 +587,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -548,11 +603,13 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -561,8 +618,10 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; kk += 2) {
-      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-      const float b_frag = k_tile_smem[(lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64
+          + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      const float b_frag = k_tile_smem[(lane % 32) * 64
+          + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
       tsr_floatx16 frag_acc;
       for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -652,7 +711,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
-        const float b_frag = v_tile_smem[(kk + lane / 32) * 64 + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
+        const float b_frag = v_tile_smem[(kk + lane / 32) * 64
+            + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -668,14 +728,17 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] =
+          (acc[t] / l[frag / 2 * 16 + reg]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -695,11 +758,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 4 * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -711,11 +776,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int j = e % 32 * 4;
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -739,11 +806,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 4 * 4;
         if (t6_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t6, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -755,11 +825,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
         const int j = e % 32 * 4;
         if (wo_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wo, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -768,10 +841,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -788,14 +865,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) x_1[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
@@ -806,7 +888,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -830,14 +914,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -857,11 +944,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -873,11 +962,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -901,11 +992,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 4 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -917,11 +1011,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
         const int j = e % 32 * 4;
         if (w1_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w1, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -930,10 +1027,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -950,14 +1051,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -977,11 +1081,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 4 * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -993,11 +1099,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int j = e % 32 * 4;
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1021,11 +1129,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 4 * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -1037,11 +1148,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
         const int j = e % 32 * 4;
         if (w3_aligned) {
           const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w3, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1050,10 +1164,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1070,14 +1188,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S && BN*pid_n + j < F) t12[(BM*pid_m + i) * F + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1097,11 +1220,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 4 * 4;
       if (t12_aligned) {
         const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1113,11 +1238,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1141,11 +1268,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 4 * 4;
         if (t12_aligned) {
           const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 16 + j) : t12, bytes);
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 16 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = BM*pid_m + i < S && BK*kb + 16 + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -1157,11 +1287,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
         const int j = e % 32 * 4;
         if (w2_aligned) {
           const int bytes = BK*kb + 16 + i < F && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 16 + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1170,10 +1303,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int kk = 0; kk < 16 && kk < F - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1190,7 +1327,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S && BN*pid_n + j < C) out[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

@@ -31,17 +31,22 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+inline float tsr_saturate(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float tsr_saturate_int(float x, float lo,
-    float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+inline float tsr_saturate_int(float x, float lo, float hi) {
+  return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi);
+}
 
 // ---------------------------------------------------------------- integers
 
@@ -53,7 +58,9 @@ inline float tsr_round_i8(float value) { return (float)tsr_float_to_i8(value); }
 
 // An i4 (docs/numerics.md) keeps the low 4 bits of that i32; two are packed in a byte,
 // the even element in the low nibble.
-inline float tsr_round_i4(float value) { return (float)((((int)value & 15) ^ 8) - 8); }
+inline float tsr_round_i4(float value) {
+  return (float)((((int)value & 15) ^ 8) - 8);
+}
 inline char tsr_i4_pair(float lo,
     float hi) { return (char)(uint)(((int)lo & 15) | (((int)hi & 15) << 4)); }
 

@@ -66,12 +66,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -107,7 +111,9 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden, const long long B, const long long D, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x,
+    const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
+    const long long B, const long long D, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -127,11 +133,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -143,11 +151,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -160,11 +170,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
     }
@@ -176,11 +188,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -193,11 +207,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -209,11 +225,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -237,11 +255,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
         const int j = e % 8 * 4;
         if (x_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && BK*kb + 96 + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 96 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -253,11 +275,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
         const int j = e % 32 * 4;
         if (w1_aligned) {
           const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -266,8 +292,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -279,14 +309,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < H) hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden, const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits, const long long B, const long long H, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden,
+    const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
+    const long long B, const long long H, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -306,11 +340,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
     }
@@ -322,11 +358,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -339,11 +377,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
         }
       }
     }
@@ -355,11 +395,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -372,11 +414,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
         }
       }
     }
@@ -388,11 +432,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -416,11 +462,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
         const int j = e % 8 * 4;
         if (hidden_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && BK*kb + 96 + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 96 + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -432,11 +482,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
         const int j = e % 32 * 4;
         if (w2_aligned) {
           const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -445,8 +499,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -458,14 +516,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < C) logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restrict__ logits, const float* __restrict__ target, float* __restrict__ t4, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restrict__ logits,
+    const float* __restrict__ target, float* __restrict__ t4, const long long B,
+    const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -475,7 +537,8 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128) r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -483,7 +546,8 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 128)
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -495,14 +559,17 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] = ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f) * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restrict__ t4,
+    float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -512,7 +579,8 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
+    for (long long j = lid; j < C; j += 128)
+        r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
@@ -523,17 +591,20 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
 // grid [pid_m < ceil(1/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restrict__ t5, float* __restrict__ out, const long long B) {
+extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restrict__ t5,
+    float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128) r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 128)
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -556,7 +627,9 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden, const long long B, const long long D, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x,
+    const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
+    const long long B, const long long D, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -576,11 +649,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -592,11 +667,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -609,11 +686,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
     }
@@ -625,11 +704,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -642,11 +723,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 8 * 4;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -658,11 +741,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = e % 32 * 4;
       if (w1_aligned) {
         const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -686,11 +771,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
         const int j = e % 8 * 4;
         if (x_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && BK*kb + 96 + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 96 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -702,11 +791,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
         const int j = e % 32 * 4;
         if (w1_aligned) {
           const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -715,8 +808,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -728,14 +825,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < H) hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden, const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits, const long long B, const long long H, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden,
+    const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
+    const long long B, const long long H, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -755,11 +856,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
     }
@@ -771,11 +874,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -788,11 +893,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
         }
       }
     }
@@ -804,11 +911,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -821,11 +930,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 8 * 4;
       if (hidden_aligned) {
         const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
         }
       }
     }
@@ -837,11 +948,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = e % 32 * 4;
       if (w2_aligned) {
         const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -865,11 +978,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
         const int j = e % 8 * 4;
         if (hidden_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && BK*kb + 96 + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 96 + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -881,11 +998,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
         const int j = e % 32 * 4;
         if (w2_aligned) {
           const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -894,8 +1015,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -907,14 +1032,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < C) logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __restrict__ logits, float* __restrict__ t3, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __restrict__ logits,
+    float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -924,7 +1052,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128) r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -932,7 +1061,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 128)
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -943,14 +1073,16 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] = (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __restrict__ target, const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __restrict__ target,
+    const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -960,7 +1092,9 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f) * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
@@ -971,17 +1105,20 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
 // grid [pid_m < ceil(1/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, const long long B) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __restrict__ t5,
+    float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128) r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 128)
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -1004,44 +1141,54 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
 // grid [pid_m < ceil(1/1024)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __restrict__ t8, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __restrict__ t8,
+    float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 256) {
-    if (BM*pid_m + e < 1) out0[BM*pid_m + e] = ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
+        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
 // grid [pid_m < ceil(1/1024)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __restrict__ t8, float* __restrict__ t12) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __restrict__ t8,
+    float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 256) {
-    if (BM*pid_m + e < 1) t12[BM*pid_m + e] = (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
+    if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
+        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
+        : 0.0f)) ? 1.0f : 1.0f));
   }
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/1024)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __restrict__ t5, const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __restrict__ t5,
+    const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
   for (long long e = lid; e < 1024; e += 256) {
-    if (BM*pid_m + e < B) t16[BM*pid_m + e] = ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+    if (BM*pid_m + e < B) t16[BM*pid_m + e] =
+        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
+        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __restrict__ t16, const float* __restrict__ target, float* __restrict__ t18, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __restrict__ t16,
+    const float* __restrict__ target, float* __restrict__ t18, const long long B,
+    const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
@@ -1049,14 +1196,17 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] = ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f) * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
+          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
     }
   }
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __restrict__ t18,
+    float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -1066,7 +1216,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
+    for (long long j = lid; j < C; j += 128)
+        r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
@@ -1077,7 +1228,9 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
 
 // ---- train_step_k10: launch k10 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __restrict__ t3, const float* __restrict__ t19, const float* __restrict__ t18, float* __restrict__ t22, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __restrict__ t3,
+    const float* __restrict__ t19, const float* __restrict__ t18, float* __restrict__ t22,
+    const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
@@ -1085,14 +1238,18 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] = ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f) - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
+      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
+          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
+          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
     }
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __restrict__ t22, float* __restrict__ t23, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __restrict__ t22,
+    float* __restrict__ t23, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1107,11 +1264,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
     const int j = e % 16 * 4;
     if (t22_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -1119,13 +1279,17 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B) t23[(BM*pid_m + i) * B + BN*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < C && BN*pid_n + j < B)
+        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k12(const float* __restrict__ t23, const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C, const long long B) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k12(const float* __restrict__ t23,
+    const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C,
+    const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -1135,7 +1299,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k12(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128) r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 128)
+        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1145,13 +1310,16 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k12(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 128) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
+        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ t22, const float* __restrict__ w2, float* __restrict__ t24, const long long B, const long long C, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ t22,
+    const float* __restrict__ w2, float* __restrict__ t24, const long long B, const long long C,
+    const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1171,11 +1339,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (t22_aligned) {
         const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BM*pid_m + i) * C + j) : t22, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * C + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && j + q < C ? t22[(BM*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < C ? t22[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1187,11 +1357,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (w2_aligned) {
         const int bytes = BN*pid_n + i < H && j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
+          b_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
         }
       }
     }
@@ -1204,11 +1376,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (t22_aligned) {
         const int bytes = BM*pid_m + i < B && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BM*pid_m + i) * C + 32 + j) : t22, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * C + 32 + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 32 + j + q < C ? t22[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 32 + j + q < C ? t22[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1220,11 +1394,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (w2_aligned) {
         const int bytes = BN*pid_n + i < H && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BN*pid_n + i) * C + 32 + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + 32 + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < H && 32 + j + q < C ? w2[(BN*pid_n + i) * C + 32 + j + q] : 0;
+          b_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && 32 + j + q < C ? w2[(BN*pid_n + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1237,11 +1413,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (t22_aligned) {
         const int bytes = BM*pid_m + i < B && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BM*pid_m + i) * C + 64 + j) : t22, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * C + 64 + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && 64 + j + q < C ? t22[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 64 + j + q < C ? t22[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1253,11 +1431,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int j = e % 8 * 4;
       if (w2_aligned) {
         const int bytes = BN*pid_n + i < H && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BN*pid_n + i) * C + 64 + j) : w2, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + 64 + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < H && 64 + j + q < C ? w2[(BN*pid_n + i) * C + 64 + j + q] : 0;
+          b_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && 64 + j + q < C ? w2[(BN*pid_n + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1281,11 +1461,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
         const int j = e % 8 * 4;
         if (t22_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t22, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < B && BK*kb + 96 + j + q < C ? t22[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 96 + j + q < C
+                ? t22[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1297,11 +1481,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
         const int j = e % 8 * 4;
         if (w2_aligned) {
           const int bytes = BN*pid_n + i < H && BK*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 96 + j) : w2, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 96 + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < H && BK*kb + 96 + j + q < C ? w2[(BN*pid_n + i) * C + BK*kb + 96 + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BN*pid_n + i < H && BK*kb + 96 + j + q < C
+                ? w2[(BN*pid_n + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1310,8 +1498,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 128 + tx + c * 16) * 32 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 128 + tx + c * 16) * 32
+          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1329,7 +1521,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
 
 // ---- train_step_k14: launch k14 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k14(const float* __restrict__ hidden, float* __restrict__ t25, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k14(const float* __restrict__ hidden,
+    float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1344,11 +1537,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k14(const float* __
     const int j = e % 16 * 4;
     if (hidden_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < B && BM*pid_m + j + q < H ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < H
+            ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
     }
   }
@@ -1356,13 +1552,17 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k14(const float* __
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B) t25[(BM*pid_m + i) * B + BN*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(H/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ t25, const float* __restrict__ t22, const float lr, const float* __restrict__ w2, float* __restrict__ out3, const long long H, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ t25,
+    const float* __restrict__ t22, const float lr, const float* __restrict__ w2,
+    float* __restrict__ out3, const long long H, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1382,11 +1582,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 8 * 4;
       if (t25_aligned) {
         const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t25 + ((BM*pid_m + i) * B + j) : t25, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t25 + ((BM*pid_m + i) * B + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < H && j + q < B ? t25[(BM*pid_m + i) * B + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && j + q < B ? t25[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1398,11 +1600,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 32 * 4;
       if (t22_aligned) {
         const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((i) * C + BN*pid_n + j) : t22, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < B && BN*pid_n + j + q < C ? t22[(i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < B && BN*pid_n + j + q < C ? t22[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1415,11 +1619,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 8 * 4;
       if (t25_aligned) {
         const int bytes = BM*pid_m + i < H && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t25 + ((BM*pid_m + i) * B + 32 + j) : t25, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t25 + ((BM*pid_m + i) * B + 32 + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < H && 32 + j + q < B ? t25[(BM*pid_m + i) * B + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && 32 + j + q < B ? t25[(BM*pid_m + i) * B + 32 + j + q] : 0;
         }
       }
     }
@@ -1431,11 +1637,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 32 * 4;
       if (t22_aligned) {
         const int bytes = 32 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((32 + i) * C + BN*pid_n + j) : t22, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((32 + i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < B && BN*pid_n + j + q < C ? t22[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < B && BN*pid_n + j + q < C ? t22[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1448,11 +1656,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 8 * 4;
       if (t25_aligned) {
         const int bytes = BM*pid_m + i < H && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t25 + ((BM*pid_m + i) * B + 64 + j) : t25, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t25 + ((BM*pid_m + i) * B + 64 + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < H && 64 + j + q < B ? t25[(BM*pid_m + i) * B + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && 64 + j + q < B ? t25[(BM*pid_m + i) * B + 64 + j + q] : 0;
         }
       }
     }
@@ -1464,11 +1674,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int j = e % 32 * 4;
       if (t22_aligned) {
         const int bytes = 64 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((64 + i) * C + BN*pid_n + j) : t22, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((64 + i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < B && BN*pid_n + j + q < C ? t22[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < B && BN*pid_n + j + q < C ? t22[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1492,11 +1704,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
         const int j = e % 8 * 4;
         if (t25_aligned) {
           const int bytes = BM*pid_m + i < H && BK*kb + 96 + j < B ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t25, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < H && BK*kb + 96 + j + q < B ? t25[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < H && BK*kb + 96 + j + q < B
+                ? t25[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1508,11 +1724,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
         const int j = e % 32 * 4;
         if (t22_aligned) {
           const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : t22, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t22 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < B && BN*pid_n + j + q < C ? t22[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < B && BN*pid_n + j + q < C
+                ? t22[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1521,8 +1741,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1534,14 +1758,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < H && BN*pid_n + j < C) out3[(BM*pid_m + i) * C + BN*pid_n + j] = ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (BM*pid_m + i < H && BN*pid_n + j < C)
+          out3[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __restrict__ hidden, const float* __restrict__ t24, float* __restrict__ t28, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __restrict__ hidden,
+    const float* __restrict__ t24, float* __restrict__ t28, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
@@ -1549,14 +1777,18 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] = ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f) * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f) * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
+          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __restrict__ t28, float* __restrict__ t29, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __restrict__ t28,
+    float* __restrict__ t29, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1571,11 +1803,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
     const int j = e % 16 * 4;
     if (t28_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -1583,13 +1818,17 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B) t29[(BM*pid_m + i) * B + BN*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __restrict__ t29, const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H, const long long B) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __restrict__ t29,
+    const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H,
+    const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
@@ -1599,7 +1838,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128) r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 128)
+        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1609,13 +1849,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 128) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
+        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) train_step_k19(const float* __restrict__ x, float* __restrict__ t30, const long long B, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) train_step_k19(const float* __restrict__ x,
+    float* __restrict__ t30, const long long B, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1630,11 +1872,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k19(const float* __
     const int j = e % 16 * 4;
     if (x_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -1642,13 +1887,17 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k19(const float* __
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B) t30[(BM*pid_m + i) * B + BN*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < D && BN*pid_n + j < B)
+        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k20: launch k20 of train_step: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(D/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __restrict__ t30, const float* __restrict__ t28, const float lr, const float* __restrict__ w1, float* __restrict__ out1, const long long D, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __restrict__ t30,
+    const float* __restrict__ t28, const float lr, const float* __restrict__ w1,
+    float* __restrict__ out1, const long long D, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -1668,11 +1917,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 8 * 4;
       if (t30_aligned) {
         const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t30 + ((BM*pid_m + i) * B + j) : t30, bytes);
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t30 + ((BM*pid_m + i) * B + j) : t30, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < D && j + q < B ? t30[(BM*pid_m + i) * B + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && j + q < B ? t30[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1684,11 +1935,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 32 * 4;
       if (t28_aligned) {
         const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((i) * H + BN*pid_n + j) : t28, bytes);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t28 + ((i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < B && BN*pid_n + j + q < H ? t28[(i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < B && BN*pid_n + j + q < H ? t28[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1701,11 +1954,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 8 * 4;
       if (t30_aligned) {
         const int bytes = BM*pid_m + i < D && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t30 + ((BM*pid_m + i) * B + 32 + j) : t30, bytes);
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t30 + ((BM*pid_m + i) * B + 32 + j) : t30, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < D && 32 + j + q < B ? t30[(BM*pid_m + i) * B + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && 32 + j + q < B ? t30[(BM*pid_m + i) * B + 32 + j + q] : 0;
         }
       }
     }
@@ -1717,11 +1972,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 32 * 4;
       if (t28_aligned) {
         const int bytes = 32 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((32 + i) * H + BN*pid_n + j) : t28, bytes);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t28 + ((32 + i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < B && BN*pid_n + j + q < H ? t28[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < B && BN*pid_n + j + q < H ? t28[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1734,11 +1991,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 8 * 4;
       if (t30_aligned) {
         const int bytes = BM*pid_m + i < D && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t30 + ((BM*pid_m + i) * B + 64 + j) : t30, bytes);
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t30 + ((BM*pid_m + i) * B + 64 + j) : t30, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < D && 64 + j + q < B ? t30[(BM*pid_m + i) * B + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && 64 + j + q < B ? t30[(BM*pid_m + i) * B + 64 + j + q] : 0;
         }
       }
     }
@@ -1750,11 +2009,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int j = e % 32 * 4;
       if (t28_aligned) {
         const int bytes = 64 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((64 + i) * H + BN*pid_n + j) : t28, bytes);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t28 + ((64 + i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < B && BN*pid_n + j + q < H ? t28[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < B && BN*pid_n + j + q < H ? t28[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1778,11 +2039,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
         const int j = e % 8 * 4;
         if (t30_aligned) {
           const int bytes = BM*pid_m + i < D && BK*kb + 96 + j < B ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t30, bytes);
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t30, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BM*pid_m + i < D && BK*kb + 96 + j + q < B ? t30[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < D && BK*kb + 96 + j + q < B
+                ? t30[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
           }
         }
       }
@@ -1794,11 +2059,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
         const int j = e % 32 * 4;
         if (t28_aligned) {
           const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : t28, bytes);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t28 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : t28, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = BK*kb + 96 + i < B && BN*pid_n + j + q < H ? t28[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < B && BN*pid_n + j + q < H
+                ? t28[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1807,8 +2076,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1820,7 +2093,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < D && BN*pid_n + j < H) out1[(BM*pid_m + i) * H + BN*pid_n + j] = ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (BM*pid_m + i < D && BN*pid_n + j < H)
+          out1[(BM*pid_m + i) * H + BN*pid_n + j] =
+          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }

@@ -232,6 +232,7 @@ OPENCL = Dialect(
 
 HIP = Dialect(
     name="hip",
+    wrapped=True,
     index_type="long long",
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
     storage={"f32": "float", "tf32": "float", "f16": "unsigned short",
