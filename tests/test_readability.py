@@ -127,6 +127,16 @@ def test_offsets_name_the_tile_sizes_they_step_by(target: str) -> None:
     assert re.search(r"\(BM\*pid_m( \+ i)?\) \* 32", kernel)  # the row stride K too
 
 
+def test_tensors_loaded_for_a_graph_op_are_named_and_cite_its_line() -> None:
+    """The bias that ``gelu(matmul(A, B) + bias)`` adds is loaded as ``bias_tile``, under
+    the comment of the graph function's line, not as an anonymous ``t`` before it."""
+    source = tessera.compile_file(ROOT / "examples/mlp.tsr", target="cpu").source
+    kernel = source.split("// ---- linear_gelu: one program")[1]
+    lines = [line.strip() for line in kernel.splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("tsr::load_tile(bias_tile, "))
+    assert lines[at - 1] == "// mlp.tsr:13: return gelu(matmul(A, B) + bias)"
+
+
 def test_a_loop_of_one_iteration_becomes_its_body() -> None:
     """The counter is 0 in the body, the terms it cancels go, and a body whose
     declaration would meet a sibling's keeps braces of its own."""

@@ -799,7 +799,7 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -814,13 +814,13 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
         tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::load_tile(t, 256, 256, x, C, BM*pid_m, BN*pid_n, S, C);
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
-  float* const x_2 = t;
+  tsr::load_tile(x_tile, 256, 256, x, C, BM*pid_m, BN*pid_n, S, C);
+  float* const x_2 = x_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      x_2[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      x_2[i * 256 + j] = x_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
   tsr::store_tile(x_1, C, BM*pid_m, BN*pid_n, S, C, x_2, 256, 256);
@@ -940,7 +940,7 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const t10_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -955,16 +955,16 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
         tsr::live(256, F - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::load_tile(t, 256, 256, t10, F, BM*pid_m, BN*pid_n, S, F);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  float* const t_1 = t;
+  tsr::load_tile(t10_tile, 256, 256, t10, F, BM*pid_m, BN*pid_n, S, F);
+  float* const t = t10_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] * acc[i * 256 + j];
+      t[i * 256 + j] = t10_tile[i * 256 + j] * acc[i * 256 + j];
     }
   }
-  tsr::store_tile(t12, F, BM*pid_m, BN*pid_n, S, F, t_1, 256, 256);
+  tsr::store_tile(t12, F, BM*pid_m, BN*pid_n, S, F, t, 256, 256);
 }
 
 static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
@@ -987,7 +987,7 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_1_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1002,16 +1002,16 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
         tsr::live(256, C - BN*pid_n), tsr::live(256, F - BK*kb), F, 256);
   }
-  tsr::load_tile(t, 256, 256, x_1, C, BM*pid_m, BN*pid_n, S, C);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  float* const t_1 = t;
+  tsr::load_tile(x_1_tile, 256, 256, x_1, C, BM*pid_m, BN*pid_n, S, C);
+  float* const t = x_1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      t[i * 256 + j] = x_1_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
-  tsr::store_tile(out, C, BM*pid_m, BN*pid_n, S, C, t_1, 256, 256);
+  tsr::store_tile(out, C, BM*pid_m, BN*pid_n, S, C, t, 256, 256);
 }
 
 static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,

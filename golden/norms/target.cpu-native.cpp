@@ -441,21 +441,22 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
       + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t_edge = area;
-  float* const t_1_edge = t_edge + tsr::whole_lines(4*D);
-  float* const rows = t_1_edge + tsr::whole_lines(4*D);
-  float* const t_3 = rows + tsr::whole_lines(4*D);
+  float* const x_tile_edge = area;
+  float* const residual_tile_edge = x_tile_edge + tsr::whole_lines(4*D);
+  float* const rows = residual_tile_edge + tsr::whole_lines(4*D);
+  float* const t_1 = rows + tsr::whole_lines(4*D);
+  float* const t_3 = t_1 + 16;
   float* const t_5 = t_3 + 16;
-  float* const t_7 = t_5 + 16;
-  float* const normed_1 = t_7 + tsr::whole_lines(D);
+  float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
-  const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), BM*pid_m, S);
-  const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
   // norms.tsr:29: return rmsnorm_safe(x + residual, weight, eps=1e-6)
+  const float* const x_tile = tsr::row_tile(x_tile_edge, 4, D, x + (pid_b0) * (D*S), BM*pid_m, S);
+  const float* const residual_tile =
+      tsr::row_tile(residual_tile_edge, 4, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      rows[i * D + j] = t[i * D + j] + t_1[i * D + j];
+      rows[i * D + j] = x_tile[i * D + j] + residual_tile[i * D + j];
     }
   }
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -463,23 +464,23 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
-    t_3[i] = r;
+    t_1[i] = r;
   }
   const float s = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
-    t_5[j] = tsr::rsqrt(((t_3[j] * (1.0f / s)) + eps));
+    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_6 = t_5;
+  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_7, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_8 = t_7;
+  tsr::load_tile(t_5, 1, D, weight, 0, 0, 0, 1, D);
+  float* const t_6 = t_5;
   for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_6[i];
+    const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_8[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
     }
   }
   tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, 4, D);

@@ -474,15 +474,15 @@ static void quantize_weights_k0_program(const float* scale, float* t0, const tsr
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
   float* const area = tsr::scratch(8192);
-  float* const t = area;
-  tsr::load_tile(t, 1, 8192, scale, 0, 0, BM*pid_m, 1, N);
+  float* const scale_tile = area;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  float* const t_1 = t;
+  tsr::load_tile(scale_tile, 1, 8192, scale, 0, 0, BM*pid_m, 1, N);
+  float* const t = scale_tile;
   #pragma omp simd
   for (tsr::i64 j = 0; j < 8192; ++j) {
-    t_1[j] = 1.0f / t[j];
+    t[j] = 1.0f / scale_tile[j];
   }
-  tsr::store_tile(t0, 0, 0, BM*pid_m, 1, N, t_1, 1, 8192);
+  tsr::store_tile(t0, 0, 0, BM*pid_m, 1, N, t, 1, 8192);
 }
 
 static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr::i64 N) {
@@ -499,21 +499,21 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(N)
       + tsr::whole_lines(4*N));
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*N);
-  float* const t_5 = t_1 + tsr::whole_lines(N);
-  const float* const t = tsr::row_tile(t_edge, 4, N, w, BM*pid_m, K);
-  tsr::load_tile(t_1, 1, N, t0, 0, 0, 0, 1, N);
-  float* const t_2 = t_1;
+  float* const w_tile_edge = area;
+  float* const t0_tile = w_tile_edge + tsr::whole_lines(4*N);
+  float* const t_3 = t0_tile + tsr::whole_lines(N);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
+  const float* const w_tile = tsr::row_tile(w_tile_edge, 4, N, w, BM*pid_m, K);
+  tsr::load_tile(t0_tile, 1, N, t0, 0, 0, 0, 1, N);
+  float* const t = t0_tile;
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_5[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((t[i * N + j] * t_2[j]))),
-          -128.0f, 127.0f));
+      t_3[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
+          * t[j]))), -128.0f, 127.0f));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, 0, K, N, t_5, 4, N);
+  tsr::store_tile(out, N, BM*pid_m, 0, K, N, t_3, 4, N);
 }
 
 static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
@@ -588,18 +588,18 @@ static void linear_per_group_k0_program(const std::int8_t* w, const float* scale
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
-  float* const t = area;
-  float* const t_4 = t + tsr::whole_lines(4*N);
-  tsr::load_tile(t, 4, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
+  float* const w_tile = area;
+  float* const t_2 = w_tile + tsr::whole_lines(4*N);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  const float* const t_2 = scale + (pid_b0) * (N) + (0) * N;
+  tsr::load_tile(w_tile, 4, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
+  const float* const scale_tile = scale + (pid_b0) * (N) + (0) * N;
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_4[i * N + j] = tsr::round_bf16(((t[i * N + j]) * t_2[j]));
+      t_2[i * N + j] = tsr::round_bf16(((w_tile[i * N + j]) * scale_tile[j]));
     }
   }
-  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t_4, 4, N);
+  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t_2, 4, N);
 }
 
 static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
@@ -657,17 +657,18 @@ static void quantize_i4_k0_program(const float* scale, float* t2, const tsr::i64
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*N);
-  const float* const t = tsr::row_tile(t_edge, 4, N, scale + (pid_b0) * (N), BM*pid_m, 1);
+  float* const scale_tile_edge = area;
+  float* const t = scale_tile_edge + tsr::whole_lines(4*N);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
+  const float* const scale_tile =
+      tsr::row_tile(scale_tile_edge, 4, N, scale + (pid_b0) * (N), BM*pid_m, 1);
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_1[i * N + j] = 1.0f / t[i * N + j];
+      t[i * N + j] = 1.0f / scale_tile[i * N + j];
     }
   }
-  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, t_1, 4, N);
+  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, t, 4, N);
 }
 
 static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 K,
@@ -685,18 +686,18 @@ static void quantize_i4_k1_program(const float* w, const float* t2, tsr::i4* out
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*N));
-  float* const t_4 = area;
-  const float* const t = w + (pid_b0) * (32*N) + (BM*pid_m) * N;
-  const float* const t_1 = t2 + (pid_b0) * (N) + (0) * N;
+  float* const t_2 = area;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
+  const float* const w_tile = w + (pid_b0) * (32*N) + (BM*pid_m) * N;
+  const float* const t2_tile = t2 + (pid_b0) * (N) + (0) * N;
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_4[i * N + j] = tsr::round_i4(tsr::saturate_int((std::nearbyint((t[i * N + j] * t_1[j]))),
-          -8.0f, 7.0f));
+      t_2[i * N + j] = tsr::round_i4(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
+          * t2_tile[j]))), -8.0f, 7.0f));
     }
   }
-  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, t_4, 4, N);
+  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, t_2, 4, N);
 }
 
 static void quantize_i4_k1_launch(const float* w, const float* t2, tsr::i4* out, const tsr::i64 K,

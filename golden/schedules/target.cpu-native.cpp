@@ -547,8 +547,8 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 8192;
   float* const acc = b_tile_smem + 8192;
-  float* const t = acc + 16384;
-  float* const t_4 = t + 128;
+  float* const bias_tile = acc + 16384;
+  float* const t_3 = bias_tile + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -564,16 +564,16 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
     tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - BM*pid_m),
         tsr::live(128, N - BN*pid_n), tsr::live(64, K - BK*kb));
   }
-  tsr::load_tile(t, 1, 128, bias, 0, 0, BN*pid_n, 1, N);
-  float* const t_1 = t;
   // schedules.tsr:27: return relu(A @ B + bias)
+  tsr::load_tile(bias_tile, 1, 128, bias, 0, 0, BN*pid_n, 1, N);
+  float* const t = bias_tile;
   for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t_4[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t_1[j]))));
+      t_3[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t[j]))));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_4, 128, 128);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 128, 128);
 }
 
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,

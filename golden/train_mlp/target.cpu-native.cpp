@@ -490,8 +490,8 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
-  float* const hidden_1 = t + 256;
+  float* const b1_tile = acc + 65536;
+  float* const hidden_1 = b1_tile + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -506,13 +506,13 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
         tsr::live(256, H - BN*pid_n), tsr::live(256, D - BK*kb), D, 256);
   }
-  tsr::load_tile(t, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
-  float* const t_1 = t;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
+  tsr::load_tile(b1_tile, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
+  float* const t = b1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t_1[j]));
+      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t[j]));
     }
   }
   tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, 256, 256);
@@ -538,7 +538,7 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
   float* const area = tsr::scratch(65536 + 65536 + 256);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const b2_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -553,14 +553,14 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
         tsr::live(256, C - BN*pid_n), tsr::live(256, H - BK*kb), H, 256);
   }
-  tsr::load_tile(t, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
-  float* const t_1 = t;
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
+  tsr::load_tile(b2_tile, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
+  float* const t = b2_tile;
   float* const logits_1 = acc;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      logits_1[i * 256 + j] = acc[i * 256 + j] + t_1[j];
+      logits_1[i * 256 + j] = acc[i * 256 + j] + t[j];
     }
   }
   tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, 256, 256);
@@ -586,8 +586,8 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
   float* const t = rows_edge + tsr::whole_lines(4*C);
   float* const shifted = t + 16;
   float* const t_3 = shifted + tsr::whole_lines(4*C);
-  float* const t_7_edge = t_3 + 16;
-  float* const t_8 = t_7_edge + tsr::whole_lines(4*C);
+  float* const target_tile_edge = t_3 + 16;
+  float* const t_7 = target_tile_edge + tsr::whole_lines(4*C);
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, BM*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -618,16 +618,16 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
     t_4[j] = std::log(t_3[j]);
   }
   float* const t_5 = t_4;
-  const float* const t_7 = tsr::row_tile(t_7_edge, 4, C, target, BM*pid_m, B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
+  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
     const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_8[i * C + j] = t_7[i * C + j] * (shifted[i * C + j] - row_0);
+      t_7[i * C + j] = target_tile[i * C + j] * (shifted[i * C + j] - row_0);
     }
   }
-  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, t_8, 4, C);
+  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, t_7, 4, C);
 }
 
 static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B,
@@ -705,8 +705,8 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
   float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
-  float* const hidden_1 = t + 256;
+  float* const b1_tile = acc + 65536;
+  float* const hidden_1 = b1_tile + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -721,13 +721,13 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
         tsr::live(256, H - BN*pid_n), tsr::live(256, D - BK*kb), D, 256);
   }
-  tsr::load_tile(t, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
-  float* const t_1 = t;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
+  tsr::load_tile(b1_tile, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
+  float* const t = b1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t_1[j]));
+      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t[j]));
     }
   }
   tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, 256, 256);
@@ -753,7 +753,7 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
   float* const area = tsr::scratch(65536 + 65536 + 256);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const b2_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -768,14 +768,14 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
     tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
         tsr::live(256, C - BN*pid_n), tsr::live(256, H - BK*kb), H, 256);
   }
-  tsr::load_tile(t, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
-  float* const t_1 = t;
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
+  tsr::load_tile(b2_tile, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
+  float* const t = b2_tile;
   float* const logits_1 = acc;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      logits_1[i * 256 + j] = acc[i * 256 + j] + t_1[j];
+      logits_1[i * 256 + j] = acc[i * 256 + j] + t[j];
     }
   }
   tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, 256, 256);
@@ -855,20 +855,20 @@ static void train_step_k3_program(const float* target, const float* t3, float* t
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16);
-  float* const t_edge = area;
-  float* const t_1_edge = t_edge + tsr::whole_lines(4*C);
-  float* const t_3 = t_1_edge + tsr::whole_lines(4*C);
-  const float* const t = tsr::row_tile(t_edge, 4, C, target, BM*pid_m, B);
-  const float* const t_1 = tsr::row_tile(t_1_edge, 4, C, t3, BM*pid_m, B);
+  float* const target_tile_edge = area;
+  float* const t3_tile_edge = target_tile_edge + tsr::whole_lines(4*C);
+  float* const t_1 = t3_tile_edge + tsr::whole_lines(4*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
+  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
+  const float* const t3_tile = tsr::row_tile(t3_tile_edge, 4, C, t3, BM*pid_m, B);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < C; ++j) r = r + (t[i * C + j] * t_1[i * C + j]);
-    t_3[i] = r;
+    for (tsr::i64 j = 0; j < C; ++j) r = r + (target_tile[i * C + j] * t3_tile[i * C + j]);
+    t_1[i] = r;
   }
-  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_3, 1, 4);
+  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, 4);
 }
 
 static void train_step_k3_launch(const float* target, const float* t3, float* t5,
@@ -916,15 +916,15 @@ static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
 static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
   float* const area = tsr::scratch(8192);
-  float* const t = area;
-  tsr::load_tile(t, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
+  float* const t8_tile = area;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float* const t_1 = t;
+  tsr::load_tile(t8_tile, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
+  float* const t = t8_tile;
   #pragma omp simd
   for (tsr::i64 j = 0; j < 8192; ++j) {
-    t_1[j] = t[j] * 1.0f;
+    t[j] = t8_tile[j] * 1.0f;
   }
-  tsr::store_tile(out0, 0, 0, BM*pid_m, 1, 1, t_1, 1, 8192);
+  tsr::store_tile(out0, 0, 0, BM*pid_m, 1, 1, t, 1, 8192);
 }
 
 static void train_step_k5_launch(const float* t8, float* out0) {
@@ -938,17 +938,17 @@ static void train_step_k5_launch(const float* t8, float* out0) {
 static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
   float* const area = tsr::scratch(8192 + 8192);
-  float* const t = area;
-  float* const t_3 = t + 8192;
-  tsr::load_tile(t, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
+  float* const t8_tile = area;
+  float* const t_2 = t8_tile + 8192;
   // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2",
   //   "b2"))(
+  tsr::load_tile(t8_tile, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < 8192; ++j) {
-    t_3[j] = -(tsr::select((t[j] == t[j]), 1.0f, 1.0f));
+    t_2[j] = -(tsr::select((t8_tile[j] == t8_tile[j]), 1.0f, 1.0f));
   }
-  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, t_3, 1, 8192);
+  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, t_2, 1, 8192);
 }
 
 static void train_step_k6_launch(const float* t8, float* t12) {
@@ -963,18 +963,18 @@ static void train_step_k7_program(const float* t5, const float* t12, float* t16,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
   float* const area = tsr::scratch(8192 + 16 + 8192);
-  float* const t = area;
-  float* const t_2 = t + 8192;
-  float* const t_4 = t_2 + 16;
-  tsr::load_tile(t, 1, 8192, t5, 0, 0, BM*pid_m, 1, B);
+  float* const t5_tile = area;
+  float* const t12_tile = t5_tile + 8192;
+  float* const t_2 = t12_tile + 16;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  tsr::load_tile(t_2, 1, 1, t12, 0, 0, 0, 1, 1);
+  tsr::load_tile(t5_tile, 1, 8192, t5, 0, 0, BM*pid_m, 1, B);
+  tsr::load_tile(t12_tile, 1, 1, t12, 0, 0, 0, 1, 1);
   const float s = static_cast<float>(B);
   #pragma omp simd
   for (tsr::i64 j = 0; j < 8192; ++j) {
-    t_4[j] = (tsr::select((t[j] == t[j]), t_2[0], t_2[0])) * (1.0f / s);
+    t_2[j] = (tsr::select((t5_tile[j] == t5_tile[j]), t12_tile[0], t12_tile[0])) * (1.0f / s);
   }
-  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, t_4, 1, 8192);
+  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, t_2, 1, 8192);
 }
 
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
@@ -989,20 +989,20 @@ static void train_step_k8_program(const float* t16, const float* target, float* 
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
-  float* const t_edge = area;
-  float* const t_1_edge = t_edge + 16;
-  float* const t_2 = t_1_edge + tsr::whole_lines(4*C);
-  const float* const t = tsr::row_tile(t_edge, 4, 1, t16, BM*pid_m, B);
-  const float* const t_1 = tsr::row_tile(t_1_edge, 4, C, target, BM*pid_m, B);
+  float* const t16_tile_edge = area;
+  float* const target_tile_edge = t16_tile_edge + 16;
+  float* const t = target_tile_edge + tsr::whole_lines(4*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
+  const float* const t16_tile = tsr::row_tile(t16_tile_edge, 4, 1, t16, BM*pid_m, B);
+  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t[i];
+    const float row_0 = t16_tile[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_2[i * C + j] = row_0 * t_1[i * C + j];
+      t[i * C + j] = row_0 * target_tile[i * C + j];
     }
   }
-  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, t_2, 4, C);
+  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, t, 4, C);
 }
 
 static void train_step_k8_launch(const float* t16, const float* target, float* t18,
@@ -1045,22 +1045,22 @@ static void train_step_k10_program(const float* t3, const float* t19, const floa
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C)
       + tsr::whole_lines(4*C));
-  float* const t_edge = area;
-  float* const t_2_edge = t_edge + tsr::whole_lines(4*C);
-  float* const t_4_edge = t_2_edge + 16;
-  float* const t_5 = t_4_edge + tsr::whole_lines(4*C);
-  const float* const t = tsr::row_tile(t_edge, 4, C, t3, BM*pid_m, B);
+  float* const t3_tile_edge = area;
+  float* const t19_tile_edge = t3_tile_edge + tsr::whole_lines(4*C);
+  float* const t18_tile_edge = t19_tile_edge + 16;
+  float* const t_2 = t18_tile_edge + tsr::whole_lines(4*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float* const t_2 = tsr::row_tile(t_2_edge, 4, 1, t19, BM*pid_m, B);
-  const float* const t_4 = tsr::row_tile(t_4_edge, 4, C, t18, BM*pid_m, B);
+  const float* const t3_tile = tsr::row_tile(t3_tile_edge, 4, C, t3, BM*pid_m, B);
+  const float* const t19_tile = tsr::row_tile(t19_tile_edge, 4, 1, t19, BM*pid_m, B);
+  const float* const t18_tile = tsr::row_tile(t18_tile_edge, 4, C, t18, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_2[i];
+    const float row_0 = t19_tile[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_5[i * C + j] = t_4[i * C + j] - ((tsr::exp(t[i * C + j])) * row_0);
+      t_2[i * C + j] = t18_tile[i * C + j] - ((tsr::exp(t3_tile[i * C + j])) * row_0);
     }
   }
-  tsr::store_tile(t22, C, BM*pid_m, 0, B, C, t_5, 4, C);
+  tsr::store_tile(t22, C, BM*pid_m, 0, B, C, t_2, 4, C);
 }
 
 static void train_step_k10_launch(const float* t3, const float* t19, const float* t18, float* t22,
@@ -1102,7 +1102,7 @@ static void train_step_k12_program(const float* t23, const float lr, const float
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
   float* const t_edge = area;
   float* const t_1 = t_edge + tsr::whole_lines(4*B);
-  float* const t_3 = t_1 + 16;
+  float* const b2_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, B, t23, BM*pid_m, C);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -1112,13 +1112,13 @@ static void train_step_k12_program(const float* t23, const float lr, const float
     t_1[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(t_3, 1, 4, b2, 0, 0, BM*pid_m, 1, C);
-  float* const t_4 = t_3;
+  tsr::load_tile(b2_tile, 1, 4, b2, 0, 0, BM*pid_m, 1, C);
+  float* const t_3 = b2_tile;
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
-    t_4[j] = t_3[j] - (lr * t_1[j]);
+    t_3[j] = b2_tile[j] - (lr * t_1[j]);
   }
-  tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, t_4, 1, 4);
+  tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, t_3, 1, 4);
 }
 
 static void train_step_k12_launch(const float* t23, const float lr, const float* b2, float* out4,
@@ -1202,7 +1202,7 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t_1 = acc + 65536;
+  float* const w2_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1218,15 +1218,15 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
         tsr::live(256, C - BN*pid_n), tsr::live(256, B - BK*kb), B, 256);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(t_1, 256, 256, w2, C, BM*pid_m, BN*pid_n, H, C);
-  float* const t_2 = t_1;
+  tsr::load_tile(w2_tile, 256, 256, w2, C, BM*pid_m, BN*pid_n, H, C);
+  float* const t_1 = w2_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_2[i * 256 + j] = t_1[i * 256 + j] - (lr * acc[i * 256 + j]);
+      t_1[i * 256 + j] = w2_tile[i * 256 + j] - (lr * acc[i * 256 + j]);
     }
   }
-  tsr::store_tile(out3, C, BM*pid_m, BN*pid_n, H, C, t_2, 256, 256);
+  tsr::store_tile(out3, C, BM*pid_m, BN*pid_n, H, C, t_1, 256, 256);
 }
 
 static void train_step_k15_launch(const float* t25, const float* t22, const float lr,
@@ -1245,19 +1245,20 @@ static void train_step_k16_program(const float* hidden, const float* t24, float*
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H)
       + tsr::whole_lines(4*H));
-  float* const t_edge = area;
-  float* const t_3_edge = t_edge + tsr::whole_lines(4*H);
-  float* const t_4 = t_3_edge + tsr::whole_lines(4*H);
-  const float* const t = tsr::row_tile(t_edge, 4, H, hidden, BM*pid_m, B);
+  float* const hidden_tile_edge = area;
+  float* const t24_tile_edge = hidden_tile_edge + tsr::whole_lines(4*H);
+  float* const t_2 = t24_tile_edge + tsr::whole_lines(4*H);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  const float* const t_3 = tsr::row_tile(t_3_edge, 4, H, t24, BM*pid_m, B);
+  const float* const hidden_tile = tsr::row_tile(hidden_tile_edge, 4, H, hidden, BM*pid_m, B);
+  const float* const t24_tile = tsr::row_tile(t24_tile_edge, 4, H, t24, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < H; ++j) {
-      t_4[i * H + j] = t_3[i * H + j] * (1.0f - (t[i * H + j] * t[i * H + j]));
+      t_2[i * H + j] = t24_tile[i * H + j]
+          * (1.0f - (hidden_tile[i * H + j] * hidden_tile[i * H + j]));
     }
   }
-  tsr::store_tile(t28, H, BM*pid_m, 0, B, H, t_4, 4, H);
+  tsr::store_tile(t28, H, BM*pid_m, 0, B, H, t_2, 4, H);
 }
 
 static void train_step_k16_launch(const float* hidden, const float* t24, float* t28,
@@ -1299,7 +1300,7 @@ static void train_step_k18_program(const float* t29, const float lr, const float
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
   float* const t_edge = area;
   float* const t_1 = t_edge + tsr::whole_lines(4*B);
-  float* const t_3 = t_1 + 16;
+  float* const b1_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   const float* const t = tsr::row_tile(t_edge, 4, B, t29, BM*pid_m, H);
   for (tsr::i64 i = 0; i < 4; ++i) {
@@ -1309,13 +1310,13 @@ static void train_step_k18_program(const float* t29, const float lr, const float
     t_1[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(t_3, 1, 4, b1, 0, 0, BM*pid_m, 1, H);
-  float* const t_4 = t_3;
+  tsr::load_tile(b1_tile, 1, 4, b1, 0, 0, BM*pid_m, 1, H);
+  float* const t_3 = b1_tile;
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
-    t_4[j] = t_3[j] - (lr * t_1[j]);
+    t_3[j] = b1_tile[j] - (lr * t_1[j]);
   }
-  tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, t_4, 1, 4);
+  tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, t_3, 1, 4);
 }
 
 static void train_step_k18_launch(const float* t29, const float lr, const float* b1, float* out2,
@@ -1359,7 +1360,7 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t_1 = acc + 65536;
+  float* const w1_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1375,15 +1376,15 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
         tsr::live(256, H - BN*pid_n), tsr::live(256, B - BK*kb), B, 256);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(t_1, 256, 256, w1, H, BM*pid_m, BN*pid_n, D, H);
-  float* const t_2 = t_1;
+  tsr::load_tile(w1_tile, 256, 256, w1, H, BM*pid_m, BN*pid_n, D, H);
+  float* const t_1 = w1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_2[i * 256 + j] = t_1[i * 256 + j] - (lr * acc[i * 256 + j]);
+      t_1[i * 256 + j] = w1_tile[i * 256 + j] - (lr * acc[i * 256 + j]);
     }
   }
-  tsr::store_tile(out1, H, BM*pid_m, BN*pid_n, D, H, t_2, 256, 256);
+  tsr::store_tile(out1, H, BM*pid_m, BN*pid_n, D, H, t_1, 256, 256);
 }
 
 static void train_step_k20_launch(const float* t30, const float* t28, const float lr,
