@@ -542,6 +542,8 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
     tsr::bf16* out, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 256;
   float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
       + 16384);
   float* const q_tile_smem = area;
@@ -556,7 +558,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_corner(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D);
+  tsr::load_corner(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D);
   float* const q_tile = q_tile_smem;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
@@ -565,18 +567,18 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, 128*pid_m + 128), 256);
-      ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, BM*pid_m + 128), BN); ++nblk)
+      {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
+    tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    tsr::load_tile(v_tile_smem, 256, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, 256*nblk, 0, S, D);
+    tsr::load_tile(v_tile_smem, 256, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(t, k_tile, 256, 128);
-    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - 128*pid_m),
-        tsr::live(256, S - 256*nblk), tsr::live(128, D));
+    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - BM*pid_m),
+        tsr::live(256, S - BN*nblk), tsr::live(128, D));
     float* const s_1 = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -591,9 +593,9 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     float* const m_1 = m;
     float* const l_1 = l;
     tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128,
-        tsr::live(256, S - 256*nblk), tsr::live(128, D), s_1,
-        [&](tsr::i64 i) { return std::min<tsr::i64>(128*pid_m + i + 1 - (256*nblk),
-        S - (256*nblk)); }, [](float x) { return tsr::round_bf16(x); });
+        tsr::live(256, S - BN*nblk), tsr::live(128, D), s_1,
+        [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1 - (BN*nblk), S - (BN*nblk));
+        }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   float* const t_2 = l;
@@ -604,7 +606,7 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
       t_4[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, 128*pid_m, 0, S, D, t_4, 128, 128);
+  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D, t_4, 128, 128);
 }
 
 static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
@@ -623,6 +625,8 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
 static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
     const bool causal, tsr::bf16* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m,
     const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 128;
   float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
       + 16384 + 128 + 128 + 16384 + 16384);
   float* const Qb_smem = area;
@@ -639,7 +643,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   float* const S_3 = t_3 + 128;
   float* const t_6 = S_3 + 16384;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D);
+  tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 16384, 0.0f);
@@ -648,17 +652,17 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 128); ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    tsr::load_tile(Kb_smem, 128, 128, k + (pid_b0) * (D*S), D, 128*nblk, 0, S, D);
+    tsr::load_tile(Kb_smem, 128, 128, k + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
     float* const Kb = Kb_smem;
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    tsr::load_tile(Vb_smem, 128, 128, v + (pid_b0) * (D*S), D, 128*nblk, 0, S, D);
+    tsr::load_tile(Vb_smem, 128, 128, v + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     tsr::transpose(t, Kb, 128, 128);
-    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - 128*pid_m),
-        tsr::live(128, S - 128*nblk), tsr::live(128, D));
+    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - BM*pid_m), tsr::live(128, S - BN*nblk),
+        tsr::live(128, D));
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);
     float* const S_1 = t_1;
@@ -671,8 +675,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     // attention.tsr:31: if causal:
     if (causal) {
       // attention.tsr:32: tile.mask_causal(S, tile.row_index(), tile.col_index(nblk))
-      for (tsr::i64 i = 0; i < 128; ++i) t_2[i] = static_cast<float>(128*pid_m + i);
-      for (tsr::i64 i = 0; i < 128; ++i) t_3[i] = static_cast<float>(128*nblk + i);
+      for (tsr::i64 i = 0; i < 128; ++i) t_2[i] = static_cast<float>(BM*pid_m + i);
+      for (tsr::i64 i = 0; i < 128; ++i) t_3[i] = static_cast<float>(BN*nblk + i);
       for (tsr::i64 i = 0; i < 128; ++i) {
         const float row_0 = t_2[i];
         #pragma omp simd
@@ -690,8 +694,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     float* const m_1 = m;
     float* const l_1 = l;
     tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128,
-        tsr::live(128, S - 128*nblk), tsr::live(128, D), S_2,
-        [&](tsr::i64) { return S - (128*nblk); }, [](float x) { return tsr::round_bf16(x); });
+        tsr::live(128, S - BN*nblk), tsr::live(128, D), S_2,
+        [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   float* const t_4 = l;
@@ -702,7 +706,7 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
       t_6[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, 128*pid_m, 0, S, D, t_6, 128, 128);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, t_6, 128, 128);
 }
 
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,

@@ -31,12 +31,15 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -44,11 +47,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -76,12 +82,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -125,9 +135,14 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q,
+    const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
+    unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
+    const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -136,7 +151,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
-  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   const float s = (float)(D);
@@ -146,12 +162,15 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j) : Q, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -162,11 +181,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       const int j = e % 16 * 8;
       if (K_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
+        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -178,11 +199,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       const int j = e % 16 * 8;
       if (V_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
+        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -210,37 +233,45 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S && nblk * 32 < 128*pid_m + 128; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (32*nblk + 32 < S && 32*nblk + 32 < 128*pid_m + 128) {
+    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (K_aligned) {
-          const int bytes = 32*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j) : K, bytes);
+          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(k_tile_smem
+              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + 32 + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
+                ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (32*nblk + 32 < S && 32*nblk + 32 < 128*pid_m + 128) {
+    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (V_aligned) {
-          const int bytes = 32*nblk + 32 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j) : V, bytes);
+          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(v_tile_smem
+              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*nblk + 32 + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + 32 + i) * D + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
+                ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
           }
         }
       }
@@ -251,17 +282,23 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2(b_frag, k_tile_smem + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
+        tsr_ldmatrix_x2(b_frag, k_tile_smem
+            + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (kk + lane / 8 % 2 * 8) % 8));
         tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    if (32*nblk + 32 <= S && 32*nblk + 31 <= 128*pid_m) {
+    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 4; ++frag) {
@@ -279,7 +316,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
           const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity() : ((32*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -303,7 +341,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -343,19 +382,25 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     unsigned p_frag[2][4];
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
+      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+          tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+          tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+          tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+          tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q) a_step[q] = kk == 16 ? p_frag[1][q] : p_frag[0][q];
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }
@@ -373,11 +418,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D
+          && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0],
+            tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D)
+            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
+            tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D)
+            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
+            tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -385,9 +436,14 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < BH], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) flash_attention(
+    const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
+    const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -403,12 +459,14 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 128*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 128*pid_m + i) * D + j) : q_1, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -419,11 +477,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       const int j = e % 16 * 8;
       if (k_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
+        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -435,11 +495,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       const int j = e % 16 * 8;
       if (v_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
+        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -467,37 +529,45 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (k_aligned) {
-          const int bytes = 64*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Kb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + 64 + i) * D + j) : k, bytes);
+          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Kb_smem
+              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? k + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + 64 + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + 64 + i) * D + j + q] : 0;
+            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BN*nblk + 64 + i < S && j + q < D
+                ? k[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (v_aligned) {
-          const int bytes = 64*nblk + 64 + i < S && j < D ? 16 : 0;
-          tsr_copy_async16(Vb_smem + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + 64 + i) * D + j) : v, bytes);
+          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          tsr_copy_async16(Vb_smem
+              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? v + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + 64 + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + 64 + i) * D + j + q] : 0;
+            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BN*nblk + 64 + i < S && j + q < D
+                ? v[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
           }
         }
       }
@@ -508,11 +578,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2(b_frag, Kb_smem + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128 + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8 + (kk + lane / 8 % 2 * 8) % 8));
+        tsr_ldmatrix_x2(b_frag, Kb_smem
+            + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (kk + lane / 8 % 2 * 8) % 8));
         tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -520,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 8; ++frag) {
@@ -529,7 +605,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1);
         }
       }
     } else {
@@ -540,7 +617,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
           const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1));
         }
       }
     }
@@ -564,7 +643,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -604,19 +684,27 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
     unsigned P_frag[4][4];
     #pragma unroll
     for (int kk = 0; kk < 64; kk += 16) {
-      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
+      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+          tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+          tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+          tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+          tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
-      for (int q = 0; q < 4; ++q) a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q] : P_frag[0][q];
+      for (int q = 0; q < 4; ++q)
+          a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q]
+          : P_frag[0][q];
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
       }
     }
@@ -634,11 +722,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(const unsigned
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
       }
-      if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + 128*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[((pid_b0) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < S && j0 + 1 < D
+          && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < S && j0 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < S && j0 < D)
+            out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < S && j0 + 1 < D)
+            out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

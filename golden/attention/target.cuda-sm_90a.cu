@@ -31,12 +31,15 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -44,11 +47,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -65,7 +71,8 @@ __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long lon
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
 // in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
+    unsigned stride_bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
@@ -75,14 +82,22 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
 // written. After it: the batch is one group, and the warpgroup waits until at most
 // `Pending` of its groups are still running.
-__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ inline void tsr_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int Pending>
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory");
+}
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
-__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ inline void tsr_fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // ---------------------------------------------------------------- tensor memory access
 
@@ -97,17 +112,21 @@ struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(address), "r"(arrivals) : "memory");
 }
 
 // Initialized barriers are seen by the copies that complete them (the async proxy) once
 // the block's barrier after this fence has been passed.
-__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ inline void tsr_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 
 // One arrival, announcing `bytes` more to land before the phase completes.
 __device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(address), "r"(bytes) : "memory");
 }
 
 // Waits until the barrier's phase of parity `parity` has completed: the copies it
@@ -136,28 +155,36 @@ __device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
 // The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
 // its spare registers back, the computing warpgroups take them.
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 
 // ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
-__device__ inline void tsr_tma_load_3d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1, int c2) {
+__device__ inline void tsr_tma_load_3d(void* dst, const tsr_tensor_map* map,
+    unsigned long long* bar, int c0, int c1, int c2) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
   const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4, %5}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2) : "memory");
+               :: "r"(address), "l"(map), "r"(barrier),
+"r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 
-__device__ inline void tsr_tma_load_4d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1, int c2, int c3) {
+__device__ inline void tsr_tma_load_4d(void* dst, const tsr_tensor_map* map,
+    unsigned long long* bar, int c0, int c1, int c2, int c3) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
   const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4, %5, %6}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+               :: "r"(address), "l"(map), "r"(barrier),
+"r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
 // d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
@@ -165,7 +192,8 @@ __device__ inline void tsr_tma_load_4d(void* dst, const tsr_tensor_map* map, uns
 // the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
 // that b is N-major.
 template <int TransB>
-__device__ inline void tsr_wgmma_m64n128k16_bf16_rs(float* d, const unsigned* a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n128k16_bf16_rs(float* d, const unsigned* a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -181,14 +209,17 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_rs(float* d, const unsigned* a,
       " %56, %57, %58, %59, %60, %61, %62, %63},"
       " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
       : "memory");
 }
@@ -197,7 +228,8 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_rs(float* d, const unsigned* a,
 // accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
 // a descriptor too. TransA and TransB say that a is M-major and b N-major.
 template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -213,14 +245,17 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
       " %56, %57, %58, %59, %60, %61, %62, %63},"
       " %64, %65, p, 1, 1, %67, %68;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
       : "memory");
 }
@@ -229,20 +264,30 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D, const __grid_constant__ tsr_tensor_map Q_map, const __grid_constant__ tsr_tensor_map K_map, const __grid_constant__ tsr_tensor_map V_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) attention(
+    const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+    const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B,
+    const long long H, const long long S, const long long D,
+    const __grid_constant__ tsr_tensor_map Q_map, const __grid_constant__ tsr_tensor_map K_map,
+    const __grid_constant__ tsr_tensor_map V_map) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 98304);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 2;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 2;
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
-  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -263,15 +308,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
       if (Q_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, 128*pid_m, pid_b1, pid_b0);
-          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, 128*pid_m, pid_b1, pid_b0);
+          tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, BM*pid_m, pid_b1, pid_b0);
+          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, BM*pid_m, pid_b1,
+              pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j] : 0;
+          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j]
+              : 0;
         }
         tsr_fence_async_shared();
       }
@@ -286,7 +334,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+          k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -301,46 +350,61 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+          v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0)
+          : 0);
     }
-    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
-      if (128*nblk + 128 < S && 128*nblk + 128 < 128*pid_m + 128) {
-        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
+      if (BN*nblk + 128 < S && BN*nblk + 128 < BM*pid_m + 128) {
+        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2,
+            ((nblk + 1) / 2 + 1) % 2);
         // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
         if (K_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map,
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map,
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
+                + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+                BN*nblk + 128 + i < S && j < D
+                ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
         if (V_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b1, pid_b0);
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map,
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map,
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + 128*nblk + 128 + i) * D + j] : 0;
+            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
+                + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+                BN*nblk + 128 + i < S && j < D
+                ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, ptid == 0 ? (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2,
+            ptid == 0 ? (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -369,7 +433,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       const int r = rs;
       l[r] = 0.0f;
     }
-    for (long long nblk = 0; nblk * 128 < S && nblk * 128 < 128*pid_m + 128; ++nblk) {
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
       float dot[64];
@@ -377,13 +441,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+        tsr_wgmma_m64n128k16_bf16_ss<0,
+            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64,
+            16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192
+            + kk % 64, 16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
       // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
       float p[64];
-      if (128*nblk + 128 <= S && 128*nblk + 127 <= 128*pid_m) {
+      if (BN*nblk + 128 <= S && BN*nblk + 127 <= BM*pid_m) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
@@ -401,7 +468,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            p[t] = 128*nblk + j >= S ? -tsr_infinity() : ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+            p[t] = BN*nblk + j >= S ? -tsr_infinity()
+                : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
           }
         }
       }
@@ -425,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+              : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -443,7 +512,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
       }
-      // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
+      // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c,
+      //   l_c)
       float alpha[2], beta[2];
       #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -465,15 +535,20 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
       unsigned p_frag[8][4];
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-        p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-        p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-        p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
+        p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+            tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
+        p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+            tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
+        p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+            tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
+        p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+            tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16], tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16],
+            tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -492,11 +567,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
           const int t = frag * 4 + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
         }
-        if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < S && j0 + 1 < D
+            && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0],
+              tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < S && j0 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < S && j0 + 1 < D) out[(((pid_b0) * H + pid_b1) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < S && j0 < D)
+              out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
+              tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < S && j0 + 1 < D)
+              out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
+              tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -505,15 +586,24 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(const unsigned sh
 
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < BH], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D, const __grid_constant__ tsr_tensor_map q_1_map, const __grid_constant__ tsr_tensor_map k_map, const __grid_constant__ tsr_tensor_map v_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
+    const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
+    const long long BH, const long long S, const long long D,
+    const __grid_constant__ tsr_tensor_map q_1_map, const __grid_constant__ tsr_tensor_map k_map,
+    const __grid_constant__ tsr_tensor_map v_map) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 98304);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 2;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 163840);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 2;
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
@@ -538,15 +628,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
       if (q_1_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, 128*pid_m, pid_b0);
-          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, 128*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, BM*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, BM*pid_m, pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < S && j < D ? q_1[((pid_b0) * S + 128*pid_m + i) * D + j] : 0;
+          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < S && j < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -561,7 +652,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
+          Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -576,46 +668,59 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
+          Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (q_1_aligned ? 32768 : 0) + (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (q_1_aligned ? 32768 : 0) + (k_aligned ? 32768 : 0)
+          + (v_aligned ? 32768 : 0) : 0);
     }
-    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
-      if (128*nblk + 128 < S) {
-        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2, ((nblk + 1) / 2 + 1) % 2);
+    for (long long nblk = 0; nblk * BN < S; ++nblk) {
+      if (BN*nblk + 128 < S) {
+        if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2,
+            ((nblk + 1) / 2 + 1) % 2);
         // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
         if (k_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map,
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map,
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? k[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BN*nblk + 128 + i < S && j < D
+                ? k[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
         // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
         if (v_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map, tsr_landed + (nblk + 1) % 2, 0, 128*nblk + 128, pid_b0);
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map, tsr_landed + (nblk + 1) % 2, 64, 128*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map,
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map,
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 128*nblk + 128 + i < S && j < D ? v[((pid_b0) * S + 128*nblk + 128 + i) * D + j] : 0;
+            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BN*nblk + 128 + i < S && j < D
+                ? v[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2, ptid == 0 ? (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2,
+            ptid == 0 ? (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -642,7 +747,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       const int r = rs;
       l[r] = 0.0f;
     }
-    for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+    for (long long nblk = 0; nblk * BN < S; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
       float dot[64];
@@ -650,7 +755,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16, 1024));
+        tsr_wgmma_m64n128k16_bf16_ss<0,
+            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16,
+            1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -658,7 +766,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       const float s_1 = rsqrtf(s);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
       float P[64];
-      if (128*nblk + 128 <= S) {
+      if (BN*nblk + 128 <= S) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
@@ -667,7 +775,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+            P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+                : (dot[t] * s_1);
           }
         }
       } else {
@@ -678,7 +787,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
             const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = 128*nblk + j >= S ? -tsr_infinity() : (causal ? ((128*nblk + j) > (128*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+            P[t] = BN*nblk + j >= S ? -tsr_infinity()
+                : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+                : (dot[t] * s_1));
           }
         }
       }
@@ -702,7 +813,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
+              : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -742,15 +854,20 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
       unsigned P_frag[8][4];
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-        P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-        P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]), tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-        P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]), tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
+        P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+            tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
+        P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+            tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
+        P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+            tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
+        P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+            tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16], tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16],
+            tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -769,11 +886,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(const unsig
           const int t = frag * 4 + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
         }
-        if (128*pid_m + i < S && j0 + 1 < D && tsr_pair_aligned(&out[((pid_b0) * S + 128*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[((pid_b0) * S + 128*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < S && j0 + 1 < D
+            && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < S && j0 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < S && j0 + 1 < D) out[((pid_b0) * S + 128*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < S && j0 < D)
+              out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < S && j0 + 1 < D)
+              out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

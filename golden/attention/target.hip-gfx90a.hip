@@ -30,7 +30,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- matrix cores
 
@@ -58,9 +60,14 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- attention: launch k0 of attention: the library's flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < B, pid_b1 < H], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B, const long long H, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short* __restrict__ Q,
+    const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
+    unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
+    const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -70,7 +77,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __shared__ unsigned short p_stage[4224];
-  const long long pid_m = gridDim.x - 1 - blockIdx.x;  // the last rows first: they run the most blocks
+  // the last rows first: they run the most blocks
+  const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   const float s = (float)(D);
@@ -80,12 +88,15 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j) : Q, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? Q[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j + q] : 0;
+        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -111,19 +122,22 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S && nblk * 64 < 64*pid_m + 64; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 64; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 1024; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? K + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : K, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BN*nblk + i < S && j + q < D
+              ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -132,12 +146,15 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? V + ((((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j) : V, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + 64*nblk + i) * D + j + q] : 0;
+          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BN*nblk + i < S && j + q < D
+              ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -147,11 +164,17 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
       tsr_bf16x4 a_frag;
-      for (int q = 0; q < 4; ++q) a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+      for (int q = 0; q < 4; ++q)
+          a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128
+          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
+          + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
         tsr_bf16x4 b_frag;
-        for (int q = 0; q < 4; ++q) b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128
+            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -160,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (64*nblk + 64 <= S && 64*nblk + 63 <= 64*pid_m) {
+    if (BN*nblk + 64 <= S && BN*nblk + 63 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
@@ -178,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          p[t] = 64*nblk + j >= S ? -tsr_infinity() : ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -205,7 +229,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -257,13 +282,17 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
-      for (int q = 0; q < 4; ++q) a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+      for (int q = 0; q < 4; ++q)
+          a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         tsr_bf16x4 b_frag;
-        for (int q = 0; q < 4; ++q) b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        for (int q = 0; q < 4; ++q)
+            b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128
+            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+            + (fn * 32 + lane % 32) % 8];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -279,16 +308,23 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S && j < D) out[(((pid_b0) * H + pid_b1) * S + 64*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+      if (BM*pid_m + i < S && j < D)
+          out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
     }
   }
 }
 
 // ---- flash_attention: tile kernel flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < BH], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out, const long long BH, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) flash_attention(
+    const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
+    const long long BH, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)BH;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -305,12 +341,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 64*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? q_1 + (((pid_b0) * S + 64*pid_m + i) * D + j) : q_1, bytes);
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
+      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 64*pid_m + i) * D + j + q] : 0;
+        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -336,19 +374,21 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 1024; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? k + (((pid_b0) * S + 64*nblk + i) * D + j) : k, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? k[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -357,12 +397,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
-        const int bytes = 64*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? v + (((pid_b0) * S + 64*nblk + i) * D + j) : v, bytes);
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
+        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 64*nblk + i < S && j + q < D ? v[((pid_b0) * S + 64*nblk + i) * D + j + q] : 0;
+          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -372,11 +414,17 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 128 && kk < D; kk += 8) {
       tsr_bf16x4 a_frag;
-      for (int q = 0; q < 4; ++q) a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+      for (int q = 0; q < 4; ++q)
+          a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128
+          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
+          + (kk + lane / 32 * 4 + q) % 8];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
         tsr_bf16x4 b_frag;
-        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128 + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128
+            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -387,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
@@ -396,7 +444,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1);
         }
       }
     } else {
@@ -407,7 +456,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
           const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = 64*nblk + j >= S ? -tsr_infinity() : (causal ? ((64*nblk + j) > (64*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1)) : (dot[t] * s_1));
+          P[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+              : (dot[t] * s_1));
         }
       }
     }
@@ -434,7 +485,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f
+            : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -486,13 +538,17 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; kk += 8) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
-      for (int q = 0; q < 4; ++q) a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+      for (int q = 0; q < 4; ++q)
+          a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         tsr_bf16x4 b_frag;
-        for (int q = 0; q < 4; ++q) b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128 + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (fn * 32 + lane % 32) % 8];
+        for (int q = 0; q < 4; ++q)
+            b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128
+            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+            + (fn * 32 + lane % 32) % 8];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -508,7 +564,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(const unsigned
       const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S && j < D) out[((pid_b0) * S + 64*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+      if (BM*pid_m + i < S && j < D)
+          out[((pid_b0) * S + BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
     }
   }
 }

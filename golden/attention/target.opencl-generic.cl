@@ -30,7 +30,9 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -57,6 +59,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 32;
+  const int BN = 32;
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const q_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const k_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -78,14 +82,14 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            32*pid_m + i < S && j + q < D
-            ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -105,21 +109,21 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long nblk = 0; nblk * 32 < S && nblk * 32 < 32*pid_m + 32; ++nblk) {
+  for (long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 32; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D
-              ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D
+              ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -128,14 +132,14 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D
-              ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D
+              ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -157,7 +161,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (32*nblk + 32 <= S && 32*nblk + 31 <= 32*pid_m) {
+    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -171,8 +175,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity()
-              : ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -236,7 +240,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -253,8 +257,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D)
-          out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] =
+      if (BM*pid_m + i < S && j < D)
+          out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
@@ -268,6 +272,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
   (void)BH;  // the grid's extent only
+  const int BM = 32;
+  const int BN = 32;
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 8192);
@@ -285,13 +291,13 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
+          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -311,20 +317,20 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long nblk = 0; nblk * 32 < S; ++nblk) {
+  for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
+            bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -333,13 +339,13 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
+            bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -363,14 +369,14 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const float s_1 = rsqrt(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
-    if (32*nblk + 32 <= S) {
+    if (BN*nblk + 32 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         const int i = ty + r * 8;
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1);
         }
       }
@@ -380,8 +386,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+          P[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1));
         }
       }
@@ -446,7 +452,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -463,8 +469,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D)
-          out[((pid_b0) * S + 32*pid_m + i) * D + j] =
+      if (BM*pid_m + i < S && j < D)
+          out[((pid_b0) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }

@@ -32,7 +32,9 @@ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- chunk copies
 
@@ -60,6 +62,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     float* p_stage) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 32;
+  constexpr int BN = 32;
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -78,14 +82,14 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
-      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j) : Q, bytes);
+          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            32*pid_m + i < S && j + q < D
-            ? Q[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D
+            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -105,21 +109,21 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S && nblk * 32 < 32*pid_m + 32; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 32; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? K + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : K, bytes);
+            bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D
-              ? K[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D
+              ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -128,14 +132,14 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? V + ((((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j) : V, bytes);
+            bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D
-              ? V[(((pid_b0) * H + pid_b1) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D
+              ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -157,7 +161,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (32*nblk + 32 <= S && 32*nblk + 31 <= 32*pid_m) {
+    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -171,8 +175,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity()
-              : ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
+          p[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
@@ -238,7 +242,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -255,8 +259,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D)
-          out[(((pid_b0) * H + pid_b1) * S + 32*pid_m + i) * D + j] =
+      if (BM*pid_m + i < S && j < D)
+          out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
@@ -270,6 +274,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* P_stage) {
   const int lid = (int)it.get_local_id(2);
   (void)BH;  // the grid's extent only
+  constexpr int BM = 32;
+  constexpr int BN = 32;
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -284,13 +290,13 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
-      const int bytes = 32*pid_m + i < S && j < D ? 16 : 0;
+      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? q_1 + (((pid_b0) * S + 32*pid_m + i) * D + j) : q_1, bytes);
+          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            32*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + 32*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -310,20 +316,20 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? k + (((pid_b0) * S + 32*nblk + i) * D + j) : k, bytes);
+            bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D ? k[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -332,13 +338,13 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
-        const int bytes = 32*nblk + i < S && j < D ? 16 : 0;
+        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? v + (((pid_b0) * S + 32*nblk + i) * D + j) : v, bytes);
+            bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*nblk + i < S && j + q < D ? v[((pid_b0) * S + 32*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -362,14 +368,14 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     const float s_1 = sycl::rsqrt(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
-    if (32*nblk + 32 <= S) {
+    if (BN*nblk + 32 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         const int i = ty + r * 8;
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1);
         }
       }
@@ -379,8 +385,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = 32*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((32*nblk + j) > (32*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
+          P[t] = BN*nblk + j >= S ? -tsr_infinity()
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
               : (dot[t] * s_1));
         }
       }
@@ -447,7 +453,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -464,8 +470,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (32*pid_m + i < S && j < D)
-          out[((pid_b0) * S + 32*pid_m + i) * D + j] =
+      if (BM*pid_m + i < S && j < D)
+          out[((pid_b0) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }

@@ -587,6 +587,7 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 
 static void decoder_block_k0_program(const float* x, const float* norm1, float* h,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
   float* const rows_edge = area;
@@ -596,7 +597,7 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
   float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, S);
+  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, BM*pid_m, S);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -621,7 +622,7 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
       normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(h, C, 4*pid_m, 0, S, C, normed_1, 4, C);
+  tsr::store_tile(h, C, BM*pid_m, 0, S, C, normed_1, 4, C);
 }
 
 static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
@@ -635,24 +636,27 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
 
 static void decoder_block_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
+  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wq, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wq, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::store_tile(t0, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t0, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
 }
 
 static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S,
@@ -668,24 +672,27 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
 
 static void decoder_block_k2_program(const float* h, const float* wk, float* t2, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
+  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wk, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wk, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::store_tile(t2, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t2, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
 }
 
 static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S,
@@ -701,24 +708,27 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
 
 static void decoder_block_k3_program(const float* h, const float* wv, float* t4, const tsr::i64 S,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - 256*pid_m), tsr::live(256, C - 256*pid_n));
+  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wv, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wv, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::store_tile(t4, C, 256*pid_m, 256*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t4, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
 }
 
 static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S,
@@ -735,6 +745,8 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
 
 static void decoder_block_k4_program(const float* t0, const float* t2, const float* t4, float* t6,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 256;
   float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
   float* const acc = area;
   float* const m = acc + 8192;
@@ -743,7 +755,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
   float* const t_1 = t + 16384;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  const float* const q_tile = t0 + (128*pid_m) * C + 64*pid_b0;
+  const float* const q_tile = t0 + (BM*pid_m) * C + 64*pid_b0;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, 8192, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
@@ -751,15 +763,15 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
   std::fill_n(l, 128, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, 256); ++nblk) {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    const float* const k_tile = t2 + (256*nblk) * C + 64*pid_b0;
+    const float* const k_tile = t2 + (BN*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    const float* const v_tile = t4 + (256*nblk) * C + 64*pid_b0;
+    const float* const v_tile = t4 + (BN*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - 256*nblk), 64);
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - 128*pid_m),
-        tsr::live(256, S - 256*nblk), 64, C, 256);
+    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - BN*nblk), 64);
+    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - BM*pid_m), tsr::live(256, S - BN*nblk),
+        64, C, 256);
     float* const s = t_1;
     for (tsr::i64 i = 0; i < 128; ++i) {
       #pragma omp simd
@@ -773,7 +785,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     float* const m_1 = m;
     float* const l_1 = l;
     tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64,
-        tsr::live(256, S - 256*nblk), 64, s, [&](tsr::i64) { return S - (256*nblk); },
+        tsr::live(256, S - BN*nblk), 64, s, [&](tsr::i64) { return S - (BN*nblk); },
         [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
@@ -786,7 +798,7 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
       t_3[i * 64 + j] = acc[i * 64 + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(t6, C, 128*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
+  tsr::store_tile(t6, C, BM*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
 }
 
 static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6,
@@ -802,34 +814,37 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
 
 static void decoder_block_k5_program(const float* t6, const float* wo, const float* x, float* x_1,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t6 + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = t6 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wo, C, 256*kb, 256*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, 256, 256, wo, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, C - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::load_tile(t, 256, 256, x, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
-  float* const x_2 = t;
+  tsr::load_tile(x_tile, 256, 256, x, C, BM*pid_m, BN*pid_n, S, C);
+  float* const x_2 = x_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      x_2[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      x_2[i * 256 + j] = x_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
-  tsr::store_tile(x_1, C, 256*pid_m, 256*pid_n, S, C, x_2, 256, 256);
+  tsr::store_tile(x_1, C, BM*pid_m, BN*pid_n, S, C, x_2, 256, 256);
 }
 
 static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1,
@@ -845,6 +860,7 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
 
 static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(4*C));
   float* const rows_edge = area;
@@ -854,7 +870,7 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
   float* const normed_1 = t_5 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x_1, 4*pid_m, S);
+  const float* const rows = tsr::row_tile(rows_edge, 4, C, x_1, BM*pid_m, S);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -879,7 +895,7 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
       normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(h_1, C, 4*pid_m, 0, S, C, normed_1, 4, C);
+  tsr::store_tile(h_1, C, BM*pid_m, 0, S, C, normed_1, 4, C);
 }
 
 static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
@@ -894,22 +910,25 @@ static void decoder_block_k6_launch(const float* x_1, const float* norm2, float*
 static void decoder_block_k7_program(const float* h_1, const float* w1, float* t10,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = h_1 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w1, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w1, F, BK*kb, BN*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, F - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   float* const t = acc;
@@ -919,7 +938,7 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
       t[i * 256 + j] = tsr::silu(acc[i * 256 + j]);
     }
   }
-  tsr::store_tile(t10, F, 256*pid_m, 256*pid_n, S, F, t, 256, 256);
+  tsr::store_tile(t10, F, BM*pid_m, BN*pid_n, S, F, t, 256, 256);
 }
 
 static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10,
@@ -936,34 +955,37 @@ static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t1
 static void decoder_block_k8_program(const float* h_1, const float* w3, const float* t10,
     float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const t10_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h_1 + (256*pid_m) * C + 256*kb;
+    const float* const a_tile = h_1 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w3, F, 256*kb, 256*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, 256, 256, w3, F, BK*kb, BN*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, F - 256*pid_n), tsr::live(256, C - 256*kb), C, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, F - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::load_tile(t, 256, 256, t10, F, 256*pid_m, 256*pid_n, S, F);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  float* const t_1 = t;
+  tsr::load_tile(t10_tile, 256, 256, t10, F, BM*pid_m, BN*pid_n, S, F);
+  float* const t = t10_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] * acc[i * 256 + j];
+      t[i * 256 + j] = t10_tile[i * 256 + j] * acc[i * 256 + j];
     }
   }
-  tsr::store_tile(t12, F, 256*pid_m, 256*pid_n, S, F, t_1, 256, 256);
+  tsr::store_tile(t12, F, BM*pid_m, BN*pid_n, S, F, t, 256, 256);
 }
 
 static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
@@ -980,34 +1002,37 @@ static void decoder_block_k8_launch(const float* h_1, const float* w3, const flo
 static void decoder_block_k9_program(const float* t12, const float* w2, const float* x_1,
     float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_1_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t12 + (256*pid_m) * F + 256*kb;
+    const float* const a_tile = t12 + (BM*pid_m) * F + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w2, C, 256*kb, 256*pid_n, F, C);
+    tsr::load_corner(b_tile_smem, 256, 256, w2, C, BK*kb, BN*pid_n, F, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - 256*pid_m),
-        tsr::live(256, C - 256*pid_n), tsr::live(256, F - 256*kb), F, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
+        tsr::live(256, C - BN*pid_n), tsr::live(256, F - BK*kb), F, 256);
   }
-  tsr::load_tile(t, 256, 256, x_1, C, 256*pid_m, 256*pid_n, S, C);
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  float* const t_1 = t;
+  tsr::load_tile(x_1_tile, 256, 256, x_1, C, BM*pid_m, BN*pid_n, S, C);
+  float* const t = x_1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      t[i * 256 + j] = x_1_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
-  tsr::store_tile(out, C, 256*pid_m, 256*pid_n, S, C, t_1, 256, 256);
+  tsr::store_tile(out, C, BM*pid_m, BN*pid_n, S, C, t, 256, 256);
 }
 
 static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,

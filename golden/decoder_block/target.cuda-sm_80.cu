@@ -56,12 +56,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -84,8 +88,10 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -94,7 +100,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -118,15 +126,20 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -141,12 +154,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -157,12 +172,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wq[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -174,12 +191,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -190,12 +209,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16 + i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wq[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -209,47 +230,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16*kb + 32 + i) * C + 128*pid_n + j) : wq, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wq[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -260,15 +293,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t0[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -283,12 +320,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -299,12 +338,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wk[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -316,12 +357,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -332,12 +375,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16 + i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wk[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -351,47 +396,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16*kb + 32 + i) * C + 128*pid_n + j) : wk, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wk[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -402,15 +459,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t2[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -425,12 +486,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -441,12 +504,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wv[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -458,12 +523,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -474,12 +541,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16 + i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wv[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -493,47 +562,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16*kb + 32 + i) * C + 128*pid_n + j) : wv, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wv[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -544,15 +625,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t4[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -571,12 +656,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 128*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((128*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S ? t0[(128*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -587,11 +674,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t2_aligned) {
         const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
+        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -603,11 +692,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int j = e % 16 * 4;
       if (t4_aligned) {
         const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
+        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -629,37 +720,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (int r = 0; r < 8; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 64 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t2_aligned) {
-          const int bytes = 64*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(k_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((64*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
+          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          tsr_copy_async16(k_tile_smem
+              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t2 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*nblk + 64 + i < S ? t2[(64*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+                + (j + q) % 4] = BN*nblk + 64 + i < S
+                ? t2[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (64*nblk + 64 < S) {
+    if (BN*nblk + 64 < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t4_aligned) {
-          const int bytes = 64*nblk + 64 + i < S ? 16 : 0;
-          tsr_copy_async16(v_tile_smem + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((64*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
+          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          tsr_copy_async16(v_tile_smem
+              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t4 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*nblk + 64 + i < S ? t4[(64*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+                + (j + q) % 4] = BN*nblk + 64 + i < S
+                ? t4[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -670,15 +769,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 4; ++c) b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64
+          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fmaf(a_k[r], b_k[c], dot[r * 4 + c]);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (64*nblk + 64 <= S) {
+    if (BN*nblk + 64 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) {
@@ -691,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 4; ++c) {
           const int j = tx + c * 16;
           const int t = r * 4 + c;
-          p[t] = 64*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
@@ -756,10 +858,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - 64*nblk; ++kk) {
+    for (int kk = 0; kk < 64 && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -771,15 +875,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (128*pid_m + i < S) t6[(128*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -794,12 +903,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? t6[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -810,12 +921,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wo[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -827,12 +940,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 16 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? t6[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -843,12 +958,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16 + i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < C ? wo[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -862,47 +979,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 16*kb + 32 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? t6[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16*kb + 32 + i) * C + 128*pid_n + j) : wo, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < C ? wo[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -914,15 +1043,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) x_1[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -931,7 +1066,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -955,15 +1092,21 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -978,12 +1121,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -994,12 +1139,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w1[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1011,12 +1158,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1027,12 +1176,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16 + i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < F ? w1[(16 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1046,47 +1197,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 32 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + 32 + i) * F + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < F ? w1[(16*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1098,15 +1261,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t10[(128*pid_m + i) * F + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1121,12 +1290,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1137,12 +1308,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w3[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1154,12 +1327,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
     }
@@ -1170,12 +1345,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16 + i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < C && 128*pid_n + j + q < F ? w3[(16 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1189,47 +1366,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 32 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < C) {
+    if (BK*kb + 32 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
-          const int bytes = 16*kb + 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16*kb + 32 + i) * F + 128*pid_n + j) : w3, bytes);
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < C && 128*pid_n + j + q < F ? w3[(16*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1241,15 +1430,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t12[(128*pid_m + i) * F + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < F ? t10[(128*pid_m + i) * F + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1264,12 +1461,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < F ? t12[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1280,12 +1479,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1297,12 +1498,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && 16 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 16 + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && 16 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16 + j + q < F ? t12[(128*pid_m + i) * F + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
         }
       }
     }
@@ -1313,12 +1516,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = 16 + i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16 + i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = 16 + i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16 + i < F && 128*pid_n + j + q < C ? w2[(16 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1332,47 +1537,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 32 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 16*kb + 32 + j) : t12, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 32 + j + q < F ? t12[(128*pid_m + i) * F + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 32 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 16*kb + 32 + i < F && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + 32 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 32 + i < F && 128*pid_n + j + q < C ? w2[(16*kb + 32 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 32 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1384,7 +1601,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) out[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x_1[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

@@ -56,12 +56,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -84,8 +88,10 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -94,7 +100,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -118,15 +126,20 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -141,12 +154,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -157,12 +172,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wq[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -174,12 +191,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? h[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -190,12 +209,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((32 + i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((32 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < C ? wq[(32 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wq[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -207,12 +228,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? h[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -223,12 +246,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((64 + i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((64 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < C ? wq[(64 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wq[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -242,47 +267,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? h[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((32*kb + 96 + i) * C + 128*pid_n + j) : wq, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < C ? wq[(32*kb + 96 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -293,15 +330,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t0[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -316,12 +357,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -332,12 +375,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wk[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -349,12 +394,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? h[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -365,12 +412,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((32 + i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((32 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < C ? wk[(32 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wk[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -382,12 +431,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? h[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -398,12 +449,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((64 + i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((64 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < C ? wk[(64 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wk[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -417,47 +470,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? h[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((32*kb + 96 + i) * C + 128*pid_n + j) : wk, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < C ? wk[(32*kb + 96 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -468,15 +533,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t2[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -491,12 +560,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -507,12 +578,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wv[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -524,12 +597,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? h[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -540,12 +615,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((32 + i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((32 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < C ? wv[(32 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wv[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -557,12 +634,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? h[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -573,12 +652,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((64 + i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((64 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < C ? wv[(64 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wv[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -592,47 +673,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? h[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((32*kb + 96 + i) * C + 128*pid_n + j) : wv, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < C ? wv[(32*kb + 96 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -643,15 +736,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t4[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -670,12 +767,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 128*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((128*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S ? t0[(128*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -695,19 +794,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (int r = 0; r < 8; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 128 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 2048; e += 256) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 128*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((128*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        const int bytes = BN*nblk + i < S ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + i < S ? t2[(128*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -716,12 +817,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 128*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((128*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        const int bytes = BN*nblk + i < S ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*nblk + i < S ? t4[(128*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -731,15 +834,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[64];
-    if (128*nblk + 128 <= S) {
+    if (BN*nblk + 128 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) {
@@ -752,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
         for (int c = 0; c < 8; ++c) {
           const int j = tx + c * 16;
           const int t = r * 8 + c;
-          p[t] = 128*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
@@ -817,10 +922,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 128 && kk < S - 128*nblk; ++kk) {
+    for (int kk = 0; kk < 128 && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 129 + kk];
-      for (int c = 0; c < 4; ++c) b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int c = 0; c < 4; ++c)
+          b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -832,15 +938,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (128*pid_m + i < S) t6[(128*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -855,12 +966,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? t6[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -871,12 +984,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wo[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -888,12 +1003,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 32 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 32 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? t6[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? t6[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -904,12 +1021,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((32 + i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((32 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < C ? wo[(32 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < C ? wo[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -921,12 +1040,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 64 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + 64 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? t6[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? t6[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -937,12 +1058,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((64 + i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((64 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < C ? wo[(64 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < C ? wo[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -956,47 +1079,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 32*kb + 96 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? t6[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((32*kb + 96 + i) * C + 128*pid_n + j) : wo, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 96 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < C ? wo[(32*kb + 96 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1008,15 +1143,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) x_1[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -1025,7 +1166,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -1049,15 +1192,21 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1072,12 +1221,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1088,12 +1239,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w1[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1105,12 +1258,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 32 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? h_1[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1121,12 +1276,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((32 + i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((32 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < F ? w1[(32 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < F ? w1[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1138,12 +1295,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 64 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? h_1[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1154,12 +1313,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((64 + i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((64 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < F ? w1[(64 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < F ? w1[(64 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1173,47 +1334,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 32*kb + 96 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? h_1[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((32*kb + 96 + i) * F + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < F ? w1[(32*kb + 96 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1225,15 +1398,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t10[(128*pid_m + i) * F + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1248,12 +1427,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1264,12 +1445,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w3[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1281,12 +1464,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 32 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 32 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < C ? h_1[(128*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < C ? h_1[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
     }
@@ -1297,12 +1482,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = 32 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((32 + i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((32 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < C && 128*pid_n + j + q < F ? w3[(32 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < C && BN*pid_n + j + q < F ? w3[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1314,12 +1501,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 64 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < C ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + 64 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < C ? h_1[(128*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < C ? h_1[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
     }
@@ -1330,12 +1519,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = 64 + i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((64 + i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = 64 + i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((64 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < C && 128*pid_n + j + q < F ? w3[(64 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < C && BN*pid_n + j + q < F ? w3[(64 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1349,47 +1540,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < C ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 32*kb + 96 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < C ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < C ? h_1[(128*pid_m + i) * C + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < C) {
+    if (BK*kb + 96 < C) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
-          const int bytes = 32*kb + 96 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((32*kb + 96 + i) * F + 128*pid_n + j) : w3, bytes);
+          const int bytes = BK*kb + 96 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 96 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < C && 128*pid_n + j + q < F ? w3[(32*kb + 96 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 96 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1401,15 +1604,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t12[(128*pid_m + i) * F + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < F ? t10[(128*pid_m + i) * F + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1424,12 +1635,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < F ? t12[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1440,12 +1653,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1457,12 +1672,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 32 + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && 32 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 32 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32 + j + q < F ? t12[(128*pid_m + i) * F + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 32 + j + q < F ? t12[(BM*pid_m + i) * F + 32 + j + q] : 0;
         }
       }
     }
@@ -1473,12 +1690,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = 32 + i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((32 + i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = 32 + i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32 + i < F && 128*pid_n + j + q < C ? w2[(32 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              32 + i < F && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1490,12 +1709,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && 64 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 64 + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && 64 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + 64 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 64 + j + q < F ? t12[(128*pid_m + i) * F + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && 64 + j + q < F ? t12[(BM*pid_m + i) * F + 64 + j + q] : 0;
         }
       }
     }
@@ -1506,12 +1727,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = 64 + i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((64 + i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = 64 + i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64 + i < F && 128*pid_n + j + q < C ? w2[(64 + i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              64 + i < F && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1525,47 +1748,59 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < F) {
+    if (BK*kb + 96 < F) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t12_aligned) {
-          const int bytes = 128*pid_m + i < S && 32*kb + 96 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 32*kb + 96 + j) : t12, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 96 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 96 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < S && 32*kb + 96 + j + q < F ? t12[(128*pid_m + i) * F + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 96 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < F) {
+    if (BK*kb + 96 < F) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 32*kb + 96 + i < F && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((32*kb + 96 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 96 + i < F && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*kb + 96 + i < F && 128*pid_n + j + q < C ? w2[(32*kb + 96 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 96 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1577,7 +1812,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < S && 128*pid_n + j < C) out[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x_1[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

@@ -75,8 +75,10 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* __restrict__ x, const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* __restrict__ x,
+    const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -85,7 +87,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -109,15 +113,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -132,12 +141,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -148,12 +159,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((i) * C + 128*pid_n + j) : wq, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wq[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -168,48 +181,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wq + ((16*kb + 16 + i) * C + 128*pid_n + j) : wq, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < C ? wq[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -225,15 +248,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t0[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -248,12 +275,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -264,12 +293,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((i) * C + 128*pid_n + j) : wk, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wk[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -284,48 +315,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wk + ((16*kb + 16 + i) * C + 128*pid_n + j) : wk, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < C ? wk[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -341,15 +382,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t2[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -364,12 +409,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -380,12 +427,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((i) * C + 128*pid_n + j) : wv, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wv[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -400,48 +449,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + ((128*pid_m + i) * C + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? h[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wv + ((16*kb + 16 + i) * C + 128*pid_n + j) : wv, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < C ? wv[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -457,15 +516,19 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < C) t4[(128*pid_m + i) * C + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
 // grid [pid_m < ceil(S/64), pid_b0 < C/64], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0, const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0,
+    const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 32;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
@@ -483,12 +546,14 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 64*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + ((64*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
+      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_m + i < S ? t0[(64*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -514,19 +579,21 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        const int bytes = BN*nblk + i < S ? 16 : 0;
+        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -535,12 +602,14 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        const int bytes = BN*nblk + i < S ? 16 : 0;
+        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -549,8 +618,10 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64; kk += 2) {
-      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-      const float b_frag = k_tile_smem[(lane % 32) * 64 + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64
+          + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+      const float b_frag = k_tile_smem[(lane % 32) * 64
+          + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
       tsr_floatx16 frag_acc;
       for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -558,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    if (32*nblk + 32 <= S) {
+    if (BN*nblk + 32 <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
@@ -570,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       for (int reg = 0; reg < 16; ++reg) {
         const int j = lane % 32;
         const int t = reg;
-        p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+        p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
       }
     }
     float m_c[16];
@@ -636,11 +707,12 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       p_stage[i * 33 + j] = p[t] * beta[reg];
     }
     __syncthreads();
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; kk += 2) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 2) {
       const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
-        const float b_frag = v_tile_smem[(kk + lane / 32) * 64 + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
+        const float b_frag = v_tile_smem[(kk + lane / 32) * 64
+            + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -656,15 +728,21 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (64*pid_m + i < S) t6[(64*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[frag / 2 * 16 + reg]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] =
+          (acc[t] / l[frag / 2 * 16 + reg]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -679,12 +757,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? t6[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -695,12 +775,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        const int bytes = i < C && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((i) * C + 128*pid_n + j) : wo, bytes);
+        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < C ? wo[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -715,48 +797,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + ((128*pid_m + i) * C + 16*kb + 16 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? t6[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? wo + ((16*kb + 16 + i) * C + 128*pid_n + j) : wo, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < C ? wo[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -773,15 +865,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < C) x_1[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2, float* __restrict__ h_1, const long long S, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1,
+    const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
+    const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -790,7 +888,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -814,15 +914,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] = (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1, const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
+    const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
+    const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -837,12 +943,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -853,12 +961,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * F + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w1[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -873,48 +983,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 16 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + 16 + i) * F + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < F ? w1[(16*kb + 16 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -931,15 +1051,21 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t10[(128*pid_m + i) * F + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1, const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
+    const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
+    const long long S, const long long C, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -954,12 +1080,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 128*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < C ? h_1[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -970,12 +1098,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
-        const int bytes = i < C && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((i) * F + 128*pid_n + j) : w3, bytes);
+        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < C && 128*pid_n + j + q < F ? w3[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -990,48 +1120,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h_1 + ((128*pid_m + i) * C + 16*kb + 16 + j) : h_1, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < C ? h_1[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
-          const int bytes = 16*kb + 16 + i < C && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w3 + ((16*kb + 16 + i) * F + 128*pid_n + j) : w3, bytes);
+          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < C && 128*pid_n + j + q < F ? w3[(16*kb + 16 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1048,15 +1188,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < F) t12[(128*pid_m + i) * F + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < F ? t10[(128*pid_m + i) * F + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
+    const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long S, const long long F, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1071,12 +1219,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 128*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && j + q < F ? t12[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -1087,12 +1237,14 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < F && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < F && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1107,48 +1259,58 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < F) {
+    if (BK*kb + 16 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
-          const int bytes = 128*pid_m + i < S && 16*kb + 16 + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t12 + ((128*pid_m + i) * F + 16*kb + 16 + j) : t12, bytes);
+          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < F ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 16 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < S && 16*kb + 16 + j + q < F ? t12[(128*pid_m + i) * F + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 16 + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < F) {
+    if (BK*kb + 16 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 16*kb + 16 + i < F && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + 16 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 16 + i < F && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < F && 128*pid_n + j + q < C ? w2[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < F - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1165,7 +1327,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < S && 128*pid_n + j < C) out[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < S && 128*pid_n + j < C ? x_1[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

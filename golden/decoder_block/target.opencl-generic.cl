@@ -72,6 +72,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k0(__global const float* restrict x, __global const float* restrict norm1,
     __global float* restrict h, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -80,8 +81,8 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -101,8 +102,8 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -113,6 +114,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -129,20 +133,20 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -151,19 +155,19 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
+            bytes ? wq + ((BK*kb + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -179,7 +183,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t0[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -190,6 +194,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k2(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t2, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -206,20 +213,20 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -228,19 +235,19 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
+            bytes ? wk + ((BK*kb + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -256,7 +263,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t2[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -267,6 +274,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k3(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t4, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -283,20 +293,20 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -305,19 +315,19 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
+            bytes ? wv + ((BK*kb + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -333,7 +343,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t4[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -344,6 +354,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2,
     __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 32;
+  const int BN = 32;
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const k_tile_smem = (__local float*)(tsr_smem + 8192);
@@ -362,13 +374,13 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 32*pid_m + i < S ? 16 : 0;
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -388,20 +400,20 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long nblk = 0; nblk * 32 < S; ++nblk) {
+  for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
+        const int bytes = BN*nblk + i < S ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -410,13 +422,13 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
+        const int bytes = BN*nblk + i < S ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -436,7 +448,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (32*nblk + 32 <= S) {
+    if (BN*nblk + 32 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -449,7 +461,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
@@ -513,7 +525,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 4; ++c)
@@ -529,7 +541,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (32*pid_m + i < S) t6[(32*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
@@ -540,6 +552,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo,
     __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -556,20 +571,20 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
+            bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -578,19 +593,19 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
+            bytes ? wo + ((BK*kb + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -607,9 +622,9 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C)
-          x_1[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -621,6 +636,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2,
     __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -629,8 +645,8 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -650,8 +666,8 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -662,6 +678,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1,
     __global float* restrict t10, const long S, const long C, const long F) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -678,20 +697,20 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -700,19 +719,19 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -729,8 +748,8 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F)
-          t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
@@ -742,6 +761,9 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     __global const float* restrict t10, __global float* restrict t12, const long S, const long C,
     const long F) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -758,20 +780,20 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -780,19 +802,19 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w3_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
+            bytes ? w3 + ((BK*kb + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -809,9 +831,9 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F)
-          t12[(64*pid_m + i) * F + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -824,6 +846,9 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     __global const float* restrict x_1, __global float* restrict out, const long S, const long F,
     const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -840,20 +865,20 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < F; ++kb) {
+  for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < F ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < F ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
+            bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + j) : t12, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
@@ -862,19 +887,19 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < F && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < F && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -891,9 +916,9 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C)
-          out[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

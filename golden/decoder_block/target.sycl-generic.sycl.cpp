@@ -75,6 +75,7 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
     float* __restrict__ h, const long long S, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -82,8 +83,8 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -103,8 +104,8 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < S ? x[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -115,6 +116,9 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
     float* __restrict__ t0, const long long S, const long long C, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -130,20 +134,20 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -152,19 +156,19 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((16*kb + i) * C + 64*pid_n + j) : wq, bytes);
+            bytes ? wq + ((BK*kb + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wq[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -180,7 +184,7 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t0[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -191,6 +195,9 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
     float* __restrict__ t2, const long long S, const long long C, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -206,20 +213,20 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -228,19 +235,19 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((16*kb + i) * C + 64*pid_n + j) : wk, bytes);
+            bytes ? wk + ((BK*kb + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wk[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -256,7 +263,7 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t2[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -267,6 +274,9 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
     float* __restrict__ t4, const long long S, const long long C, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -282,20 +292,20 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((64*pid_m + i) * C + 16*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -304,19 +314,19 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((16*kb + i) * C + 64*pid_n + j) : wv, bytes);
+            bytes ? wv + ((BK*kb + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wv[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -332,7 +342,7 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C) t4[(64*pid_m + i) * C + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -343,6 +353,8 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     const float* __restrict__ t4, float* __restrict__ t6, const long long S, const long long C,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem, float* tsr_rows, float* p_stage) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 32;
+  constexpr int BN = 32;
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 8192);
   float* const v_tile_smem = (float*)(tsr_smem + 16384);
@@ -358,13 +370,13 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
-      const int bytes = 32*pid_m + i < S ? 16 : 0;
+      const int bytes = BM*pid_m + i < S ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t0 + ((32*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            32*pid_m + i < S ? t0[(32*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
@@ -384,20 +396,20 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * 32 < S; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
+        const int bytes = BN*nblk + i < S ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + ((32*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32*nblk + i < S ? t2[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -406,13 +418,13 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
-        const int bytes = 32*nblk + i < S ? 16 : 0;
+        const int bytes = BN*nblk + i < S ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + ((32*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32*nblk + i < S ? t4[(32*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -432,7 +444,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (32*nblk + 32 <= S) {
+    if (BN*nblk + 32 <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -445,7 +457,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          p[t] = 32*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
+          p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
@@ -511,7 +523,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int kk = 0; kk < 32 && kk < S - 32*nblk; ++kk) {
+    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 4; ++c)
@@ -527,7 +539,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (32*pid_m + i < S) t6[(32*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
@@ -538,6 +550,9 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
     const float* __restrict__ x, float* __restrict__ x_1, const long long S, const long long C,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -553,20 +568,20 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((64*pid_m + i) * C + 16*kb + j) : t6, bytes);
+            bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? t6[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -575,19 +590,19 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((16*kb + i) * C + 64*pid_n + j) : wo, bytes);
+            bytes ? wo + ((BK*kb + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < C ? wo[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -604,9 +619,9 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C)
-          x_1[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < C ? x[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -618,6 +633,7 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
     float* __restrict__ h_1, const long long S, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -625,8 +641,8 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
@@ -646,8 +662,8 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < S) h_1[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < S ? x_1[(4*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -658,6 +674,9 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
     float* __restrict__ t10, const long long S, const long long C, const long long F,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -673,20 +692,20 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -695,19 +714,19 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * F + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < F ? w1[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -724,8 +743,8 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F)
-          t10[(64*pid_m + i) * F + 64*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
 }
@@ -736,6 +755,9 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
     const float* __restrict__ t10, float* __restrict__ t12, const long long S, const long long C,
     const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -751,20 +773,20 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((64*pid_m + i) * C + 16*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < C ? h_1[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -773,19 +795,19 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w3_aligned) {
-        const int bytes = 16*kb + i < C && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((16*kb + i) * F + 64*pid_n + j) : w3, bytes);
+            bytes ? w3 + ((BK*kb + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < C && 64*pid_n + j + q < F ? w3[(16*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -802,9 +824,9 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < F)
-          t12[(64*pid_m + i) * F + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < F ? t10[(64*pid_m + i) * F + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < F)
+          t12[(BM*pid_m + i) * F + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -816,6 +838,9 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
     const float* __restrict__ x_1, float* __restrict__ out, const long long S, const long long F,
     const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -831,20 +856,20 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
-        const int bytes = 64*pid_m + i < S && 16*kb + j < F ? 16 : 0;
+        const int bytes = BM*pid_m + i < S && BK*kb + j < F ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t12 + ((64*pid_m + i) * F + 16*kb + j) : t12, bytes);
+            bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + j) : t12, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < S && 16*kb + j + q < F ? t12[(64*pid_m + i) * F + 16*kb + j + q] : 0;
+              BM*pid_m + i < S && BK*kb + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
@@ -853,19 +878,19 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < F && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < F && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < F && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -882,9 +907,9 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < S && 64*pid_n + j < C)
-          out[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < S && 64*pid_n + j < C ? x_1[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < S && BN*pid_n + j < C)
+          out[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

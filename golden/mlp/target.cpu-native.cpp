@@ -525,37 +525,40 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 512;
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 131072;
   float* const acc = b_tile_smem + 131072;
-  float* const t = acc + 65536;
-  float* const t_4 = t + 256;
+  float* const bias_tile = acc + 65536;
+  float* const t_3 = bias_tile + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 512); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 512, A, K, 256*pid_m, 512*kb, M, K);
+    tsr::load_corner(a_tile_smem, 256, 512, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 512, 256, B, N, 512*kb, 256*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 512, 256, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - 256*pid_m),
-        tsr::live(256, N - 256*pid_n), tsr::live(512, K - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - BM*pid_m),
+        tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
   }
-  tsr::load_tile(t, 1, 256, bias, 0, 0, 256*pid_n, 1, N);
-  float* const t_1 = t;
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
+  tsr::load_tile(bias_tile, 1, 256, bias, 0, 0, BN*pid_n, 1, N);
+  float* const t = bias_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_4[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t_1[j]))));
+      t_3[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t[j]))));
     }
   }
-  tsr::store_tile(out, N, 256*pid_m, 256*pid_n, M, N, t_4, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 256, 256);
 }
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
@@ -572,37 +575,40 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
 static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
     tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 512;
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 131072;
   float* const acc = b_tile_smem + 131072;
-  float* const t = acc + 65536;
-  float* const h_1 = t + 256;
+  float* const b_in_tile = acc + 65536;
+  float* const h_1 = b_in_tile + 256;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 512); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 512, x, D, 256*pid_m, 512*kb, T, D);
+    tsr::load_corner(a_tile_smem, 256, 512, x, D, BM*pid_m, BK*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 512, 256, W_in, F, 512*kb, 256*pid_n, D, F);
+    tsr::load_corner(b_tile_smem, 512, 256, W_in, F, BK*kb, BN*pid_n, D, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m),
-        tsr::live(256, F - 256*pid_n), tsr::live(512, D - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - BM*pid_m),
+        tsr::live(256, F - BN*pid_n), tsr::live(512, D - BK*kb));
   }
-  tsr::load_tile(t, 1, 256, b_in, 0, 0, 256*pid_n, 1, F);
-  float* const t_1 = t;
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
+  tsr::load_tile(b_in_tile, 1, 256, b_in, 0, 0, BN*pid_n, 1, F);
+  float* const t = b_in_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t_1[j]))));
+      h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t[j]))));
     }
   }
-  tsr::store_tile(h, F, 256*pid_m, 256*pid_n, T, F, h_1, 256, 256);
+  tsr::store_tile(h, F, BM*pid_m, BN*pid_n, T, F, h_1, 256, 256);
 }
 
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
@@ -619,39 +625,42 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
 static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
     const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 512;
   float* const area = tsr::scratch(131072 + 131072 + 65536 + 256 + 65536 + 65536);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 131072;
   float* const acc = b_tile_smem + 131072;
-  float* const t = acc + 65536;
-  float* const t_3 = t + 256;
-  float* const t_5 = t_3 + 65536;
+  float* const b_out_tile = acc + 65536;
+  float* const x_tile = b_out_tile + 256;
+  float* const t_3 = x_tile + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, 512); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 512, h, F, 256*pid_m, 512*kb, T, F);
+    tsr::load_corner(a_tile_smem, 256, 512, h, F, BM*pid_m, BK*kb, T, F);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 512, 256, W_out, D, 512*kb, 256*pid_n, F, D);
+    tsr::load_corner(b_tile_smem, 512, 256, W_out, D, BK*kb, BN*pid_n, F, D);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - 256*pid_m),
-        tsr::live(256, D - 256*pid_n), tsr::live(512, F - 512*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, T - BM*pid_m),
+        tsr::live(256, D - BN*pid_n), tsr::live(512, F - BK*kb));
   }
-  tsr::load_tile(t, 1, 256, b_out, 0, 0, 256*pid_n, 1, D);
-  float* const t_1 = t;
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  tsr::load_tile(t_3, 256, 256, x, D, 256*pid_m, 256*pid_n, T, D);
+  tsr::load_tile(b_out_tile, 1, 256, b_out, 0, 0, BN*pid_n, 1, D);
+  float* const t = b_out_tile;
+  tsr::load_tile(x_tile, 256, 256, x, D, BM*pid_m, BN*pid_n, T, D);
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_5[i * 256 + j] = tsr::round_bf16((t_3[i * 256 + j] + (acc[i * 256 + j] + t_1[j])));
+      t_3[i * 256 + j] = tsr::round_bf16((x_tile[i * 256 + j] + (acc[i * 256 + j] + t[j])));
     }
   }
-  tsr::store_tile(out, D, 256*pid_m, 256*pid_n, T, D, t_5, 256, 256);
+  tsr::store_tile(out, D, BM*pid_m, BN*pid_n, T, D, t_3, 256, 256);
 }
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
@@ -668,39 +677,42 @@ static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const floa
 static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 1024;
   float* const area = tsr::scratch(262144 + 262144 + 65536 + 262144 + 256 + 65536);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 262144;
   float* const acc = b_tile_smem + 262144;
   float* const t = acc + 65536;
-  float* const t_1 = t + 262144;
-  float* const t_4 = t_1 + 256;
+  float* const bias_tile = t + 262144;
+  float* const t_3 = bias_tile + 256;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, 1024); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 1024, x, D, 256*pid_m, 1024*kb, T, D);
+    tsr::load_corner(a_tile_smem, 256, 1024, x, D, BM*pid_m, BK*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    tsr::load_tile(b_tile_smem, 256, 1024, w, D, 256*pid_n, 1024*kb, F, D);
+    tsr::load_tile(b_tile_smem, 256, 1024, w, D, BN*pid_n, BK*kb, F, D);
     float* const b_tile = b_tile_smem;
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     tsr::transpose(t, b_tile, 256, 1024);
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, t, acc, 256, 256, 1024, tsr::live(256, T - 256*pid_m),
-        tsr::live(256, F - 256*pid_n), tsr::live(1024, D - 1024*kb));
+    tsr::mma(acc_1, a_tile, t, acc, 256, 256, 1024, tsr::live(256, T - BM*pid_m),
+        tsr::live(256, F - BN*pid_n), tsr::live(1024, D - BK*kb));
   }
-  tsr::load_tile(t_1, 1, 256, bias, 0, 0, 256*pid_n, 1, F);
-  float* const t_2 = t_1;
   // mlp.tsr:31: return x @ w.T + bias
+  tsr::load_tile(bias_tile, 1, 256, bias, 0, 0, BN*pid_n, 1, F);
+  float* const t_1 = bias_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_4[i * 256 + j] = tsr::round_bf16((acc[i * 256 + j] + t_2[j]));
+      t_3[i * 256 + j] = tsr::round_bf16((acc[i * 256 + j] + t_1[j]));
     }
   }
-  tsr::store_tile(out, F, 256*pid_m, 256*pid_n, T, F, t_4, 256, 256);
+  tsr::store_tile(out, F, BM*pid_m, BN*pid_n, T, F, t_3, 256, 256);
 }
 
 static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,

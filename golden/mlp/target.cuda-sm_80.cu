@@ -33,7 +33,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 __device__ inline unsigned short tsr_float_to_f16(float value) {
   unsigned short bits;
@@ -47,9 +49,13 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
 // NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 __device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | __float_as_uint(tsr_nan()));  // NaN, its sign kept
-  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u,
+      mantissa = bits & 7u;
+  // NaN, its sign kept
+  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | __float_as_uint(tsr_nan()));
+  // m 2^-9
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa
+      * 0.001953125f));
   return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
@@ -63,7 +69,8 @@ __device__ inline float tsr_gelu(float x) {
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -71,11 +78,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -103,12 +113,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -159,8 +173,14 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) linear_gelu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -175,12 +195,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -191,12 +213,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -208,12 +232,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -224,12 +250,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -245,55 +273,71 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -309,13 +353,18 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
+            + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -323,8 +372,13 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(const unsigned sho
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
+extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* __restrict__ x,
+    const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
+    unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -339,12 +393,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -355,12 +411,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + 128*pid_n + j) : W_in, bytes);
+        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && 128*pid_n + j + q < F ? W_in[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < D && BN*pid_n + j + q < F ? W_in[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -372,12 +430,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && 32 + j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32 + j + q < D ? x[(128*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
     }
@@ -388,12 +448,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
-        const int bytes = 32 + i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32 + i) * F + 128*pid_n + j) : W_in, bytes);
+        const int bytes = 32 + i < D && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((32 + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < D && 128*pid_n + j + q < F ? W_in[(32 + i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < D && BN*pid_n + j + q < F ? W_in[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -409,55 +471,71 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 64 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 64 + j + q < D ? x[(128*pid_m + i) * D + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 64 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
-          const int bytes = 32*kb + 64 + i < D && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + 64 + i) * F + 128*pid_n + j) : W_in, bytes);
+          const int bytes = BK*kb + 64 + i < D && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_in + ((BK*kb + 64 + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < D && 128*pid_n + j + q < F ? W_in[(32*kb + 64 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < D && BN*pid_n + j + q < F
+                ? W_in[(BK*kb + 64 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -473,13 +551,18 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f))))));
+        pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
+            + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 128*pid_n + j0])) {
-        tsr_store_pair(&h[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F
+          && tsr_pair_aligned(&h[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+        tsr_store_pair(&h[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < F) h[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < F)
+            h[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F)
+            h[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -487,8 +570,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* __restrict__ h,
+    const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
+    const long long F, const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -503,12 +592,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < F ? h[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -519,12 +610,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + 128*pid_n + j) : W_out, bytes);
+        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && 128*pid_n + j + q < D ? W_out[(i) * D + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < F && BN*pid_n + j + q < D ? W_out[(i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -536,12 +629,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && 32 + j < F ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((BM*pid_m + i) * F + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32 + j + q < F ? h[(128*pid_m + i) * F + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && 32 + j + q < F ? h[(BM*pid_m + i) * F + 32 + j + q] : 0;
         }
       }
     }
@@ -552,12 +647,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
-        const int bytes = 32 + i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32 + i) * D + 128*pid_n + j) : W_out, bytes);
+        const int bytes = 32 + i < F && BN*pid_n + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((32 + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < F && 128*pid_n + j + q < D ? W_out[(32 + i) * D + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < F && BN*pid_n + j + q < D ? W_out[(32 + i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -573,55 +670,71 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < F) {
+    if (BK*kb + 64 < F) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 64 + j < F ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32*kb + 64 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < F ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? h + ((BM*pid_m + i) * F + BK*kb + 64 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 64 + j + q < F ? h[(128*pid_m + i) * F + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 64 + j + q < F
+                ? h[(BM*pid_m + i) * F + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < F) {
+    if (BK*kb + 64 < F) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
-          const int bytes = 32*kb + 64 + i < F && 128*pid_n + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + 64 + i) * D + 128*pid_n + j) : W_out, bytes);
+          const int bytes = BK*kb + 64 + i < F && BN*pid_n + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_out + ((BK*kb + 64 + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < F && 128*pid_n + j + q < D ? W_out[(32*kb + 64 + i) * D + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < F && BN*pid_n + j + q < D
+                ? W_out[(BK*kb + 64 + i) * D + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -637,13 +750,19 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f)))));
+        pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
+            ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
+            + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * D + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * D + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * D + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < D) out[(128*pid_m + i) * D + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < D)
+            out[(BM*pid_m + i) * D + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D)
+            out[(BM*pid_m + i) * D + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }
@@ -651,8 +770,13 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
+extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char* __restrict__ x,
+    const unsigned char* __restrict__ w, const float* __restrict__ bias,
+    unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
@@ -667,12 +791,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -683,12 +809,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 128*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && j + q < D ? w[(128*pid_n + i) * D + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
     }
@@ -700,12 +828,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64 + j + q < D ? x[(128*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < T && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -716,12 +846,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 128*pid_n + i < F && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64 + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && 64 + j < D ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((BN*pid_n + i) * D + 64 + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64 + j + q < D ? w[(128*pid_n + i) * D + 64 + j + q] : 0;
+          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BN*pid_n + i < F && 64 + j + q < D ? w[(BN*pid_n + i) * D + 64 + j + q] : 0;
         }
       }
     }
@@ -737,59 +869,110 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 128 < D) {
+    if (BK*kb + 128 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 128 + j < D ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64*kb + 128 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 128 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (64*kb + 128 < D) {
+    if (BK*kb + 128 < D) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {
-          const int bytes = 128*pid_n + i < F && 64*kb + 128 + j < D ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64*kb + 128 + j) : w, bytes);
+          const int bytes = BN*pid_n + i < F && BK*kb + 128 + j < D ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              bytes ? w + ((BN*pid_n + i) * D + BK*kb + 128 + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64*kb + 128 + j + q < D ? w[(128*pid_n + i) * D + 64*kb + 128 + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 128 + j + q < D
+                ? w[(BN*pid_n + i) * D + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - 64*kb; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        a_frag[fm][0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
-        a_frag[fm][1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
-        a_frag[fm][2] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
-        a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        a_frag[fm][0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
+            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
+            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
+            + fm * 16 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 1) % 16])));
+        a_frag[fm][1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
+            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
+            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
+            + (kk + lane % 4 * 2) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
+            + fm * 16 + lane / 4 + 8) * 64
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
+            + (kk + lane % 4 * 2 + 1) % 16])));
+        a_frag[fm][2] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
+            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
+            + fm * 16 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
+            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
+            + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
+            + fm * 16 + lane / 4 + 8) * 64
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4)
+            * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 1) % 16])));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8) % 16])), tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64 + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
+            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
+            + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
+            + fn * 8 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 1) % 16])));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
+            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
+            + fn * 8 + lane / 4) * 64
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
+            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -805,13 +988,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f))));
+        pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
       }
-      if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * F + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < T && 128*pid_n + j0 < F) out[(128*pid_m + i) * F + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < T && 128*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 < F)
+            out[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F)
+            out[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

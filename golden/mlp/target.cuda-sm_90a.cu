@@ -26,7 +26,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- math
 
@@ -38,7 +40,8 @@ __device__ inline float tsr_gelu(float x) {
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -46,11 +49,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -67,7 +73,8 @@ __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long lon
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
 // in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
+    unsigned stride_bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
@@ -77,14 +84,22 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
 // written. After it: the batch is one group, and the warpgroup waits until at most
 // `Pending` of its groups are still running.
-__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ inline void tsr_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int Pending>
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory");
+}
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
-__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ inline void tsr_fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // ---------------------------------------------------------------- tensor memory access
 
@@ -99,17 +114,21 @@ struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(address), "r"(arrivals) : "memory");
 }
 
 // Initialized barriers are seen by the copies that complete them (the async proxy) once
 // the block's barrier after this fence has been passed.
-__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ inline void tsr_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 
 // One arrival, announcing `bytes` more to land before the phase completes.
 __device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(address), "r"(bytes) : "memory");
 }
 
 // Waits until the barrier's phase of parity `parity` has completed: the copies it
@@ -138,27 +157,34 @@ __device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
 // The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
 // its spare registers back, the computing warpgroups take them.
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 
 // ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
-__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1) {
+__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map,
+    unsigned long long* bar, int c0, int c1) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
   const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
+               :: "r"(address), "l"(map), "r"(barrier),
+"r"(c0), "r"(c1) : "memory");
 }
 
 // d += a @ b on one warpgroup's m64n256k16 tile of bf16: `d` is the warp's 32 m16n8
 // accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
 // a descriptor too. TransA and TransB say that a is M-major and b N-major.
 template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -182,22 +208,28 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
       " %120, %121, %122, %123, %124, %125, %126, %127},"
       " %128, %129, p, 1, 1, %131, %132;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+        "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
       : "memory");
 }
@@ -205,7 +237,8 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
 // d += a @ b on one warpgroup's m64n256k32 tile of fp8_e4m3: `d` is the warp's 32 m16n8
 // accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
 // a descriptor too. Both are K-major, the only way wgmma takes fp8_e4m3.
-__device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long long a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -229,22 +262,28 @@ __device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long 
       " %120, %121, %122, %123, %124, %125, %126, %127},"
       " %128, %129, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+        "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1)
       : "memory");
 }
@@ -253,13 +292,22 @@ __device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long 
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map,
+    const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 4;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -287,105 +335,121 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? B[(i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
     }
     if (64 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? A[(128*pid_m + i) * K + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < M && 64 + j < K ? A[(BM*pid_m + i) * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? B[(64 + i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              64 + i < K && BN*pid_n + j < N ? B[(64 + i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
+          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 128 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 128 < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? A[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+                BM*pid_m + i < M && BK*kb + 128 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 128 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? B[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N
+                ? B[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
+            ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -400,13 +464,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0,
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -426,13 +493,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < N ? bias[256*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
+              + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+            && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -441,13 +513,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(const unsigned 
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map W_in_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short* __restrict__ x,
+    const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
+    unsigned short* __restrict__ h, const long long T, const long long D, const long long F,
+    const __grid_constant__ tsr_tensor_map x_map,
+    const __grid_constant__ tsr_tensor_map W_in_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -475,105 +556,121 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < D && 256*pid_n + j < F ? W_in[(i) * F + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < D && BN*pid_n + j < F ? W_in[(i) * F + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
     }
     if (64 < D) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < D ? x[(128*pid_m + i) * D + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < T && 64 + j < D ? x[(BM*pid_m + i) * D + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < D && 256*pid_n + j < F ? W_in[(64 + i) * F + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              64 + i < D && BN*pid_n + j < F ? W_in[(64 + i) * F + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < D; ++kb) {
-      if (64*kb + 128 < D) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
+      if (BK*kb + 128 < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < D ? x[(128*pid_m + i) * D + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+                BM*pid_m + i < T && BK*kb + 128 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 128 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_in_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < D && 256*pid_n + j < F ? W_in[(64*kb + 128 + i) * F + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BK*kb + 128 + i < D && BN*pid_n + j < F
+                ? W_in[(BK*kb + 128 + i) * F + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
+            ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -588,13 +685,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < D; ++kb) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0,
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -614,13 +714,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t] + (256*pid_n + j < F ? b_in[256*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
+              + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&h[(128*pid_m + i) * F + 256*pid_n + j0])) {
-          tsr_store_pair(&h[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F
+            && tsr_pair_aligned(&h[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+          tsr_store_pair(&h[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < F) h[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) h[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < F)
+              h[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F)
+              h[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -629,13 +734,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/256), pid_m < ceil(T/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D, const __grid_constant__ tsr_tensor_map h_map, const __grid_constant__ tsr_tensor_map W_out_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short* __restrict__ h,
+    const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
+    const long long F, const long long D, const __grid_constant__ tsr_tensor_map h_map,
+    const __grid_constant__ tsr_tensor_map W_out_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 4;
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -663,105 +777,121 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &h_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && j < F ? h[(128*pid_m + i) * F + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < T && j < F ? h[(BM*pid_m + i) * F + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < F && 256*pid_n + j < D ? W_out[(i) * D + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < F && BN*pid_n + j < D ? W_out[(i) * D + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
     }
     if (64 < F) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64 + j < F ? h[(128*pid_m + i) * F + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < T && 64 + j < F ? h[(BM*pid_m + i) * F + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < F && 256*pid_n + j < D ? W_out[(64 + i) * D + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              64 + i < F && BN*pid_n + j < D ? W_out[(64 + i) * D + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
+          ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < F; ++kb) {
-      if (64*kb + 128 < F) {
+    for (long long kb = 0; kb * BK < F; ++kb) {
+      if (BK*kb + 128 < F) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (h_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < T && 64*kb + 128 + j < F ? h[(128*pid_m + i) * F + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+                BM*pid_m + i < T && BK*kb + 128 + j < F ? h[(BM*pid_m + i) * F + BK*kb + 128 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_out_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < F && 256*pid_n + j < D ? W_out[(64*kb + 128 + i) * D + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BK*kb + 128 + i < F && BN*pid_n + j < D
+                ? W_out[(BK*kb + 128 + i) * D + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
+            ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -776,13 +906,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < F; ++kb) {
+    for (long long kb = 0; kb * BK < F; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0,
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -802,13 +935,19 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16(((128*pid_m + i < T && 256*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 256*pid_n + j]) : 0.0f) + (acc[t] + (256*pid_n + j < D ? b_out[256*pid_n + j] : 0.0f)))));
+          pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
+              ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
+              + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D && tsr_pair_aligned(&out[(128*pid_m + i) * D + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * D + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D
+            && tsr_pair_aligned(&out[(BM*pid_m + i) * D + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * D + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < D) out[(128*pid_m + i) * D + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < D) out[(128*pid_m + i) * D + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < D)
+              out[(BM*pid_m + i) * D + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < D)
+              out[(BM*pid_m + i) * D + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }
@@ -817,13 +956,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map w_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
+    const unsigned char* __restrict__ x, const unsigned char* __restrict__ w,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T,
+    const long long D, const long long F, const __grid_constant__ tsr_tensor_map x_map,
+    const __grid_constant__ tsr_tensor_map w_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -851,96 +999,109 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && j < D ? x[(128*pid_m + i) * D + j] : 0;
+          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+              BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, 256*pid_n);
+          tsr_tma_load_2d(b_tile_smem, &w_map, tsr_landed + 0, 0, BN*pid_n);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && j < D ? w[(256*pid_n + i) * D + j] : 0;
+          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+              BN*pid_n + i < F && j < D ? w[(BN*pid_n + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
     }
     if (128 < D) {
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128 + j < D ? x[(128*pid_m + i) * D + 128 + j] : 0;
+          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+              BM*pid_m + i < T && 128 + j < D ? x[(BM*pid_m + i) * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, 256*pid_n);
+          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, BN*pid_n);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 32768; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128 + j < D ? w[(256*pid_n + i) * D + 128 + j] : 0;
+          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+              BN*pid_n + i < F && 128 + j < D ? w[(BN*pid_n + i) * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 128 < D; ++kb) {
-      if (128*kb + 256 < D) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
+      if (BK*kb + 256 < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 256, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 128*pid_m + i < T && 128*kb + 256 + j < D ? x[(128*pid_m + i) * D + 128*kb + 256 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+                BM*pid_m + i < T && BK*kb + 256 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 256 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
         if (w_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map, tsr_landed + (kb + 2) % 4, 128*kb + 256, 256*pid_n);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 256, BN*pid_n);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 32768; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] = 256*pid_n + i < F && 128*kb + 256 + j < D ? w[(256*pid_n + i) * D + 128*kb + 256 + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+                BN*pid_n + i < F && BK*kb + 256 + j < D ? w[(BN*pid_n + i) * D + BK*kb + 256 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
+            ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -955,13 +1116,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 128 < D; ++kb) {
+    for (long long kb = 0; kb * BK < D; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 128; kk += 32) {
-        tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
+        tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc,
+            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128,
+            16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -981,13 +1144,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(const unsigned c
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((acc[t] + (256*pid_n + j < F ? bias[256*pid_n + j] : 0.0f))));
+          pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
         }
-        if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F && tsr_pair_aligned(&out[(128*pid_m + i) * F + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * F + 256*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F
+            && tsr_pair_aligned(&out[(BM*pid_m + i) * F + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * F + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < T && 256*pid_n + j0 < F) out[(128*pid_m + i) * F + 256*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < T && 256*pid_n + j0 + 1 < F) out[(128*pid_m + i) * F + 256*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 < F)
+              out[(BM*pid_m + i) * F + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F)
+              out[(BM*pid_m + i) * F + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

@@ -32,7 +32,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
@@ -40,9 +42,13 @@ __device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(t
 // NaN) and e5m2 (IEEE-like). Widening is exact. Narrowing rounds to nearest even and
 // overflows as ml_dtypes and the CPU backend do: to NaN (e4m3), to infinity (e5m2).
 __device__ inline float tsr_fp8_e4m3_to_float(unsigned char bits) {
-  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u, mantissa = bits & 7u;
-  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | __float_as_uint(tsr_nan()));  // NaN, its sign kept
-  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa * 0.001953125f));  // m 2^-9
+  const unsigned int sign = (unsigned int)(bits & 0x80u) << 24, exponent = (bits >> 3) & 15u,
+      mantissa = bits & 7u;
+  // NaN, its sign kept
+  if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(sign | __float_as_uint(tsr_nan()));
+  // m 2^-9
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint((float)mantissa
+      * 0.001953125f));
   return __uint_as_float(sign | (exponent + 120u) << 23 | mantissa << 20);
 }
 
@@ -79,8 +85,14 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) linear_gelu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -95,12 +107,14 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -111,12 +125,14 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -131,50 +147,62 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 32 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 32 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+          for (int q = 0; q < 4; ++q)
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -191,15 +219,23 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(const unsigned sho
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in, const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* __restrict__ x,
+    const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
+    unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -214,12 +250,14 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -230,12 +268,14 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && 128*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((i) * F + 128*pid_n + j) : W_in, bytes);
+        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < D && 128*pid_n + j + q < F ? W_in[(i) * F + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < D && BN*pid_n + j + q < F ? W_in[(i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -250,50 +290,62 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < D) {
+    if (BK*kb + 32 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 32 + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * D + 32*kb + 32 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 32 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 32 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 32 + j + q < D ? x[(128*pid_m + i) * D + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 32 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < D) {
+    if (BK*kb + 32 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
-          const int bytes = 32*kb + 32 + i < D && 128*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_in + ((32*kb + 32 + i) * F + 128*pid_n + j) : W_in, bytes);
+          const int bytes = BK*kb + 32 + i < D && BN*pid_n + j < F ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_in + ((BK*kb + 32 + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < D && 128*pid_n + j + q < F ? W_in[(32*kb + 32 + i) * F + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 32 + i < D && BN*pid_n + j + q < F
+                ? W_in[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < D - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+          for (int q = 0; q < 4; ++q)
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -310,15 +362,24 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T && 128*pid_n + j < F) h[(128*pid_m + i) * F + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (128*pid_n + j < F ? b_in[128*pid_n + j] : 0.0f)))))));
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          h[(BM*pid_m + i) * F + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
+          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
 // grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out, const float* __restrict__ b_out, const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T, const long long F, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* __restrict__ h,
+    const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
+    const long long F, const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -333,12 +394,14 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && j + q < F ? h[(128*pid_m + i) * F + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
     }
@@ -349,12 +412,14 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && 128*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((i) * D + 128*pid_n + j) : W_out, bytes);
+        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < F && 128*pid_n + j + q < D ? W_out[(i) * D + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < F && BN*pid_n + j + q < D ? W_out[(i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -369,50 +434,62 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T && 32*kb + 32 + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? h + ((128*pid_m + i) * F + 32*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 32 + j < F ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? h + ((BM*pid_m + i) * F + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < T && 32*kb + 32 + j + q < F ? h[(128*pid_m + i) * F + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 32 + j + q < F
+                ? h[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < F) {
+    if (BK*kb + 32 < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
-          const int bytes = 32*kb + 32 + i < F && 128*pid_n + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? W_out + ((32*kb + 32 + i) * D + 128*pid_n + j) : W_out, bytes);
+          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < D ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_out + ((BK*kb + 32 + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < F && 128*pid_n + j + q < D ? W_out[(32*kb + 32 + i) * D + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 32 + i < F && BN*pid_n + j + q < D
+                ? W_out[(BK*kb + 32 + i) * D + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+          for (int q = 0; q < 4; ++q)
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -429,15 +506,24 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T && 128*pid_n + j < D) out[(128*pid_m + i) * D + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16(((128*pid_m + i < T && 128*pid_n + j < D ? tsr_bf16_to_float(x[(128*pid_m + i) * D + 128*pid_n + j]) : 0.0f) + (acc[t] + (128*pid_n + j < D ? b_out[128*pid_n + j] : 0.0f))))));
+      if (BM*pid_m + i < T && BN*pid_n + j < D)
+          out[(BM*pid_m + i) * D + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
+          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
     }
   }
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
+extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char* __restrict__ x,
+    const unsigned char* __restrict__ w, const float* __restrict__ bias,
+    unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 64;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 16384);
@@ -452,12 +538,14 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -468,12 +556,14 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 128*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && j + q < D ? w[(128*pid_n + i) * D + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
     }
@@ -486,45 +576,55 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (64*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < T && 64*kb + 64 + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * D + 64*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
+              + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < T && 64*kb + 64 + j + q < D ? x[(128*pid_m + i) * D + 64*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 64 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (64*kb + 64 < D) {
+    if (BK*kb + 64 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {
-          const int bytes = 128*pid_n + i < F && 64*kb + 64 + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? w + ((128*pid_n + i) * D + 64*kb + 64 + j) : w, bytes);
+          const int bytes = BN*pid_n + i < F && BK*kb + 64 + j < D ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
+              + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + 64 + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_n + i < F && 64*kb + 64 + j + q < D ? w[(128*pid_n + i) * D + 64*kb + 64 + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 64 + j + q < D
+                ? w[(BN*pid_n + i) * D + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
+    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64 + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16]);
-      for (int c = 0; c < 8; ++c) b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * 128 + tx + c * 16) * 64 + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64
+          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16]);
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * 128 + tx + c * 16) * 64
+          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -536,7 +636,10 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T && 128*pid_n + j < F) out[(128*pid_m + i) * F + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((acc[t] + (128*pid_n + j < F ? bias[128*pid_n + j] : 0.0f)))));
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          out[(BM*pid_m + i) * F + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t]
+          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
     }
   }
 }

@@ -32,7 +32,9 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
@@ -77,6 +79,9 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     __global const float* restrict bias, __global ushort* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -93,20 +98,20 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -115,19 +120,19 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -146,10 +151,10 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -161,6 +166,9 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     __global const float* restrict b_in, __global ushort* restrict h, const long T, const long D,
     const long F) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -177,20 +185,20 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < D; ++kb) {
+  for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < T && 32*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -199,19 +207,19 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_in_aligned) {
-        const int bytes = 32*kb + i < D && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
+            bytes ? W_in + ((BK*kb + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < F ? W_in[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -230,10 +238,10 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F)
-          h[(64*pid_m + i) * F + 64*pid_n + j] =
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          h[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -245,6 +253,9 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     __global const float* restrict b_out, __global const ushort* restrict x,
     __global ushort* restrict out, const long T, const long F, const long D) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -261,20 +272,20 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < F; ++kb) {
+  for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T && 32*kb + j < F ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * F + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < F ? h[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
@@ -283,20 +294,20 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_out_aligned) {
-        const int bytes = 32*kb + i < F && 64*pid_n + j < D ? 16 : 0;
+        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
+            bytes ? W_out + ((BK*kb + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q]
+              BK*kb + i < F && BN*pid_n + j + q < D ? W_out[(BK*kb + i) * D + BN*pid_n + j + q]
               : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -315,11 +326,11 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < D)
-          out[(64*pid_m + i) * D + 64*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D
-          ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f)
-          + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
+      if (BM*pid_m + i < T && BN*pid_n + j < D)
+          out[(BM*pid_m + i) * D + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
+          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
     }
   }
 }
@@ -331,6 +342,9 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     __global const float* restrict bias, __global ushort* restrict out, const long T,
     const long D, const long F) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 64;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
   __local uchar* const b_tile_smem = (__local uchar*)(tsr_smem + 4096);
@@ -347,20 +361,20 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 64 < D; ++kb) {
+  for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < T && 64*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -369,19 +383,19 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 64*pid_n + i < F && 64*kb + j < D ? 16 : 0;
+        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
+            bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
+              BN*pid_n + i < F && BK*kb + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
+    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
@@ -400,10 +414,10 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F)
-          out[(64*pid_m + i) * F + 64*pid_n + j] =
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          out[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t]
-          + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
+          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
     }
   }
 }

@@ -34,7 +34,9 @@ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
@@ -85,6 +87,9 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -100,20 +105,20 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -122,19 +127,19 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -153,10 +158,10 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (64*pid_n + j < N ? bias[64*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -167,6 +172,9 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T,
     const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -182,20 +190,20 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < T && 32*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * D + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < T && 32*kb + j + q < D ? x[(64*pid_m + i) * D + 32*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -204,19 +212,19 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_in_aligned) {
-        const int bytes = 32*kb + i < D && 64*pid_n + j < F ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_in + ((32*kb + i) * F + 64*pid_n + j) : W_in, bytes);
+            bytes ? W_in + ((BK*kb + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < D && 64*pid_n + j + q < F ? W_in[(32*kb + i) * F + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < F ? W_in[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -235,10 +243,10 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F)
-          h[(64*pid_m + i) * F + 64*pid_n + j] =
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          h[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (64*pid_n + j < F ? b_in[64*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }
@@ -250,6 +258,9 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     unsigned short* __restrict__ out, const long long T, const long long F, const long long D,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -265,20 +276,20 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < F; ++kb) {
+  for (long long kb = 0; kb * BK < F; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T && 32*kb + j < F ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? h + ((64*pid_m + i) * F + 32*kb + j) : h, bytes);
+            bytes ? h + ((BM*pid_m + i) * F + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < T && 32*kb + j + q < F ? h[(64*pid_m + i) * F + 32*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < F ? h[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
@@ -287,20 +298,20 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_out_aligned) {
-        const int bytes = 32*kb + i < F && 64*pid_n + j < D ? 16 : 0;
+        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_out + ((32*kb + i) * D + 64*pid_n + j) : W_out, bytes);
+            bytes ? W_out + ((BK*kb + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < F && 64*pid_n + j + q < D ? W_out[(32*kb + i) * D + 64*pid_n + j + q]
+              BK*kb + i < F && BN*pid_n + j + q < D ? W_out[(BK*kb + i) * D + BN*pid_n + j + q]
               : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -319,11 +330,11 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < D)
-          out[(64*pid_m + i) * D + 64*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((64*pid_m + i < T && 64*pid_n + j < D
-          ? tsr_bf16_to_float(x[(64*pid_m + i) * D + 64*pid_n + j]) : 0.0f)
-          + (acc[t] + (64*pid_n + j < D ? b_out[64*pid_n + j] : 0.0f))))));
+      if (BM*pid_m + i < T && BN*pid_n + j < D)
+          out[(BM*pid_m + i) * D + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
+          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
     }
   }
 }
@@ -335,6 +346,9 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     unsigned short* __restrict__ out, const long long T, const long long D, const long long F,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 64;
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -350,20 +364,20 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < T && 64*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((64*pid_m + i) * D + 64*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_m + i < T && 64*kb + j + q < D ? x[(64*pid_m + i) * D + 64*kb + j + q] : 0;
+              BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -372,19 +386,19 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 64*pid_n + i < F && 64*kb + j < D ? 16 : 0;
+        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((64*pid_n + i) * D + 64*kb + j) : w, bytes);
+            bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_n + i < F && 64*kb + j + q < D ? w[(64*pid_n + i) * D + 64*kb + j + q] : 0;
+              BN*pid_n + i < F && BK*kb + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - 64*kb; ++kk) {
+    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
@@ -403,10 +417,10 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T && 64*pid_n + j < F)
-          out[(64*pid_m + i) * F + 64*pid_n + j] =
+      if (BM*pid_m + i < T && BN*pid_n + j < F)
+          out[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t]
-          + (64*pid_n + j < F ? bias[64*pid_n + j] : 0.0f)))));
+          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
     }
   }
 }

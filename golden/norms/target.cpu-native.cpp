@@ -258,6 +258,7 @@ inline float* scratch(i64 floats) {
 
 static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
       + tsr::whole_lines(4*C));
   float* const rows_edge = area;
@@ -266,7 +267,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
   float* const t_3 = e + tsr::whole_lines(4*C);
   float* const t_5 = t_3 + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, 4*pid_m, R);
+  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, BM*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = -tsr::infinity();
@@ -297,7 +298,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
       t_5[i * C + j] = e[i * C + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(out, C, 4*pid_m, 0, R, C, t_5, 4, C);
+  tsr::store_tile(out, C, BM*pid_m, 0, R, C, t_5, 4, C);
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
@@ -310,6 +311,7 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 
 static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
       + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
   float* const t = area;
@@ -322,7 +324,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   float* const t_13 = t_11 + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(t, 4, D, x, D, 4*pid_m, 0, T, D);
+  tsr::load_tile(t, 4, D, x, D, BM*pid_m, 0, T, D);
   float* const rows = t;
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -379,7 +381,7 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
       t_13[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_12[j]));
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, t_13, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, t_13, 4, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
@@ -393,6 +395,7 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 
 static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T,
     const tsr::i64 D, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
       + tsr::whole_lines(4*D));
   float* const rows_edge = area;
@@ -402,7 +405,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, 4*pid_m, T);
+  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -427,7 +430,7 @@ static void rms_program(const float* x, const float* weight, float* out, const t
       normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(out, D, 4*pid_m, 0, T, D, normed_1, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, normed_1, 4, D);
 }
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
@@ -441,23 +444,25 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
 
 static void add_rms_program(const float* x, const float* residual, const float* weight,
     float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
       + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
-  float* const t_edge = area;
-  float* const t_1_edge = t_edge + tsr::whole_lines(4*D);
-  float* const rows = t_1_edge + tsr::whole_lines(4*D);
-  float* const t_3 = rows + tsr::whole_lines(4*D);
+  float* const x_tile_edge = area;
+  float* const residual_tile_edge = x_tile_edge + tsr::whole_lines(4*D);
+  float* const rows = residual_tile_edge + tsr::whole_lines(4*D);
+  float* const t_1 = rows + tsr::whole_lines(4*D);
+  float* const t_3 = t_1 + 16;
   float* const t_5 = t_3 + 16;
-  float* const t_7 = t_5 + 16;
-  float* const normed_1 = t_7 + tsr::whole_lines(D);
+  float* const normed_1 = t_5 + tsr::whole_lines(D);
   const float eps = 1e-06f;
-  const float* const t = tsr::row_tile(t_edge, 4, D, x + (pid_b0) * (D*S), 4*pid_m, S);
-  const float* const t_1 = tsr::row_tile(t_1_edge, 4, D, residual + (pid_b0) * (D*S), 4*pid_m, S);
   // norms.tsr:29: return rmsnorm_safe(x + residual, weight, eps=1e-6)
+  const float* const x_tile = tsr::row_tile(x_tile_edge, 4, D, x + (pid_b0) * (D*S), BM*pid_m, S);
+  const float* const residual_tile =
+      tsr::row_tile(residual_tile_edge, 4, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      rows[i * D + j] = t[i * D + j] + t_1[i * D + j];
+      rows[i * D + j] = x_tile[i * D + j] + residual_tile[i * D + j];
     }
   }
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -465,26 +470,26 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
-    t_3[i] = r;
+    t_1[i] = r;
   }
   const float s = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < 4; ++j) {
-    t_5[j] = tsr::rsqrt(((t_3[j] * (1.0f / s)) + eps));
+    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_6 = t_5;
+  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_7, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_8 = t_7;
+  tsr::load_tile(t_5, 1, D, weight, 0, 0, 0, 1, D);
+  float* const t_6 = t_5;
   for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_6[i];
+    const float row_0 = t_4[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_8[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, 4*pid_m, 0, S, D, normed_1, 4, D);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, 4, D);
 }
 
 static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,

@@ -33,7 +33,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -69,8 +71,10 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 
 // ---- row_softmax: launch k0 of row_softmax: the library's softmax
 // grid [pid_m < ceil(R/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __restrict__ x, float* __restrict__ out, const long long R, const long long C) {
+extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __restrict__ x,
+    float* __restrict__ out, const long long R, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -78,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128) r = fmaxf(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 128)
+        r = fmaxf(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
@@ -86,21 +91,26 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128) r = r + (expf(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 128)
+        r = r + (expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] = ((expf(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
+          ((expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
 
 // ---- pre_norm: launch k0 of pre_norm: the library's layernorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta, unsigned short* __restrict__ out, const long long T, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short* __restrict__ x,
+    const float* __restrict__ gamma, const float* __restrict__ beta,
+    unsigned short* __restrict__ out, const long long T, const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-05f;
@@ -111,7 +121,8 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_1[4];
@@ -124,7 +135,10 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
   float variance[4];
@@ -147,15 +161,21 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
+          * (gamma[j])) + (beta[j])))));
     }
   }
 }
 
 // ---- rms: launch k0 of rms: the library's rmsnorm
 // grid [pid_m < ceil(T/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ x, const float* __restrict__ weight, float* __restrict__ out, const long long T, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ x,
+    const float* __restrict__ weight, float* __restrict__ out, const long long T,
+    const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -164,7 +184,9 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
+    for (long long j = lid; j < D; j += 128)
+        r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -188,16 +210,20 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] = (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
 
 // ---- add_rms: launch k0 of add_rms: the library's rmsnorm
 // grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight, float* __restrict__ out, const long long B, const long long S, const long long D) {
+extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restrict__ x,
+    const float* __restrict__ residual, const float* __restrict__ weight, float* __restrict__ out,
+    const long long B, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -207,7 +233,11 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128) r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+    for (long long j = lid; j < D; j += 128)
+        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -231,7 +261,10 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] = ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f) + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
+          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
+          * (weight[j]));
     }
   }
 }

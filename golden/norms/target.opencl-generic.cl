@@ -32,7 +32,9 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -72,6 +74,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void row_softmax(__global const float* restrict x, __global float* restrict out, const long R,
     const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -79,7 +82,7 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
-        r = fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
+        r = fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
@@ -87,13 +90,13 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + (exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] =
-          ((exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
+          ((exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -105,6 +108,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
     __global const float* restrict beta, __global ushort* restrict out, const long T,
     const long D) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
@@ -115,7 +119,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
-        r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
+        r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_1[4];
@@ -127,8 +131,8 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
-        r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
-        - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -148,10 +152,10 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   // layernorm.tsr:19: return normed
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T
-          ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j]))
-          + (beta[j])))));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
+          * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -162,6 +166,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void rms(__global const float* restrict x, __global const float* restrict weight,
     __global float* restrict out, const long T, const long D) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -170,8 +175,8 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
-        r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f)
-        * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -191,8 +196,8 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
-          (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -205,6 +210,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
     const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -214,10 +220,10 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
-        r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f))
-        * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -237,9 +243,9 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] =
-          ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-          + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i])
+      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
+          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
           * (weight[j]));
     }
   }

@@ -34,7 +34,9 @@ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -74,13 +76,14 @@ inline float tsr_group_max(const sycl::nd_item<3>& it, float* scratch, float val
 inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
     const long long R, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
-        r = sycl::fmax(r, (4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f));
+        r = sycl::fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
@@ -88,13 +91,13 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + (sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (sycl::exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < R) out[(4*pid_m + i) * C + j] =
-          ((sycl::exp(((4*pid_m + i < R ? x[(4*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
+          ((sycl::exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -105,6 +108,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
     const float* __restrict__ beta, unsigned short* __restrict__ out, const long long T,
     const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -114,7 +118,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + ((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f));
+        r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float v_1[4];
@@ -126,8 +130,8 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + ((((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
-        - v_1[i]) * (((4*pid_m + i < T ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f))
+        r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
+        - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]));
     v_2[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -147,10 +151,10 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   // layernorm.tsr:19: return normed
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((4*pid_m + i < T
-          ? tsr_bf16_to_float(x[(4*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j]))
-          + (beta[j])))));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
+          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
+          * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -161,6 +165,7 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
     float* __restrict__ out, const long long T, const long long D, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -168,8 +173,8 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + ((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f)
-        * (4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -189,8 +194,8 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < T) out[(4*pid_m + i) * D + j] =
-          (((4*pid_m + i < T ? x[(4*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
+          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -202,6 +207,7 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
     const long long S, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-06f;
@@ -210,10 +216,10 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + (((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f))
-        * ((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-        + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)));
+        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
@@ -233,9 +239,9 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (4*pid_m + i < S) out[((pid_b0) * S + 4*pid_m + i) * D + j] =
-          ((((4*pid_m + i < S ? x[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)
-          + (4*pid_m + i < S ? residual[((pid_b0) * S + 4*pid_m + i) * D + j] : 0.0f)) * v_2[i])
+      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
+          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
+          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
           * (weight[j]));
     }
   }

@@ -31,34 +31,45 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-__device__ inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+__device__ inline float tsr_saturate(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-__device__ inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+__device__ inline float tsr_saturate_int(float x, float lo, float hi) {
+  return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi);
+}
 
 // ---------------------------------------------------------------- integers
 
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
 // of that i32 (numpy's astype(np.int32).astype(np.int8)).
 __device__ inline float tsr_round_i32(float value) { return (float)(int)value; }
-__device__ inline signed char tsr_float_to_i8(float value) { return (signed char)(unsigned int)(int)value; }
+__device__ inline signed char tsr_float_to_i8(
+    float value) { return (signed char)(unsigned int)(int)value; }
 __device__ inline float tsr_round_i8(float value) { return (float)tsr_float_to_i8(value); }
 
 // An i4 (docs/numerics.md) keeps the low 4 bits of that i32; two are packed in a byte,
 // the even element in the low nibble.
-__device__ inline float tsr_round_i4(float value) { return (float)((((int)value & 15) ^ 8) - 8); }
-__device__ inline signed char tsr_i4_pair(float lo, float hi) { return (signed char)(unsigned int)(((int)lo & 15) | (((int)hi & 15) << 4)); }
+__device__ inline float tsr_round_i4(float value) {
+  return (float)((((int)value & 15) ^ 8) - 8);
+}
+__device__ inline signed char tsr_i4_pair(float lo,
+    float hi) { return (signed char)(unsigned int)(((int)lo & 15) | (((int)hi & 15) << 4)); }
 
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -66,11 +77,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -98,12 +112,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -147,33 +165,46 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(N/1024)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
+    const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] = (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
+        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(K/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0, signed char* __restrict__ out, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w,
+    const float* __restrict__ t0, signed char* __restrict__ out, const long long K,
+    const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((4*pid_m + i < K ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K
+          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
 
 // ---- w8a16: tile kernel w8a16
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
+    const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 36864 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 24576);
@@ -188,28 +219,33 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
-  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+  //   every int8
   if (0 < K) {
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -221,28 +257,33 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
   }
-  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+  //   every int8
   if (32 < K) {
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((32 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((32 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 32 + i < K && 128*pid_n + j + q < N ? w[(32 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem[(1 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              32 + i < K && BN*pid_n + j + q < N ? w[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -258,56 +299,83 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
-    // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
-    if (32*kb + 64 < K) {
+    // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+    //   every int8
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((32*kb + 64 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+              bytes ? w + ((BK*kb + 64 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? w[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+                + (j + q) % 16] = BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8)
+            * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk + lane % 4 * 2) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16 + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16 + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16 + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk + lane % 4 * 2 + 8 + 1) * 128 + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16 + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3
+            * 32 + kk + lane % 4 * 2) * 128
+            + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16
+            + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk
+            + lane % 4 * 2 + 1) * 128
+            + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16
+            + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3
+            * 32 + kk + lane % 4 * 2 + 8) * 128
+            + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16
+            + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 3 * 32 + kk
+            + lane % 4 * 2 + 8 + 1) * 128
+            + ((wave % 2 * 64 + fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16
+            + (wave % 2 * 64 + fn * 8 + lane / 4) % 16]))));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -323,13 +391,16 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (acc[t] * (128*pid_n + j < N ? scale[128*pid_n + j] : 0.0f));
+        pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -337,24 +408,34 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
 
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
 // grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const signed char* __restrict__ w, const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
+    const signed char* __restrict__ w, const float* __restrict__ scale,
+    unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
+          * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x, float* __restrict__ out, const long long K, const long long N, const long long M) {
+extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
+    const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
+    float* __restrict__ out, const long long K, const long long N, const long long M) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -369,12 +450,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -385,12 +468,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((i) * N + 128*pid_n + j) : t4, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? t4 + ((i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? t4[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? t4[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -402,12 +487,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -418,12 +505,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32 + i) * N + 128*pid_n + j) : t4, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? t4 + ((32 + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? t4[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? t4[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -439,55 +528,71 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (t4_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? t4 + ((32*kb + 64 + i) * N + 128*pid_n + j) : t4, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? t4 + ((BK*kb + 64 + i) * N + BN*pid_n + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? t4[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? t4[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -503,11 +608,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -515,40 +623,55 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(const unsi
 
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
 // grid [pid_m < ceil(1/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale,
+    float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] = (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
+          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
 // grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w, const float* __restrict__ t2, signed char* __restrict__ out, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w,
+    const float* __restrict__ t2, signed char* __restrict__ out, const long long K,
+    const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
+          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N
+          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
+          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
 
 // ---- w4a16: tile kernel w4a16
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
+    const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -561,12 +684,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -577,12 +702,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -607,12 +734,15 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && 32*kb + 64 + j + q < K
+                ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
         }
       }
@@ -623,15 +753,50 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_smem + (((kb) % 3 * 128 + wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_smem + (((kb) % 3 * 128 + wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8)
+            * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K
+            && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + wave % 4 * 32
+            + fn * 8 + lane / 4) >> 1]
+            >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + wave % 4 * 32 + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K
+            && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + wave % 4 * 32
+            + fn * 8 + lane / 4) >> 1]
+            >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8
+            < K && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + wave % 4 * 32
+            + fn * 8 + lane / 4) >> 1]
+            >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + wave % 4 * 32 + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K
+            && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
+            + wave % 4 * 32 + fn * 8 + lane / 4) >> 1]
+            >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + wave % 4 * 32 + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * 32 + fn * 8 + lane / 4] : 0.0f)))));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -647,11 +812,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -659,8 +827,13 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
 
 // ---- w8a8: tile kernel w8a8
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ x_scale, const float* __restrict__ w_scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ x_scale,
+    const float* __restrict__ w_scale, float* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 24576);
@@ -669,18 +842,21 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int tx = lid % 16, ty = lid / 16;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
-  // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)), f32)
+  // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
+  //   cols=T.n)), f32)
   if (0 < K) {
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -690,12 +866,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -706,12 +884,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
@@ -721,12 +901,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 128*pid_n + j + q < N ? w[(64 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -750,18 +932,23 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   for (long long kb = 0; kb * 64 < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
-    // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)), f32)
+    // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
+    //   kb, cols=T.n)), f32)
     if (64*kb + 128 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(operand_smem
+              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              bytes ? x + ((BM*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+            operand_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 128 + j + q < K
+                ? x[(BM*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
           }
         }
       }
@@ -771,12 +958,16 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem_1 + (((kb + 2) % 3 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 128 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = 64*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem_1
+              + (((kb + 2) % 3 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+              bytes ? w + ((64*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 2) % 3 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 128 + i < K && 128*pid_n + j + q < N ? w[(64*kb + 128 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem_1[((kb + 2) % 3 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+                + (j + q) % 16] = 64*kb + 128 + i < K && BN*pid_n + j + q < N
+                ? w[(64*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -786,8 +977,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = (float)operand_smem[((kb) % 3 * 128 + ty + r * 16) * 64 + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
-      for (int c = 0; c < 8; ++c) b_k[c] = (float)operand_smem_1[((kb) % 3 * 64 + kk) * 128 + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = (float)operand_smem[((kb) % 3 * 128 + ty + r * 16) * 64
+          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = (float)operand_smem_1[((kb) % 3 * 64 + kk) * 128
+          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -809,13 +1004,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int t = 0; t < 64; ++t) high[t] = next[t];
     for (int t = 0; t < 64; ++t) low[t] = next_1[t];
   }
-  // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale, cols=T.n)[None, :]
+  // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
+  //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 16;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (128*pid_m + i < M ? x_scale[(128*pid_m + i) * 1 + 0] : 0.0f)) * (128*pid_n + j < N ? w_scale[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          ((((high[t] * 4096.0f) + low[t])
+          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
+          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

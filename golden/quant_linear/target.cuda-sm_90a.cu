@@ -31,34 +31,45 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-__device__ inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+__device__ inline float tsr_saturate(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-__device__ inline float tsr_saturate_int(float x, float lo, float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+__device__ inline float tsr_saturate_int(float x, float lo, float hi) {
+  return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi);
+}
 
 // ---------------------------------------------------------------- integers
 
 // A float converts to an integer toward zero, as C converts it; an i8 keeps the low 8 bits
 // of that i32 (numpy's astype(np.int32).astype(np.int8)).
 __device__ inline float tsr_round_i32(float value) { return (float)(int)value; }
-__device__ inline signed char tsr_float_to_i8(float value) { return (signed char)(unsigned int)(int)value; }
+__device__ inline signed char tsr_float_to_i8(
+    float value) { return (signed char)(unsigned int)(int)value; }
 __device__ inline float tsr_round_i8(float value) { return (float)tsr_float_to_i8(value); }
 
 // An i4 (docs/numerics.md) keeps the low 4 bits of that i32; two are packed in a byte,
 // the even element in the low nibble.
-__device__ inline float tsr_round_i4(float value) { return (float)((((int)value & 15) ^ 8) - 8); }
-__device__ inline signed char tsr_i4_pair(float lo, float hi) { return (signed char)(unsigned int)(((int)lo & 15) | (((int)hi & 15) << 4)); }
+__device__ inline float tsr_round_i4(float value) {
+  return (float)((((int)value & 15) ^ 8) - 8);
+}
+__device__ inline signed char tsr_i4_pair(float lo,
+    float hi) { return (signed char)(unsigned int)(((int)lo & 15) | (((int)hi & 15) << 4)); }
 
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -66,11 +77,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -98,12 +112,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -148,7 +166,8 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
 // in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
+    unsigned stride_bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
@@ -158,14 +177,22 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
 // written. After it: the batch is one group, and the warpgroup waits until at most
 // `Pending` of its groups are still running.
-__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ inline void tsr_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int Pending>
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory");
+}
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
-__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ inline void tsr_fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // ---------------------------------------------------------------- tensor memory access
 
@@ -180,17 +207,21 @@ struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(address), "r"(arrivals) : "memory");
 }
 
 // Initialized barriers are seen by the copies that complete them (the async proxy) once
 // the block's barrier after this fence has been passed.
-__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ inline void tsr_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 
 // One arrival, announcing `bytes` more to land before the phase completes.
 __device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(address), "r"(bytes) : "memory");
 }
 
 // Waits until the barrier's phase of parity `parity` has completed: the copies it
@@ -219,27 +250,34 @@ __device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
 // The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
 // its spare registers back, the computing warpgroups take them.
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 
 // ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
-__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1) {
+__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map,
+    unsigned long long* bar, int c0, int c1) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
   const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
+               :: "r"(address), "l"(map), "r"(barrier),
+"r"(c0), "r"(c1) : "memory");
 }
 
 // d += a @ b on one warpgroup's m64n256k16 tile of bf16: `d` is the warp's 32 m16n8
 // accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
 // a descriptor too. TransA and TransB say that a is M-major and b N-major.
 template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -263,22 +301,28 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
       " %120, %121, %122, %123, %124, %125, %126, %127},"
       " %128, %129, p, 1, 1, %131, %132;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+        "+f"(d[126]), "+f"(d[127])
       : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
       : "memory");
 }
@@ -287,33 +331,46 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
 
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(N/1024)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
+    const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] = (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
+        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(K/4)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0, signed char* __restrict__ out, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w,
+    const float* __restrict__ t0, signed char* __restrict__ out, const long long K,
+    const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] = tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((4*pid_m + i < K ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K
+          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
 
 // ---- w8a16: tile kernel w8a16
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
+    const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
@@ -328,28 +385,33 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
-  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+  //   every int8
   if (0 < K) {
     for (int e = lid; e < 1024; e += 256) {
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 256*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 256*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 256*pid_n + j + q < N ? w[(i) * N + 256*pid_n + j + q] : 0;
+          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -361,28 +423,33 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
   }
-  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
+  // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+  //   every int8
   if (64 < K) {
     for (int e = lid; e < 1024; e += 256) {
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 256*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 256*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 256*pid_n + j + q < N ? w[(64 + i) * N + 256*pid_n + j + q] : 0;
+          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -398,52 +465,77 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (64*kb + 128 < K) {
+    if (BK*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 128 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 64*kb + 128 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 128 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8
+              + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 128*pid_m + i < M && 64*kb + 128 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j + q] : 0;
+            a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 128 + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 128 + j + q] : 0;
           }
         }
       }
     }
-    // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds every int8
-    if (64*kb + 128 < K) {
+    // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
+    //   every int8
+    if (BK*kb + 128 < K) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 128 + i < K && 256*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 128 + i) * N + 256*pid_n + j) : w, bytes);
+          const int bytes = BK*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem
+              + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+              bytes ? w + ((BK*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 128 + i < K && 256*pid_n + j + q < N ? w[(64*kb + 128 + i) * N + 256*pid_n + j + q] : 0;
+            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16
+                + (j + q) % 16] = BK*kb + 128 + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; kk += 16) {
+    for (int kk = 0; kk < 64 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 32; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16 + (fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 1) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16 + (fn * 8 + lane / 4) % 16]))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 8) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16 + (fn * 8 + lane / 4) % 16]))), tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk + lane % 4 * 2 + 8 + 1) * 256 + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16 + (fn * 8 + lane / 4) % 16]))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
+            * 64 + kk + lane % 4 * 2) * 256
+            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16
+            + (fn * 8 + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
+            + lane % 4 * 2 + 1) * 256
+            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16
+            + (fn * 8 + lane / 4) % 16]))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
+            * 64 + kk + lane % 4 * 2 + 8) * 256
+            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16
+            + (fn * 8 + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
+            + lane % 4 * 2 + 8 + 1) * 256
+            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16
+            + (fn * 8 + lane / 4) % 16]))));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -460,13 +552,16 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (acc[t] * (256*pid_n + j < N ? scale[256*pid_n + j] : 0.0f));
+        pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
-      if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -474,29 +569,42 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
 
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
 // grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(const signed char* __restrict__ w, const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
+    const signed char* __restrict__ w, const float* __restrict__ scale,
+    unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] = tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j])) * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
+          * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
 // grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x, float* __restrict__ out, const long long K, const long long N, const long long M, const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map t4_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
+    const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
+    float* __restrict__ out, const long long K, const long long N, const long long M,
+    const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map t4_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 256;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 4;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -524,105 +632,121 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? x[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < M && j < K ? x[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, 256*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &t4_map, tsr_landed + 0, 256*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &t4_map, tsr_landed + 0, 256*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &t4_map, tsr_landed + 0, 256*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &t4_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + 8192, &t4_map, tsr_landed + 0, BN*pid_n + 128, 0);
+          tsr_tma_load_2d(b_tile_smem + 12288, &t4_map, tsr_landed + 0, BN*pid_n + 192, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 256*pid_n + j < N ? t4[(i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < K && BN*pid_n + j < N ? t4[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
     }
     if (64 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64 + j < K ? x[(128*pid_m + i) * K + 64 + j] : 0;
+          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < M && 64 + j < K ? x[(BM*pid_m + i) * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &t4_map, tsr_landed + 1, 256*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &t4_map, tsr_landed + 1, 256*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &t4_map, tsr_landed + 1, 256*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &t4_map, tsr_landed + 1, 256*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + 16384, &t4_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + 20480, &t4_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + 24576, &t4_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + 28672, &t4_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 16384; e += 128) {
           const long long i = e / 256;
           const long long j = e - i * 256;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64 + i < K && 256*pid_n + j < N ? t4[(64 + i) * N + 256*pid_n + j] : 0;
+          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              64 + i < K && BN*pid_n + j < N ? t4[(64 + i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1, ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
+          ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 128 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 128 < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map, tsr_landed + (kb + 2) % 4, 64*kb + 128, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map,
+                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 128 + j < K ? x[(128*pid_m + i) * K + 64*kb + 128 + j] : 0;
+            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+                BM*pid_m + i < M && BK*kb + 128 + j < K ? x[(BM*pid_m + i) * K + BK*kb + 128 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (t4_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 64, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 128, 64*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &t4_map, tsr_landed + (kb + 2) % 4, 256*pid_n + 192, 64*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 16384; e += 128) {
             const long long i = e / 256;
             const long long j = e - i * 256;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 128 + i < K && 256*pid_n + j < N ? t4[(64*kb + 128 + i) * N + 256*pid_n + j] : 0;
+            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N
+                ? t4[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4, ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
+            ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
       }
     }
   } else {
@@ -637,13 +761,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n256k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n256k16_bf16_ss<0,
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -663,11 +790,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
           const int t = frag * 4 + reg + half;
           pair[half] = acc[t];
         }
-        if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 256*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 256*pid_n + j0], pair[0], pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+            && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
         } else {
-          if (128*pid_m + i < M && 256*pid_n + j0 < N) out[(128*pid_m + i) * N + 256*pid_n + j0] = pair[0];
-          if (128*pid_m + i < M && 256*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 256*pid_n + j0 + 1] = pair[1];
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
         }
       }
     }
@@ -676,40 +806,55 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(const u
 
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
 // grid [pid_m < ceil(1/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale,
+    float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] = (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
+          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
 // grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w, const float* __restrict__ t2, signed char* __restrict__ out, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w,
+    const float* __restrict__ t2, signed char* __restrict__ out, const long long K,
+    const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0) out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] = tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))), (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
+          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N
+          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
+          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
 
 // ---- w4a16: tile kernel w4a16
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
+    const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -722,12 +867,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -738,12 +885,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? x[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -769,12 +918,15 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? x + ((128*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? x[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && 32*kb + 64 + j + q < K
+                ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
         }
       }
@@ -783,12 +935,41 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     // quant_linear.tsr:55: acc += tile.dot(a, b)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
       unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0], a_smem + ((kb % 4 * 128 + wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+      tsr_ldmatrix_x4(a_frag[0],
+          a_smem + ((kb % 4 * 128 + wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 32
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+          + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K && 128*pid_n + fn * 8 + lane / 4 < N ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + fn * 8 + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + 128*pid_n + fn * 8 + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f)) * (kb + 0 < (K)/32 && 128*pid_n + fn * 8 + lane / 4 < N ? scale[(kb + 0) * N + 128*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K
+            && BN*pid_n + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4)
+            >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4) & 1)
+            * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K
+            && BN*pid_n + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8
+            < K && BN*pid_n + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K
+            && BN*pid_n + fn * 8 + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
         tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
       }
     }
@@ -806,11 +987,14 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         const int t = frag * 4 + reg + half;
         pair[half] = acc[t];
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], pair[0], pair[1]);
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = pair[0];
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = pair[1];
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -818,8 +1002,13 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
 
 // ---- w8a8: tile kernel w8a8
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x, const signed char* __restrict__ w, const float* __restrict__ x_scale, const float* __restrict__ w_scale, float* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ x_scale,
+    const float* __restrict__ w_scale, float* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 32768);
@@ -828,18 +1017,21 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int tx = lid % 16, ty = lid / 16;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
-  // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)), f32)
+  // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
+  //   cols=T.n)), f32)
   if (0 < K) {
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && j + q < K ? x[(128*pid_m + i) * K + j + q] : 0;
+          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -849,12 +1041,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = i < K && 128*pid_n + j + q < N ? w[(i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -865,12 +1059,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64 + j + q < K ? x[(128*pid_m + i) * K + 64 + j + q] : 0;
+          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
@@ -880,12 +1076,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64 + i < K && 128*pid_n + j + q < N ? w[(64 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -896,12 +1094,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < M && 128 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 128 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 128 + j < K ? 16 : 0;
+        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+            bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 128 + j + q < K ? x[(128*pid_m + i) * K + 128 + j + q] : 0;
+          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+              BM*pid_m + i < M && 128 + j + q < K ? x[(BM*pid_m + i) * K + 128 + j + q] : 0;
         }
       }
     }
@@ -911,12 +1111,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
-        const int bytes = 128 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((128 + i) * N + 128*pid_n + j) : w, bytes);
+        const int bytes = 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+            bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 128 + i < K && 128*pid_n + j + q < N ? w[(128 + i) * N + 128*pid_n + j + q] : 0;
+          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+              128 + i < K && BN*pid_n + j + q < N ? w[(128 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -940,18 +1142,23 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   for (long long kb = 0; kb * 64 < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
-    // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)), f32)
+    // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
+    //   kb, cols=T.n)), f32)
     if (64*kb + 192 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
-          tsr_copy_async16(operand_smem + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16), bytes ? x + ((128*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
+          tsr_copy_async16(operand_smem
+              + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] = 128*pid_m + i < M && 64*kb + 192 + j + q < K ? x[(128*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
+            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+                + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 192 + j + q < K
+                ? x[(BM*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
           }
         }
       }
@@ -961,12 +1168,16 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 192 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(operand_smem_1 + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16), bytes ? w + ((64*kb + 192 + i) * N + 128*pid_n + j) : w, bytes);
+          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(operand_smem_1
+              + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+              bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] = 64*kb + 192 + i < K && 128*pid_n + j + q < N ? w[(64*kb + 192 + i) * N + 128*pid_n + j + q] : 0;
+            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+                + (j + q) % 16] = 64*kb + 192 + i < K && BN*pid_n + j + q < N
+                ? w[(64*kb + 192 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -976,8 +1187,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = (float)operand_smem[((kb) % 4 * 128 + ty + r * 16) * 64 + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
-      for (int c = 0; c < 8; ++c) b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * 128 + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = (float)operand_smem[((kb) % 4 * 128 + ty + r * 16) * 64
+          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * 128
+          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -999,13 +1214,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int t = 0; t < 64; ++t) high[t] = next[t];
     for (int t = 0; t < 64; ++t) low[t] = next_1[t];
   }
-  // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale, cols=T.n)[None, :]
+  // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
+  //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
     const int i = ty + r * 16;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = ((((high[t] * 4096.0f) + low[t]) * (128*pid_m + i < M ? x_scale[(128*pid_m + i) * 1 + 0] : 0.0f)) * (128*pid_n + j < N ? w_scale[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          ((((high[t] * 4096.0f) + low[t])
+          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
+          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

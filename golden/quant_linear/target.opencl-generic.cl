@@ -31,17 +31,22 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+inline float tsr_saturate(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float tsr_saturate_int(float x, float lo,
-    float hi) { return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+inline float tsr_saturate_int(float x, float lo, float hi) {
+  return isnan(x) ? 0.0f : tsr_saturate(x, lo, hi);
+}
 
 // ---------------------------------------------------------------- integers
 
@@ -53,7 +58,9 @@ inline float tsr_round_i8(float value) { return (float)tsr_float_to_i8(value); }
 
 // An i4 (docs/numerics.md) keeps the low 4 bits of that i32; two are packed in a byte,
 // the even element in the low nibble.
-inline float tsr_round_i4(float value) { return (float)((((int)value & 15) ^ 8) - 8); }
+inline float tsr_round_i4(float value) {
+  return (float)((((int)value & 15) ^ 8) - 8);
+}
 inline char tsr_i4_pair(float lo,
     float hi) { return (char)(uint)(((int)lo & 15) | (((int)hi & 15) << 4)); }
 
@@ -80,11 +87,12 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void quantize_weights_k0(__global const float* restrict scale, __global float* restrict t0,
     const long N) {
   const int lid = get_local_id(0);
+  const int BM = 1024;
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] =
-        (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
+        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
@@ -94,13 +102,14 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void quantize_weights_k1(__global const float* restrict w, __global const float* restrict t0,
     __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((4*pid_m + i < K
-          ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((BM*pid_m + i < K
+          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -112,6 +121,9 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     __global const float* restrict scale, __global float* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[6144] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   __local char* const operand_smem = (__local char*)(tsr_smem + 4096);
@@ -128,20 +140,20 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -151,19 +163,19 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((32*kb + i) * N + 64*pid_n + j) : w, bytes);
+            bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              32*kb + i < K && 64*pid_n + j + q < N ? w[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
@@ -182,9 +194,9 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
-          (acc[t] * (64*pid_n + j < N ? scale[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -196,13 +208,14 @@ void linear_per_group_k0(__global const char* restrict w, __global const float* 
     __global ushort* restrict t4, const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j]))
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
           * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
@@ -214,6 +227,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void linear_per_group_k1(__global const ushort* restrict t4, __global const ushort* restrict x,
     __global float* restrict out, const long K, const long N, const long M) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -230,20 +246,20 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -252,19 +268,19 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (t4_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((32*kb + i) * N + 64*pid_n + j) : t4, bytes);
+            bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 64*pid_n + j + q < N ? t4[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -282,7 +298,7 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -294,13 +310,14 @@ void quantize_i4_k0(__global const float* restrict scale, __global float* restri
     const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] =
-          (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
+          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
@@ -312,16 +329,17 @@ void quantize_i4_k1(__global const float* restrict w, __global const float* rest
     __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + 4*pid_m + i) * N
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
+          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N
           + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j + 1])
+          (tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
           * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
@@ -334,6 +352,8 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
     __global const float* restrict scale, __global float* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[4096] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   const int tx = lid % 16, ty = lid / 16;
@@ -355,13 +375,13 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? 16 : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && 32*kb + j + q < K ? x[(BM*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -374,11 +394,11 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && 64*pid_n + tx + c * 16 < N
-          ? (float)(((((int)w[((32*kb + kk) * N + 64*pid_n + tx + c * 16) >> 1]
-          >> ((((32*kb + kk) * N + 64*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && 64*pid_n + tx + c * 16 < N
-          ? scale[(kb + 0) * N + 64*pid_n + tx + c * 16] : 0.0f)));
+          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * 16 < N
+          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * 16) >> 1]
+          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * 16 < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * 16] : 0.0f)));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -389,7 +409,7 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -401,6 +421,8 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     __global const float* restrict x_scale, __global const float* restrict w_scale,
     __global float* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local char* const operand_smem = (__local char*)(tsr_smem + 0);
   __local char* const operand_smem_1 = (__local char*)(tsr_smem + 4096);
@@ -432,13 +454,13 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 64*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? 16 : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((64*pid_m + i) * K + 64*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_m + i < M && 64*kb + j + q < K ? x[(64*pid_m + i) * K + 64*kb + j + q] : 0;
+              BM*pid_m + i < M && 64*kb + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + j + q] : 0;
         }
       }
     }
@@ -446,13 +468,13 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem_1 + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((64*kb + i) * N + 64*pid_n + j) : w, bytes);
+            bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem_1[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*kb + i < K && 64*pid_n + j + q < N ? w[(64*kb + i) * N + 64*pid_n + j + q] : 0;
+              64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -495,11 +517,11 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           ((((high[t] * 4096.0f) + low[t])
-          * (64*pid_m + i < M ? x_scale[(64*pid_m + i) * 1 + 0] : 0.0f))
-          * (64*pid_n + j < N ? w_scale[64*pid_n + j] : 0.0f));
+          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
+          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

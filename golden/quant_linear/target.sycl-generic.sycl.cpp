@@ -33,17 +33,22 @@ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // ---------------------------------------------------------------- fp8
 
 // A saturating conversion's first step (`@saturate`, `cast(..., saturate=True)`): a value
 // past [lo, hi] becomes the bound, infinities included; NaN stays NaN, and rounding to the
 // dtype comes after (the bounds are values of it). docs/numerics.md gives the semantics.
-inline float tsr_saturate(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+inline float tsr_saturate(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 // An integer has no NaN: a saturating conversion of NaN to one gives 0.
-inline float tsr_saturate_int(float x, float lo,
-    float hi) { return sycl::isnan(x) ? 0.0f : tsr_saturate(x, lo, hi); }
+inline float tsr_saturate_int(float x, float lo, float hi) {
+  return sycl::isnan(x) ? 0.0f : tsr_saturate(x, lo, hi);
+}
 
 // ---------------------------------------------------------------- integers
 
@@ -55,7 +60,9 @@ inline float tsr_round_i8(float value) { return (float)tsr_float_to_i8(value); }
 
 // An i4 (docs/numerics.md) keeps the low 4 bits of that i32; two are packed in a byte,
 // the even element in the low nibble.
-inline float tsr_round_i4(float value) { return (float)((((int)value & 15) ^ 8) - 8); }
+inline float tsr_round_i4(float value) {
+  return (float)((((int)value & 15) ^ 8) - 8);
+}
 inline signed char tsr_i4_pair(float lo,
     float hi) { return (signed char)(unsigned int)(((int)lo & 15) | (((int)hi & 15) << 4)); }
 
@@ -81,11 +88,12 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 inline void quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0,
     const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < N) t0[1024*pid_m + e] =
-        (1.0f / (1024*pid_m + e < N ? scale[1024*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
+        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
 }
 
@@ -95,13 +103,14 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
     signed char* __restrict__ out, const long long K, const long long N,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < K) out[(4*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((4*pid_m + i < K
-          ? w[(4*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((BM*pid_m + i < K
+          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -112,6 +121,9 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     const float* __restrict__ scale, float* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -127,20 +139,20 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -150,19 +162,19 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((32*kb + i) * N + 64*pid_n + j) : w, bytes);
+            bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              32*kb + i < K && 64*pid_n + j + q < N ? w[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
@@ -181,9 +193,9 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
-          (acc[t] * (64*pid_n + j < N ? scale[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -195,13 +207,14 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
     const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + 4*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + 4*pid_m + i) * N + j]))
+      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
           * (scale[((pid_b0) * 1 + 0) * N + j])))));
     }
   }
@@ -213,6 +226,9 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     const unsigned short* __restrict__ x, float* __restrict__ out, const long long K,
     const long long N, const long long M, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -228,20 +244,20 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -250,19 +266,19 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (t4_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((32*kb + i) * N + 64*pid_n + j) : t4, bytes);
+            bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 64*pid_n + j + q < N ? t4[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -280,7 +296,7 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -291,13 +307,14 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
     const long long K, const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (4*pid_m + i < 1) t2[((pid_b0) * 1 + 4*pid_m + i) * N + j] =
-          (1.0f / (4*pid_m + i < 1 ? scale[((pid_b0) * 1 + 4*pid_m + i) * N + j] : 0.0f));
+      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
+          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
     }
   }
 }
@@ -309,16 +326,17 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + 4*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + 4*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + 4*pid_m + i)
-          * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + 4*pid_m + i) * N + j
+      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
+          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + BM*pid_m
+          + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j
           + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
@@ -330,6 +348,8 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
     const float* __restrict__ scale, float* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const int tx = lid % 16, ty = lid / 16;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -350,13 +370,13 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? 16 : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((64*pid_m + i) * K + 32*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? x[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && 32*kb + j + q < K ? x[(BM*pid_m + i) * K + 32*kb + j + q] : 0;
         }
       }
     }
@@ -369,11 +389,11 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && 64*pid_n + tx + c * 16 < N
-          ? (float)(((((int)w[((32*kb + kk) * N + 64*pid_n + tx + c * 16) >> 1]
-          >> ((((32*kb + kk) * N + 64*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && 64*pid_n + tx + c * 16 < N
-          ? scale[(kb + 0) * N + 64*pid_n + tx + c * 16] : 0.0f)));
+          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * 16 < N
+          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * 16) >> 1]
+          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * 16 < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * 16] : 0.0f)));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -384,7 +404,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -396,6 +416,8 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     const long long M, const long long K, const long long N, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -426,13 +448,13 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < M && 64*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? 16 : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((64*pid_m + i) * K + 64*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*pid_m + i < M && 64*kb + j + q < K ? x[(64*pid_m + i) * K + 64*kb + j + q] : 0;
+              BM*pid_m + i < M && 64*kb + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + j + q] : 0;
         }
       }
     }
@@ -440,13 +462,13 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem_1 + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((64*kb + i) * N + 64*pid_n + j) : w, bytes);
+            bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
           operand_smem_1[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              64*kb + i < K && 64*pid_n + j + q < N ? w[(64*kb + i) * N + 64*pid_n + j + q] : 0;
+              64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -489,11 +511,11 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           ((((high[t] * 4096.0f) + low[t])
-          * (64*pid_m + i < M ? x_scale[(64*pid_m + i) * 1 + 0] : 0.0f))
-          * (64*pid_n + j < N ? w_scale[64*pid_n + j] : 0.0f));
+          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
+          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
     }
   }
 }

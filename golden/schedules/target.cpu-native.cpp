@@ -467,6 +467,9 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n, const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 128;
+  constexpr tsr::i64 BK = 32;
   float* const area = tsr::scratch(4096 + 4096 + 16384);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 4096;
@@ -474,17 +477,17 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 128, 32, A, K, 128*pid_m, 32*kb, M, K);
+    tsr::load_corner(a_tile_smem, 128, 32, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 32, 128, B, N, 32*kb, 128*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 32, 128, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - 128*pid_m),
-        tsr::live(128, N - 128*pid_n), tsr::live(32, K - 32*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - BM*pid_m),
+        tsr::live(128, N - BN*pid_n), tsr::live(32, K - BK*kb));
   }
   // schedules.tsr:12: return A @ B
   float* const t = acc;
@@ -494,7 +497,7 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
       t[i * 128 + j] = tsr::round_f16(acc[i * 128 + j]);
     }
   }
-  tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t, 128, 128);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t, 128, 128);
 }
 
 static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
@@ -511,6 +514,9 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
 static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  constexpr tsr::i64 BK = 32;
   float* const area = tsr::scratch(2048 + 2048 + 4096);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 2048;
@@ -518,17 +524,17 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 4096, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 64, 32, A, K, 64*pid_m, 32*kb, M, K);
+    tsr::load_corner(a_tile_smem, 64, 32, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 32, 64, B, N, 32*kb, 64*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 32, 64, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - 64*pid_m),
-        tsr::live(64, N - 64*pid_n), tsr::live(32, K - 32*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - BM*pid_m),
+        tsr::live(64, N - BN*pid_n), tsr::live(32, K - BK*kb));
   }
   // schedules.tsr:18: return A @ B
   float* const t = acc;
@@ -538,7 +544,7 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
       t[i * 64 + j] = tsr::round_f16(acc[i * 64 + j]);
     }
   }
-  tsr::store_tile(out, N, 64*pid_m, 64*pid_n, M, N, t, 64, 64);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t, 64, 64);
 }
 
 static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
@@ -555,37 +561,40 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
 static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 128;
+  constexpr tsr::i64 BK = 64;
   float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + 8192;
   float* const acc = b_tile_smem + 8192;
-  float* const t = acc + 16384;
-  float* const t_4 = t + 128;
+  float* const bias_tile = acc + 16384;
+  float* const t_3 = bias_tile + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 16384, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 128, 64, A, K, 128*pid_m, 64*kb, M, K);
+    tsr::load_corner(a_tile_smem, 128, 64, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 64, 128, B, N, 64*kb, 128*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, 64, 128, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - 128*pid_m),
-        tsr::live(128, N - 128*pid_n), tsr::live(64, K - 64*kb));
+    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - BM*pid_m),
+        tsr::live(128, N - BN*pid_n), tsr::live(64, K - BK*kb));
   }
-  tsr::load_tile(t, 1, 128, bias, 0, 0, 128*pid_n, 1, N);
-  float* const t_1 = t;
   // schedules.tsr:27: return relu(A @ B + bias)
+  tsr::load_tile(bias_tile, 1, 128, bias, 0, 0, BN*pid_n, 1, N);
+  float* const t = bias_tile;
   for (tsr::i64 i = 0; i < 128; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 128; ++j) {
-      t_4[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t_1[j]))));
+      t_3[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t[j]))));
     }
   }
-  tsr::store_tile(out, N, 128*pid_m, 128*pid_n, M, N, t_4, 128, 128);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 128, 128);
 }
 
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,

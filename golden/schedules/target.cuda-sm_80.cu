@@ -25,7 +25,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
 __device__ inline float tsr_f16_to_float(unsigned short bits) {
@@ -40,7 +42,9 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
   return bits;
 }
 
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
+__device__ inline float tsr_round_f16(float value) {
+  return tsr_f16_to_float(tsr_float_to_f16(value));
+}
 
 // ---------------------------------------------------------------- math
 
@@ -51,7 +55,8 @@ __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -59,11 +64,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -91,12 +99,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- matrix loads
 
@@ -147,8 +159,13 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 
 // ---- gemm: launch k0 of gemm: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -163,12 +180,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -179,12 +198,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -196,12 +217,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -212,12 +235,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -233,55 +258,71 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 4 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 4 * 32 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 4 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 4 * 32 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -298,11 +339,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]),
+            tsr_float_to_f16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -310,8 +355,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -326,12 +376,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && j + q < K ? A[(64*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -342,12 +394,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 64*pid_n + j + q < N ? B[(i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -359,12 +413,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32 + j + q < K ? A[(64*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -375,12 +431,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 64*pid_n + j + q < N ? B[(32 + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -396,55 +454,71 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 64*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 64*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 64*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[2][4];
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 64 + wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 64 + wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8)
+            * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 64 + ((wave % 2 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 32 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 64
+            + ((wave % 2 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 32 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 2; ++fm) tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 2; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -461,11 +535,15 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(64*pid_m + i) * N + 64*pid_n + j0])) {
-        tsr_store_pair(&out[(64*pid_m + i) * N + 64*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]),
+            tsr_float_to_f16(pair[1]));
       } else {
-        if (64*pid_m + i < M && 64*pid_n + j0 < N) out[(64*pid_m + i) * N + 64*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N) out[(64*pid_m + i) * N + 64*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -473,8 +551,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -489,12 +573,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -505,12 +591,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -522,12 +610,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -538,12 +628,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -559,55 +651,71 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 128) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
-        tsr_ldmatrix_x4(a_frag[fm], a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) * 32 + ((kk + lane / 16 * 8) / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8 + (kk + lane / 16 * 8) % 8));
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            + lane % 8) * 32 + ((kk + lane / 16 * 8)
+            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        tsr_ldmatrix_x2_trans(b_frag, b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128 + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (wave % 2 * 64 + fn * 8) % 8));
+        tsr_ldmatrix_x2_trans(b_frag,
+            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
+            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * 64 + fn * 8) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm) tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < 4; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
       }
     }
   }
@@ -623,13 +731,18 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(const unsigned 
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+        pair[half] = (tsr_round_bf16((tsr_relu((acc[t]
+            + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+            tsr_float_to_bf16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

@@ -25,7 +25,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // PTX's conversions: CUDA C++ has no half type without cuda_fp16.h.
 __device__ inline float tsr_f16_to_float(unsigned short bits) {
@@ -40,7 +42,9 @@ __device__ inline unsigned short tsr_float_to_f16(float value) {
   return bits;
 }
 
-__device__ inline float tsr_round_f16(float value) { return tsr_f16_to_float(tsr_float_to_f16(value)); }
+__device__ inline float tsr_round_f16(float value) {
+  return tsr_f16_to_float(tsr_float_to_f16(value));
+}
 
 // ---------------------------------------------------------------- math
 
@@ -51,7 +55,8 @@ __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 // ---------------------------------------------------------------- operand registers
 
 // Two 16-bit operand elements in one register, the lower index in the low half.
-__device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
+__device__ inline unsigned tsr_pack_b16(unsigned short lo,
+    unsigned short hi) { return (unsigned)lo | (unsigned)hi << 16; }
 
 // ---------------------------------------------------------------- pair stores
 
@@ -59,11 +64,14 @@ __device__ inline unsigned tsr_pack_b16(unsigned short lo, unsigned short hi) { 
 // the first one's address is aligned to the pair, they leave in one store (half the
 // store instructions of an epilogue), the lower column in the lower half.
 template <typename T>
-__device__ inline bool tsr_pair_aligned(const T* p) { return (unsigned long long)p % (2 * sizeof(T)) == 0; }
+__device__ inline bool tsr_pair_aligned(const T* p) {
+  return (unsigned long long)p % (2 * sizeof(T)) == 0;
+}
 __device__ inline void tsr_store_pair(float* p, float lo, float hi) {
   *(unsigned long long*)p = (unsigned long long)__float_as_uint(hi) << 32 | __float_as_uint(lo);
 }
-__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo, unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
+__device__ inline void tsr_store_pair(unsigned short* p, unsigned short lo,
+    unsigned short hi) { *(unsigned int*)p = tsr_pack_b16(lo, hi); }
 __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsigned char hi) {
   *(unsigned short*)p = (unsigned short)(lo | hi << 8);
 }
@@ -91,19 +99,24 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- warpgroup products
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
 // in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes, unsigned stride_bytes) {
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
+    unsigned stride_bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
@@ -113,14 +126,22 @@ __device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned 
 // Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
 // written. After it: the batch is one group, and the warpgroup waits until at most
 // `Pending` of its groups are still running.
-__device__ inline void tsr_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void tsr_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ inline void tsr_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ inline void tsr_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int Pending>
-__device__ inline void tsr_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory");
+}
 
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
-__device__ inline void tsr_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ inline void tsr_fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // ---------------------------------------------------------------- tensor memory access
 
@@ -135,17 +156,21 @@ struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
 
 __device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(address), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(address), "r"(arrivals) : "memory");
 }
 
 // Initialized barriers are seen by the copies that complete them (the async proxy) once
 // the block's barrier after this fence has been passed.
-__device__ inline void tsr_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ inline void tsr_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 
 // One arrival, announcing `bytes` more to land before the phase completes.
 __device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(address), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(address), "r"(bytes) : "memory");
 }
 
 // Waits until the barrier's phase of parity `parity` has completed: the copies it
@@ -174,27 +199,34 @@ __device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
 // The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
 // its spare registers back, the computing warpgroups take them.
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 template <int Registers>
-__device__ inline void tsr_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers)); }
+__device__ inline void tsr_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers));
+}
 
 // ---------------------------------------------------------------- tensor copies
 
 // The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
 // `dst`, completing bytes on `bar`.
-__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map, unsigned long long* bar, int c0, int c1) {
+__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map,
+    unsigned long long* bar, int c0, int c1) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
   const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier), "r"(c0), "r"(c1) : "memory");
+               :: "r"(address), "l"(map), "r"(barrier),
+"r"(c0), "r"(c1) : "memory");
 }
 
 // d += a @ b on one warpgroup's m64n128k16 tile of bf16: `d` is the warp's 16 m16n8
 // accumulator fragments along the columns (the thread's 64 floats), `b` a descriptor, and `a`
 // a descriptor too. TransA and TransB say that a is M-major and b N-major.
 template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -210,14 +242,17 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
       " %56, %57, %58, %59, %60, %61, %62, %63},"
       " %64, %65, p, 1, 1, %67, %68;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
       : "memory");
 }
@@ -227,7 +262,8 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 // the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
 // that b is N-major.
 template <int TransB>
-__device__ inline void tsr_wgmma_m64n64k16_f16_rs(float* d, const unsigned* a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n64k16_f16_rs(float* d, const unsigned* a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -239,10 +275,12 @@ __device__ inline void tsr_wgmma_m64n64k16_f16_rs(float* d, const unsigned* a, u
       " %24, %25, %26, %27, %28, %29, %30, %31},"
       " {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
       : "memory");
 }
@@ -252,7 +290,8 @@ __device__ inline void tsr_wgmma_m64n64k16_f16_rs(float* d, const unsigned* a, u
 // the lane's four registers of the m64k16 operand, as mma.sync takes them. TransB says
 // that b is N-major.
 template <int TransB>
-__device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a, unsigned long long b) {
+__device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a,
+    unsigned long long b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -268,14 +307,17 @@ __device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a, 
       " %56, %57, %58, %59, %60, %61, %62, %63},"
       " {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TransB)
       : "memory");
 }
@@ -284,8 +326,13 @@ __device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a, 
 
 // ---- gemm: launch k0 of gemm: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -300,12 +347,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -316,12 +365,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem
+            + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8
+              + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -337,38 +389,47 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 32 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+              + j % 8), bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64
+                + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 32 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -378,15 +439,39 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     unsigned a_tile_frag[2][4];
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      a_tile_frag[kk / 16][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 8) % 8],
+          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 8) % 8],
+          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
+      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
@@ -406,11 +491,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-        tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]),
+            tsr_float_to_f16(pair[1]));
       } else {
-        if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -418,8 +507,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -434,12 +528,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && j + q < K ? A[(64*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -450,12 +546,14 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 64*pid_n + j + q < N ? B[(i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -471,38 +569,46 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 64*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 32 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 64*pid_n + j < N ? 16 : 0;
-          tsr_copy_async16(b_tile_smem + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 64*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 64*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8
+                + (j + q) % 8] = BK*kb + 32 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -512,15 +618,39 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
     unsigned a_tile_frag[2][4];
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      a_tile_frag[kk / 16][0] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] = tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8) % 8], a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32 + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8 + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / 16][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 8) % 8],
+          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          + (kk + lane % 4 * 2 + 8 + 1) % 8]);
+      a_tile_frag[kk / 16][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 8) % 8],
+          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < 32; kk += 16) {
-      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16], tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
+      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
@@ -540,11 +670,15 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
         const int t = frag * 4 + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
-      if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(64*pid_m + i) * N + 64*pid_n + j0])) {
-        tsr_store_pair(&out[(64*pid_m + i) * N + 64*pid_n + j0], tsr_float_to_f16(pair[0]), tsr_float_to_f16(pair[1]));
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_f16(pair[0]),
+            tsr_float_to_f16(pair[1]));
       } else {
-        if (64*pid_m + i < M && 64*pid_n + j0 < N) out[(64*pid_m + i) * N + 64*pid_n + j0] = tsr_float_to_f16(pair[0]);
-        if (64*pid_m + i < M && 64*pid_n + j0 + 1 < N) out[(64*pid_m + i) * N + 64*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_f16(pair[0]);
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_f16(pair[1]);
       }
     }
   }
@@ -552,13 +686,22 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(const unsigned sho
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map, const __grid_constant__ tsr_tensor_map B_map) {
+extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N, const __grid_constant__ tsr_tensor_map A_map,
+    const __grid_constant__ tsr_tensor_map B_map) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 98304);  // per stage: its copies have landed
-  unsigned long long* const tsr_free = tsr_landed + 3;  // per stage: the computing warpgroups are done with it
+  // per stage: its copies have landed
+  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 98304);
+  // per stage: the computing warpgroups are done with it
+  unsigned long long* const tsr_free = tsr_landed + 3;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const int lane = lid % 32, wave = lid / 32;
@@ -584,67 +727,78 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, 128*pid_m);
+          tsr_tma_load_2d(a_tile_smem, &A_map, tsr_landed + 0, 0, BM*pid_m);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 64;
           const long long j = e - i * 64;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && j < K ? A[(128*pid_m + i) * K + j] : 0;
+          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+              BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, 128*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, 128*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
+          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < 8192; e += 128) {
           const long long i = e / 128;
           const long long j = e - i * 128;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = i < K && 128*pid_n + j < N ? B[(i) * N + 128*pid_n + j] : 0;
+          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+              i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
         }
         tsr_fence_async_shared();
       }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
+          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
-      if (64*kb + 64 < K) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
+      if (BK*kb + 64 < K) {
         if ((kb + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + 1) % 3, ((kb + 1) / 3 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map, tsr_landed + (kb + 1) % 3, 64*kb + 64, 128*pid_m);
+            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map,
+                tsr_landed + (kb + 1) % 3, BK*kb + 64, BM*pid_m);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 64;
             const long long j = e - i * 64;
-            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] = 128*pid_m + i < M && 64*kb + 64 + j < K ? A[(128*pid_m + i) * K + 64*kb + 64 + j] : 0;
+            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 64 + j]
+                : 0;
           }
           tsr_fence_async_shared();
         }
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n, 64*kb + 64);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map, tsr_landed + (kb + 1) % 3, 128*pid_n + 64, 64*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map,
+                tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + 64);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map,
+                tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + 64);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < 8192; e += 128) {
             const long long i = e / 128;
             const long long j = e - i * 128;
-            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] = 64*kb + 64 + i < K && 128*pid_n + j < N ? B[(64*kb + 64 + i) * N + 128*pid_n + j] : 0;
+            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
+                + j % 8] = BK*kb + 64 + i < K && BN*pid_n + j < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j] : 0;
           }
           tsr_fence_async_shared();
         }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3, ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3,
+            ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
       }
     }
   } else {
@@ -659,13 +813,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
         acc[t] = 0.0f;
       }
     }
-    for (long long kb = 0; kb * 64 < K; ++kb) {
+    for (long long kb = 0; kb * BK < K; ++kb) {
       tsr_mbarrier_wait(tsr_landed + (kb) % 3, kb / 3 % 2);
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < 64; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_ss<0, 1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192, 1024));
+        tsr_wgmma_m64n128k16_bf16_ss<0,
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -685,13 +842,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(const unsign
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f))))));
+          pair[half] = (tsr_round_bf16((tsr_relu((acc[t]
+              + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
-        if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N && tsr_pair_aligned(&out[(128*pid_m + i) * N + 128*pid_n + j0])) {
-          tsr_store_pair(&out[(128*pid_m + i) * N + 128*pid_n + j0], tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+            && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], tsr_float_to_bf16(pair[0]),
+              tsr_float_to_bf16(pair[1]));
         } else {
-          if (128*pid_m + i < M && 128*pid_n + j0 < N) out[(128*pid_m + i) * N + 128*pid_n + j0] = tsr_float_to_bf16(pair[0]);
-          if (128*pid_m + i < M && 128*pid_n + j0 + 1 < N) out[(128*pid_m + i) * N + 128*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0] = tsr_float_to_bf16(pair[0]);
+          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+              out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

@@ -25,7 +25,9 @@ __device__ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-__device__ inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+__device__ inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 __device__ inline unsigned short tsr_float_to_f16(float value) {
   return __builtin_bit_cast(unsigned short, (_Float16)value);
@@ -65,8 +67,13 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 
 // ---- gemm: launch k0 of gemm: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 512 threads per program
-extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -81,12 +88,14 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -97,12 +106,14 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -113,12 +124,14 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32 + j + q < K ? A[(128*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -129,12 +142,14 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 128*pid_n + j + q < N ? B[(32 + i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -149,48 +164,62 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 512) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 512; e += 512) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_halfx4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
+        for (int q = 0; q < 4; ++q)
+            a_frag[q] = __builtin_bit_cast(_Float16,
+            a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32
+            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8
+            + (kk + lane / 32 * 4 + q) % 8]);
         tsr_halfx4 b_frag;
-        for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 4 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 4 * 32 + lane % 32) % 8]);
+        for (int q = 0; q < 4; ++q)
+            b_frag[q] = __builtin_bit_cast(_Float16,
+            b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 128
+            + ((wave % 4 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+            + (wave % 4 * 32 + lane % 32) % 8]);
         tsr_floatx16 frag_acc;
         for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1) * 16 + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -206,15 +235,21 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       const int i = wave / 4 * 64 + frag / 1 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 4 * 32 + frag % 1 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
 }
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -229,12 +264,14 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && j + q < K ? A[(64*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -245,12 +282,14 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 64*pid_n + j + q < N ? B[(i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -261,12 +300,14 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32 + j + q < K ? A[(64*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
     }
@@ -277,12 +318,14 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && 64*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32 + i) * N + 64*pid_n + j) : B, bytes);
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32 + i < K && 64*pid_n + j + q < N ? B[(32 + i) * N + 64*pid_n + j + q] : 0;
+          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -294,46 +337,60 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
     const int t = reg;
     acc[t] = 0.0f;
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 64*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((64*pid_m + i) * K + 32*kb + 64 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 64*pid_m + i < M && 32*kb + 64 + j + q < K ? A[(64*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 64 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 64 < K) {
+    if (BK*kb + 64 < K) {
       for (int e = lid; e < 256; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 64 + i < K && 64*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 64 + i) * N + 64*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 64 + i < K && 64*pid_n + j + q < N ? B[(32*kb + 64 + i) * N + 64*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 64 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
       tsr_halfx4 a_frag;
-      for (int q = 0; q < 4; ++q) a_frag[q] = __builtin_bit_cast(_Float16, a_tile_smem[(kb % 3 * 64 + wave / 2 * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8]);
+      for (int q = 0; q < 4; ++q)
+          a_frag[q] = __builtin_bit_cast(_Float16,
+          a_tile_smem[(kb % 3 * 64 + wave / 2 * 32 + lane % 32) * 32
+          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + lane % 32) % 4) * 8
+          + (kk + lane / 32 * 4 + q) % 8]);
       tsr_halfx4 b_frag;
-      for (int q = 0; q < 4; ++q) b_frag[q] = __builtin_bit_cast(_Float16, b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 64 + ((wave % 2 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 32 + lane % 32) % 8]);
+      for (int q = 0; q < 4; ++q)
+          b_frag[q] = __builtin_bit_cast(_Float16,
+          b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 64
+          + ((wave % 2 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+          + (wave % 2 * 32 + lane % 32) % 8]);
       tsr_floatx16 frag_acc;
       for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -346,14 +403,21 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(const unsigned sho
     const int i = wave / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
     const int j = wave % 2 * 32 + lane % 32;
     const int t = reg;
-    if (64*pid_m + i < M && 64*pid_n + j < N) out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+    if (BM*pid_m + i < M && BN*pid_n + j < N)
+        out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
   }
 }
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
 // grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
+extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -368,12 +432,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && j + q < K ? A[(128*pid_m + i) * K + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
@@ -384,12 +450,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = i < K && 128*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((i) * N + 128*pid_n + j) : B, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = i < K && 128*pid_n + j + q < N ? B[(i) * N + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -404,50 +472,62 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = 128*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8), bytes ? A + ((128*pid_m + i) * K + 32*kb + 32 + j) : A, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] = 128*pid_m + i < M && 32*kb + 32 + j + q < K ? A[(128*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 32 + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 32 < K) {
+    if (BK*kb + 32 < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = 32*kb + 32 + i < K && 128*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8), bytes ? B + ((32*kb + 32 + i) * N + 128*pid_n + j) : B, bytes);
+          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] = 32*kb + 32 + i < K && 128*pid_n + j + q < N ? B[(32*kb + 32 + i) * N + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 32 + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
-        for (int q = 0; q < 4; ++q) a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8 + (kk + lane / 32 * 4 + q) % 8];
+        for (int q = 0; q < 4; ++q)
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
+            + (kk + lane / 32 * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
-          for (int q = 0; q < 4; ++q) b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8 + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+          for (int q = 0; q < 4; ++q)
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -464,7 +544,10 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(const unsigned 
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < M && 128*pid_n + j < N) out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
+          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }

@@ -25,7 +25,9 @@ inline ushort tsr_float_to_bf16(float value) {
   return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // Through a ushort: OpenCL C without cl_khr_fp16 has pointers to half but no half variables.
 inline float tsr_round_f16(float value) {
@@ -63,6 +65,9 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 128;
+  const int BN = 128;
+  const int BK = 32;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
@@ -79,20 +84,20 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(128*pid_m + i < M && 32*kb + j + q < K
-              ? vload_half((128*pid_m + i) * K + 32*kb + j + q, A) : 0.0f,
+          vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
+              ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
               i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
@@ -102,20 +107,20 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(32*kb + i < K && 128*pid_n + j + q < N
-              ? vload_half((32*kb + i) * N + 128*pid_n + j + q, B) : 0.0f,
+          vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
+              ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
               i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8,
@@ -134,8 +139,8 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N)
-          vstore_half_rte((tsr_round_f16(acc[t])), (128*pid_m + i) * N + 128*pid_n + j, out);
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
     }
   }
 }
@@ -146,6 +151,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void skinny_gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 32;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
@@ -162,20 +170,20 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(64*pid_m + i < M && 32*kb + j + q < K
-              ? vload_half((64*pid_m + i) * K + 32*kb + j + q, A) : 0.0f,
+          vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
+              ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
               i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
@@ -185,20 +193,20 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          vstore_half_rte(32*kb + i < K && 64*pid_n + j + q < N
-              ? vload_half((32*kb + i) * N + 64*pid_n + j + q, B) : 0.0f,
+          vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
+              ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
               i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8,
@@ -217,8 +225,8 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          vstore_half_rte((tsr_round_f16(acc[t])), (64*pid_m + i) * N + 64*pid_n + j, out);
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
     }
   }
 }
@@ -230,6 +238,9 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     __global const float* restrict bias, __global ushort* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
+  const int BM = 128;
+  const int BN = 128;
+  const int BK = 32;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -246,20 +257,20 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 32 < K; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -268,19 +279,19 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[16], b_k[8];
       for (int r = 0; r < 16; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -299,10 +310,10 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N)
-          out[(128*pid_m + i) * N + 128*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
-          + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }

@@ -27,7 +27,9 @@ inline unsigned short tsr_float_to_bf16(float value) {
   return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float tsr_round_bf16(float value) { return tsr_bf16_to_float(tsr_float_to_bf16(value)); }
+inline float tsr_round_bf16(float value) {
+  return tsr_bf16_to_float(tsr_float_to_bf16(value));
+}
 
 // Through sycl::half, whose conversion from float rounds to nearest even.
 inline float tsr_f16_to_float(unsigned short bits) {
@@ -69,6 +71,9 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
@@ -84,20 +89,20 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -106,19 +111,19 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 16) * 32
@@ -137,8 +142,8 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N)
-          out[(128*pid_m + i) * N + 128*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
 }
@@ -149,6 +154,9 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -164,20 +172,20 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 64*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((64*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              64*pid_m + i < M && 32*kb + j + q < K ? A[(64*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -186,19 +194,19 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 64*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 64*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 64*pid_n + j + q < N ? B[(32*kb + i) * N + 64*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -217,8 +225,8 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < M && 64*pid_n + j < N)
-          out[(64*pid_m + i) * N + 64*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
 }
@@ -230,6 +238,9 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
@@ -245,20 +256,20 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 512; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
-        const int bytes = 128*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((128*pid_m + i) * K + 32*kb + j) : A, bytes);
+            bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              128*pid_m + i < M && 32*kb + j + q < K ? A[(128*pid_m + i) * K + 32*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -267,19 +278,19 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
-        const int bytes = 32*kb + i < K && 128*pid_n + j < N ? 16 : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32*kb + i) * N + 128*pid_n + j) : B, bytes);
+            bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32*kb + i < K && 128*pid_n + j + q < N ? B[(32*kb + i) * N + 128*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
       float a_k[16], b_k[8];
       for (int r = 0; r < 16; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -298,10 +309,10 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < M && 128*pid_n + j < N)
-          out[(128*pid_m + i) * N + 128*pid_n + j] =
+      if (BM*pid_m + i < M && BN*pid_n + j < N)
+          out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
-          + (128*pid_n + j < N ? bias[128*pid_n + j] : 0.0f)))))));
+          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
     }
   }
 }

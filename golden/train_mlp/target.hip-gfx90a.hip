@@ -98,8 +98,13 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden, const long long B, const long long D, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x,
+    const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
+    const long long B, const long long D, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -114,12 +119,14 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -130,12 +137,14 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < D && 128*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * H + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < D && 128*pid_n + j + q < H ? w1[(i) * H + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -150,48 +159,58 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < D) {
+    if (BK*kb + 16 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < B && 16*kb + 16 + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((128*pid_m + i) * D + 16*kb + 16 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 16 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && 16*kb + 16 + j + q < D ? x[(128*pid_m + i) * D + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 16 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < D) {
+    if (BK*kb + 16 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 16*kb + 16 + i < D && 128*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + 16 + i) * H + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 16 + i < D && BN*pid_n + j < H ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < D && 128*pid_n + j + q < H ? w1[(16*kb + 16 + i) * H + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -208,15 +227,22 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < B && 128*pid_n + j < H) hidden[(128*pid_m + i) * H + 128*pid_n + j] = (tanhf((acc[t] + (128*pid_n + j < H ? b1[128*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden, const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits, const long long B, const long long H, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden,
+    const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
+    const long long B, const long long H, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -231,12 +257,14 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 128*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((128*pid_m + i) * H + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && j + q < H ? hidden[(128*pid_m + i) * H + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
     }
@@ -247,12 +275,14 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < H && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < H && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -267,48 +297,58 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < H; ++kb) {
+  for (long long kb = 0; kb * BK < H; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < H) {
+    if (BK*kb + 16 < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
-          const int bytes = 128*pid_m + i < B && 16*kb + 16 + j < H ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((128*pid_m + i) * H + 16*kb + 16 + j) : hidden, bytes);
+          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < H ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 16 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && 16*kb + 16 + j + q < H ? hidden[(128*pid_m + i) * H + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 16 + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < H) {
+    if (BK*kb + 16 < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 16*kb + 16 + i < H && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + 16 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 16 + i < H && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < H && 128*pid_n + j + q < C ? w2[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -325,15 +365,20 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < B && 128*pid_n + j < C) logits[(128*pid_m + i) * C + 128*pid_n + j] = (acc[t] + (128*pid_n + j < C ? b2[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restrict__ logits, const float* __restrict__ target, float* __restrict__ t4, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restrict__ logits,
+    const float* __restrict__ target, float* __restrict__ t4, const long long B,
+    const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -341,7 +386,8 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 256) r = fmaxf(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -349,7 +395,8 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + (expf(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 256)
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -361,15 +408,19 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < B) t4[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f) * (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restrict__ t4,
+    float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -377,27 +428,32 @@ extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restric
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + (4*pid_m + i < B ? t4[(4*pid_m + i) * C + j] : 0.0f);
+    for (long long j = lid; j < C; j += 256)
+        r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
 // grid [pid_m < ceil(1/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restrict__ t5, float* __restrict__ out, const long long B) {
+extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restrict__ t5,
+    float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256) r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 256)
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -414,14 +470,19 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
   }
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) out[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden, const long long B, const long long D, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x,
+    const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
+    const long long B, const long long D, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -436,12 +497,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 128*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((128*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && j + q < D ? x[(128*pid_m + i) * D + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
     }
@@ -452,12 +515,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
-        const int bytes = i < D && 128*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((i) * H + 128*pid_n + j) : w1, bytes);
+        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < D && 128*pid_n + j + q < H ? w1[(i) * H + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -472,48 +537,58 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < D) {
+    if (BK*kb + 16 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
-          const int bytes = 128*pid_m + i < B && 16*kb + 16 + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? x + ((128*pid_m + i) * D + 16*kb + 16 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < D ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 16 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && 16*kb + 16 + j + q < D ? x[(128*pid_m + i) * D + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 16 + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < D) {
+    if (BK*kb + 16 < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = 16*kb + 16 + i < D && 128*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w1 + ((16*kb + 16 + i) * H + 128*pid_n + j) : w1, bytes);
+          const int bytes = BK*kb + 16 + i < D && BN*pid_n + j < H ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < D && 128*pid_n + j + q < H ? w1[(16*kb + 16 + i) * H + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -530,15 +605,22 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < B && 128*pid_n + j < H) hidden[(128*pid_m + i) * H + 128*pid_n + j] = (tanhf((acc[t] + (128*pid_n + j < H ? b1[128*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden, const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits, const long long B, const long long H, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden,
+    const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
+    const long long B, const long long H, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -553,12 +635,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 128*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((128*pid_m + i) * H + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && j + q < H ? hidden[(128*pid_m + i) * H + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
     }
@@ -569,12 +653,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
-        const int bytes = i < H && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((i) * C + 128*pid_n + j) : w2, bytes);
+        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < H && 128*pid_n + j + q < C ? w2[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -589,48 +675,58 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < H; ++kb) {
+  for (long long kb = 0; kb * BK < H; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < H) {
+    if (BK*kb + 16 < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
-          const int bytes = 128*pid_m + i < B && 16*kb + 16 + j < H ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? hidden + ((128*pid_m + i) * H + 16*kb + 16 + j) : hidden, bytes);
+          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < H ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 16 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && 16*kb + 16 + j + q < H ? hidden[(128*pid_m + i) * H + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 16 + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < H) {
+    if (BK*kb + 16 < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = 16*kb + 16 + i < H && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? w2 + ((16*kb + 16 + i) * C + 128*pid_n + j) : w2, bytes);
+          const int bytes = BK*kb + 16 + i < H && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < H && 128*pid_n + j + q < C ? w2[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -647,15 +743,19 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < B && 128*pid_n + j < C) logits[(128*pid_m + i) * C + 128*pid_n + j] = (acc[t] + (128*pid_n + j < C ? b2[128*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __restrict__ logits, float* __restrict__ t3, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __restrict__ logits,
+    float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -663,7 +763,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 256) r = fmaxf(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -671,7 +772,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + (expf(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+    for (long long j = lid; j < C; j += 256)
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -682,15 +784,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < B) t3[(4*pid_m + i) * C + j] = (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __restrict__ target, const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __restrict__ target,
+    const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -698,27 +803,33 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f) * (4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f));
+    for (long long j = lid; j < C; j += 256)
+        r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
 // grid [pid_m < ceil(1/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, const long long B) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __restrict__ t5,
+    float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
-  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) / float(x.shape[-1])
+  // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
+  //   float(x.shape[-1])
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256) r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 256)
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -735,62 +846,80 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
   }
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) t8[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
 // grid [pid_m < ceil(1/1024)], 512 threads per program
-extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __restrict__ t8, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __restrict__ t8,
+    float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 512) {
-    if (1024*pid_m + e < 1) out0[1024*pid_m + e] = ((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
+        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
 // grid [pid_m < ceil(1/1024)], 512 threads per program
-extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __restrict__ t8, float* __restrict__ t12) {
+extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __restrict__ t8,
+    float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 512) {
-    if (1024*pid_m + e < 1) t12[1024*pid_m + e] = (-(((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
+    if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
+        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
+        : 0.0f)) ? 1.0f : 1.0f));
   }
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/1024)], 512 threads per program
-extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __restrict__ t5, const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
+extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __restrict__ t5,
+    const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
   for (long long e = lid; e < 1024; e += 512) {
-    if (1024*pid_m + e < B) t16[1024*pid_m + e] = ((((1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+    if (BM*pid_m + e < B) t16[BM*pid_m + e] =
+        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
+        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __restrict__ t16, const float* __restrict__ target, float* __restrict__ t18, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __restrict__ t16,
+    const float* __restrict__ target, float* __restrict__ t18, const long long B,
+    const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < B) t18[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? t16[(4*pid_m + i) * 1 + 0] : 0.0f) * (4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f));
+      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
+          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
     }
   }
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __restrict__ t18,
+    float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -798,33 +927,43 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256) r = r + (4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f);
+    for (long long j = lid; j < C; j += 256)
+        r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t19[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
   }
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __restrict__ t3, const float* __restrict__ t19, const float* __restrict__ t18, float* __restrict__ t22, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __restrict__ t3,
+    const float* __restrict__ t19, const float* __restrict__ t18, float* __restrict__ t22,
+    const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (4*pid_m + i < B) t22[(4*pid_m + i) * C + j] = ((4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f) - ((expf((4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f))) * (4*pid_m + i < B ? t19[(4*pid_m + i) * 1 + 0] : 0.0f)));
+      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
+          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
+          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
     }
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __restrict__ t22, float* __restrict__ t23, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __restrict__ t22,
+    float* __restrict__ t23, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
@@ -835,12 +974,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t22_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((64*pid_n + i) * C + 64*pid_m + j) : t22, bytes);
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < C ? t22[(64*pid_n + i) * C + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -848,14 +990,19 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
   for (long long e = lid; e < 4096; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < C && 64*pid_n + j < B) t23[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < C && BN*pid_n + j < B)
+        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t23, const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C, const long long B) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t23,
+    const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C,
+    const long long B) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -863,7 +1010,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256) r = r + (4*pid_m + i < C ? t23[(4*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 256)
+        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -873,14 +1021,20 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 256) {
-    if (4*pid_m + e < C) out4[4*pid_m + e] = ((4*pid_m + e < C ? b2[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
+        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ t22, const float* __restrict__ w2, float* __restrict__ t24, const long long B, const long long C, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ t22,
+    const float* __restrict__ w2, float* __restrict__ t24, const long long B, const long long C,
+    const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -895,12 +1049,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
-        const int bytes = 128*pid_m + i < B && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t22 + ((128*pid_m + i) * C + j) : t22, bytes);
+        const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * C + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && j + q < C ? t22[(128*pid_m + i) * C + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && j + q < C ? t22[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -911,12 +1067,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
-        const int bytes = 128*pid_n + i < H && j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? w2 + ((128*pid_n + i) * C + j) : w2, bytes);
+        const int bytes = BN*pid_n + i < H && j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_n + i < H && j + q < C ? w2[(128*pid_n + i) * C + j + q] : 0;
+          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
         }
       }
     }
@@ -931,48 +1089,58 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t22_aligned) {
-          const int bytes = 128*pid_m + i < B && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t22 + ((128*pid_m + i) * C + 16*kb + 16 + j) : t22, bytes);
+          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < B && 16*kb + 16 + j + q < C ? t22[(128*pid_m + i) * C + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 16 + j + q < C
+                ? t22[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (16*kb + 16 < C) {
+    if (BK*kb + 16 < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (w2_aligned) {
-          const int bytes = 128*pid_n + i < H && 16*kb + 16 + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? w2 + ((128*pid_n + i) * C + 16*kb + 16 + j) : w2, bytes);
+          const int bytes = BN*pid_n + i < H && BK*kb + 16 + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 16 + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_n + i < H && 16*kb + 16 + j + q < C ? w2[(128*pid_n + i) * C + 16*kb + 16 + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BN*pid_n + i < H && BK*kb + 16 + j + q < C
+                ? w2[(BN*pid_n + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 128 + wave % 2 * 64 + fn * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave % 2 * 64 + fn * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 128 + wave % 2 * 64 + fn * 32 + lane % 32)
+              * 16 + ((kk + lane / 32) / 4 ^ (wave % 2 * 64 + fn * 32 + lane % 32) % 4) * 4
+              + (kk + lane / 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -988,15 +1156,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < B && 128*pid_n + j < H) t24[(128*pid_m + i) * H + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ hidden, float* __restrict__ t25, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ hidden,
+    float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
@@ -1007,12 +1178,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? hidden + ((64*pid_n + i) * H + 64*pid_m + j) : hidden, bytes);
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < H ? hidden[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < H
+            ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
     }
   }
@@ -1020,14 +1194,21 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   for (long long e = lid; e < 4096; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B) t25[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(H/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ t25, const float* __restrict__ t22, const float lr, const float* __restrict__ w2, float* __restrict__ out3, const long long H, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ t25,
+    const float* __restrict__ t22, const float lr, const float* __restrict__ w2,
+    float* __restrict__ out3, const long long H, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1042,12 +1223,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t25_aligned) {
-        const int bytes = 128*pid_m + i < H && j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t25 + ((128*pid_m + i) * B + j) : t25, bytes);
+        const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t25 + ((BM*pid_m + i) * B + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < H && j + q < B ? t25[(128*pid_m + i) * B + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && j + q < B ? t25[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1058,12 +1241,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t22_aligned) {
-        const int bytes = i < B && 128*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((i) * C + 128*pid_n + j) : t22, bytes);
+        const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < B && 128*pid_n + j + q < C ? t22[(i) * C + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < B && BN*pid_n + j + q < C ? t22[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1078,48 +1263,58 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < B; ++kb) {
+  for (long long kb = 0; kb * BK < B; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < B) {
+    if (BK*kb + 16 < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t25_aligned) {
-          const int bytes = 128*pid_m + i < H && 16*kb + 16 + j < B ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t25 + ((128*pid_m + i) * B + 16*kb + 16 + j) : t25, bytes);
+          const int bytes = BM*pid_m + i < H && BK*kb + 16 + j < B ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < H && 16*kb + 16 + j + q < B ? t25[(128*pid_m + i) * B + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < H && BK*kb + 16 + j + q < B
+                ? t25[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < B) {
+    if (BK*kb + 16 < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t22_aligned) {
-          const int bytes = 16*kb + 16 + i < B && 128*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t22 + ((16*kb + 16 + i) * C + 128*pid_n + j) : t22, bytes);
+          const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < C ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t22 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < B && 128*pid_n + j + q < C ? t22[(16*kb + 16 + i) * C + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < B && BN*pid_n + j + q < C
+                ? t22[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1136,29 +1331,40 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < H && 128*pid_n + j < C) out3[(128*pid_m + i) * C + 128*pid_n + j] = ((128*pid_m + i < H && 128*pid_n + j < C ? w2[(128*pid_m + i) * C + 128*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (BM*pid_m + i < H && BN*pid_n + j < C)
+          out3[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __restrict__ hidden, const float* __restrict__ t24, float* __restrict__ t28, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __restrict__ hidden,
+    const float* __restrict__ t24, float* __restrict__ t28, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < H; j += 256) {
-      if (4*pid_m + i < B) t28[(4*pid_m + i) * H + j] = ((4*pid_m + i < B ? t24[(4*pid_m + i) * H + j] : 0.0f) * (1.0f - ((4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f) * (4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f))));
+      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
+          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __restrict__ t28, float* __restrict__ t29, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __restrict__ t28,
+    float* __restrict__ t29, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
@@ -1169,12 +1375,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t28_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((64*pid_n + i) * H + 64*pid_m + j) : t28, bytes);
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < H ? t28[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -1182,14 +1391,19 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
   for (long long e = lid; e < 4096; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B) t29[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __restrict__ t29, const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H, const long long B) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __restrict__ t29,
+    const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H,
+    const long long B) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1197,7 +1411,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256) r = r + (4*pid_m + i < H ? t29[(4*pid_m + i) * B + j] : 0.0f);
+    for (long long j = lid; j < B; j += 256)
+        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1207,14 +1422,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 256) {
-    if (4*pid_m + e < H) out2[4*pid_m + e] = ((4*pid_m + e < H ? b1[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
+        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ x, float* __restrict__ t30, const long long B, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ x,
+    float* __restrict__ t30, const long long B, const long long D) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
@@ -1225,12 +1444,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? x + ((64*pid_n + i) * D + 64*pid_m + j) : x, bytes);
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
+      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 64*pid_n + i < B && 64*pid_m + j + q < D ? x[(64*pid_n + i) * D + 64*pid_m + j + q] : 0;
+        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
+            : 0;
       }
     }
   }
@@ -1238,14 +1460,21 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   for (long long e = lid; e < 4096; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < D && 64*pid_n + j < B) t30[(64*pid_m + i) * B + 64*pid_n + j] = (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+    if (BM*pid_m + i < D && BN*pid_n + j < B)
+        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
+        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k20: launch k20 of train_step: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(D/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __restrict__ t30, const float* __restrict__ t28, const float lr, const float* __restrict__ w1, float* __restrict__ out1, const long long D, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __restrict__ t30,
+    const float* __restrict__ t28, const float lr, const float* __restrict__ w1,
+    float* __restrict__ out1, const long long D, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1260,12 +1489,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t30_aligned) {
-        const int bytes = 128*pid_m + i < D && j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t30 + ((128*pid_m + i) * B + j) : t30, bytes);
+        const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t30 + ((BM*pid_m + i) * B + j) : t30, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < D && j + q < B ? t30[(128*pid_m + i) * B + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && j + q < B ? t30[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1276,12 +1507,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t28_aligned) {
-        const int bytes = i < B && 128*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((i) * H + 128*pid_n + j) : t28, bytes);
+        const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t28 + ((i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = i < B && 128*pid_n + j + q < H ? t28[(i) * H + 128*pid_n + j + q] : 0;
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < B && BN*pid_n + j + q < H ? t28[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1296,48 +1529,58 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < B; ++kb) {
+  for (long long kb = 0; kb * BK < B; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < B) {
+    if (BK*kb + 16 < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t30_aligned) {
-          const int bytes = 128*pid_m + i < D && 16*kb + 16 + j < B ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t30 + ((128*pid_m + i) * B + 16*kb + 16 + j) : t30, bytes);
+          const int bytes = BM*pid_m + i < D && BK*kb + 16 + j < B ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t30, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < D && 16*kb + 16 + j + q < B ? t30[(128*pid_m + i) * B + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < D && BK*kb + 16 + j + q < B
+                ? t30[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < B) {
+    if (BK*kb + 16 < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t28_aligned) {
-          const int bytes = 16*kb + 16 + i < B && 128*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t28 + ((16*kb + 16 + i) * H + 128*pid_n + j) : t28, bytes);
+          const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < H ? 16 : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t28 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : t28, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 16*kb + 16 + i < B && 128*pid_n + j + q < H ? t28[(16*kb + 16 + i) * H + 128*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 16 + i < B && BN*pid_n + j + q < H
+                ? t28[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; kk += 2) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1354,7 +1597,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < D && 128*pid_n + j < H) out1[(128*pid_m + i) * H + 128*pid_n + j] = ((128*pid_m + i < D && 128*pid_n + j < H ? w1[(128*pid_m + i) * H + 128*pid_n + j] : 0.0f) - (lr * acc[t]));
+      if (BM*pid_m + i < D && BN*pid_n + j < H)
+          out1[(BM*pid_m + i) * H + BN*pid_n + j] =
+          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
+          - (lr * acc[t]));
     }
   }
 }

@@ -96,6 +96,9 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     __global const float* restrict b1, __global float* restrict hidden, const long B,
     const long D, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -112,20 +115,20 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < D; ++kb) {
+  for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -134,19 +137,19 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -163,9 +166,9 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H)
-          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
-          (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -177,6 +180,9 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     __global const float* restrict b2, __global float* restrict logits, const long B,
     const long H, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -193,20 +199,20 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < H; ++kb) {
+  for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+            bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
@@ -216,19 +222,19 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -245,9 +251,9 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C)
-          logits[(64*pid_m + i) * C + 64*pid_n + j] =
-          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -258,6 +264,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k2(__global const float* restrict logits, __global const float* restrict target,
     __global float* restrict t4, const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -265,7 +272,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
-        r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+        r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -273,7 +280,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -283,9 +290,9 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t4[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
-          * (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -296,6 +303,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k3(__global const float* restrict t4, __global float* restrict t5, const long B,
     const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -303,11 +311,11 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + (4*pid_m + i < B ? t4[(4*pid_m + i) * C + j] : 0.0f);
+        r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
@@ -316,6 +324,7 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k4(__global const float* restrict t5, __global float* restrict out, const long B) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -324,7 +333,7 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -338,7 +347,7 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
     v_2[e] = -v_1[e];
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) out[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
 
@@ -349,6 +358,9 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     __global const float* restrict b1, __global float* restrict hidden, const long B,
     const long D, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -365,20 +377,20 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < D; ++kb) {
+  for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -387,19 +399,19 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -416,9 +428,9 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H)
-          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
-          (tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -430,6 +442,9 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     __global const float* restrict b2, __global float* restrict logits, const long B,
     const long H, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -446,20 +461,20 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < H; ++kb) {
+  for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+            bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
@@ -469,19 +484,19 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -498,9 +513,9 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C)
-          logits[(64*pid_m + i) * C + 64*pid_n + j] =
-          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -511,6 +526,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k2(__global const float* restrict logits, __global float* restrict t3,
     const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -518,7 +534,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
-        r = fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+        r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -526,7 +542,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + (exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   float v_2[4];
@@ -535,8 +551,8 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   }
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t3[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -547,6 +563,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k3(__global const float* restrict target, __global const float* restrict t3,
     __global float* restrict t5, const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -554,12 +571,12 @@ void train_step_k3(__global const float* restrict target, __global const float* 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
@@ -568,6 +585,7 @@ void train_step_k3(__global const float* restrict target, __global const float* 
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k4(__global const float* restrict t5, __global float* restrict t8, const long B) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -576,7 +594,7 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -590,7 +608,7 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
     v_2[e] = -v_1[e];
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) t8[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
 
@@ -599,11 +617,12 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k5(__global const float* restrict t8, __global float* restrict out0) {
   const int lid = get_local_id(0);
+  const int BM = 1024;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) out0[1024*pid_m + e] =
-        ((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
+        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
 }
 
@@ -612,12 +631,13 @@ void train_step_k5(__global const float* restrict t8, __global float* restrict o
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k6(__global const float* restrict t8, __global float* restrict t12) {
   const int lid = get_local_id(0);
+  const int BM = 1024;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) t12[1024*pid_m + e] =
-        (-(((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < 1
-        ? t8[1024*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
+    if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
+        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
+        : 0.0f)) ? 1.0f : 1.0f));
   }
 }
 
@@ -627,13 +647,14 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k7(__global const float* restrict t5, __global const float* restrict t12,
     __global float* restrict t16, const long B) {
   const int lid = get_local_id(0);
+  const int BM = 1024;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
   for (long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < B) t16[1024*pid_m + e] =
-        ((((1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < B
-        ? t5[1024*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+    if (BM*pid_m + e < B) t16[BM*pid_m + e] =
+        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
+        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
@@ -643,13 +664,14 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k8(__global const float* restrict t16, __global const float* restrict target,
     __global float* restrict t18, const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t18[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? t16[(4*pid_m + i) * 1 + 0] : 0.0f)
-          * (4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f));
+      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
+          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
     }
   }
 }
@@ -660,6 +682,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k9(__global const float* restrict t18, __global float* restrict t19, const long B,
     const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -667,11 +690,11 @@ void train_step_k9(__global const float* restrict t18, __global float* restrict 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
-        r = r + (4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f);
+        r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t19[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
   }
 }
 
@@ -681,14 +704,15 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k10(__global const float* restrict t3, __global const float* restrict t19,
     __global const float* restrict t18, __global float* restrict t22, const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t22[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f)
-          - ((exp((4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f)))
-          * (4*pid_m + i < B ? t19[(4*pid_m + i) * 1 + 0] : 0.0f)));
+      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
+          - ((exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
+          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
     }
   }
 }
@@ -699,6 +723,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k11(__global const float* restrict t22, __global float* restrict t23,
     const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
@@ -709,13 +735,13 @@ void train_step_k11(__global const float* restrict t22, __global float* restrict
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t22_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < C ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t22 + ((64*pid_n + i) * C + 64*pid_m + j) : t22, bytes);
+          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < C ? t22[(64*pid_n + i) * C + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -724,8 +750,8 @@ void train_step_k11(__global const float* restrict t22, __global float* restrict
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < C && 64*pid_n + j < B)
-        t23[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < C && BN*pid_n + j < B)
+        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -736,6 +762,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k12(__global const float* restrict t23, const float lr,
     __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -743,7 +770,7 @@ void train_step_k12(__global const float* restrict t23, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < C ? t23[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -752,7 +779,8 @@ void train_step_k12(__global const float* restrict t23, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long e = lid; e < 4; e += 128) {
-    if (4*pid_m + e < C) out4[4*pid_m + e] = ((4*pid_m + e < C ? b2[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
+        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
@@ -762,6 +790,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k13(__global const float* restrict t22, __global const float* restrict w2,
     __global float* restrict t24, const long B, const long C, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -778,20 +809,20 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < C; ++kb) {
+  for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t22 + ((64*pid_m + i) * C + 16*kb + j) : t22, bytes);
+            bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < C ? t22[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < C ? t22[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -800,19 +831,19 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
-        const int bytes = 64*pid_n + i < H && 16*kb + j < C ? 16 : 0;
+        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? w2 + ((64*pid_n + i) * C + 16*kb + j) : w2, bytes);
+            bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_n + i < H && 16*kb + j + q < C ? w2[(64*pid_n + i) * C + 16*kb + j + q] : 0;
+              BN*pid_n + i < H && BK*kb + j + q < C ? w2[(BN*pid_n + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -828,7 +859,7 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H) t24[(64*pid_m + i) * H + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -839,6 +870,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k14(__global const float* restrict hidden, __global float* restrict t25,
     const long B, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
@@ -849,14 +882,14 @@ void train_step_k14(__global const float* restrict hidden, __global float* restr
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? hidden + ((64*pid_n + i) * H + 64*pid_m + j) : hidden, bytes);
+          bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < H
-            ? hidden[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+            BN*pid_n + i < B && BM*pid_m + j + q < H
+            ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
     }
   }
@@ -864,8 +897,8 @@ void train_step_k14(__global const float* restrict hidden, __global float* restr
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B)
-        t25[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -877,6 +910,9 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     const float lr, __global const float* restrict w2, __global float* restrict out3,
     const long H, const long B, const long C) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -893,20 +929,20 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < B; ++kb) {
+  for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t25_aligned) {
-        const int bytes = 64*pid_m + i < H && 16*kb + j < B ? 16 : 0;
+        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t25 + ((64*pid_m + i) * B + 16*kb + j) : t25, bytes);
+            bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < H && 16*kb + j + q < B ? t25[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+              BM*pid_m + i < H && BK*kb + j + q < B ? t25[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -915,19 +951,19 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t22_aligned) {
-        const int bytes = 16*kb + i < B && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((16*kb + i) * C + 64*pid_n + j) : t22, bytes);
+            bytes ? t22 + ((BK*kb + i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < B && 64*pid_n + j + q < C ? t22[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < C ? t22[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -944,9 +980,9 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < H && 64*pid_n + j < C)
-          out3[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < H && 64*pid_n + j < C ? w2[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < H && BN*pid_n + j < C)
+          out3[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           - (lr * acc[t]));
     }
   }
@@ -958,14 +994,15 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k16(__global const float* restrict hidden, __global const float* restrict t24,
     __global float* restrict t28, const long B, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < H; j += 128) {
-      if (4*pid_m + i < B) t28[(4*pid_m + i) * H + j] =
-          ((4*pid_m + i < B ? t24[(4*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f)
-          * (4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f))));
+      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
+          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
@@ -976,6 +1013,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k17(__global const float* restrict t28, __global float* restrict t29,
     const long B, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
@@ -986,13 +1025,13 @@ void train_step_k17(__global const float* restrict t28, __global float* restrict
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t28_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t28 + ((64*pid_n + i) * H + 64*pid_m + j) : t28, bytes);
+          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < H ? t28[(64*pid_n + i) * H + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1001,8 +1040,8 @@ void train_step_k17(__global const float* restrict t28, __global float* restrict
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B)
-        t29[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1013,6 +1052,7 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k18(__global const float* restrict t29, const float lr,
     __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1020,7 +1060,7 @@ void train_step_k18(__global const float* restrict t29, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < H ? t29[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1029,7 +1069,8 @@ void train_step_k18(__global const float* restrict t29, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long e = lid; e < 4; e += 128) {
-    if (4*pid_m + e < H) out2[4*pid_m + e] = ((4*pid_m + e < H ? b1[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
+        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
@@ -1039,6 +1080,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k19(__global const float* restrict x, __global float* restrict t30, const long B,
     const long D) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
@@ -1049,13 +1092,13 @@ void train_step_k19(__global const float* restrict x, __global float* restrict t
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < D ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? x + ((64*pid_n + i) * D + 64*pid_m + j) : x, bytes);
+          bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < D ? x[(64*pid_n + i) * D + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1064,8 +1107,8 @@ void train_step_k19(__global const float* restrict x, __global float* restrict t
   for (long e = lid; e < 4096; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (64*pid_m + i < D && 64*pid_n + j < B)
-        t30[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < D && BN*pid_n + j < B)
+        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1077,6 +1120,9 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     const float lr, __global const float* restrict w1, __global float* restrict out1,
     const long D, const long B, const long H) {
   const int lid = get_local_id(0);
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -1093,20 +1139,20 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < B; ++kb) {
+  for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t30_aligned) {
-        const int bytes = 64*pid_m + i < D && 16*kb + j < B ? 16 : 0;
+        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t30 + ((64*pid_m + i) * B + 16*kb + j) : t30, bytes);
+            bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + j) : t30, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < D && 16*kb + j + q < B ? t30[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+              BM*pid_m + i < D && BK*kb + j + q < B ? t30[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1115,19 +1161,19 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t28_aligned) {
-        const int bytes = 16*kb + i < B && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t28 + ((16*kb + i) * H + 64*pid_n + j) : t28, bytes);
+            bytes ? t28 + ((BK*kb + i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < B && 64*pid_n + j + q < H ? t28[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < H ? t28[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -1144,9 +1190,9 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < D && 64*pid_n + j < H)
-          out1[(64*pid_m + i) * H + 64*pid_n + j] =
-          ((64*pid_m + i < D && 64*pid_n + j < H ? w1[(64*pid_m + i) * H + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < D && BN*pid_n + j < H)
+          out1[(BM*pid_m + i) * H + BN*pid_n + j] =
+          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
           - (lr * acc[t]));
     }
   }

@@ -98,6 +98,9 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
     const float* __restrict__ b1, float* __restrict__ hidden, const long long B,
     const long long D, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -113,20 +116,20 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -135,19 +138,19 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -164,9 +167,9 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H)
-          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
-          (sycl::tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (sycl::tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -177,6 +180,9 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
     const float* __restrict__ b2, float* __restrict__ logits, const long long B,
     const long long H, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -192,20 +198,20 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < H; ++kb) {
+  for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+            bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
@@ -215,19 +221,19 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -244,9 +250,9 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C)
-          logits[(64*pid_m + i) * C + 64*pid_n + j] =
-          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -257,13 +263,14 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
     float* __restrict__ t4, const long long B, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
-        r = sycl::fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+        r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -271,7 +278,7 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + (sycl::exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float v_2[4];
@@ -281,9 +288,9 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t4[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
-          * (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -293,17 +300,18 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
 inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const long long B,
     const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + (4*pid_m + i < B ? t4[(4*pid_m + i) * C + j] : 0.0f);
+        r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
@@ -312,6 +320,7 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
 inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -319,7 +328,7 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -333,7 +342,7 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
     v_2[e] = -v_1[e];
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) out[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
 
@@ -343,6 +352,9 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
     const float* __restrict__ b1, float* __restrict__ hidden, const long long B,
     const long long D, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -358,20 +370,20 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < D; ++kb) {
+  for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < D ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? x + ((64*pid_m + i) * D + 16*kb + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < D ? x[(64*pid_m + i) * D + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
@@ -380,19 +392,19 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
-        const int bytes = 16*kb + i < D && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16*kb + i) * H + 64*pid_n + j) : w1, bytes);
+            bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < D && 64*pid_n + j + q < H ? w1[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -409,9 +421,9 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H)
-          hidden[(64*pid_m + i) * H + 64*pid_n + j] =
-          (sycl::tanh((acc[t] + (64*pid_n + j < H ? b1[64*pid_n + j] : 0.0f))));
+      if (BM*pid_m + i < B && BN*pid_n + j < H)
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
+          (sycl::tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
     }
   }
 }
@@ -422,6 +434,9 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
     const float* __restrict__ b2, float* __restrict__ logits, const long long B,
     const long long H, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -437,20 +452,20 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < H; ++kb) {
+  for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < H ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? hidden + ((64*pid_m + i) * H + 16*kb + j) : hidden, bytes);
+            bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < H ? hidden[(64*pid_m + i) * H + 16*kb + j + q]
+              BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
@@ -460,19 +475,19 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
-        const int bytes = 16*kb + i < H && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16*kb + i) * C + 64*pid_n + j) : w2, bytes);
+            bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < H && 64*pid_n + j + q < C ? w2[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -489,9 +504,9 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < C)
-          logits[(64*pid_m + i) * C + 64*pid_n + j] =
-          (acc[t] + (64*pid_n + j < C ? b2[64*pid_n + j] : 0.0f));
+      if (BM*pid_m + i < B && BN*pid_n + j < C)
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
+          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
     }
   }
 }
@@ -501,13 +516,14 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
 inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ t3,
     const long long B, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
-        r = sycl::fmax(r, (4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f));
+        r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
@@ -515,7 +531,7 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + (sycl::exp(((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i])));
+        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float v_2[4];
@@ -524,8 +540,8 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   }
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t3[(4*pid_m + i) * C + j] =
-          (((4*pid_m + i < B ? logits[(4*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
+          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -536,18 +552,19 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
     float* __restrict__ t5, const long long B, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + ((4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f)
-        * (4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f));
+        r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t5[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
 
@@ -556,6 +573,7 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
 inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -563,7 +581,7 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < 1 ? t5[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(B);
@@ -577,7 +595,7 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
     v_2[e] = -v_1[e];
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < 1) t8[4*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
 
@@ -586,11 +604,12 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
 inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) out0[1024*pid_m + e] =
-        ((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
+        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
 }
 
@@ -599,12 +618,13 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
 inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < 1) t12[1024*pid_m + e] =
-        (-(((1024*pid_m + e < 1 ? t8[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < 1
-        ? t8[1024*pid_m + e] : 0.0f)) ? 1.0f : 1.0f));
+    if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
+        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
+        : 0.0f)) ? 1.0f : 1.0f));
   }
 }
 
@@ -613,13 +633,14 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
 inline void train_step_k7(const float* __restrict__ t5, const float* __restrict__ t12,
     float* __restrict__ t16, const long long B, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
   for (long long e = lid; e < 1024; e += 256) {
-    if (1024*pid_m + e < B) t16[1024*pid_m + e] =
-        ((((1024*pid_m + e < B ? t5[1024*pid_m + e] : 0.0f) == (1024*pid_m + e < B
-        ? t5[1024*pid_m + e] : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+    if (BM*pid_m + e < B) t16[BM*pid_m + e] =
+        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
+        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
@@ -628,13 +649,14 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
 inline void train_step_k8(const float* __restrict__ t16, const float* __restrict__ target,
     float* __restrict__ t18, const long long B, const long long C, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t18[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? t16[(4*pid_m + i) * 1 + 0] : 0.0f)
-          * (4*pid_m + i < B ? target[(4*pid_m + i) * C + j] : 0.0f));
+      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
+          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
     }
   }
 }
@@ -644,17 +666,18 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
 inline void train_step_k9(const float* __restrict__ t18, float* __restrict__ t19,
     const long long B, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
-        r = r + (4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f);
+        r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int e = 0; e < 4; ++e) {
-    if (e == lid && 4*pid_m + e < B) t19[4*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
   }
 }
 
@@ -664,14 +687,15 @@ inline void train_step_k10(const float* __restrict__ t3, const float* __restrict
     const float* __restrict__ t18, float* __restrict__ t22, const long long B, const long long C,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (4*pid_m + i < B) t22[(4*pid_m + i) * C + j] =
-          ((4*pid_m + i < B ? t18[(4*pid_m + i) * C + j] : 0.0f)
-          - ((sycl::exp((4*pid_m + i < B ? t3[(4*pid_m + i) * C + j] : 0.0f)))
-          * (4*pid_m + i < B ? t19[(4*pid_m + i) * 1 + 0] : 0.0f)));
+      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
+          - ((sycl::exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
+          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
     }
   }
 }
@@ -681,6 +705,8 @@ inline void train_step_k10(const float* __restrict__ t3, const float* __restrict
 inline void train_step_k11(const float* __restrict__ t22, float* __restrict__ t23,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
@@ -690,13 +716,13 @@ inline void train_step_k11(const float* __restrict__ t22, float* __restrict__ t2
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t22_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < C ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t22 + ((64*pid_n + i) * C + 64*pid_m + j) : t22, bytes);
+          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < C ? t22[(64*pid_n + i) * C + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -705,8 +731,8 @@ inline void train_step_k11(const float* __restrict__ t22, float* __restrict__ t2
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < C && 64*pid_n + j < B)
-        t23[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < C && BN*pid_n + j < B)
+        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -717,13 +743,14 @@ inline void train_step_k12(const float* __restrict__ t23, const float lr,
     const float* __restrict__ b2, float* __restrict__ out4, const long long C, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < C ? t23[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -732,7 +759,8 @@ inline void train_step_k12(const float* __restrict__ t23, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 128) {
-    if (4*pid_m + e < C) out4[4*pid_m + e] = ((4*pid_m + e < C ? b2[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
+        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
@@ -742,6 +770,9 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
     float* __restrict__ t24, const long long B, const long long C, const long long H,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -757,20 +788,20 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < C; ++kb) {
+  for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
-        const int bytes = 64*pid_m + i < B && 16*kb + j < C ? 16 : 0;
+        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t22 + ((64*pid_m + i) * C + 16*kb + j) : t22, bytes);
+            bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < B && 16*kb + j + q < C ? t22[(64*pid_m + i) * C + 16*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < C ? t22[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -779,19 +810,19 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
-        const int bytes = 64*pid_n + i < H && 16*kb + j < C ? 16 : 0;
+        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? w2 + ((64*pid_n + i) * C + 16*kb + j) : w2, bytes);
+            bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_n + i < H && 16*kb + j + q < C ? w2[(64*pid_n + i) * C + 16*kb + j + q] : 0;
+              BN*pid_n + i < H && BK*kb + j + q < C ? w2[(BN*pid_n + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -807,7 +838,7 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < B && 64*pid_n + j < H) t24[(64*pid_m + i) * H + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -817,6 +848,8 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
 inline void train_step_k14(const float* __restrict__ hidden, float* __restrict__ t25,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
@@ -826,14 +859,14 @@ inline void train_step_k14(const float* __restrict__ hidden, float* __restrict__
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? hidden + ((64*pid_n + i) * H + 64*pid_m + j) : hidden, bytes);
+          bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < H
-            ? hidden[(64*pid_n + i) * H + 64*pid_m + j + q] : 0;
+            BN*pid_n + i < B && BM*pid_m + j + q < H
+            ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
     }
   }
@@ -841,8 +874,8 @@ inline void train_step_k14(const float* __restrict__ hidden, float* __restrict__
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B)
-        t25[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -853,6 +886,9 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
     const float lr, const float* __restrict__ w2, float* __restrict__ out3, const long long H,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -868,20 +904,20 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < B; ++kb) {
+  for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t25_aligned) {
-        const int bytes = 64*pid_m + i < H && 16*kb + j < B ? 16 : 0;
+        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t25 + ((64*pid_m + i) * B + 16*kb + j) : t25, bytes);
+            bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < H && 16*kb + j + q < B ? t25[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+              BM*pid_m + i < H && BK*kb + j + q < B ? t25[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -890,19 +926,19 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t22_aligned) {
-        const int bytes = 16*kb + i < B && 64*pid_n + j < C ? 16 : 0;
+        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((16*kb + i) * C + 64*pid_n + j) : t22, bytes);
+            bytes ? t22 + ((BK*kb + i) * C + BN*pid_n + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < B && 64*pid_n + j + q < C ? t22[(16*kb + i) * C + 64*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < C ? t22[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -919,9 +955,9 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < H && 64*pid_n + j < C)
-          out3[(64*pid_m + i) * C + 64*pid_n + j] =
-          ((64*pid_m + i < H && 64*pid_n + j < C ? w2[(64*pid_m + i) * C + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < H && BN*pid_n + j < C)
+          out3[(BM*pid_m + i) * C + BN*pid_n + j] =
+          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
           - (lr * acc[t]));
     }
   }
@@ -932,14 +968,15 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
 inline void train_step_k16(const float* __restrict__ hidden, const float* __restrict__ t24,
     float* __restrict__ t28, const long long B, const long long H, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (4*pid_m + i < B) t28[(4*pid_m + i) * H + j] =
-          ((4*pid_m + i < B ? t24[(4*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f)
-          * (4*pid_m + i < B ? hidden[(4*pid_m + i) * H + j] : 0.0f))));
+      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
+          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
@@ -949,6 +986,8 @@ inline void train_step_k16(const float* __restrict__ hidden, const float* __rest
 inline void train_step_k17(const float* __restrict__ t28, float* __restrict__ t29,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
@@ -958,13 +997,13 @@ inline void train_step_k17(const float* __restrict__ t28, float* __restrict__ t2
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t28_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < H ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t28 + ((64*pid_n + i) * H + 64*pid_m + j) : t28, bytes);
+          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < H ? t28[(64*pid_n + i) * H + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -973,8 +1012,8 @@ inline void train_step_k17(const float* __restrict__ t28, float* __restrict__ t2
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < H && 64*pid_n + j < B)
-        t29[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < H && BN*pid_n + j < B)
+        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -985,13 +1024,14 @@ inline void train_step_k18(const float* __restrict__ t29, const float lr,
     const float* __restrict__ b1, float* __restrict__ out2, const long long H, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (4*pid_m + i < H ? t29[(4*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1000,7 +1040,8 @@ inline void train_step_k18(const float* __restrict__ t29, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < 4; e += 128) {
-    if (4*pid_m + e < H) out2[4*pid_m + e] = ((4*pid_m + e < H ? b1[4*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
+        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
 }
 
@@ -1009,6 +1050,8 @@ inline void train_step_k18(const float* __restrict__ t29, const float lr,
 inline void train_step_k19(const float* __restrict__ x, float* __restrict__ t30,
     const long long B, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = it.get_group(2);
@@ -1018,13 +1061,13 @@ inline void train_step_k19(const float* __restrict__ x, float* __restrict__ t30,
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
-      const int bytes = 64*pid_n + i < B && 64*pid_m + j < D ? 16 : 0;
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? x + ((64*pid_n + i) * D + 64*pid_m + j) : x, bytes);
+          bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            64*pid_n + i < B && 64*pid_m + j + q < D ? x[(64*pid_n + i) * D + 64*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1033,8 +1076,8 @@ inline void train_step_k19(const float* __restrict__ x, float* __restrict__ t30,
   for (long long e = lid; e < 4096; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (64*pid_m + i < D && 64*pid_n + j < B)
-        t30[(64*pid_m + i) * B + 64*pid_n + j] =
+    if (BM*pid_m + i < D && BN*pid_n + j < B)
+        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1045,6 +1088,9 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
     const float lr, const float* __restrict__ w1, float* __restrict__ out1, const long long D,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -1060,20 +1106,20 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < B; ++kb) {
+  for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t30_aligned) {
-        const int bytes = 64*pid_m + i < D && 16*kb + j < B ? 16 : 0;
+        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t30 + ((64*pid_m + i) * B + 16*kb + j) : t30, bytes);
+            bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + j) : t30, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < D && 16*kb + j + q < B ? t30[(64*pid_m + i) * B + 16*kb + j + q] : 0;
+              BM*pid_m + i < D && BK*kb + j + q < B ? t30[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1082,19 +1128,19 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t28_aligned) {
-        const int bytes = 16*kb + i < B && 64*pid_n + j < H ? 16 : 0;
+        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t28 + ((16*kb + i) * H + 64*pid_n + j) : t28, bytes);
+            bytes ? t28 + ((BK*kb + i) * H + BN*pid_n + j) : t28, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16*kb + i < B && 64*pid_n + j + q < H ? t28[(16*kb + i) * H + 64*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < H ? t28[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - 16*kb; ++kk) {
+    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -1111,9 +1157,9 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < D && 64*pid_n + j < H)
-          out1[(64*pid_m + i) * H + 64*pid_n + j] =
-          ((64*pid_m + i < D && 64*pid_n + j < H ? w1[(64*pid_m + i) * H + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < D && BN*pid_n + j < H)
+          out1[(BM*pid_m + i) * H + BN*pid_n + j] =
+          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
           - (lr * acc[t]));
     }
   }

@@ -131,7 +131,7 @@ def _kernels(source: str) -> list[_Kernel]:
     starts = list(_KERNEL.finditer(source))
     for match, after in zip(starts, [*starts[1:], None], strict=True):
         parsed = []
-        for param in match.group(2).split(", "):
+        for param in re.split(r",\s+", match.group(2).strip()):
             plain = param.replace(" __restrict__", "").replace("__grid_constant__ ", "")
             # a parameter the kernel does not read is unnamed there (``float* /* like */``)
             plain = " ".join(plain.replace("/*", "").replace("*/", "").split())

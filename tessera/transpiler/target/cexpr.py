@@ -18,13 +18,19 @@ __all__ = ["c_dim", "c_factor", "c_float", "saturated", "integer_variant", "MAX_
 MAX_INLINED_OPS = 64
 
 
-def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
+def c_dim(
+    dim: Dim,
+    names: dict[str, str] | None = None,
+    strides: dict[str, tuple[int, str]] | None = None,
+) -> str:
     """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
-    loop counters). Fractions divide last, after the symbols multiply, so ``D/2`` is
-    exact whenever the guards hold."""
+    loop counters), and ``strides`` names the tile size a symbol steps by, which its
+    term's coefficient is printed as where it equals it (``BM*pid_m``). Fractions divide
+    last, after the symbols multiply, so ``D/2`` is exact whenever the guards hold."""
     if dim.constant is not None:
         return str(dim.constant)
     names = names or {}
+    strides = strides or {}
     parts = []
     for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
         ups = [names.get(s, s) for s, p in monomial for _ in range(p) if p > 0]
@@ -32,6 +38,10 @@ def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
         coeff = Fraction(coeff)
         sign = "-" if coeff < 0 else "+"
         coeff = abs(coeff)
+        stride = strides.get(monomial[0][0]) if len(monomial) == 1 == monomial[0][1] else None
+        if stride is not None and coeff == stride[0]:
+            parts.append((sign, f"{stride[1]}*{ups[0]}"))
+            continue
         factors = ([str(coeff.numerator)] if coeff.numerator != 1 or not ups else []) + ups
         text = "*".join(factors)
         divisor = "*".join(([str(coeff.denominator)] if coeff.denominator != 1 else []) + downs)
@@ -44,9 +54,13 @@ def c_dim(dim: Dim, names: dict[str, str] | None = None) -> str:
     return out
 
 
-def c_factor(dim: Dim, names: dict[str, str] | None = None) -> str:
+def c_factor(
+    dim: Dim,
+    names: dict[str, str] | None = None,
+    strides: dict[str, tuple[int, str]] | None = None,
+) -> str:
     """``c_dim``, parenthesized where it is a sum (``C - 8``), to multiply by."""
-    text = c_dim(dim, names)
+    text = c_dim(dim, names, strides)
     return f"({text})" if len(dim.terms) > 1 else text
 
 

@@ -74,6 +74,7 @@ class _KernelView:
         self.grid = self.c.grid
         self.body = self.c.body
         self.storage = self.c.storage
+        self.constants = self.c.constants
         self.scratch = self.c.scratch
         sizes = self.c.sizes
         used_dims = [sizes[d] for d in dims if _used(sizes[d], body_text)]

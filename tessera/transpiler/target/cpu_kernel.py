@@ -34,6 +34,7 @@ from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
 from .render import SourceLines
+from .tile_constants import tile_constants
 
 __all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "ROUND"]
 
@@ -105,6 +106,8 @@ class CKernel:
     scratch: str
     storage: tuple[str, ...]
     body: tuple[str, ...]
+    #: The declarations of the tile sizes it names (``tile_constants.py``).
+    constants: tuple[str, ...] = ()
 
 
 #: The functions of a kernel, by the suffix they add to its name.
@@ -157,7 +160,8 @@ class _Emitter:
         # kernel's parameters are in scope.
         functions = frozenset(name + suffix for suffix in KERNEL_FUNCTIONS)
         self.symbols = symbol_names((*dims, *pids), functions)
-        self.namer = Namer(frozenset(self.symbols.values()) | functions)
+        self.constants = tile_constants(kernel, frozenset(self.symbols.values()) | functions)
+        self.namer = Namer(frozenset(self.symbols.values()) | functions | self.constants.names)
         self.names: dict[int, str] = {}
         self.roots: dict[int, str] = {}
         self.private: set[str] = set()
@@ -263,11 +267,11 @@ class _Emitter:
         )
 
     def c(self, dim: Dim) -> str:
-        return c_dim(dim, self.counters)
+        return c_dim(dim, self.counters, self.constants.strides)
 
     def factor(self, dim: Dim) -> str:
         """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
-        return c_factor(dim, self.counters)
+        return c_factor(dim, self.counters, self.constants.strides)
 
     # -- output ------------------------------------------------------------------------
 
@@ -303,10 +307,12 @@ class _Emitter:
             size = _whole_lines(size)
             total = size if total == "0" else f"{total} + {size}"
             start = f"{name} + {size}"
+        code = re.sub(r"//.*", "", "\n".join((total, *offsets, *self.lines)))
         return CKernel(
             self.stem, self.kernel.function, tuple(params),
             {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),
             tuple(self.lines),
+            tuple(self.constants.declarations(code, "constexpr tsr::i64 {name} = {value};")),
         )  # fmt: skip
 
     def _extent(self, extent: Dim, block: int) -> str:
@@ -1115,7 +1121,8 @@ class _Emitter:
         extent = self.c(op.attr("extent"))
         if op.attr("stop") is not None:  # causal attention: no block past the last row
             extent = f"std::min<tsr::i64>({extent}, {self.c(op.attr('stop'))})"
-        trips = f"tsr::ceil_div({extent}, {self.c(op.attr('step'))})"
+        step = self.constants.step(body.args[0].name) or self.c(op.attr("step"))
+        trips = f"tsr::ceil_div({extent}, {step})"
         self.line(f"for (tsr::i64 {counter} = 0; {counter} < {trips}; ++{counter}) {{")
         self.depth += 1
         self.block(body)

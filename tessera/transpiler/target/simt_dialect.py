@@ -96,6 +96,8 @@ class Dialect:
     math_namespace: str = ""
     #: Whether long lines of a file are broken under 100 columns (``wrap.py``).
     wrapped: bool = False
+    #: The declaration of a kernel's named tile size (``tile_constants.py``).
+    constant: str = "constexpr int {name} = {value};"
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
         """A tensor element as a float."""
@@ -185,6 +187,7 @@ _PAIRS = {
 
 OPENCL = Dialect(
     name="opencl",
+    constant="const int {name} = {value};",
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",
@@ -230,6 +233,7 @@ OPENCL = Dialect(
 
 HIP = Dialect(
     name="hip",
+    wrapped=True,
     index_type="long long",
     scalar_types={"float": "float", "int": "long long", "bool": "int", "index": "long long"},
     storage={"f32": "float", "tf32": "float", "f16": "unsigned short",

@@ -68,6 +68,7 @@ from .simt_persistent import PersistentTiles
 from .simt_tiles import SmemView, TileOps
 from .simt_tma import TensorMap, TmaCopies
 from .single_iteration import without_single_iterations
+from .tile_constants import tile_constants
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
@@ -167,8 +168,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         #: Printed names of the symbols in sizes and offsets: sizes, program ids and loop
         #: counters keep theirs unless C or the loops this emitter writes take them.
         self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
+        self.constants = tile_constants(
+            kernel, frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | GPU_BUILTINS
+        )
         # Nor does a value take the name of a function the code may call (``rsqrt``).
-        self.namer = Namer(frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY)
+        self.namer = Namer(
+            frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
+        )
         self.forms: dict[int, Form] = {}
         #: How many elementwise ops each lazy value's expression holds, by value id.
         self.chained: dict[int, int] = {}
@@ -252,11 +258,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
             self.declare(name, text)
 
     def c(self, dim: Dim) -> str:
-        return c_dim(dim, self.symbols)
+        return c_dim(dim, self.symbols, self.constants.strides)
 
     def factor(self, dim: Dim) -> str:
         """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
-        return c_factor(dim, self.symbols)
+        return c_factor(dim, self.symbols, self.constants.strides)
 
     def run(self) -> SimtKernel:
         params = []
@@ -276,8 +282,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         threads = self.kernel.threads + self.kernel.producer
         sizes = {d: self.symbols[d] for d in self.dims}
         body = tuple(without_single_iterations(self.lines))
+        prologue = tuple(self.prologue.values())
+        code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
+        prologue = (*self.constants.declarations(code, self.d.constant), *prologue)
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
-                          tuple(self.prologue.values()), body,
+                          prologue, body,
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer),
@@ -1051,7 +1060,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
 
     def loop_header(self, op: Op) -> str:
         counter = self.symbols[op.regions[0].args[0].name]
-        step, end = self.c(op.attr("step")), self.c(op.attr("extent"))
+        step = self.constants.step(op.regions[0].args[0].name) or self.c(op.attr("step"))
+        end = self.c(op.attr("extent"))
         bound = f"{counter} * {step} < {end}"
         if op.attr("stop") is not None:
             bound += f" && {counter} * {step} < {self.c(op.attr('stop'))}"

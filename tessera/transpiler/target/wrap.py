@@ -1,14 +1,15 @@
 """Generated lines under 100 columns, broken where a person would break them.
 
-A statement, a signature or a comment that the emitters write on one line can be
-longer than a reader's window (a kernel's parameters, an index expression). A line of
-code breaks at a space outside as many parentheses as it can: after a comma or a
-semicolon, after an assignment, or before another binary operator, as late as fits,
-and goes on four columns deeper; a loop or an ``if`` with its body on the same line
-breaks after its head first. A comment after code moves to a line of its own above it,
-and a comment line breaks between words and goes on as a comment. Lines that hold a
-string or character literal, and preprocessor lines, are left as they are: a break
-there could change what they mean.
+A statement, a signature or a comment that the emitters write on one line can be longer
+than a reader's window (a kernel's parameters, an index expression). A line of code
+breaks at a space outside as many parentheses as it can: after a comma or a semicolon,
+after an assignment, or before another binary operator, as late as fits (after a
+declaration's opening parenthesis where its first parameter ends past the column; never
+inside a compiler attribute's parentheses), and goes on four columns deeper; a loop or
+an ``if`` with its body on the same line breaks after its head first. A comment after
+code moves to a line of its own above it, and a comment line breaks between words and
+goes on as a comment. Lines that hold a string or character literal, and preprocessor
+lines, are left as they are: a break there could change what they mean.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ _SHORTEST = 24
 #: How loosely each operator binds (lower breaks first); the rest rank 7.
 _RANK = {"?": 2, ":": 2, "||": 3, "&&": 4, "==": 5, "!=": 5, "<": 5, ">": 5, "<=": 5, ">=": 5,
          "+": 6, "-": 6}  # fmt: skip
+#: A compiler attribute's name just before its parentheses, which hold no break.
+_ATTRIBUTE = re.compile(r"\b__\w+__$")
 #: A statement that starts with a loop's or a condition's head.
 _CONTROL = re.compile(r"\s*(?:for|if|while) \(")
 #: What may not end a comment line: a backslash or its trigraph splices the next line.
@@ -77,16 +80,21 @@ def _break_at(line: str, start: int) -> int | None:
     """Where to break ``line`` (the index of the space to drop), or None: the last
     place before column 100 among the best: outside the fewest brackets, and there at
     the loosest separator."""
-    depth, spots = 0, []
+    depth, spots, opened, attribute = 0, [], None, None
     control = _CONTROL.match(line) is not None
     # (parentheses, rank, index) of each place: the fewest parentheses first, then a
     # comma before an assignment before the operators, loosest binding first.
     for i, ch in enumerate(line):
         if ch in _OPEN:
+            if ch == "(" and depth == 0 and i < COLUMNS - 1 and line[i + 1 : i + 2] != ")":
+                opened = i + 1
+            if attribute is None and _ATTRIBUTE.search(line, 0, i):
+                attribute = depth  # no break inside ``__launch_bounds__(384, 1)``
             depth += 1
         elif ch in _CLOSE:
             depth -= 1
-        elif ch == " " and start < i < COLUMNS - 1:
+            attribute = None if attribute == depth else attribute
+        elif ch == " " and start < i < COLUMNS - 1 and attribute is None:
             if control and depth == 0 and line[i - 1] == ")":
                 spots.append((-1, 0, i))  # after a loop's or an if's head: the body below it
                 control = False
@@ -97,8 +105,8 @@ def _break_at(line: str, start: int) -> int | None:
                 spots.append((depth, 1, i))
             elif operator is not None and line[i + 1] != "=":
                 spots.append((depth, _RANK.get(operator.group().strip(), 7), i))
-    if not spots:
-        return None
+    if not spots:  # a declaration whose first parameter ends past the column: after "("
+        return opened
     # A piece of a few characters (``r =`` then ``r``) says less than a deeper break.
     ranked = sorted({spot[:2] for spot in spots})
     for best in ranked:

@@ -259,7 +259,7 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
                 continue
             for v in op.operands:  # each tensor loaded once, however many ops read it
                 if v.id not in inside:
-                    inside[v.id] = _epilogue_operand(lowering, rename[v.id], access)
+                    inside[v.id] = _epilogue_operand(lowering, rename[v.id], access, span=op.span)
             operands = tuple(inside[v.id] for v in op.operands)
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
             result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
@@ -300,13 +300,14 @@ def rows_permuted_load(lowering: Any, view: View, out: Access) -> Value:
 
 def _epilogue_operand(
     lowering: Any, value: Value, out: Access, view: TensorType | None = None,
-    inserted: tuple[int, ...] = (), through: View | None = None,
+    inserted: tuple[int, ...] = (), through: View | None = None, span: Any = None,
 ) -> Value:  # fmt: skip
     """Load the part of an outside tensor that lines up with the output tile (a bias
     of ``[N]`` gives the tile's columns, broadcast over its rows). ``view`` is the
     tensor seen with new axes of one element at ``inserted`` (``s[:, None]``, whose
     ``[R]`` then gives the tile's rows, broadcast over its columns); ``through`` is
-    a view that ``value`` is read through, where it lies in the view's source."""
+    a view that ``value`` is read through, where it lies in the view's source. The
+    tile is named after the tensor (``bias_tile``), and ``span`` is the op that reads it."""
     if isinstance(value.type, ScalarType):
         return value
     dims = (view or value.type).dims
@@ -321,8 +322,9 @@ def _epilogue_operand(
     if through is not None:
         access, source = through.access(access), through.source
     sizes = tuple(a.size for a in access.tile_axes)
+    name = f"{value.name}_tile" if value.name else None
     (loaded,) = lowering.emit("load", (source,), (TileType(sizes, source.type.dtype),),
-                              (("at", access),))  # fmt: skip
+                              (("at", access),), span=span, names=(name,))  # fmt: skip
     missing = len(out.tile_axes) - len(Access(tuple(axes)).tile_axes)
     tile_axis = [i for i, a in enumerate(axes) if not a.index]
     new = tuple(range(missing)) + tuple(

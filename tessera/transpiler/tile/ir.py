@@ -268,6 +268,11 @@ class TileKernel:
     #: One program per multiprocessor looping over the output tiles (the schedule's
     #: ``persistent``); kept only where the kernel is specialized (``specialize.py``).
     persistent: bool = False
+    #: The program ids and loop counters that step by one of ``tiles`` (``pid_m`` by
+    #: ``T.m``, ``kb`` by ``T.k``), so that a backend can print ``BM*pid_m`` where an
+    #: offset is ``128*pid_m``: which number is a tile size is known here, not from its
+    #: value, which another size may share.
+    strides: tuple[tuple[str, str], ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property

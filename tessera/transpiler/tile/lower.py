@@ -106,6 +106,7 @@ def lower_tile_function(function: Function, launch: Launch, given: KernelInput) 
         given.name, given.function, launch.name, given.kind, given.template, given.params,
         lowering.grid, lowering.tiles, launch.threads, launch.warps, launch.stages,
         launch.vector, launch.swizzle, body, span=function.span, persistent=launch.persistent,
+        strides=(*lowering.pid_strides(), *lowering.counter_strides),
     )  # fmt: skip
 
 
@@ -131,6 +132,8 @@ class _Lowering:
         #: Each program id's name, by its role (``pid_m``, ``pid_n``, ``pid_b0``...).
         self.pid_names: dict[str, str] = {}
         self.grid = self._grid(out)
+        #: The loop counters that step by a tile size, with its name.
+        self.counter_strides: list[tuple[str, str]] = []
 
     # -- grid ------------------------------------------------------------------------
 
@@ -148,6 +151,16 @@ class _Lowering:
         self.pid_names = {role: self.unique(role) for role in names}
         return tuple(GridAxis(self.pid_names[n], a.extent, a.block)
                      for n, a in zip(names, axes, strict=True))  # fmt: skip
+
+    def pid_strides(self) -> tuple[tuple[str, str], ...]:
+        """The program ids whose block is the tile size of their role (``pid_m`` steps
+        by ``T.m``): the schedule's row and column blocks are those tiles."""
+        return tuple(
+            (self.pid_names[role], tile)
+            for tile, role in _ROLE_OF.items()
+            if role in self.pid_names
+            and self.sizes.get(tile) == self._pid_block(self.pid_names[role])
+        )
 
     def unique(self, name: str) -> str:
         """``name``, or ``name`` with underscores appended where a size or an earlier
@@ -331,6 +344,8 @@ class _Lowering:
         carried = tuple(new_value(self.type(a.type), a.name) for a in op.regions[0].args[1:])
         body = self.region(op.regions[0], (counter, *carried))
         step = self.dim(op.attr("block"))
+        if op.attr("block").symbol in self.sizes:
+            self.counter_strides.append((counter.name, op.attr("block").symbol))
         attrs = (("extent", op.attr("extent")), ("step", step), ("prefetch", op.attr("prefetch")))
         results = self.emit(
             "for", tuple(self.value(v) for v in op.operands),
