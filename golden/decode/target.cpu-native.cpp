@@ -169,6 +169,12 @@ constexpr int kLanes = 8;
 #endif
 typedef float f32xN __attribute__((vector_size(kLanes * sizeof(float))));
 
+// The first n elements of a row of a tensor, as floats (packed ones have their own).
+template <typename Src>
+inline void widen_row(float* out, Src row, i64 n) {
+  for (i64 j = 0; j < n; ++j) out[j] = to_float(row[j]);
+}
+
 // A rows x cols window of a row-major matrix with leading dimension `ld`, starting at
 // (r0, c0): elements at or past (rmax, cmax) read as 0 and are never touched. `src` is a
 // pointer, or a view of packed elements that indexes as one.
@@ -184,7 +190,7 @@ inline void load_tile(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0, i
     }
     const Src row = src + r * ld + c0;
     const i64 valid = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
-    for (i64 j = 0; j < valid; ++j) out[j] = to_float(row[j]);
+    widen_row(out, row, valid);
     for (i64 j = valid; j < cols; ++j) out[j] = 0.0f;
   }
 }
@@ -200,8 +206,7 @@ inline void load_corner(float* dst, i64 rows, i64 cols, Src src, i64 ld, i64 r0,
   const i64 live_cols = cmax - c0 < cols ? (cmax - c0 > 0 ? cmax - c0 : 0) : cols;
   for (i64 i = 0; i < live_rows; ++i) {
     const Src row = src + (r0 + i) * ld + c0;
-    float* out = dst + i * cols;
-    for (i64 j = 0; j < live_cols; ++j) out[j] = to_float(row[j]);
+    widen_row(dst + i * cols, row, live_cols);
   }
 }
 
@@ -338,23 +343,45 @@ inline void with_rows(i64 rows, F&& f) {
   f(std::integral_constant<int, R>{});
 }
 
+// Before a product's blocks run: out = acc, or with Fresh (a dot) zeros where the blocks
+// do not write, past the live corner of m rows and n columns.
+template <bool Fresh>
+inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64 n) {
+  if constexpr (Fresh) {
+    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
+  } else if (out != acc) {
+    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
+  }
+}
+
+// One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
+// that is zero past them: straight into out for a whole panel, else through a copy of
+// out's rows, so that nothing past the last column is read or written.
+template <int R, bool Fresh>
+inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
+                        i64 k, i64 cols) {
+  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
+  float block[R * kPanel] = {};
+  if constexpr (!Fresh)
+    for (int r = 0; r < R; ++r)
+      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+  for (int r = 0; r < R; ++r)
+    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+}
+
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
 // are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
 // corner only: rows of a below m, columns of b below n, and k steps of the reduction.
 // Past them the operands are zero padding, so out keeps acc there. With Fresh, acc is
-// zero: a dot. The columns past the last whole panel run as one more panel on copies:
-// b's columns zero-padded to a panel, out's rows to a block, so that nothing past
-// column n of either is read or written. (A scalar loop over them made SGEMM 1500, whose
+// zero: a dot. The columns past the last whole panel run as one more panel on a copy of
+// b's columns zero-padded to a panel. (A scalar loop over them made SGEMM 1500, whose
 // last tile is 220 wide, run at 0.84 of numpy.)
 template <bool Fresh = false>
 inline void mma(float* out, const float* a, const float* b, const float* acc, i64 M, i64 N,
                 i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
   const i64 panels = n - n % kPanel, tail = n - panels;
-  if constexpr (Fresh) {  // zero what the blocks below do not write
-    for (i64 r = 0; r < M; ++r) std::fill(out + r * N + (r < m ? n : 0), out + (r + 1) * N, 0.0f);
-  } else if (out != acc) {
-    std::memcpy(out, acc, sizeof(float) * static_cast<std::size_t>(M * N));
-  }
+  start_product<Fresh>(out, acc, M, N, m, n);
   static thread_local std::vector<float> b_tail;
   if (tail > 0) {
     b_tail.assign(static_cast<std::size_t>(k * kPanel), 0.0f);
@@ -367,14 +394,8 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       float* o = out + i * N;
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
-      if (tail == 0) return;
-      float block[R * kPanel] = {};
-      if constexpr (!Fresh)
-        for (int r = 0; r < R; ++r)
-          std::memcpy(block + r * kPanel, o + r * N + panels, sizeof(float) * tail);
-      mma_block<R, Fresh>(block, a + i * ld_a, b_tail.data(), kPanel, ld_a, kPanel, k);
-      for (int r = 0; r < R; ++r)
-        std::memcpy(o + r * N + panels, block + r * kPanel, sizeof(float) * tail);
+      if (tail > 0)
+        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
     });
 }
 
@@ -409,6 +430,7 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 
 static void project_k0_program(const float* x, const float* norm, float* h, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(1024 + 16 + 16 + 256 + 1024);
   float* const rows_edge = area;
   float* const t_1 = rows_edge + 1024;
@@ -417,7 +439,7 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
   float* const normed_1 = t_5 + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, 256, x + (pid_b0) * (256*T), 4*pid_m, T);
+  const float* const rows = tsr::row_tile(rows_edge, 4, 256, x + (pid_b0) * (256*T), BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -441,7 +463,7 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
       normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(h + (pid_b0) * (256*T), 256, 4*pid_m, 0, T, 256, normed_1, 4, 256);
+  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, 4, 256);
 }
 
 static void project_k0_launch(const float* x, const float* norm, float* h, const tsr::i64 B,
@@ -457,24 +479,27 @@ static void project_k0_launch(const float* x, const float* norm, float* h, const
 
 static void project_k1_program(const float* h, const float* wq, float* t0, const tsr::i64 T,
     const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - 256*pid_m), 256);
+  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), 256);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wq, 256, 256*kb, 256*pid_n, 256, 256);
+    tsr::load_corner(b_tile_smem, 256, 256, wq, 256, BK*kb, BN*pid_n, 256, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m), 256, 256, 256,
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
         256);
   }
-  tsr::store_tile(t0 + (pid_b0) * (256*T), 256, 256*pid_m, 256*pid_n, T, 256, acc, 256, 256);
+  tsr::store_tile(t0 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, acc, 256, 256);
 }
 
 static void project_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 B,
@@ -492,6 +517,7 @@ static void project_k1_launch(const float* h, const float* wq, float* t0, const 
 
 static void project_k2_program(const float* t0, const float* cos, const float* sin, float* out0,
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256 + 128 + 128 + 128 + 128 + 128 + 128 + 256);
   float* const t = area;
   float* const x1 = t + 256;
@@ -501,7 +527,7 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
   float* const t_3 = s_edge + 128;
   float* const t_6 = t_3 + 128;
   float* const t_7 = t_6 + 128;
-  tsr::load_tile(t, 4, 64, t0 + (pid_b0) * (256*T), 256, 4*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  tsr::load_tile(t, 4, 64, t0 + (pid_b0) * (256*T), 256, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -516,9 +542,9 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
-  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, 4*pid_m, T);
+  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, BM*pid_m, T);
   // rotary_embedding.tsr:12: s = tile.load(sin, rows=T.m)
-  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, 4*pid_m, T);
+  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, BM*pid_m, T);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -544,7 +570,7 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
       t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
     }
   }
-  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, 4*pid_m, 0, T, 64, t_7, 4, 64);
+  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, 4, 64);
 }
 
 static void project_k2_launch(const float* t0, const float* cos, const float* sin, float* out0,
@@ -562,24 +588,27 @@ static void project_k2_launch(const float* t0, const float* cos, const float* si
 
 static void project_k3_program(const float* h, const float* wk, float* t3, const tsr::i64 T,
     const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - 256*pid_m), tsr::live(256, -256*pid_n + 128));
+  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), tsr::live(256, -BN*pid_n + 128));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wk, 128, 256*kb, 256*pid_n, 256, 128);
+    tsr::load_corner(b_tile_smem, 256, 256, wk, 128, BK*kb, BN*pid_n, 256, 128);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m),
-        tsr::live(256, -256*pid_n + 128), 256, 256, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m),
+        tsr::live(256, -BN*pid_n + 128), 256, 256, 256);
   }
-  tsr::store_tile(t3 + (pid_b0) * (128*T), 128, 256*pid_m, 256*pid_n, T, 128, acc, 256, 256);
+  tsr::store_tile(t3 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, 256, 256);
 }
 
 static void project_k3_launch(const float* h, const float* wk, float* t3, const tsr::i64 B,
@@ -597,6 +626,7 @@ static void project_k3_launch(const float* h, const float* wk, float* t3, const 
 
 static void project_k4_program(const float* t3, const float* cos, const float* sin, float* out1,
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256 + 128 + 128 + 128 + 128 + 128 + 128 + 256);
   float* const t = area;
   float* const x1 = t + 256;
@@ -606,7 +636,7 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
   float* const t_3 = s_edge + 128;
   float* const t_6 = t_3 + 128;
   float* const t_7 = t_6 + 128;
-  tsr::load_tile(t, 4, 64, t3 + (pid_b0) * (128*T), 128, 4*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  tsr::load_tile(t, 4, 64, t3 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -621,9 +651,9 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
-  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, 4*pid_m, T);
+  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, BM*pid_m, T);
   // rotary_embedding.tsr:12: s = tile.load(sin, rows=T.m)
-  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, 4*pid_m, T);
+  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, BM*pid_m, T);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
@@ -649,7 +679,7 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
       t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
     }
   }
-  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, 4*pid_m, 0, T, 64, t_7, 4, 64);
+  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, 4, 64);
 }
 
 static void project_k4_launch(const float* t3, const float* cos, const float* sin, float* out1,
@@ -667,24 +697,27 @@ static void project_k4_launch(const float* t3, const float* cos, const float* si
 
 static void project_k5_program(const float* h, const float* wv, float* t6, const tsr::i64 T,
     const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - 256*pid_m), tsr::live(256, -256*pid_n + 128));
+  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), tsr::live(256, -BN*pid_n + 128));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wv, 128, 256*kb, 256*pid_n, 256, 128);
+    tsr::load_corner(b_tile_smem, 256, 256, wv, 128, BK*kb, BN*pid_n, 256, 128);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m),
-        tsr::live(256, -256*pid_n + 128), 256, 256, 256);
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m),
+        tsr::live(256, -BN*pid_n + 128), 256, 256, 256);
   }
-  tsr::store_tile(t6 + (pid_b0) * (128*T), 128, 256*pid_m, 256*pid_n, T, 128, acc, 256, 256);
+  tsr::store_tile(t6 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, 256, 256);
 }
 
 static void project_k5_launch(const float* h, const float* wv, float* t6, const tsr::i64 B,
@@ -702,10 +735,12 @@ static void project_k5_launch(const float* h, const float* wv, float* t6, const 
 
 static void project_k6_program(const float* t6, float* out2, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256);
-  float* const t = area;
-  tsr::load_tile(t, 4, 64, t6 + (pid_b0) * (128*T), 128, 4*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
-  tsr::store_tile(out2 + (2*pid_b0 + pid_b1) * (64*T), 64, 4*pid_m, 0, T, 64, t, 4, 64);
+  float* const v_tile = area;
+  tsr::load_tile(v_tile, 4, 64, t6 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T,
+      64*pid_b1 + 64);
+  tsr::store_tile(out2 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, v_tile, 4, 64);
 }
 
 static void project_k6_launch(const float* t6, float* out2, const tsr::i64 B, const tsr::i64 T) {
@@ -722,10 +757,11 @@ static void project_k6_launch(const float* t6, float* out2, const tsr::i64 B, co
 
 static void finish_k0_program(const float* o, float* t0, const tsr::i64 T, const tsr::i64 pid_m,
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256);
   float* const t = area;
-  tsr::load_tile(t, 4, 64, o + (pid_b0) * (256*T), 64*T, 4*pid_m, 64*pid_b1, 4, 64*pid_b1 + 64);
-  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, 4*pid_m, 0, 4, 64, t, 4, 64);
+  tsr::load_tile(t, 4, 64, o + (pid_b0) * (256*T), 64*T, BM*pid_m, 64*pid_b1, 4, 64*pid_b1 + 64);
+  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, BM*pid_m, 0, 4, 64, t, 4, 64);
 }
 
 static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const tsr::i64 T) {
@@ -742,34 +778,37 @@ static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const 
 
 static void finish_k1_program(const float* t0, const float* wo, const float* x, float* x_1,
     const tsr::i64 T, const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t0 + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = t0 + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wo, 256, 256*kb, 256*pid_n, 256, 256);
+    tsr::load_corner(b_tile_smem, 256, 256, wo, 256, BK*kb, BN*pid_n, 256, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m), 256, 256, 256,
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
         256);
   }
-  tsr::load_tile(t, 256, 256, x + (pid_b0) * (256*T), 256, 256*pid_m, 256*pid_n, T, 256);
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  float* const x_2 = t;
+  tsr::load_tile(x_tile, 256, 256, x + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
+  float* const x_2 = x_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      x_2[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      x_2[i * 256 + j] = x_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
-  tsr::store_tile(x_1 + (pid_b0) * (256*T), 256, 256*pid_m, 256*pid_n, T, 256, x_2, 256, 256);
+  tsr::store_tile(x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, x_2, 256, 256);
 }
 
 static void finish_k1_launch(const float* t0, const float* wo, const float* x, float* x_1,
@@ -787,6 +826,7 @@ static void finish_k1_launch(const float* t0, const float* wo, const float* x, f
 
 static void finish_k2_program(const float* x_1, const float* norm, float* h, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(1024 + 16 + 16 + 256 + 1024);
   float* const rows_edge = area;
   float* const t_1 = rows_edge + 1024;
@@ -795,7 +835,8 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
   float* const normed_1 = t_5 + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, 256, x_1 + (pid_b0) * (256*T), 4*pid_m, T);
+  const float* const rows =
+      tsr::row_tile(rows_edge, 4, 256, x_1 + (pid_b0) * (256*T), BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -819,7 +860,7 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
       normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_6[j];
     }
   }
-  tsr::store_tile(h + (pid_b0) * (256*T), 256, 4*pid_m, 0, T, 256, normed_1, 4, 256);
+  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, 4, 256);
 }
 
 static void finish_k2_launch(const float* x_1, const float* norm, float* h, const tsr::i64 B,
@@ -835,21 +876,24 @@ static void finish_k2_launch(const float* x_1, const float* norm, float* h, cons
 
 static void finish_k3_program(const float* h, const float* wg, float* t4, const tsr::i64 T,
     const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wg, 512, 256*kb, 256*pid_n, 256, 512);
+    tsr::load_corner(b_tile_smem, 256, 256, wg, 512, BK*kb, BN*pid_n, 256, 512);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m), 256, 256, 256,
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
         256);
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
@@ -860,7 +904,7 @@ static void finish_k3_program(const float* h, const float* wg, float* t4, const 
       t[i * 256 + j] = tsr::silu(acc[i * 256 + j]);
     }
   }
-  tsr::store_tile(t4 + (pid_b0) * (512*T), 512, 256*pid_m, 256*pid_n, T, 512, t, 256, 256);
+  tsr::store_tile(t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, t, 256, 256);
 }
 
 static void finish_k3_launch(const float* h, const float* wg, float* t4, const tsr::i64 B,
@@ -878,34 +922,37 @@ static void finish_k3_launch(const float* h, const float* wg, float* t4, const t
 
 static void finish_k4_program(const float* h, const float* wu, const float* t4, float* t6,
     const tsr::i64 T, const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const t4_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = h + (pid_b0) * (256*T) + (256*pid_m) * 256 + 256*kb;
+    const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wu, 512, 256*kb, 256*pid_n, 256, 512);
+    tsr::load_corner(b_tile_smem, 256, 256, wu, 512, BK*kb, BN*pid_n, 256, 512);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m), 256, 256, 256,
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
         256);
   }
-  tsr::load_tile(t, 256, 256, t4 + (pid_b0) * (512*T), 512, 256*pid_m, 256*pid_n, T, 512);
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  float* const t_1 = t;
+  tsr::load_tile(t4_tile, 256, 256, t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512);
+  float* const t = t4_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] * acc[i * 256 + j];
+      t[i * 256 + j] = t4_tile[i * 256 + j] * acc[i * 256 + j];
     }
   }
-  tsr::store_tile(t6 + (pid_b0) * (512*T), 512, 256*pid_m, 256*pid_n, T, 512, t_1, 256, 256);
+  tsr::store_tile(t6 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, t, 256, 256);
 }
 
 static void finish_k4_launch(const float* h, const float* wu, const float* t4, float* t6,
@@ -923,34 +970,37 @@ static void finish_k4_launch(const float* h, const float* wu, const float* t4, f
 
 static void finish_k5_program(const float* t6, const float* wd, const float* x_1, float* out,
     const tsr::i64 T, const tsr::i64 pid_n, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  constexpr tsr::i64 BK = 256;
   float* const area = tsr::scratch(65536 + 65536 + 65536);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const x_1_tile = acc + 65536;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, 65536, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(512, 256); ++kb) {
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(512, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t6 + (pid_b0) * (512*T) + (256*pid_m) * 512 + 256*kb;
+    const float* const a_tile = t6 + (pid_b0) * (512*T) + (BM*pid_m) * 512 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wd, 256, 256*kb, 256*pid_n, 512, 256);
+    tsr::load_corner(b_tile_smem, 256, 256, wd, 256, BK*kb, BN*pid_n, 512, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - 256*pid_m), 256, 256, 512,
+    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 512,
         256);
   }
-  tsr::load_tile(t, 256, 256, x_1 + (pid_b0) * (256*T), 256, 256*pid_m, 256*pid_n, T, 256);
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  float* const t_1 = t;
+  tsr::load_tile(x_1_tile, 256, 256, x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
+  float* const t = x_1_tile;
   for (tsr::i64 i = 0; i < 256; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = t[i * 256 + j] + acc[i * 256 + j];
+      t[i * 256 + j] = x_1_tile[i * 256 + j] + acc[i * 256 + j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (256*T), 256, 256*pid_m, 256*pid_n, T, 256, t_1, 256, 256);
+  tsr::store_tile(out + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, t, 256, 256);
 }
 
 static void finish_k5_launch(const float* t6, const float* wd, const float* x_1, float* out,

@@ -52,12 +52,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -80,9 +84,12 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -92,7 +99,9 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128) r = r + ((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 128)
+        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -115,15 +124,21 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -139,12 +154,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -155,11 +172,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -171,12 +190,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -187,11 +208,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (16 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (16 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(16 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(16 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -205,36 +228,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (16*kb + 32 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(16*kb + 32 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -243,8 +272,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -255,16 +288,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t0[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -272,15 +308,27 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -296,12 +344,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -312,11 +362,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -328,12 +380,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -344,11 +398,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (16 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (16 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(16 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(16 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -362,36 +418,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (16*kb + 32 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(16*kb + 32 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -400,8 +462,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -412,16 +478,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t3[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -429,15 +498,27 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -453,12 +534,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -469,11 +552,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -485,12 +570,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -501,11 +588,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (16 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (16 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(16 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(16 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -519,36 +608,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (16*kb + 32 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(16*kb + 32 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -557,8 +652,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -569,46 +668,57 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6,
+    float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (4*pid_m + i < T ? t6[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
 // grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o,
+    float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + 4*pid_m + i) * 64 + j] = (o[((pid_b0) * 4 + 4*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
+        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
   }
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -624,12 +734,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -640,11 +752,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -656,12 +770,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -672,11 +788,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (16 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (16 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(16 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(16 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -690,36 +808,43 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t0_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : t0, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (16*kb + 32 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(16*kb + 32 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wo[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -728,8 +853,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -741,16 +870,21 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -760,7 +894,9 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128) r = r + ((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 128)
+        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -783,15 +919,21 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h, const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
+    const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -807,12 +949,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -823,11 +967,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -839,12 +985,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -855,11 +1003,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (16 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (16 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(16 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(16 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -873,36 +1023,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (16*kb + 32 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + 32 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(16*kb + 32 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wg[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -911,8 +1067,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -924,16 +1084,22 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h, const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
+    const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -949,12 +1115,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -965,11 +1133,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -981,12 +1151,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -997,11 +1169,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (16 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (16 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(16 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(16 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1015,36 +1189,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 256) {
+    if (BK*kb + 32 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (16*kb + 32 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + 32 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(16*kb + 32 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wu[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -1053,8 +1233,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1066,16 +1250,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = ((128*pid_m + i < T ? t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6, const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
+    const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1091,12 +1282,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
     }
@@ -1107,11 +1300,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1123,12 +1318,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 16 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 16 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + 16 + j + q] : 0;
         }
       }
     }
@@ -1139,11 +1336,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (16 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (16 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(16 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(16 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1157,36 +1356,43 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 512; ++kb) {
+  for (long long kb = 0; kb * BK < 512; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 32 < 512) {
+    if (BK*kb + 32 < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 16*kb + 32 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 16*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 32 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 32 < 512) {
+    if (BK*kb + 32 < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (16*kb + 32 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(16*kb + 32 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wd[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1195,8 +1401,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 16; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16 + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
+          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1208,7 +1418,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) out[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

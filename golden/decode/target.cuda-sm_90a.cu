@@ -52,12 +52,16 @@ __device__ inline void tsr_copy_async16(void* dst, const void* src, int bytes) {
 }
 
 // The copies the thread issued since the last commit become one group.
-__device__ inline void tsr_copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ inline void tsr_copy_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 
 // The thread waits until at most `Pending` of its groups are still copying; a barrier
 // then makes every thread's finished copies visible.
 template <int Pending>
-__device__ inline void tsr_copy_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory"); }
+__device__ inline void tsr_copy_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(Pending) : "memory");
+}
 
 // ---------------------------------------------------------------- group reductions
 
@@ -80,9 +84,12 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -92,7 +99,9 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128) r = r + ((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 128)
+        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -115,15 +124,21 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -139,12 +154,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -155,11 +172,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -171,12 +190,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -187,11 +208,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (32 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (32 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(32 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(32 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -203,12 +226,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -219,11 +244,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (64 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (64 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(64 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(64 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -237,36 +264,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (32*kb + 96 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(32*kb + 96 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -275,8 +308,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -287,16 +324,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t0[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -304,15 +344,27 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -328,12 +380,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -344,11 +398,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -360,12 +416,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -376,11 +434,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (32 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (32 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(32 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(32 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -392,12 +452,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -408,11 +470,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (64 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (64 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(64 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(64 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -426,36 +490,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (32*kb + 96 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(32*kb + 96 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -464,8 +534,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -476,16 +550,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t3[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -493,15 +570,27 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -517,12 +606,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -533,11 +624,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -549,12 +642,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -565,11 +660,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (32 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (32 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(32 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(32 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -581,12 +678,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -597,11 +696,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (64 + i) * 128 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (64 + i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(64 + i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(64 + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -615,36 +716,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (32*kb + 96 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(32*kb + 96 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -653,8 +760,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -665,46 +776,57 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6,
+    float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (4*pid_m + i < T ? t6[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
 // grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o,
+    float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + 4*pid_m + i) * 64 + j] = (o[((pid_b0) * 4 + 4*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
+        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
   }
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -720,12 +842,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -736,11 +860,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -752,12 +878,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -768,11 +896,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (32 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (32 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(32 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(32 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -784,12 +914,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -800,11 +932,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (64 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (64 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(64 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(64 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -818,36 +952,43 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t0_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : t0, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (32*kb + 96 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(32*kb + 96 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wo[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -856,8 +997,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -869,16 +1014,21 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -888,7 +1038,9 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128) r = r + ((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 128)
+        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -911,15 +1063,21 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h, const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
+    const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -935,12 +1093,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -951,11 +1111,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -967,12 +1129,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -983,11 +1147,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (32 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (32 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(32 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(32 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -999,12 +1165,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -1015,11 +1183,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (64 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (64 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(64 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(64 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1033,36 +1203,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (32*kb + 96 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + 96 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(32*kb + 96 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wg[(BK*kb + 96 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -1071,8 +1247,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1084,16 +1264,22 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h, const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
+    const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1109,12 +1295,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -1125,11 +1313,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1141,12 +1331,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
         }
       }
     }
@@ -1157,11 +1349,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (32 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (32 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(32 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(32 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1173,12 +1367,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
         }
       }
     }
@@ -1189,11 +1385,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (64 + i) * 512 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (64 + i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(64 + i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(64 + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1207,36 +1405,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 256) {
+    if (BK*kb + 96 < 256) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (32*kb + 96 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + 96 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(32*kb + 96 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wu[(BK*kb + 96 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -1245,8 +1449,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1258,16 +1466,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = ((128*pid_m + i < T ? t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6, const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
+    const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 32;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1283,12 +1498,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + j + q] : 0;
+          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
     }
@@ -1299,11 +1516,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1315,12 +1534,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 32 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + 32 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 32 + j + q] : 0;
+          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + 32 + j + q] : 0;
         }
       }
     }
@@ -1331,11 +1552,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (32 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (32 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(32 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(32 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1347,12 +1570,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 64 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + 64 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 64 + j + q] : 0;
+          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + 64 + j + q] : 0;
         }
       }
     }
@@ -1363,11 +1588,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (64 + i) * 256 + 128*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (64 + i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(64 + i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(64 + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1381,36 +1608,43 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < 512; ++kb) {
+  for (long long kb = 0; kb * BK < 512; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (32*kb + 96 < 512) {
+    if (BK*kb + 96 < 512) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy_async16(a_tile_smem + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 32*kb + 96 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy_async16(a_tile_smem
+              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 96 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 32*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 96 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (32*kb + 96 < 512) {
+    if (BK*kb + 96 < 512) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {
-          tsr_copy_async16(b_tile_smem + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (32*kb + 96 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy_async16(b_tile_smem
+              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(32*kb + 96 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wd[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1419,8 +1653,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < 32; ++kk) {
       float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r) a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
-      for (int c = 0; c < 8; ++c) b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
+      for (int r = 0; r < 8; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
+          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      for (int c = 0; c < 8; ++c)
+          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
+          + (tx + c * 16) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1432,7 +1670,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (128*pid_m + i < T) out[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

@@ -72,9 +72,12 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __restrict__ x, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __restrict__ x,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -84,7 +87,9 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 256) r = r + ((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 256)
+        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -107,15 +112,21 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   for (long long e = lid; e < 1024; e += 256) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h, const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
+    const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -131,12 +142,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -147,11 +160,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -166,35 +181,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wq + (16*kb + 16 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wq[(16*kb + 16 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -203,10 +222,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -222,16 +245,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) t0[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __restrict__ t0,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -239,15 +265,27 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
   for (long long e = lid; e < 256; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h, const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
+    const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -263,12 +301,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -279,11 +319,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -298,35 +340,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wk + (16*kb + 16 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 16 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wk[(16*kb + 16 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 16 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -335,10 +381,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -354,16 +404,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) t3[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __restrict__ t3,
+    const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -371,15 +424,27 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
   for (long long e = lid; e < 256; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (j < 32 ? ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f)) - (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f))) : ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f)) + (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
 // grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h, const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
+    const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -395,12 +460,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -411,11 +478,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (i) * 128 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (i) * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(i) * 128 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -430,35 +499,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wv + (16*kb + 16 + i) * 128 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 16 + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wv[(16*kb + 16 + i) * 128 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 16 + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -467,10 +540,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -486,46 +563,57 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 128 + 128*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
 // grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __restrict__ t6,
+    float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] = (4*pid_m + i < T ? t6[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
 // grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restrict__ o, float* __restrict__ t0, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restrict__ o,
+    float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   for (long long e = lid; e < 256; e += 256) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + 4*pid_m + i) * 64 + j] = (o[((pid_b0) * 4 + 4*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
+        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
   }
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0, const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
+    const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -541,12 +629,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -557,11 +647,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -576,35 +668,40 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t0_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t0 + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : t0, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t0[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wo + (16*kb + 16 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wo[(16*kb + 16 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wo[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -613,10 +710,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -633,16 +734,21 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
 // grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1, float* __restrict__ h, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restrict__ x_1,
+    const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
+    const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -652,7 +758,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 256) r = r + ((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * (4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < 256; j += 256)
+        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -675,15 +783,21 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   for (long long e = lid; e < 1024; e += 256) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] = (((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+        * (norm_1[j]));
   }
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h, const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
+    const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -699,12 +813,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -715,11 +831,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -734,35 +852,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wg + (16*kb + 16 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + 16 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wg[(16*kb + 16 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wg[(BK*kb + 16 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -771,10 +893,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -791,16 +917,22 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = (tsr_silu(acc[t]));
+      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          (tsr_silu(acc[t]));
     }
   }
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
 // grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h, const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
+    const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -816,12 +948,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -832,11 +966,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (i) * 512 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (i) * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(i) * 512 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -851,35 +987,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? h + (((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j) : h, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? h[((pid_b0) * T + 128*pid_m + i) * 256 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 256) {
+    if (BK*kb + 16 < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wu + (16*kb + 16 + i) * 512 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + 16 + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wu[(16*kb + 16 + i) * 512 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wu[(BK*kb + 16 + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -888,10 +1028,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -908,16 +1052,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) t6[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] = ((128*pid_m + i < T ? t4[((pid_b0) * T + 128*pid_m + i) * 512 + 128*pid_n + j] : 0.0f) * acc[t]);
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+          * acc[t]);
     }
   }
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
 // grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6, const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out, const long long B, const long long T) {
+extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
+    const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
+    const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int BK = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -933,12 +1084,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 128*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
+        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + j + q] : 0;
+          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
     }
@@ -949,11 +1102,13 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (i) * 256 + 128*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (i) * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(i) * 256 + 128*pid_n + j + q];
+          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -968,35 +1123,40 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 512; ++kb) {
+  for (long long kb = 0; kb * BK < 512; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (16*kb + 16 < 512) {
+    if (BK*kb + 16 < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = 128*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4), bytes ? t6 + (((pid_b0) * T + 128*pid_m + i) * 512 + 16*kb + 16 + j) : t6, bytes);
+          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 16 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] = 128*pid_m + i < T ? t6[((pid_b0) * T + 128*pid_m + i) * 512 + 16*kb + 16 + j + q] : 0;
+            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 16 + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (16*kb + 16 < 512) {
+    if (BK*kb + 16 < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4), wd + (16*kb + 16 + i) * 256 + 128*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] = wd[(16*kb + 16 + i) * 256 + 128*pid_n + j + q];
+            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wd[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1005,10 +1165,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int kk = 0; kk < 16; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4 + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
+            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
+            + (kk + lane / 32) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128 + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
+              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
+              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
@@ -1025,7 +1189,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (128*pid_m + i < T) out[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] = ((128*pid_m + i < T ? x_1[((pid_b0) * T + 128*pid_m + i) * 256 + 128*pid_n + j] : 0.0f) + acc[t]);
+      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+          + acc[t]);
     }
   }
 }

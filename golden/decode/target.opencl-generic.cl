@@ -70,6 +70,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -79,8 +80,8 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < 256; j += 128)
-        r = r + ((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f)
-        * (4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -100,8 +101,8 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   for (long e = lid; e < 1024; e += 128) {
     const long i = e / 256;
     const long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] =
-        (((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
         * (norm_1[j]));
   }
 }
@@ -113,6 +114,9 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     __global float* restrict t0, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -130,20 +134,20 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -153,11 +157,11 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       const int j = e % 16 * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -179,7 +183,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t0[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -192,6 +196,7 @@ void project_k2(__global const float* restrict t0, __global const float* restric
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -199,15 +204,15 @@ void project_k2(__global const float* restrict t0, __global const float* restric
   for (long e = lid; e < 256; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (4*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f))
-        - (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -218,6 +223,9 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     __global float* restrict t3, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -235,20 +243,20 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -258,11 +266,11 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       const int j = e % 16 * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16*kb + i) * 128 + 64*pid_n + j, 16);
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16*kb + i) * 128 + 64*pid_n + j + q];
+              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -284,7 +292,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t3[((pid_b0) * T + 64*pid_m + i) * 128 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -297,6 +305,7 @@ void project_k4(__global const float* restrict t3, __global const float* restric
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -304,15 +313,15 @@ void project_k4(__global const float* restrict t3, __global const float* restric
   for (long e = lid; e < 256; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (4*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f))
-        - (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -323,6 +332,9 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     __global float* restrict t6, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -340,20 +352,20 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -363,11 +375,11 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       const int j = e % 16 * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16*kb + i) * 128 + 64*pid_n + j, 16);
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16*kb + i) * 128 + 64*pid_n + j + q];
+              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -389,7 +401,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t6[((pid_b0) * T + 64*pid_m + i) * 128 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -401,14 +413,15 @@ void project_k6(__global const float* restrict t6, __global float* restrict out2
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   for (long e = lid; e < 256; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    if (4*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (4*pid_m + i < T ? t6[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -419,14 +432,15 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   for (long e = lid; e < 256; e += 128) {
     const long i = e / 64;
     const long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + 4*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + 4*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
+        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -437,6 +451,9 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     __global const float* restrict x, __global float* restrict x_1, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -454,20 +471,20 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : t0, bytes);
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? t0[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -477,11 +494,11 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       const int j = e % 16 * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -504,8 +521,8 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) x_1[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? x[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -518,6 +535,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -527,8 +545,8 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < 256; j += 128)
-        r = r + ((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f)
-        * (4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[4];
@@ -548,8 +566,8 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   for (long e = lid; e < 1024; e += 128) {
     const long i = e / 256;
     const long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] =
-        (((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
         * (norm_1[j]));
   }
 }
@@ -561,6 +579,9 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     __global float* restrict t4, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -578,20 +599,20 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -601,11 +622,11 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       const int j = e % 16 * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (16*kb + i) * 512 + 64*pid_n + j, 16);
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(16*kb + i) * 512 + 64*pid_n + j + q];
+              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -628,7 +649,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t4[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] =
+      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -641,6 +662,9 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     __global const float* restrict t4, __global float* restrict t6, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -658,20 +682,20 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 256; ++kb) {
+  for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -681,11 +705,11 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       const int j = e % 16 * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (16*kb + i) * 512 + 64*pid_n + j, 16);
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(16*kb + i) * 512 + 64*pid_n + j + q];
+              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -708,8 +732,8 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t6[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? t4[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -722,6 +746,9 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     __global const float* restrict x_1, __global float* restrict out, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
+  const int BM = 64;
+  const int BN = 64;
+  const int BK = 16;
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -739,20 +766,20 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * 16 < 512; ++kb) {
+  for (long kb = 0; kb * BK < 512; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + 64*pid_m + i) * 512 + 16*kb + j) : t6, bytes);
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? t6[((pid_b0) * T + 64*pid_m + i) * 512 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -762,11 +789,11 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       const int j = e % 16 * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -789,8 +816,8 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) out[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? x_1[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

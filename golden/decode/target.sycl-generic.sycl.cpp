@@ -73,6 +73,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -81,8 +82,8 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f)
-        * (4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[4];
@@ -102,8 +103,8 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] =
-        (((4*pid_m + i < T ? x[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
         * (norm_1[j]));
   }
 }
@@ -115,6 +116,9 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -131,20 +135,20 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -154,11 +158,11 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       const int j = e % 16 * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -180,7 +184,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t0[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -192,6 +196,7 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -199,15 +204,15 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f))
-        - (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((4*pid_m + i < T ? t0[((pid_b0) * T + 4*pid_m + i) * 256 + 64*pid_b1 + 32 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -218,6 +223,9 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -234,20 +242,20 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -257,11 +265,11 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       const int j = e % 16 * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16*kb + i) * 128 + 64*pid_n + j, 16);
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16*kb + i) * 128 + 64*pid_n + j + q];
+              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -283,7 +291,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t3[((pid_b0) * T + 64*pid_m + i) * 128 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -295,6 +303,7 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -302,15 +311,15 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j] : 0.0f))
-        - (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? sin_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((4*pid_m + i < T ? t3[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + 32 + j - (32)]
-        : 0.0f)) * (4*pid_m + i < T ? cos_1[(4*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
+        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
+        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
+        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
+        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
+        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -321,6 +330,9 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -337,20 +349,20 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -360,11 +372,11 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       const int j = e % 16 * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16*kb + i) * 128 + 64*pid_n + j, 16);
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16*kb + i) * 128 + 64*pid_n + j + q];
+              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -386,7 +398,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t6[((pid_b0) * T + 64*pid_m + i) * 128 + 64*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -397,14 +409,15 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ out2, c
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    if (4*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + 4*pid_m + i) * 64 + j] =
-        (4*pid_m + i < T ? t6[((pid_b0) * T + 4*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
+        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -414,14 +427,15 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   for (long long e = lid; e < 256; e += 128) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + 4*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + 4*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
+        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -432,6 +446,9 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -448,20 +465,20 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : t0, bytes);
+            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? t0[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -471,11 +488,11 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       const int j = e % 16 * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -498,8 +515,8 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) x_1[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? x[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -512,6 +529,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -520,8 +538,8 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f)
-        * (4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[4];
@@ -541,8 +559,8 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   for (long long e = lid; e < 1024; e += 128) {
     const long long i = e / 256;
     const long long j = e - i * 256;
-    if (4*pid_m + i < T) h[((pid_b0) * T + 4*pid_m + i) * 256 + j] =
-        (((4*pid_m + i < T ? x_1[((pid_b0) * T + 4*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
+    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
+        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
         * (norm_1[j]));
   }
 }
@@ -554,6 +572,9 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -570,20 +591,20 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -593,11 +614,11 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       const int j = e % 16 * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (16*kb + i) * 512 + 64*pid_n + j, 16);
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(16*kb + i) * 512 + 64*pid_n + j + q];
+              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -620,7 +641,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t4[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] =
+      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -633,6 +654,9 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -649,20 +673,20 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 256; ++kb) {
+  for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j) : h, bytes);
+            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? h[((pid_b0) * T + 64*pid_m + i) * 256 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -672,11 +696,11 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       const int j = e % 16 * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (16*kb + i) * 512 + 64*pid_n + j, 16);
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(16*kb + i) * 512 + 64*pid_n + j + q];
+              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -699,8 +723,8 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) t6[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? t4[((pid_b0) * T + 64*pid_m + i) * 512 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -713,6 +737,9 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int BK = 16;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -729,20 +756,20 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 16 < 512; ++kb) {
+  for (long long kb = 0; kb * BK < 512; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
-        const int bytes = 64*pid_m + i < T ? 16 : 0;
+        const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + 64*pid_m + i) * 512 + 16*kb + j) : t6, bytes);
+            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              64*pid_m + i < T ? t6[((pid_b0) * T + 64*pid_m + i) * 512 + 16*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -752,11 +779,11 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       const int j = e % 16 * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (16*kb + i) * 256 + 64*pid_n + j, 16);
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, 16);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(16*kb + i) * 256 + 64*pid_n + j + q];
+              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -779,8 +806,8 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (64*pid_m + i < T) out[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] =
-          ((64*pid_m + i < T ? x_1[((pid_b0) * T + 64*pid_m + i) * 256 + 64*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
