@@ -123,9 +123,13 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
 
     body = rewrite(kernel.body, lambda op: visit(op, False))
     chosen = {op.attr("mma").inst for op in walk(body) if op.attr("mma") is not None}
-    if whole_rows and "fma" in chosen and len(chosen) > 1:
-        # the online softmax's row state meets every product's rows in the same threads:
-        # one product that the instruction cannot tile puts them all on the FMA loop
+    # The online softmax's row state meets every product's rows in the same threads: one
+    # product that the instruction cannot tile puts them all on the FMA loop, and so does
+    # a kernel that combines the row state itself (attention_lse's running maximum and
+    # sum), which only the FMA loop's rows hold as its row vectors do.
+    combined = whole_rows and not any(op.kind == "softmax_accumulate" for op in walk(body))
+    mixed = whole_rows and "fma" in chosen and len(chosen) > 1
+    if mixed or (combined and chosen - {"fma"}):
         body = rewrite(kernel.body, lambda op: visit(op, True))
     return replace(kernel, body=body)
 
