@@ -38,6 +38,14 @@ def shifted(q: Tensor["S", "D", f32], k: Tensor["L", "D", f32]) -> Tensor["S", "
     return a + b
 """
 
+#: A product whose operands go through shared memory (bf16: ``ldmatrix`` on sm_80), whose
+#: shared accesses a debug build checks on the GPU targets.
+MATMUL = """\
+@kernel
+def mm(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return matmul(a, b)
+"""
+
 MESSAGE = (
     r"kernel 'shifted' \(oob\.tsr:5\): load of 'k' out of bounds: index 8 on axis 0, which "
     r"has 8 elements \(the tile covers \[8, 12\)\)"
@@ -97,18 +105,19 @@ def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
 def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     """The launcher clears the fault record, reads it back after the launch and prints
     the failed check, and checks what the launch wrote for NaN and infinity; nvcc and
-    hipcc build it warning-free."""
+    hipcc build it, and the shared-memory checks of a product, warning-free."""
     compiler = shutil.which("nvcc") if target == "cuda" else HIPCC
     if compiler is None:
         pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
     path = tmp_path / "oob.tsr"
-    path.write_text(SOURCE)
+    path.write_text(SOURCE + "\n\n" + MATMUL)
     out = tmp_path / f"oob.{'cu' if target == 'cuda' else 'hip'}"
     assert main([str(path), "--target", target, "--debug", "-D", "L=8", "-o", str(out)]) == 0
     text = out.read_text()
     assert "tsr_host::check_bounds(tsr_fault, stream)" in text
     assert "\"kernel 'shifted' (oob.tsr:5): load of 'k' on axis 0\"," in text
     assert "tsr_host::check_finite(out, D*S, 4, 0x7f800000u, " in text
+    assert "tsr_smem_index(tsr_fault, " in text
     flags = (["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings", "-Xcompiler",
               "-Wall,-Wextra"] if target == "cuda"
              else ["--offload-arch=gfx90a", "-Wall", "-Wextra", "-Werror"])  # fmt: skip
@@ -133,26 +142,47 @@ def _inputs(function: dict[str, Any]) -> dict[str, Any]:
             dims = [parse_dim(d) for d in p["dims"]]
             shape = tuple(int(d.value({s: _SIZES.get(s, _DEFAULT) for s in d.symbols()}))
                           for d in dims)  # fmt: skip
+            if p["dtype"] == "i4":  # two to a byte along the last axis
+                shape = (*shape[:-1], shape[-1] // 2)
             args[p["name"]] = rng.standard_normal(shape).astype(numpy_dtype(DTYPES[p["dtype"]]))
     return args
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize("target", ["cpu", "opencl"])
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a")],
+    ids=["cpu", "opencl", "cuda-sm_80", "cuda-sm_90a", "hip"],
+)
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_clean_under_debug(
-    path: Path, target: str, request: pytest.FixtureRequest
-) -> None:
+    path: Path, target: str, arch: str | None, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Global and shared-memory checks alike: CUDA and HIP on the simulated GPU."""
     if not request.config.getoption("--debug-examples"):
         pytest.skip("builds every example twice: run with --debug-examples")
     if target == "opencl" and _platform() is not None:
         pytest.skip(f"needs PoCL: {_platform()}")
-    plain = tessera.compile_file(path, target=target).load()
-    program = tessera.compile_file(path, target=target, debug=True)
-    debug = program.load()
+    if target in ("cuda", "hip"):
+        if shutil.which("g++") is None:
+            pytest.skip("needs g++ (the GPU simulator is built with it)")
+        use_simulator(monkeypatch, simulated_cupy(arch if target == "cuda" else "sm_80"))
+
+    def load(program: Any) -> Any:
+        return load_hip(program) if target == "hip" else program.load()
+
+    plain = load(tessera.compile_file(path, target=target, arch=arch))
+    program = tessera.compile_file(path, target=target, arch=arch, debug=True)
+    debug = load(program)
     for function in program.ir("meta")["functions"]:
         args = _inputs(function)
         want = getattr(plain, function["name"])(**args)
         have = getattr(debug, function["name"])(**args)
         for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (want, have)), strict=True):
-            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), function["name"]
+            assert _host(a).tobytes() == _host(b).tobytes(), function["name"]
+
+
+def _host(x: Any) -> np.ndarray:
+    """A result as a host array (the simulated GPU's arrays copy out with ``get``)."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..check.bounds import FAULT, FAULT_BYTES
+from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim, parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
@@ -235,9 +235,7 @@ def host_source(meta: Mapping[str, Any]) -> str:
 
 def _debug(bounds: Sequence[Mapping[str, Any]], target: str) -> str:
     checks = [
-        f"kernel '{c['kernel']}' ({c['line']}): {c['access']} of '{c['tensor']}' "
-        f"on axis {c['axis']}"
-        for c in bounds
+        f"kernel '{c['kernel']}' ({c['line']}): {accessed(c)} on axis {c['axis']}" for c in bounds
     ]
     table = "\n".join(f'    "{text}",' for text in checks) or '    "",'
     return _DEBUG.format(checks=table, **_API[target])
