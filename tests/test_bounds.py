@@ -22,10 +22,11 @@ from tessera.transpiler.graph.dtypes import DTYPES
 from tessera.transpiler.tile.interpret import numpy_dtype
 
 from .conftest import EXAMPLES
-from .gpusim import load_hip, simulated_cupy, use_simulator
+from .gpusim import load_hip, load_sycl, simulated_cupy, use_simulator
 from .test_cuda import needs_gxx
 from .test_hip import HIPCC
 from .test_opencl import _platform
+from .test_sycl import check_syntax, needs_sycl_headers
 
 #: ``k`` has L rows but each of the S / T.m programs loads its own block of them: with
 #: more programs than ``k`` has blocks, the last ones load past its end.
@@ -90,14 +91,18 @@ def test_an_index_past_the_end_is_caught_on_opencl() -> None:
 
 @pytest.mark.execute
 @needs_gxx
-@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_90a"), ("hip", "gfx90a")])
+@pytest.mark.parametrize(
+    ("target", "arch"), [("cuda", "sm_90a"), ("hip", "gfx90a"), ("sycl", None)]
+)
 def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
-    target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """SYCL's host function reads the fault record back itself and throws
+    ``std::out_of_range``, which the simulator's caller raises as ``BoundsError``."""
     use_simulator(monkeypatch, simulated_cupy("sm_90a"))
     program = tessera.compile(SOURCE, "oob.tsr", target=target, arch=arch, defines=["L=8"],
                               debug=True)  # fmt: skip
-    _caught(load_hip(program) if target == "hip" else program.load())
+    _caught(load_gpu(program))
 
 
 @pytest.mark.compile
@@ -127,6 +132,17 @@ def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.compile
+@needs_sycl_headers
+def test_a_sycl_debug_build_parses_warning_free(tmp_path: Path) -> None:
+    """Its kernels check global and shared accesses; its host functions pass and read
+    the fault record."""
+    program = tessera.compile(SOURCE + "\n\n" + MATMUL, "oob.tsr", target="sycl", debug=True)
+    assert "tsr_debug::check_bounds(tsr_fault, queue, done);" in program.source
+    assert "tsr_smem_index(tsr_fault, " in program.source
+    check_syntax({"oob": program.source}, tmp_path)
+
+
 #: Sizes for the examples: ragged, and C a multiple of 64 (decoder_block reshapes it).
 _SIZES = {"C": 128}
 _DEFAULT = 96
@@ -151,30 +167,34 @@ def _inputs(function: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.execute
 @pytest.mark.parametrize(
     ("target", "arch"),
-    [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a")],
-    ids=["cpu", "opencl", "cuda-sm_80", "cuda-sm_90a", "hip"],
+    [
+        ("cpu", None),
+        ("opencl", None),
+        ("cuda", "sm_80"),
+        ("cuda", "sm_90a"),
+        ("hip", "gfx90a"),
+        ("sycl", None),
+    ],
+    ids=["cpu", "opencl", "cuda-sm_80", "cuda-sm_90a", "hip", "sycl"],
 )
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_clean_under_debug(
     path: Path, target: str, arch: str | None, request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """Global and shared-memory checks alike: CUDA and HIP on the simulated GPU."""
+    """Global and shared-memory checks alike: CUDA, HIP and SYCL on the simulated GPU."""
     if not request.config.getoption("--debug-examples"):
         pytest.skip("builds every example twice: run with --debug-examples")
     if target == "opencl" and _platform() is not None:
         pytest.skip(f"needs PoCL: {_platform()}")
-    if target in ("cuda", "hip"):
+    if target in ("cuda", "hip", "sycl"):
         if shutil.which("g++") is None:
             pytest.skip("needs g++ (the GPU simulator is built with it)")
         use_simulator(monkeypatch, simulated_cupy(arch if target == "cuda" else "sm_80"))
 
-    def load(program: Any) -> Any:
-        return load_hip(program) if target == "hip" else program.load()
-
-    plain = load(tessera.compile_file(path, target=target, arch=arch))
+    plain = load_gpu(tessera.compile_file(path, target=target, arch=arch))
     program = tessera.compile_file(path, target=target, arch=arch, debug=True)
-    debug = load(program)
+    debug = load_gpu(program)
     for function in program.ir("meta")["functions"]:
         args = _inputs(function)
         want = getattr(plain, function["name"])(**args)
@@ -186,3 +206,11 @@ def test_every_example_runs_clean_under_debug(
 def _host(x: Any) -> np.ndarray:
     """A result as a host array (the simulated GPU's arrays copy out with ``get``)."""
     return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def load_gpu(program: Any) -> Any:
+    """A program's functions on its target: HIP and SYCL files on the simulated GPU, as
+    ``load_hip`` and ``load_sycl`` run them, the others as ``load`` does."""
+    target = program.ir("meta")["target"]
+    loaders = {"hip": load_hip, "sycl": load_sycl}
+    return loaders[target](program) if target in loaders else program.load()

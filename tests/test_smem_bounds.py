@@ -23,7 +23,7 @@ from tessera.transpiler.tile import passes
 from tessera.transpiler.tile.ir import TileKernel
 
 from .gpusim import simulated_cupy, use_simulator
-from .test_bounds import MATMUL, needs_opencl
+from .test_bounds import MATMUL, load_gpu, needs_opencl
 from .test_cuda import needs_gxx
 
 #: The product reads the rows of ``a``'s tile past the half that its buffer holds.
@@ -65,6 +65,7 @@ def _compile(target: str, arch: str | None, dtype: str) -> Any:
     [
         pytest.param("opencl", None, "f32", marks=needs_opencl, id="opencl"),
         pytest.param("cuda", "sm_80", "bf16", id="cuda-ldmatrix"),
+        pytest.param("sycl", None, "f32", id="sycl"),
     ],
 )
 def test_a_read_past_a_shared_tile_is_caught(
@@ -79,12 +80,12 @@ def test_a_read_past_a_shared_tile_is_caught(
     program = _compile(target, arch, dtype)
     assert "tsr_smem_index" in program.source
     want = a.astype(np.float64) @ b.astype(np.float64)
-    np.testing.assert_allclose(program.load().mm(a, b), want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(load_gpu(program).mm(a, b), want, rtol=1e-5, atol=1e-4)
 
     halved = (*passes.TILE_PASSES, passes.TilePass("defect", _halved))
     monkeypatch.setattr(passes, "TILE_PASSES", halved)
     with pytest.raises(BoundsError, match=MESSAGE.pattern) as caught:
-        _compile(target, arch, dtype).load().mm(a, b)
+        load_gpu(_compile(target, arch, dtype)).mm(a, b)
     found = MESSAGE.search(str(caught.value))
     assert found is not None
     index, extent = (int(v) for v in found.groups())

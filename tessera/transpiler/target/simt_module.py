@@ -32,7 +32,7 @@ from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 from .simt_tiles import WGMMA_FORMS
-from .sycl_launcher import Launcher, launcher, launcher_view
+from .sycl_launcher import Launcher, debug_host_code, launcher, launcher_view
 from .wrap import wrap_lines
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
@@ -181,9 +181,8 @@ def emit_simt(
 ) -> SimtModule:
     """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
     it is defined, when a kernel uses an operation the emitter does not lower yet. A
-    ``debug`` build checks each global access's bounds (not in SYCL, whose host
-    functions have no fault record to pass yet)."""
-    sites = Sites() if debug and not d.launched_locals else None
+    ``debug`` build checks each global and shared access's bounds."""
+    sites = Sites() if debug else None
     views: dict[str, _KernelView] = {}
     hw = hardware_for(module.target, module.arch)
     lanes = hw.lanes
@@ -222,8 +221,9 @@ def emit_simt(
     primitives = primitives.strip()
     template = env.get_template("module.j2")
     launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer)]
+    host_debug = debug_host_code(sites.table) if sites is not None and launchers else ""
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()),
-                   launchers=launchers)  # fmt: skip
+                   launchers=launchers, host_debug=host_debug)  # fmt: skip
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
     if d.wrapped:

@@ -11,9 +11,11 @@ frees them. Shared memory is allocated in each launch's command group
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim
 from ..graph.types import TensorType
 from ..tile.ir import TileProgram
@@ -23,7 +25,7 @@ from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
 from .simt_kernel import SimtKernel
 
-__all__ = ["Launcher", "launcher", "LAUNCHER_NAMES"]
+__all__ = ["Launcher", "launcher", "LAUNCHER_NAMES", "debug_host_code"]
 
 #: Names the host functions declare themselves; a parameter never takes one.
 LAUNCHER_NAMES = frozenset({"queue", "cgh", "it", "done", "global", "group", "sycl"})
@@ -45,6 +47,9 @@ class Launch:
     #: The global range (dimension 0 first) and the work-group size.
     global_range: tuple[str, str, str]
     threads: int
+    #: Whether it checks bounds (a debug build): it takes the fault record, which the
+    #: host function reads back after it.
+    checked: bool = False
 
 
 @frozen
@@ -90,8 +95,10 @@ def launcher(
     for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):
         args = [names[p.name] for p in kernel.params]
         args += [names[dim] for dim in symbols([p.type for p in kernel.params])]
+        args += [FAULT] if simt.checked else []
         work = _global_range(grid, simt.threads, names)
-        launches.append(Launch(printed, tuple(args), _locals(simt), work, simt.threads))
+        launch = Launch(printed, tuple(args), _locals(simt), work, simt.threads, simt.checked)
+        launches.append(launch)
     # an input that no kernel reads keeps its place in the signature, unnamed
     read = {a for launch in launches for a in launch.args}
     params[:0] = [f"{decl} {n}" if n in read else f"{decl} /* {n} */" for decl, n in inputs]
@@ -134,10 +141,31 @@ def accessor_pointer(name: str, ctype: str) -> str:
 
 
 def launcher_lines(f: Launcher) -> list[str]:
-    """The body of the host function, one statement per line."""
+    """The body of the host function, one statement per line. In a debug build, the
+    fault record is allocated with the intermediates and read back after each launch
+    that checks bounds; a failed check frees them and throws."""
+    buffers = list(f.buffers)
+    checked = any(launch.checked for launch in f.launches)
+    if checked:
+        buffers.append(("long long*", FAULT, str(FAULT_BYTES)))
     lines = [f"{ptype} const {name} = static_cast<{ptype}>(sycl::malloc_device({size}, queue));"
-             for ptype, name, size in f.buffers]  # fmt: skip
+             for ptype, name, size in buffers]  # fmt: skip
+    frees = [f"sycl::free({name}, queue);" for _, name, _ in buffers]
+    if checked:
+        lines.append(f"queue.memset({FAULT}, 0, {FAULT_BYTES}).wait();")
     lines.append("sycl::event done;")
+    launches = _launch_lines(f)
+    if checked:
+        lines += ["try {", *("  " + line for line in launches), "} catch (...) {"]
+        lines += ["  done.wait();", *("  " + line for line in frees), "  throw;", "}"]
+    else:
+        lines += launches
+    lines.append("done.wait();")
+    return lines + frees
+
+
+def _launch_lines(f: Launcher) -> list[str]:
+    lines = []
     for launch in f.launches:
         lines.append("done = queue.submit([&](sycl::handler& cgh) {")
         lines.append("  cgh.depends_on(done);")
@@ -154,8 +182,8 @@ def launcher_lines(f: Launcher) -> list[str]:
         lines += _call(f"    {launch.kernel}(", args, ");")
         lines.append("  });")
         lines.append("});")
-    lines.append("done.wait();")
-    lines += [f"sycl::free({name}, queue);" for _, name, _ in f.buffers]
+        if launch.checked:
+            lines.append(f"tsr_debug::check_bounds({FAULT}, queue, done);")
     return lines
 
 
@@ -183,3 +211,59 @@ def launcher_view(f: Launcher) -> dict[str, Any]:
     head = _call(f"inline void {f.name}(", ["sycl::queue& queue", *f.params], ") {", 0)
     return {"name": f.name, "function": f.function, "head": head,
             "body": launcher_lines(f)}  # fmt: skip
+
+
+#: The host functions' part of a debug build: the checks by number, and the read-back.
+_DEBUG = """\
+#include <stdexcept>
+#include <string>
+
+namespace tsr_debug {{
+
+// What each bounds check of the file is, by its number: the access, the axis, and
+// whether the whole tile must lie inside the axis (an unmasked one) or its start.
+struct Check {{
+  const char* what;
+  int axis;
+  bool whole;
+}};
+
+static const Check bounds_checks[] = {{
+{checks}
+}};
+
+// After a launch of a debug build: its fault record (zero, or the check's number + 1,
+// the index, the tile's size and the extent), read back once the launch is done. A
+// failed check throws std::out_of_range, which says it as the Python runtimes do.
+inline void check_bounds(const long long* fault, sycl::queue& queue, sycl::event& done) {{
+  long long record[4];
+  done.wait();
+  queue.memcpy(record, fault, sizeof record).wait();
+  if (record[0] == 0) return;
+  const Check& check = bounds_checks[record[0] - 1];
+  // An unmasked tile that starts inside the axis fails at its first index past the end.
+  const long long bad = check.whole && record[1] < record[3] ? record[3] : record[1];
+  std::string text = std::string("tessera: ") + check.what + " out of bounds: index " +
+                     std::to_string(bad) + " on axis " + std::to_string(check.axis) +
+                     ", which has " + std::to_string(record[3]) + " elements";
+  if (record[2] > 1)
+    text += " (the tile covers [" + std::to_string(record[1]) + ", " +
+            std::to_string(record[1] + record[2]) + "))";
+  throw std::out_of_range(text);
+}}
+
+}}  // namespace tsr_debug
+"""
+
+
+def debug_host_code(bounds: Sequence[Mapping[str, Any]]) -> str:
+    """The host functions' debug helpers, for the metadata's list of bounds checks
+    (nothing where there are none)."""
+    if not bounds:
+        return ""
+    lines = []
+    for c in bounds:
+        what = f"kernel '{c['kernel']}' ({c['line']}): {accessed(c)}"
+        quoted = what.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'    {{"{quoted}", {c["axis"]}, {str(c["whole"]).lower()}}},')
+    return _DEBUG.format(checks="\n".join(lines))
