@@ -17,6 +17,7 @@ from typing import Any
 
 from ...frozen import frozen
 from ..check.bounds import FAULT, FAULT_BYTES, Sites
+from ..check.sentinels import sentinel_lines
 from ..graph.dims import Dim
 from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
@@ -220,7 +221,8 @@ def emit_simt(
     )
     primitives = primitives.strip()
     template = env.get_template("module.j2")
-    launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer)]
+    lines = sentinel_lines(graph, module) if debug and graph is not None and hosts else None
+    launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer, lines)]
     host_debug = debug_host_code(sites.table) if sites is not None and launchers else ""
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()),
                    launchers=launchers, host_debug=host_debug)  # fmt: skip
@@ -247,13 +249,15 @@ def _launchers(
     d: Dialect,
     hosts: dict[str, str],
     namer: Namer,
+    sentinels: dict[str, str] | None = None,
 ) -> list[Launcher]:
-    """The host function of each graph function, where the dialect's files have them."""
+    """The host function of each graph function, where the dialect's files have them;
+    ``sentinels`` (a debug build): each kernel's line, for its NaN/Inf sentinel."""
     file_names = frozenset(namer.used)
     return [
         launcher(program, [(views[k.name].name, views[k.name].simt, views[k.name].launch_grid)
                            for k in program.kernels], d, hosts[program.host.function],
-                 file_names)
+                 file_names, sentinels)
         for program in module.programs
         if program.host.function in hosts
     ]  # fmt: skip
