@@ -22,10 +22,11 @@ from tessera.transpiler.graph.dtypes import DTYPES
 from tessera.transpiler.tile.interpret import numpy_dtype
 
 from .conftest import EXAMPLES
-from .gpusim import load_hip, simulated_cupy, use_simulator
+from .gpusim import load_hip, load_sycl, simulated_cupy, use_simulator
 from .test_cuda import needs_gxx
 from .test_hip import HIPCC
 from .test_opencl import _platform
+from .test_sycl import check_syntax, needs_sycl_headers
 
 #: ``k`` has L rows but each of the S / T.m programs loads its own block of them: with
 #: more programs than ``k`` has blocks, the last ones load past its end.
@@ -36,6 +37,14 @@ def shifted(q: Tensor["S", "D", f32], k: Tensor["L", "D", f32]) -> Tensor["S", "
     a = tile.load(q, rows=T.m)
     b = tile.load(k, rows=T.m)
     return a + b
+"""
+
+#: A product whose operands go through shared memory (bf16: ``ldmatrix`` on sm_80), whose
+#: shared accesses a debug build checks on the GPU targets.
+MATMUL = """\
+@kernel
+def mm(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return matmul(a, b)
 """
 
 MESSAGE = (
@@ -82,14 +91,18 @@ def test_an_index_past_the_end_is_caught_on_opencl() -> None:
 
 @pytest.mark.execute
 @needs_gxx
-@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_90a"), ("hip", "gfx90a")])
+@pytest.mark.parametrize(
+    ("target", "arch"), [("cuda", "sm_90a"), ("hip", "gfx90a"), ("sycl", None)]
+)
 def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
-    target: str, arch: str, monkeypatch: pytest.MonkeyPatch
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """SYCL's host function reads the fault record back itself and throws
+    ``std::out_of_range``, which the simulator's caller raises as ``BoundsError``."""
     use_simulator(monkeypatch, simulated_cupy("sm_90a"))
     program = tessera.compile(SOURCE, "oob.tsr", target=target, arch=arch, defines=["L=8"],
                               debug=True)  # fmt: skip
-    _caught(load_hip(program) if target == "hip" else program.load())
+    _caught(load_gpu(program))
 
 
 @pytest.mark.compile
@@ -97,18 +110,19 @@ def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
 def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     """The launcher clears the fault record, reads it back after the launch and prints
     the failed check, and checks what the launch wrote for NaN and infinity; nvcc and
-    hipcc build it warning-free."""
+    hipcc build it, and the shared-memory checks of a product, warning-free."""
     compiler = shutil.which("nvcc") if target == "cuda" else HIPCC
     if compiler is None:
         pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
     path = tmp_path / "oob.tsr"
-    path.write_text(SOURCE)
+    path.write_text(SOURCE + "\n\n" + MATMUL)
     out = tmp_path / f"oob.{'cu' if target == 'cuda' else 'hip'}"
     assert main([str(path), "--target", target, "--debug", "-D", "L=8", "-o", str(out)]) == 0
     text = out.read_text()
     assert "tsr_host::check_bounds(tsr_fault, stream)" in text
     assert "\"kernel 'shifted' (oob.tsr:5): load of 'k' on axis 0\"," in text
     assert "tsr_host::check_finite(out, D*S, 4, 0x7f800000u, " in text
+    assert "tsr_smem_index(tsr_fault, " in text
     flags = (["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings", "-Xcompiler",
               "-Wall,-Wextra"] if target == "cuda"
              else ["--offload-arch=gfx90a", "-Wall", "-Wextra", "-Werror"])  # fmt: skip
@@ -118,12 +132,25 @@ def test_the_host_launchers_check_bounds(target: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.compile
+@needs_sycl_headers
+def test_a_sycl_debug_build_parses_warning_free(tmp_path: Path) -> None:
+    """Its kernels check global and shared accesses; its host functions pass and read
+    the fault record."""
+    program = tessera.compile(SOURCE + "\n\n" + MATMUL, "oob.tsr", target="sycl", debug=True)
+    assert "tsr_debug::check_bounds(tsr_fault, queue, done);" in program.source
+    assert "tsr_smem_index(tsr_fault, " in program.source
+    check_syntax({"oob": program.source}, tmp_path)
+
+
 #: Sizes for the examples: ragged, and C a multiple of 64 (decoder_block reshapes it).
 _SIZES = {"C": 128}
 _DEFAULT = 96
+#: The simulated GPU runs a block's threads one after another: few heads.
+_SIMULATED_SIZES = {**_SIZES, "B": 2, "H": 2}
 
 
-def _inputs(function: dict[str, Any]) -> dict[str, Any]:
+def _inputs(function: dict[str, Any], sizes: dict[str, int] = _SIZES) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     args: dict[str, Any] = {}
     for p in function["params"]:
@@ -131,28 +158,61 @@ def _inputs(function: dict[str, Any]) -> dict[str, Any]:
             args[p["name"]] = {"bool": False, "int": 1}.get(p["type"], 0.5)
         elif p["io"] != "out":
             dims = [parse_dim(d) for d in p["dims"]]
-            shape = tuple(int(d.value({s: _SIZES.get(s, _DEFAULT) for s in d.symbols()}))
+            shape = tuple(int(d.value({s: sizes.get(s, _DEFAULT) for s in d.symbols()}))
                           for d in dims)  # fmt: skip
+            if p["dtype"] == "i4":  # two to a byte along the last axis
+                shape = (*shape[:-1], shape[-1] // 2)
             args[p["name"]] = rng.standard_normal(shape).astype(numpy_dtype(DTYPES[p["dtype"]]))
     return args
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize("target", ["cpu", "opencl"])
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [
+        ("cpu", None),
+        ("opencl", None),
+        ("cuda", "sm_80"),
+        ("cuda", "sm_90a"),
+        ("hip", "gfx90a"),
+        ("sycl", None),
+    ],
+    ids=["cpu", "opencl", "cuda-sm_80", "cuda-sm_90a", "hip", "sycl"],
+)
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_clean_under_debug(
-    path: Path, target: str, request: pytest.FixtureRequest
-) -> None:
+    path: Path, target: str, arch: str | None, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Global and shared-memory checks alike: CUDA, HIP and SYCL on the simulated GPU."""
     if not request.config.getoption("--debug-examples"):
         pytest.skip("builds every example twice: run with --debug-examples")
     if target == "opencl" and _platform() is not None:
         pytest.skip(f"needs PoCL: {_platform()}")
-    plain = tessera.compile_file(path, target=target).load()
-    program = tessera.compile_file(path, target=target, debug=True)
-    debug = program.load()
+    if target in ("cuda", "hip", "sycl"):
+        if shutil.which("g++") is None:
+            pytest.skip("needs g++ (the GPU simulator is built with it)")
+        use_simulator(monkeypatch, simulated_cupy(arch if target == "cuda" else "sm_80"))
+
+    plain = load_gpu(tessera.compile_file(path, target=target, arch=arch))
+    program = tessera.compile_file(path, target=target, arch=arch, debug=True)
+    debug = load_gpu(program)
     for function in program.ir("meta")["functions"]:
-        args = _inputs(function)
+        args = _inputs(function, _SIZES if target in ("cpu", "opencl") else _SIMULATED_SIZES)
         want = getattr(plain, function["name"])(**args)
         have = getattr(debug, function["name"])(**args)
         for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (want, have)), strict=True):
-            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), function["name"]
+            assert _host(a).tobytes() == _host(b).tobytes(), function["name"]
+
+
+def _host(x: Any) -> np.ndarray:
+    """A result as a host array (the simulated GPU's arrays copy out with ``get``)."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def load_gpu(program: Any) -> Any:
+    """A program's functions on its target: HIP and SYCL files on the simulated GPU, as
+    ``load_hip`` and ``load_sycl`` run them, the others as ``load`` does."""
+    target = program.ir("meta")["target"]
+    loaders = {"hip": load_hip, "sycl": load_sycl}
+    return loaders[target](program) if target in loaders else program.load()

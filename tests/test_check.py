@@ -24,6 +24,7 @@ from tessera.transpiler.graph.ir import Block
 from tessera.transpiler.target.simt_layout import smem_index
 
 from .conftest import ROOT, SOURCES
+from .test_tile import CAST_OPERANDS
 
 #: The GPU targets: the checks have nothing to say about a one-thread CPU program.
 GPU_TARGETS = [("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"), ("opencl", None)]
@@ -73,6 +74,31 @@ def test_a_removed_barrier_is_a_race_at_both_lines(
     kinds = {(r.message.split()[1], r.other[0].split()[4]) for r in races}
     assert ("read", "write") in kinds  # read after write
     assert ("write", "read") in kinds  # write after read, carried around the loop
+
+
+@pytest.mark.parametrize("target, arch", [("opencl", None), ("cuda", "sm_80"), ("hip", "gfx90a")])
+def test_a_product_of_cast_operands_without_its_loop_barrier_races(
+    target: str, arch: str | None
+) -> None:
+    """``tile.dot(tile.cast(tile.load(a)), tile.cast(tile.load(b)))`` in a K loop: the
+    reads move down to the product with their casts, and the barrier at the top of the
+    loop is all that keeps the next iteration's copies from overwriting an operand that
+    other threads still multiply (the barrier pass once left it out)."""
+    module = tessera.compile(CAST_OPERANDS, "castdot.tsr", target=target, arch=arch,
+                             until="tile").ir("tile")  # fmt: skip
+    kernel = module.programs[0].kernels[0]
+    assert find_races(kernel) == []
+    loop = next(op for op in kernel.body.ops if op.kind == "for")
+    body = loop.regions[0]
+    top = next(i for i, op in enumerate(body.ops) if op.kind == "barrier")
+    assert [op.kind for op in body.ops[top:]].index("copy") > 0  # it orders the copies
+    cut = replace(body, ops=body.ops[:top] + body.ops[top + 1 :])
+    ops = tuple(replace(op, regions=(cut,)) if op is loop else op for op in kernel.body.ops)
+    races = find_races(replace(kernel, body=replace(kernel.body, ops=ops)))
+    kinds = {(r.message.split()[1], r.other[0].split()[4]) for r in races}
+    assert ("write", "read") in kinds, "the next copy overwrites what the product reads"
+    lines = {span.line for r in races for span in (r.span, r.other[1])}
+    assert lines == {6, 7}  # the two staged loads, each a copy and a read
 
 
 def test_a_read_before_its_async_copy_is_waited_for_races() -> None:

@@ -1,5 +1,6 @@
 """Debug builds: each launch's NaN/Inf sentinel, at the user's line: on the CPU, on
-OpenCL (PoCL) and through the CUDA runtime on the simulated GPU."""
+OpenCL (PoCL), through the CUDA runtime on the simulated GPU, and in a SYCL file's own
+host functions (which throw std::domain_error) on the simulated GPU."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tessera
 from tessera.cli.main import main
 from tessera.runtime.sentinel import NonFiniteError
 
-from .gpusim import simulated_cupy, use_simulator
+from .gpusim import load_sycl, simulated_cupy, use_simulator
 from .test_cuda import needs_gxx
 from .test_opencl import _platform
 
@@ -52,12 +53,13 @@ def _load(target: str, monkeypatch: pytest.MonkeyPatch) -> Any:
         pytest.skip(f"needs pyopencl and PoCL: {_platform()}")
     if target == "cuda":
         use_simulator(monkeypatch, simulated_cupy("sm_80"))
-    return tessera.compile(SOURCE, "dbg.tsr", target=target, debug=True).load()
+    program = tessera.compile(SOURCE, "dbg.tsr", target=target, debug=True)
+    return load_sycl(program) if target == "sycl" else program.load()
 
 
 @pytest.mark.execute
 @needs_gxx
-@pytest.mark.parametrize("target", ["cpu", "opencl", "cuda"])
+@pytest.mark.parametrize("target", ["cpu", "opencl", "cuda", "sycl"])
 def test_the_first_kernel_to_write_nan_is_named(
     target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

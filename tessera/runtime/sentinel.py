@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..transpiler.check.bounds import accessed
 from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
@@ -34,9 +35,8 @@ def raise_fault(bounds: Sequence[Mapping[str, Any]], record: Sequence[int]) -> N
     bad = max(index, extent) if check["whole"] else index
     tile = f" (the tile covers [{index}, {index + size}))" if size > 1 else ""
     raise BoundsError(
-        f"kernel '{check['kernel']}' ({check['line']}): {check['access']} of "
-        f"'{check['tensor']}' out of bounds: index {bad} on axis {check['axis']}, which has "
-        f"{extent} elements{tile}"
+        f"kernel '{check['kernel']}' ({check['line']}): {accessed(check)} out of bounds: "
+        f"index {bad} on axis {check['axis']}, which has {extent} elements{tile}"
     )
 
 

@@ -395,10 +395,23 @@ def simulated_sycl_source(source: str) -> str:
         wrappers.append(
             f'extern "C" void tsr_sim_{match.group(1)}({", ".join(params)}) {{\n'
             f"  sycl::queue tsr_sim_queue;\n"
-            f"  ::{match.group(1)}(tsr_sim_queue, {', '.join(names)});\n}}\n"
+            f"  tsr_sim_error_text.clear();\n"
+            f"  try {{\n"
+            f"    ::{match.group(1)}(tsr_sim_queue, {', '.join(names)});\n"
+            f"  }} catch (const std::out_of_range& e) {{\n"
+            f'    tsr_sim_error_text = std::string("bounds: ") + e.what();\n'
+            f"  }} catch (const std::domain_error& e) {{\n"
+            f'    tsr_sim_error_text = std::string("finite: ") + e.what();\n'
+            f"  }}\n}}\n"
         )
-    head = '#include "gpusim.hpp"\n#include "sycl_sim.hpp"\n'
-    return "\n".join([head, text, *wrappers])
+    # What the last call threw (a debug build's failed check), for the caller to raise.
+    errors = (
+        "static std::string tsr_sim_error_text;\n"
+        'extern "C" const char* tsr_sim_error() { return tsr_sim_error_text.c_str(); }\n'
+    )
+    head = '#include <stdexcept>\n#include <string>\n\n#include "gpusim.hpp"\n'
+    head += '#include "sycl_sim.hpp"\n'
+    return "\n".join([head, text, errors, *wrappers])
 
 
 def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any], host: str) -> Any:
@@ -406,12 +419,23 @@ def _sycl_function(library: ctypes.CDLL, meta: dict[str, Any], host: str) -> Any
     calls its entries (the same checks, addresses and sizes), with the SYCL file's
     scalar types."""
     from tessera.runtime.cpu import CpuFunction
+    from tessera.runtime.sentinel import BoundsError, NonFiniteError
 
     entry = getattr(library, f"tsr_sim_{host}")
-    # No C calls are built for a simulated file (its library counts no warm calls), SYCL
-    # files have no debug checks, and their launches no metrics.
-    library = SimpleNamespace(meta={}, called=lambda: None, check_fault=lambda: None)
-    function = CpuFunction(entry, {**meta, "symbol": f"tsr_sim_{host}", "kernels": []}, library)
+    error = library.tsr_sim_error
+    error.restype = ctypes.c_char_p
+
+    def check_fault() -> None:
+        """A debug build's host function throws std::out_of_range at a failed bounds
+        check and std::domain_error at a sentinel that found NaN or infinity."""
+        kind, _, text = error().decode().partition(": ")
+        if kind:
+            raise {"bounds": BoundsError, "finite": NonFiniteError}[kind](text)
+
+    # No C calls are built for a simulated file (its library counts no warm calls), and
+    # its launches have no metrics.
+    runtime = SimpleNamespace(meta={}, called=lambda: None, check_fault=check_fault)
+    function = CpuFunction(entry, {**meta, "symbol": f"tsr_sim_{host}", "kernels": []}, runtime)
     entry.argtypes = [
         *(_SYCL_SCALARS[_SYCL_TYPES[p["type"]]] if p["kind"] == "scalar" else ctypes.c_void_p
           for p in meta["params"]),

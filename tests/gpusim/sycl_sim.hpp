@@ -54,6 +54,25 @@ inline float fmin(float a, float b) { return std::fmin(a, b); }
 inline bool isnan(float x) { return std::isnan(x); }
 inline bool isinf(float x) { return std::isinf(x); }
 
+// A debug build's fault record is claimed by compare-and-swap; the work-items of a
+// simulated block are fibers that switch only at barriers, so a plain exchange is atomic.
+enum class memory_order { relaxed };
+enum class memory_scope { device };
+
+template <class T, memory_order, memory_scope>
+struct atomic_ref {
+  T& ref;
+  explicit atomic_ref(T& r) : ref(r) {}
+  bool compare_exchange_strong(T& expected, T desired) const {
+    if (ref != expected) {
+      expected = ref;
+      return false;
+    }
+    ref = desired;
+    return true;
+  }
+};
+
 template <class T>
 struct plus {
   T operator()(T a, T b) const { return a + b; }
@@ -176,6 +195,14 @@ struct queue {
   event submit(const Group& group) {
     handler h;
     group(h);
+    return {};
+  }
+  event memcpy(void* to, const void* from, std::size_t bytes) {
+    std::memcpy(to, from, bytes);
+    return {};
+  }
+  event memset(void* p, int value, std::size_t bytes) {
+    std::memset(p, value, bytes);
     return {};
   }
 };

@@ -18,6 +18,7 @@ starts at 0 (an empty axis reads nothing). The backends number the checks they e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Op, Value
 from ..tile.ir import Access, Axis, TileKernel
 
-__all__ = ["AxisCheck", "FAULT", "FAULT_BYTES", "Sites", "axis_checks"]
+__all__ = ["AxisCheck", "FAULT", "FAULT_BYTES", "Sites", "axis_checks", "accessed"]
 
 #: The buffer through which a GPU kernel of a debug build reports a failed check: four
 #: 64-bit words (the check's number + 1, the index, the tile's size, the extent), zero
@@ -81,16 +82,25 @@ class Sites:
     table: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, kernel: TileKernel, op: Op, tensor: Value, check: AxisCheck) -> int:
+        what = {"access": _WHAT.get(op.kind, op.kind), "tensor": tensor.name}
+        return self._add(kernel, op, what | {"axis": check.axis, "whole": check.whole})
+
+    def add_shared(self, kernel: TileKernel, op: Op, buffer: str, axis: int) -> int:
+        """A check of one coordinate of a shared buffer's tile (``shared``): a copy
+        writes it, a read (and the product that takes it) reads it."""
+        access = "write" if op.kind == "copy" else "read"
+        what = {"access": access, "tensor": buffer, "shared": True}
+        return self._add(kernel, op, what | {"axis": axis, "whole": False})
+
+    def _add(self, kernel: TileKernel, op: Op, what: dict[str, Any]) -> int:
         span = op.span or kernel.span  # a returned tile's store: the kernel's line
         line = f"{span.file.rsplit('/', 1)[-1]}:{span.line}" if span is not None else "?"
-        self.table.append(
-            {
-                "kernel": kernel.name,
-                "line": line,
-                "access": _WHAT.get(op.kind, op.kind),
-                "tensor": tensor.name,
-                "axis": check.axis,
-                "whole": check.whole,
-            }
-        )
+        self.table.append({"kernel": kernel.name, "line": line, **what})
         return len(self.table) - 1
+
+
+def accessed(check: Mapping[str, Any]) -> str:
+    """What a check of the metadata's ``bounds`` list guards, as its failure says it:
+    ``load of 'k'``, ``read of shared buffer 'Kb_smem'``."""
+    where = "shared buffer " if check.get("shared") else ""
+    return f"{check['access']} of {where}'{check['tensor']}'"

@@ -3,7 +3,11 @@
 The Tile IR says which tiles a program holds in registers and how long each lives, so
 the estimate is the most words of live owned tiles (a product's, a reduction's, a loop's
 carried values) one thread holds at any op, on top of a base for addresses, sizes,
-indices and loop counters that depends on the kind of kernel (``_base``). A tile of
+indices and loop counters that depends on the kind of kernel (``_base``). An owned tile
+lives until the last use of the lazy values computed from it (attention's scores until
+the softmax that reads them scaled and masked), and an op that makes a new array (the
+probabilities) holds it beside the operands it reads; only an accumulator is updated in
+place. A tile of
 constant size is spread over the program's threads (a 128x128 f32 accumulator over 256
 threads is 64 words each); a per-row vector is repeated across the 16 threads of a row
 of the ``Grid`` (``GRID_COLUMNS``); a tile with a symbolic dim is walked a vector at a
@@ -34,6 +38,9 @@ __all__ = ["estimate_registers"]
 #: registers of the owned values and from memory.
 _OWNED = frozenset({"mma", "dot", "softmax_online", "softmax_accumulate", "sum", "max", "min",
                     "mean", "argmax", "argmin", "cumsum"})  # fmt: skip
+
+#: Owned ops whose result is their accumulator operand, updated in place.
+_IN_PLACE = frozenset({"mma", "softmax_accumulate"})
 
 #: Registers a kernel spends on pointers, sizes, indices and loop counters; on sm_90a a
 #: kernel with a loop (a pipelined one: barriers, tensor maps, wgmma descriptors) keeps
@@ -83,6 +90,7 @@ class _Pressure:
         self.kernel = kernel
         self.takers: dict[int, Op] = {}
         self.fragments: dict[int, int] = {}
+        self.owned = {r.id for op in walk(kernel.body) if op.kind in _OWNED for r in op.results}
 
     def words(self, value: Value) -> int:
         """The registers one thread spends on ``value``."""
@@ -109,6 +117,16 @@ class _Pressure:
                 last[used] = index
         for value in block.yields:
             last[value.id] = len(block.ops)
+        # A lazy value is computed where it is used, from its operands: the owned tiles
+        # it reads stay live until its last use (a product's scores until the softmax
+        # that reads them scaled and masked has made its probabilities).
+        for index in range(len(block.ops) - 1, -1, -1):
+            op = block.ops[index]
+            if op.kind in _OWNED or op.regions:
+                continue
+            end = max((last.get(r.id, -1) for r in op.results), default=-1)
+            for value in op.operands:
+                last[value.id] = max(last.get(value.id, -1), end)
         live: dict[int, int] = {a.id: self.words(a) for a in block.args if a.id in last}
         worst = outside + sum(live.values())
         for index, op in enumerate(block.ops):
@@ -116,14 +134,18 @@ class _Pressure:
             for region in op.regions:
                 across = sum(w for v, w in live.items() if v not in carried)
                 worst = max(worst, self.block(region, outside + across))
-            # Registers of operands that die here hold the results (an accumulator is
-            # updated in place).
-            for value in [v for v in live if last.get(v, -1) <= index]:
-                del live[value]
+            made = {}
             for result in op.results:
                 owned = op.kind in _OWNED or result.id in self.fragments
                 if owned and result.id in last:
-                    live[result.id] = self.words(result)
+                    made[result.id] = self.words(result)
+            # An accumulator is updated in place; other results are new arrays, written
+            # while the operands that die here are still read.
+            if op.kind not in _IN_PLACE:
+                worst = max(worst, outside + sum(live.values()) + sum(made.values()))
+            for value in [v for v in live if last.get(v, -1) <= index]:
+                del live[value]
+            live.update(made)
             worst = max(worst, outside + sum(live.values()))
         return worst
 
@@ -141,8 +163,11 @@ class _Pressure:
             strip = rows // max(1, self.kernel.threads // tx) + cols // tx
         else:
             strip = 0
-        for operand in op.operands[:2]:
-            self.fragments.setdefault(operand.id, strip // 2)
+        # The product's operands: a @ b, or p @ v of online softmax's accumulation.
+        operands = op.operands[3:5] if op.kind == "softmax_accumulate" else op.operands[:2]
+        for operand in operands:
+            if operand.id not in self.owned:  # held in registers already (probabilities)
+                self.fragments.setdefault(operand.id, strip // 2)
 
 
 def _uses(op: Op) -> set[int]:

@@ -11,14 +11,30 @@ found, not the last to pass it on.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
-from ..graph.ir import GraphModule, walk
+from ..graph.ir import GraphModule, Value, walk
 from ..schedule.ir import ScheduleModule
 from ..tile.ir import TileKernel, TileModule
 from .origins import launch_lines
 
-__all__ = ["with_sentinels"]
+__all__ = ["with_sentinels", "sentinel_lines", "written_floats"]
+
+
+def sentinel_lines(graph: GraphModule, module: TileModule) -> dict[str, str]:
+    """Per kernel (by its Tile IR name): the ``.tsr`` line its sentinel names, the first
+    of the user's source that its launch runs."""
+    hosts = tuple(program.host for program in module.programs)
+    file = next((h.span.file for h in hosts if h.span is not None), module.name)
+    line = _first_line(graph, ScheduleModule(module.name, module.target, module.arch, hosts), file)
+    return {k.name: line(k) for program in module.programs for k in program.kernels}
+
+
+def written_floats(kernel: TileKernel) -> list[Value]:
+    """The float tensors among ``kernel``'s parameters that it stores to."""
+    stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+    return [p for p in kernel.params if p.id in stored and p.type.dtype.is_float]
 
 
 def with_sentinels(
@@ -27,13 +43,7 @@ def with_sentinels(
     """``meta`` with a ``sentinel`` in each launch of a kernel that writes a float tensor,
     at the first line of ``file`` (the user's source) that the launch runs."""
     kernels = {k.name: k for program in module.programs for k in program.kernels}
-    origins = launch_lines(graph, sched, file)
-    name = file.rsplit("/", 1)[-1]
-
-    def line(kernel: TileKernel) -> str:
-        lines = origins.get(f"{kernel.function}/{kernel.launch}")
-        return f"{name}:{lines[0]}" if lines else _line(kernel)
-
+    line = _first_line(graph, sched, file)
     meta = copy.deepcopy(meta)
     meta["debug"] = True
     for function in meta["functions"]:
@@ -49,12 +59,26 @@ def with_sentinels(
     return meta
 
 
+def _first_line(
+    graph: GraphModule, sched: ScheduleModule, file: str
+) -> Callable[[TileKernel], str]:
+    """The line of ``file`` a kernel's sentinel names: the first its launch runs."""
+    origins = launch_lines(graph, sched, file)
+    name = file.rsplit("/", 1)[-1]
+
+    def line(kernel: TileKernel) -> str:
+        lines = origins.get(f"{kernel.function}/{kernel.launch}")
+        return f"{name}:{lines[0]}" if lines else _line(kernel)
+
+    return line
+
+
 def _writes(kernel: TileKernel, args: list[str]) -> list[dict[str, str]]:
-    stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+    written = {p.id for p in written_floats(kernel)}
     return [
         {"name": name, "dtype": param.type.dtype.name}
         for param, name in zip(kernel.params, args, strict=False)
-        if param.id in stored and param.type.dtype.is_float
+        if param.id in written
     ]
 
 

@@ -25,13 +25,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..check.bounds import FAULT, FAULT_BYTES
+from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim, parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
 from .simt_dialect import DIALECTS
 
-__all__ = ["host_source", "HostNameClash"]
+__all__ = ["host_source", "HostNameClash", "NON_FINITE"]
 
 #: A kernel may use this much dynamic shared memory without asking for more.
 _DEFAULT_SMEM = 48 * 1024
@@ -235,9 +235,7 @@ def host_source(meta: Mapping[str, Any]) -> str:
 
 def _debug(bounds: Sequence[Mapping[str, Any]], target: str) -> str:
     checks = [
-        f"kernel '{c['kernel']}' ({c['line']}): {c['access']} of '{c['tensor']}' "
-        f"on axis {c['axis']}"
-        for c in bounds
+        f"kernel '{c['kernel']}' ({c['line']}): {accessed(c)} on axis {c['axis']}" for c in bounds
     ]
     table = "\n".join(f'    "{text}",' for text in checks) or '    "",'
     return _DEBUG.format(checks=table, **_API[target])
@@ -319,7 +317,7 @@ def _function(f: Mapping[str, Any], target: str) -> str:
 
 #: The exponent bits of each float dtype: all ones is NaN or infinity (e4m3 has no
 #: infinity, and its NaN is S.1111.111).
-_NON_FINITE = {"f32": 0x7F800000, "tf32": 0x7F800000, "bf16": 0x7F80, "f16": 0x7C00,
+NON_FINITE = {"f32": 0x7F800000, "tf32": 0x7F800000, "bf16": 0x7F80, "f16": 0x7C00,
                "fp8_e5m2": 0x7C, "fp8_e4m3": 0x7F}  # fmt: skip
 
 
@@ -341,7 +339,7 @@ def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
         what = f"kernel '{k['kernel']}' ({k['sentinel']['line']}) wrote to '{w['name']}':"
         lines += [
             f"if (const int failed = tsr_host::check_finite({w['name']}, {c_dim(count)}, "
-            f"{size}, {_NON_FINITE[w['dtype']]:#x}u, \"{what}\", stream))",
+            f"{size}, {NON_FINITE[w['dtype']]:#x}u, \"{what}\", stream))",
             "  return failed;",
         ]
     return lines

@@ -68,6 +68,7 @@ from .simt_persistent import PersistentTiles
 from .simt_tiles import SmemView, TileOps
 from .simt_tma import TensorMap, TmaCopies
 from .single_iteration import without_single_iterations
+from .smem_checks import SharedChecks
 from .tile_constants import tile_constants
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
@@ -151,7 +152,7 @@ def emit_simt_kernel(
     return _Emitter(kernel, dialect, dims, lanes, arena_align, sites).run()
 
 
-class _Emitter(TileOps, TmaCopies, PersistentTiles):
+class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     def __init__(
         self, kernel: TileKernel, dialect: Dialect, dims: tuple[str, ...], lanes: int,
         arena_align: int, sites: Sites | None = None,
@@ -159,6 +160,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles):
         self.kernel = kernel
         self.sites = sites
         self.checked = False
+        self.shared_sites: dict[tuple[int, int], int] = {}
         self.arena_align = arena_align
         self.d = dialect
         self.dims = dims

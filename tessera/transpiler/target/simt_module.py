@@ -17,6 +17,7 @@ from typing import Any
 
 from ...frozen import frozen
 from ..check.bounds import FAULT, FAULT_BYTES, Sites
+from ..check.sentinels import sentinel_lines
 from ..graph.dims import Dim
 from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
@@ -32,7 +33,7 @@ from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 from .simt_tiles import WGMMA_FORMS
-from .sycl_launcher import Launcher, launcher, launcher_view
+from .sycl_launcher import Launcher, debug_host_code, launcher, launcher_view
 from .wrap import wrap_lines
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
@@ -185,9 +186,8 @@ def emit_simt(
 ) -> SimtModule:
     """The module in dialect ``d``. Raises ``NotLowered``, naming the function and where
     it is defined, when a kernel uses an operation the emitter does not lower yet. A
-    ``debug`` build checks each global access's bounds (not in SYCL, whose host
-    functions have no fault record to pass yet)."""
-    sites = Sites() if debug and not d.launched_locals else None
+    ``debug`` build checks each global and shared access's bounds."""
+    sites = Sites() if debug else None
     views: dict[str, _KernelView] = {}
     hw = hardware_for(module.target, module.arch)
     lanes = hw.lanes
@@ -225,9 +225,11 @@ def emit_simt(
     )
     primitives = primitives.strip()
     template = env.get_template("module.j2")
-    launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer)]
+    lines = sentinel_lines(graph, module) if debug and graph is not None and hosts else None
+    launchers = [launcher_view(f) for f in _launchers(module, views, d, hosts, namer, lines)]
+    host_debug = debug_host_code(sites.table) if sites is not None and launchers else ""
     context = dict(d=d, source=module.name, arch=module.arch, kernels=list(views.values()),
-                   launchers=launchers)  # fmt: skip
+                   launchers=launchers, host_debug=host_debug)  # fmt: skip
     code = template.render(header="", **context)
     source = template.render(header=needed(primitives, code, C_SYMBOL).strip(), **context)
     if d.wrapped:
@@ -251,13 +253,15 @@ def _launchers(
     d: Dialect,
     hosts: dict[str, str],
     namer: Namer,
+    sentinels: dict[str, str] | None = None,
 ) -> list[Launcher]:
-    """The host function of each graph function, where the dialect's files have them."""
+    """The host function of each graph function, where the dialect's files have them;
+    ``sentinels`` (a debug build): each kernel's line, for its NaN/Inf sentinel."""
     file_names = frozenset(namer.used)
     return [
         launcher(program, [(views[k.name].name, views[k.name].simt, views[k.name].launch_grid)
                            for k in program.kernels], d, hosts[program.host.function],
-                 file_names)
+                 file_names, sentinels)
         for program in module.programs
         if program.host.function in hosts
     ]  # fmt: skip

@@ -15,7 +15,7 @@ shared scratch array.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import field, replace
 
 from ...frozen import frozen
 from ..graph.dims import Dim
@@ -110,6 +110,8 @@ class SmemView:
     layout: str
     slot: str
     transposed: bool = False
+    #: The ``read`` of the buffer, whose line a debug build's checks of it name.
+    read: Op | None = field(default=None, compare=False, repr=False)
 
     def k_major(self, role: str) -> bool:
         """Whether ``k`` runs along the buffer's rows: operand ``a`` is ``[m, k]`` and
@@ -198,12 +200,17 @@ class TileOps:
             return str((slot.index.constant or 0) % slot.stages)
         return f"({self.c(slot.index)}) % {slot.stages}"
 
-    def smem_element(self, buf: Value, slot: Slot) -> Element:
+    def smem_element(self, buf: Value, slot: Slot, op: Op | None = None) -> Element:
+        """Where an element of a slot lies; ``op`` is the access, which a debug build
+        checks."""
         t: SharedType = buf.type
         layout = self.layouts[buf.id]
         at = self.slot_index(buf, slot)
+        extents = tuple(d.constant for d in t.dims[-2:])
+        name = self.forms[buf.id].name
 
         def element(index: tuple[str, ...]) -> str:
+            index = self.shared_coords(op, name, extents, index)
             i, j = index if len(index) == 2 else ("0", index[0])
             return smem_index(layout, t.dims, t.dtype.bits, at, i, j)
 
@@ -248,7 +255,7 @@ class TileOps:
 
     def copy_elements(self, op: Op) -> None:
         tensor, buf = op.operands
-        place = self.smem_element(buf, op.attr("slot"))
+        place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
         index = self.walk(Flat(tuple(buf.type.dims)))
         offset, condition = self.address(tensor, op.attr("at"), index)
@@ -293,7 +300,7 @@ class TileOps:
         share the loop, so that the compiler keeps one set of addresses."""
         tensor, buf = op.operands
         at: Access = op.attr("at")
-        place = self.smem_element(buf, op.attr("slot"))
+        place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
         per = CHUNK_BYTES * 8 // buf.type.dtype.bits
         *rows, cols = (d.constant for d in buf.type.dims)
@@ -346,7 +353,7 @@ class TileOps:
 
     def op_read(self, op: Op) -> None:
         buf = op.operands[0]
-        place = self.smem_element(buf, op.attr("slot"))
+        place = self.smem_element(buf, op.attr("slot"), op)
         name, dtype = self.forms[buf.id].name, buf.type.dtype.name
         self.lazy(op.result, lambda index: self.d.read(dtype, name, place(index)))
         self.bits[op.result.id] = lambda index: f"{name}[{place(index)}]"
@@ -355,7 +362,7 @@ class TileOps:
         if rows is not None and cols is not None:
             slot = self.slot_index(buf, op.attr("slot"))
             self.views[op.result.id] = SmemView(
-                name, rows, cols, t.dtype.bits, dtype, self.layouts[buf.id], slot
+                name, rows, cols, t.dtype.bits, dtype, self.layouts[buf.id], slot, read=op
             )
 
     def op_barrier(self, op: Op) -> None:
@@ -752,6 +759,7 @@ class TileOps:
         else:
             i, j, trans = f"{k} + lane % 8", mn, "_trans"
         dims = (Dim.const(view.rows), Dim.const(view.cols))
+        i, j = self.shared_coords(view.read, view.name, (view.rows, view.cols), (i, j))
         place = smem_index(view.layout, dims, view.bits, view.slot, i, j)
         self.line(f"tsr_ldmatrix_x{count}{trans}({frag}, {view.name} + {parenthesized(place)});")
 

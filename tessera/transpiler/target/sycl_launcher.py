@@ -11,19 +11,24 @@ frees them. Shared memory is allocated in each launch's command group
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...frozen import frozen
+from ..check.bounds import FAULT, FAULT_BYTES, accessed
+from ..check.sentinels import written_floats
 from ..graph.dims import Dim
 from ..graph.types import TensorType
-from ..tile.ir import TileProgram
+from ..tile.ir import TileKernel, TileProgram
 from .cexpr import c_dim
 from .entry import entry_params, symbols, written
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
+from .simt_host import NON_FINITE
 from .simt_kernel import SimtKernel
 
-__all__ = ["Launcher", "launcher", "LAUNCHER_NAMES"]
+__all__ = ["Launcher", "launcher", "LAUNCHER_NAMES", "debug_host_code"]
 
 #: Names the host functions declare themselves; a parameter never takes one.
 LAUNCHER_NAMES = frozenset({"queue", "cgh", "it", "done", "global", "group", "sycl"})
@@ -45,6 +50,14 @@ class Launch:
     #: The global range (dimension 0 first) and the work-group size.
     global_range: tuple[str, str, str]
     threads: int
+    #: Whether it checks bounds (a debug build): it takes the fault record, which the
+    #: host function reads back after it.
+    checked: bool = False
+    #: A debug build's NaN/Inf sentinel: the kernel and its line, then each float tensor
+    #: it writes: (name, elements, bytes of one, exponent mask, whether it has
+    #: infinities).
+    sentinel: str = ""
+    writes: tuple[tuple[str, str, int, int, bool], ...] = ()
 
 
 @frozen
@@ -63,10 +76,12 @@ def launcher(
     d: Dialect,
     name: str,
     file_names: frozenset[str],
+    sentinels: dict[str, str] | None = None,
 ) -> Launcher:
     """The host function ``name`` of ``program``, whose kernels are printed under the
     given names over the given launch grids; ``file_names`` are the file-scope names
-    that its parameters must not hide."""
+    that its parameters must not hide. ``sentinels`` (a debug build) gives each kernel's
+    ``.tsr`` line, and what it writes is checked for NaN and infinity after it."""
     namer = Namer(file_names | LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS)
     names: dict[str, str] = {}
     inputs = []  # (the declaration before its name, the name)
@@ -90,12 +105,33 @@ def launcher(
     for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):
         args = [names[p.name] for p in kernel.params]
         args += [names[dim] for dim in symbols([p.type for p in kernel.params])]
+        args += [FAULT] if simt.checked else []
         work = _global_range(grid, simt.threads, names)
-        launches.append(Launch(printed, tuple(args), _locals(simt), work, simt.threads))
+        launch = Launch(printed, tuple(args), _locals(simt), work, simt.threads, simt.checked)
+        if sentinels is not None:
+            launch = replace(launch, sentinel=f"kernel '{printed}' ({sentinels[kernel.name]})",
+                             writes=_writes(kernel, names))  # fmt: skip
+        launches.append(launch)
     # an input that no kernel reads keeps its place in the signature, unnamed
     read = {a for launch in launches for a in launch.args}
     params[:0] = [f"{decl} {n}" if n in read else f"{decl} /* {n} */" for decl, n in inputs]
     return Launcher(name, program.host.function, tuple(params), tuple(buffers), tuple(launches))
+
+
+def _writes(
+    kernel: TileKernel, names: dict[str, str]
+) -> tuple[tuple[str, str, int, int, bool], ...]:
+    """Each float tensor ``kernel`` writes, as a sentinel checks it."""
+    out = []
+    for p in written_floats(kernel):
+        count = Dim.const(1)
+        for d in p.type.dims:
+            count = count * d
+        dtype = p.type.dtype.name
+        infinite = dtype != "fp8_e4m3"  # S.1111.111 is its one non-finite value, a NaN
+        out.append((names[p.name], c_dim(count, names), p.type.dtype.bits // 8,
+                    NON_FINITE[dtype], infinite))  # fmt: skip
+    return tuple(out)
 
 
 def _locals(simt: SimtKernel) -> tuple[tuple[str, str, int], ...]:
@@ -134,10 +170,31 @@ def accessor_pointer(name: str, ctype: str) -> str:
 
 
 def launcher_lines(f: Launcher) -> list[str]:
-    """The body of the host function, one statement per line."""
+    """The body of the host function, one statement per line. In a debug build, the
+    fault record is allocated with the intermediates and read back after each launch
+    that checks bounds; a failed check frees them and throws."""
+    buffers = list(f.buffers)
+    if any(launch.checked for launch in f.launches):
+        buffers.append(("long long*", FAULT, str(FAULT_BYTES)))
+    checked = any(launch.checked or launch.sentinel for launch in f.launches)
     lines = [f"{ptype} const {name} = static_cast<{ptype}>(sycl::malloc_device({size}, queue));"
-             for ptype, name, size in f.buffers]  # fmt: skip
+             for ptype, name, size in buffers]  # fmt: skip
+    frees = [f"sycl::free({name}, queue);" for _, name, _ in buffers]
+    if any(launch.checked for launch in f.launches):
+        lines.append(f"queue.memset({FAULT}, 0, {FAULT_BYTES}).wait();")
     lines.append("sycl::event done;")
+    launches = _launch_lines(f)
+    if checked:
+        lines += ["try {", *("  " + line for line in launches), "} catch (...) {"]
+        lines += ["  done.wait();", *("  " + line for line in frees), "  throw;", "}"]
+    else:
+        lines += launches
+    lines.append("done.wait();")
+    return lines + frees
+
+
+def _launch_lines(f: Launcher) -> list[str]:
+    lines = []
     for launch in f.launches:
         lines.append("done = queue.submit([&](sycl::handler& cgh) {")
         lines.append("  cgh.depends_on(done);")
@@ -154,8 +211,12 @@ def launcher_lines(f: Launcher) -> list[str]:
         lines += _call(f"    {launch.kernel}(", args, ");")
         lines.append("  });")
         lines.append("});")
-    lines.append("done.wait();")
-    lines += [f"sycl::free({name}, queue);" for _, name, _ in f.buffers]
+        if launch.checked:
+            lines.append(f"tsr_debug::check_bounds({FAULT}, queue, done);")
+        for name, count, size, mask, infinite in launch.writes:
+            args = [name, count, str(size), f"{mask:#x}u", str(infinite).lower(),
+                    f'"{_quoted(launch.sentinel)}"', f'"{name}"', "queue", "done"]  # fmt: skip
+            lines += _call("tsr_debug::check_finite(", args, ");")
     return lines
 
 
@@ -183,3 +244,95 @@ def launcher_view(f: Launcher) -> dict[str, Any]:
     head = _call(f"inline void {f.name}(", ["sycl::queue& queue", *f.params], ") {", 0)
     return {"name": f.name, "function": f.function, "head": head,
             "body": launcher_lines(f)}  # fmt: skip
+
+
+#: The host functions' part of a debug build: the checks by number, and the read-back.
+_DEBUG = """\
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tsr_debug {{
+
+// What each bounds check of the file is, by its number: the access, the axis, and
+// whether the whole tile must lie inside the axis (an unmasked one) or its start.
+struct Check {{
+  const char* what;
+  int axis;
+  bool whole;
+}};
+
+static const Check bounds_checks[] = {{
+{checks}
+}};
+
+// After a launch of a debug build: its fault record (zero, or the check's number + 1,
+// the index, the tile's size and the extent), read back once the launch is done. A
+// failed check throws std::out_of_range, which says it as the Python runtimes do.
+inline void check_bounds(const long long* fault, sycl::queue& queue, sycl::event& done) {{
+  long long record[4];
+  done.wait();
+  queue.memcpy(record, fault, sizeof record).wait();
+  if (record[0] == 0) return;
+  const Check& check = bounds_checks[record[0] - 1];
+  // An unmasked tile that starts inside the axis fails at its first index past the end.
+  const long long bad = check.whole && record[1] < record[3] ? record[3] : record[1];
+  std::string text = std::string("tessera: ") + check.what + " out of bounds: index " +
+                     std::to_string(bad) + " on axis " + std::to_string(check.axis) +
+                     ", which has " + std::to_string(record[3]) + " elements";
+  if (record[2] > 1)
+    text += " (the tile covers [" + std::to_string(record[1]) + ", " +
+            std::to_string(record[1] + record[2]) + "))";
+  throw std::out_of_range(text);
+}}
+
+// After a launch of a debug build: the `count` elements of `bytes` bytes at `data` (on
+// the device), read back once the launch is done. An element whose exponent bits
+// (`mask`) are all ones is NaN or infinity (where the dtype has infinities): the first
+// throws std::domain_error, which says it as the Python runtimes do.
+inline void check_finite(const void* data, long long count, int bytes, unsigned mask,
+                         bool infinite, const char* launch, const char* name,
+                         sycl::queue& queue, sycl::event& done) {{
+  done.wait();
+  if (count == 0) return;
+  std::vector<unsigned char> host(static_cast<std::size_t>(count * bytes));
+  queue.memcpy(host.data(), data, host.size()).wait();
+  long long first = -1, bad = 0;
+  unsigned found = 0;
+  for (long long i = 0; i < count; ++i) {{
+    unsigned bits = 0;
+    std::memcpy(&bits, host.data() + i * bytes, static_cast<std::size_t>(bytes));
+    if ((bits & mask) == mask) {{
+      if (first < 0) found = bits, first = i;
+      ++bad;
+    }}
+  }}
+  if (bad == 0) return;
+  const unsigned sign = 1u << (bytes * 8 - 1);
+  const char* value = !infinite || (found & ~sign) != mask ? "nan" : found & sign ? "-inf" : "inf";
+  throw std::domain_error(std::string(launch) + " wrote " + value + " to '" + name +
+                          "' at flat index " + std::to_string(first) + " (" +
+                          std::to_string(bad) +
+                          " non-finite values): the first launch of the call to produce one");
+}}
+
+}}  // namespace tsr_debug
+"""
+
+
+def debug_host_code(bounds: Sequence[Mapping[str, Any]]) -> str:
+    """The host functions' debug helpers, for the metadata's list of bounds checks
+    (nothing where there are none)."""
+    if not bounds:
+        return ""
+    lines = []
+    for c in bounds:
+        what = f"kernel '{c['kernel']}' ({c['line']}): {accessed(c)}"
+        lines.append(f'    {{"{_quoted(what)}", {c["axis"]}, {str(c["whole"]).lower()}}},')
+    return _DEBUG.format(checks="\n".join(lines))
+
+
+def _quoted(text: str) -> str:
+    """``text`` to stand between double quotes in C++."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
