@@ -30,6 +30,16 @@ EVERY_TARGET = [
 ]
 
 
+def every_target_beyond(*kept: str) -> list[Any]:
+    """EVERY_TARGET with the targets other than ``kept`` (by id) in the exhaustive tier
+    (make test-exhaustive): for a check whose cause lies in those targets alone."""
+    return [
+        p if p.id in kept else pytest.param(*p.values, marks=[*p.marks, pytest.mark.exhaustive],
+                                           id=p.id)
+        for p in EVERY_TARGET
+    ]  # fmt: skip
+
+
 def load_everywhere(
     source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
     defines: dict[str, int] | None = None,

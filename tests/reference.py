@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import tessera
 from tessera.transpiler.graph.dtypes import DTYPES
@@ -201,10 +202,23 @@ class Case:
     reference: Callable[[dict[str, Any]], dict[str, np.ndarray]]
     #: Relative tolerance (of the largest reference value): bf16 outputs round.
     rtol: float = 2e-2
+    #: Whether the runs on simulated GPUs and the tile interpreter are the exhaustive
+    #: tier's (make test-exhaustive): make test runs the case on the CPU and OpenCL.
+    simulated_exhaustive: bool = False
 
     @property
     def id(self) -> str:
         return f"{self.path.split('/')[-1].removesuffix('.tsr')}:{self.function}"
+
+
+def simulated(cases: tuple[Case, ...]) -> list[Any]:
+    """``cases`` as the parameters of a test that runs them on a simulated GPU or the tile
+    interpreter: those marked ``simulated_exhaustive`` in the exhaustive tier."""
+    return [
+        pytest.param(c, id=c.id, marks=pytest.mark.exhaustive) if c.simulated_exhaustive
+        else pytest.param(c, id=c.id)
+        for c in cases
+    ]  # fmt: skip
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = np.float32,
@@ -331,24 +345,24 @@ CASES = (
                         a["beta1"], a["beta2"], a["eps"], a["weight_decay"]), 1e-5),
     Case("tessera/stdlib/attention_lse.tsr", "attention_lse",
          lambda rng: _attention_backward_inputs(rng, "q", "k"),
-         lambda a: {"out": attention_backward(_with_v(a))["lse"]}, 1e-5),
+         lambda a: {"out": attention_backward(_with_v(a))["lse"]}, 1e-5, True),
     Case("tessera/stdlib/attention_dq.tsr", "attention_dq",
          lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
-         lambda a: {"out": attention_backward(a)["dq"]}, 1e-4),
+         lambda a: {"out": attention_backward(a)["dq"]}, 1e-4, True),
     Case("tessera/stdlib/attention_dk.tsr", "attention_dk",
          lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
-         lambda a: {"out": attention_backward(a)["dk"]}, 1e-4),
+         lambda a: {"out": attention_backward(a)["dk"]}, 1e-4, True),
     Case("tessera/stdlib/attention_dv.tsr", "attention_dv",
          lambda rng: _attention_backward_inputs(rng, "q", "k", "do", "lse"),
-         lambda a: {"out": attention_backward(_with_v(a))["dv"]}, 1e-4),
+         lambda a: {"out": attention_backward(_with_v(a))["dv"]}, 1e-4, True),
     Case("tessera/stdlib/pad.tsr", "pad",
          lambda rng: {"g": _normal(rng, (R, 13)), "like": _normal(rng, (3, C)), "start": 29.0},
-         lambda a: {"out": np.pad(f64(a["g"]), ((0, 0), (29, C - 29 - 13)))}, 1e-7),
+         lambda a: {"out": np.pad(f64(a["g"]), ((0, 0), (29, C - 29 - 13)))}, 1e-7, True),
     Case("tessera/stdlib/softmax_grad.tsr", "softmax_grad",
          lambda rng: {"y": softmax(_normal(rng, (R, C), np.float64)).astype(np.float32),
                       "g": _normal(rng, (R, C))},
          lambda a: {"out": f64(a["y"]) * (f64(a["g"]) - (f64(a["g"]) * f64(a["y"])).sum(
-             axis=-1, keepdims=True))}, 1e-5),
+             axis=-1, keepdims=True))}, 1e-5, True),
     # a large step (lr 0.3), so that the bf16 parameter's rounding (the tolerance) is
     # small beside the update; tests/test_fp32_master.py checks its bits on the CPU
     Case("tessera/stdlib/fused_adam_master.tsr", "fused_adam_master",
@@ -359,7 +373,7 @@ CASES = (
                       "exp_avg_sq": np.abs(_normal(rng, (1100,), scale=0.1)), "lr": 0.3,
                       "step": 3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
                       "weight_decay": 0.1},
-         lambda a: _adam_master(a), 1e-2),
+         lambda a: _adam_master(a), 1e-2, True),
 )  # fmt: skip
 
 

@@ -40,6 +40,7 @@ from .reference import (
     check_case,
     f64,
     low_precision_product_source,
+    simulated,
 )
 
 NVCC = shutil.which("nvcc")
@@ -393,7 +394,7 @@ def test_arguments_reach_the_launches_as_the_metadata_orders_them(
 @pytest.mark.execute
 @needs_gxx
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", simulated(CASES))
 def test_runs_to_the_float64_reference_on_the_simulator(
     case: Case, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -417,23 +418,24 @@ SABOTAGED = {
         "attention:attention", "sm_80", "k_tile_smem = (unsigned short*)(tsr_smem + 32768)",
         "k_tile_smem = (unsigned short*)(tsr_smem + 0)"),
     "a wgmma operand read in the wrong major order": (
-        "gemm:gemm", "sm_90a", "_ss<0, 1>", "_ss<0, 0>"),
+        "gemm:gemm", "sm_90a", "_ss<0,\n            1>", "_ss<0,\n            0>"),
     "a GEMM's last wgmma batch left running": (
         "gemm:gemm", "sm_90a", "  tsr_wgmma_wait<0>();\n", "\n"),
     "a TMA stage's wait on the phase before": (
         "gemm:gemm", "sm_90a", "kb / 4 % 2);", "(kb / 4 + 1) % 2);"),
     "TMA copies whose bytes the barrier is not told of": (
         "gemm:gemm", "sm_90a",
-        "tsr_landed + 1, ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 32768 : 0) : 0);",
+        "tsr_landed + 1,\n"
+        "          ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 32768 : 0) : 0);",
         "tsr_landed + 1, 0);"),
 
     "a TMA box's coordinates outermost first": (
-        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, 256*pid_n + 64, 0)",
-        "&b_map, tsr_landed + 0, 0, 256*pid_n + 64)"),
+        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, BN*pid_n + 64, 0)",
+        "&b_map, tsr_landed + 0, 0, BN*pid_n + 64)"),
     "a causal block on the diagonal taken for one the mask leaves whole": (
-        "attention:attention", "sm_90a", "128*nblk + 127 <= 128*pid_m", "128*nblk <= 128*pid_m"),
+        "attention:attention", "sm_90a", "BN*nblk + 127 <= BM*pid_m", "BN*nblk <= BM*pid_m"),
     "the ragged last key block taken for a whole one": (
-        "attention:flash_attention", "sm_90a", "if (128*nblk + 128 <= S) {", "if (true) {"),
+        "attention:flash_attention", "sm_90a", "if (BN*nblk + 128 <= S) {", "if (true) {"),
     "an fp8 wgmma stepping along k as a 16-bit one does": (
         "mlp:linear_fp8", "sm_90a", "kk < 128; kk += 32)", "kk < 128; kk += 16)"),
     "an ldmatrix of a row-major b without .trans": (

@@ -23,7 +23,7 @@ from tessera.runtime.hip import HipUnavailable
 
 from .conftest import COMPILED_SOURCES, FIXED_HEAD_DIM, ROOT
 from .gpusim import load_hip, simulated_cupy
-from .reference import CASES, Case, check_case, f32_attention_source
+from .reference import CASES, Case, check_case, f32_attention_source, simulated
 from .test_cuda import needs_gxx
 
 HIPCC = shutil.which("hipcc")
@@ -87,7 +87,7 @@ def test_loading_says_that_no_amd_gpu_is_present() -> None:
 
 @pytest.mark.execute
 @needs_gxx
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", simulated(CASES))
 def test_runs_to_the_float64_reference_on_the_simulator(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,7 +29,7 @@ from tessera.transpiler.target.cupy_loader import python_loader
 
 from .conftest import EXAMPLES, ROOT, SOURCES
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
-from .reference import CASES, Case, check_case
+from .reference import CASES, Case, check_case, simulated
 from .test_cuda import ARCHS, GPU_TENSOR_CASES, ON_GPU, needs_gxx, no_gpu
 
 GOLDEN = ROOT / "golden"
@@ -301,7 +301,7 @@ def _loader_module(
 @pytest.mark.execute
 @needs_gxx
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", simulated(CASES))
 def test_loader_runs_to_the_float64_reference_on_the_simulator(
     case: Case, arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

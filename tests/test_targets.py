@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from .conftest import ROOT, SOURCES
-from .everywhere import EVERY_TARGET, load_everywhere
+from .everywhere import EVERY_TARGET, every_target_beyond, load_everywhere
 from .reference import CASES, attention, f64
 
 #: Seed 004's FlashAttention, in f32, as the seed writes its scale.
@@ -180,7 +180,7 @@ def narrow_bf16(q: Tensor["B", "S", 8, bf16], k: Tensor["B", "S", 8, bf16],
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "gfx90a"))
 def test_attention_with_a_head_dim_narrower_than_the_matrix_instruction(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -225,7 +225,7 @@ def _rope(x: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl"))
 def test_rotary_tables_computed_or_sliced_in_the_function(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
