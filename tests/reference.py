@@ -202,8 +202,8 @@ class Case:
     reference: Callable[[dict[str, Any]], dict[str, np.ndarray]]
     #: Relative tolerance (of the largest reference value): bf16 outputs round.
     rtol: float = 2e-2
-    #: Whether the runs on simulated GPUs and the tile interpreter are the exhaustive
-    #: tier's (make test-exhaustive): make test runs the case on the CPU and OpenCL.
+    #: Whether its runs beyond the CPU (OpenCL, the simulated GPUs, the tile interpreter)
+    #: are the exhaustive tier's (make test-exhaustive): make test runs it on the CPU.
     simulated_exhaustive: bool = False
 
     @property
@@ -212,8 +212,8 @@ class Case:
 
 
 def simulated(cases: tuple[Case, ...]) -> list[Any]:
-    """``cases`` as the parameters of a test that runs them on a simulated GPU or the tile
-    interpreter: those marked ``simulated_exhaustive`` in the exhaustive tier."""
+    """``cases`` as the parameters of a test that runs them beyond the CPU: those marked
+    ``simulated_exhaustive`` in the exhaustive tier."""
     return [
         pytest.param(c, id=c.id, marks=pytest.mark.exhaustive) if c.simulated_exhaustive
         else pytest.param(c, id=c.id)

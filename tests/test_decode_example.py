@@ -23,7 +23,9 @@ from .conftest import ROOT
 from .reference import rmsnorm, rotary
 from .test_cuda import needs_gxx
 
-pytestmark = [pytest.mark.execute, needs_gxx]
+# Two layers through prefill and decode steps, compiled once: the exhaustive tier's
+# (make test-exhaustive); tests/test_kvcache.py checks the cache and the kernel in make test.
+pytestmark = [pytest.mark.execute, pytest.mark.exhaustive, needs_gxx]
 
 BATCH, WIDTH, HEADS, KV_HEADS, DIM, HIDDEN = 2, 256, 4, 2, 64, 512
 EPS = 1e-5

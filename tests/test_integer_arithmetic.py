@@ -102,6 +102,7 @@ def test_the_floor_helpers_build_with_nvrtc() -> None:
 
 
 @pytest.mark.compile
+@pytest.mark.exhaustive
 @needs_sycl_headers
 def test_the_floor_helpers_parse_as_sycl_warning_free(tmp_path: Path) -> None:
     check_syntax(

@@ -38,6 +38,7 @@ from .reference import (
     layernorm,
     low_precision_product_source,
     rmsnorm,
+    simulated,
     softmax,
 )
 
@@ -57,7 +58,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", simulated(CASES))
 def test_runs_to_the_float64_reference(case: Case) -> None:
     """Every example and library kernel: products, online softmax, norms, rotary."""
     check_case(case, "opencl")

@@ -64,8 +64,8 @@ def _compile(target: str, arch: str | None, dtype: str) -> Any:
     ("target", "arch", "dtype"),
     [
         pytest.param("opencl", None, "f32", marks=needs_opencl, id="opencl"),
-        pytest.param("cuda", "sm_80", "bf16", id="cuda-ldmatrix"),
-        pytest.param("sycl", None, "f32", id="sycl"),
+        pytest.param("cuda", "sm_80", "bf16", id="cuda-ldmatrix", marks=pytest.mark.exhaustive),
+        pytest.param("sycl", None, "f32", id="sycl", marks=pytest.mark.exhaustive),
     ],
 )
 def test_a_read_past_a_shared_tile_is_caught(

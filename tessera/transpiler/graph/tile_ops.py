@@ -518,5 +518,13 @@ def range_extent(call: OpCall) -> tuple[Dim, Dim, str | None]:
     else:
         extent = call.dim("extent")
     block = call.dim("block")
+    if block.constant is None and not all(name.startswith("T.") for name in block.symbols()):
+        # a block's tiles are staged in shared memory, whose size a kernel fixes
+        raise call.error(
+            f"the block must be known when the kernel compiles, a number or a tile size "
+            f"(T.k, T.n), not {call.ev('block').text}; the extent comes first: "
+            "tile.range_n(extent, block)",
+            at="block",
+        )
     prefetch = str(call.dim("prefetch")) if call.given("prefetch") else None
     return extent, block, prefetch
