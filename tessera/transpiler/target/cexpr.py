@@ -9,7 +9,15 @@ from typing import Any
 from ..graph.dims import Dim
 from ..graph.dtypes import SATURATION, DType
 
-__all__ = ["c_dim", "c_factor", "c_float", "saturated", "integer_variant", "MAX_INLINED_OPS"]
+__all__ = [
+    "c_dim",
+    "c_factor",
+    "c_float",
+    "saturated",
+    "integer_variant",
+    "param_name",
+    "MAX_INLINED_OPS",
+]
 
 #: The most elementwise ops that one expression of generated code holds: a longer chain
 #: is computed into an array every so many ops, so that each expression, and the time
@@ -92,3 +100,9 @@ def integer_variant(op: Any) -> str:
     dtype = getattr(op.results[0].type, "dtype", None)
     integer = dtype is not None and not dtype.is_float and dtype.name != "bool"
     return "_int" if op.kind in ("floordiv", "mod") and integer else ""
+
+
+def param_name(name: str, read: bool) -> str:
+    """A parameter's name as a signature prints it: in a comment where the function never
+    reads it, which keeps the parameter's place without an unused-parameter warning."""
+    return name if read else f"/* {name} */"

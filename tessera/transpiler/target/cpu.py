@@ -20,7 +20,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Function, GraphModule, result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
-from .cexpr import c_dim
+from .cexpr import c_dim, param_name
 from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
 from .cpu_mpi import Collectives, mesh_meta
 from .entry import entry_params, signature_meta, symbols, written
@@ -141,7 +141,7 @@ class _FunctionView:
         for name, t in params:
             # an input that no kernel reads (a gradient that does not need it, a scalar
             # not used yet) keeps its place in the entry, unnamed
-            arg = c_name[name] if name in read else f"/* {c_name[name]} */"
+            arg = param_name(c_name[name], name in read)
             if isinstance(t, TensorType):
                 const = "" if name in results or written(program, name) else "const "
                 decls.append(f"{const}{C_TYPES[t.dtype.name]}* {arg}")

@@ -29,7 +29,7 @@ from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType, TileType
 from ..tile.ir import Access, Live, SharedType, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, saturated
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, param_name, saturated
 from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
@@ -85,7 +85,7 @@ class CParam:
 
     def declared(self, named: bool) -> str:
         """The declaration, the name in a comment where the function does not read it."""
-        name = self.name if named else f"/* {self.name} */"
+        name = param_name(self.name, named)
         if self.kind == "tensor":
             return f"{'' if self.written else 'const '}{self.c_type}* {name}"
         return f"const {self.c_type} {name}"

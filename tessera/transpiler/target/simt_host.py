@@ -28,7 +28,7 @@ from typing import Any
 from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim, parse_dim
 from ..graph.dtypes import DTYPES
-from .cexpr import c_dim
+from .cexpr import c_dim, param_name
 from .simt_dialect import DIALECTS
 
 __all__ = ["host_source", "HostNameClash", "NON_FINITE"]
@@ -297,7 +297,7 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     read = set(re.findall(r"\w+", body))
     params = []
     for p in f["params"]:
-        shown = p["name"] if p["name"] in read else f"/* {p['name']} */"
+        shown = param_name(p["name"], p["name"] in read)
         if p["kind"] == "scalar":
             params.append(f"{_C_SCALARS[p['type']]} {shown}")
         else:

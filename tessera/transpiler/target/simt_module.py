@@ -23,7 +23,7 @@ from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
-from .cexpr import c_dim
+from .cexpr import c_dim, param_name
 from .cpu_mpi import mesh_meta
 from .cuda_nccl import nccl_host_code, nccl_meta
 from .entry import signature_meta, symbols
@@ -170,7 +170,7 @@ def _operand(dim: Dim, sizes: dict[str, str]) -> str:
 
 
 def _param_decl(p: Any, d: Dialect, named: bool = True) -> str:
-    name = p.name if named else f"/* {p.name} */"
+    name = param_name(p.name, named)
     if p.kind == "tensor":
         const = "" if p.written else "const "
         return d.pointer.format(const=const, type=d.storage[p.dtype], name=name)

@@ -21,7 +21,7 @@ from ..check.sentinels import written_floats
 from ..graph.dims import Dim
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileProgram
-from .cexpr import c_dim
+from .cexpr import c_dim, param_name
 from .entry import entry_params, symbols, written
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
@@ -114,7 +114,7 @@ def launcher(
         launches.append(launch)
     # an input that no kernel reads keeps its place in the signature, unnamed
     read = {a for launch in launches for a in launch.args}
-    params[:0] = [f"{decl} {n}" if n in read else f"{decl} /* {n} */" for decl, n in inputs]
+    params[:0] = [f"{decl} {param_name(n, n in read)}" for decl, n in inputs]
     return Launcher(name, program.host.function, tuple(params), tuple(buffers), tuple(launches))
 
 
