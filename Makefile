@@ -24,11 +24,11 @@ EXHAUSTIVE_CORE_MINUTES := 21
 CORES := $(shell nproc 2>/dev/null || echo 1)
 test: $(STAMP) lint
 	@echo "make test: about $$(( ($(TEST_CORE_MINUTES) + $(CORES) - 1) / $(CORES) )) minutes on $(CORES) cores"
-	$(BIN)/python -m pytest -n $(CORES) -m "not exhaustive" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(CORES) --dist loadgroup -m "not exhaustive" $(PYTEST_ARGS)
 
 test-exhaustive: $(STAMP)
 	@echo "make test-exhaustive: about $$(( ($(EXHAUSTIVE_CORE_MINUTES) + $(CORES) - 1) / $(CORES) )) minutes on $(CORES) cores"
-	$(BIN)/python -m pytest -n $(CORES) -m exhaustive $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(CORES) --dist loadgroup -m exhaustive $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/black --check tessera tests bench examples

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -62,6 +63,29 @@ settings.load_profile("ci")
 RUN_CACHE = Path(tempfile.gettempdir()) / f"tessera-tests-{os.getpid()}"
 if "TESSERA_CACHE_DIR" not in os.environ:
     os.environ["TESSERA_CACHE_DIR"] = str(RUN_CACHE)
+
+
+#: Test modules whose tests share a module-scoped build per parameter (the file of every
+#: library function, built for each target: g++ spends a minute on the CPU's), by the
+#: test id's brackets: under ``--dist loadgroup`` each such group runs on one xdist
+#: worker, which builds once, while the other runs other tests.
+SHARED_BUILDS = ("tests/test_library_kernels.py::",)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` grouping SHARED_BUILDS by parameter: xdist's own
+    ``xdist_group`` mark renames the test ids, which pytest 9 no longer lets it do."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedBuilds(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(SHARED_BUILDS) and nodeid.endswith("]"):
+                return nodeid.split("::")[0] + nodeid[nodeid.index("[") :]
+            return nodeid
+
+    return SharedBuilds(config, log)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

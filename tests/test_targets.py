@@ -148,6 +148,20 @@ def scaled(x: Tensor["N", f32], s: float, y: Tensor["N", f32], n: int, *,
 """
 
 
+def test_a_name_in_a_comment_or_a_string_is_not_a_use() -> None:
+    """Whether a parameter is named in a signature follows the names the code reads; a
+    quoted ``.tsr`` line or a debug message cites names it may never read, which named
+    the parameter and warned under -Wunused-parameter."""
+    from tessera.transpiler.target.cexpr import names_used
+
+    code = [
+        "  // scaled.tsr:4: return x * 2.0  # y is for later",
+        '  out[i] = x[i] * 2.0f;  /* eps: "unused" */',
+        '  tsr_fail("index of s out of bounds: \\"n\\"", i);  // a "quoted" n',
+    ]
+    assert names_used(code) == {"out", "i", "x", "2", "0f", "tsr_fail"}
+
+
 @pytest.mark.execute
 @pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sycl"))
 def test_unused_parameters_keep_their_place_in_the_signature(

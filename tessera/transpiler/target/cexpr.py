@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -16,6 +18,7 @@ __all__ = [
     "saturated",
     "integer_variant",
     "param_name",
+    "names_used",
     "MAX_INLINED_OPS",
 ]
 
@@ -100,6 +103,17 @@ def integer_variant(op: Any) -> str:
     dtype = getattr(op.results[0].type, "dtype", None)
     integer = dtype is not None and not dtype.is_float and dtype.name != "bool"
     return "_int" if op.kind in ("floordiv", "mod") and integer else ""
+
+
+#: What does not name a C variable: a string literal, a block comment, a line comment
+#: (a quoted ``.tsr`` line, ``// y = x @ w``, cites names that the code may never read).
+_NOT_CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*', re.S)
+
+
+def names_used(code: Iterable[str]) -> set[str]:
+    """The words of generated lines of C, outside comments and string literals: the
+    names they may read, which decide whether a parameter is named or commented out."""
+    return set(re.findall(r"\w+", _NOT_CODE.sub(" ", "\n".join(code))))
 
 
 def param_name(name: str, read: bool) -> str:

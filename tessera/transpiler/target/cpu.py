@@ -11,7 +11,6 @@ file uses are inlined (``header.py``), so it builds with no include path.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ...frozen import frozen
@@ -20,7 +19,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Function, GraphModule, result_names, walk
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
-from .cexpr import c_dim, param_name
+from .cexpr import c_dim, names_used, param_name
 from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
 from .cpu_mpi import Collectives, mesh_meta
 from .entry import entry_params, signature_meta, symbols, written
@@ -54,21 +53,16 @@ class CpuModule:
     meta: dict[str, Any]
 
 
-def _used(name: str, text: str) -> bool:
-    return re.search(rf"\b{re.escape(name)}\b", text) is not None
-
-
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
     def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
         dims = symbols([p.type for p in kernel.params])
         self.c: CKernel = emit_kernel(kernel, dims, name, sites)
-        # The code, without its source comments: a size named in a quoted line of .tsr
-        # ("B" in reshape("B", "T", 256)) is not a use.
-        code = [line for line in self.c.body if not line.lstrip().startswith("//")]
-        body_text = "\n".join((*code, *self.c.storage, self.c.scratch))
-        grid_text = " ".join(extent for _, extent, _ in self.c.grid)
+        # The names the code reads, outside its source comments: a size named in a quoted
+        # line of .tsr ("B" in reshape("B", "T", 256)) is not a use.
+        body_names = names_used((*self.c.body, *self.c.storage, self.c.scratch))
+        grid_names = body_names | names_used(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
         self.source = _origin(kernel)
         self.grid = self.c.grid
@@ -77,12 +71,12 @@ class _KernelView:
         self.constants = self.c.constants
         self.scratch = self.c.scratch
         sizes = self.c.sizes
-        used_dims = [sizes[d] for d in dims if _used(sizes[d], body_text)]
-        launch_dims = [d for d in dims if _used(sizes[d], body_text + " " + grid_text)]
-        pids = [pid for pid, _, _ in self.c.grid if _used(pid, body_text)]
+        used_dims = [sizes[d] for d in dims if sizes[d] in body_names]
+        launch_dims = [d for d in dims if sizes[d] in grid_names]
+        pids = [pid for pid, _, _ in self.c.grid if pid in body_names]
         tensors = [p.decl for p in self.c.params]
         # a tensor whose data the program never reads (pad's ``like``) is unnamed there
-        read = [p.declared(_used(p.name, body_text)) for p in self.c.params]
+        read = [p.declared(p.name in body_names) for p in self.c.params]
         self.program_params = [*read, *(f"const tsr::i64 {d}" for d in (*used_dims, *pids))]
         self.program_args = [p.name for p in self.c.params] + used_dims + pids
         self.launch_params = [*tensors, *(f"const tsr::i64 {sizes[d]}" for d in launch_dims)]
@@ -176,8 +170,8 @@ class _FunctionView:
         if collectives is not None and collectives.groups:
             body[:0] = collectives.setup()
         self.collective = collectives is not None and bool(collectives.groups)
-        text = "\n".join(body)
-        body += [f"static_cast<void>({d});" for d in sizes.values() if not _used(d, text)]
+        used = names_used(body)
+        body += [f"static_cast<void>({d});" for d in sizes.values() if d not in used]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
 

@@ -21,14 +21,13 @@ leaves it out. ``docs/runtime.md`` documents the entries.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim, parse_dim
 from ..graph.dtypes import DTYPES
-from .cexpr import c_dim, param_name
+from .cexpr import c_dim, names_used, param_name
 from .simt_dialect import DIALECTS
 
 __all__ = ["host_source", "HostNameClash", "NON_FINITE"]
@@ -294,7 +293,7 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     ]
     body = "".join(f"  {line}\n" for line in lines if line)
     # an input that no kernel reads keeps its place in the signature, unnamed
-    read = set(re.findall(r"\w+", body))
+    read = names_used([body])
     params = []
     for p in f["params"]:
         shown = param_name(p["name"], p["name"] in read)

@@ -12,7 +12,6 @@ inlined, so it builds alone. Everything that differs between the targets is the
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ...frozen import frozen
@@ -23,7 +22,7 @@ from ..graph.ir import GraphModule, walk
 from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
-from .cexpr import c_dim, param_name
+from .cexpr import c_dim, names_used, param_name
 from .cpu_mpi import mesh_meta
 from .cuda_nccl import nccl_host_code, nccl_meta
 from .entry import signature_meta, symbols
@@ -78,7 +77,7 @@ class _KernelView:
         self.dims = symbols([p.type for p in kernel.params])
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed
-        read = set(re.findall(r"\w+", "\n".join((*simt.prologue, *simt.body))))
+        read = names_used((*simt.prologue, *simt.body))
         self.params = [_param_decl(p, d, p.name in read) for p in simt.params]
         self.params += [f"const {d.index_type} {simt.sizes[dim]}" for dim in self.dims]
         self.params += [
@@ -95,20 +94,20 @@ class _KernelView:
         self.static_smem_bytes = simt.static_smem_bytes
         self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
         self.launch_grid = _launch_grid(simt.grid)
-        text = "\n".join(simt.body)
+        body_names = names_used(simt.body)
         reverse = _longest_last(kernel, simt)
         self.pids = [
             f"const {d.index_type} {pid} = {index};"
             + ("  // the last rows first: they run the most blocks" if reverse and i == 0 else "")
             for i, (pid, index) in enumerate(_program_ids(simt.grid, d, simt.sizes, reverse))
-            if re.search(rf"\b{pid}\b", text) and not kernel.persistent  # each tile's own
+            if pid in body_names and not kernel.persistent  # each tile's own
         ]
         self.persistent = kernel.persistent
         # A size that only the grid's extent needs is still a parameter, so that every
         # launch passes the function's sizes alike. The comments quote the .tsr source,
         # whose sizes are no uses (``reshape("B", "S", C)``).
-        code = re.sub(r"//.*", "", "\n".join((*simt.prologue, *self.pids, text)))
-        self.unused = [s for s in simt.sizes.values() if not re.search(rf"\b{s}\b", code)]
+        used = body_names | names_used((*simt.prologue, *self.pids))
+        self.unused = [s for s in simt.sizes.values() if s not in used]
 
 
 def _launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]]:
