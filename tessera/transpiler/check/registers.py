@@ -61,9 +61,10 @@ _IN_PLACE = frozenset({"mma", "softmax_accumulate"})
 _BASE = 32
 _LOOP_BASE = {"sm_90a": 40}
 #: What an elementwise kernel over 1-D tiles spends besides its tensors' addresses and
-#: loaded vectors: the thread's index, its program's 64-bit offset, and the 64-bit bound
-#: of each element it checks (ptxas's live peak on ``train_step_k5``, a copy, is 16
-#: registers of which 4 are its two addresses and 1 its loaded element; it reports 22).
+#: loaded vectors: the thread's index, its program's 64-bit offset and the 64-bit
+#: counter and bound of its walk over the elements (on ``train_step_k5``, a copy of one
+#: tensor into another, ptxas's live peak is 16 registers, 4 of them the two addresses;
+#: it reports 22: ptxas's count is a few above its live peak, for aligned 64-bit pairs).
 _FLAT_INDEX = 12
 _REGISTER_FILE = 65536
 #: Warps in a wgmma warpgroup.
