@@ -25,6 +25,7 @@ from .conftest import EXAMPLES
 from .gpusim import load_hip, load_sycl, simulated_cupy, use_simulator
 from .test_cuda import needs_gxx
 from .test_hip import HIPCC
+from .test_loader import _loader_module, assert_formatted
 from .test_opencl import _platform
 from .test_sycl import check_syntax, needs_sycl_headers
 
@@ -103,6 +104,31 @@ def test_an_index_past_the_end_is_caught_on_the_simulated_gpu(
     program = tessera.compile(SOURCE, "oob.tsr", target=target, arch=arch, defines=["L=8"],
                               debug=True)  # fmt: skip
     _caught(load_gpu(program))
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_the_python_loader_of_a_debug_build_raises_at_the_tsr_line(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``--python-loader`` module, which a project runs without Tessera, reads the
+    fault record after each launch and raises its own ``BoundsError`` (an
+    ``IndexError``) with the runtime's text; in range it computes the sum."""
+    cupy = simulated_cupy(arch)
+    use_simulator(monkeypatch, cupy)
+    program = tessera.compile(SOURCE, "oob.tsr", target="cuda", arch=arch, defines=["L=8"],
+                              debug=True)  # fmt: skip
+    module = _loader_module(program, tmp_path, cupy, monkeypatch)
+    assert_formatted(tmp_path / "k_loader.py")  # its checks' table too, as black prints it
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((8, 5)).astype(np.float32) for _ in range(2))
+    np.testing.assert_array_equal(module.shifted(cupy.asarray(q), cupy.asarray(k)).get(), q + k)
+    long_q = cupy.asarray(rng.standard_normal((13, 5)).astype(np.float32))
+    with pytest.raises(IndexError, match=MESSAGE) as caught:
+        module.shifted(long_q, cupy.asarray(k))
+    assert type(caught.value).__name__ == "BoundsError"
+    np.testing.assert_array_equal(module.shifted(cupy.asarray(q), cupy.asarray(k)).get(), q + k)
 
 
 @pytest.mark.compile

@@ -19,7 +19,7 @@ import tessera
 from tessera.cli.main import main
 from tessera.transpiler.target.nvrtc import NvrtcError, Resources, build, parse_report
 
-from .conftest import ROOT
+from .conftest import COMPILED_SOURCES, ROOT
 from .test_cuda import ARCHS, CUOBJDUMP, cuobjdump, needs_nvrtc
 
 REPORT = """\
@@ -83,21 +83,28 @@ def test_the_report_is_what_the_cubin_holds(path: str, arch: str, tmp_path: Path
         got = (r["registers"], r["stack_frame_bytes"], r["shared_bytes"] + reserved)
         assert got == (u["REG"], u["STACK"], u["SHARED"]), name
         assert r["spill_store_bytes"] == r["spill_load_bytes"] == u["LOCAL"] == 0, name
-    _check_register_estimates(meta)
 
 
-#: How far the Tile IR's register estimate may be from ptxas's count (the goal is 15%;
-#: bench/registers.py measures every example).
-REGISTER_TOLERANCE = 0.35
+#: How far the Tile IR's register estimate may be from ptxas's count: the largest error
+#: over every example and library kernel on sm_80 and sm_90a is 31% (the goal is 15%;
+#: bench/registers.py measures them all, most within it).
+REGISTER_TOLERANCE = 0.32
 
 
-def _check_register_estimates(meta: dict) -> None:
-    """The estimate in ``analysis`` against ptxas's count, from the same build."""
-    counted = meta["resources"]["kernels"]
+@pytest.mark.compile
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("path", COMPILED_SOURCES)
+def test_the_register_estimate_is_near_ptxas_count(path: str, arch: str) -> None:
+    """Every kernel of every example (and, in the exhaustive tier, of every library
+    file), each arch: the estimate within REGISTER_TOLERANCE of what ptxas allocates."""
+    program = tessera.compile_file(ROOT / path, target="cuda", arch=arch)
+    meta = program.ir("meta")
+    counted = build(program.source, arch, meta["build"]["options"]).resources
+    assert meta["analysis"]
     for entry in meta["analysis"]:
-        estimate, registers = entry["registers_estimate"], counted[entry["kernel"]]["registers"]
+        estimate, registers = entry["registers_estimate"], counted[entry["kernel"]].registers
         error = (estimate - registers) / registers
-        print(f"{entry['kernel']}: estimate {estimate}, ptxas {registers}, {error:+.0%}")
         assert abs(error) <= REGISTER_TOLERANCE, (entry["kernel"], estimate, registers)
 
 

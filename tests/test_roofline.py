@@ -1,7 +1,8 @@
 """Roofline hints and register estimates in ``--emit meta`` (``analysis``).
 
-The estimates are checked against ptxas's count in ``test_nvrtc.py``, from the build
-that test makes anyway; ``bench/registers.py`` measures every example.
+The estimates are checked against ptxas's count in ``test_nvrtc.py`` (every example's
+and library file's kernels); ``bench/registers.py`` reports the errors. Here, the terms
+that the count alone would not show were lost.
 """
 
 from __future__ import annotations
@@ -65,3 +66,24 @@ def test_loops_multiply_their_body() -> None:
     flops = kernel_cost(kernel).flops.value({"BH": 1, "S": 1024, "D": 128})
     products = 2 * 2 * 1024 * 1024 * 128
     assert products < flops < 1.1 * products
+
+
+def _estimates(path: str, arch: str) -> dict[str, int]:
+    program = tessera.compile_file(ROOT / path, target="cuda", arch=arch)
+    return {e["kernel"]: e["registers_estimate"] for e in program.ir("meta")["analysis"]}
+
+
+def test_a_warp_specialized_kernel_is_given_its_launch_bounds_share() -> None:
+    """setmaxnreg hands registers between the warpgroups out of what the block got at
+    launch, so ptxas allocates 65536 / 384 rounded down to 8 (168), whatever the
+    consumers' tiles need (64 accumulators here)."""
+    found = _estimates("examples/schedules.tsr", "sm_90a")
+    assert found["gemm_bias_relu"] == 168
+    assert found["gemm"] < 168  # the same product without a producer warpgroup
+
+
+def test_an_operand_wgmma_cannot_read_costs_mma_sync_fragments() -> None:
+    """w8a16's weights are widened from i8 in registers, so its product runs on
+    mma.sync on sm_90a too: beside the 128 accumulators, b's fragments of the warp's
+    256 columns (64 registers), which a descriptor read would not cost."""
+    assert _estimates("examples/quant_linear.tsr", "sm_90a")["w8a16"] >= 128 + 64

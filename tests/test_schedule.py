@@ -10,7 +10,7 @@ import tessera
 from tessera.transpiler.graph.dims import Dim
 from tessera.transpiler.graph.dtypes import DTYPES
 from tessera.transpiler.graph.types import TensorType
-from tessera.transpiler.schedule.hardware import hardware_for
+from tessera.transpiler.schedule.hardware import covers, hardware_for
 from tessera.transpiler.schedule.ir import Buffer, HostProgram, ScheduleModule
 from tessera.transpiler.schedule.verify import ScheduleVerifyError, verify_schedule
 
@@ -232,3 +232,22 @@ def test_a_tile_size_the_schedule_does_not_size_is_an_error(
     (message,) = errors(text, target)
     assert message.startswith(f"{size} has no size in 'f': the schedule sizes it only as ")
     assert message.endswith("Load the whole axis instead (cols= left out)")
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "warps", "covered"),
+    [
+        (128, 128, (1, 1), True),
+        (128, 128, (2, 4), True),  # warp parts 64 x 32: 4 x 4 of m16n8
+        (64, 16, (1, 1), True),
+        (64, 16, (1, 4), False),  # warp parts 64 x 4: narrower than n8
+        (40, 64, (1, 1), False),  # 40 rows: not whole m16 tiles
+        (48, 64, (2, 1), False),  # warp parts of 24 rows
+    ],
+)
+def test_an_instructions_tiles_cover_a_tile_only_in_whole_tiles_per_warp(
+    rows: int, cols: int, warps: tuple[int, int], covered: bool
+) -> None:
+    """The one coverage rule that the schedule's resources, legalization and the SIMT
+    lowering share (m16n8, mma.sync's tile)."""
+    assert covers((16, 8, 16), rows, cols, warps) is covered

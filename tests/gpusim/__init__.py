@@ -340,6 +340,7 @@ def simulated_cupy(arch: str, sanitize: bool = False, multiprocessors: int = 4) 
         float32=np.float32,
         asarray=_asarray,
         empty=lambda shape, dtype: DeviceArray(_poisoned(shape, dtype)),
+        zeros=lambda shape, dtype: DeviceArray(np.zeros(shape, dtype)),
     )
 
 

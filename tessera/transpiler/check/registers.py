@@ -7,29 +7,42 @@ indices and loop counters that depends on the kind of kernel (``_base``). An own
 lives until the last use of the lazy values computed from it (attention's scores until
 the softmax that reads them scaled and masked), and an op that makes a new array (the
 probabilities) holds it beside the operands it reads; only an accumulator is updated in
-place. A tile of
-constant size is spread over the program's threads (a 128x128 f32 accumulator over 256
-threads is 64 words each); a per-row vector is repeated across the 16 threads of a row
-of the ``Grid`` (``GRID_COLUMNS``); a tile with a symbolic dim is walked a vector at a
-time and holds one vector. An operand that a matrix instruction reads from shared memory
-costs the fragments of one k step: ``mma.sync`` keeps a strip of ``a`` (4 registers
-per 16 rows of the warp's tile) and one ``b`` fragment, the FMA loop a column of its
-``Grid`` block of ``a`` and a row of ``b``, ``wgmma`` none. The compiler
-caps what a thread may hold at what ``__launch_bounds__`` leaves it (a 384-thread
-block that must fit once per multiprocessor: 168), and so does the estimate.
+place. A tile of constant size is spread over the program's threads (a 128x128 f32
+accumulator over 256 threads is 64 words each); a row vector lives in the threads of
+its rows: the 16 threads of a row of the ``Grid`` (``GRID_COLUMNS``), or, beside a
+matrix instruction's fragments, 2 rows of every 16 of the warp's; a tile with a
+symbolic dim is walked a vector at a time and holds one vector.
 
-It is a model, checked against ptxas on the examples (``bench/registers.py``,
-``tests/test_nvrtc.py``), for the inspector and ``--emit meta`` to show where a
-schedule presses on registers: not a count.
+An operand that a matrix instruction reads from shared memory costs the registers of
+one k step, as the generated code reads it: ``mma.sync`` a strip of ``a`` (4 registers
+per 16 rows of the warp's tile) and ``b``'s fragments for all the warp's columns (2 per
+8, loaded ahead of the unrolled walk over them); ``wgmma`` nothing for an operand it
+reads through a descriptor, and for an ``a`` in registers its fragments of every step
+of the tile, which the batch reads while it runs (an operand that is not a read of a
+128-byte-swizzled buffer in the instruction's dtype, such as w8a16's widened weights,
+runs on ``mma.sync``); the FMA loop a column of its ``Grid`` block of ``a`` and a row of
+``b``. An operand computed from registers (attention's ``ds`` in its backward pass) is
+made into an array and staged through shared memory, and each of its elements loads the
+tensors of its chain (a row's logsumexp) into a register of its own. The compiler caps
+what a thread may hold at what ``__launch_bounds__`` leaves it, and so does the
+estimate; a warp-specialized kernel (a producer warpgroup that hands registers to the
+consumers with ``setmaxnreg``) is given that whole share, which ptxas reports.
+
+It is a model, checked against ptxas on the examples and the library
+(``bench/registers.py``, ``tests/test_nvrtc.py``), for the inspector and ``--emit
+meta`` to show where a schedule presses on registers: not a count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.rewrite import block_uses
-from ..graph.types import TileType
+from ..graph.types import TensorType, TileType
 from ..schedule.hardware import GRID_COLUMNS, Hardware
 from ..tile.ir import Mma, TileKernel
+from ..tile.rewrite import producers
 
 __all__ = ["estimate_registers"]
 
@@ -44,18 +57,30 @@ _IN_PLACE = frozenset({"mma", "softmax_accumulate"})
 
 #: Registers a kernel spends on pointers, sizes, indices and loop counters; on sm_90a a
 #: kernel with a loop (a pipelined one: barriers, tensor maps, wgmma descriptors) keeps
-#: more; one without loops that walks only 1-D tiles needs one index and its tensors'
-#: addresses.
+#: more.
 _BASE = 32
 _LOOP_BASE = {"sm_90a": 40}
-_FLAT_BASE = 24
+#: What an elementwise kernel over 1-D tiles spends besides its tensors' addresses and
+#: loaded vectors: the thread's index, its program's 64-bit offset and the 64-bit
+#: counter and bound of its walk over the elements (on ``train_step_k5``, a copy of one
+#: tensor into another, ptxas's live peak is 16 registers, 4 of them the two addresses;
+#: it reports 22: ptxas's count is a few above its live peak, for aligned 64-bit pairs).
+_FLAT_INDEX = 12
 _REGISTER_FILE = 65536
+#: Warps in a wgmma warpgroup.
+_WARPGROUP = 4
 
 
 def estimate_registers(kernel: TileKernel, hw: Hardware) -> int:
     """The estimated registers per thread of ``kernel`` (0 on CPUs)."""
     if hw.kind != "gpu":
         return 0
+    if kernel.producer:
+        # A warp-specialized kernel moves registers between its warpgroups with
+        # setmaxnreg (the producer gives some back, the consumers take them), which
+        # redistributes what the block was given at launch: ptxas must allocate every
+        # thread the launch bounds' whole share, and reports it.
+        return _cap(kernel, hw)
     model = _Pressure(kernel)
     for op in walk(kernel.body):
         model.note_fragments(op)
@@ -64,16 +89,24 @@ def estimate_registers(kernel: TileKernel, hw: Hardware) -> int:
 
 
 def _base(kernel: TileKernel, hw: Hardware) -> int:
-    """What the kernel spends besides its tiles (ptxas on the examples: 18 to 24
-    registers for a 1-D elementwise kernel, 30 to 32 for a 2-D one or a row reduction,
-    about 8 more for a loop on sm_90a)."""
+    """What the kernel spends besides its tiles (ptxas on the examples: 30 to 32 for a
+    2-D kernel or a row reduction, about 8 more for a loop on sm_90a; an elementwise
+    kernel over 1-D tiles its index arithmetic, its tensors' addresses and the vectors
+    it loads)."""
     ops = list(walk(kernel.body))
     if any(op.kind == "for" for op in ops):
         return _LOOP_BASE.get(hw.arch, _BASE)
     flat = all(
         len(r.type.dims) == 1 for op in ops for r in op.results if isinstance(r.type, TileType)
     )
-    return _FLAT_BASE if flat else _BASE
+    if not flat:
+        return _BASE
+    # Each tensor's 64-bit address, and each vector the thread loads (a 16-byte load
+    # fills ``vector`` registers at once; a one-element tensor, a scalar, one).
+    tensors = sum(isinstance(p.type, TensorType) for p in kernel.params)
+    loads = [op.results[0].type for op in ops if op.kind == "load"]
+    vectors = sum(1 if t.dims[0].constant == 1 else kernel.vector for t in loads)
+    return _FLAT_INDEX + 2 * tensors + vectors
 
 
 def _cap(kernel: TileKernel, hw: Hardware) -> int:
@@ -88,9 +121,23 @@ def _cap(kernel: TileKernel, hw: Hardware) -> int:
 class _Pressure:
     def __init__(self, kernel: TileKernel) -> None:
         self.kernel = kernel
-        self.takers: dict[int, Op] = {}
         self.fragments: dict[int, int] = {}
+        self.defs = producers(kernel.body)
         self.owned = {r.id for op in walk(kernel.body) if op.kind in _OWNED for r in op.results}
+        # The rows of a matrix instruction's result, and how many of them a thread
+        # holds: an m16n8 fragment gives lane l rows l / 4 and l / 4 + 8 of each 16, so
+        # a warp's rows over 8 (a wgmma warpgroup's 64 rows are its warps' 16 apiece).
+        # A row vector of such a product (online softmax's max and sum) lives in the
+        # threads of its rows, as many registers as the thread has rows.
+        self.fragment_rows: dict[int, int] = {}
+        for op in walk(kernel.body):
+            mma = op.attr("mma")
+            if isinstance(mma, Mma) and _nvidia(mma.inst) and op.results:
+                rows = op.results[0].type.dims[-2].constant
+                warp_rows = mma.warp_tile[0] // (_WARPGROUP if mma.inst.startswith("wgmma") else 1)
+                if rows is not None:
+                    share = max(1, warp_rows // 8)
+                    self.fragment_rows[rows] = max(self.fragment_rows.get(rows, 0), share)
 
     def words(self, value: Value) -> int:
         """The registers one thread spends on ``value``."""
@@ -103,11 +150,14 @@ class _Pressure:
         per_word = max(1, 32 // max(t.dtype.bits, 1))
         if any(d is None for d in dims):
             return 4  # walked a vector at a time
+        if len(dims) == 1 or dims[1:] == [1]:  # a row vector, [R] or [R, 1]
+            if dims[0] in self.fragment_rows:
+                return self.fragment_rows[dims[0]]
+            # in a Grid, in each of the GRID_COLUMNS threads of its row
+            return -(-dims[0] * GRID_COLUMNS // (self.kernel.threads * per_word))
         count = 1
         for d in dims:
             count *= d
-        if len(dims) == 1:
-            count *= GRID_COLUMNS  # a row vector in each thread of its row
         return -(-count // (self.kernel.threads * per_word))
 
     def block(self, block: Block, outside: int) -> int:
@@ -155,19 +205,87 @@ class _Pressure:
         mma = op.attr("mma")
         if not isinstance(mma, Mma) or mma.operands != "shared":
             return
-        if mma.inst.startswith("mma.sync"):
-            strip = mma.warp_tile[0] // 16 * 4 + 2
-        elif mma.inst == "fma":  # a column of a's block and a row of b's, per k step
-            rows, cols = (d.constant or 0 for d in op.results[0].type.dims[-2:])
-            tx = min(GRID_COLUMNS, self.kernel.threads)
-            strip = rows // max(1, self.kernel.threads // tx) + cols // tx
-        else:
-            strip = 0
         # The product's operands: a @ b, or p @ v of online softmax's accumulation.
         operands = op.operands[3:5] if op.kind == "softmax_accumulate" else op.operands[:2]
-        for operand in operands:
-            if operand.id not in self.owned:  # held in registers already (probabilities)
-                self.fragments.setdefault(operand.id, strip // 2)
+        steps = self.fragment_words(op, mma, operands)
+        for operand, strip in zip(operands, steps, strict=True):
+            if operand.id in self.owned:  # held in registers already (probabilities)
+                continue
+            owned, loads = self.computed_from(operand)
+            if owned:
+                # computed from registers (attention's ds = p * (dp - delta) in its
+                # backward pass): the thread's elements are made into an array, staged
+                # through shared memory for the product; each element reads the tensors
+                # of its chain where it is computed (a row's logsumexp, once per element
+                # of the row), and ptxas issues those loads ahead, one register apiece.
+                held = self.words(operand)
+                self.fragments[operand.id] = held * (1 + loads)
+            else:
+                self.fragments.setdefault(operand.id, strip)
+
+    def fragment_words(self, op: Op, mma: Mma, operands: Sequence[Value]) -> tuple[int, int]:
+        """The registers of one k step of each operand, as the instruction reads them."""
+        rows, cols = mma.warp_tile
+        if mma.inst == "fma":  # a column of a's Grid block and a row of b's
+            out_rows, out_cols = (d.constant or 0 for d in op.results[0].type.dims[-2:])
+            tx = min(GRID_COLUMNS, self.kernel.threads)
+            return out_rows // max(1, self.kernel.threads // tx), out_cols // tx
+        if not _nvidia(mma.inst):
+            return 0, 0  # MFMA: no register report here to check a model against
+        if mma.inst.startswith("wgmma") and self.in_swizzle(operands[1], mma):
+            if self.in_swizzle(operands[0], mma):
+                return 0, 0  # both through descriptors
+            # a in registers: its fragments of every k16 step of the tile are loaded
+            # before the batch of wgmma, which reads them while it runs (4 per step)
+            depth = operands[0].type.dims[-1].constant or 0
+            return depth // 16 * 4, 0
+        if mma.inst.startswith("wgmma"):
+            rows //= _WARPGROUP  # run on mma.sync: each warp its 16 rows
+        # mma.sync: a strip of a (4 registers per 16 rows) and, ahead of the unrolled
+        # walk over the warp's columns, b's fragment of each 8 columns (2 registers)
+        return rows // 16 * 4, cols // 8 * 2
+
+    def in_swizzle(self, value: Value, mma: Mma) -> bool:
+        """Whether ``wgmma`` reads ``value`` through a descriptor: a read of a buffer in
+        the 128-byte swizzle, in the instruction's dtype (a cast of one, w8a16's
+        widened weights, runs on mma.sync)."""
+        op = self.defs.get(value.id)
+        if op is not None and op.kind == "transpose":
+            op = self.defs.get(op.operands[0].id)
+        if op is None or op.kind != "read":
+            return False
+        layouts = {slot.buffer: slot.layout for slot in self.kernel.smem}
+        dtype = mma.inst.rpartition(".")[2]
+        return layouts.get(op.operands[0].name) == "sw128" and value.type.dtype.name == dtype
+
+    def computed_from(self, value: Value) -> tuple[bool, int]:
+        """Whether the lazy ``value`` reads an owned tile, and how many tensor loads it
+        reads (each through its chain of elementwise ops)."""
+        owned, loads, seen, todo = False, 0, set(), [value]
+        while todo:
+            v = todo.pop()
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            if v.id in self.owned:
+                owned = True
+                continue
+            op = self.defs.get(v.id)
+            if op is None or op.kind == "read":
+                continue
+            if op.kind == "load":
+                loads += 1
+                continue
+            todo.extend(op.operands)
+            for region in op.regions:
+                todo.extend(region.yields)
+        return owned, loads
+
+
+def _nvidia(inst: str) -> bool:
+    """Whether ``inst`` is an NVIDIA matrix instruction, whose fragment layout (m16n8)
+    the estimate follows."""
+    return inst.startswith(("mma.sync", "wgmma"))
 
 
 def _uses(op: Op) -> set[int]:

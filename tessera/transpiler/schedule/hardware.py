@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...frozen import frozen
 
-__all__ = ["Hardware", "hardware_for", "instruction", "KIB", "GRID_COLUMNS"]
+__all__ = ["Hardware", "covers", "hardware_for", "instruction", "KIB", "GRID_COLUMNS"]
 
 KIB = 1024
 
@@ -132,3 +132,14 @@ def instruction(hw: Hardware, dtype: str, n_tile: int) -> tuple[str, tuple[int, 
             inst, (m, n, k) = INSTRUCTIONS[key]
             return inst, (m, n or n_tile, k), "shared"
     return "fma", (1, 1, 1), "shared"
+
+
+def covers(shape: tuple[int, ...], rows: int, cols: int, warps: tuple[int, int] = (1, 1)) -> bool:
+    """Whether a matrix instruction's ``m x n`` tiles cover a ``rows x cols`` tile split
+    over ``warps`` (rows x cols of warps): each warp's part a whole number of them. The
+    schedule asks it of a block (one warp's view: the block must be made of whole tiles)
+    and legalization of the warp layout it chose; where it fails, the product runs as
+    an FMA loop (or the schedule is refused), so both must ask the same question."""
+    m, n = shape[0], shape[1]
+    wm, wn = warps
+    return rows % (wm * m) == 0 and cols % (wn * n) == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...frozen import frozen
-from .hardware import GRID_COLUMNS, KIB, Hardware, instruction
+from .hardware import GRID_COLUMNS, KIB, Hardware, covers, instruction
 from .problem import Problem
 
 __all__ = ["Resources", "resources"]
@@ -47,7 +47,7 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         grid = hw.kind == "gpu" and (
             shapes[bn][0] == "fma"
             or (hw.target == "cuda" and size == 4)
-            or any(bm % m or cols % n for cols, (_, (m, n, _)) in shapes.items())
+            or not all(covers(shape, bm, cols) for cols, (_, shape) in shapes.items())
         )
         if hw.kind == "gpu" and (hw.target != "cuda" or grid):
             # Without 16-bit mma fragments, the probabilities reach their product with
@@ -83,7 +83,7 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
                 f"block ({bm}, {bn}) with {warps} warps keeps {accumulators} accumulators in "
                 f"each thread; {where} has {hw.regs_per_thread} registers per thread"
             )
-        if kind in ("gemm", "attention") and (bm % hw.mma_m or bn % hw.mma_n):
+        if kind in ("gemm", "attention") and not covers((hw.mma_m, hw.mma_n), bm, bn):
             problems.append(
                 f"block ({bm}, {bn}) is not a multiple of the {hw.mma} tile "
                 f"({hw.mma_m} x {hw.mma_n}) on {where}"

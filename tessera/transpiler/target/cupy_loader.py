@@ -2,7 +2,8 @@
 
 A project that checks in ``kernel.cu`` and this module needs CuPy, not Tessera: the
 module carries what ``tessera.runtime.cuda`` reads from the metadata (the parameters,
-the guards, the launches) as plain Python, one typed function per ``.tsr`` function.
+the guards, the launches, a debug build's bounds checks) as plain Python, one typed
+function per ``.tsr`` function.
 Sizes are Python expressions of the symbols the arguments' shapes bind, printed from
 the same dims as the C code's. The template (``templates/loader``) is written so that
 its output is already formatted as black formats it; a test checks that for every
@@ -16,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..check.bounds import FAULT, accessed
 from ..graph.dims import parse_dim
 from ..graph.dtypes import DTYPES
 from .cexpr import c_dim
@@ -34,7 +36,8 @@ _WIDTH = 88  # black's default line length
 #: The module's own names, which a function's body reads: a size does not take them, and
 #: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
-    _DEFAULT_SMEM _module _kernel _launch _persistent _driver _tensor_map _tensor _shape _indices"""
+    _DEFAULT_SMEM _module _kernel _launch _persistent _driver _tensor_map _tensor _shape _indices
+    BoundsError _BOUNDS _fault"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
@@ -66,8 +69,20 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
-        tma=tma, indices=indices, persistent=persistent,
+        tma=tma, indices=indices, persistent=persistent, bounds=_bounds(meta),
     )  # fmt: skip
+
+
+def _bounds(meta: Mapping[str, Any]) -> list[str]:
+    """A debug build's bounds checks as the module's ``_BOUNDS`` list holds them, by the
+    number a failure reports: kernel, ``.tsr`` line, access, axis, and whether the tile
+    must end inside the axis (the same fields ``tessera.runtime.sentinel`` reads)."""
+    lines = []
+    for check in meta.get("bounds", ()):
+        fields = [_quoted(check["kernel"]), _quoted(check["line"]), _quoted(accessed(check)),
+                  str(check["axis"]), str(bool(check["whole"]))]  # fmt: skip
+        lines += _wrap(4, "(", fields, "),")
+    return lines
 
 
 def _size_names(f: Mapping[str, Any]) -> dict[str, str]:
@@ -151,10 +166,12 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.append("    else:")
         body.extend(_tensor_checks(8, name, result, set(bound), names))
     for b in f["buffers"]:
+        # a debug build's fault record starts empty: no check has failed
+        make = "zeros" if b["name"] == FAULT else "empty"
         body.extend(
             _wrap(
                 4,
-                f"{b['name']} = cupy.empty(",
+                f"{b['name']} = cupy.{make}(",
                 [f"max(1, {_py_size(b['bytes'], names)})", 'dtype="uint8"'],
                 ")",
             )
@@ -166,6 +183,8 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
             args = [m["tensor"], element_bytes, dims, _tuple([str(b) for b in m["box"]])]
             body.extend(_wrap(4, f"{m['name']} = _tensor_map(", args, ")"))
         body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))
+        if FAULT in launch["args"]:
+            body.append(f"    _fault({FAULT})")
     if results:
         body.append(f"    return {', '.join(r['name'] for r in results)}")
     # Defaults as the .tsr file gives them, where Python allows them: on the positional

@@ -21,6 +21,7 @@ from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.dtypes import DTYPES
 from ..graph.ir import Op, Value
+from ..schedule.hardware import covers
 from ..tile.ir import Access, Mma, SharedType, Slot
 from ..tile.tma import fits_tma
 from .simt_layout import (
@@ -413,7 +414,7 @@ class TileOps:
             wm *= _WARPGROUP if mma.inst.startswith("wgmma") else 1
         else:
             raise NotLowered(f"the matrix instruction {mma.inst}")
-        if rows % (wm * shape.m) or cols % (wn * shape.n):
+        if not covers((shape.m, shape.n), rows, cols, (wm, wn)):
             raise NotLowered(f"a {rows}x{cols} product over {wm}x{wn} warps of {mma.inst}")
         return Fragments(rows, cols, wm, wn, shape)
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ..graph.ir import Op, Value, walk
 from ..graph.types import TileType
-from ..schedule.hardware import Hardware, instruction
+from ..schedule.hardware import Hardware, covers, instruction
 from .ir import Mma, TileKernel
 from .rewrite import producers, rewrite, use_counts
 
@@ -77,7 +77,7 @@ def _mma_of(
         wm, wn = units, 1
     else:
         wm, wn = _warp_layout(units, rows, cols, shape)
-    if inst != "fma" and (rows % (wm * shape[0]) or cols % (wn * shape[1])):
+    if inst != "fma" and not covers(shape, rows, cols, (wm, wn)):
         # the instruction's tiles do not cover the product (a head dim of 16 under
         # MFMA's 32 columns): the FMA loop computes it
         return _mma_of(kernel, "fma", (1, 1, 1), rows, cols, whole_rows)
