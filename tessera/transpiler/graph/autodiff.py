@@ -481,7 +481,7 @@ def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
         weight is None or weight.type.dtype == F32
     )
     pairs = []
-    if weight is not None or bias is not None or not one_pass:
+    if weight is not None or not one_pass:  # xhat, for the weight's or the ops' path
         rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
         scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
         normed = b("mul", rows, scale)
