@@ -146,6 +146,20 @@ def rmsnorm(x: Any, w: Any, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * f64(w)
 
 
+def norm_grad(x: Any, w: Any, g: Any, eps: float, centred: bool) -> np.ndarray:
+    """The gradient of ``layernorm(x) * w`` (``centred``) or ``rmsnorm(x) * w`` with
+    respect to ``x``, given the cotangent ``g``, in float64: the textbook form
+    ``s / n * (n gw - sum(gw) - xhat sum(gw xhat))``, ``gw = g w``, the middle term a
+    layer norm's only."""
+    x, gw = f64(x), f64(g) * f64(w)
+    n = x.shape[-1]
+    c = x - x.mean(axis=-1, keepdims=True) if centred else x
+    s = 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+    xhat = c * s
+    shift = gw.sum(axis=-1, keepdims=True) if centred else 0.0
+    return s / n * (n * gw - shift - xhat * (gw * xhat).sum(axis=-1, keepdims=True))
+
+
 def logsumexp(x: Any) -> np.ndarray:
     x = f64(x)
     m = x.max(axis=-1, keepdims=True)
@@ -363,6 +377,21 @@ CASES = (
                       "g": _normal(rng, (R, C))},
          lambda a: {"out": f64(a["y"]) * (f64(a["g"]) - (f64(a["g"]) * f64(a["y"])).sum(
              axis=-1, keepdims=True))}, 1e-5, True),
+    Case("tessera/stdlib/log_softmax_grad.tsr", "log_softmax_grad",
+         lambda rng: {"y": log_softmax(_normal(rng, (R, 203), np.float64)).astype(np.float32),
+                      "g": _normal(rng, (R, 203))},
+         lambda a: {"out": f64(a["g"]) - np.exp(f64(a["y"])) * f64(a["g"]).sum(
+             axis=-1, keepdims=True)}, 1e-5, True),
+    Case("tessera/stdlib/layernorm_grad.tsr", "layernorm_grad",
+         lambda rng: {"x": _normal(rng, (R, 203), scale=3.0), "weight": _normal(rng, (203,)),
+                      "g": _normal(rng, (R, 203)), "eps": 1e-5, "with_weight": True},
+         lambda a: {"out": norm_grad(a["x"], a["weight"], a["g"], 1e-5, centred=True)}, 1e-5,
+         True),
+    Case("tessera/stdlib/rmsnorm_grad.tsr", "rmsnorm_grad",
+         lambda rng: {"x": _normal(rng, (R, 203), scale=3.0), "weight": _normal(rng, (203,)),
+                      "g": _normal(rng, (R, 203)), "eps": 1e-6, "with_weight": True},
+         lambda a: {"out": norm_grad(a["x"], a["weight"], a["g"], 1e-6, centred=False)}, 1e-5,
+         True),
     # a large step (lr 0.3), so that the bf16 parameter's rounding (the tolerance) is
     # small beside the update; tests/test_fp32_master.py checks its bits on the CPU
     Case("tessera/stdlib/fused_adam_master.tsr", "fused_adam_master",

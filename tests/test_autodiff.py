@@ -20,8 +20,9 @@ import tessera
 from tessera.runtime import cpu
 from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RULES
 from tessera.transpiler.graph.graph_ops import GRAPH_OPS
+from tessera.transpiler.graph.ir import walk
 
-from .everywhere import EVERY_TARGET, load_everywhere
+from .everywhere import EVERY_TARGET, every_target_beyond, load_everywhere
 from .test_cuda import NVCC, _nvcc, needs_gxx
 from .test_hip import HIPCC, _hipcc_warning_free
 
@@ -372,8 +373,9 @@ COMPOSITE = {
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
-EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "attention_lse", "attention_dq",
-           "attention_dk", "attention_dv")  # fmt: skip
+EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "log_softmax_grad", "layernorm_grad",
+           "rmsnorm_grad", "attention_lse", "attention_dq", "attention_dk",
+           "attention_dv")  # fmt: skip
 
 
 def test_every_graph_op_has_a_gradient_rule_or_says_why_not() -> None:
@@ -452,6 +454,62 @@ def test_vjp_on_the_other_targets(
     out = torch.softmax(q, -1) * torch.tanh(k) + v * th[:, -3:]
     out.backward(torch.tensor(g, dtype=torch.float64))
     np.testing.assert_allclose(dh, th.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+#: The library's one-pass row kernels of the gradients of log-softmax and the norms, with
+#: and without the weight: rows and columns that are multiples of no tile.
+ROW_GRADIENTS = """\
+@autodiff
+def normed(x: Tensor["R", "C", f32], w: Tensor["C", f32], b: Tensor["C", f32],
+           v: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    return layernorm(x, w, b) + rmsnorm(x, v) * 2.0
+
+@autodiff
+def bare(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return layernorm(x) * 0.5 + rmsnorm(x)
+
+@autodiff
+def log_probs(z: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return log_softmax(z * 3.0, axis=-1)
+"""
+
+
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl"))
+def test_row_gradient_kernels_match_torch_and_finite_differences(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``layernorm_grad``, ``rmsnorm_grad`` and ``log_softmax_grad`` give the inputs'
+    cotangents (the weights' and the bias's are the graph's sums over the rows), into
+    outputs poisoned with NaN first."""
+    graph = tessera.compile(ROW_GRADIENTS, filename="rows.tsr", until="graph").ir("graph")
+    kinds = {op.kind for f in graph.functions for op in walk(f.body)}
+    assert {"layernorm_grad", "rmsnorm_grad", "log_softmax_grad"} <= kinds
+    built = load_everywhere(ROW_GRADIENTS, target, arch, monkeypatch)
+    rng = np.random.default_rng(5)
+    r, c = 37, 203
+    x, g = (rng.standard_normal((r, c)).astype(np.float32) * 2 for _ in range(2))
+    w, b, v = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
+    tensors = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
+               for n, a in {"x": x, "w": w, "b": b, "v": v}.items()}  # fmt: skip
+    tx, tw, tb, tv = tensors.values()
+    cases = {
+        "normed": ((x, w, b, v), _layernorm(tx, tw, tb) + _rmsnorm(tx, tv) * 2, tensors),
+        "bare": ((x,), _layernorm(tx) * 0.5 + _rmsnorm(tx, 1.0), {"x": tx}),
+        "log_probs": ((x,), F.log_softmax(tx * 3, -1), {"x": tx}),
+    }
+    for name, (inputs, expected, wrt) in cases.items():
+        for t in tensors.values():
+            t.grad = None
+        out = tuple(np.full(a.shape, np.nan, np.float32) for a in inputs)
+        grads = _tuple(
+            getattr(built, f"{name}_vjp")(*inputs, g, out=out[0] if len(out) == 1 else out)
+        )
+        expected.backward(torch.tensor(g, dtype=torch.float64))
+        for have, param in zip(grads, wrt.values(), strict=True):
+            np.testing.assert_allclose(have, param.grad.numpy(), rtol=1e-4, atol=1e-4)
+        named = dict(zip(["x", "w", "b", "v"], inputs, strict=False))
+        assert_finite_differences(getattr(built, name), named, dict(zip(named, grads, strict=True)),
+                                  (g,), rng)  # fmt: skip
 
 
 def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:

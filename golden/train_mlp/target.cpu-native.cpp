@@ -15,18 +15,17 @@
 // - train_step k6: elementwise elements=8192, 1 warp, 1 stage (the heuristics)
 // - train_step k7: elementwise elements=8192, 1 warp, 1 stage (the heuristics)
 // - train_step k8: elementwise rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k9: row_sum rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k10: elementwise rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k11: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
-// - train_step k12: row_sum rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k13: gemm_nt BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
-// - train_step k14: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
-// - train_step k15: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
-// - train_step k16: elementwise rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k17: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
-// - train_step k18: row_sum rows=4, 1 warp, 1 stage (the heuristics)
-// - train_step k19: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
-// - train_step k20: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
+// - train_step k9: log_softmax_grad rows=4, 1 warp, 1 stage (the heuristics)
+// - train_step k10: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
+// - train_step k11: row_sum rows=4, 1 warp, 1 stage (the heuristics)
+// - train_step k12: gemm_nt BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
+// - train_step k13: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
+// - train_step k14: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
+// - train_step k15: elementwise rows=4, 1 warp, 1 stage (the heuristics)
+// - train_step k16: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
+// - train_step k17: row_sum rows=4, 1 warp, 1 stage (the heuristics)
+// - train_step k18: transpose BM=64 BN=64, 1 warp, 1 stage (the heuristics)
+// - train_step k19: gemm BM=256 BN=256 BK=256, 1 warp, 1 stage (the heuristics)
 // Build: g++ -std=c++17 -O3 -march=native -fopenmp -fno-math-errno -ffp-contract=fast
 //   -fno-trapping-math -shared -fPIC
 // Entry points (extern "C"): tessera_loss, tessera_train_step.
@@ -1033,67 +1032,50 @@ static void train_step_k8_launch(const float* t16, const float* target, float* t
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k8_program(t16, target, t18, B, C, pid_m);
 }
-// ---- train_step_k9: one program instance (launch k9 of train_step: the library's row_sum)
+// ---- train_step_k9: one program instance (launch k9 of train_step: the library's
+//   log_softmax_grad)
 
-static void train_step_k9_program(const float* t18, float* t19, const tsr::i64 B,
+static void train_step_k9_program(const float* t3, const float* t18, float* t19, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*C);
-  // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, C, t18, BM*pid_m, B);
+  float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16
+      + tsr::whole_lines(4*C));
+  float* const grads_edge = area;
+  float* const t_edge = grads_edge + tsr::whole_lines(4*C);
+  float* const t_2 = t_edge + tsr::whole_lines(4*C);
+  float* const t_5 = t_2 + 16;
+  // log_softmax_grad.tsr:8: grads = tile.load(g, rows=T.m)
+  const float* const grads = tsr::row_tile(grads_edge, 4, C, t18, BM*pid_m, B);
+  // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
+  //   axis=1)[:, None]
+  const float* const t = tsr::row_tile(t_edge, 4, C, t3, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < C; ++j) r = r + t[i * C + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < C; ++j) r = r + grads[i * C + j];
+    t_2[i] = r;
   }
-  tsr::store_tile(t19, 0, 0, BM*pid_m, 1, B, t_1, 1, 4);
+  float* const t_3 = t_2;
+  for (tsr::i64 i = 0; i < 4; ++i) {
+    const float row_0 = t_3[i];
+    #pragma omp simd
+    for (tsr::i64 j = 0; j < C; ++j) {
+      t_5[i * C + j] = grads[i * C + j] - ((tsr::exp(t[i * C + j])) * row_0);
+    }
+  }
+  tsr::store_tile(t19, C, BM*pid_m, 0, B, C, t_5, 4, C);
 }
 
-static void train_step_k9_launch(const float* t18, float* t19, const tsr::i64 B,
+static void train_step_k9_launch(const float* t3, const float* t18, float* t19, const tsr::i64 B,
     const tsr::i64 C) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    train_step_k9_program(t18, t19, B, C, pid_m);
+    train_step_k9_program(t3, t18, t19, B, C, pid_m);
 }
-// ---- train_step_k10: one program instance (launch k10 of train_step: the library's elementwise)
+// ---- train_step_k10: one program instance (launch k10 of train_step: the library's transpose)
 
-static void train_step_k10_program(const float* t3, const float* t19, const float* t18,
-    float* t22, const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
-  constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C)
-      + tsr::whole_lines(4*C));
-  float* const t3_tile_edge = area;
-  float* const t19_tile_edge = t3_tile_edge + tsr::whole_lines(4*C);
-  float* const t18_tile_edge = t19_tile_edge + 16;
-  float* const t_2 = t18_tile_edge + tsr::whole_lines(4*C);
-  // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float* const t3_tile = tsr::row_tile(t3_tile_edge, 4, C, t3, BM*pid_m, B);
-  const float* const t19_tile = tsr::row_tile(t19_tile_edge, 4, 1, t19, BM*pid_m, B);
-  const float* const t18_tile = tsr::row_tile(t18_tile_edge, 4, C, t18, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t19_tile[i];
-    #pragma omp simd
-    for (tsr::i64 j = 0; j < C; ++j) {
-      t_2[i * C + j] = t18_tile[i * C + j] - ((tsr::exp(t3_tile[i * C + j])) * row_0);
-    }
-  }
-  tsr::store_tile(t22, C, BM*pid_m, 0, B, C, t_2, 4, C);
-}
-
-static void train_step_k10_launch(const float* t3, const float* t19, const float* t18, float* t22,
-    const tsr::i64 B, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    train_step_k10_program(t3, t19, t18, t22, B, C, pid_m);
-}
-// ---- train_step_k11: one program instance (launch k11 of train_step: the library's transpose)
-
-static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 B,
+static void train_step_k10_program(const float* t19, float* t20, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
@@ -1101,23 +1083,23 @@ static void train_step_k11_program(const float* t22, float* t23, const tsr::i64 
   float* const t = area;
   float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, t22, C, BN*pid_n, BM*pid_m, B, C);
+  tsr::load_tile(t, 64, 64, t19, C, BN*pid_n, BM*pid_m, B, C);
   tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t23, B, BM*pid_m, BN*pid_n, C, B, t_1, 64, 64);
+  tsr::store_tile(t20, B, BM*pid_m, BN*pid_n, C, B, t_1, 64, 64);
 }
 
-static void train_step_k11_launch(const float* t22, float* t23, const tsr::i64 B,
+static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B,
     const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(C, 64);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k11_program(t22, t23, B, C, pid_n, pid_m);
+      train_step_k10_program(t19, t20, B, C, pid_n, pid_m);
 }
-// ---- train_step_k12: one program instance (launch k12 of train_step: the library's row_sum)
+// ---- train_step_k11: one program instance (launch k11 of train_step: the library's row_sum)
 
-static void train_step_k12_program(const float* t23, const float lr, const float* b2, float* out4,
+static void train_step_k11_program(const float* t20, const float lr, const float* b2, float* out4,
     const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
@@ -1125,7 +1107,7 @@ static void train_step_k12_program(const float* t23, const float lr, const float
   float* const t_1 = t_edge + tsr::whole_lines(4*B);
   float* const b2_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, B, t23, BM*pid_m, C);
+  const float* const t = tsr::row_tile(t_edge, 4, B, t20, BM*pid_m, C);
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
@@ -1142,16 +1124,16 @@ static void train_step_k12_program(const float* t23, const float lr, const float
   tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, t_3, 1, 4);
 }
 
-static void train_step_k12_launch(const float* t23, const float lr, const float* b2, float* out4,
+static void train_step_k11_launch(const float* t20, const float lr, const float* b2, float* out4,
     const tsr::i64 C, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(C, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    train_step_k12_program(t23, lr, b2, out4, C, B, pid_m);
+    train_step_k11_program(t20, lr, b2, out4, C, B, pid_m);
 }
-// ---- train_step_k13: one program instance (launch k13 of train_step: the library's gemm_nt)
+// ---- train_step_k12: one program instance (launch k12 of train_step: the library's gemm_nt)
 
-static void train_step_k13_program(const float* t22, const float* w2, float* t24,
+static void train_step_k12_program(const float* t19, const float* w2, float* t21,
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 H, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
@@ -1166,7 +1148,7 @@ static void train_step_k13_program(const float* t22, const float* w2, float* t24
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t22 + (BM*pid_m) * C + BK*kb;
+    const float* const a_tile = t19 + (BM*pid_m) * C + BK*kb;
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     tsr::load_tile(b_tile_smem, 256, 256, w2, C, BN*pid_n, BK*kb, H, C);
     float* const b_tile = b_tile_smem;
@@ -1176,21 +1158,21 @@ static void train_step_k13_program(const float* t22, const float* w2, float* t24
     tsr::mma(acc_1, a_tile, t, acc, 256, 256, tsr::live(256, B - BM*pid_m),
         tsr::live(256, H - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
   }
-  tsr::store_tile(t24, H, BM*pid_m, BN*pid_n, B, H, acc, 256, 256);
+  tsr::store_tile(t21, H, BM*pid_m, BN*pid_n, B, H, acc, 256, 256);
 }
 
-static void train_step_k13_launch(const float* t22, const float* w2, float* t24, const tsr::i64 B,
+static void train_step_k12_launch(const float* t19, const float* w2, float* t21, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k13_program(t22, w2, t24, B, C, H, pid_n, pid_m);
+      train_step_k12_program(t19, w2, t21, B, C, H, pid_n, pid_m);
 }
-// ---- train_step_k14: one program instance (launch k14 of train_step: the library's transpose)
+// ---- train_step_k13: one program instance (launch k13 of train_step: the library's transpose)
 
-static void train_step_k14_program(const float* hidden, float* t25, const tsr::i64 B,
+static void train_step_k13_program(const float* hidden, float* t22, const tsr::i64 B,
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
@@ -1200,21 +1182,21 @@ static void train_step_k14_program(const float* hidden, float* t25, const tsr::i
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, hidden, H, BN*pid_n, BM*pid_m, B, H);
   tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t25, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
+  tsr::store_tile(t22, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
 }
 
-static void train_step_k14_launch(const float* hidden, float* t25, const tsr::i64 B,
+static void train_step_k13_launch(const float* hidden, float* t22, const tsr::i64 B,
     const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k14_program(hidden, t25, B, H, pid_n, pid_m);
+      train_step_k13_program(hidden, t22, B, H, pid_n, pid_m);
 }
-// ---- train_step_k15: one program instance (launch k15 of train_step: the library's gemm)
+// ---- train_step_k14: one program instance (launch k14 of train_step: the library's gemm)
 
-static void train_step_k15_program(const float* t25, const float* t22, const float lr,
+static void train_step_k14_program(const float* t22, const float* t19, const float lr,
     const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
@@ -1229,9 +1211,9 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(B, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t25 + (BM*pid_m) * B + BK*kb;
+    const float* const a_tile = t22 + (BM*pid_m) * B + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, t22, C, BK*kb, BN*pid_n, B, C);
+    tsr::load_corner(b_tile_smem, 256, 256, t19, C, BK*kb, BN*pid_n, B, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -1250,48 +1232,48 @@ static void train_step_k15_program(const float* t25, const float* t22, const flo
   tsr::store_tile(out3, C, BM*pid_m, BN*pid_n, H, C, t_1, 256, 256);
 }
 
-static void train_step_k15_launch(const float* t25, const float* t22, const float lr,
+static void train_step_k14_launch(const float* t22, const float* t19, const float lr,
     const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C) {
   const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k15_program(t25, t22, lr, w2, out3, H, B, C, pid_n, pid_m);
+      train_step_k14_program(t22, t19, lr, w2, out3, H, B, C, pid_n, pid_m);
 }
-// ---- train_step_k16: one program instance (launch k16 of train_step: the library's elementwise)
+// ---- train_step_k15: one program instance (launch k15 of train_step: the library's elementwise)
 
-static void train_step_k16_program(const float* hidden, const float* t24, float* t28,
+static void train_step_k15_program(const float* hidden, const float* t21, float* t25,
     const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H)
       + tsr::whole_lines(4*H));
   float* const hidden_tile_edge = area;
-  float* const t24_tile_edge = hidden_tile_edge + tsr::whole_lines(4*H);
-  float* const t_2 = t24_tile_edge + tsr::whole_lines(4*H);
+  float* const t21_tile_edge = hidden_tile_edge + tsr::whole_lines(4*H);
+  float* const t_2 = t21_tile_edge + tsr::whole_lines(4*H);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   const float* const hidden_tile = tsr::row_tile(hidden_tile_edge, 4, H, hidden, BM*pid_m, B);
-  const float* const t24_tile = tsr::row_tile(t24_tile_edge, 4, H, t24, BM*pid_m, B);
+  const float* const t21_tile = tsr::row_tile(t21_tile_edge, 4, H, t21, BM*pid_m, B);
   for (tsr::i64 i = 0; i < 4; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < H; ++j) {
-      t_2[i * H + j] = t24_tile[i * H + j]
+      t_2[i * H + j] = t21_tile[i * H + j]
           * (1.0f - (hidden_tile[i * H + j] * hidden_tile[i * H + j]));
     }
   }
-  tsr::store_tile(t28, H, BM*pid_m, 0, B, H, t_2, 4, H);
+  tsr::store_tile(t25, H, BM*pid_m, 0, B, H, t_2, 4, H);
 }
 
-static void train_step_k16_launch(const float* hidden, const float* t24, float* t28,
+static void train_step_k15_launch(const float* hidden, const float* t21, float* t25,
     const tsr::i64 B, const tsr::i64 H) {
   const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    train_step_k16_program(hidden, t24, t28, B, H, pid_m);
+    train_step_k15_program(hidden, t21, t25, B, H, pid_m);
 }
-// ---- train_step_k17: one program instance (launch k17 of train_step: the library's transpose)
+// ---- train_step_k16: one program instance (launch k16 of train_step: the library's transpose)
 
-static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 B,
+static void train_step_k16_program(const float* t25, float* t26, const tsr::i64 B,
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
@@ -1299,23 +1281,23 @@ static void train_step_k17_program(const float* t28, float* t29, const tsr::i64 
   float* const t = area;
   float* const t_1 = t + 4096;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, t28, H, BN*pid_n, BM*pid_m, B, H);
+  tsr::load_tile(t, 64, 64, t25, H, BN*pid_n, BM*pid_m, B, H);
   tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t29, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
+  tsr::store_tile(t26, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
 }
 
-static void train_step_k17_launch(const float* t28, float* t29, const tsr::i64 B,
+static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B,
     const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k17_program(t28, t29, B, H, pid_n, pid_m);
+      train_step_k16_program(t25, t26, B, H, pid_n, pid_m);
 }
-// ---- train_step_k18: one program instance (launch k18 of train_step: the library's row_sum)
+// ---- train_step_k17: one program instance (launch k17 of train_step: the library's row_sum)
 
-static void train_step_k18_program(const float* t29, const float lr, const float* b1, float* out2,
+static void train_step_k17_program(const float* t26, const float lr, const float* b1, float* out2,
     const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
@@ -1323,7 +1305,7 @@ static void train_step_k18_program(const float* t29, const float lr, const float
   float* const t_1 = t_edge + tsr::whole_lines(4*B);
   float* const b1_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, B, t29, BM*pid_m, H);
+  const float* const t = tsr::row_tile(t_edge, 4, B, t26, BM*pid_m, H);
   for (tsr::i64 i = 0; i < 4; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
@@ -1340,16 +1322,16 @@ static void train_step_k18_program(const float* t29, const float lr, const float
   tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, t_3, 1, 4);
 }
 
-static void train_step_k18_launch(const float* t29, const float lr, const float* b1, float* out2,
+static void train_step_k17_launch(const float* t26, const float lr, const float* b1, float* out2,
     const tsr::i64 H, const tsr::i64 B) {
   const tsr::i64 pid_m_count = tsr::ceil_div(H, 4);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    train_step_k18_program(t29, lr, b1, out2, H, B, pid_m);
+    train_step_k17_program(t26, lr, b1, out2, H, B, pid_m);
 }
-// ---- train_step_k19: one program instance (launch k19 of train_step: the library's transpose)
+// ---- train_step_k18: one program instance (launch k18 of train_step: the library's transpose)
 
-static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D,
+static void train_step_k18_program(const float* x, float* t27, const tsr::i64 B, const tsr::i64 D,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
@@ -1359,20 +1341,20 @@ static void train_step_k19_program(const float* x, float* t30, const tsr::i64 B,
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   tsr::load_tile(t, 64, 64, x, D, BN*pid_n, BM*pid_m, B, D);
   tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t30, B, BM*pid_m, BN*pid_n, D, B, t_1, 64, 64);
+  tsr::store_tile(t27, B, BM*pid_m, BN*pid_n, D, B, t_1, 64, 64);
 }
 
-static void train_step_k19_launch(const float* x, float* t30, const tsr::i64 B, const tsr::i64 D) {
+static void train_step_k18_launch(const float* x, float* t27, const tsr::i64 B, const tsr::i64 D) {
   const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, 64);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k19_program(x, t30, B, D, pid_n, pid_m);
+      train_step_k18_program(x, t27, B, D, pid_n, pid_m);
 }
-// ---- train_step_k20: one program instance (launch k20 of train_step: the library's gemm)
+// ---- train_step_k19: one program instance (launch k19 of train_step: the library's gemm)
 
-static void train_step_k20_program(const float* t30, const float* t28, const float lr,
+static void train_step_k19_program(const float* t27, const float* t25, const float lr,
     const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
@@ -1387,9 +1369,9 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(B, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    const float* const a_tile = t30 + (BM*pid_m) * B + BK*kb;
+    const float* const a_tile = t27 + (BM*pid_m) * B + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, t28, H, BK*kb, BN*pid_n, B, H);
+    tsr::load_corner(b_tile_smem, 256, 256, t25, H, BK*kb, BN*pid_n, B, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
@@ -1408,14 +1390,14 @@ static void train_step_k20_program(const float* t30, const float* t28, const flo
   tsr::store_tile(out1, H, BM*pid_m, BN*pid_n, D, H, t_1, 256, 256);
 }
 
-static void train_step_k20_launch(const float* t30, const float* t28, const float lr,
+static void train_step_k19_launch(const float* t27, const float* t25, const float lr,
     const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H) {
   const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, 256);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      train_step_k20_program(t30, t28, lr, w1, out1, D, B, H, pid_n, pid_m);
+      train_step_k19_program(t27, t25, lr, w1, out1, D, B, H, pid_n, pid_m);
 }
 
 // ---- loss: k0 -> loss_k0, k1 -> loss_k1, k2 -> loss_k2, k3 -> loss_k3, k4 -> loss_k4
@@ -1442,7 +1424,7 @@ extern "C" void tessera_loss(const float* x, const float* w1, const float* b1, c
 //   train_step_k7, k8 -> train_step_k8, k9 -> train_step_k9, k10 -> train_step_k10, k11 ->
 //   train_step_k11, k12 -> train_step_k12, k13 -> train_step_k13, k14 -> train_step_k14, k15 ->
 //   train_step_k15, k16 -> train_step_k16, k17 -> train_step_k17, k18 -> train_step_k18, k19 ->
-//   train_step_k19, k20 -> train_step_k20
+//   train_step_k19
 extern "C" void tessera_train_step(const float* x, const float* w1, const float* b1,
     const float* w2, const float* b2, const float* target, const float lr, float* out0,
     float* out1, float* out2, float* out3, float* out4, const tsr::i64 B, const tsr::i64 D,
@@ -1466,14 +1448,13 @@ extern "C" void tessera_train_step(const float* x, const float* w1, const float*
   float* const t12_buffer = reinterpret_cast<float*>(slot5);
   float* const t16_buffer = reinterpret_cast<float*>(slot6);
   float* const t18_buffer = reinterpret_cast<float*>(slot1);
-  float* const t19_buffer = reinterpret_cast<float*>(slot3);
-  float* const t22_buffer = reinterpret_cast<float*>(slot7);
-  float* const t23_buffer = reinterpret_cast<float*>(slot1);
-  float* const t24_buffer = reinterpret_cast<float*>(slot8);
+  float* const t19_buffer = reinterpret_cast<float*>(slot7);
+  float* const t20_buffer = reinterpret_cast<float*>(slot1);
+  float* const t21_buffer = reinterpret_cast<float*>(slot8);
+  float* const t22_buffer = reinterpret_cast<float*>(slot9);
   float* const t25_buffer = reinterpret_cast<float*>(slot9);
-  float* const t28_buffer = reinterpret_cast<float*>(slot9);
-  float* const t29_buffer = reinterpret_cast<float*>(slot0);
-  float* const t30_buffer = reinterpret_cast<float*>(slot10);
+  float* const t26_buffer = reinterpret_cast<float*>(slot0);
+  float* const t27_buffer = reinterpret_cast<float*>(slot10);
   train_step_k0_launch(x, w1, b1, hidden_buffer, B, D, H);
   train_step_k1_launch(hidden_buffer, w2, b2, logits_buffer, B, H, C);
   train_step_k2_launch(logits_buffer, t3_buffer, B, C);
@@ -1483,16 +1464,15 @@ extern "C" void tessera_train_step(const float* x, const float* w1, const float*
   train_step_k6_launch(t8_buffer, t12_buffer);
   train_step_k7_launch(t5_buffer, t12_buffer, t16_buffer, B);
   train_step_k8_launch(t16_buffer, target, t18_buffer, B, C);
-  train_step_k9_launch(t18_buffer, t19_buffer, B, C);
-  train_step_k10_launch(t3_buffer, t19_buffer, t18_buffer, t22_buffer, B, C);
-  train_step_k11_launch(t22_buffer, t23_buffer, B, C);
-  train_step_k12_launch(t23_buffer, lr, b2, out4, C, B);
-  train_step_k13_launch(t22_buffer, w2, t24_buffer, B, C, H);
-  train_step_k14_launch(hidden_buffer, t25_buffer, B, H);
-  train_step_k15_launch(t25_buffer, t22_buffer, lr, w2, out3, H, B, C);
-  train_step_k16_launch(hidden_buffer, t24_buffer, t28_buffer, B, H);
-  train_step_k17_launch(t28_buffer, t29_buffer, B, H);
-  train_step_k18_launch(t29_buffer, lr, b1, out2, H, B);
-  train_step_k19_launch(x, t30_buffer, B, D);
-  train_step_k20_launch(t30_buffer, t28_buffer, lr, w1, out1, D, B, H);
+  train_step_k9_launch(t3_buffer, t18_buffer, t19_buffer, B, C);
+  train_step_k10_launch(t19_buffer, t20_buffer, B, C);
+  train_step_k11_launch(t20_buffer, lr, b2, out4, C, B);
+  train_step_k12_launch(t19_buffer, w2, t21_buffer, B, C, H);
+  train_step_k13_launch(hidden_buffer, t22_buffer, B, H);
+  train_step_k14_launch(t22_buffer, t19_buffer, lr, w2, out3, H, B, C);
+  train_step_k15_launch(hidden_buffer, t21_buffer, t25_buffer, B, H);
+  train_step_k16_launch(t25_buffer, t26_buffer, B, H);
+  train_step_k17_launch(t26_buffer, lr, b1, out2, H, B);
+  train_step_k18_launch(x, t27_buffer, B, D);
+  train_step_k19_launch(t27_buffer, t25_buffer, lr, w1, out1, D, B, H);
 }

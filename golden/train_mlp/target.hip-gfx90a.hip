@@ -15,18 +15,17 @@
 // - train_step k6: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k7: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k8: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k9: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k10: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k11: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k12: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k13: gemm_nt BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
-// - train_step k14: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k15: gemm BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
-// - train_step k16: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k17: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k18: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k19: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k20: gemm BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
+// - train_step k9: log_softmax_grad rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k10: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k11: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k12: gemm_nt BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
+// - train_step k13: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k14: gemm BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
+// - train_step k15: elementwise rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k16: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k17: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k18: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k19: gemm BM=128 BN=128 BK=16, 4 warps, 2 stages (the heuristics)
 // HIP C++ for AMD GPUs (hipcc --offload-arch=ARCH). Each kernel runs one program per
 // thread block: launch it with a grid of programs and `threads` threads per block (its
 // grid and threads are in the comment above it, and in the metadata).
@@ -914,15 +913,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __r
   }
 }
 
-// ---- train_step_k9: launch k9 of train_step: the library's row_sum
+// ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __restrict__ t18,
-    float* __restrict__ t19, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __restrict__ t3,
+    const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
-  // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
+  // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
+  //   axis=1)[:, None]
   float v[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -932,56 +932,40 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
-  }
-}
-
-// ---- train_step_k10: launch k10 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __restrict__ t3,
-    const float* __restrict__ t19, const float* __restrict__ t18, float* __restrict__ t22,
-    const long long B, const long long C) {
-  const int lid = (int)threadIdx.x;
-  constexpr int BM = 4;
-  const long long pid_m = blockIdx.x;
-  // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
           ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
-          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
+          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
     }
   }
 }
 
-// ---- train_step_k11: launch k11 of train_step: the library's transpose
+// ---- train_step_k10: launch k10 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __restrict__ t22,
-    float* __restrict__ t23, const long long B, const long long C) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __restrict__ t19,
+    float* __restrict__ t20, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 256) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t22_aligned) {
+    if (t19_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
+          bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -991,14 +975,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k12: launch k12 of train_step: the library's row_sum
+// ---- train_step_k11: launch k11 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t23,
+extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __restrict__ t20,
     const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C,
     const long long B) {
   const int lid = (int)threadIdx.x;
@@ -1011,7 +995,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
-        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1026,10 +1010,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
 }
 
-// ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
+// ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ t22,
-    const float* __restrict__ w2, float* __restrict__ t24, const long long B, const long long C,
+extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t19,
+    const float* __restrict__ w2, float* __restrict__ t21, const long long B, const long long C,
     const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
@@ -1038,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
@@ -1048,15 +1032,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t22 + ((BM*pid_m + i) * C + j) : t22, bytes);
+            bytes ? t19 + ((BM*pid_m + i) * C + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && j + q < C ? t22[(BM*pid_m + i) * C + j + q] : 0;
+              BM*pid_m + i < B && j + q < C ? t19[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
     }
@@ -1096,16 +1080,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
-        if (t22_aligned) {
+        if (t19_aligned) {
           const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t22, bytes);
+              bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 16 + j + q < C
-                ? t22[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                ? t19[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -1156,15 +1140,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
 
-// ---- train_step_k14: launch k14 of train_step: the library's transpose
+// ---- train_step_k13: launch k13 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ hidden,
-    float* __restrict__ t25, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ hidden,
+    float* __restrict__ t22, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1195,15 +1179,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k15: launch k15 of train_step: the library's gemm
+// ---- train_step_k14: launch k14 of train_step: the library's gemm
 // grid [pid_n < ceil(C/128), pid_m < ceil(H/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ t25,
-    const float* __restrict__ t22, const float lr, const float* __restrict__ w2,
+extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ t22,
+    const float* __restrict__ t19, const float lr, const float* __restrict__ w2,
     float* __restrict__ out3, const long long H, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
@@ -1212,8 +1196,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
-  const bool t25_aligned = tsr_aligned16(t25) && B % 4 == 0;
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
@@ -1222,15 +1206,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t25_aligned) {
+      if (t22_aligned) {
         const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t25 + ((BM*pid_m + i) * B + j) : t25, bytes);
+            bytes ? t22 + ((BM*pid_m + i) * B + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < H && j + q < B ? t25[(BM*pid_m + i) * B + j + q] : 0;
+              BM*pid_m + i < H && j + q < B ? t22[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1240,15 +1224,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 32;
       const int j = e % 32 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((i) * C + BN*pid_n + j) : t22, bytes);
+            bytes ? t19 + ((i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < C ? t22[(i) * C + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < C ? t19[(i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1270,16 +1254,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
-        if (t25_aligned) {
+        if (t22_aligned) {
           const int bytes = BM*pid_m + i < H && BK*kb + 16 + j < B ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t25, bytes);
+              bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < H && BK*kb + 16 + j + q < B
-                ? t25[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
+                ? t22[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -1289,16 +1273,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
-        if (t22_aligned) {
+        if (t19_aligned) {
           const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t22 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : t22, bytes);
+              bytes ? t19 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 16 + i < B && BN*pid_n + j + q < C
-                ? t22[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                ? t19[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1339,10 +1323,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
   }
 }
 
-// ---- train_step_k16: launch k16 of train_step: the library's elementwise
+// ---- train_step_k15: launch k15 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __restrict__ hidden,
-    const float* __restrict__ t24, float* __restrict__ t28, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ hidden,
+    const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
   const long long pid_m = blockIdx.x;
@@ -1350,39 +1334,39 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < H; j += 256) {
-      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
           * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
           * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
 
-// ---- train_step_k17: launch k17 of train_step: the library's transpose
+// ---- train_step_k16: launch k16 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __restrict__ t28,
-    float* __restrict__ t29, const long long B, const long long H) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __restrict__ t25,
+    float* __restrict__ t26, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 256) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t28_aligned) {
+    if (t25_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
+          bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1392,14 +1376,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k18: launch k18 of train_step: the library's row_sum
+// ---- train_step_k17: launch k17 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __restrict__ t29,
+extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __restrict__ t26,
     const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H,
     const long long B) {
   const int lid = (int)threadIdx.x;
@@ -1412,7 +1396,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
-        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1427,10 +1411,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
   }
 }
 
-// ---- train_step_k19: launch k19 of train_step: the library's transpose
+// ---- train_step_k18: launch k18 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ x,
-    float* __restrict__ t30, const long long B, const long long D) {
+extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __restrict__ x,
+    float* __restrict__ t27, const long long B, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -1461,15 +1445,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k20: launch k20 of train_step: the library's gemm
+// ---- train_step_k19: launch k19 of train_step: the library's gemm
 // grid [pid_n < ceil(H/128), pid_m < ceil(D/128)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __restrict__ t30,
-    const float* __restrict__ t28, const float lr, const float* __restrict__ w1,
+extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ t27,
+    const float* __restrict__ t25, const float lr, const float* __restrict__ w1,
     float* __restrict__ out1, const long long D, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
@@ -1478,8 +1462,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
-  const bool t30_aligned = tsr_aligned16(t30) && B % 4 == 0;
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const int lane = lid % 64, wave = lid / 64;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
@@ -1488,15 +1472,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t30_aligned) {
+      if (t27_aligned) {
         const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t30 + ((BM*pid_m + i) * B + j) : t30, bytes);
+            bytes ? t27 + ((BM*pid_m + i) * B + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < D && j + q < B ? t30[(BM*pid_m + i) * B + j + q] : 0;
+              BM*pid_m + i < D && j + q < B ? t27[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
     }
@@ -1506,15 +1490,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
     for (int e = lid; e < 512; e += 256) {
       const int i = e / 32;
       const int j = e % 32 * 4;
-      if (t28_aligned) {
+      if (t25_aligned) {
         const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t28 + ((i) * H + BN*pid_n + j) : t28, bytes);
+            bytes ? t25 + ((i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < H ? t28[(i) * H + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < H ? t25[(i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1536,16 +1520,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
-        if (t30_aligned) {
+        if (t27_aligned) {
           const int bytes = BM*pid_m + i < D && BK*kb + 16 + j < B ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t30, bytes);
+              bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t27, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < D && BK*kb + 16 + j + q < B
-                ? t30[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
+                ? t27[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
           }
         }
       }
@@ -1555,16 +1539,16 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k20(const float* __
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
-        if (t28_aligned) {
+        if (t25_aligned) {
           const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < H ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t28 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : t28, bytes);
+              bytes ? t25 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 16 + i < B && BN*pid_n + j + q < H
-                ? t28[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
+                ? t25[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }

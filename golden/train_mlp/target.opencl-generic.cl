@@ -15,18 +15,17 @@
 // - train_step k6: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k7: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k8: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k9: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k10: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k11: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k12: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k13: gemm_nt BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
-// - train_step k14: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k15: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
-// - train_step k16: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k17: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k18: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k19: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k20: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k9: log_softmax_grad rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k10: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k11: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k12: gemm_nt BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k13: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k14: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k15: elementwise rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k16: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k17: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k18: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k19: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
 // OpenCL C 1.2. Each kernel runs one program per work-group: launch it over a range
 // of (programs x threads) work-items in groups of `threads` (its grid and threads are
 // in the comment above it, and in the metadata that tessera.runtime.opencl reads).
@@ -676,16 +675,17 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
   }
 }
 
-// ---- train_step_k9: launch k9 of train_step: the library's row_sum
+// ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k9(__global const float* restrict t18, __global float* restrict t19, const long B,
-    const long C) {
+void train_step_k9(__global const float* restrict t3, __global const float* restrict t18,
+    __global float* restrict t19, const long B, const long C) {
   const int lid = get_local_id(0);
   const int BM = 4;
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
-  // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
+  // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
+  //   axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -693,55 +693,40 @@ void train_step_k9(__global const float* restrict t18, __global float* restrict 
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
-    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
-  }
-}
-
-// ---- train_step_k10: launch k10 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k10(__global const float* restrict t3, __global const float* restrict t19,
-    __global const float* restrict t18, __global float* restrict t22, const long B, const long C) {
-  const int lid = get_local_id(0);
-  const int BM = 4;
-  const long pid_m = get_group_id(0);
-  // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
           ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
-          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
+          - ((exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
     }
   }
 }
 
-// ---- train_step_k11: launch k11 of train_step: the library's transpose
+// ---- train_step_k10: launch k10 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k11(__global const float* restrict t22, __global float* restrict t23,
+void train_step_k10(__global const float* restrict t19, __global float* restrict t20,
     const long B, const long C) {
   const int lid = get_local_id(0);
   const int BM = 64;
   const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t22_aligned) {
+    if (t19_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
+          bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -751,15 +736,15 @@ void train_step_k11(__global const float* restrict t22, __global float* restrict
     const long i = e / 64;
     const long j = e - i * 64;
     if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k12: launch k12 of train_step: the library's row_sum
+// ---- train_step_k11: launch k11 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k12(__global const float* restrict t23, const float lr,
+void train_step_k11(__global const float* restrict t20, const float lr,
     __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
   const int BM = 4;
@@ -770,7 +755,7 @@ void train_step_k12(__global const float* restrict t23, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -784,11 +769,11 @@ void train_step_k12(__global const float* restrict t23, const float lr,
   }
 }
 
-// ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
+// ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k13(__global const float* restrict t22, __global const float* restrict w2,
-    __global float* restrict t24, const long B, const long C, const long H) {
+void train_step_k12(__global const float* restrict t19, __global const float* restrict w2,
+    __global float* restrict t21, const long B, const long C, const long H) {
   const int lid = get_local_id(0);
   const int BM = 64;
   const int BN = 64;
@@ -797,7 +782,7 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
@@ -815,14 +800,14 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + j) : t22, bytes);
+            bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && BK*kb + j + q < C ? t22[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < C ? t19[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -859,15 +844,15 @@ void train_step_k13(__global const float* restrict t22, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
 
-// ---- train_step_k14: launch k14 of train_step: the library's transpose
+// ---- train_step_k13: launch k13 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k14(__global const float* restrict hidden, __global float* restrict t25,
+void train_step_k13(__global const float* restrict hidden, __global float* restrict t22,
     const long B, const long H) {
   const int lid = get_local_id(0);
   const int BM = 64;
@@ -898,15 +883,15 @@ void train_step_k14(__global const float* restrict hidden, __global float* restr
     const long i = e / 64;
     const long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k15: launch k15 of train_step: the library's gemm
+// ---- train_step_k14: launch k14 of train_step: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k15(__global const float* restrict t25, __global const float* restrict t22,
+void train_step_k14(__global const float* restrict t22, __global const float* restrict t19,
     const float lr, __global const float* restrict w2, __global float* restrict out3,
     const long H, const long B, const long C) {
   const int lid = get_local_id(0);
@@ -917,8 +902,8 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t25_aligned = tsr_aligned16(t25) && B % 4 == 0;
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -935,14 +920,14 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t25_aligned) {
+      if (t22_aligned) {
         const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + j) : t25, bytes);
+            bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < H && BK*kb + j + q < B ? t25[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
+              BM*pid_m + i < H && BK*kb + j + q < B ? t22[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -950,14 +935,14 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((BK*kb + i) * C + BN*pid_n + j) : t22, bytes);
+            bytes ? t19 + ((BK*kb + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BK*kb + i < B && BN*pid_n + j + q < C ? t22[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < C ? t19[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -988,50 +973,50 @@ void train_step_k15(__global const float* restrict t25, __global const float* re
   }
 }
 
-// ---- train_step_k16: launch k16 of train_step: the library's elementwise
+// ---- train_step_k15: launch k15 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k16(__global const float* restrict hidden, __global const float* restrict t24,
-    __global float* restrict t28, const long B, const long H) {
+void train_step_k15(__global const float* restrict hidden, __global const float* restrict t21,
+    __global float* restrict t25, const long B, const long H) {
   const int lid = get_local_id(0);
   const int BM = 4;
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < 4; ++i) {
     for (long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
           * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
           * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
 
-// ---- train_step_k17: launch k17 of train_step: the library's transpose
+// ---- train_step_k16: launch k16 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k17(__global const float* restrict t28, __global float* restrict t29,
+void train_step_k16(__global const float* restrict t25, __global float* restrict t26,
     const long B, const long H) {
   const int lid = get_local_id(0);
   const int BM = 64;
   const int BN = 64;
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t28_aligned) {
+    if (t25_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
+          bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1041,15 +1026,15 @@ void train_step_k17(__global const float* restrict t28, __global float* restrict
     const long i = e / 64;
     const long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k18: launch k18 of train_step: the library's row_sum
+// ---- train_step_k17: launch k17 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k18(__global const float* restrict t29, const float lr,
+void train_step_k17(__global const float* restrict t26, const float lr,
     __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
   const int BM = 4;
@@ -1060,7 +1045,7 @@ void train_step_k18(__global const float* restrict t29, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
-        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1074,10 +1059,10 @@ void train_step_k18(__global const float* restrict t29, const float lr,
   }
 }
 
-// ---- train_step_k19: launch k19 of train_step: the library's transpose
+// ---- train_step_k18: launch k18 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k19(__global const float* restrict x, __global float* restrict t30, const long B,
+void train_step_k18(__global const float* restrict x, __global float* restrict t27, const long B,
     const long D) {
   const int lid = get_local_id(0);
   const int BM = 64;
@@ -1108,15 +1093,15 @@ void train_step_k19(__global const float* restrict x, __global float* restrict t
     const long i = e / 64;
     const long j = e - i * 64;
     if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k20: launch k20 of train_step: the library's gemm
+// ---- train_step_k19: launch k19 of train_step: the library's gemm
 // grid [pid_n < ceil(H/64), pid_m < ceil(D/64)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void train_step_k20(__global const float* restrict t30, __global const float* restrict t28,
+void train_step_k19(__global const float* restrict t27, __global const float* restrict t25,
     const float lr, __global const float* restrict w1, __global float* restrict out1,
     const long D, const long B, const long H) {
   const int lid = get_local_id(0);
@@ -1127,8 +1112,8 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t30_aligned = tsr_aligned16(t30) && B % 4 == 0;
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1145,14 +1130,14 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t30_aligned) {
+      if (t27_aligned) {
         const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + j) : t30, bytes);
+            bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + j) : t27, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < D && BK*kb + j + q < B ? t30[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
+              BM*pid_m + i < D && BK*kb + j + q < B ? t27[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1160,14 +1145,14 @@ void train_step_k20(__global const float* restrict t30, __global const float* re
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (t28_aligned) {
+      if (t25_aligned) {
         const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t28 + ((BK*kb + i) * H + BN*pid_n + j) : t28, bytes);
+            bytes ? t25 + ((BK*kb + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BK*kb + i < B && BN*pid_n + j + q < H ? t28[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < H ? t25[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }

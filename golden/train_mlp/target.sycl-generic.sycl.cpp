@@ -15,18 +15,17 @@
 // - train_step k6: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k7: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - train_step k8: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k9: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k10: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k11: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k12: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k13: gemm_nt BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
-// - train_step k14: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k15: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
-// - train_step k16: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k17: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k18: row_sum rows=4, 4 warps, 1 stage (the heuristics)
-// - train_step k19: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
-// - train_step k20: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k9: log_softmax_grad rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k10: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k11: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k12: gemm_nt BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k13: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k14: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
+// - train_step k15: elementwise rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k16: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k17: row_sum rows=4, 4 warps, 1 stage (the heuristics)
+// - train_step k18: transpose BM=64 BN=64, 4 warps, 1 stage (the heuristics)
+// - train_step k19: gemm BM=64 BN=64 BK=16, 4 warps, 1 stage (the heuristics)
 // SYCL 2020 (DPC++ or AdaptiveCpp). Each kernel is a function of one work-item `it`
 // of a work-group of `threads`; the host function of each .tsr function, at the end,
 // launches them in order on a sycl::queue, over USM device pointers.
@@ -661,14 +660,16 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
   }
 }
 
-// ---- train_step_k9: launch k9 of train_step: the library's row_sum
+// ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
 // grid [pid_m < ceil(B/4)], 128 threads per program
-inline void train_step_k9(const float* __restrict__ t18, float* __restrict__ t19,
-    const long long B, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
+inline void train_step_k9(const float* __restrict__ t3, const float* __restrict__ t18,
+    float* __restrict__ t19, const long long B, const long long C, const sycl::nd_item<3>& it,
+    float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
-  // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
+  // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
+  //   axis=1)[:, None]
   float v[4];
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
@@ -676,53 +677,38 @@ inline void train_step_k9(const float* __restrict__ t18, float* __restrict__ t19
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
-    if (e == lid && BM*pid_m + e < B) t19[BM*pid_m + e] = v[e];
-  }
-}
-
-// ---- train_step_k10: launch k10 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
-inline void train_step_k10(const float* __restrict__ t3, const float* __restrict__ t19,
-    const float* __restrict__ t18, float* __restrict__ t22, const long long B, const long long C,
-    const sycl::nd_item<3>& it) {
-  const int lid = (int)it.get_local_id(2);
-  constexpr int BM = 4;
-  const long long pid_m = it.get_group(2);
-  // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t22[(BM*pid_m + i) * C + j] =
+      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
           ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((sycl::exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f)))
-          * (BM*pid_m + i < B ? t19[(BM*pid_m + i) * 1 + 0] : 0.0f)));
+          - ((sycl::exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
     }
   }
 }
 
-// ---- train_step_k11: launch k11 of train_step: the library's transpose
+// ---- train_step_k10: launch k10 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
-inline void train_step_k11(const float* __restrict__ t22, float* __restrict__ t23,
+inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t20,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t22_aligned) {
+    if (t19_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t22 + ((BN*pid_n + i) * C + BM*pid_m + j) : t22, bytes);
+          bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < C ? t22[(BN*pid_n + i) * C + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -732,14 +718,14 @@ inline void train_step_k11(const float* __restrict__ t22, float* __restrict__ t2
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t23[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k12: launch k12 of train_step: the library's row_sum
+// ---- train_step_k11: launch k11 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/4)], 128 threads per program
-inline void train_step_k12(const float* __restrict__ t23, const float lr,
+inline void train_step_k11(const float* __restrict__ t20, const float lr,
     const float* __restrict__ b2, float* __restrict__ out4, const long long C, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
@@ -750,7 +736,7 @@ inline void train_step_k12(const float* __restrict__ t23, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (BM*pid_m + i < C ? t23[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -764,10 +750,10 @@ inline void train_step_k12(const float* __restrict__ t23, const float lr,
   }
 }
 
-// ---- train_step_k13: launch k13 of train_step: the library's gemm_nt
+// ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
 // grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
-inline void train_step_k13(const float* __restrict__ t22, const float* __restrict__ w2,
-    float* __restrict__ t24, const long long B, const long long C, const long long H,
+inline void train_step_k12(const float* __restrict__ t19, const float* __restrict__ w2,
+    float* __restrict__ t21, const long long B, const long long C, const long long H,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
@@ -776,7 +762,7 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
@@ -794,14 +780,14 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t22 + ((BM*pid_m + i) * C + BK*kb + j) : t22, bytes);
+            bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && BK*kb + j + q < C ? t22[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
+              BM*pid_m + i < B && BK*kb + j + q < C ? t19[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
@@ -838,14 +824,14 @@ inline void train_step_k13(const float* __restrict__ t22, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < B && BN*pid_n + j < H) t24[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
 
-// ---- train_step_k14: launch k14 of train_step: the library's transpose
+// ---- train_step_k13: launch k13 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
-inline void train_step_k14(const float* __restrict__ hidden, float* __restrict__ t25,
+inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__ t22,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
@@ -875,14 +861,14 @@ inline void train_step_k14(const float* __restrict__ hidden, float* __restrict__
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t25[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k15: launch k15 of train_step: the library's gemm
+// ---- train_step_k14: launch k14 of train_step: the library's gemm
 // grid [pid_n < ceil(C/64), pid_m < ceil(H/64)], 128 threads per program
-inline void train_step_k15(const float* __restrict__ t25, const float* __restrict__ t22,
+inline void train_step_k14(const float* __restrict__ t22, const float* __restrict__ t19,
     const float lr, const float* __restrict__ w2, float* __restrict__ out3, const long long H,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
@@ -892,8 +878,8 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t25_aligned = tsr_aligned16(t25) && B % 4 == 0;
-  const bool t22_aligned = tsr_aligned16(t22) && C % 4 == 0;
+  const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
+  const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -910,14 +896,14 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t25_aligned) {
+      if (t22_aligned) {
         const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t25 + ((BM*pid_m + i) * B + BK*kb + j) : t25, bytes);
+            bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < H && BK*kb + j + q < B ? t25[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
+              BM*pid_m + i < H && BK*kb + j + q < B ? t22[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -925,14 +911,14 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (t22_aligned) {
+      if (t19_aligned) {
         const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((BK*kb + i) * C + BN*pid_n + j) : t22, bytes);
+            bytes ? t19 + ((BK*kb + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BK*kb + i < B && BN*pid_n + j + q < C ? t22[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < C ? t19[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -963,47 +949,47 @@ inline void train_step_k15(const float* __restrict__ t25, const float* __restric
   }
 }
 
-// ---- train_step_k16: launch k16 of train_step: the library's elementwise
+// ---- train_step_k15: launch k15 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/4)], 128 threads per program
-inline void train_step_k16(const float* __restrict__ hidden, const float* __restrict__ t24,
-    float* __restrict__ t28, const long long B, const long long H, const sycl::nd_item<3>& it) {
+inline void train_step_k15(const float* __restrict__ hidden, const float* __restrict__ t21,
+    float* __restrict__ t25, const long long B, const long long H, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < 4; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t28[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t24[(BM*pid_m + i) * H + j] : 0.0f)
+      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
+          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
           * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
           * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
     }
   }
 }
 
-// ---- train_step_k17: launch k17 of train_step: the library's transpose
+// ---- train_step_k16: launch k16 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
-inline void train_step_k17(const float* __restrict__ t28, float* __restrict__ t29,
+inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t26,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
   float* const operand_smem = (float*)(tsr_smem + 0);
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
   for (int e = lid; e < 1024; e += 128) {
     const int i = e / 16;
     const int j = e % 16 * 4;
-    if (t28_aligned) {
+    if (t25_aligned) {
       const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
       tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t28 + ((BN*pid_n + i) * H + BM*pid_m + j) : t28, bytes);
+          bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BN*pid_n + i < B && BM*pid_m + j + q < H ? t28[(BN*pid_n + i) * H + BM*pid_m + j + q]
+            BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
     }
@@ -1013,14 +999,14 @@ inline void train_step_k17(const float* __restrict__ t28, float* __restrict__ t2
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t29[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k18: launch k18 of train_step: the library's row_sum
+// ---- train_step_k17: launch k17 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/4)], 128 threads per program
-inline void train_step_k18(const float* __restrict__ t29, const float lr,
+inline void train_step_k17(const float* __restrict__ t26, const float lr,
     const float* __restrict__ b1, float* __restrict__ out2, const long long H, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
@@ -1031,7 +1017,7 @@ inline void train_step_k18(const float* __restrict__ t29, const float lr,
   for (int i = 0; i < 4; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
-        r = r + (BM*pid_m + i < H ? t29[(BM*pid_m + i) * B + j] : 0.0f);
+        r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
@@ -1045,9 +1031,9 @@ inline void train_step_k18(const float* __restrict__ t29, const float lr,
   }
 }
 
-// ---- train_step_k19: launch k19 of train_step: the library's transpose
+// ---- train_step_k18: launch k18 of train_step: the library's transpose
 // grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
-inline void train_step_k19(const float* __restrict__ x, float* __restrict__ t30,
+inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     const long long B, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
@@ -1077,14 +1063,14 @@ inline void train_step_k19(const float* __restrict__ x, float* __restrict__ t30,
     const long long i = e / 64;
     const long long j = e - i * 64;
     if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t30[(BM*pid_m + i) * B + BN*pid_n + j] =
+        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
-// ---- train_step_k20: launch k20 of train_step: the library's gemm
+// ---- train_step_k19: launch k19 of train_step: the library's gemm
 // grid [pid_n < ceil(H/64), pid_m < ceil(D/64)], 128 threads per program
-inline void train_step_k20(const float* __restrict__ t30, const float* __restrict__ t28,
+inline void train_step_k19(const float* __restrict__ t27, const float* __restrict__ t25,
     const float lr, const float* __restrict__ w1, float* __restrict__ out1, const long long D,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
@@ -1094,8 +1080,8 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
-  const bool t30_aligned = tsr_aligned16(t30) && B % 4 == 0;
-  const bool t28_aligned = tsr_aligned16(t28) && H % 4 == 0;
+  const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
+  const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1112,14 +1098,14 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 4;
       const int j = e % 4 * 4;
-      if (t30_aligned) {
+      if (t27_aligned) {
         const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t30 + ((BM*pid_m + i) * B + BK*kb + j) : t30, bytes);
+            bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + j) : t27, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < D && BK*kb + j + q < B ? t30[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
+              BM*pid_m + i < D && BK*kb + j + q < B ? t27[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1127,14 +1113,14 @@ inline void train_step_k20(const float* __restrict__ t30, const float* __restric
     for (int e = lid; e < 256; e += 128) {
       const int i = e / 16;
       const int j = e % 16 * 4;
-      if (t28_aligned) {
+      if (t25_aligned) {
         const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t28 + ((BK*kb + i) * H + BN*pid_n + j) : t28, bytes);
+            bytes ? t25 + ((BK*kb + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BK*kb + i < B && BN*pid_n + j + q < H ? t28[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
+              BK*kb + i < B && BN*pid_n + j + q < H ? t25[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1249,14 +1235,13 @@ inline void train_step(
   float* const t12 = static_cast<float*>(sycl::malloc_device(4, queue));
   float* const t16 = static_cast<float*>(sycl::malloc_device(4*B, queue));
   float* const t18 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
-  float* const t19 = static_cast<float*>(sycl::malloc_device(4*B, queue));
-  float* const t22 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
-  float* const t23 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
-  float* const t24 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
+  float* const t19 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
+  float* const t20 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
+  float* const t21 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
+  float* const t22 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
   float* const t25 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
-  float* const t28 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
-  float* const t29 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
-  float* const t30 = static_cast<float*>(sycl::malloc_device(4*B*D, queue));
+  float* const t26 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
+  float* const t27 = static_cast<float*>(sycl::malloc_device(4*B*D, queue));
   sycl::event done;
   done = queue.submit([&](sycl::handler& cgh) {
     cgh.depends_on(done);
@@ -1349,15 +1334,7 @@ inline void train_step(
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
       train_step_k9(
-          t18, t19, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k10(t3, t19, t18, t22, B, C, it);
+          t3, t18, t19, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
   done = queue.submit([&](sycl::handler& cgh) {
@@ -1366,8 +1343,8 @@ inline void train_step(
     const sycl::range<3> global(1, (C + 63) / 64, 128 * ((B + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k11(
-          t22, t23, B, C, it,
+      train_step_k10(
+          t19, t20, B, C, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1377,8 +1354,8 @@ inline void train_step(
     const sycl::range<3> global(1, 1, 128 * ((C + 3) / 4));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k12(
-          t23, lr, b2, out4, C, B, it,
+      train_step_k11(
+          t20, lr, b2, out4, C, B, it,
           tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1388,8 +1365,8 @@ inline void train_step(
     const sycl::range<3> global(1, (B + 63) / 64, 128 * ((H + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k13(
-          t22, w2, t24, B, C, H, it,
+      train_step_k12(
+          t19, w2, t21, B, C, H, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1399,8 +1376,8 @@ inline void train_step(
     const sycl::range<3> global(1, (H + 63) / 64, 128 * ((B + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k14(
-          hidden, t25, B, H, it,
+      train_step_k13(
+          hidden, t22, B, H, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1410,8 +1387,8 @@ inline void train_step(
     const sycl::range<3> global(1, (H + 63) / 64, 128 * ((C + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k15(
-          t25, t22, lr, w2, out3, H, B, C, it,
+      train_step_k14(
+          t22, t19, lr, w2, out3, H, B, C, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1420,7 +1397,7 @@ inline void train_step(
     const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k16(hidden, t24, t28, B, H, it);
+      train_step_k15(hidden, t21, t25, B, H, it);
     });
   });
   done = queue.submit([&](sycl::handler& cgh) {
@@ -1429,8 +1406,8 @@ inline void train_step(
     const sycl::range<3> global(1, (H + 63) / 64, 128 * ((B + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k17(
-          t28, t29, B, H, it,
+      train_step_k16(
+          t25, t26, B, H, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1440,8 +1417,8 @@ inline void train_step(
     const sycl::range<3> global(1, 1, 128 * ((H + 3) / 4));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k18(
-          t29, lr, b1, out2, H, B, it,
+      train_step_k17(
+          t26, lr, b1, out2, H, B, it,
           tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1451,8 +1428,8 @@ inline void train_step(
     const sycl::range<3> global(1, (D + 63) / 64, 128 * ((B + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k19(
-          x, t30, B, D, it,
+      train_step_k18(
+          x, t27, B, D, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1462,8 +1439,8 @@ inline void train_step(
     const sycl::range<3> global(1, (D + 63) / 64, 128 * ((H + 63) / 64));
     const sycl::range<3> group(1, 1, 128);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k20(
-          t30, t28, lr, w1, out1, D, B, H, it,
+      train_step_k19(
+          t27, t25, lr, w1, out1, D, B, H, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -1477,11 +1454,10 @@ inline void train_step(
   sycl::free(t16, queue);
   sycl::free(t18, queue);
   sycl::free(t19, queue);
+  sycl::free(t20, queue);
+  sycl::free(t21, queue);
   sycl::free(t22, queue);
-  sycl::free(t23, queue);
-  sycl::free(t24, queue);
   sycl::free(t25, queue);
-  sycl::free(t28, queue);
-  sycl::free(t29, queue);
-  sycl::free(t30, queue);
+  sycl::free(t26, queue);
+  sycl::free(t27, queue);
 }

@@ -405,16 +405,10 @@ def _softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     row kernel ``softmax_grad``; else as ops."""
     y, axis = op.result, op.attr("axis")
     g = _whole(b, gs[0], y)
-    if axis == y.type.rank - 1 and y.type.rank > 1 and y.type.dtype == g.type.dtype == F32:
-        return [(op.operands[0], _softmax_grad(b, y, g))]
+    if _last_axis_f32(y, g, axis):
+        return [(op.operands[0], _row_grad(b, "softmax_grad", (y, g), ()))]
     gy = b("mul", g, y)
     return [(op.operands[0], b("sub", gy, b("mul", y, b("sum", gy, axis=axis, keepdims=True))))]
-
-
-def _softmax_grad(b: Builder, y: Value, g: Value) -> Value:
-    return b.emitter.emit("softmax_grad", (y, g), (TensorType(y.type.dims, F32),), (), (), b.span)[
-        0
-    ]
 
 
 @_rule("softmax_grad")
@@ -422,15 +416,46 @@ def _softmax_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Linear in ``g`` with a symmetric Jacobian, ``diag(y) - y y^T``: its own transpose
     (which ``F_jvp`` reads). None of ``y``: no second derivatives of a softmax."""
     y, _ = op.operands
-    return [(op.operands[1], _softmax_grad(b, y, _whole(b, gs[0], op.result))), (y, _NO_RULE)]
+    h = _whole(b, gs[0], op.result)
+    return [(op.operands[1], _row_grad(b, "softmax_grad", (y, h), ())), (y, _NO_RULE)]
 
 
 @_rule("log_softmax")
 def _log_softmax(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """``g - exp(y) * sum(g)``: over the last axis of f32 rows, the library's one-pass
+    row kernel ``log_softmax_grad``; else as ops."""
     y, axis = op.result, op.attr("axis")
     g = _whole(b, gs[0], y)
+    if _last_axis_f32(y, g, axis):
+        return [(op.operands[0], _row_grad(b, "log_softmax_grad", (y, g), ()))]
     total = b("sum", g, axis=axis, keepdims=True)
     return [(op.operands[0], b("sub", g, b("mul", b("exp", y), total)))]
+
+
+@_rule("log_softmax_grad")
+def _log_softmax_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Linear in ``g``, with the Jacobian ``I - exp(y) 1^T``; its transpose (which
+    ``F_jvp`` reads) takes ``h - sum(exp(y) * h)``. None of ``y``: no second derivatives
+    of a log-softmax."""
+    y, g = op.operands
+    h = _whole(b, gs[0], op.result)
+    total = b("sum", b("mul", b("exp", y), h), axis=-1, keepdims=True)
+    return [(g, b("sub", h, total)), (y, _NO_RULE)]
+
+
+def _last_axis_f32(y: Value, g: Value, axis: int) -> bool:
+    """Whether a row op's gradient is a library row kernel's: over the last axis of a
+    matrix (or a batch of them) of f32, with an f32 cotangent."""
+    return axis == y.type.rank - 1 and y.type.rank > 1 and y.type.dtype == g.type.dtype == F32
+
+
+def _row_grad(
+    b: Builder, kind: str, operands: tuple[Value, ...], attrs: tuple[tuple[str, Any], ...]
+) -> Value:
+    """The library's one-pass row kernel ``kind`` of a gradient: f32, the shape of its
+    first operand."""
+    out = TensorType(operands[0].type.dims, F32)
+    return b.emitter.emit(kind, operands, (out,), attrs, (), b.span)[0]
 
 
 @_rule("logsumexp_safe")
@@ -444,29 +469,54 @@ def _logsumexp(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 @_rule("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
 def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The statistics recomputed, not stored; the weight's and bias's gradients are
-    column sums over every row."""
+    column sums over every row. The input's, over f32 rows, is the library's one-pass
+    row kernel (``layernorm_grad``, ``rmsnorm_grad``); else as ops."""
     x, *params = op.operands
     g = gs_whole = _whole(b, gs[0], op.result)
     centred = op.kind.startswith("layernorm")
     eps = op.attr("eps")
-    rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
-    scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
-    normed = b("mul", rows, scale)
-    pairs = []
     weight = params.pop(0) if op.attr("weight") else None
     bias = params.pop(0) if op.attr("bias") else None
+    one_pass = _last_axis_f32(x, g, x.type.rank - 1) and (
+        weight is None or weight.type.dtype == F32
+    )
+    pairs = []
+    if weight is not None or not one_pass:  # xhat, for the weight's or the ops' path
+        rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
+        scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
+        normed = b("mul", rows, scale)
     leading = tuple(range(x.type.rank - 1))
     if weight is not None:
         gw = b("mul", g, normed)
         pairs.append((weight, b("sum", gw, axis=leading) if leading else gw))
-        g = b("mul", g, weight)
     if bias is not None:
         pairs.append((bias, b("sum", gs_whole, axis=leading) if leading else gs_whole))
+    if one_pass:
+        kind = "layernorm_grad" if centred else "rmsnorm_grad"
+        operands = (x, g) if weight is None else (x, weight, g)
+        attrs = (("eps", eps), ("weight", weight is not None))
+        return [(x, _row_grad(b, kind, operands, attrs)), *pairs]
+    if weight is not None:
+        g = b("mul", g, weight)
     along = b("mul", normed, b("mean", b("mul", g, normed), axis=-1, keepdims=True))
     inner = b("sub", g, along)
     if centred:
         inner = b("sub", inner, b("mean", g, axis=-1, keepdims=True))
     return [(x, b("mul", inner, scale)), *pairs]
+
+
+@_rule("layernorm_grad", "rmsnorm_grad")
+def _norm_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Linear in ``g``: ``s (I - P) diag(w)`` with ``P`` symmetric (``xhat xhat^T / n``,
+    plus ``1 1^T / n`` for a layer norm), so its transpose (which ``F_jvp`` reads) is the
+    same kernel without the weight, times the weight. None of ``x`` or the weight: no
+    second derivatives of a norm."""
+    x, *weight, g = op.operands
+    h = _whole(b, gs[0], op.result)
+    back = _row_grad(b, op.kind, (x, h), (("eps", op.attr("eps")), ("weight", False)))
+    if weight:
+        return [(g, b("mul", back, weight[0])), (x, _NO_RULE), (weight[0], _NO_RULE)]
+    return [(g, back), (x, _NO_RULE)]
 
 
 @_rule("rotary_embedding")

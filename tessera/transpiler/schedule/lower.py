@@ -55,6 +55,8 @@ TEMPLATES = {
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
     "attention_lse": "attention_lse", "attention_dq": "attention_dq",
     "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
+    "log_softmax_grad": "log_softmax_grad", "layernorm_grad": "layernorm_grad",
+    "rmsnorm_grad": "rmsnorm_grad",
 }  # fmt: skip
 
 

@@ -68,6 +68,9 @@ TEMPLATE_PARAMS = {
     "attention_dk": ("q", "k", "v", "do", "lse", "delta"),
     "attention_dv": ("q", "k", "do", "lse"),
     "softmax_grad": ("y", "g"),
+    "log_softmax_grad": ("y", "g"),
+    "layernorm_grad": ("x", "weight", "g"),
+    "rmsnorm_grad": ("x", "weight", "g"),
 }
 
 
