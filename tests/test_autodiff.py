@@ -372,7 +372,7 @@ COMPOSITE = {
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
-EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "attention_lse", "attention_dq",
+EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "attention_stats", "attention_dq",
            "attention_dk", "attention_dv")  # fmt: skip
 
 
@@ -461,7 +461,7 @@ def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> No
     with pytest.raises(tessera.CompileError) as caught:
         tessera.compile(source, filename="bad.tsr", target="hip", arch="gfx90a", until="sched")
     first = caught.value.diagnostics[0]
-    assert first.span.line == 4 and "attention_lse fits the 65,536 bytes" in first.message
+    assert first.span.line == 4 and "attention_stats fits the 65,536 bytes" in first.message
 
 
 ATTENTION = """\

@@ -63,10 +63,10 @@ TEMPLATE_PARAMS = {
     "put_along_axis": ("x", "index", "values"),
     "scatter_add": ("x", "index", "values"),
     "pad": ("g", "like"),
-    "attention_lse": ("q", "k"),
-    "attention_dq": ("q", "k", "v", "do", "lse", "delta"),
-    "attention_dk": ("q", "k", "v", "do", "lse", "delta"),
-    "attention_dv": ("q", "k", "do", "lse"),
+    "attention_stats": ("q", "k", "v", "do"),
+    "attention_dq": ("q", "k", "v", "do", "stats"),
+    "attention_dk": ("q", "k", "v", "do", "stats"),
+    "attention_dv": ("q", "k", "do", "stats"),
     "softmax_grad": ("y", "g"),
 }
 
