@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -232,3 +233,22 @@ def test_a_tile_size_the_schedule_does_not_size_is_an_error(
     (message,) = errors(text, target)
     assert message.startswith(f"{size} has no size in 'f': the schedule sizes it only as ")
     assert message.endswith("Load the whole axis instead (cols= left out)")
+
+
+BACKWARD_ATTENTION = """\
+@autodiff
+def attend(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", f32],
+           v: Tensor["B", "H", "S", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return flash_attention(q, k, v, causal=True)
+"""
+
+
+def test_cpu_attention_backward_kernels_take_square_blocks() -> None:
+    """On the CPU the backward kernels step 128 keys (or queries) at a time, as many as
+    a program owns, where the forward kernel steps 256: causal attention's half-masked
+    diagonal blocks are then half as large."""
+    sched = tessera.compile(BACKWARD_ATTENTION, "attend.tsr", target="cpu").inspect_ir("sched")
+    tiles = dict(re.findall(r"template (\w+)\n\s+tiles (BM=\d+ BN=\d+)", sched))
+    assert tiles["flash_attention"] == "BM=128 BN=256"
+    for name in ("attention_stats", "attention_dq", "attention_dk", "attention_dv"):
+        assert tiles[name] == "BM=128 BN=128", name
