@@ -1,9 +1,9 @@
 """Benchmark: attention's backward pass on the CPU against PyTorch, in one process.
 
 f32 B1 H8 S1024 D64, causal and not. Tessera's ``attention_vjp`` (from ``@autodiff``) takes
-q, k, v and the output's gradient and returns dq, dk and dv: it runs the forward kernel
-(its output gives each row's ``delta = rowsum(do * o)``), ``attention_lse`` and the three
-FlashAttention-2 backward kernels. The peers: ``scaled_dot_product_attention``'s backward
+q, k, v and the output's gradient and returns dq, dk and dv: it runs ``attention_stats``
+(the forward loop again, for each row's logsumexp and ``delta = rowsum(do * o)``) and the
+three FlashAttention-2 backward kernels. The peers: ``scaled_dot_product_attention``'s backward
 alone (``torch.autograd.grad`` of a saved forward), and its forward and backward together,
 which is the work ``attention_vjp`` does. Median of interleaved runs after warm-up (the
 method of ``bench/cpu.py``); results go to ``bench/results/attention_backward.json``.
@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     lib = tessera.compile(SOURCE, "attention_backward.tsr", target="cpu").load()
     rng = np.random.default_rng(0)
     rows = []
@@ -80,11 +81,14 @@ def main() -> None:
         "benchmark": "attention_backward",
         "machine": {"processor": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "torch": torch.__version__},
+                    "numpy": np.__version__, "torch": torch.__version__,
+                    # other work on a shared machine: the 1-minute load average
+                    "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
         "method": f"median of {args.runs} interleaved runs after one warm-up; before each "
                   "run a 200 ms pause, then one untimed call; ratios are peer time / "
-                  "tessera time (above 1: tessera is faster); tessera's time includes the "
-                  "forward kernel that its delta reads",
+                  "tessera time (above 1: tessera is faster); tessera's time includes "
+                  "attention_stats, which runs the forward loop again for the logsumexp "
+                  "and delta that the backward kernels read",
         "results": rows,
     }  # fmt: skip
     write_file(RESULTS, json.dumps(result, indent=2) + "\n")

@@ -357,17 +357,17 @@ CASES = (
                       "weight_decay": 0.1},
          lambda a: adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], a["lr"], a["step"],
                         a["beta1"], a["beta2"], a["eps"], a["weight_decay"]), 1e-5),
-    Case("tessera/stdlib/attention_lse.tsr", "attention_lse",
-         lambda rng: _attention_backward_inputs(rng, "q", "k"),
-         lambda a: {"out": attention_backward(_with_v(a))["lse"]}, 1e-5, True),
+    Case("tessera/stdlib/attention_stats.tsr", "attention_stats",
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do"),
+         lambda a: {"out": attention_backward(a)["stats"]}, 1e-5, True),
     Case("tessera/stdlib/attention_dq.tsr", "attention_dq",
-         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "stats"),
          lambda a: {"out": attention_backward(a)["dq"]}, 1e-4, True),
     Case("tessera/stdlib/attention_dk.tsr", "attention_dk",
-         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "lse", "delta"),
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "v", "do", "stats"),
          lambda a: {"out": attention_backward(a)["dk"]}, 1e-4, True),
     Case("tessera/stdlib/attention_dv.tsr", "attention_dv",
-         lambda rng: _attention_backward_inputs(rng, "q", "k", "do", "lse"),
+         lambda rng: _attention_backward_inputs(rng, "q", "k", "do", "stats"),
          lambda a: {"out": attention_backward(_with_v(a))["dv"]}, 1e-4, True),
     Case("tessera/stdlib/pad.tsr", "pad",
          lambda rng: {"g": _normal(rng, (R, 13)), "like": _normal(rng, (3, C)), "start": 29.0},
@@ -408,7 +408,8 @@ CASES = (
 
 def attention_backward(a: dict[str, Any]) -> dict[str, np.ndarray]:
     """FlashAttention-2's backward in float64 from ``a``'s q, k, v and do: the row
-    logsumexp, ``delta = rowsum(do * o)``, and the gradients of q, k and v."""
+    logsumexp and ``delta = rowsum(do * o)`` side by side (``stats``), and the gradients
+    of q, k and v."""
     q, k, v, do = (f64(a[n]) for n in ("q", "k", "v", "do"))
     s = q @ np.swapaxes(k, -1, -2) * a["scale"]
     if a["causal"]:
@@ -419,8 +420,7 @@ def attention_backward(a: dict[str, Any]) -> dict[str, np.ndarray]:
     delta = (do * (p @ v)).sum(axis=-1, keepdims=True)
     ds = p * (do @ np.swapaxes(v, -1, -2) - delta)
     return {
-        "lse": lse,
-        "delta": delta,
+        "stats": np.concatenate([lse, delta], axis=-1),
         "dq": ds @ k * a["scale"],
         "dk": np.swapaxes(ds, -1, -2) @ q * a["scale"],
         "dv": np.swapaxes(p, -1, -2) @ do,
@@ -432,14 +432,14 @@ def _attention_backward_inputs(rng: np.random.Generator, *names: str) -> dict[st
     the lse and delta the backward kernels read where ``names`` asks for them."""
     a: dict[str, Any] = {n: _normal(rng, (2, 150, 64)) for n in ("q", "k", "v", "do")}
     a |= {"causal": True, "scale": 0.125}
-    want = attention_backward(a)
-    a |= {n: want[n].astype(np.float32) for n in ("lse", "delta") if n in names}
+    if "stats" in names:
+        a["stats"] = attention_backward(a)["stats"].astype(np.float32)
     return {n: a[n] for n in (*names, "causal", "scale")}
 
 
 def _with_v(a: dict[str, Any]) -> dict[str, Any]:
-    """The inputs of a kernel that does not read v or do, with zeros for them: the
-    logsumexp and dv do not depend on them."""
+    """The inputs of a kernel that does not read v or do, with zeros for them: dv does
+    not depend on them."""
     zeros = np.zeros_like(a["q"])
     return {"v": zeros, "do": zeros, **a}
 

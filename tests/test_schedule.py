@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -251,3 +252,22 @@ def test_an_instructions_tiles_cover_a_tile_only_in_whole_tiles_per_warp(
     """The one coverage rule that the schedule's resources, legalization and the SIMT
     lowering share (m16n8, mma.sync's tile)."""
     assert covers((16, 8, 16), rows, cols, warps) is covered
+
+
+BACKWARD_ATTENTION = """\
+@autodiff
+def attend(q: Tensor["B", "H", "S", "D", f32], k: Tensor["B", "H", "S", "D", f32],
+           v: Tensor["B", "H", "S", "D", f32]) -> Tensor["B", "H", "S", "D", f32]:
+    return flash_attention(q, k, v, causal=True)
+"""
+
+
+def test_cpu_attention_backward_kernels_take_square_blocks() -> None:
+    """On the CPU the backward kernels step 128 keys (or queries) at a time, as many as
+    a program owns, where the forward kernel steps 256: causal attention's half-masked
+    diagonal blocks are then half as large."""
+    sched = tessera.compile(BACKWARD_ATTENTION, "attend.tsr", target="cpu").inspect_ir("sched")
+    tiles = dict(re.findall(r"template (\w+)\n\s+tiles (BM=\d+ BN=\d+)", sched))
+    assert tiles["flash_attention"] == "BM=128 BN=256"
+    for name in ("attention_stats", "attention_dq", "attention_dk", "attention_dv"):
+        assert tiles[name] == "BM=128 BN=128", name

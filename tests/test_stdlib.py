@@ -19,7 +19,7 @@ EXPECTED = {
     "attention_dk": ("attention", ["ceil(T/64)", "BH"]),
     "attention_dq": ("attention", ["ceil(S/64)", "BH"]),
     "attention_dv": ("attention", ["ceil(T/64)", "BH"]),
-    "attention_lse": ("attention", ["ceil(S/64)", "BH"]),
+    "attention_stats": ("attention", ["ceil(S/128)", "BH"]),
     "decode_attention": ("attention", ["ceil(R/128)", "N"]),
     "elementwise": ("reduction", ["ceil(R/4)"]),
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),

@@ -611,6 +611,34 @@ def test_causal_bound_pass_before_and_after() -> None:
     assert loop(plain).attr("stop") is None
 
 
+KEYS_OWNED = """\
+@kernel
+def key_grad(q: Tensor["BH", "S", "D", f32], k: Tensor["BH", "S", "D", f32],
+             lse: Tensor["BH", "S", 1, f32]) -> Tensor["BH", "S", "D", f32]:
+    T = tile.context()
+    k_tile = tile.load(k, rows=T.m, cols=T.d)
+    acc = tile.zeros((T.m, T.d), f32)
+    for mblk in tile.range_n(q.shape, T.n):
+        q_tile = tile.load(q, mblk, cols=T.d)
+        s = tile.dot(q_tile, tile.transpose(k_tile))
+        tile.mask_causal(s, tile.col_index(mblk), tile.row_index())
+        acc += tile.dot(tile.transpose(tile.exp(s - tile.load(lse, mblk))), q_tile)
+    return acc
+"""
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_causal_bound_starts_key_owned_loops_on_the_cpu(target: str) -> None:
+    """A loop over query blocks (the keys' gradients) starts at the program's first key
+    on the CPU; the GPU targets, whose pipelines copy the first block ahead, keep 0."""
+    before, after = _before_and_after(KEYS_OWNED, "causal-bound", target)
+    assert loop(before).attr("start") is None and loop(after).attr("stop") is None
+    (first_key,) = [op for op in ops_of(loop(after).regions[0], "iota")
+                    if "pid_m" in op.attr("offset").symbols()]  # fmt: skip
+    want = first_key.attr("offset") if target == "cpu" else None
+    assert loop(after).attr("start") == want
+
+
 def test_unnamed_operands_get_buffers_of_their_own() -> None:
     """Two loads with no names feeding one dot: two buffers, two places in the plan."""
     k = kernel("""\

@@ -529,11 +529,12 @@ def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 @_rule("flash_attention")
 def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
-    """FlashAttention-2's backward: the library's ``attention_lse`` gives each query's
-    logsumexp of the scores, and ``attention_dq``, ``attention_dk`` and ``attention_dv``
-    compute the probabilities again from it, a block at a time, each accumulating one
-    gradient; ``delta = rowsum(g * o)`` comes from the forward result. In f32; causal or
-    not, grouped-query k and v heads summed over their group by ``_fit``."""
+    """FlashAttention-2's backward: the library's ``attention_stats`` runs the forward
+    loop again and gives each query's logsumexp of the scores and ``delta = rowsum(g *
+    o)``, as two columns, and ``attention_dq``, ``attention_dk`` and ``attention_dv``
+    compute the probabilities again from them, a block at a time, each accumulating one
+    gradient. In f32; causal or not, grouped-query k and v heads summed over their group
+    by ``_fit``."""
     if op.attr("dropout") is not None:
         raise SemanticError(
             "cannot differentiate an attention with dropout yet: write the attention out, "
@@ -545,17 +546,16 @@ def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     scalars = (op.operands[-1],) if scale == "scalar" else ()
     attrs = (("causal", op.attr("causal")), ("scale", scale))
     g = _f32(b, _whole(b, gs[0], op.result))
-    delta = b("sum", b("mul", g, _f32(b, op.result)), axis=-1, keepdims=True)
     batch, rows, keys = op.result.type.dims[:-2], q.type.dims[-2], k.type.dims[-2]
 
     def kernel(kind: str, operands: tuple[Value, ...], dims: tuple[Dim, ...]) -> Value:
         out = TensorType((*batch, *dims), F32)
         return b.emitter.emit(kind, (*operands, *scalars), (out,), attrs, (), b.span)[0]
 
-    lse = kernel("attention_lse", (q, k), (rows, Dim.const(1)))
-    dq = kernel("attention_dq", (q, k, v, g, lse, delta), q.type.dims[-2:])
-    dk = kernel("attention_dk", (q, k, v, g, lse, delta), k.type.dims[-2:])
-    dv = kernel("attention_dv", (q, k, g, lse), (keys, v.type.dims[-1]))
+    stats = kernel("attention_stats", (q, k, v, g), (rows, Dim.const(2)))
+    dq = kernel("attention_dq", (q, k, v, g, stats), q.type.dims[-2:])
+    dk = kernel("attention_dk", (q, k, v, g, stats), k.type.dims[-2:])
+    dv = kernel("attention_dv", (q, k, g, stats), (keys, v.type.dims[-1]))
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
 
 
@@ -665,7 +665,7 @@ NO_GRADIENT = {
     "outside the differentiated function",
     "kvcache.append": "keep state updates out of the differentiated function",
     **dict.fromkeys(
-        ("attention_lse", "attention_dq", "attention_dk", "attention_dv"),
+        ("attention_stats", "attention_dq", "attention_dk", "attention_dv"),
         "flash_attention's backward kernels have no derivatives of their own: F_jvp and "
         "second derivatives of an attention need it written out, softmax(q @ k.T * scale) @ v",
     ),

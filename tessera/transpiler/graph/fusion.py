@@ -62,7 +62,7 @@ __all__ = ["fuse", "op_class", "kernel_order"]
 _ANCHORS = {
     "matmul": "gemm",
     "flash_attention": "attention",
-    "attention_lse": "attention",
+    "attention_stats": "attention",
     "attention_dq": "attention",
     "attention_dk": "attention",
     "attention_dv": "attention",

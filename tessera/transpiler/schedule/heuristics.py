@@ -114,6 +114,12 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         d = head_dim_tile(problem)
         table = _ATTENTION[_family(hw)]
         m, n, w, s = table[next(limit for limit in sorted(table) if d <= limit or limit == 256)]
+        if hw.kind == "cpu" and problem.held > 1:
+            # The backward kernels (which hold two tiles through the loop) take square
+            # blocks: causal attention's diagonal blocks, half masked, are then half as
+            # large. S1024 D64, one thread's CPU time: causal 36 ms against 40, the
+            # full attention 61 against 62.
+            n = m
         # The table's entry first, then smaller variants for when it does not fit:
         # fewer stages, then fewer keys per step, then fewer queries per program (and
         # warps in proportion) with each of those key steps (one under the mma's n

@@ -53,7 +53,7 @@ TEMPLATES = {
     "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
-    "attention_lse": "attention_lse", "attention_dq": "attention_dq",
+    "attention_stats": "attention_stats", "attention_dq": "attention_dq",
     "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
     "log_softmax_grad": "log_softmax_grad", "layernorm_grad": "layernorm_grad",
     "rmsnorm_grad": "rmsnorm_grad",
@@ -411,7 +411,7 @@ class _Scheduler:
         held = sum(op.kind == "tile.load" and op.attr("cols") == "program" for op in f.body.ops)
         online = any(op.kind == "tile.softmax_online" for op in ops)
         # the forward pass holds its queries and accumulates the values; a kernel that
-        # only reduces the online softmax (attention_lse) holds the scores as its
+        # only reduces the online softmax (a logsumexp of the scores) holds them as its
         # backward kernels do, so that its blocks of keys are as narrow as theirs
         accumulated = any(op.kind == "tile.softmax_accumulate" for op in ops)
         if online or (head and held and loop is not None):
@@ -620,9 +620,9 @@ def _grid(problem: Problem, knobs: dict[str, Any]) -> tuple[GridDim, ...]:
 
 def _head_dim(ops: list[Op]) -> Dim | None:
     """The dim that a tile kernel's ``T.d`` tiles span whole: the last dim of the tensors
-    it loads ``cols=T.d`` of (attention's q, k and v), not its result's (``attention_lse``
-    returns one value per row: its T.d tile was sized for a width of 1, 16 columns, and
-    the rest of each head was never read). The widest where several differ."""
+    it loads ``cols=T.d`` of (attention's q, k and v), not its result's (``attention_stats``
+    returns two values per row: a T.d tile sized for a width of 2 would be 16 columns,
+    and the rest of each head never read). The widest where several differ."""
     spanned = [
         op.operands[0].type.dims[-1]
         for op in ops

@@ -1123,7 +1123,10 @@ class _Emitter:
             extent = f"std::min<tsr::i64>({extent}, {self.c(op.attr('stop'))})"
         step = self.constants.step(body.args[0].name) or self.c(op.attr("step"))
         trips = f"tsr::ceil_div({extent}, {step})"
-        self.line(f"for (tsr::i64 {counter} = 0; {counter} < {trips}; ++{counter}) {{")
+        first = "0"
+        if op.attr("start") is not None:  # causal attention's keys: no block before the first
+            first = f"{self.factor(op.attr('start'))} / {step}"
+        self.line(f"for (tsr::i64 {counter} = {first}; {counter} < {trips}; ++{counter}) {{")
         self.depth += 1
         self.block(body)
         for arg, value in zip(body.args[1:], body.yields, strict=True):

@@ -820,12 +820,14 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     # -- reductions ------------------------------------------------------------------------
 
     def _reduce(self, op: Op, combine: str, init: str, group: str) -> None:
+        """Along the rows of a tile: ``combine`` joins two partials ``{a}`` and ``{b}``."""
         x = op.operands[0]
         dims = tuple(x.type.dims)
         if len(dims) != 2 or op.attr("axis") not in (1, -1) or dims[0].constant is None:
             raise NotLowered("a reduction other than along the rows of a tile")
         if self.forms[x.id].dist is not None:
-            raise NotLowered("a reduction of a tile held in registers")
+            self.reduce_held_rows(op, combine, init)
+            return
         rows = dims[0].constant
         name = self.namer.fresh(op.result.name, "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
@@ -837,15 +839,15 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.line(f"float r = {init};")
         element = self.at(x, ("i", "j"), dims)
         self.line(f"for ({i64} j = lid; j < {self.c(dims[1])}; j += {self.kernel.threads}) "
-                  f"r = {combine.format(element=element)};")  # fmt: skip
+                  f"r = {combine.format(a='r', b=element)};")  # fmt: skip
         self.line(f"{name}[i] = {group}({self.d.group_context}tsr_scratch, r);")
         self.close()
 
     def op_sum(self, op: Op) -> None:
-        self._reduce(op, "r + {element}", "0.0f", "tsr_group_sum")
+        self._reduce(op, "{a} + {b}", "0.0f", "tsr_group_sum")
 
     def op_max(self, op: Op) -> None:
-        combine = f"{self.d.fmax}(r, {{element}})"
+        combine = f"{self.d.fmax}({{a}}, {{b}})"
         self._reduce(op, combine, self.d.literal(float("-inf")), "tsr_group_max")
 
     # -- global memory ---------------------------------------------------------------------
@@ -951,19 +953,23 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
 
     def store_rows(self, tensor: Value, tile: Value, at: Access, dist: Rows | FragmentRows) -> None:
         """Store a row vector held in registers (attention's row logsumexp, ``[T.m]`` or
-        ``[T.m, 1]``): every thread of a row of the grid (or of a fragment's row) holds
-        the row's value, and the one at its first column stores it."""
+        ``[T.m, 1]``), or a few of them side by side (``attention_stats``'s ``[T.m, 2]``,
+        a concat): every thread of a row of the grid (or of a fragment's row) holds the
+        row's values, and the one at its first column stores them."""
         out = tuple(tile.type.dims)
-        if any(d != Dim.const(1) for d in out[1:]):
+        width = out[1].constant if len(out) == 2 else 1
+        if len(out) > 2 or width is None or width > _ROW_STORE_COLUMNS:
             raise NotLowered("a store of a row vector held in registers, broadcast")
         (row,) = self.walk(dist)
-        index = (row, *("0",) * (len(out) - 1))
-        offset, condition = self.address(tensor, at, index)
-        value = self.at(tile, index, out)
-        store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         column = "tx" if isinstance(dist, Rows) else f"({dist.shape.col})"
-        first = " && ".join(c for c in (f"{column} == 0", condition) if c)
-        self.line(f"if ({first}) {store}")
+        for j in range(width):
+            index = (row, *(str(j),) * (len(out) - 1))
+            offset, condition = self.address(tensor, at, index)
+            value = self.at(tile, index, out)
+            pointer = self.forms[tensor.id].name
+            store = self.d.write(tensor.type.dtype.name, pointer, offset, value)
+            first = " && ".join(c for c in (f"{column} == 0", condition) if c)
+            self.line(f"if ({first}) {store}")
         self.close_walk()
 
     def store_nibbles(self, tensor: Value, tile: Value, at: Access, dist: Distribution) -> None:
@@ -1140,6 +1146,11 @@ def _slots(dist: Distribution | None, threads: int) -> int:
         return -(-_numel(dist.dims) // threads)
     assert dist is not None
     return dist.slots
+
+
+#: The most columns of row vectors held in registers that one store writes, a value at a
+#: time from the thread at the row's first column.
+_ROW_STORE_COLUMNS = 4
 
 
 def _row_walk(dims: tuple[Dim, ...]) -> bool:

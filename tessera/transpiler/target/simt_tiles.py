@@ -859,6 +859,22 @@ class TileOps:
             self.line(f"{name}[r] = {combine.format(a=f'{name}[r]', b=other)};")
         self.close()
 
+    def reduce_held_rows(self, op: Op, combine: str, init: str) -> None:
+        """A row reduction of a tile held in registers (a product's accumulator, or
+        computed from one: attention_stats's ``rowsum(do * o)``), as the online softmax
+        reduces its scores: a row vector in the registers of the threads that hold
+        each row."""
+        x = op.operands[0]
+        form = self.forms[x.id]
+        if form.kind == "lazy" and form.dist is not None:
+            form = self.materialize(x, form.dist, self.namer.fresh(x.name, "held"))
+        if form.kind != "owned" or not isinstance(form.dist, (Grid, Fragments)):
+            raise NotLowered("a reduction of a tile held in registers")
+        name = self.namer.fresh(op.result.name, "v")
+        self.row_reduce(name, form.name, form.dist, combine, init)
+        dims = tuple(op.result.type.dims)
+        self.forms[op.result.id] = Form("owned", dims, name, dist=rows_of(form.dist))
+
     def exp_online(self, x: str) -> str:
         """``exp(x)`` of the online softmax, as ``2^(x log2(e))``: a multiply and the GPU's
         base-2 exponential, where ``expf`` adds a range reduction of several instructions

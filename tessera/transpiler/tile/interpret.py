@@ -408,9 +408,10 @@ class _Program:
         extent = _eval(op.attr("extent"), self.env)
         if op.attr("stop") is not None:
             extent = min(extent, _eval(op.attr("stop"), self.env))
-        trips = _ceil_div(extent, _eval(op.attr("step"), self.env))
+        step = _eval(op.attr("step"), self.env)
+        first = 0 if op.attr("start") is None else _eval(op.attr("start"), self.env) // step
         carried = list(init)
-        for i in range(trips):
+        for i in range(first, _ceil_div(extent, step)):
             self.env[counter] = i
             self.values[body.args[0].id] = i
             for arg, value in zip(body.args[1:], carried, strict=True):

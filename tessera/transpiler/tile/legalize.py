@@ -125,7 +125,7 @@ def legalize(kernel: TileKernel, hw: Hardware) -> TileKernel:
     chosen = {op.attr("mma").inst for op in walk(body) if op.attr("mma") is not None}
     # The online softmax's row state meets every product's rows in the same threads: one
     # product that the instruction cannot tile puts them all on the FMA loop, and so does
-    # a kernel that combines the row state itself (attention_lse's running maximum and
+    # a kernel that combines the row state itself (a logsumexp's running maximum and
     # sum), which only the FMA loop's rows hold as its row vectors do.
     combined = whole_rows and not any(op.kind == "softmax_accumulate" for op in walk(body))
     mixed = whole_rows and "fma" in chosen and len(chosen) > 1
