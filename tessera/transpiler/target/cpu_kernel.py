@@ -193,10 +193,11 @@ class _Emitter:
         #: Products' right operands that are an i4 weight dequantized in the product
         #: (``tsr::mma_i4``), by value id; and the results of the ops it takes over.
         self.dequantized: dict[int, Dequantized] = {}
-        #: The staged copies of the bf16 operands of f32-accumulated products, which the
-        #: product reads from the tensor itself (``tsr::mma_bf16``), by the operand's id.
-        self.bf16_operands = _bf16_operands(kernel.body, self.uses, self.copies)
-        self.bf16_buffers = {c.operands[1].id for c in self.bf16_operands.values()}
+        #: The staged copies of the operands of bf16 and int8 products that the product
+        #: reads from the tensor itself (``tsr::mma_bf16``, ``tsr::dot_i8``), by the
+        #: operand's id; and their buffers, which are never allocated.
+        self.narrow_operands = _narrow_operands(kernel.body, self.uses, self.copies)
+        self.narrow_buffers = {c.operands[1].id for c in self.narrow_operands.values()}
         self.folded: set[int] = set()
         self.lines: list[str] = []
         self.depth = 1
@@ -882,7 +883,7 @@ class _Emitter:
                   f"{rows}, {cols});")  # fmt: skip
 
     def op_alloc(self, op: Op) -> None:
-        if op.result.id in self.bf16_buffers:
+        if op.result.id in self.narrow_buffers:
             return  # the product reads the tensor
         copy = self.copies.get(op.result.id)
         if copy is not None and self._in_place(copy):
@@ -940,7 +941,7 @@ class _Emitter:
     def op_copy(self, op: Op) -> None:
         self.check_bounds(op)
         tensor, buf = op.operands
-        if buf.id in self.bf16_buffers:
+        if buf.id in self.narrow_buffers:
             return  # the product reads the tensor
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
         if self._in_place(op):
@@ -978,7 +979,7 @@ class _Emitter:
         return _inside(tile, corner)
 
     def op_read(self, op: Op) -> None:
-        if op.result.id in self.bf16_operands:
+        if op.result.id in self.narrow_operands:
             return  # the product reads the tensor
         buf = op.operands[0]
         if buf.id in self.in_place:
@@ -1023,8 +1024,8 @@ class _Emitter:
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
-        if a.id in self.bf16_operands:
-            self._bf16_product(op, name, None)
+        if a.id in self.narrow_operands:
+            self._narrow_product(op, name, None)
             return
         accum = op.attr("accum")
         if accum is not None:  # from zero: acc is the result itself
@@ -1040,8 +1041,8 @@ class _Emitter:
         if b.id in self.dequantized:
             self._dequantized_product(op, name, self.name(acc))
             return
-        if a.id in self.bf16_operands:
-            self._bf16_product(op, name, self.name(acc))
+        if a.id in self.narrow_operands:
+            self._narrow_product(op, name, self.name(acc))
             return
         args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
         accum = op.attr("accum")
@@ -1063,16 +1064,19 @@ class _Emitter:
                 m, n, k, self.strides.get(a.id, sizes[2]))  # fmt: skip
         self.line(f"tsr::mma_i4({', '.join(args)});")
 
-    def _bf16_product(self, op: Op, out: str, acc: str | None) -> None:
-        """A product of two bf16 tensors' windows, read where they lie (``acc`` None: a
-        dot, from zero)."""
+    def _narrow_product(self, op: Op, out: str, acc: str | None) -> None:
+        """A product of two bf16 or two i8 tensors' windows, read where they lie (``acc``
+        None: a dot, from zero)."""
         a, b = op.operands[:2]
         windows = []
         for v in (a, b):
-            copy = self.bf16_operands[v.id]
+            copy = self.narrow_operands[v.id]
             windows += self._window(copy.operands[0], copy.attr("at"))
         sizes = self._mnk(a, b)
         live = self._live(op, sizes) or sizes
+        if a.type.dtype.name == "i8":
+            self.line(f"tsr::dot_i8({', '.join((out, *windows, *sizes[:2], *live))});")
+            return
         function = "tsr::mma_bf16<true>" if acc is None else "tsr::mma_bf16"
         args = (out, *windows, acc or out, *sizes[:2], *live)
         self.line(f"{function}({', '.join(args)});")
@@ -1208,11 +1212,12 @@ class _Emitter:
         self.line("}")
 
 
-def _bf16_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -> dict[int, Op]:
-    """The operands of the products accumulated in f32 whose two operands are each read
-    from a single-stage staged copy of a bf16 tensor, with no other reader: the product
-    reads the tensors instead (``tsr::mma_bf16``: ``vdpbf16ps`` where the CPU has it).
-    The copy of each, by the operand's id."""
+def _narrow_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -> dict[int, Op]:
+    """The operands of the products whose two operands are each read from a single-stage
+    staged copy of a tensor, with no other reader, and are both bf16 (a product
+    accumulated in f32: ``tsr::mma_bf16``, ``vdpbf16ps`` where the CPU has it) or both i8
+    (a dot, an i32 tile: ``tsr::dot_i8``, ``vpdpbusd``): the product reads the tensors
+    instead. The copy of each, by the operand's id."""
     defs = {r.id: op for op in walk(body) for r in op.results}
 
     def staged(v: Value) -> Op | None:
@@ -1223,18 +1228,20 @@ def _bf16_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -> 
         copy = copies.get(buf.id)
         if copy is None or uses.get(buf.id) != 2 or buf.type.stages != 1:
             return None
-        dtypes = (copy.operands[0].type.dtype.name, buf.type.dtype.name)
         at: Access = copy.attr("at")
-        return copy if dtypes == ("bf16", "bf16") and len(at.tile_axes) == 2 else None
+        same = copy.operands[0].type.dtype == buf.type.dtype
+        return copy if same and len(at.tile_axes) == 2 else None
 
+    products = {("dot", "bf16", "f32"), ("mma", "bf16", "f32"), ("dot", "i8", "i32")}
     found = {}
     for op in walk(body):
         if op.kind not in ("dot", "mma") or op.attr("accum") is not None:
             continue
-        if op.results[0].type.dtype.name != "f32":
-            continue
         a, b = (staged(v) for v in op.operands[:2])
-        if a is not None and b is not None:
+        if a is None or b is None:
+            continue
+        dtypes = {c.operands[0].type.dtype.name for c in (a, b)}
+        if len(dtypes) == 1 and (op.kind, *dtypes, op.results[0].type.dtype.name) in products:
             found.update({op.operands[0].id: a, op.operands[1].id: b})
     return found
 
