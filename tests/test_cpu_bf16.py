@@ -228,3 +228,101 @@ def test_only_files_with_bf16_products_carry_them() -> None:
             target="cpu",
         ).source
         assert not re.search(r"mma_bf16|dot_pairs|pack_pairs|dpbf16|TSR_PORTABLE_SUMS", source)
+        assert not re.search(r"dot_i8|dot_quads|dpbusd", source)
+    assert not re.search(r"dot_i8|dot_quads|dpbusd", bf16)
+
+
+# -- int8 products ----------------------------------------------------------------------
+
+#: An i8 dot per K block of 64, summed in f32 (the shape of ``w8a8``'s loop), and one dot
+#: over a whole K of 1100, whose sums can pass 2^24, where f32 sums stop being exact.
+I8_SOURCE = """
+@kernel
+def blocks_i8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 64):
+        acc += tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)),
+                         f32)
+    return acc
+
+
+@kernel
+def long_i8(x: Tensor["M", 1100, i8], w: Tensor[1100, "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    return tile.cast(tile.dot(tile.load(x, rows=T.m, cols=1100),
+                              tile.load(w, rows=1100, cols=T.n)), f32)
+"""
+
+
+@functools.cache
+def _has_vnni() -> bool:
+    """Whether a default build (``-march=native``) takes the ``vpdpbusd`` path."""
+    macros = _macros(("-march=native",))
+    return "__AVX512VNNI__" in macros and "__AVX512BW__" in macros
+
+
+@functools.cache
+def _i8_libraries() -> dict[str, object]:
+    """The int8 program built by default, with the portable sums, and without VNNI."""
+    program = tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu")
+    meta = program.ir("meta")
+    flags = list(meta["build"]["flags"])
+    assert program.source.count("tsr::dot_i8(") == 2
+    return {
+        "default": cpu_runtime.load(program.source, meta, flags),
+        "portable": cpu_runtime.load(program.source, meta, [*flags, "-DTSR_PORTABLE_SUMS"]),
+        "no_vnni": cpu_runtime.load(program.source, meta, [*flags, "-mno-avx512vnni"]),
+    }
+
+
+@pytest.mark.parametrize("build", ["default", "portable", "no_vnni"])
+@pytest.mark.parametrize(("m", "k", "n"), [*SIZES, (9, 3, 33)])
+def test_int8_dots_are_the_exact_sums(build: str, m: int, k: int, n: int) -> None:
+    """Below 2^24 every build gives the int64 sums exactly, the extremes of i8 included."""
+    rng = np.random.default_rng(m + k + n)
+    x = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    x[0], w[:, 0] = -128, -128  # the offset's edge: -128 + 128 = 0
+    x[-1], w[:, -1] = 127, -128
+    got = _call(_i8_libraries()[build].blocks_i8, x, w)  # type: ignore[attr-defined]
+    want = x.astype(np.int64) @ w.astype(np.int64)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_int8_dots_past_2_to_the_24_are_exact_on_vnni() -> None:
+    """Sums past 2^24: vpdpbusd's are the exact sums, rounded once to f32; the f32
+    micro-kernel's are not (so the check can fail), and a build without VNNI gives them."""
+    rng = np.random.default_rng(3)
+    x = np.full((20, 1100), 127, np.int8)
+    w = np.full((1100, 30), 127, np.int8)
+    x[rng.random(x.shape) < 0.3] = 125
+    w[rng.random(w.shape) < 0.3] = 123
+    exact = (x.astype(np.int64) @ w.astype(np.int64)).astype(np.float32)
+    assert exact.min() > 2**24
+    portable = _call(_i8_libraries()["portable"].long_i8, x, w)  # type: ignore[attr-defined]
+    assert not np.array_equal(portable, exact)
+    np.testing.assert_array_equal(_call(_i8_libraries()["no_vnni"].long_i8, x, w), portable)
+    default = _call(_i8_libraries()["default"].long_i8, x, w)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(default, exact if _has_vnni() else portable)
+    if not _has_vnni():
+        pytest.skip(
+            "this CPU has no AVX512_VNNI (g++ -march=native defines no __AVX512VNNI__): "
+            "the exact sums past 2^24 are not checked here, the portable ones are"
+        )
+
+
+@pytest.mark.parametrize("compiler", ["g++", "clang++"])
+@pytest.mark.parametrize("flags", [("-march=native",), ("-march=x86-64",)])
+def test_int8_products_compile_warning_free(compiler: str, flags: tuple[str, ...],
+                                            tmp_path: Path) -> None:  # fmt: skip
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    cpp = tmp_path / "k.cpp"
+    cpp.write_text(tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu").source)
+    done = subprocess.run(
+        [compiler, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", "-Werror", *flags,
+         "-c", str(cpp), "-o", "k.o"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -710,6 +710,135 @@ inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rm
 #endif
 }
 
+// ---------------------------------------------------------------- int8 products
+
+// A dot of two i8 operands (an i32 tile, which tiles hold as floats). Where the compiler
+// targets AVX512_VNNI, it runs on `vpdpbusd`, which adds four products of an unsigned by
+// a signed byte into an i32 lane: the left operand is made unsigned by adding 128 (its
+// sign bit flipped), and 128 times each column's sum of the right operand, computed by
+// the same instruction from bytes of 1, starts the sums below zero, so each sum is the
+// exact i32 one, rounded once to f32 when it is stored in the tile. Elsewhere, or with
+// `-DTSR_PORTABLE_SUMS`, the operands are widened and the f32 micro-kernel sums them,
+// exact while every partial sum stays below 2^24 (docs/numerics.md).
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+// The quads of a k x n window of b (`ld_b` bytes a row), zero past k and n, in panels of
+// kPanel columns: panel q, quad p is 4 * kPanel bytes, column j's four at 4j to 4j + 3.
+// And -128 times each column's sum, in `bias` (kPanel a panel).
+inline void pack_quads(std::int8_t* out, std::int32_t* bias, const std::int8_t* b, i64 ld_b,
+                       i64 k, i64 n) {
+  const i64 quads = (k + 3) / 4;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (i64 j = 0; j < n; j += kPanel) {
+    const i64 cols = std::min(kPanel, n - j);
+    std::int8_t* panel = out + j / kPanel * quads * 4 * kPanel;
+    __m512i sum0 = _mm512_setzero_si512(), sum1 = _mm512_setzero_si512();
+    for (i64 p = 0; p < quads; ++p) {
+      std::int8_t* dst = panel + p * 4 * kPanel;
+      if (cols == kPanel && 4 * p + 4 <= k) {
+        for (int h = 0; h < 2; ++h) {
+          __m128i r[4];
+          for (int q = 0; q < 4; ++q)
+            r[q] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (4 * p + q) * ld_b + j +
+                                                                    16 * h));
+          const __m128i t0 = _mm_unpacklo_epi8(r[0], r[1]), t1 = _mm_unpackhi_epi8(r[0], r[1]);
+          const __m128i t2 = _mm_unpacklo_epi8(r[2], r[3]), t3 = _mm_unpackhi_epi8(r[2], r[3]);
+          __m128i* to = reinterpret_cast<__m128i*>(dst + 64 * h);
+          _mm_storeu_si128(to, _mm_unpacklo_epi16(t0, t2));
+          _mm_storeu_si128(to + 1, _mm_unpackhi_epi16(t0, t2));
+          _mm_storeu_si128(to + 2, _mm_unpacklo_epi16(t1, t3));
+          _mm_storeu_si128(to + 3, _mm_unpackhi_epi16(t1, t3));
+        }
+      } else {
+        std::memset(dst, 0, 4 * kPanel);
+        for (i64 q = 0; q < 4 && 4 * p + q < k; ++q)
+          for (i64 c = 0; c < cols; ++c) dst[4 * c + q] = b[(4 * p + q) * ld_b + j + c];
+      }
+      sum0 = _mm512_dpbusd_epi32(sum0, ones, _mm512_loadu_si512(dst));
+      sum1 = _mm512_dpbusd_epi32(sum1, ones, _mm512_loadu_si512(dst + 2 * kPanel));
+    }
+    _mm512_storeu_si512(bias + j, _mm512_mullo_epi32(sum0, _mm512_set1_epi32(-128)));
+    _mm512_storeu_si512(bias + j + kLanes, _mm512_mullo_epi32(sum1, _mm512_set1_epi32(-128)));
+  }
+}
+
+// An R x kPanel block of out = a @ b over k, from a panel of pack_quads and its bias:
+// 2R i32 accumulators, each step one quad of k: two vectors of the panel and R
+// broadcasts of a row's quad of `a`, its sign bits flipped (past k, bytes of 128, which
+// meet the panel's zeros). The sums are stored as floats.
+template <int R>
+inline void dot_quads(float* out, const std::int8_t* a, const std::int8_t* panel,
+                      const std::int32_t* bias, i64 ld_out, i64 ld_a, i64 k) {
+  __m512i c[R][2];
+  const __m512i bias0 = _mm512_loadu_si512(bias), bias1 = _mm512_loadu_si512(bias + kLanes);
+  for (int r = 0; r < R; ++r) {
+    c[r][0] = bias0;
+    c[r][1] = bias1;
+  }
+  // One quad of k, `bytes` of it inside a's rows.
+  const auto step = [&](i64 p, std::size_t bytes) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * 4 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + p * 4 * kPanel + 2 * kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t quad = 0;
+      std::memcpy(&quad, a + r * ld_a + 4 * p, bytes);
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(quad ^ 0x80808080u));
+      c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
+      c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
+    }
+  };
+  for (i64 p = 0; p < k / 4; ++p) step(p, 4);
+  if (k % 4) step(k / 4, static_cast<std::size_t>(k % 4));
+  // (GCC 12's _mm512_cvtepi32_ps warns of an uninitialized value inside itself.)
+  typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const f32xN sums = __builtin_convertvector((i32x16)c[r][h], f32xN);
+      std::memcpy(out + r * ld_out + h * kLanes, &sums, sizeof sums);
+    }
+}
+#endif
+
+// out = a @ b for i8 operands read from their tensors, windows as mma_bf16's; out is an
+// M x N tile of the sums as floats, on its live corner, zero elsewhere.
+inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
+                   i64 cmax_a, const std::int8_t* b, i64 ld_b, i64 rb, i64 cb, i64 rmax_b,
+                   i64 cmax_b, i64 M, i64 N, i64 m, i64 n, i64 k) {
+  m = std::max<i64>(0, std::min(m, rmax_a - ra));
+  n = std::max<i64>(0, std::min(n, cmax_b - cb));
+  k = std::max<i64>(0, std::min({k, cmax_a - ca, rmax_b - rb}));
+  a += ra * ld_a + ca;
+  b += rb * ld_b + cb;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+  start_product<true>(out, out, M, N, m, n);
+  static thread_local std::vector<std::int8_t> packed;
+  static thread_local std::vector<std::int32_t> bias;
+  const i64 panels = ceil_div(n, kPanel), quads = (k + 3) / 4;
+  packed.resize(static_cast<std::size_t>(panels * quads * 4 * kPanel));
+  bias.resize(static_cast<std::size_t>(panels * kPanel));
+  pack_quads(packed.data(), bias.data(), b, ld_b, k, n);
+  for (i64 i = 0; i < m; i += kRows)
+    with_rows(m - i, [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      for (i64 j = 0; j < n; j += kPanel) {
+        const std::int8_t* panel = packed.data() + j / kPanel * quads * 4 * kPanel;
+        panel_block<R, true>(out + i * N + j, N, std::min(kPanel, n - j),
+                             [&](float* to, i64 ld_to) {
+                               dot_quads<R>(to, a + i * ld_a, panel, bias.data() + j, ld_to,
+                                            ld_a, k);
+                             });
+      }
+    });
+#else
+  static thread_local std::vector<float> wide_a, wide_b;
+  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
+  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
+  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
+  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
+  mma<true>(out, wide_a.data(), wide_b.data(), out, M, N, m, n, k, k, n);
+#endif
+}
+
 }  // namespace tsr
 
 // ---- quantize_weights_k0: one program instance (launch k0 of quantize_weights: the library's
@@ -994,17 +1123,14 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(16384 + 16384 + 65536 + 65536 + 65536 + 65536 + 256 + 256
-      + 65536);
-  float* const operand_smem = area;
-  float* const operand_smem_1 = operand_smem + 16384;
-  float* const high = operand_smem_1 + 16384;
+  float* const area = tsr::scratch(65536 + 65536 + 65536 + 65536 + 256 + 256 + 65536);
+  float* const high = area;
   float* const low = high + 65536;
-  float* const t_2 = low + 65536;
-  float* const h = t_2 + 65536;
-  float* const t_7_edge = h + 65536;
-  float* const t_9 = t_7_edge + 256;
-  float* const t_11 = t_9 + 256;
+  float* const t = low + 65536;
+  float* const h = t + 65536;
+  float* const t_5_edge = h + 65536;
+  float* const t_7 = t_5_edge + 256;
+  float* const t_9 = t_7 + 256;
   // quant_linear.tsr:63: high = tile.zeros((T.m, T.n), f32)  # the sum is high * 4096 + low, both
   //   exact
   std::fill_n(high, 65536, 0.0f);
@@ -1014,17 +1140,13 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    tsr::load_corner(operand_smem, 256, 64, x, K, BM*pid_m, 64*kb, M, K);
-    float* const t = operand_smem;
-    tsr::load_corner(operand_smem_1, 64, 256, w, N, 64*kb, BN*pid_n, K, N);
-    float* const t_1 = operand_smem_1;
-    tsr::dot(t_2, t, t_1, 256, 256, 64, tsr::live(256, M - BM*pid_m),
-        tsr::live(256, N - BN*pid_n), tsr::live(64, K - 64*kb));
-    float* const s = t_2;
+    tsr::dot_i8(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, 256, 256,
+        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(64, K - 64*kb));
+    float* const s = t;
     for (tsr::i64 i = 0; i < 256; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < 256; ++j) {
-        s[i * 256 + j] = t_2[i * 256 + j];
+        s[i * 256 + j] = t[i * 256 + j];
       }
     }
     // quant_linear.tsr:67: h = tile.round(s * (1.0 / 4096.0))
@@ -1054,17 +1176,17 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   // quant_linear.tsr:70: acc = high * 4096.0 + low  # the exact i32 sum, rounded once to f32
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  const float* const t_7 = tsr::row_tile(t_7_edge, 256, 1, x_scale, BM*pid_m, M);
-  tsr::load_tile(t_9, 1, 256, w_scale, 0, 0, BN*pid_n, 1, N);
-  float* const t_10 = t_9;
+  const float* const t_5 = tsr::row_tile(t_5_edge, 256, 1, x_scale, BM*pid_m, M);
+  tsr::load_tile(t_7, 1, 256, w_scale, 0, 0, BN*pid_n, 1, N);
+  float* const t_8 = t_7;
   for (tsr::i64 i = 0; i < 256; ++i) {
-    const float row_0 = t_7[i];
+    const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_11[i * 256 + j] = (((high[i * 256 + j] * 4096.0f) + low[i * 256 + j]) * row_0) * t_10[j];
+      t_9[i * 256 + j] = (((high[i * 256 + j] * 4096.0f) + low[i * 256 + j]) * row_0) * t_8[j];
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_11, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_9, 256, 256);
 }
 
 static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float* x_scale,

@@ -1077,10 +1077,13 @@ inline void dot_quads(float* out, const std::int8_t* a, const std::int8_t* panel
   };
   for (i64 p = 0; p < k / 4; ++p) step(p, 4);
   if (k % 4) step(k / 4, static_cast<std::size_t>(k % 4));
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(out + r * ld_out, _mm512_cvtepi32_ps(c[r][0]));
-    _mm512_storeu_ps(out + r * ld_out + kLanes, _mm512_cvtepi32_ps(c[r][1]));
-  }
+  // (GCC 12's _mm512_cvtepi32_ps warns of an uninitialized value inside itself.)
+  typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const f32xN sums = __builtin_convertvector((i32x16)c[r][h], f32xN);
+      std::memcpy(out + r * ld_out + h * kLanes, &sums, sizeof sums);
+    }
 }
 #endif
 
