@@ -1002,33 +1002,32 @@ inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rm
 
 // A dot of two i8 operands (an i32 tile, which tiles hold as floats). Where the compiler
 // targets AVX512_VNNI, it runs on `vpdpbusd`, which adds four products of an unsigned by
-// a signed byte into an i32 lane: the left operand is made unsigned by adding 128 (its
-// sign bit flipped), and 128 times each column's sum of the right operand, computed by
-// the same instruction from bytes of 1, starts the sums below zero, so each sum is the
-// exact i32 one, rounded once to f32 when it is stored in the tile. Elsewhere, or with
-// `-DTSR_PORTABLE_SUMS`, the operands are widened and the f32 micro-kernel sums them,
-// exact while every partial sum stays below 2^24 (docs/numerics.md).
+// a signed byte into an i32 lane: the right operand is made unsigned by adding 128 (its
+// sign bit flipped) as it is packed, and 128 times each row's sum of the left operand
+// starts that row's sums below zero, so each sum is the exact i32 one, rounded once to
+// f32 when it is stored in the tile. (Flipping the left operand instead cost a vector
+// instruction a broadcast.) Elsewhere, or with `-DTSR_PORTABLE_SUMS`, the operands
+// are widened and the f32 micro-kernel sums them, exact while every partial sum stays
+// below 2^24 (docs/numerics.md).
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
-// The quads of a k x n window of b (`ld_b` bytes a row), zero past k and n, in panels of
-// kPanel columns: panel q, quad p is 4 * kPanel bytes, column j's four at 4j to 4j + 3.
-// And -128 times each column's sum, in `bias` (kPanel a panel).
-inline void pack_quads(std::int8_t* out, std::int32_t* bias, const std::int8_t* b, i64 ld_b,
-                       i64 k, i64 n) {
+// The quads of a k x n window of b (`ld_b` bytes a row) plus 128, as unsigned bytes,
+// zero past k and n, in panels of kPanel columns: panel q, quad p is 4 * kPanel bytes,
+// column j's four at 4j to 4j + 3.
+inline void pack_quads(std::uint8_t* out, const std::int8_t* b, i64 ld_b, i64 k, i64 n) {
   const i64 quads = (k + 3) / 4;
-  const __m512i ones = _mm512_set1_epi8(1);
+  const __m128i flip = _mm_set1_epi8(-128);
   for (i64 j = 0; j < n; j += kPanel) {
     const i64 cols = std::min(kPanel, n - j);
-    std::int8_t* panel = out + j / kPanel * quads * 4 * kPanel;
-    __m512i sum0 = _mm512_setzero_si512(), sum1 = _mm512_setzero_si512();
+    std::uint8_t* panel = out + j / kPanel * quads * 4 * kPanel;
     for (i64 p = 0; p < quads; ++p) {
-      std::int8_t* dst = panel + p * 4 * kPanel;
+      std::uint8_t* dst = panel + p * 4 * kPanel;
       if (cols == kPanel && 4 * p + 4 <= k) {
         for (int h = 0; h < 2; ++h) {
           __m128i r[4];
           for (int q = 0; q < 4; ++q)
-            r[q] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (4 * p + q) * ld_b + j +
-                                                                    16 * h));
+            r[q] = _mm_xor_si128(flip, _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                           b + (4 * p + q) * ld_b + j + 16 * h)));
           const __m128i t0 = _mm_unpacklo_epi8(r[0], r[1]), t1 = _mm_unpackhi_epi8(r[0], r[1]);
           const __m128i t2 = _mm_unpacklo_epi8(r[2], r[3]), t3 = _mm_unpackhi_epi8(r[2], r[3]);
           __m128i* to = reinterpret_cast<__m128i*>(dst + 64 * h);
@@ -1040,43 +1039,54 @@ inline void pack_quads(std::int8_t* out, std::int32_t* bias, const std::int8_t* 
       } else {
         std::memset(dst, 0, 4 * kPanel);
         for (i64 q = 0; q < 4 && 4 * p + q < k; ++q)
-          for (i64 c = 0; c < cols; ++c) dst[4 * c + q] = b[(4 * p + q) * ld_b + j + c];
+          for (i64 c = 0; c < cols; ++c)
+            dst[4 * c + q] = static_cast<std::uint8_t>(b[(4 * p + q) * ld_b + j + c] ^ 0x80);
       }
-      sum0 = _mm512_dpbusd_epi32(sum0, ones, _mm512_loadu_si512(dst));
-      sum1 = _mm512_dpbusd_epi32(sum1, ones, _mm512_loadu_si512(dst + 2 * kPanel));
     }
-    _mm512_storeu_si512(bias + j, _mm512_mullo_epi32(sum0, _mm512_set1_epi32(-128)));
-    _mm512_storeu_si512(bias + j + kLanes, _mm512_mullo_epi32(sum1, _mm512_set1_epi32(-128)));
   }
 }
 
-// An R x kPanel block of out = a @ b over k, from a panel of pack_quads and its bias:
-// 2R i32 accumulators, each step one quad of k: two vectors of the panel and R
-// broadcasts of a row's quad of `a`, its sign bits flipped (past k, bytes of 128, which
-// meet the panel's zeros). The sums are stored as floats.
+// c + the sums of four products of u's unsigned bytes by s's signed ones, per i32 lane:
+// `vpdpbusd`, written out because GCC 12 copies the accumulator of the intrinsic into
+// another register and back at every step (two moves an instruction, which halved the
+// rate).
+inline __m512i dpbusd(__m512i c, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(u), "v"(s));
+  return c;
+}
+
+// An R x kPanel block of out = a @ b over k, from a panel of pack_quads, each row's sums
+// starting at its `bias` (-128 times the row's sum of a): 2R i32 accumulators, each step
+// one quad of k: two vectors of the panel and R broadcasts of a row's quad of `a` (past
+// k, zeros). The sums are stored as floats.
 template <int R>
-inline void dot_quads(float* out, const std::int8_t* a, const std::int8_t* panel,
+inline void dot_quads(float* out, const std::int8_t* a, const std::uint8_t* panel,
                       const std::int32_t* bias, i64 ld_out, i64 ld_a, i64 k) {
   __m512i c[R][2];
-  const __m512i bias0 = _mm512_loadu_si512(bias), bias1 = _mm512_loadu_si512(bias + kLanes);
-  for (int r = 0; r < R; ++r) {
-    c[r][0] = bias0;
-    c[r][1] = bias1;
-  }
-  // One quad of k, `bytes` of it inside a's rows.
-  const auto step = [&](i64 p, std::size_t bytes) {
+  for (int r = 0; r < R; ++r) c[r][0] = c[r][1] = _mm512_set1_epi32(bias[r]);
+  const i64 quads = k / 4;
+  for (i64 p = 0; p < quads; ++p) {
     const __m512i b0 = _mm512_loadu_si512(panel + p * 4 * kPanel);
     const __m512i b1 = _mm512_loadu_si512(panel + p * 4 * kPanel + 2 * kPanel);
     for (int r = 0; r < R; ++r) {
-      std::uint32_t quad = 0;
-      std::memcpy(&quad, a + r * ld_a + 4 * p, bytes);
-      const __m512i x = _mm512_set1_epi32(static_cast<int>(quad ^ 0x80808080u));
-      c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
-      c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
+      std::int32_t quad;
+      std::memcpy(&quad, a + r * ld_a + 4 * p, sizeof quad);
+      const __m512i x = _mm512_set1_epi32(quad);
+      c[r][0] = dpbusd(c[r][0], b0, x);
+      c[r][1] = dpbusd(c[r][1], b1, x);
     }
-  };
-  for (i64 p = 0; p < k / 4; ++p) step(p, 4);
-  if (k % 4) step(k / 4, static_cast<std::size_t>(k % 4));
+  }
+  if (k % 4) {
+    const __m512i b0 = _mm512_loadu_si512(panel + quads * 4 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + quads * 4 * kPanel + 2 * kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::int32_t quad = 0;
+      std::memcpy(&quad, a + r * ld_a + 4 * quads, static_cast<std::size_t>(k % 4));
+      const __m512i x = _mm512_set1_epi32(quad);
+      c[r][0] = dpbusd(c[r][0], b0, x);
+      c[r][1] = dpbusd(c[r][1], b1, x);
+    }
+  }
   // (GCC 12's _mm512_cvtepi32_ps warns of an uninitialized value inside itself.)
   typedef std::int32_t i32x16 __attribute__((vector_size(64)));
   for (int r = 0; r < R; ++r)
@@ -1099,20 +1109,26 @@ inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i
   b += rb * ld_b + cb;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
   start_product<true>(out, out, M, N, m, n);
-  static thread_local std::vector<std::int8_t> packed;
+  static thread_local std::vector<std::uint8_t> packed;
   static thread_local std::vector<std::int32_t> bias;
-  const i64 panels = ceil_div(n, kPanel), quads = (k + 3) / 4;
-  packed.resize(static_cast<std::size_t>(panels * quads * 4 * kPanel));
-  bias.resize(static_cast<std::size_t>(panels * kPanel));
-  pack_quads(packed.data(), bias.data(), b, ld_b, k, n);
+  const i64 quads = (k + 3) / 4;
+  packed.resize(static_cast<std::size_t>(ceil_div(n, kPanel) * quads * 4 * kPanel));
+  pack_quads(packed.data(), b, ld_b, k, n);
+  bias.resize(static_cast<std::size_t>(std::max<i64>(m, 1)));
+  for (i64 i = 0; i < m; ++i) {
+    std::int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (i64 p = 0; p < k; ++p) sum += a[i * ld_a + p];
+    bias[static_cast<std::size_t>(i)] = -128 * sum;
+  }
   for (i64 i = 0; i < m; i += kRows)
     with_rows(m - i, [&](auto rows) {
       constexpr int R = decltype(rows)::value;
       for (i64 j = 0; j < n; j += kPanel) {
-        const std::int8_t* panel = packed.data() + j / kPanel * quads * 4 * kPanel;
+        const std::uint8_t* panel = packed.data() + j / kPanel * quads * 4 * kPanel;
         panel_block<R, true>(out + i * N + j, N, std::min(kPanel, n - j),
                              [&](float* to, i64 ld_to) {
-                               dot_quads<R>(to, a + i * ld_a, panel, bias.data() + j, ld_to,
+                               dot_quads<R>(to, a + i * ld_a, panel, bias.data() + i, ld_to,
                                             ld_a, k);
                              });
       }
