@@ -14,8 +14,9 @@ many bytes): for W4A16, the fraction of the packed weight's bandwidth that a ker
 bound by reading it would reach. And low-precision GEMM at 2048 against numpy's SGEMM
 (``np.matmul`` of f32 copies) in the same run: a bf16 matmul with an f32 result on
 ``vdpbf16ps``, beside the same program built with ``-DTSR_PORTABLE_SUMS`` (the f32
-micro-kernel, as before); ``--gemm`` runs only these and updates their entry. Results go
-to ``bench/results/quant.json``.
+micro-kernel, as before), and an int8 GEMM tile kernel on ``vpdpbusd`` beside its
+portable build; ``--gemm`` runs only these and updates their entry. Results go to
+``bench/results/quant.json``.
 """
 
 from __future__ import annotations
@@ -130,37 +131,55 @@ def _w4a16(lib: Any, rng: np.random.Generator) -> list[dict[str, object]]:
     return cases
 
 
+#: bf16 GEMM (an f32 result), and int8 GEMM as a tile kernel: a dot of two i8 blocks per
+#: K block of 512, its exact sums added in f32.
+GEMM_SOURCE = """
+@kernel
+def gemm_bf16(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return a @ b
+
+
+@kernel
+def gemm_i8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 512):
+        acc += tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)),
+                         f32)
+    return acc
+"""
+
+
 def _gemm(rng: np.random.Generator) -> dict[str, object]:
-    """bf16 GEMM 2048 (f32 result) against numpy's SGEMM on f32 copies of the operands,
-    as FLOP rates and their ratio; the portable build is the rate before vdpbf16ps."""
-    program = tessera.compile(
-        "@kernel\ndef gemm_bf16(a: Tensor['M', 'K', bf16], b: Tensor['K', 'N', bf16])"
-        " -> Tensor['M', 'N', f32]:\n    return a @ b\n",
-        filename="gemm_bf16.tsr",
-        target="cpu",
-    )
+    """bf16 and int8 GEMM 2048 against numpy's SGEMM on f32 copies of the operands, as
+    FLOP rates (a multiply-add is two) and their ratios; the builds with
+    ``-DTSR_PORTABLE_SUMS`` are the rates before vdpbf16ps and vpdpbusd."""
+    program = tessera.compile(GEMM_SOURCE, filename="gemm.tsr", target="cpu")
     meta = program.ir("meta")
     flags = list(meta["build"]["flags"])
     fast = cpu_runtime.load(program.source, meta, flags)
     portable = cpu_runtime.load(program.source, meta, [*flags, "-DTSR_PORTABLE_SUMS"])
     a = rng.standard_normal((GEMM, GEMM)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((GEMM, GEMM)).astype(ml_dtypes.bfloat16)
+    x = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
+    w = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
     out = np.empty((GEMM, GEMM), np.float32)
     seconds = _median_seconds({
         "tessera_bf16_vdpbf16ps": lambda: fast.gemm_bf16(a, b, out=out),
         "tessera_bf16_portable_sums": lambda: portable.gemm_bf16(a, b, out=out),
+        "tessera_i8_vpdpbusd": lambda: fast.gemm_i8(x, w, out=out),
+        "tessera_i8_portable_sums": lambda: portable.gemm_i8(x, w, out=out),
         "numpy_sgemm_f32": lambda: np.matmul(a32, b32),
     })  # fmt: skip
     flops = 2.0 * GEMM**3
+    numpy = seconds["numpy_sgemm_f32"]
     case = {
         "m": GEMM, "n": GEMM, "k": GEMM, "result": "f32",
         "ms": {k: round(v * 1e3, 2) for k, v in seconds.items()},
         "gflop_per_s": {k: round(flops / v / 1e9, 1) for k, v in seconds.items()},
-        "ratio_bf16_over_numpy_sgemm": round(
-            seconds["numpy_sgemm_f32"] / seconds["tessera_bf16_vdpbf16ps"], 3),
-        "ratio_portable_over_numpy_sgemm": round(
-            seconds["numpy_sgemm_f32"] / seconds["tessera_bf16_portable_sums"], 3),
+        "ratio_over_numpy_sgemm": {
+            k: round(numpy / v, 3) for k, v in seconds.items() if k != "numpy_sgemm_f32"},
     }  # fmt: skip
     print(json.dumps(case))
     return case
@@ -177,7 +196,10 @@ def main() -> None:
     if "--gemm" in sys.argv[1:]:
         load_before = os.getloadavg()[0]
         result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        result["low_precision_gemm"] = {
+        # OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 gives the rates of one core each, which
+        # other work on a shared machine disturbs less than OpenBLAS's threads.
+        threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+        result[f"low_precision_gemm_{threads}_threads"] = {
             **_gemm(np.random.default_rng(0)), "machine": _machine(load_before)}  # fmt: skip
         write_file(RESULTS, json.dumps(result, indent=2) + "\n")
         return
@@ -199,7 +221,7 @@ def main() -> None:
         "runs": RUNS,
         "w8a16": w8a16,
         "w4a16": w4a16,
-        "low_precision_gemm": gemm,
+        f"low_precision_gemm_{os.cpu_count()}_threads": gemm,
     }  # fmt: skip
     write_file(RESULTS, json.dumps(result, indent=2) + "\n")
 
