@@ -24,7 +24,10 @@ import pytest
 import tessera
 from tessera.runtime import cpu as cpu_runtime
 
+from .helpers import run_sanitized
 from .test_cuda import needs_gxx
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.execute, needs_gxx]
 
@@ -326,3 +329,35 @@ def test_int8_products_compile_warning_free(compiler: str, flags: tuple[str, ...
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+SANITIZED = """
+import sys, numpy as np, ml_dtypes
+sys.path.insert(0, {root!r})
+import tessera
+from tessera.runtime.cpu import load
+from tests.test_cpu_bf16 import I8_SOURCE, SOURCE
+flags = ["-std=c++17", "-O0", "-g", "-fopenmp", "-shared", "-fPIC", "-march=native",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+rng = np.random.default_rng(4)
+bf16 = tessera.compile(SOURCE, filename="bf16.tsr", target="cpu")
+i8 = tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu")
+fast = load(bf16.source, bf16.ir("meta"), flags)
+ints = load(i8.source, i8.ir("meta"), flags)
+for m, k, n in ((37, 45, 29), (130, 67, 259), (9, 3, 33)):  # each operand its own block
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    fast.matmul_bf16(a, b)
+    fast.odd_blocks(a, b)
+    ints.blocks_i8(rng.integers(-128, 128, (m, k), dtype=np.int8),
+                   rng.integers(-128, 128, (k, n), dtype=np.int8))
+print("clean")
+"""
+
+
+def test_the_products_read_nothing_past_their_tensors() -> None:
+    """Both operands are read in place, in pairs and quads of k: at ragged sizes, odd and
+    not multiples of four, no read leaves a tensor (AddressSanitizer, with the fast paths
+    where this CPU has them)."""
+    done = run_sanitized(SANITIZED.format(root=str(ROOT)), ROOT)
+    assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
