@@ -1,6 +1,8 @@
-"""The CPU backend's bf16 products (``tsr::mma_bf16``, ``docs/numerics.md``): a product of
-two bf16 tensors accumulated in f32 runs on ``vdpbf16ps`` where the build targets
-AVX512_BF16, and on the f32 micro-kernel otherwise or with ``-DTSR_PORTABLE_SUMS``.
+"""The CPU backend's low-precision products (``docs/numerics.md``): a product of two bf16
+tensors accumulated in f32 (``tsr::mma_bf16``) runs on ``vdpbf16ps`` where the build
+targets AVX512_BF16, a dot of two i8 tiles (``tsr::dot_i8``) on ``vpdpbusd`` where it
+targets AVX512_VNNI, and both on the f32 micro-kernel otherwise or with
+``-DTSR_PORTABLE_SUMS``.
 
 Each path is checked bit for bit against a NumPy emulation of its order of sums, on random
 inputs at ragged sizes (no multiple of any tile; K past one K block; odd K blocks), with
@@ -336,7 +338,7 @@ import sys, numpy as np, ml_dtypes
 sys.path.insert(0, {root!r})
 import tessera
 from tessera.runtime.cpu import load
-from tests.test_cpu_bf16 import I8_SOURCE, SOURCE
+from tests.test_cpu_low_precision import I8_SOURCE, SOURCE
 flags = ["-std=c++17", "-O0", "-g", "-fopenmp", "-shared", "-fPIC", "-march=native",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 rng = np.random.default_rng(4)
