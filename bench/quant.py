@@ -11,7 +11,12 @@ with a scale per group of 32 rows, unpacked and dequantized in the main loop) fo
 of several runs after a warm-up; the quantized weight's bytes over the time give the
 bandwidth each reaches, beside this machine's copy bandwidth (numpy ``copyto`` of that
 many bytes): for W4A16, the fraction of the packed weight's bandwidth that a kernel
-bound by reading it would reach. Results go to ``bench/results/quant.json``.
+bound by reading it would reach. And low-precision GEMM at 2048 against numpy's SGEMM
+(``np.matmul`` of f32 copies) in the same run: a bf16 matmul with an f32 result on
+``vdpbf16ps``, beside the same program built with ``-DTSR_PORTABLE_SUMS`` (the f32
+micro-kernel, as before), and an int8 GEMM tile kernel on ``vpdpbusd`` beside its
+portable build; ``--gemm`` runs only these and updates their entry. Results go to
+``bench/results/quant.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,11 +38,13 @@ import torch
 
 import tessera
 from tessera.files import write_file
+from tessera.runtime import cpu as cpu_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "quant.json"
 SIZE = 4096
 RUNS = 7
+GEMM = 2048
 
 
 def _median_seconds(functions: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -123,7 +131,78 @@ def _w4a16(lib: Any, rng: np.random.Generator) -> list[dict[str, object]]:
     return cases
 
 
+#: bf16 GEMM (an f32 result), and int8 GEMM as a tile kernel: a dot of two i8 blocks per
+#: K block of 512, its exact sums added in f32.
+GEMM_SOURCE = """
+@kernel
+def gemm_bf16(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return a @ b
+
+
+@kernel
+def gemm_i8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 512):
+        acc += tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n)),
+                         f32)
+    return acc
+"""
+
+
+def _gemm(rng: np.random.Generator) -> dict[str, object]:
+    """bf16 and int8 GEMM 2048 against numpy's SGEMM on f32 copies of the operands, as
+    FLOP rates (a multiply-add is two) and their ratios; the builds with
+    ``-DTSR_PORTABLE_SUMS`` are the rates before vdpbf16ps and vpdpbusd."""
+    program = tessera.compile(GEMM_SOURCE, filename="gemm.tsr", target="cpu")
+    meta = program.ir("meta")
+    flags = list(meta["build"]["flags"])
+    fast = cpu_runtime.load(program.source, meta, flags)
+    portable = cpu_runtime.load(program.source, meta, [*flags, "-DTSR_PORTABLE_SUMS"])
+    a = rng.standard_normal((GEMM, GEMM)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((GEMM, GEMM)).astype(ml_dtypes.bfloat16)
+    x = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
+    w = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    out = np.empty((GEMM, GEMM), np.float32)
+    seconds = _median_seconds({
+        "tessera_bf16_vdpbf16ps": lambda: fast.gemm_bf16(a, b, out=out),
+        "tessera_bf16_portable_sums": lambda: portable.gemm_bf16(a, b, out=out),
+        "tessera_i8_vpdpbusd": lambda: fast.gemm_i8(x, w, out=out),
+        "tessera_i8_portable_sums": lambda: portable.gemm_i8(x, w, out=out),
+        "numpy_sgemm_f32": lambda: np.matmul(a32, b32),
+    })  # fmt: skip
+    flops = 2.0 * GEMM**3
+    numpy = seconds["numpy_sgemm_f32"]
+    case = {
+        "m": GEMM, "n": GEMM, "k": GEMM, "result": "f32",
+        "ms": {k: round(v * 1e3, 2) for k, v in seconds.items()},
+        "gflop_per_s": {k: round(flops / v / 1e9, 1) for k, v in seconds.items()},
+        "ratio_over_numpy_sgemm": {
+            k: round(numpy / v, 3) for k, v in seconds.items() if k != "numpy_sgemm_f32"},
+    }  # fmt: skip
+    print(json.dumps(case))
+    return case
+
+
+def _machine(load_before: float) -> dict[str, object]:
+    """The machine and how busy it was: other work stretches every timing."""
+    return {"processor": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "torch": torch.__version__, "numpy": np.__version__,
+            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}  # fmt: skip
+
+
 def main() -> None:
+    if "--gemm" in sys.argv[1:]:
+        load_before = os.getloadavg()[0]
+        result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        # OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 gives the rates of one core each, which
+        # other work on a shared machine disturbs less than OpenBLAS's threads.
+        threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+        result[f"low_precision_gemm_{threads}_threads"] = {
+            **_gemm(np.random.default_rng(0)), "machine": _machine(load_before)}  # fmt: skip
+        write_file(RESULTS, json.dumps(result, indent=2) + "\n")
+        return
     lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
     graph = tessera.compile(
         "@kernel\ndef linear(x: Tensor['M', 'K', bf16], w: Tensor['K', 'N', i8], "
@@ -136,14 +215,13 @@ def main() -> None:
     load_before = os.getloadavg()[0]  # other work on the machine stretches every timing
     w8a16 = _w8a16(lib, graph, rng)
     w4a16 = _w4a16(lib, rng)
+    gemm = _gemm(rng)
     result = {
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "torch": torch.__version__,
-                    "numpy": np.__version__,
-                    "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        "machine": _machine(load_before),
         "runs": RUNS,
         "w8a16": w8a16,
         "w4a16": w4a16,
+        f"low_precision_gemm_{os.cpu_count()}_threads": gemm,
     }  # fmt: skip
     write_file(RESULTS, json.dumps(result, indent=2) + "\n")
 

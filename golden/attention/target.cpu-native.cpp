@@ -367,19 +367,19 @@ inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64
 }
 
 // One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
-// that is zero past them: straight into out for a whole panel, else through a copy of
-// out's rows, so that nothing past the last column is read or written.
-template <int R, bool Fresh>
-inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
-                        i64 k, i64 cols) {
-  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
-  float block[R * kPanel] = {};
+// that is zero past them: `block(out, ld_out)` computes a whole panel, straight into out
+// for a whole one, else into a copy of out's rows, so that nothing past the last column
+// is read or written.
+template <int R, bool Fresh, typename Block>
+inline void panel_block(float* o, i64 ld_out, i64 cols, Block&& block) {
+  if (cols == kPanel) return block(o, ld_out);
+  float rows[R * kPanel] = {};
   if constexpr (!Fresh)
     for (int r = 0; r < R; ++r)
-      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
-  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+      std::memcpy(rows + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  block(rows, kPanel);
   for (int r = 0; r < R; ++r)
-    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+    std::memcpy(o + r * ld_out, rows + r * kPanel, sizeof(float) * cols);
 }
 
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
@@ -407,7 +407,9 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
       if (tail > 0)
-        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
+        panel_block<R, Fresh>(o + panels, N, tail, [&](float* to, i64 ld_to) {
+          mma_block<R, Fresh>(to, a + i * ld_a, b_tail.data(), ld_to, ld_a, kPanel, k);
+        });
     });
 }
 

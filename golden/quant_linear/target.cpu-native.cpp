@@ -433,19 +433,19 @@ inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64
 }
 
 // One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
-// that is zero past them: straight into out for a whole panel, else through a copy of
-// out's rows, so that nothing past the last column is read or written.
-template <int R, bool Fresh>
-inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
-                        i64 k, i64 cols) {
-  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
-  float block[R * kPanel] = {};
+// that is zero past them: `block(out, ld_out)` computes a whole panel, straight into out
+// for a whole one, else into a copy of out's rows, so that nothing past the last column
+// is read or written.
+template <int R, bool Fresh, typename Block>
+inline void panel_block(float* o, i64 ld_out, i64 cols, Block&& block) {
+  if (cols == kPanel) return block(o, ld_out);
+  float rows[R * kPanel] = {};
   if constexpr (!Fresh)
     for (int r = 0; r < R; ++r)
-      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
-  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+      std::memcpy(rows + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  block(rows, kPanel);
   for (int r = 0; r < R; ++r)
-    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+    std::memcpy(o + r * ld_out, rows + r * kPanel, sizeof(float) * cols);
 }
 
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
@@ -473,7 +473,9 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
       if (tail > 0)
-        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
+        panel_block<R, Fresh>(o + panels, N, tail, [&](float* to, i64 ld_to) {
+          mma_block<R, Fresh>(to, a + i * ld_a, b_tail.data(), ld_to, ld_a, kPanel, k);
+        });
     });
 }
 
@@ -570,10 +572,287 @@ inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 
     for (i64 i = 0; i < m; i += kRows)
       with_rows(m - i, [&](auto rows) {
         constexpr int R = decltype(rows)::value;
-        panel_block<R, false>(out + i * N + j, a + i * ld_a, panel.data(), N, ld_a, kPanel, k,
-                              cols);
+        panel_block<R, false>(out + i * N + j, N, cols, [&](float* to, i64 ld_to) {
+          mma_block<R, false>(to, a + i * ld_a, panel.data(), ld_to, ld_a, kPanel, k);
+        });
       });
   }
+}
+
+// ---------------------------------------------------------------- bf16 products
+
+// A product of two bf16 operands accumulated in f32 (`@accum(f32)`, the default). Where
+// the compiler targets AVX512_BF16 (`-march=native` on a CPU that has it), it runs on
+// `vdpbf16ps`: the operands stay bf16, never widened; the right one is packed into
+// panels of kPanel columns whose rows hold the pairs (b[2p][j], b[2p + 1][j]) side by
+// side, as the instruction takes them, and the left one is read in place, a pair of
+// each row broadcast at a time. Each lane adds its pair's products in two steps, the odd
+// index first, each an f32 FMA rounded to nearest even that reads a subnormal input as
+// zero and flushes a subnormal result to zero (Intel's pseudo-code, checked bit for bit
+// on AMD Zen 4); so its sums round differently from mma's one FMA per k, and
+// docs/numerics.md says exactly how. `-DTSR_PORTABLE_SUMS` (or a compiler without the
+// instruction) gives mma's sums instead, bit for bit those of every other target.
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+// The pairs of a k x n window of b (`ld_b` elements a row), zero past k and n, in panels
+// of kPanel columns: panel q, pair p is 2 * kPanel elements, column j's two values at
+// 2j and 2j + 1 (the first kLanes columns fill one vector, the next kLanes the other).
+inline void pack_pairs(bf16* out, const bf16* b, i64 ld_b, i64 k, i64 n) {
+  const i64 pairs = (k + 1) / 2;
+  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                       40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                       32, 0);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (i64 j = 0; j < n; j += kPanel) {
+    const i64 cols = std::min(kPanel, n - j);
+    bf16* panel = out + j / kPanel * pairs * 2 * kPanel;
+    for (i64 p = 0; p < pairs; ++p) {
+      const bf16* even = b + 2 * p * ld_b + j;
+      const bool odd = 2 * p + 1 < k;
+      bf16* dst = panel + p * 2 * kPanel;
+      if (cols == kPanel) {
+        const __m512i r0 = _mm512_loadu_si512(even);
+        const __m512i r1 = odd ? _mm512_loadu_si512(even + ld_b) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(r0, low, r1));
+        _mm512_storeu_si512(dst + kPanel, _mm512_permutex2var_epi16(r0, high, r1));
+      } else {
+        std::memset(dst, 0, sizeof(bf16) * 2 * kPanel);
+        for (i64 c = 0; c < cols; ++c) {
+          dst[2 * c] = even[c];
+          if (odd) dst[2 * c + 1] = even[ld_b + c];
+        }
+      }
+    }
+  }
+}
+
+// An R x kPanel block of out (+)= a @ b over k, from a panel of pack_pairs: 2R vector
+// accumulators, each step one pair of k: two vectors of the panel, and R broadcasts of
+// a row's pair of `a` (at an odd k, its last value and a zero).
+template <int R, bool Fresh>
+inline void dot_pairs(float* out, const bf16* a, const bf16* panel, i64 ld_out, i64 ld_a,
+                      i64 k) {
+  __m512 c[R][2];
+  for (int r = 0; r < R; ++r) {
+    if constexpr (Fresh) {
+      c[r][0] = c[r][1] = _mm512_setzero_ps();
+    } else {
+      c[r][0] = _mm512_loadu_ps(out + r * ld_out);
+      c[r][1] = _mm512_loadu_ps(out + r * ld_out + kLanes);
+    }
+  }
+  const i64 pairs = k / 2;
+  for (i64 p = 0; p < pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * 2 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + p * 2 * kPanel + kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t pair;
+      std::memcpy(&pair, a + r * ld_a + 2 * p, sizeof pair);
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)x, (__m512bh)b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)x, (__m512bh)b1);
+    }
+  }
+  if (k & 1) {
+    const __m512i b0 = _mm512_loadu_si512(panel + pairs * 2 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + pairs * 2 * kPanel + kPanel);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_set1_epi32(a[r * ld_a + k - 1].bits);
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)x, (__m512bh)b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)x, (__m512bh)b1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * ld_out, c[r][0]);
+    _mm512_storeu_ps(out + r * ld_out + kLanes, c[r][1]);
+  }
+}
+#endif
+
+// out = acc + a @ b (with Fresh, a dot: acc is zero) for bf16 operands read from their
+// tensors: a's window from row ra, column ca (`ld_a` elements a row, nothing read at or
+// past row rmax_a or column cmax_a), b's likewise; out is an M x N tile, computed on its
+// live corner of m rows, n columns and k steps (clamped to the windows' parts inside
+// their tensors), and keeps acc elsewhere (zero with Fresh).
+template <bool Fresh = false>
+inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
+                     i64 cmax_a, const bf16* b, i64 ld_b, i64 rb, i64 cb, i64 rmax_b, i64 cmax_b,
+                     const float* acc, i64 M, i64 N, i64 m, i64 n, i64 k) {
+  m = std::max<i64>(0, std::min(m, rmax_a - ra));
+  n = std::max<i64>(0, std::min(n, cmax_b - cb));
+  k = std::max<i64>(0, std::min({k, cmax_a - ca, rmax_b - rb}));
+  a += ra * ld_a + ca;
+  b += rb * ld_b + cb;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+  start_product<Fresh>(out, acc, M, N, m, n);
+  static thread_local std::vector<bf16> packed;
+  const i64 pairs = (k + 1) / 2;
+  packed.resize(static_cast<std::size_t>(ceil_div(n, kPanel) * pairs * 2 * kPanel));
+  pack_pairs(packed.data(), b, ld_b, k, n);
+  for (i64 i = 0; i < m; i += kRows)
+    with_rows(m - i, [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      for (i64 j = 0; j < n; j += kPanel) {
+        const bf16* panel = packed.data() + j / kPanel * pairs * 2 * kPanel;
+        panel_block<R, Fresh>(out + i * N + j, N, std::min(kPanel, n - j),
+                              [&](float* to, i64 ld_to) {
+                                dot_pairs<R, Fresh>(to, a + i * ld_a, panel, ld_to, ld_a, k);
+                              });
+      }
+    });
+#else
+  static thread_local std::vector<float> wide_a, wide_b;
+  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
+  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
+  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
+  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
+  mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
+#endif
+}
+
+// ---------------------------------------------------------------- int8 products
+
+// A dot of two i8 operands (an i32 tile, which tiles hold as floats). Where the compiler
+// targets AVX512_VNNI, it runs on `vpdpbusd`, which adds four products of an unsigned by
+// a signed byte into an i32 lane: the right operand is made unsigned by adding 128 (its
+// sign bit flipped) as it is packed, and 128 times each row's sum of the left operand
+// starts that row's sums below zero, so each sum is the exact i32 one, rounded once to
+// f32 when it is stored in the tile. (Flipping the left operand instead cost a vector
+// instruction a broadcast.) Elsewhere, or with `-DTSR_PORTABLE_SUMS`, the operands
+// are widened and the f32 micro-kernel sums them, exact while every partial sum stays
+// below 2^24 (docs/numerics.md).
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+// The quads of a k x n window of b (`ld_b` bytes a row) plus 128, as unsigned bytes,
+// zero past k and n, in panels of kPanel columns: panel q, quad p is 4 * kPanel bytes,
+// column j's four at 4j to 4j + 3.
+inline void pack_quads(std::uint8_t* out, const std::int8_t* b, i64 ld_b, i64 k, i64 n) {
+  const i64 quads = (k + 3) / 4;
+  const __m128i flip = _mm_set1_epi8(-128);
+  for (i64 j = 0; j < n; j += kPanel) {
+    const i64 cols = std::min(kPanel, n - j);
+    std::uint8_t* panel = out + j / kPanel * quads * 4 * kPanel;
+    for (i64 p = 0; p < quads; ++p) {
+      std::uint8_t* dst = panel + p * 4 * kPanel;
+      if (cols == kPanel && 4 * p + 4 <= k) {
+        for (int h = 0; h < 2; ++h) {
+          __m128i r[4];
+          for (int q = 0; q < 4; ++q)
+            r[q] = _mm_xor_si128(flip, _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                           b + (4 * p + q) * ld_b + j + 16 * h)));
+          const __m128i t0 = _mm_unpacklo_epi8(r[0], r[1]), t1 = _mm_unpackhi_epi8(r[0], r[1]);
+          const __m128i t2 = _mm_unpacklo_epi8(r[2], r[3]), t3 = _mm_unpackhi_epi8(r[2], r[3]);
+          __m128i* to = reinterpret_cast<__m128i*>(dst + 64 * h);
+          _mm_storeu_si128(to, _mm_unpacklo_epi16(t0, t2));
+          _mm_storeu_si128(to + 1, _mm_unpackhi_epi16(t0, t2));
+          _mm_storeu_si128(to + 2, _mm_unpacklo_epi16(t1, t3));
+          _mm_storeu_si128(to + 3, _mm_unpackhi_epi16(t1, t3));
+        }
+      } else {
+        std::memset(dst, 0, 4 * kPanel);
+        for (i64 q = 0; q < 4 && 4 * p + q < k; ++q)
+          for (i64 c = 0; c < cols; ++c)
+            dst[4 * c + q] = static_cast<std::uint8_t>(b[(4 * p + q) * ld_b + j + c] ^ 0x80);
+      }
+    }
+  }
+}
+
+// c + the sums of four products of u's unsigned bytes by s's signed ones, per i32 lane:
+// `vpdpbusd`, written out because GCC 12 copies the accumulator of the intrinsic into
+// another register and back at every step (two moves an instruction: the int8 GEMM took
+// 84 ms where it takes 61).
+inline __m512i dpbusd(__m512i c, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(u), "v"(s));
+  return c;
+}
+
+// An R x kPanel block of out = a @ b over k, from a panel of pack_quads, each row's sums
+// starting at its `bias` (-128 times the row's sum of a): 2R i32 accumulators, each step
+// one quad of k: two vectors of the panel and R broadcasts of a row's quad of `a` (past
+// k, zeros). The sums are stored as floats.
+template <int R>
+inline void dot_quads(float* out, const std::int8_t* a, const std::uint8_t* panel,
+                      const std::int32_t* bias, i64 ld_out, i64 ld_a, i64 k) {
+  __m512i c[R][2];
+  for (int r = 0; r < R; ++r) c[r][0] = c[r][1] = _mm512_set1_epi32(bias[r]);
+  const i64 quads = k / 4;
+  for (i64 p = 0; p < quads; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * 4 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + p * 4 * kPanel + 2 * kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::int32_t quad;
+      std::memcpy(&quad, a + r * ld_a + 4 * p, sizeof quad);
+      const __m512i x = _mm512_set1_epi32(quad);
+      c[r][0] = dpbusd(c[r][0], b0, x);
+      c[r][1] = dpbusd(c[r][1], b1, x);
+    }
+  }
+  if (k % 4) {
+    const __m512i b0 = _mm512_loadu_si512(panel + quads * 4 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + quads * 4 * kPanel + 2 * kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::int32_t quad = 0;
+      std::memcpy(&quad, a + r * ld_a + 4 * quads, static_cast<std::size_t>(k % 4));
+      const __m512i x = _mm512_set1_epi32(quad);
+      c[r][0] = dpbusd(c[r][0], b0, x);
+      c[r][1] = dpbusd(c[r][1], b1, x);
+    }
+  }
+  // (GCC 12's _mm512_cvtepi32_ps warns of an uninitialized value inside itself.)
+  typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const f32xN sums = __builtin_convertvector((i32x16)c[r][h], f32xN);
+      std::memcpy(out + r * ld_out + h * kLanes, &sums, sizeof sums);
+    }
+}
+#endif
+
+// out = a @ b for i8 operands read from their tensors, windows as mma_bf16's; out is an
+// M x N tile of the sums as floats, on its live corner, zero elsewhere.
+inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
+                   i64 cmax_a, const std::int8_t* b, i64 ld_b, i64 rb, i64 cb, i64 rmax_b,
+                   i64 cmax_b, i64 M, i64 N, i64 m, i64 n, i64 k) {
+  m = std::max<i64>(0, std::min(m, rmax_a - ra));
+  n = std::max<i64>(0, std::min(n, cmax_b - cb));
+  k = std::max<i64>(0, std::min({k, cmax_a - ca, rmax_b - rb}));
+  a += ra * ld_a + ca;
+  b += rb * ld_b + cb;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+  start_product<true>(out, out, M, N, m, n);
+  static thread_local std::vector<std::uint8_t> packed;
+  static thread_local std::vector<std::int32_t> bias;
+  const i64 quads = (k + 3) / 4;
+  packed.resize(static_cast<std::size_t>(ceil_div(n, kPanel) * quads * 4 * kPanel));
+  pack_quads(packed.data(), b, ld_b, k, n);
+  bias.resize(static_cast<std::size_t>(std::max<i64>(m, 1)));
+  for (i64 i = 0; i < m; ++i) {
+    std::int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (i64 p = 0; p < k; ++p) sum += a[i * ld_a + p];
+    bias[static_cast<std::size_t>(i)] = -128 * sum;
+  }
+  for (i64 i = 0; i < m; i += kRows)
+    with_rows(m - i, [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      for (i64 j = 0; j < n; j += kPanel) {
+        const std::uint8_t* panel = packed.data() + j / kPanel * quads * 4 * kPanel;
+        panel_block<R, true>(out + i * N + j, N, std::min(kPanel, n - j),
+                             [&](float* to, i64 ld_to) {
+                               dot_quads<R>(to, a + i * ld_a, panel, bias.data() + i, ld_to,
+                                            ld_a, k);
+                             });
+      }
+    });
+#else
+  static thread_local std::vector<float> wide_a, wide_b;
+  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
+  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
+  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
+  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
+  mma<true>(out, wide_a.data(), wide_b.data(), out, M, N, m, n, k, k, n);
+#endif
 }
 
 }  // namespace tsr
@@ -731,24 +1010,18 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(131072 + 131072 + 65536);
-  float* const a_tile_smem = area;
-  float* const b_tile_smem = a_tile_smem + 131072;
-  float* const acc = b_tile_smem + 131072;
+  float* const area = tsr::scratch(65536);
+  float* const acc = area;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, 256, tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 512, x, K, BM*pid_m, BK*kb, M, K);
-    float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 512, 256, t4, N, BK*kb, BN*pid_n, K, N);
-    float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, 512, tsr::live(256, M - BM*pid_m),
-        tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
+    tsr::mma_bf16(acc_1, x, K, BM*pid_m, BK*kb, M, K, t4, N, BK*kb, BN*pid_n, K, N, acc, 256, 256,
+        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
   }
   tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, 256, 256);
 }
@@ -866,17 +1139,14 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(16384 + 16384 + 65536 + 65536 + 65536 + 65536 + 256 + 256
-      + 65536);
-  float* const operand_smem = area;
-  float* const operand_smem_1 = operand_smem + 16384;
-  float* const high = operand_smem_1 + 16384;
+  float* const area = tsr::scratch(65536 + 65536 + 65536 + 65536 + 256 + 256 + 65536);
+  float* const high = area;
   float* const low = high + 65536;
-  float* const t_2 = low + 65536;
-  float* const h = t_2 + 65536;
-  float* const t_7_edge = h + 65536;
-  float* const t_9 = t_7_edge + 256;
-  float* const t_11 = t_9 + 256;
+  float* const t = low + 65536;
+  float* const h = t + 65536;
+  float* const t_5_edge = h + 65536;
+  float* const t_7 = t_5_edge + 256;
+  float* const t_9 = t_7 + 256;
   // quant_linear.tsr:63: high = tile.zeros((T.m, T.n), f32)  # the sum is high * 4096 + low, both
   //   exact
   std::fill_n(high, 65536, 0.0f);
@@ -886,17 +1156,13 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    tsr::load_corner(operand_smem, 256, 64, x, K, BM*pid_m, 64*kb, M, K);
-    float* const t = operand_smem;
-    tsr::load_corner(operand_smem_1, 64, 256, w, N, 64*kb, BN*pid_n, K, N);
-    float* const t_1 = operand_smem_1;
-    tsr::dot(t_2, t, t_1, 256, 256, 64, tsr::live(256, M - BM*pid_m),
-        tsr::live(256, N - BN*pid_n), tsr::live(64, K - 64*kb));
-    float* const s = t_2;
+    tsr::dot_i8(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, 256, 256,
+        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(64, K - 64*kb));
+    float* const s = t;
     for (tsr::i64 i = 0; i < 256; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < 256; ++j) {
-        s[i * 256 + j] = t_2[i * 256 + j];
+        s[i * 256 + j] = t[i * 256 + j];
       }
     }
     // quant_linear.tsr:67: h = tile.round(s * (1.0 / 4096.0))
@@ -926,17 +1192,17 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   // quant_linear.tsr:70: acc = high * 4096.0 + low  # the exact i32 sum, rounded once to f32
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  const float* const t_7 = tsr::row_tile(t_7_edge, 256, 1, x_scale, BM*pid_m, M);
-  tsr::load_tile(t_9, 1, 256, w_scale, 0, 0, BN*pid_n, 1, N);
-  float* const t_10 = t_9;
+  const float* const t_5 = tsr::row_tile(t_5_edge, 256, 1, x_scale, BM*pid_m, M);
+  tsr::load_tile(t_7, 1, 256, w_scale, 0, 0, BN*pid_n, 1, N);
+  float* const t_8 = t_7;
   for (tsr::i64 i = 0; i < 256; ++i) {
-    const float row_0 = t_7[i];
+    const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      t_11[i * 256 + j] = (((high[i * 256 + j] * 4096.0f) + low[i * 256 + j]) * row_0) * t_10[j];
+      t_9[i * 256 + j] = (((high[i * 256 + j] * 4096.0f) + low[i * 256 + j]) * row_0) * t_8[j];
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_11, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_9, 256, 256);
 }
 
 static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float* x_scale,

@@ -392,19 +392,19 @@ inline void start_product(float* out, const float* acc, i64 M, i64 N, i64 m, i64
 }
 
 // One R-row block of a product over `cols` <= kPanel columns of out, from a panel of b
-// that is zero past them: straight into out for a whole panel, else through a copy of
-// out's rows, so that nothing past the last column is read or written.
-template <int R, bool Fresh>
-inline void panel_block(float* o, const float* a, const float* b, i64 ld_out, i64 ld_a, i64 ld_b,
-                        i64 k, i64 cols) {
-  if (cols == kPanel) return mma_block<R, Fresh>(o, a, b, ld_out, ld_a, ld_b, k);
-  float block[R * kPanel] = {};
+// that is zero past them: `block(out, ld_out)` computes a whole panel, straight into out
+// for a whole one, else into a copy of out's rows, so that nothing past the last column
+// is read or written.
+template <int R, bool Fresh, typename Block>
+inline void panel_block(float* o, i64 ld_out, i64 cols, Block&& block) {
+  if (cols == kPanel) return block(o, ld_out);
+  float rows[R * kPanel] = {};
   if constexpr (!Fresh)
     for (int r = 0; r < R; ++r)
-      std::memcpy(block + r * kPanel, o + r * ld_out, sizeof(float) * cols);
-  mma_block<R, Fresh>(block, a, b, kPanel, ld_a, ld_b, k);
+      std::memcpy(rows + r * kPanel, o + r * ld_out, sizeof(float) * cols);
+  block(rows, kPanel);
   for (int r = 0; r < R; ++r)
-    std::memcpy(o + r * ld_out, block + r * kPanel, sizeof(float) * cols);
+    std::memcpy(o + r * ld_out, rows + r * kPanel, sizeof(float) * cols);
 }
 
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
@@ -432,7 +432,9 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
       for (i64 j = 0; j < panels; j += kPanel)
         mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
       if (tail > 0)
-        panel_block<R, Fresh>(o + panels, a + i * ld_a, b_tail.data(), N, ld_a, kPanel, k, tail);
+        panel_block<R, Fresh>(o + panels, N, tail, [&](float* to, i64 ld_to) {
+          mma_block<R, Fresh>(to, a + i * ld_a, b_tail.data(), ld_to, ld_a, kPanel, k);
+        });
     });
 }
 
@@ -459,6 +461,137 @@ inline void dot(float* out, const float* a, const float* b, i64 M, i64 N, i64 K,
 
 inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k) {
   dot(out, a, b, m, n, k, m, n, k);
+}
+
+// ---------------------------------------------------------------- bf16 products
+
+// A product of two bf16 operands accumulated in f32 (`@accum(f32)`, the default). Where
+// the compiler targets AVX512_BF16 (`-march=native` on a CPU that has it), it runs on
+// `vdpbf16ps`: the operands stay bf16, never widened; the right one is packed into
+// panels of kPanel columns whose rows hold the pairs (b[2p][j], b[2p + 1][j]) side by
+// side, as the instruction takes them, and the left one is read in place, a pair of
+// each row broadcast at a time. Each lane adds its pair's products in two steps, the odd
+// index first, each an f32 FMA rounded to nearest even that reads a subnormal input as
+// zero and flushes a subnormal result to zero (Intel's pseudo-code, checked bit for bit
+// on AMD Zen 4); so its sums round differently from mma's one FMA per k, and
+// docs/numerics.md says exactly how. `-DTSR_PORTABLE_SUMS` (or a compiler without the
+// instruction) gives mma's sums instead, bit for bit those of every other target.
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+// The pairs of a k x n window of b (`ld_b` elements a row), zero past k and n, in panels
+// of kPanel columns: panel q, pair p is 2 * kPanel elements, column j's two values at
+// 2j and 2j + 1 (the first kLanes columns fill one vector, the next kLanes the other).
+inline void pack_pairs(bf16* out, const bf16* b, i64 ld_b, i64 k, i64 n) {
+  const i64 pairs = (k + 1) / 2;
+  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                       40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                       32, 0);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (i64 j = 0; j < n; j += kPanel) {
+    const i64 cols = std::min(kPanel, n - j);
+    bf16* panel = out + j / kPanel * pairs * 2 * kPanel;
+    for (i64 p = 0; p < pairs; ++p) {
+      const bf16* even = b + 2 * p * ld_b + j;
+      const bool odd = 2 * p + 1 < k;
+      bf16* dst = panel + p * 2 * kPanel;
+      if (cols == kPanel) {
+        const __m512i r0 = _mm512_loadu_si512(even);
+        const __m512i r1 = odd ? _mm512_loadu_si512(even + ld_b) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(r0, low, r1));
+        _mm512_storeu_si512(dst + kPanel, _mm512_permutex2var_epi16(r0, high, r1));
+      } else {
+        std::memset(dst, 0, sizeof(bf16) * 2 * kPanel);
+        for (i64 c = 0; c < cols; ++c) {
+          dst[2 * c] = even[c];
+          if (odd) dst[2 * c + 1] = even[ld_b + c];
+        }
+      }
+    }
+  }
+}
+
+// An R x kPanel block of out (+)= a @ b over k, from a panel of pack_pairs: 2R vector
+// accumulators, each step one pair of k: two vectors of the panel, and R broadcasts of
+// a row's pair of `a` (at an odd k, its last value and a zero).
+template <int R, bool Fresh>
+inline void dot_pairs(float* out, const bf16* a, const bf16* panel, i64 ld_out, i64 ld_a,
+                      i64 k) {
+  __m512 c[R][2];
+  for (int r = 0; r < R; ++r) {
+    if constexpr (Fresh) {
+      c[r][0] = c[r][1] = _mm512_setzero_ps();
+    } else {
+      c[r][0] = _mm512_loadu_ps(out + r * ld_out);
+      c[r][1] = _mm512_loadu_ps(out + r * ld_out + kLanes);
+    }
+  }
+  const i64 pairs = k / 2;
+  for (i64 p = 0; p < pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * 2 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + p * 2 * kPanel + kPanel);
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t pair;
+      std::memcpy(&pair, a + r * ld_a + 2 * p, sizeof pair);
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(pair));
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)x, (__m512bh)b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)x, (__m512bh)b1);
+    }
+  }
+  if (k & 1) {
+    const __m512i b0 = _mm512_loadu_si512(panel + pairs * 2 * kPanel);
+    const __m512i b1 = _mm512_loadu_si512(panel + pairs * 2 * kPanel + kPanel);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_set1_epi32(a[r * ld_a + k - 1].bits);
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)x, (__m512bh)b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)x, (__m512bh)b1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * ld_out, c[r][0]);
+    _mm512_storeu_ps(out + r * ld_out + kLanes, c[r][1]);
+  }
+}
+#endif
+
+// out = acc + a @ b (with Fresh, a dot: acc is zero) for bf16 operands read from their
+// tensors: a's window from row ra, column ca (`ld_a` elements a row, nothing read at or
+// past row rmax_a or column cmax_a), b's likewise; out is an M x N tile, computed on its
+// live corner of m rows, n columns and k steps (clamped to the windows' parts inside
+// their tensors), and keeps acc elsewhere (zero with Fresh).
+template <bool Fresh = false>
+inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
+                     i64 cmax_a, const bf16* b, i64 ld_b, i64 rb, i64 cb, i64 rmax_b, i64 cmax_b,
+                     const float* acc, i64 M, i64 N, i64 m, i64 n, i64 k) {
+  m = std::max<i64>(0, std::min(m, rmax_a - ra));
+  n = std::max<i64>(0, std::min(n, cmax_b - cb));
+  k = std::max<i64>(0, std::min({k, cmax_a - ca, rmax_b - rb}));
+  a += ra * ld_a + ca;
+  b += rb * ld_b + cb;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
+  start_product<Fresh>(out, acc, M, N, m, n);
+  static thread_local std::vector<bf16> packed;
+  const i64 pairs = (k + 1) / 2;
+  packed.resize(static_cast<std::size_t>(ceil_div(n, kPanel) * pairs * 2 * kPanel));
+  pack_pairs(packed.data(), b, ld_b, k, n);
+  for (i64 i = 0; i < m; i += kRows)
+    with_rows(m - i, [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      for (i64 j = 0; j < n; j += kPanel) {
+        const bf16* panel = packed.data() + j / kPanel * pairs * 2 * kPanel;
+        panel_block<R, Fresh>(out + i * N + j, N, std::min(kPanel, n - j),
+                              [&](float* to, i64 ld_to) {
+                                dot_pairs<R, Fresh>(to, a + i * ld_a, panel, ld_to, ld_a, k);
+                              });
+      }
+    });
+#else
+  static thread_local std::vector<float> wide_a, wide_b;
+  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
+  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
+  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
+  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
+  mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
+#endif
 }
 
 }  // namespace tsr
@@ -564,10 +697,8 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 128;
   constexpr tsr::i64 BK = 64;
-  float* const area = tsr::scratch(8192 + 8192 + 16384 + 128 + 16384);
-  float* const a_tile_smem = area;
-  float* const b_tile_smem = a_tile_smem + 8192;
-  float* const acc = b_tile_smem + 8192;
+  float* const area = tsr::scratch(16384 + 128 + 16384);
+  float* const acc = area;
   float* const bias_tile = acc + 16384;
   float* const t_3 = bias_tile + 128;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
@@ -575,15 +706,11 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 128, 64, A, K, BM*pid_m, BK*kb, M, K);
-    float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 64, 128, B, N, BK*kb, BN*pid_n, K, N);
-    float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 64, tsr::live(128, M - BM*pid_m),
-        tsr::live(128, N - BN*pid_n), tsr::live(64, K - BK*kb));
+    tsr::mma_bf16(acc_1, A, K, BM*pid_m, BK*kb, M, K, B, N, BK*kb, BN*pid_n, K, N, acc, 128, 128,
+        tsr::live(128, M - BM*pid_m), tsr::live(128, N - BN*pid_n), tsr::live(64, K - BK*kb));
   }
   // schedules.tsr:27: return relu(A @ B + bias)
   tsr::load_tile(bias_tile, 1, 128, bias, 0, 0, BN*pid_n, 1, N);

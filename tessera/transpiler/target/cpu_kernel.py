@@ -193,6 +193,11 @@ class _Emitter:
         #: Products' right operands that are an i4 weight dequantized in the product
         #: (``tsr::mma_i4``), by value id; and the results of the ops it takes over.
         self.dequantized: dict[int, Dequantized] = {}
+        #: The staged copies of the operands of bf16 and int8 products that the product
+        #: reads from the tensor itself (``tsr::mma_bf16``, ``tsr::dot_i8``), by the
+        #: operand's id; and their buffers, which are never allocated.
+        self.narrow_operands = _narrow_operands(kernel.body, self.uses, self.copies)
+        self.narrow_buffers = {c.operands[1].id for c in self.narrow_operands.values()}
         self.folded: set[int] = set()
         self.lines: list[str] = []
         self.depth = 1
@@ -878,6 +883,8 @@ class _Emitter:
                   f"{rows}, {cols});")  # fmt: skip
 
     def op_alloc(self, op: Op) -> None:
+        if op.result.id in self.narrow_buffers:
+            return  # the product reads the tensor
         copy = self.copies.get(op.result.id)
         if copy is not None and self._in_place(copy):
             return  # read in place: no buffer
@@ -934,6 +941,8 @@ class _Emitter:
     def op_copy(self, op: Op) -> None:
         self.check_bounds(op)
         tensor, buf = op.operands
+        if buf.id in self.narrow_buffers:
+            return  # the product reads the tensor
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"))
         if self._in_place(op):
             corner = f"{base} + ({r0}) * {ld}" + ("" if c0 == "0" else f" + {c0}")
@@ -970,6 +979,8 @@ class _Emitter:
         return _inside(tile, corner)
 
     def op_read(self, op: Op) -> None:
+        if op.result.id in self.narrow_operands:
+            return  # the product reads the tensor
         buf = op.operands[0]
         if buf.id in self.in_place:
             address, ld = self.in_place[buf.id]
@@ -1013,6 +1024,9 @@ class _Emitter:
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.allocate(op.result)
+        if a.id in self.narrow_operands:
+            self._narrow_product(op, name, None)
+            return
         accum = op.attr("accum")
         if accum is not None:  # from zero: acc is the result itself
             args = ", ".join((name, self.name(a), self.name(b), name, *self._product(op)))
@@ -1026,6 +1040,9 @@ class _Emitter:
         name = self.result_in_place(op, (2,))
         if b.id in self.dequantized:
             self._dequantized_product(op, name, self.name(acc))
+            return
+        if a.id in self.narrow_operands:
+            self._narrow_product(op, name, self.name(acc))
             return
         args = (name, self.name(a), self.name(b), self.name(acc), *self._product(op))
         accum = op.attr("accum")
@@ -1046,6 +1063,23 @@ class _Emitter:
         args = (out, self.name(a), *window, self.name(chain.scale), round_b, acc, *sizes[:2],
                 m, n, k, self.strides.get(a.id, sizes[2]))  # fmt: skip
         self.line(f"tsr::mma_i4({', '.join(args)});")
+
+    def _narrow_product(self, op: Op, out: str, acc: str | None) -> None:
+        """A product of two bf16 or two i8 tensors' windows, read where they lie (``acc``
+        None: a dot, from zero)."""
+        a, b = op.operands[:2]
+        windows = []
+        for v in (a, b):
+            copy = self.narrow_operands[v.id]
+            windows += self._window(copy.operands[0], copy.attr("at"))
+        sizes = self._mnk(a, b)
+        live = self._live(op, sizes) or sizes
+        if a.type.dtype.name == "i8":
+            self.line(f"tsr::dot_i8({', '.join((out, *windows, *sizes[:2], *live))});")
+            return
+        function = "tsr::mma_bf16<true>" if acc is None else "tsr::mma_bf16"
+        args = (out, *windows, acc or out, *sizes[:2], *live)
+        self.line(f"{function}({', '.join(args)});")
 
     def _limit(self, s: Value) -> str:
         """A lambda giving how many leading columns of row i of scores ``s`` are live."""
@@ -1179,6 +1213,40 @@ class _Emitter:
                 self._assign(r, v)
             self.depth -= 1
         self.line("}")
+
+
+def _narrow_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -> dict[int, Op]:
+    """The operands of the products whose two operands are each read from a single-stage
+    staged copy of a tensor, with no other reader, and are both bf16 (a product
+    accumulated in f32: ``tsr::mma_bf16``, ``vdpbf16ps`` where the CPU has it) or both i8
+    (a dot, an i32 tile: ``tsr::dot_i8``, ``vpdpbusd``): the product reads the tensors
+    instead. The copy of each, by the operand's id."""
+    defs = {r.id: op for op in walk(body) for r in op.results}
+
+    def staged(v: Value) -> Op | None:
+        read = defs.get(v.id)
+        if read is None or read.kind != "read" or uses.get(v.id) != 1:
+            return None
+        buf = read.operands[0]
+        copy = copies.get(buf.id)
+        if copy is None or uses.get(buf.id) != 2 or buf.type.stages != 1:
+            return None
+        at: Access = copy.attr("at")
+        same = copy.operands[0].type.dtype == buf.type.dtype
+        return copy if same and len(at.tile_axes) == 2 else None
+
+    products = {("dot", "bf16", "f32"), ("mma", "bf16", "f32"), ("dot", "i8", "i32")}
+    found = {}
+    for op in walk(body):
+        if op.kind not in ("dot", "mma") or op.attr("accum") is not None:
+            continue
+        a, b = (staged(v) for v in op.operands[:2])
+        if a is None or b is None:
+            continue
+        dtypes = {c.operands[0].type.dtype.name for c in (a, b)}
+        if len(dtypes) == 1 and (op.kind, *dtypes, op.results[0].type.dtype.name) in products:
+            found.update({op.operands[0].id: a, op.operands[1].id: b})
+    return found
 
 
 def _is_elementwise(op: Op) -> bool:
