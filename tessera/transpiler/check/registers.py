@@ -11,7 +11,13 @@ place. A tile of constant size is spread over the program's threads (a 128x128 f
 accumulator over 256 threads is 64 words each); a row vector lives in the threads of
 its rows: the 16 threads of a row of the ``Grid`` (``GRID_COLUMNS``), or, beside a
 matrix instruction's fragments, 2 rows of every 16 of the warp's; a tile with a
-symbolic dim is walked a vector at a time and holds one vector.
+symbolic dim is walked a vector at a time and holds one vector. A row reduction over a
+symbolic dim (a row kernel's statistics: layernorm's mean and scale) is a walk of each
+row by the whole program whose total every thread gets back, so every thread holds the
+statistic of every row; such a walk keeps the loads of an unrolled iteration of each
+row tensor it reads in flight (``layernorm_grad``'s passes over x and g). A choice
+between lazy values (an ``if`` on ``with_weight``) is lazy too: what it reads lives
+until the chosen value's last use.
 
 An operand that a matrix instruction reads from shared memory costs the registers of
 one k step, as the generated code reads it: ``mma.sync`` a strip of ``a`` (4 registers
@@ -52,6 +58,9 @@ __all__ = ["estimate_registers"]
 _OWNED = frozenset({"mma", "dot", "softmax_online", "softmax_accumulate", "sum", "max", "min",
                     "mean", "argmax", "argmin", "cumsum"})  # fmt: skip
 
+#: Owned ops that reduce a tile along an axis.
+_REDUCTIONS = frozenset({"sum", "max", "min", "mean", "argmax", "argmin"})
+
 #: Owned ops whose result is their accumulator operand, updated in place.
 _IN_PLACE = frozenset({"mma", "softmax_accumulate"})
 
@@ -60,6 +69,15 @@ _IN_PLACE = frozenset({"mma", "softmax_accumulate"})
 #: more.
 _BASE = 32
 _LOOP_BASE = {"sm_90a": 40}
+#: What a kernel that walks its rows with the whole program (a reduction over a dim of
+#: symbolic size) spends besides its row statistics and its walks' extra loads: its
+#: index arithmetic, its tensors' addresses and one tensor's loads in flight (on
+#: ``row_sum`` ptxas's live peak is 29 registers, 4 of them the row sums; it reports
+#: 31, a few above, for aligned 64-bit pairs).
+_ROW_BASE = 28
+#: The elements of a row that one iteration of a walk over it reads: NVVM unrolls the
+#: walk's loop 4 times (``row_sum``'s PTX: 4 loads of x an iteration).
+_WALK_UNROLL = 4
 #: What an elementwise kernel over 1-D tiles spends besides its tensors' addresses and
 #: loaded vectors: the thread's index, its program's 64-bit offset and the 64-bit
 #: counter and bound of its walk over the elements (on ``train_step_k5``, a copy of one
@@ -85,7 +103,8 @@ def estimate_registers(kernel: TileKernel, hw: Hardware) -> int:
     for op in walk(kernel.body):
         model.note_fragments(op)
     words = model.block(kernel.body, 0)
-    return min(_base(kernel, hw) + words, _cap(kernel, hw))
+    base = _ROW_BASE if model.walked and _base(kernel, hw) == _BASE else _base(kernel, hw)
+    return min(base + words, _cap(kernel, hw))
 
 
 def _base(kernel: TileKernel, hw: Hardware) -> int:
@@ -124,6 +143,11 @@ class _Pressure:
         self.fragments: dict[int, int] = {}
         self.defs = producers(kernel.body)
         self.owned = {r.id for op in walk(kernel.body) if op.kind in _OWNED for r in op.results}
+        # A reduction over a dim of symbolic size is a walk of each row by the whole
+        # program (thread t reads elements t, t + threads, ...), whose partials are summed
+        # through shared memory and handed back to every thread: each thread holds the
+        # statistic of every row of the tile, not the share of a Grid row's threads.
+        self.walked = {op.results[0].id for op in walk(kernel.body) if _walked(op)}
         # The rows of a matrix instruction's result, and how many of them a thread
         # holds: an m16n8 fragment gives lane l rows l / 4 and l / 4 + 8 of each 16, so
         # a warp's rows over 8 (a wgmma warpgroup's 64 rows are its warps' 16 apiece).
@@ -150,6 +174,8 @@ class _Pressure:
         per_word = max(1, 32 // max(t.dtype.bits, 1))
         if any(d is None for d in dims):
             return 4  # walked a vector at a time
+        if value.id in self.walked:  # every row's statistic, in every thread
+            return -(-dims[0] // per_word)
         if len(dims) == 1 or dims[1:] == [1]:  # a row vector, [R] or [R, 1]
             if dims[0] in self.fragment_rows:
                 return self.fragment_rows[dims[0]]
@@ -170,13 +196,16 @@ class _Pressure:
         # A lazy value is computed where it is used, from its operands: the owned tiles
         # it reads stay live until its last use (a product's scores until the softmax
         # that reads them scaled and masked has made its probabilities).
+        # So is a choice between lazy values (an ``if`` on a flag, such as ``with_weight``,
+        # whose branches only compute elementwise): the code computes the chosen one where
+        # it is used.
         for index in range(len(block.ops) - 1, -1, -1):
             op = block.ops[index]
-            if op.kind in _OWNED or op.regions:
+            if op.kind in _OWNED or (op.regions and not _lazy_choice(op)):
                 continue
             end = max((last.get(r.id, -1) for r in op.results), default=-1)
-            for value in op.operands:
-                last[value.id] = max(last.get(value.id, -1), end)
+            for used in _uses(op):
+                last[used] = max(last.get(used, -1), end)
         live: dict[int, int] = {a.id: self.words(a) for a in block.args if a.id in last}
         worst = outside + sum(live.values())
         for index, op in enumerate(block.ops):
@@ -189,6 +218,8 @@ class _Pressure:
                 owned = op.kind in _OWNED or result.id in self.fragments
                 if owned and result.id in last:
                     made[result.id] = self.words(result)
+            if self.walked:
+                worst = max(worst, outside + sum(live.values()) + self.in_flight(op))
             # An accumulator is updated in place; other results are new arrays, written
             # while the operands that die here are still read.
             if op.kind not in _IN_PLACE:
@@ -198,6 +229,26 @@ class _Pressure:
             live.update(made)
             worst = max(worst, outside + sum(live.values()))
         return worst
+
+    def in_flight(self, op: Op) -> int:
+        """The loads a walk over the rows (a reduction's, or the store's of the result)
+        keeps in flight beyond the base's: the walk is unrolled (``_WALK_UNROLL``) and the
+        loads of an iteration are issued ahead of its math, a register for each element
+        of each row tensor the walked expression reads (``layernorm_grad``'s ``sum(gw *
+        xhat)`` and its result read rows of x and g); the base holds one tensor's (a row
+        sum's). A vector broadcast over the rows (the weight, a bias) is not counted: it
+        does not raise ptxas's count where measured (``layernorm`` and ``pre_norm``,
+        whose walks read x, the weight and the bias, peak at 38 and 30 live registers
+        on sm_80, within the base and their statistics)."""
+        if op.results and op.results[0].id in self.walked:
+            walked = op.operands[0]
+        elif op.kind == "store" and _symbolic(op.operands[1]):
+            walked = op.operands[1]
+        else:
+            return 0
+        _, loads = self.computed_from(walked)
+        rows = [v for v in loads if len(v.type.dims) > 1 and v.type.dims[0].constant != 1]
+        return max(0, len(rows) - 1) * _WALK_UNROLL
 
     def note_fragments(self, op: Op) -> None:
         """Operands a matrix instruction reads from shared memory cost the fragments of
@@ -219,7 +270,7 @@ class _Pressure:
                 # of its chain where it is computed (a row's logsumexp, once per element
                 # of the row), and ptxas issues those loads ahead, one register apiece.
                 held = self.words(operand)
-                self.fragments[operand.id] = held * (1 + loads)
+                self.fragments[operand.id] = held * (1 + len(loads))
             else:
                 self.fragments.setdefault(operand.id, strip)
 
@@ -258,10 +309,10 @@ class _Pressure:
         dtype = mma.inst.rpartition(".")[2]
         return layouts.get(op.operands[0].name) == "sw128" and value.type.dtype.name == dtype
 
-    def computed_from(self, value: Value) -> tuple[bool, int]:
-        """Whether the lazy ``value`` reads an owned tile, and how many tensor loads it
-        reads (each through its chain of elementwise ops)."""
-        owned, loads, seen, todo = False, 0, set(), [value]
+    def computed_from(self, value: Value) -> tuple[bool, list[Value]]:
+        """Whether the lazy ``value`` reads an owned tile, and the tensor loads it reads
+        (each through its chain of elementwise ops)."""
+        owned, loads, seen, todo = False, [], set(), [value]
         while todo:
             v = todo.pop()
             if v.id in seen:
@@ -274,7 +325,7 @@ class _Pressure:
             if op is None or op.kind == "read":
                 continue
             if op.kind == "load":
-                loads += 1
+                loads.append(v)
                 continue
             todo.extend(op.operands)
             for region in op.regions:
@@ -286,6 +337,32 @@ def _nvidia(inst: str) -> bool:
     """Whether ``inst`` is an NVIDIA matrix instruction, whose fragment layout (m16n8)
     the estimate follows."""
     return inst.startswith(("mma.sync", "wgmma"))
+
+
+def _walked(op: Op) -> bool:
+    """Whether ``op`` reduces a tile along a dim of symbolic size (a row of ``C``
+    elements), which the program walks with all its threads."""
+    if op.kind not in _REDUCTIONS or not op.operands or not op.results:
+        return False
+    t, r, axis = op.operands[0].type, op.results[0].type, op.attr("axis")
+    if not isinstance(t, TileType) or not isinstance(r, TileType) or not isinstance(axis, int):
+        return False
+    return t.dims[axis].constant is None and len(r.dims) >= 1 and r.dims[0].constant is not None
+
+
+def _lazy_choice(op: Op) -> bool:
+    """Whether ``op`` is an ``if`` whose branches hold nothing in registers."""
+    return op.kind == "if" and all(
+        inner.kind not in _OWNED and not inner.regions
+        for region in op.regions
+        for inner in region.ops
+    )
+
+
+def _symbolic(value: Value) -> bool:
+    """Whether ``value`` is a tile with a dim of symbolic size."""
+    t = value.type
+    return isinstance(t, TileType) and any(d.constant is None for d in t.dims)
 
 
 def _uses(op: Op) -> set[int]:
