@@ -435,9 +435,9 @@ SABOTAGED = {
     "a causal block on the diagonal taken for one the mask leaves whole": (
         "attention:attention", "sm_90a", "BN*nblk + 127 <= BM*pid_m", "BN*nblk <= BM*pid_m"),
     "the ragged last key block taken for a whole one": (
-        "attention:flash_attention", "sm_90a", "if (BN*nblk + 128 <= S) {", "if (true) {"),
+        "attention:flash_attention", "sm_90a", "if (BN*nblk + BN <= S) {", "if (true) {"),
     "an fp8 wgmma stepping along k as a 16-bit one does": (
-        "mlp:linear_fp8", "sm_90a", "kk < 128; kk += 32)", "kk < 128; kk += 16)"),
+        "mlp:linear_fp8", "sm_90a", "kk < BK; kk += 32)", "kk < BK; kk += 16)"),
     "an ldmatrix of a row-major b without .trans": (
         "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip

@@ -91,8 +91,8 @@ def test_a_tiny_product_clears_and_copies_only_its_corner() -> None:
     """A 4 x 4 product under a 256 x 256 tile: zeroing the whole accumulator and the
     whole right operand's tile cost 13 of its 14 microseconds a call."""
     source = tessera.compile(SOURCE, "launch.tsr", target="cpu").source
-    assert "tsr::zero_corner(acc, 256, tsr::live(256, M - BM*pid_m)" in source
-    assert "tsr::load_corner(b_tile_smem, 256, 256, b, N," in source
+    assert "tsr::zero_corner(acc, BN, tsr::live(BM, M - BM*pid_m)" in source
+    assert "tsr::load_corner(b_tile_smem, BK, BN, b, N," in source
     assert "std::fill_n(acc," not in source
 
 

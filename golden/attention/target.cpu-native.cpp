@@ -546,69 +546,64 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(16384 + 32768 + 32768 + 16384 + 128 + 128 + 32768 + 32768
-      + 16384);
+  constexpr tsr::i64 BD = 128;
+  float* const area = tsr::scratch(BM*BD + BN*BD + BN*BD + BM*BD + BM + BM + BD*BN + BM*BN
+      + BM*BD);
   float* const q_tile_smem = area;
-  float* const k_tile_smem = q_tile_smem + 16384;
-  float* const v_tile_smem = k_tile_smem + 32768;
-  float* const acc = v_tile_smem + 32768;
-  float* const m = acc + 16384;
-  float* const l = m + 128;
-  float* const t = l + 128;
-  float* const t_1 = t + 32768;
-  float* const t_4 = t_1 + 32768;
+  float* const k_tile_smem = q_tile_smem + BM*BD;
+  float* const v_tile_smem = k_tile_smem + BN*BD;
+  float* const acc = v_tile_smem + BN*BD;
+  float* const m = acc + BM*BD;
+  float* const l = m + BM;
+  float* const t = l + BM;
+  float* const t_1 = t + BD*BN;
+  float* const t_3 = t_1 + BM*BN;
   const float s = static_cast<float>(D);
   const float scale = tsr::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_corner(q_tile_smem, 128, 128, Q + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D);
+  tsr::load_corner(q_tile_smem, BM, BD, Q + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D);
   float* const q_tile = q_tile_smem;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, BM*BD, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -tsr::infinity());
+  std::fill_n(m, BM, -tsr::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
-  std::fill_n(l, 128, 0.0f);
+  std::fill_n(l, BM, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, BM*pid_m + 128), BN); ++nblk)
-      {
+  for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(std::min<tsr::i64>(S, BM*pid_m + BM), BN); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    tsr::load_tile(k_tile_smem, 256, 128, K + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
+    tsr::load_tile(k_tile_smem, BN, BD, K + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
     float* const k_tile = k_tile_smem;
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    tsr::load_tile(v_tile_smem, 256, 128, V + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
+    tsr::load_tile(v_tile_smem, BN, BD, V + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 256, 128);
-    tsr::dot(t_1, q_tile, t, 128, 256, 128, tsr::live(128, S - BM*pid_m),
-        tsr::live(256, S - BN*nblk), tsr::live(128, D));
+    tsr::transpose(t, k_tile, BN, BD);
+    tsr::dot(t_1, q_tile, t, BM, BN, BD, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk),
+        tsr::live(BD, D));
     float* const s_1 = t_1;
-    for (tsr::i64 i = 0; i < 128; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        s_1[i * 256 + j] = t_1[i * 256 + j] * scale;
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        s_1[i * BN + j] = t_1[i * BN + j] * scale;
       }
     }
     // flash_attention.tsr:23: tile.mask_causal(s, tile.row_index(), tile.col_index(nblk))
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float* const acc_1 = acc;
-    float* const m_1 = m;
-    float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s_1, v_tile, 128, 128, 256, 128,
-        tsr::live(256, S - BN*nblk), tsr::live(128, D), s_1,
-        [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1 - (BN*nblk), S - (BN*nblk));
-        }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc, m, l, acc, m, l, s_1, v_tile, BD, BM, BN, BD, tsr::live(BN, S - BN*nblk),
+        tsr::live(BD, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1
+        - (BN*nblk), S - (BN*nblk)); }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  float* const t_2 = l;
-  for (tsr::i64 i = 0; i < 128; ++i) {
-    const float row_0 = t_2[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = l[i];
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 128; ++j) {
-      t_4[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
+    for (tsr::i64 j = 0; j < BD; ++j) {
+      t_3[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D, t_4, 128, 128);
+  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D, t_3, BM, BD);
 }
 
 static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
@@ -629,86 +624,83 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 128;
-  float* const area = tsr::scratch(16384 + 16384 + 16384 + 16384 + 128 + 128 + 16384 + 16384
-      + 16384 + 128 + 128 + 16384 + 16384);
+  constexpr tsr::i64 BD = 128;
+  float* const area = tsr::scratch(BM*BD + BN*BD + BN*BD + BM*BD + BM + BM + BD*BN + BM*BN + BM*BN
+      + BM + BN + BM*BN + BM*BD);
   float* const Qb_smem = area;
-  float* const Kb_smem = Qb_smem + 16384;
-  float* const Vb_smem = Kb_smem + 16384;
-  float* const acc = Vb_smem + 16384;
-  float* const m = acc + 16384;
-  float* const l = m + 128;
-  float* const t = l + 128;
-  float* const t_1 = t + 16384;
-  float* const S_2 = t_1 + 16384;
-  float* const t_2 = S_2 + 16384;
-  float* const t_3 = t_2 + 128;
-  float* const S_3 = t_3 + 128;
-  float* const t_6 = S_3 + 16384;
+  float* const Kb_smem = Qb_smem + BM*BD;
+  float* const Vb_smem = Kb_smem + BN*BD;
+  float* const acc = Vb_smem + BN*BD;
+  float* const m = acc + BM*BD;
+  float* const l = m + BM;
+  float* const t = l + BM;
+  float* const t_1 = t + BD*BN;
+  float* const S_2 = t_1 + BM*BN;
+  float* const t_2 = S_2 + BM*BN;
+  float* const t_3 = t_2 + BM;
+  float* const S_3 = t_3 + BN;
+  float* const t_5 = S_3 + BM*BN;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  tsr::load_corner(Qb_smem, 128, 128, q + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D);
+  tsr::load_corner(Qb_smem, BM, BD, q + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
   // attention.tsr:24: acc = tile.zeros((T.m, T.d), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, BM*BD, 0.0f);
   // attention.tsr:25: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -tsr::infinity());
+  std::fill_n(m, BM, -tsr::infinity());
   // attention.tsr:26: l = tile.zeros((T.m,), f32)
-  std::fill_n(l, 128, 0.0f);
+  std::fill_n(l, BM, 0.0f);
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    tsr::load_tile(Kb_smem, 128, 128, k + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
+    tsr::load_tile(Kb_smem, BN, BD, k + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
     float* const Kb = Kb_smem;
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    tsr::load_tile(Vb_smem, 128, 128, v + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
+    tsr::load_tile(Vb_smem, BN, BD, v + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    tsr::transpose(t, Kb, 128, 128);
-    tsr::dot(t_1, Qb, t, 128, 128, 128, tsr::live(128, S - BM*pid_m), tsr::live(128, S - BN*nblk),
-        tsr::live(128, D));
+    tsr::transpose(t, Kb, BN, BD);
+    tsr::dot(t_1, Qb, t, BM, BN, BD, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk),
+        tsr::live(BD, D));
     const float s = static_cast<float>(D);
     const float s_1 = tsr::rsqrt(s);
     float* const S_1 = t_1;
-    for (tsr::i64 i = 0; i < 128; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 128; ++j) {
-        S_1[i * 128 + j] = t_1[i * 128 + j] * s_1;
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        S_1[i * BN + j] = t_1[i * BN + j] * s_1;
       }
     }
     // attention.tsr:31: if causal:
     if (causal) {
       // attention.tsr:32: tile.mask_causal(S, tile.row_index(), tile.col_index(nblk))
-      for (tsr::i64 i = 0; i < 128; ++i) t_2[i] = static_cast<float>(BM*pid_m + i);
-      for (tsr::i64 i = 0; i < 128; ++i) t_3[i] = static_cast<float>(BN*nblk + i);
-      for (tsr::i64 i = 0; i < 128; ++i) {
+      for (tsr::i64 i = 0; i < BM; ++i) t_2[i] = static_cast<float>(BM*pid_m + i);
+      for (tsr::i64 i = 0; i < BN; ++i) t_3[i] = static_cast<float>(BN*nblk + i);
+      for (tsr::i64 i = 0; i < BM; ++i) {
         const float row_0 = t_2[i];
         #pragma omp simd
-        for (tsr::i64 j = 0; j < 128; ++j) {
-          S_3[i * 128 + j] = t_3[j] > row_0 ? -tsr::infinity() : S_1[i * 128 + j];
+        for (tsr::i64 j = 0; j < BN; ++j) {
+          S_3[i * BN + j] = t_3[j] > row_0 ? -tsr::infinity() : S_1[i * BN + j];
         }
       }
-      std::copy_n(S_3, 16384, S_2);
+      std::copy_n(S_3, BM*BN, S_2);
     } else {
-      std::copy_n(S_1, 16384, S_2);
+      std::copy_n(S_1, BM*BN, S_2);
     }
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float* const acc_1 = acc;
-    float* const m_1 = m;
-    float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, S_2, Vb, 128, 128, 128, 128,
-        tsr::live(128, S - BN*nblk), tsr::live(128, D), S_2,
-        [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc, m, l, acc, m, l, S_2, Vb, BD, BM, BN, BD, tsr::live(BN, S - BN*nblk),
+        tsr::live(BD, D), S_2, [&](tsr::i64) { return S - (BN*nblk); },
+        [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
-  float* const t_4 = l;
-  for (tsr::i64 i = 0; i < 128; ++i) {
-    const float row_0 = t_4[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = l[i];
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 128; ++j) {
-      t_6[i * 128 + j] = tsr::round_bf16((acc[i * 128 + j] * (1.0f / row_0)));
+    for (tsr::i64 j = 0; j < BD; ++j) {
+      t_5[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, t_6, 128, 128);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, t_5, BM, BD);
 }
 
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,

@@ -143,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   (void)B;  // the grid's extent only
   constexpr int BM = 128;
   constexpr int BN = 32;
+  constexpr int BD = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -164,13 +165,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     if (Q_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
+          bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
         q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
-            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
+            ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -182,12 +183,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       if (K_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
         tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? K + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : K, bytes);
+            bytes ? K + (((pid_b0 * H + pid_b1) * S + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < S && j + q < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+              i < S && j + q < D ? K[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -200,12 +201,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       if (V_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
         tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? V + ((((pid_b0) * H + pid_b1) * S + i) * D + j) : V, bytes);
+            bytes ? V + (((pid_b0 * H + pid_b1) * S + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < S && j + q < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j + q] : 0;
+              i < S && j + q < D ? V[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -233,45 +234,45 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
+    if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (K_aligned) {
-          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
           tsr_copy_async16(k_tile_smem
               + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : K, bytes);
+              bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
-                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
-                ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
+                + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
+                ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (BN*nblk + 32 < S && BN*nblk + 32 < BM*pid_m + 128) {
+    if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (V_aligned) {
-          const int bytes = BN*nblk + 32 + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
           tsr_copy_async16(v_tile_smem
               + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j) : V, bytes);
+              bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
-                + (j + q) % 8] = BN*nblk + 32 + i < S && j + q < D
-                ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 32 + i) * D + j + q] : 0;
+                + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
+                ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
@@ -280,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 16) {
+    for (int kk = 0; kk < BD && kk < D; kk += 16) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
           q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
@@ -298,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
+    if (BN*nblk + BN <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 4; ++frag) {
@@ -313,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       for (int frag = 0; frag < 4; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
+          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -328,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        m_c[frag / 4 * 2 + (reg / 2)] = fmaxf(m_c[frag / 4 * 2 + (reg / 2)], p[t]);
+        m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
       }
     }
     #pragma unroll
@@ -341,8 +342,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 4 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
-            : m_c[frag / 4 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -352,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        l_c[frag / 4 * 2 + (reg / 2)] = l_c[frag / 4 * 2 + (reg / 2)] + p[t];
+        l_c[reg / 2] = l_c[reg / 2] + p[t];
       }
     }
     #pragma unroll
@@ -376,12 +377,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+        acc[t] *= alpha[reg / 2];
       }
     }
     unsigned p_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < 32; kk += 16) {
+    for (int kk = 0; kk < BN; kk += 16) {
       p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
           tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
       p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
@@ -391,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q) a_step[q] = kk == 16 ? p_frag[1][q] : p_frag[0][q];
@@ -410,24 +411,23 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 16 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+        pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D
-          && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0],
+          && tsr_pair_aligned(&out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0],
             tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
       } else {
         if (BM*pid_m + i < S && j0 < D)
-            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
-            tsr_float_to_bf16(pair[0]);
+            out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
         if (BM*pid_m + i < S && j0 + 1 < D)
-            out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
+            out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
             tsr_float_to_bf16(pair[1]);
       }
     }
@@ -444,6 +444,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   (void)BH;  // the grid's extent only
   constexpr int BM = 128;
   constexpr int BN = 64;
+  constexpr int BD = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -461,12 +462,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
         Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -478,12 +479,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       if (k_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
         tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? k + (((pid_b0) * S + i) * D + j) : k, bytes);
+            bytes ? k + ((pid_b0 * S + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < S && j + q < D ? k[((pid_b0) * S + i) * D + j + q] : 0;
+              i < S && j + q < D ? k[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -496,12 +497,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       if (v_aligned) {
         const int bytes = i < S && j < D ? 16 : 0;
         tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? v + (((pid_b0) * S + i) * D + j) : v, bytes);
+            bytes ? v + ((pid_b0 * S + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < S && j + q < D ? v[((pid_b0) * S + i) * D + j + q] : 0;
+              i < S && j + q < D ? v[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -533,41 +534,41 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     tsr_copy_wait<0>();
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    if (BN*nblk + 64 < S) {
+    if (BN*nblk + BN < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (k_aligned) {
-          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
           tsr_copy_async16(Kb_smem
               + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? k + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : k, bytes);
+              bytes ? k + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BN*nblk + 64 + i < S && j + q < D
-                ? k[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
+                BN*nblk + BN + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
+                : 0;
           }
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    if (BN*nblk + 64 < S) {
+    if (BN*nblk + BN < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (v_aligned) {
-          const int bytes = BN*nblk + 64 + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
           tsr_copy_async16(Vb_smem
               + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? v + (((pid_b0) * S + BN*nblk + 64 + i) * D + j) : v, bytes);
+              bytes ? v + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BN*nblk + 64 + i < S && j + q < D
-                ? v[((pid_b0) * S + BN*nblk + 64 + i) * D + j + q] : 0;
+                BN*nblk + BN + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
+                : 0;
           }
         }
       }
@@ -576,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 16) {
+    for (int kk = 0; kk < BD && kk < D; kk += 16) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
           Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
@@ -596,13 +597,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (BN*nblk + 64 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 8; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
@@ -614,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       for (int frag = 0; frag < 8; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -630,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        m_c[frag / 8 * 2 + (reg / 2)] = fmaxf(m_c[frag / 8 * 2 + (reg / 2)], P[t]);
+        m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
       }
     }
     #pragma unroll
@@ -643,8 +644,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 8 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
-            : m_c[frag / 8 * 2 + (reg / 2)])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[2];
@@ -654,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        l_c[frag / 8 * 2 + (reg / 2)] = l_c[frag / 8 * 2 + (reg / 2)] + P[t];
+        l_c[reg / 2] = l_c[reg / 2] + P[t];
       }
     }
     #pragma unroll
@@ -678,12 +679,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int t = frag * 4 + reg;
-        acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+        acc[t] *= alpha[reg / 2];
       }
     }
     unsigned P_frag[4][4];
     #pragma unroll
-    for (int kk = 0; kk < 64; kk += 16) {
+    for (int kk = 0; kk < BN; kk += 16) {
       P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
           tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
       P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
@@ -693,7 +694,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q)
@@ -714,23 +715,23 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 16 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int t = frag * 4 + reg + half;
-        pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+        pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D
-          && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
-        tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
+          && tsr_pair_aligned(&out[(pid_b0 * S + BM*pid_m + i) * D + j0])) {
+        tsr_store_pair(&out[(pid_b0 * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
             tsr_float_to_bf16(pair[1]));
       } else {
         if (BM*pid_m + i < S && j0 < D)
-            out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+            out[(pid_b0 * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
         if (BM*pid_m + i < S && j0 + 1 < D)
-            out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+            out[(pid_b0 * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
       }
     }
   }

@@ -274,6 +274,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   (void)B;  // the grid's extent only
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BD = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -314,12 +315,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BM*BD; e += 128) {
+          const long long i = e / BD;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BD;
           q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < S && j < D ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j]
-              : 0;
+              row < S && j < D ? Q[((pid_b0 * H + pid_b1) * S + row) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -331,11 +332,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BD; e += 128) {
+          const long long i = e / BD;
+          const long long j = e - i * BD;
           k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < S && j < D ? K[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+              i < S && j < D ? K[((pid_b0 * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -347,11 +348,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BD; e += 128) {
+          const long long i = e / BD;
+          const long long j = e - i * BD;
           v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < S && j < D ? V[(((pid_b0) * H + pid_b1) * S + i) * D + j] : 0;
+              i < S && j < D ? V[((pid_b0 * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -359,27 +360,27 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
           ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0)
           : 0);
     }
-    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
-      if (BN*nblk + 128 < S && BN*nblk + 128 < BM*pid_m + 128) {
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
+      if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
         if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2,
             ((nblk + 1) / 2 + 1) % 2);
         // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
         if (K_aligned) {
           if (ptid == 0) {
             tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map,
-                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
             tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BN*BD; e += 128) {
+            const long long i = e / BD;
+            const long long j = e - i * BD;
             k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
                 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-                BN*nblk + 128 + i < S && j < D
-                ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
+                BN*nblk + BN + i < S && j < D
+                ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -387,19 +388,19 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         if (V_aligned) {
           if (ptid == 0) {
             tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map,
-                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b1, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
             tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b1, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BN*BD; e += 128) {
+            const long long i = e / BD;
+            const long long j = e - i * BD;
             v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
                 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-                BN*nblk + 128 + i < S && j < D
-                ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + 128 + i) * D + j] : 0;
+                BN*nblk + BN + i < S && j < D
+                ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -433,14 +434,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       const int r = rs;
       l[r] = 0.0f;
     }
-    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 128; ++nblk) {
+    for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
       float dot[64];
       for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BD; kk += 16) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
             0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64,
             16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192
@@ -450,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       tsr_wgmma_wait<0>();
       // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
       float p[64];
-      if (BN*nblk + 128 <= S && BN*nblk + 127 <= BM*pid_m) {
+      if (BN*nblk + BN <= S && BN*nblk + 127 <= BM*pid_m) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
@@ -465,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
           for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
             p[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -480,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], p[t]);
+          m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
         }
       }
       #pragma unroll
@@ -493,8 +494,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          p[t] = exp2f((p[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
-              : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
+              * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -504,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + p[t];
+          l_c[reg / 2] = l_c[reg / 2] + p[t];
         }
       }
       #pragma unroll
@@ -529,12 +530,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+          acc[t] *= alpha[reg / 2];
         }
       }
       unsigned p_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BN; kk += 16) {
         p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
             tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
         p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
@@ -546,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BN; kk += 16) {
         tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16],
             tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
@@ -559,24 +560,24 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 16 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+          pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D
-            && tsr_pair_aligned(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0],
+            && tsr_pair_aligned(&out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0],
               tsr_float_to_bf16(pair[0]), tsr_float_to_bf16(pair[1]));
         } else {
           if (BM*pid_m + i < S && j0 < D)
-              out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
+              out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0] =
               tsr_float_to_bf16(pair[0]);
           if (BM*pid_m + i < S && j0 + 1 < D)
-              out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
+              out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j0 + 1] =
               tsr_float_to_bf16(pair[1]);
         }
       }
@@ -596,6 +597,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   (void)BH;  // the grid's extent only
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BD = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -633,11 +635,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BM*BD; e += 128) {
+          const long long i = e / BD;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BD;
           Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < S && j < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j] : 0;
+              row < S && j < D ? q_1[(pid_b0 * S + row) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -649,11 +652,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BD; e += 128) {
+          const long long i = e / BD;
+          const long long j = e - i * BD;
           Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < S && j < D ? k[((pid_b0) * S + i) * D + j] : 0;
+              i < S && j < D ? k[(pid_b0 * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -665,11 +668,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BD; e += 128) {
+          const long long i = e / BD;
+          const long long j = e - i * BD;
           Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < S && j < D ? v[((pid_b0) * S + i) * D + j] : 0;
+              i < S && j < D ? v[(pid_b0 * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -678,25 +681,25 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
           + (v_aligned ? 32768 : 0) : 0);
     }
     for (long long nblk = 0; nblk * BN < S; ++nblk) {
-      if (BN*nblk + 128 < S) {
+      if (BN*nblk + BN < S) {
         if ((nblk + 1) >= 2) tsr_mbarrier_wait(tsr_free + (nblk + 1) % 2,
             ((nblk + 1) / 2 + 1) % 2);
         // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
         if (k_aligned) {
           if (ptid == 0) {
             tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map,
-                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
             tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BN*BD; e += 128) {
+            const long long i = e / BD;
+            const long long j = e - i * BD;
             Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BN*nblk + 128 + i < S && j < D
-                ? k[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
+                + j % 8] = BN*nblk + BN + i < S && j < D
+                ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -704,18 +707,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         if (v_aligned) {
           if (ptid == 0) {
             tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map,
-                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + 128, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
             tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + 128, pid_b0);
+                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BN*BD; e += 128) {
+            const long long i = e / BD;
+            const long long j = e - i * BD;
             Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BN*nblk + 128 + i < S && j < D
-                ? v[((pid_b0) * S + BN*nblk + 128 + i) * D + j] : 0;
+                + j % 8] = BN*nblk + BN + i < S && j < D
+                ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -754,7 +757,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BD; kk += 16) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
             0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16,
             1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16,
@@ -766,13 +769,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       const float s_1 = rsqrtf(s);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
       float P[64];
-      if (BN*nblk + 128 <= S) {
+      if (BN*nblk + BN <= S) {
         // every mask is a no-op on this block
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
           for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
             P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
@@ -784,7 +787,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
           for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
             P[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -800,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          m_c[frag / 16 * 2 + (reg / 2)] = fmaxf(m_c[frag / 16 * 2 + (reg / 2)], P[t]);
+          m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
         }
       }
       #pragma unroll
@@ -813,8 +816,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          P[t] = exp2f((P[t] - (m_c[frag / 16 * 2 + (reg / 2)] == -tsr_infinity() ? 0.0f
-              : m_c[frag / 16 * 2 + (reg / 2)])) * 1.4426950408889634f);
+          P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
+              * 1.4426950408889634f);
         }
       }
       float l_c[2];
@@ -824,7 +827,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          l_c[frag / 16 * 2 + (reg / 2)] = l_c[frag / 16 * 2 + (reg / 2)] + P[t];
+          l_c[reg / 2] = l_c[reg / 2] + P[t];
         }
       }
       #pragma unroll
@@ -848,12 +851,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const int t = frag * 4 + reg;
-          acc[t] *= alpha[frag / 16 * 2 + (reg / 2)];
+          acc[t] *= alpha[reg / 2];
         }
       }
       unsigned P_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BN; kk += 16) {
         P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
             tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
         P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
@@ -865,7 +868,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 16) {
+      for (int kk = 0; kk < BN; kk += 16) {
         tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16],
             tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
@@ -878,23 +881,23 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 16 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int t = frag * 4 + reg + half;
-          pair[half] = (tsr_round_bf16((acc[t] / l[frag / 16 * 2 + (reg / 2)])));
+          pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D
-            && tsr_pair_aligned(&out[((pid_b0) * S + BM*pid_m + i) * D + j0])) {
-          tsr_store_pair(&out[((pid_b0) * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
+            && tsr_pair_aligned(&out[(pid_b0 * S + BM*pid_m + i) * D + j0])) {
+          tsr_store_pair(&out[(pid_b0 * S + BM*pid_m + i) * D + j0], tsr_float_to_bf16(pair[0]),
               tsr_float_to_bf16(pair[1]));
         } else {
           if (BM*pid_m + i < S && j0 < D)
-              out[((pid_b0) * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
+              out[(pid_b0 * S + BM*pid_m + i) * D + j0] = tsr_float_to_bf16(pair[0]);
           if (BM*pid_m + i < S && j0 + 1 < D)
-              out[((pid_b0) * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
+              out[(pid_b0 * S + BM*pid_m + i) * D + j0 + 1] = tsr_float_to_bf16(pair[1]);
         }
       }
     }

@@ -68,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   (void)B;  // the grid's extent only
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int BD = 128;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -90,13 +91,13 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     if (Q_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
+          bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
         q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
-            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
+            ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -122,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     const int r = rs;
     l[r] = 0.0f;
   }
-  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 64; ++nblk) {
+  for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 1024; e += 128) {
@@ -131,13 +132,13 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       if (K_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
+            bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
-              ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
+              ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -148,13 +149,13 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       if (V_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
+            bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
-              ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
+              ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -162,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+    for (int kk = 0; kk < BD && kk < D; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128
@@ -183,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (BN*nblk + 64 <= S && BN*nblk + 63 <= BM*pid_m) {
+    if (BN*nblk + BN <= S && BN*nblk + 63 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
@@ -198,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -213,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        m_c[frag / 2 * 16 + reg] = fmaxf(m_c[frag / 2 * 16 + reg], p[t]);
+        m_c[reg] = fmaxf(m_c[reg], p[t]);
       }
     }
     #pragma unroll
@@ -229,8 +230,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        p[t] = exp2f((p[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f
-            : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -240,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        l_c[frag / 2 * 16 + reg] = l_c[frag / 2 * 16 + reg] + p[t];
+        l_c[reg] = l_c[reg] + p[t];
       }
     }
     #pragma unroll
@@ -267,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        acc[t] *= alpha[frag / 4 * 16 + reg];
+        acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
@@ -275,14 +276,14 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
         const int j = frag % 2 * 32 + lane % 32;
         const int t = frag * 16 + reg;
-        p_stage[i * 66 + j] = tsr_float_to_bf16(p[t] * beta[frag / 2 * 16 + reg]);
+        p_stage[i * 66 + j] = tsr_float_to_bf16(p[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
@@ -305,12 +306,12 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < S && j < D)
-          out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+          out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));
     }
   }
 }
@@ -325,6 +326,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   (void)BH;  // the grid's extent only
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int BD = 128;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -343,12 +345,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
         Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -383,12 +385,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       if (k_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
+            bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -399,12 +401,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       if (v_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
+            bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -412,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; kk += 8) {
+    for (int kk = 0; kk < BD && kk < D; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128
@@ -435,13 +437,13 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const float s_1 = rsqrtf(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
-    if (BN*nblk + 64 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
@@ -453,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
         for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
@@ -469,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        m_c[frag / 2 * 16 + reg] = fmaxf(m_c[frag / 2 * 16 + reg], P[t]);
+        m_c[reg] = fmaxf(m_c[reg], P[t]);
       }
     }
     #pragma unroll
@@ -485,8 +487,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        P[t] = exp2f((P[t] - (m_c[frag / 2 * 16 + reg] == -tsr_infinity() ? 0.0f
-            : m_c[frag / 2 * 16 + reg])) * 1.4426950408889634f);
+        P[t] = exp2f((P[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
+            * 1.4426950408889634f);
       }
     }
     float l_c[16];
@@ -496,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        l_c[frag / 2 * 16 + reg] = l_c[frag / 2 * 16 + reg] + P[t];
+        l_c[reg] = l_c[reg] + P[t];
       }
     }
     #pragma unroll
@@ -523,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        acc[t] *= alpha[frag / 4 * 16 + reg];
+        acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
@@ -531,14 +533,14 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
         const int j = frag % 2 * 32 + lane % 32;
         const int t = frag * 16 + reg;
-        P_stage[i * 66 + j] = tsr_float_to_bf16(P[t] * beta[frag / 2 * 16 + reg]);
+        P_stage[i * 66 + j] = tsr_float_to_bf16(P[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
@@ -561,12 +563,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + frag / 4 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < S && j < D)
-          out[((pid_b0) * S + BM*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[frag / 4 * 16 + reg]))));
+          out[(pid_b0 * S + BM*pid_m + i) * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));
     }
   }
 }

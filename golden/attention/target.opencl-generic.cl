@@ -59,8 +59,9 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 32;
-  const int BN = 32;
+  enum { BM = 32 };
+  enum { BN = 32 };
+  enum { BD = 128 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const q_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const k_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -84,12 +85,12 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     if (Q_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? Q + ((((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
+          bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
-            ? Q[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
+            ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -109,7 +110,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   for (int r = 0; r < 4; ++r) {
     l[r] = 0.0f;
   }
-  for (long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + 32; ++nblk) {
+  for (long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < 512; e += 128) {
@@ -118,12 +119,12 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       if (K_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? K + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
+            bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
-              ? K[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
+              ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -134,12 +135,12 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       if (V_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? V + ((((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
+            bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
-              ? V[(((pid_b0) * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
+              ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -147,7 +148,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; ++kk) {
+    for (int kk = 0; kk < BD && kk < D; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
           a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128
@@ -161,7 +162,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (BN*nblk + 32 <= S && BN*nblk + 31 <= BM*pid_m) {
+    if (BN*nblk + BN <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -240,7 +241,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -258,7 +259,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
-          out[(((pid_b0) * H + pid_b1) * S + BM*pid_m + i) * D + j] =
+          out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }
@@ -272,8 +273,9 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const long BH, const long S, const long D) {
   const int lid = get_local_id(0);
   (void)BH;  // the grid's extent only
-  const int BM = 32;
-  const int BN = 32;
+  enum { BM = 32 };
+  enum { BN = 32 };
+  enum { BD = 128 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 8192);
@@ -293,11 +295,11 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
       tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-          bytes ? q_1 + (((pid_b0) * S + BM*pid_m + i) * D + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
         Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-            BM*pid_m + i < S && j + q < D ? q_1[((pid_b0) * S + BM*pid_m + i) * D + j + q] : 0;
+            BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -326,11 +328,11 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       if (k_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? k + (((pid_b0) * S + BN*nblk + i) * D + j) : k, bytes);
+            bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BN*nblk + i < S && j + q < D ? k[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -341,11 +343,11 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       if (v_aligned) {
         const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
         tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? v + (((pid_b0) * S + BN*nblk + i) * D + j) : v, bytes);
+            bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BN*nblk + i < S && j + q < D ? v[((pid_b0) * S + BN*nblk + i) * D + j + q] : 0;
+              BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -353,7 +355,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 128 && kk < D; ++kk) {
+    for (int kk = 0; kk < BD && kk < D; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
           a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8
@@ -369,7 +371,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
     const float s_1 = rsqrt(s);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
-    if (BN*nblk + 32 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         const int i = ty + r * 8;
@@ -452,7 +454,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
       for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 8; ++c)
@@ -470,7 +472,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
-          out[((pid_b0) * S + BM*pid_m + i) * D + j] =
+          out[(pid_b0 * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[r]))));
     }
   }

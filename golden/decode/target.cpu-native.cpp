@@ -433,17 +433,17 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
 static void project_k0_program(const float* x, const float* norm, float* h, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(1024 + 16 + 16 + 256 + 1024);
+  float* const area = tsr::scratch(256*BM + 16 + 16 + 256 + 256*BM);
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + 1024;
+  float* const t_1 = rows_edge + 256*BM;
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + 256;
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, 256, x + (pid_b0) * (256*T), BM*pid_m, T);
+  const float* const rows = tsr::row_tile(rows_edge, BM, 256, x + (pid_b0) * (256*T), BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < 256; ++j) r = r + (rows[i * 256 + j] * rows[i * 256 + j]);
@@ -451,21 +451,19 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] / 256.0f) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, 256, norm, 0, 0, 0, 1, 256);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, 256, norm, 0, 0, 0, 1, 256);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_6[j];
+      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, 4, 256);
+  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, BM, 256);
 }
 
 static void project_k0_launch(const float* x, const float* norm, float* h, const tsr::i64 B,
@@ -484,24 +482,22 @@ static void project_k1_program(const float* h, const float* wq, float* t0, const
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), 256);
+  tsr::zero_corner(acc, BN, tsr::live(BM, T - BM*pid_m), BN);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wq, 256, BK*kb, BN*pid_n, 256, 256);
+    tsr::load_corner(b_tile_smem, BK, BN, wq, 256, BK*kb, BN*pid_n, 256, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
-        256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m), BN, BK, 256, BN);
   }
-  tsr::store_tile(t0 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, acc, 256, 256);
+  tsr::store_tile(t0 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, acc, BM, BN);
 }
 
 static void project_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 B,
@@ -520,59 +516,59 @@ static void project_k1_launch(const float* h, const float* wq, float* t0, const 
 static void project_k2_program(const float* t0, const float* cos, const float* sin, float* out0,
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(256 + 128 + 128 + 128 + 128 + 128 + 128 + 256);
+  float* const area = tsr::scratch(64*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 64*BM);
   float* const t = area;
-  float* const x1 = t + 256;
-  float* const x2 = x1 + 128;
-  float* const c_edge = x2 + 128;
-  float* const s_edge = c_edge + 128;
-  float* const t_3 = s_edge + 128;
-  float* const t_6 = t_3 + 128;
-  float* const t_7 = t_6 + 128;
-  tsr::load_tile(t, 4, 64, t0 + (pid_b0) * (256*T), 256, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  float* const x1 = t + 64*BM;
+  float* const x2 = x1 + 32*BM;
+  float* const c_edge = x2 + 32*BM;
+  float* const s_edge = c_edge + 32*BM;
+  float* const t_3 = s_edge + 32*BM;
+  float* const t_6 = t_3 + 32*BM;
+  float* const t_7 = t_6 + 32*BM;
+  tsr::load_tile(t, BM, 64, t0 + (pid_b0) * (256*T), 256, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       x1[i * 32 + j] = t[i * 64 + 0 * 32 + j];
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       x2[i * 32 + j] = t[i * 64 + 1 * 32 + j];
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
-  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, BM*pid_m, T);
+  const float* const c = tsr::row_tile(c_edge, BM, 32, cos, BM*pid_m, T);
   // rotary_embedding.tsr:12: s = tile.load(sin, rows=T.m)
-  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, BM*pid_m, T);
+  const float* const s = tsr::row_tile(s_edge, BM, 32, sin, BM*pid_m, T);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_3[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_6[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_7[i * 64 + 0 + j] = t_3[i * 32 + j];
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
     }
   }
-  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, 4, 64);
+  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, BM, 64);
 }
 
 static void project_k2_launch(const float* t0, const float* cos, const float* sin, float* out0,
@@ -593,24 +589,23 @@ static void project_k3_program(const float* h, const float* wk, float* t3, const
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), tsr::live(256, -BN*pid_n + 128));
+  tsr::zero_corner(acc, BN, tsr::live(BM, T - BM*pid_m), tsr::live(BN, -BN*pid_n + 128));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wk, 128, BK*kb, BN*pid_n, 256, 128);
+    tsr::load_corner(b_tile_smem, BK, BN, wk, 128, BK*kb, BN*pid_n, 256, 128);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m),
-        tsr::live(256, -BN*pid_n + 128), 256, 256, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m),
+        tsr::live(BN, -BN*pid_n + 128), BK, 256, BN);
   }
-  tsr::store_tile(t3 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, 256, 256);
+  tsr::store_tile(t3 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, BM, BN);
 }
 
 static void project_k3_launch(const float* h, const float* wk, float* t3, const tsr::i64 B,
@@ -629,59 +624,59 @@ static void project_k3_launch(const float* h, const float* wk, float* t3, const 
 static void project_k4_program(const float* t3, const float* cos, const float* sin, float* out1,
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(256 + 128 + 128 + 128 + 128 + 128 + 128 + 256);
+  float* const area = tsr::scratch(64*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 64*BM);
   float* const t = area;
-  float* const x1 = t + 256;
-  float* const x2 = x1 + 128;
-  float* const c_edge = x2 + 128;
-  float* const s_edge = c_edge + 128;
-  float* const t_3 = s_edge + 128;
-  float* const t_6 = t_3 + 128;
-  float* const t_7 = t_6 + 128;
-  tsr::load_tile(t, 4, 64, t3 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  float* const x1 = t + 64*BM;
+  float* const x2 = x1 + 32*BM;
+  float* const c_edge = x2 + 32*BM;
+  float* const s_edge = c_edge + 32*BM;
+  float* const t_3 = s_edge + 32*BM;
+  float* const t_6 = t_3 + 32*BM;
+  float* const t_7 = t_6 + 32*BM;
+  tsr::load_tile(t, BM, 64, t3 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       x1[i * 32 + j] = t[i * 64 + 0 * 32 + j];
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       x2[i * 32 + j] = t[i * 64 + 1 * 32 + j];
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
-  const float* const c = tsr::row_tile(c_edge, 4, 32, cos, BM*pid_m, T);
+  const float* const c = tsr::row_tile(c_edge, BM, 32, cos, BM*pid_m, T);
   // rotary_embedding.tsr:12: s = tile.load(sin, rows=T.m)
-  const float* const s = tsr::row_tile(s_edge, 4, 32, sin, BM*pid_m, T);
+  const float* const s = tsr::row_tile(s_edge, BM, 32, sin, BM*pid_m, T);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_3[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_6[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_7[i * 64 + 0 + j] = t_3[i * 32 + j];
     }
   }
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
       t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
     }
   }
-  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, 4, 64);
+  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, BM, 64);
 }
 
 static void project_k4_launch(const float* t3, const float* cos, const float* sin, float* out1,
@@ -702,24 +697,23 @@ static void project_k5_program(const float* h, const float* wv, float* t6, const
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, T - BM*pid_m), tsr::live(256, -BN*pid_n + 128));
+  tsr::zero_corner(acc, BN, tsr::live(BM, T - BM*pid_m), tsr::live(BN, -BN*pid_n + 128));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wv, 128, BK*kb, BN*pid_n, 256, 128);
+    tsr::load_corner(b_tile_smem, BK, BN, wv, 128, BK*kb, BN*pid_n, 256, 128);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m),
-        tsr::live(256, -BN*pid_n + 128), 256, 256, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m),
+        tsr::live(BN, -BN*pid_n + 128), BK, 256, BN);
   }
-  tsr::store_tile(t6 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, 256, 256);
+  tsr::store_tile(t6 + (pid_b0) * (128*T), 128, BM*pid_m, BN*pid_n, T, 128, acc, BM, BN);
 }
 
 static void project_k5_launch(const float* h, const float* wv, float* t6, const tsr::i64 B,
@@ -738,11 +732,11 @@ static void project_k5_launch(const float* h, const float* wv, float* t6, const 
 static void project_k6_program(const float* t6, float* out2, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(256);
+  float* const area = tsr::scratch(64*BM);
   float* const v_tile = area;
-  tsr::load_tile(v_tile, 4, 64, t6 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T,
+  tsr::load_tile(v_tile, BM, 64, t6 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T,
       64*pid_b1 + 64);
-  tsr::store_tile(out2 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, v_tile, 4, 64);
+  tsr::store_tile(out2 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, v_tile, BM, 64);
 }
 
 static void project_k6_launch(const float* t6, float* out2, const tsr::i64 B, const tsr::i64 T) {
@@ -760,10 +754,10 @@ static void project_k6_launch(const float* t6, float* out2, const tsr::i64 B, co
 static void finish_k0_program(const float* o, float* t0, const tsr::i64 T, const tsr::i64 pid_m,
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(256);
+  float* const area = tsr::scratch(64*BM);
   float* const t = area;
-  tsr::load_tile(t, 4, 64, o + (pid_b0) * (256*T), 64*T, BM*pid_m, 64*pid_b1, 4, 64*pid_b1 + 64);
-  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, BM*pid_m, 0, 4, 64, t, 4, 64);
+  tsr::load_tile(t, BM, 64, o + (pid_b0) * (256*T), 64*T, BM*pid_m, 64*pid_b1, 4, 64*pid_b1 + 64);
+  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, BM*pid_m, 0, 4, 64, t, BM, 64);
 }
 
 static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const tsr::i64 T) {
@@ -783,34 +777,32 @@ static void finish_k1_program(const float* t0, const float* wo, const float* x, 
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const x_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const x_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t0 + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wo, 256, BK*kb, BN*pid_n, 256, 256);
+    tsr::load_corner(b_tile_smem, BK, BN, wo, 256, BK*kb, BN*pid_n, 256, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
-        256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m), BN, BK, 256, BN);
   }
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  tsr::load_tile(x_tile, 256, 256, x + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
+  tsr::load_tile(x_tile, BM, BN, x + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
   float* const x_2 = x_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      x_2[i * 256 + j] = x_tile[i * 256 + j] + acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      x_2[i * BN + j] = x_tile[i * BN + j] + acc[i * BN + j];
     }
   }
-  tsr::store_tile(x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, x_2, 256, 256);
+  tsr::store_tile(x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, x_2, BM, BN);
 }
 
 static void finish_k1_launch(const float* t0, const float* wo, const float* x, float* x_1,
@@ -829,18 +821,18 @@ static void finish_k1_launch(const float* t0, const float* wo, const float* x, f
 static void finish_k2_program(const float* x_1, const float* norm, float* h, const tsr::i64 T,
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(1024 + 16 + 16 + 256 + 1024);
+  float* const area = tsr::scratch(256*BM + 16 + 16 + 256 + 256*BM);
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + 1024;
+  float* const t_1 = rows_edge + 256*BM;
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + 256;
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows =
-      tsr::row_tile(rows_edge, 4, 256, x_1 + (pid_b0) * (256*T), BM*pid_m, T);
+      tsr::row_tile(rows_edge, BM, 256, x_1 + (pid_b0) * (256*T), BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < 256; ++j) r = r + (rows[i * 256 + j] * rows[i * 256 + j]);
@@ -848,21 +840,19 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] / 256.0f) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, 256, norm, 0, 0, 0, 1, 256);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, 256, norm, 0, 0, 0, 1, 256);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_6[j];
+      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, 4, 256);
+  tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, BM, 256);
 }
 
 static void finish_k2_launch(const float* x_1, const float* norm, float* h, const tsr::i64 B,
@@ -881,32 +871,29 @@ static void finish_k3_program(const float* h, const float* wg, float* t4, const 
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wg, 512, BK*kb, BN*pid_n, 256, 512);
+    tsr::load_corner(b_tile_smem, BK, BN, wg, 512, BK*kb, BN*pid_n, 256, 512);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
-        256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m), BN, BK, 256, BN);
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  float* const t = acc;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = tsr::silu(acc[i * 256 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      acc[i * BN + j] = tsr::silu(acc[i * BN + j]);
     }
   }
-  tsr::store_tile(t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, t, 256, 256);
+  tsr::store_tile(t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, acc, BM, BN);
 }
 
 static void finish_k3_launch(const float* h, const float* wg, float* t4, const tsr::i64 B,
@@ -927,34 +914,31 @@ static void finish_k4_program(const float* h, const float* wu, const float* t4, 
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const t4_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const t4_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(256, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (pid_b0) * (256*T) + (BM*pid_m) * 256 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wu, 512, BK*kb, BN*pid_n, 256, 512);
+    tsr::load_corner(b_tile_smem, BK, BN, wu, 512, BK*kb, BN*pid_n, 256, 512);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 256,
-        256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m), BN, BK, 256, BN);
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  tsr::load_tile(t4_tile, 256, 256, t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512);
-  float* const t = t4_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(t4_tile, BM, BN, t4 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = t4_tile[i * 256 + j] * acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t4_tile[i * BN + j] = t4_tile[i * BN + j] * acc[i * BN + j];
     }
   }
-  tsr::store_tile(t6 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, t, 256, 256);
+  tsr::store_tile(t6 + (pid_b0) * (512*T), 512, BM*pid_m, BN*pid_n, T, 512, t4_tile, BM, BN);
 }
 
 static void finish_k4_launch(const float* h, const float* wu, const float* t4, float* t6,
@@ -975,34 +959,31 @@ static void finish_k5_program(const float* t6, const float* wd, const float* x_1
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const x_1_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const x_1_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(512, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t6 + (pid_b0) * (512*T) + (BM*pid_m) * 512 + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wd, 256, BK*kb, BN*pid_n, 512, 256);
+    tsr::load_corner(b_tile_smem, BK, BN, wd, 256, BK*kb, BN*pid_n, 512, 256);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, T - BM*pid_m), 256, 256, 512,
-        256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, T - BM*pid_m), BN, BK, 512, BN);
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  tsr::load_tile(x_1_tile, 256, 256, x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
-  float* const t = x_1_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(x_1_tile, BM, BN, x_1 + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = x_1_tile[i * 256 + j] + acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      x_1_tile[i * BN + j] = x_1_tile[i * BN + j] + acc[i * BN + j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, t, 256, 256);
+  tsr::store_tile(out + (pid_b0) * (256*T), 256, BM*pid_m, BN*pid_n, T, 256, x_1_tile, BM, BN);
 }
 
 static void finish_k5_launch(const float* t6, const float* wd, const float* x_1, float* out,

@@ -95,38 +95,38 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 128) {
+  for (long long e = lid; e < 256*BM; e += 128) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -156,12 +156,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -173,12 +173,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int j = e % 32 * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (i) * 256 + BN*pid_n + j, 16);
+            wq + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(i) * 256 + BN*pid_n + j + q];
+              wq[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -192,12 +192,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -240,12 +240,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -270,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -288,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -305,18 +305,19 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -346,12 +347,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -363,12 +364,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int j = e % 32 * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (i) * 128 + BN*pid_n + j, 16);
+            wk + i * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(i) * 128 + BN*pid_n + j + q];
+              wk[i * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -382,12 +383,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -430,12 +431,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -460,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -478,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -495,18 +496,19 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -536,12 +538,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -553,12 +555,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int j = e % 32 * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (i) * 128 + BN*pid_n + j, 16);
+            wv + i * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(i) * 128 + BN*pid_n + j + q];
+              wv[i * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -572,12 +574,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -620,12 +622,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -650,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -668,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -683,11 +685,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (row < T ? t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -701,11 +704,12 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
+        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -736,12 +740,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -753,12 +757,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int j = e % 32 * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (i) * 256 + BN*pid_n + j, 16);
+            wo + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(i) * 256 + BN*pid_n + j + q];
+              wo[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -772,12 +776,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -820,13 +824,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q]
-                : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -851,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -870,8 +873,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -890,38 +893,38 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 128) {
+  for (long long e = lid; e < 256*BM; e += 128) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x_1[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -951,12 +954,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -968,12 +971,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int j = e % 32 * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (i) * 512 + BN*pid_n + j, 16);
+            wg + i * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(i) * 512 + BN*pid_n + j + q];
+              wg[i * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -987,12 +990,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -1035,12 +1038,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1065,7 +1068,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1084,7 +1087,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -1117,12 +1120,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -1134,12 +1137,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int j = e % 32 * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (i) * 512 + BN*pid_n + j, 16);
+            wu + i * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(i) * 512 + BN*pid_n + j + q];
+              wu[i * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -1153,12 +1156,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
         }
       }
     }
@@ -1201,12 +1204,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1231,7 +1234,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1250,8 +1253,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -1284,12 +1287,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
     }
@@ -1301,12 +1304,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int j = e % 32 * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (i) * 256 + BN*pid_n + j, 16);
+            wd + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(i) * 256 + BN*pid_n + j + q];
+              wd[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1320,12 +1323,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + 16 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 16 + j + q] : 0;
         }
       }
     }
@@ -1368,13 +1371,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 32 + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 32 + j + q]
-                : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j + q] : 0;
           }
         }
       }
@@ -1399,7 +1401,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1418,8 +1420,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * 16;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

@@ -83,38 +83,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 256)
-        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < 256*BM; e += 256) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -144,12 +144,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -161,12 +161,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int j = e % 32 * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (i) * 256 + BN*pid_n + j, 16);
+            wq + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(i) * 256 + BN*pid_n + j + q];
+              wq[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -184,42 +184,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
+              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -245,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -262,18 +262,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 256) {
+  for (long long e = lid; e < 64*BM; e += 256) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -303,12 +304,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -320,12 +321,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int j = e % 32 * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (i) * 128 + BN*pid_n + j, 16);
+            wk + i * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(i) * 128 + BN*pid_n + j + q];
+              wk[i * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -343,42 +344,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 16 + i) * 128 + BN*pid_n + j, 16);
+              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 16 + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -404,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -421,18 +422,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 256) {
+  for (long long e = lid; e < 64*BM; e += 256) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -462,12 +464,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -479,12 +481,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int j = e % 32 * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (i) * 128 + BN*pid_n + j, 16);
+            wv + i * 128 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(i) * 128 + BN*pid_n + j + q];
+              wv[i * 128 + BN*pid_n + j + q];
         }
       }
     }
@@ -502,42 +504,42 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 16 + i) * 128 + BN*pid_n + j, 16);
+              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 16 + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -563,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -578,11 +580,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __rest
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 256; e += 256) {
+  for (long long e = lid; e < 64*BM; e += 256) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (row < T ? t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -596,11 +599,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restr
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 256; e += 256) {
+  for (long long e = lid; e < 64*BM; e += 256) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
+        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -631,12 +635,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -648,12 +652,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int j = e % 32 * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (i) * 256 + BN*pid_n + j, 16);
+            wo + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(i) * 256 + BN*pid_n + j + q];
+              wo[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -671,43 +675,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t0_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q]
-                : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
+              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -734,8 +737,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -754,38 +757,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 256)
-        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < 256*BM; e += 256) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x_1[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -815,12 +818,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -832,12 +835,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int j = e % 32 * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (i) * 512 + BN*pid_n + j, 16);
+            wg + i * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(i) * 512 + BN*pid_n + j + q];
+              wg[i * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -855,42 +858,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 16 + i) * 512 + BN*pid_n + j, 16);
+              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 16 + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -917,7 +920,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -950,12 +953,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
     }
@@ -967,12 +970,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int j = e % 32 * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (i) * 512 + BN*pid_n + j, 16);
+            wu + i * 512 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(i) * 512 + BN*pid_n + j + q];
+              wu[i * 512 + BN*pid_n + j + q];
         }
       }
     }
@@ -990,42 +993,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   for (long long kb = 0; kb * BK < 256; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 256) {
+    if (BK*kb + BK < 256) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 16 + i) * 512 + BN*pid_n + j, 16);
+              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 16 + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1052,8 +1055,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -1086,12 +1089,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
     }
@@ -1103,12 +1106,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int j = e % 32 * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (i) * 256 + BN*pid_n + j, 16);
+            wd + i * 256 + BN*pid_n + j, 16);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(i) * 256 + BN*pid_n + j + q];
+              wd[i * 256 + BN*pid_n + j + q];
         }
       }
     }
@@ -1126,43 +1129,42 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   for (long long kb = 0; kb * BK < 512; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < 512) {
+    if (BK*kb + BK < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
           const int bytes = BM*pid_m + i < T ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 16 + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + 16 + j + q]
-                : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < 512) {
+    if (BK*kb + BK < 512) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 16 + i) * 256 + BN*pid_n + j, 16);
+              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 16 + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; kk += 2) {
+    for (int kk = 0; kk < BK; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1189,8 +1191,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

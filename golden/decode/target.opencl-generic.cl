@@ -70,40 +70,40 @@ void project_k0(__global const float* restrict x, __global const float* restrict
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 1024; e += 128) {
+  for (long e = lid; e < 256*BM; e += 128) {
     const long i = e / 256;
+    const long row = BM*pid_m + i;
     const long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -114,9 +114,9 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     __global float* restrict t0, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -143,11 +143,11 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -167,7 +167,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -183,7 +183,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -196,23 +196,24 @@ void project_k2(__global const float* restrict t0, __global const float* restric
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 256; e += 128) {
+  for (long e = lid; e < 64*BM; e += 128) {
     const long i = e / 64;
+    const long row = BM*pid_m + i;
     const long j = e - i * 64;
-    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -223,9 +224,9 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     __global float* restrict t3, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -252,11 +253,11 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -276,7 +277,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -292,7 +293,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -305,23 +306,24 @@ void project_k4(__global const float* restrict t3, __global const float* restric
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 256; e += 128) {
+  for (long e = lid; e < 64*BM; e += 128) {
     const long i = e / 64;
+    const long row = BM*pid_m + i;
     const long j = e - i * 64;
-    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -332,9 +334,9 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     __global float* restrict t6, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -361,11 +363,11 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -385,7 +387,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -401,7 +403,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -413,15 +415,16 @@ void project_k6(__global const float* restrict t6, __global float* restrict out2
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 256; e += 128) {
+  for (long e = lid; e < 64*BM; e += 128) {
     const long i = e / 64;
+    const long row = BM*pid_m + i;
     const long j = e - i * 64;
-    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (row < T ? t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -432,15 +435,16 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 256; e += 128) {
+  for (long e = lid; e < 64*BM; e += 128) {
     const long i = e / 64;
+    const long row = BM*pid_m + i;
     const long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
+        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -451,9 +455,9 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     __global const float* restrict x, __global float* restrict x_1, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -480,11 +484,11 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -504,7 +508,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -521,8 +525,8 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -535,40 +539,40 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 1024; e += 128) {
+  for (long e = lid; e < 256*BM; e += 128) {
     const long i = e / 256;
+    const long row = BM*pid_m + i;
     const long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x_1[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -579,9 +583,9 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     __global float* restrict t4, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -608,11 +612,11 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -632,7 +636,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -649,7 +653,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -662,9 +666,9 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     __global const float* restrict t4, __global float* restrict t6, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -691,11 +695,11 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -715,7 +719,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -732,8 +736,8 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -746,9 +750,9 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     __global const float* restrict x_1, __global float* restrict out, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -775,11 +779,11 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -799,7 +803,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -816,8 +820,8 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

@@ -78,34 +78,34 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 128) {
+  for (long long e = lid; e < 256*BM; e += 128) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -144,11 +144,11 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -168,7 +168,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -184,7 +184,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -201,18 +201,19 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out0[(((pid_b0) * 4 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -251,11 +252,11 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -275,7 +276,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -291,7 +292,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -308,18 +309,19 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out1[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (j < 32 ? ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j] : 0.0f))
-        - (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j] : 0.0f)))
-        : ((((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j - (32)]
-        : 0.0f)) * (BM*pid_m + i < T ? sin_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))
-        + (((BM*pid_m + i < T ? t3[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + 32 + j
-        - (32)] : 0.0f)) * (BM*pid_m + i < T ? cos_1[(BM*pid_m + i) * 32 + j - (32)] : 0.0f))));
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (j < 32 ? ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j] : 0.0f))
+        - (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
+        : ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)] : 0.0f))
+        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
+        + (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
+        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
   }
 }
 
@@ -358,11 +360,11 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -382,7 +384,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -398,7 +400,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -413,11 +415,12 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ out2, c
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    if (BM*pid_m + i < T) out2[(((pid_b0) * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j] =
-        (BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 128 + 64*pid_b1 + j] : 0.0f);
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
+        (row < T ? t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f);
   }
 }
 
@@ -431,11 +434,12 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 256; e += 128) {
+  for (long long e = lid; e < 64*BM; e += 128) {
     const long long i = e / 64;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
-    t0[(((pid_b0) * T + pid_b1) * 4 + BM*pid_m + i) * 64 + j] =
-        (o[((pid_b0) * 4 + BM*pid_m + i) * 64*T + 64*pid_b1 + j]);
+    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
+        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
 }
 
@@ -474,11 +478,11 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -498,7 +502,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -515,8 +519,8 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }
@@ -534,34 +538,34 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += 128)
-        r = r + ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f));
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 1024; e += 128) {
+  for (long long e = lid; e < 256*BM; e += 128) {
     const long long i = e / 256;
+    const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
-    if (BM*pid_m + i < T) h[((pid_b0) * T + BM*pid_m + i) * 256 + j] =
-        (((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + j] : 0.0f) * v_2[i])
-        * (norm_1[j]));
+    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
+        (((row < T ? x_1[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -600,11 +604,11 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -624,7 +628,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -641,7 +645,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -682,11 +686,11 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + (((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[((pid_b0) * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -706,7 +710,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -723,8 +727,8 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? t4[((pid_b0) * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
           * acc[t]);
     }
   }
@@ -765,11 +769,11 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? 16 : 0;
         tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + (((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[((pid_b0) * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
@@ -789,7 +793,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16; ++kk) {
+    for (int kk = 0; kk < BK; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -806,8 +810,8 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * 16;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x_1[((pid_b0) * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
+          ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
           + acc[t]);
     }
   }

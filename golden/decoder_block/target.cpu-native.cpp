@@ -590,18 +590,18 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
 static void decoder_block_k0_program(const float* x, const float* norm1, float* h,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
-      + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_1 = rows_edge + tsr::whole_lines(BM*C);
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + tsr::whole_lines(C);
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, BM*pid_m, S);
+  const float* const rows = tsr::row_tile(rows_edge, BM, C, x, BM*pid_m, S);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (rows[i * C + j] * rows[i * C + j]);
@@ -610,21 +610,19 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
   const float s = static_cast<float>(C);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, C, norm1, 0, 0, 0, 1, C);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, C, norm1, 0, 0, 0, 1, C);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_6[j];
+      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(h, C, BM*pid_m, 0, S, C, normed_1, 4, C);
+  tsr::store_tile(h, C, BM*pid_m, 0, S, C, normed_1, BM, C);
 }
 
 static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
@@ -641,24 +639,23 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, S - BM*pid_m), tsr::live(BN, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wq, C, BK*kb, BN*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, BK, BN, wq, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
-  tsr::store_tile(t0, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t0, C, BM*pid_m, BN*pid_n, S, C, acc, BM, BN);
 }
 
 static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S,
@@ -677,24 +674,23 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, S - BM*pid_m), tsr::live(BN, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wk, C, BK*kb, BN*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, BK, BN, wk, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
-  tsr::store_tile(t2, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t2, C, BM*pid_m, BN*pid_n, S, C, acc, BM, BN);
 }
 
 static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S,
@@ -713,24 +709,23 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, S - BM*pid_m), tsr::live(256, C - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, S - BM*pid_m), tsr::live(BN, C - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wv, C, BK*kb, BN*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, BK, BN, wv, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
-  tsr::store_tile(t4, C, BM*pid_m, BN*pid_n, S, C, acc, 256, 256);
+  tsr::store_tile(t4, C, BM*pid_m, BN*pid_n, S, C, acc, BM, BN);
 }
 
 static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S,
@@ -749,21 +744,22 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(8192 + 128 + 128 + 16384 + 32768);
+  constexpr tsr::i64 BD = 64;
+  float* const area = tsr::scratch(BM*BD + BM + BM + BD*BN + BM*BN);
   float* const acc = area;
-  float* const m = acc + 8192;
-  float* const l = m + 128;
-  float* const t = l + 128;
-  float* const t_1 = t + 16384;
+  float* const m = acc + BM*BD;
+  float* const l = m + BM;
+  float* const t = l + BM;
+  float* const t_1 = t + BD*BN;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = t0 + (BM*pid_m) * C + 64*pid_b0;
   // flash_attention.tsr:15: acc = tile.zeros((T.m, T.d), f32)
-  std::fill_n(acc, 8192, 0.0f);
+  std::fill_n(acc, BM*BD, 0.0f);
   // flash_attention.tsr:16: m = tile.full((T.m,), -INF)
-  std::fill_n(m, 128, -tsr::infinity());
+  std::fill_n(m, BM, -tsr::infinity());
   // flash_attention.tsr:17: l = tile.zeros((T.m,), f32)
-  std::fill_n(l, 128, 0.0f);
+  std::fill_n(l, BM, 0.0f);
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
@@ -771,36 +767,30 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     const float* const v_tile = t4 + (BN*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, 256, C, tsr::live(256, S - BN*nblk), 64);
-    tsr::dot(t_1, q_tile, t, 128, 256, tsr::live(128, S - BM*pid_m), tsr::live(256, S - BN*nblk),
-        64, C, 256);
+    tsr::transpose(t, k_tile, BN, C, tsr::live(BN, S - BN*nblk), BD);
+    tsr::dot(t_1, q_tile, t, BM, BN, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk), BD,
+        C, BN);
     float* const s = t_1;
-    for (tsr::i64 i = 0; i < 128; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        s[i * 256 + j] = t_1[i * 256 + j] * scale;
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        s[i * BN + j] = t_1[i * BN + j] * scale;
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float* const acc_1 = acc;
-    float* const m_1 = m;
-    float* const l_1 = l;
-    tsr::attend(acc_1, m_1, l_1, acc, m, l, s, v_tile, C, 128, 256, 64,
-        tsr::live(256, S - BN*nblk), 64, s, [&](tsr::i64) { return S - (BN*nblk); },
-        [](float x) { return x; });
+    tsr::attend(acc, m, l, acc, m, l, s, v_tile, C, BM, BN, BD, tsr::live(BN, S - BN*nblk), BD, s,
+        [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return x; });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  float* const t_2 = l;
-  float* const t_3 = acc;
-  for (tsr::i64 i = 0; i < 128; ++i) {
-    const float row_0 = t_2[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = l[i];
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 64; ++j) {
-      t_3[i * 64 + j] = acc[i * 64 + j] * (1.0f / row_0);
+    for (tsr::i64 j = 0; j < BD; ++j) {
+      acc[i * BD + j] = acc[i * BD + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(t6, C, BM*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, t_3, 128, 64);
+  tsr::store_tile(t6, C, BM*pid_m, 64*pid_b0, S, 64*pid_b0 + 64, acc, BM, BD);
 }
 
 static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6,
@@ -819,34 +809,33 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const x_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const x_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t6 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, wo, C, BK*kb, BN*pid_n, C, C);
+    tsr::load_corner(b_tile_smem, BK, BN, wo, C, BK*kb, BN*pid_n, C, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
-  tsr::load_tile(x_tile, 256, 256, x, C, BM*pid_m, BN*pid_n, S, C);
+  tsr::load_tile(x_tile, BM, BN, x, C, BM*pid_m, BN*pid_n, S, C);
   float* const x_2 = x_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      x_2[i * 256 + j] = x_tile[i * 256 + j] + acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      x_2[i * BN + j] = x_tile[i * BN + j] + acc[i * BN + j];
     }
   }
-  tsr::store_tile(x_1, C, BM*pid_m, BN*pid_n, S, C, x_2, 256, 256);
+  tsr::store_tile(x_1, C, BM*pid_m, BN*pid_n, S, C, x_2, BM, BN);
 }
 
 static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1,
@@ -863,18 +852,18 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
 static void decoder_block_k6_program(const float* x_1, const float* norm2, float* h_1,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + 16 + tsr::whole_lines(C)
-      + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + 16 + tsr::whole_lines(C)
+      + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(4*C);
+  float* const t_1 = rows_edge + tsr::whole_lines(BM*C);
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + tsr::whole_lines(C);
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x_1, BM*pid_m, S);
+  const float* const rows = tsr::row_tile(rows_edge, BM, C, x_1, BM*pid_m, S);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (rows[i * C + j] * rows[i * C + j]);
@@ -883,21 +872,19 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
   const float s = static_cast<float>(C);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, C, norm2, 0, 0, 0, 1, C);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, C, norm2, 0, 0, 0, 1, C);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_6[j];
+      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(h_1, C, BM*pid_m, 0, S, C, normed_1, 4, C);
+  tsr::store_tile(h_1, C, BM*pid_m, 0, S, C, normed_1, BM, C);
 }
 
 static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
@@ -915,32 +902,30 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w1, F, BK*kb, BN*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, BK, BN, w1, F, BK*kb, BN*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, F - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, F - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  float* const t = acc;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = tsr::silu(acc[i * 256 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      acc[i * BN + j] = tsr::silu(acc[i * BN + j]);
     }
   }
-  tsr::store_tile(t10, F, BM*pid_m, BN*pid_n, S, F, t, 256, 256);
+  tsr::store_tile(t10, F, BM*pid_m, BN*pid_n, S, F, acc, BM, BN);
 }
 
 static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10,
@@ -960,34 +945,32 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const t10_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const t10_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = h_1 + (BM*pid_m) * C + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w3, F, BK*kb, BN*pid_n, C, F);
+    tsr::load_corner(b_tile_smem, BK, BN, w3, F, BK*kb, BN*pid_n, C, F);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, F - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, F - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  tsr::load_tile(t10_tile, 256, 256, t10, F, BM*pid_m, BN*pid_n, S, F);
-  float* const t = t10_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(t10_tile, BM, BN, t10, F, BM*pid_m, BN*pid_n, S, F);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = t10_tile[i * 256 + j] * acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t10_tile[i * BN + j] = t10_tile[i * BN + j] * acc[i * BN + j];
     }
   }
-  tsr::store_tile(t12, F, BM*pid_m, BN*pid_n, S, F, t, 256, 256);
+  tsr::store_tile(t12, F, BM*pid_m, BN*pid_n, S, F, t10_tile, BM, BN);
 }
 
 static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
@@ -1007,34 +990,32 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const x_1_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const x_1_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t12 + (BM*pid_m) * F + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w2, C, BK*kb, BN*pid_n, F, C);
+    tsr::load_corner(b_tile_smem, BK, BN, w2, C, BK*kb, BN*pid_n, F, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, S - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, F - BK*kb), F, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, F - BK*kb), F, BN);
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  tsr::load_tile(x_1_tile, 256, 256, x_1, C, BM*pid_m, BN*pid_n, S, C);
-  float* const t = x_1_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(x_1_tile, BM, BN, x_1, C, BM*pid_m, BN*pid_n, S, C);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t[i * 256 + j] = x_1_tile[i * 256 + j] + acc[i * 256 + j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      x_1_tile[i * BN + j] = x_1_tile[i * BN + j] + acc[i * BN + j];
     }
   }
-  tsr::store_tile(out, C, BM*pid_m, BN*pid_n, S, C, t, 256, 256);
+  tsr::store_tile(out, C, BM*pid_m, BN*pid_n, S, C, x_1_tile, BM, BN);
 }
 
 static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,

@@ -96,9 +96,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
@@ -106,28 +106,28 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -174,12 +174,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+            bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -275,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -340,12 +340,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+            bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -441,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -506,12 +506,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+            bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -607,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -638,6 +638,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 64;
+  constexpr int BD = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -675,12 +676,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       if (t2_aligned) {
         const int bytes = i < S ? 16 : 0;
         tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + ((i) * C + 64*pid_b0 + j) : t2, bytes);
+            bytes ? t2 + (i * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? t2[(i) * C + 64*pid_b0 + j + q] : 0;
+              i < S ? t2[i * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -693,12 +694,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       if (t4_aligned) {
         const int bytes = i < S ? 16 : 0;
         tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + ((i) * C + 64*pid_b0 + j) : t4, bytes);
+            bytes ? t4 + (i * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? t4[(i) * C + 64*pid_b0 + j + q] : 0;
+              i < S ? t4[i * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
@@ -724,41 +725,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     tsr_copy_wait<0>();
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    if (BN*nblk + 64 < S) {
+    if (BN*nblk + BN < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t2_aligned) {
-          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
           tsr_copy_async16(k_tile_smem
               + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t2 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t2, bytes);
+              bytes ? t2 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
-                + (j + q) % 4] = BN*nblk + 64 + i < S
-                ? t2[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+                + (j + q) % 4] = BN*nblk + BN + i < S
+                ? t2[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    if (BN*nblk + 64 < S) {
+    if (BN*nblk + BN < S) {
       for (int e = lid; e < 1024; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t4_aligned) {
-          const int bytes = BN*nblk + 64 + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
           tsr_copy_async16(v_tile_smem
               + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t4 + ((BN*nblk + 64 + i) * C + 64*pid_b0 + j) : t4, bytes);
+              bytes ? t4 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
-                + (j + q) % 4] = BN*nblk + 64 + i < S
-                ? t4[(BN*nblk + 64 + i) * C + 64*pid_b0 + j + q] : 0;
+                + (j + q) % 4] = BN*nblk + BN + i < S
+                ? t4[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
           }
         }
       }
@@ -767,7 +768,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; ++kk) {
+    for (int kk = 0; kk < BD; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
@@ -780,7 +781,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[32];
-    if (BN*nblk + 64 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) {
@@ -858,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 64 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
       for (int c = 0; c < 4; ++c)
@@ -923,12 +924,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+            bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1024,7 +1025,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1062,9 +1063,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
@@ -1072,28 +1073,29 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h_1[row * C + j] =
+          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -1141,12 +1143,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1242,7 +1244,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1310,12 +1312,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+            bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1411,7 +1413,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1481,12 +1483,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1582,7 +1584,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16

@@ -96,9 +96,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
@@ -106,28 +106,28 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -174,12 +174,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+            bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -377,12 +377,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+            bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -515,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -580,12 +580,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+            bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -718,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -749,6 +749,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BD = 64;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -832,7 +833,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[64];
     for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; ++kk) {
+    for (int kk = 0; kk < BD; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
@@ -844,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[64];
-    if (BN*nblk + 128 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) {
@@ -922,7 +923,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < 128 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 129 + kk];
       for (int c = 0; c < 4; ++c)
@@ -986,12 +987,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+            bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1124,7 +1125,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1162,9 +1163,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
@@ -1172,28 +1173,29 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h_1[row * C + j] =
+          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -1241,12 +1243,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1379,7 +1381,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1447,12 +1449,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+            bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1585,7 +1587,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1655,12 +1657,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1793,7 +1795,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32

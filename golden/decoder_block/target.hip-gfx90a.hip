@@ -83,9 +83,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
@@ -93,28 +93,28 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -161,12 +161,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       if (wq_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((i) * C + BN*pid_n + j) : wq, bytes);
+            bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wq[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -184,45 +184,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wq + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wq, bytes);
+              bytes ? wq + ((BK*kb + BK + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < C
-                ? wq[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -295,12 +295,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       if (wk_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((i) * C + BN*pid_n + j) : wk, bytes);
+            bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wk[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -318,45 +318,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wk + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wk, bytes);
+              bytes ? wk + ((BK*kb + BK + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < C
-                ? wk[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -429,12 +429,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       if (wv_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((i) * C + BN*pid_n + j) : wv, bytes);
+            bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wv[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -452,45 +452,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h, bytes);
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wv + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wv, bytes);
+              bytes ? wv + ((BK*kb + BK + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < C
-                ? wv[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -529,6 +529,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 32;
+  constexpr int BD = 64;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
@@ -617,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; kk += 2) {
+    for (int kk = 0; kk < BD; kk += 2) {
       const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64
           + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
       const float b_frag = k_tile_smem[(lane % 32) * 64
@@ -629,7 +630,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
-    if (BN*nblk + 32 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
@@ -695,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       #pragma unroll
       for (int reg = 0; reg < 16; ++reg) {
         const int t = frag * 16 + reg;
-        acc[t] *= alpha[frag / 2 * 16 + reg];
+        acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
@@ -707,7 +708,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       p_stage[i * 33 + j] = p[t] * beta[reg];
     }
     __syncthreads();
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; kk += 2) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 2) {
       const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
@@ -725,11 +726,10 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   for (int frag = 0; frag < 2; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
+      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
       const int j = frag % 2 * 32 + lane % 32;
       const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] =
-          (acc[t] / l[frag / 2 * 16 + reg]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[reg]);
     }
   }
 }
@@ -777,12 +777,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       if (wo_aligned) {
         const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((i) * C + BN*pid_n + j) : wo, bytes);
+            bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < C ? wo[(i) * C + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -800,45 +800,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t6, bytes);
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? t6[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wo + ((BK*kb + 16 + i) * C + BN*pid_n + j) : wo, bytes);
+              bytes ? wo + ((BK*kb + BK + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < C
-                ? wo[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -884,9 +884,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
@@ -894,28 +894,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h_1[row * C + j] =
+          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -963,12 +964,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       if (w1_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * F + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w1[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -986,45 +987,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w1, bytes);
+              bytes ? w1 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < F
-                ? w1[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1100,12 +1101,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       if (w3_aligned) {
         const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((i) * F + BN*pid_n + j) : w3, bytes);
+            bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < C && BN*pid_n + j + q < F ? w3[(i) * F + BN*pid_n + j + q] : 0;
+              i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1123,45 +1124,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : h_1, bytes);
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < C
-                ? h_1[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
-          const int bytes = BK*kb + 16 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w3 + ((BK*kb + 16 + i) * F + BN*pid_n + j) : w3, bytes);
+              bytes ? w3 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < C && BN*pid_n + j + q < F
-                ? w3[(BK*kb + 16 + i) * F + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1239,12 +1240,12 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       if (w2_aligned) {
         const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < F && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1262,45 +1263,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   for (long long kb = 0; kb * BK < F; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < F) {
+    if (BK*kb + BK < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 16 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < F ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 16 + j) : t12, bytes);
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + BK + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 16 + j + q < F
-                ? t12[(BM*pid_m + i) * F + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < S && BK*kb + BK + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < F) {
+    if (BK*kb + BK < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 16 + i < F && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
+              bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < F && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)

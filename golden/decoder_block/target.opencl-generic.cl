@@ -72,13 +72,13 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k0(__global const float* restrict x, __global const float* restrict norm1,
     __global float* restrict h, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
@@ -86,24 +86,24 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      const long row = BM*pid_m + i;
+      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -114,9 +114,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -167,7 +167,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -194,9 +194,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k2(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t2, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -247,7 +247,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -274,9 +274,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k3(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t4, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -327,7 +327,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -354,8 +354,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2,
     __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 32;
-  const int BN = 32;
+  enum { BM = 32 };
+  enum { BN = 32 };
+  enum { BD = 64 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const k_tile_smem = (__local float*)(tsr_smem + 8192);
@@ -436,7 +437,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; ++kk) {
+    for (int kk = 0; kk < BD; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
           a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
@@ -448,7 +449,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (BN*nblk + 32 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -525,7 +526,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 4; ++c)
@@ -552,9 +553,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo,
     __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -605,7 +606,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -636,13 +637,13 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2,
     __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
@@ -650,24 +651,25 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      const long row = BM*pid_m + i;
+      if (row < S) h_1[row * C + j] =
+          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -678,9 +680,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1,
     __global float* restrict t10, const long S, const long C, const long F) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -731,7 +733,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -761,9 +763,9 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     __global const float* restrict t10, __global float* restrict t12, const long S, const long C,
     const long F) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -814,7 +816,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -846,9 +848,9 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     __global const float* restrict x_1, __global float* restrict out, const long S, const long F,
     const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -899,7 +901,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];

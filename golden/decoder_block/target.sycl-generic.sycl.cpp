@@ -79,8 +79,8 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
@@ -88,24 +88,24 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -168,7 +168,7 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -247,7 +247,7 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -326,7 +326,7 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -355,6 +355,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 32;
   constexpr int BN = 32;
+  constexpr int BD = 64;
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 8192);
   float* const v_tile_smem = (float*)(tsr_smem + 16384);
@@ -432,7 +433,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[8];
     for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64; ++kk) {
+    for (int kk = 0; kk < BD; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
           a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
@@ -444,7 +445,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[8];
-    if (BN*nblk + 32 <= S) {
+    if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) {
@@ -523,7 +524,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int kk = 0; kk < 32 && kk < S - BN*nblk; ++kk) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[4];
       for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
       for (int c = 0; c < 4; ++c)
@@ -602,7 +603,7 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -637,8 +638,8 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
@@ -646,24 +647,25 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(C);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < S) h_1[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) h_1[row * C + j] =
+          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -726,7 +728,7 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -807,7 +809,7 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -890,7 +892,7 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];

@@ -661,31 +661,29 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(65536 + 256 + 65536);
+  float* const area = tsr::scratch(BM*BN + BN + BM*BN);
   float* const acc = area;
-  float* const bias_tile = acc + 65536;
-  float* const t_3 = bias_tile + 256;
+  float* const bias_tile = acc + BM*BN;
+  float* const t_2 = bias_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma_bf16(acc_1, A, K, BM*pid_m, BK*kb, M, K, B, N, BK*kb, BN*pid_n, K, N, acc, 256, 256,
-        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
+    tsr::mma_bf16(acc, A, K, BM*pid_m, BK*kb, M, K, B, N, BK*kb, BN*pid_n, K, N, acc, BM, BN,
+        tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  tsr::load_tile(bias_tile, 1, 256, bias, 0, 0, BN*pid_n, 1, N);
-  float* const t = bias_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(bias_tile, 1, BN, bias, 0, 0, BN*pid_n, 1, N);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_3[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t[j]))));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t_2[i * BN + j] = tsr::round_bf16((tsr::gelu((acc[i * BN + j] + bias_tile[j]))));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_2, BM, BN);
 }
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
@@ -705,32 +703,29 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(65536 + 256 + 65536);
+  float* const area = tsr::scratch(BM*BN + BN + BM*BN);
   float* const acc = area;
-  float* const b_in_tile = acc + 65536;
-  float* const h_1 = b_in_tile + 256;
+  float* const b_in_tile = acc + BM*BN;
+  float* const h_1 = b_in_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma_bf16(acc_1, x, D, BM*pid_m, BK*kb, T, D, W_in, F, BK*kb, BN*pid_n, D, F, acc, 256,
-        256, tsr::live(256, T - BM*pid_m), tsr::live(256, F - BN*pid_n),
-        tsr::live(512, D - BK*kb));
+    tsr::mma_bf16(acc, x, D, BM*pid_m, BK*kb, T, D, W_in, F, BK*kb, BN*pid_n, D, F, acc, BM, BN,
+        tsr::live(BM, T - BM*pid_m), tsr::live(BN, F - BN*pid_n), tsr::live(BK, D - BK*kb));
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  tsr::load_tile(b_in_tile, 1, 256, b_in, 0, 0, BN*pid_n, 1, F);
-  float* const t = b_in_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(b_in_tile, 1, BN, b_in, 0, 0, BN*pid_n, 1, F);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      h_1[i * 256 + j] = tsr::round_bf16((tsr::gelu((acc[i * 256 + j] + t[j]))));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      h_1[i * BN + j] = tsr::round_bf16((tsr::gelu((acc[i * BN + j] + b_in_tile[j]))));
     }
   }
-  tsr::store_tile(h, F, BM*pid_m, BN*pid_n, T, F, h_1, 256, 256);
+  tsr::store_tile(h, F, BM*pid_m, BN*pid_n, T, F, h_1, BM, BN);
 }
 
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
@@ -750,34 +745,31 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(65536 + 256 + 65536 + 65536);
+  float* const area = tsr::scratch(BM*BN + BN + BM*BN + BM*BN);
   float* const acc = area;
-  float* const b_out_tile = acc + 65536;
-  float* const x_tile = b_out_tile + 256;
-  float* const t_3 = x_tile + 65536;
+  float* const b_out_tile = acc + BM*BN;
+  float* const x_tile = b_out_tile + BN;
+  float* const t_2 = x_tile + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(F, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma_bf16(acc_1, h, F, BM*pid_m, BK*kb, T, F, W_out, D, BK*kb, BN*pid_n, F, D, acc, 256,
-        256, tsr::live(256, T - BM*pid_m), tsr::live(256, D - BN*pid_n),
-        tsr::live(512, F - BK*kb));
+    tsr::mma_bf16(acc, h, F, BM*pid_m, BK*kb, T, F, W_out, D, BK*kb, BN*pid_n, F, D, acc, BM, BN,
+        tsr::live(BM, T - BM*pid_m), tsr::live(BN, D - BN*pid_n), tsr::live(BK, F - BK*kb));
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  tsr::load_tile(b_out_tile, 1, 256, b_out, 0, 0, BN*pid_n, 1, D);
-  float* const t = b_out_tile;
-  tsr::load_tile(x_tile, 256, 256, x, D, BM*pid_m, BN*pid_n, T, D);
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(b_out_tile, 1, BN, b_out, 0, 0, BN*pid_n, 1, D);
+  tsr::load_tile(x_tile, BM, BN, x, D, BM*pid_m, BN*pid_n, T, D);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_3[i * 256 + j] = tsr::round_bf16((x_tile[i * 256 + j] + (acc[i * 256 + j] + t[j])));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t_2[i * BN + j] = tsr::round_bf16((x_tile[i * BN + j] + (acc[i * BN + j] + b_out_tile[j])));
     }
   }
-  tsr::store_tile(out, D, BM*pid_m, BN*pid_n, T, D, t_3, 256, 256);
+  tsr::store_tile(out, D, BM*pid_m, BN*pid_n, T, D, t_2, BM, BN);
 }
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
@@ -797,39 +789,37 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 1024;
-  float* const area = tsr::scratch(262144 + 262144 + 65536 + 262144 + 256 + 65536);
+  float* const area = tsr::scratch(BM*BK + BN*BK + BM*BN + BK*BN + BN + BM*BN);
   float* const a_tile_smem = area;
-  float* const b_tile_smem = a_tile_smem + 262144;
-  float* const acc = b_tile_smem + 262144;
-  float* const t = acc + 65536;
-  float* const bias_tile = t + 262144;
-  float* const t_3 = bias_tile + 256;
+  float* const b_tile_smem = a_tile_smem + BM*BK;
+  float* const acc = b_tile_smem + BN*BK;
+  float* const t = acc + BM*BN;
+  float* const bias_tile = t + BK*BN;
+  float* const t_2 = bias_tile + BN;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 256, 1024, x, D, BM*pid_m, BK*kb, T, D);
+    tsr::load_corner(a_tile_smem, BM, BK, x, D, BM*pid_m, BK*kb, T, D);
     float* const a_tile = a_tile_smem;
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    tsr::load_tile(b_tile_smem, 256, 1024, w, D, BN*pid_n, BK*kb, F, D);
+    tsr::load_tile(b_tile_smem, BN, BK, w, D, BN*pid_n, BK*kb, F, D);
     float* const b_tile = b_tile_smem;
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    tsr::transpose(t, b_tile, 256, 1024);
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, t, acc, 256, 256, 1024, tsr::live(256, T - BM*pid_m),
-        tsr::live(256, F - BN*pid_n), tsr::live(1024, D - BK*kb));
+    tsr::transpose(t, b_tile, BN, BK);
+    tsr::mma(acc, a_tile, t, acc, BM, BN, BK, tsr::live(BM, T - BM*pid_m),
+        tsr::live(BN, F - BN*pid_n), tsr::live(BK, D - BK*kb));
   }
   // mlp.tsr:31: return x @ w.T + bias
-  tsr::load_tile(bias_tile, 1, 256, bias, 0, 0, BN*pid_n, 1, F);
-  float* const t_1 = bias_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(bias_tile, 1, BN, bias, 0, 0, BN*pid_n, 1, F);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_3[i * 256 + j] = tsr::round_bf16((acc[i * 256 + j] + t_1[j]));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t_2[i * BN + j] = tsr::round_bf16((acc[i * BN + j] + bias_tile[j]));
     }
   }
-  tsr::store_tile(out, F, BM*pid_m, BN*pid_n, T, F, t_3, 256, 256);
+  tsr::store_tile(out, F, BM*pid_m, BN*pid_n, T, F, t_2, BM, BN);
 }
 
 static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,

@@ -215,12 +215,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -318,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -413,12 +413,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
       if (W_in_aligned) {
         const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_in + ((i) * F + BN*pid_n + j) : W_in, bytes);
+            bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < D && BN*pid_n + j + q < F ? W_in[(i) * F + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -516,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -612,12 +612,12 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
       if (W_out_aligned) {
         const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_out + ((i) * D + BN*pid_n + j) : W_out, bytes);
+            bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < F && BN*pid_n + j + q < D ? W_out[(i) * D + BN*pid_n + j + q] : 0;
+              i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -715,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -914,7 +914,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {

@@ -339,11 +339,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
+              row < M && j < K ? A[row * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -357,11 +358,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
+              i < K && col < N ? B[i * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -376,11 +378,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < M && 64 + j < K ? A[(BM*pid_m + i) * K + 64 + j] : 0;
+              row < M && 64 + j < K ? A[row * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -394,11 +397,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < K && BN*pid_n + j < N ? B[(64 + i) * N + BN*pid_n + j] : 0;
+              64 + i < K && col < N ? B[(64 + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -416,12 +420,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                BM*pid_m + i < M && BK*kb + 128 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 128 + j]
-                : 0;
+                row < M && BK*kb + 128 + j < K ? A[row * K + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -439,12 +443,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
+          for (long long e = ptid; e < BK*BN; e += 128) {
+            const long long i = e / BN;
+            const long long j = e - i * BN;
+            const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N
-                ? B[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
+                + j % 8] = BK*kb + 128 + i < K && col < N ? B[(BK*kb + 128 + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -469,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 64; kk += 16) {
+      for (int kk = 0; kk < BK; kk += 16) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
             1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
@@ -486,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
@@ -560,11 +564,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
+              row < T && j < D ? x[row * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -578,11 +583,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < D && BN*pid_n + j < F ? W_in[(i) * F + BN*pid_n + j] : 0;
+              i < D && col < F ? W_in[i * F + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -597,11 +603,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < T && 64 + j < D ? x[(BM*pid_m + i) * D + 64 + j] : 0;
+              row < T && 64 + j < D ? x[row * D + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -615,11 +622,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < D && BN*pid_n + j < F ? W_in[(64 + i) * F + BN*pid_n + j] : 0;
+              64 + i < D && col < F ? W_in[(64 + i) * F + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -637,12 +645,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                BM*pid_m + i < T && BK*kb + 128 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 128 + j]
-                : 0;
+                row < T && BK*kb + 128 + j < D ? x[row * D + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -660,12 +668,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
+          for (long long e = ptid; e < BK*BN; e += 128) {
+            const long long i = e / BN;
+            const long long j = e - i * BN;
+            const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < D && BN*pid_n + j < F
-                ? W_in[(BK*kb + 128 + i) * F + BN*pid_n + j] : 0;
+                + j % 8] = BK*kb + 128 + i < D && col < F ? W_in[(BK*kb + 128 + i) * F + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -690,7 +698,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 64; kk += 16) {
+      for (int kk = 0; kk < BK; kk += 16) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
             1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
@@ -707,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
@@ -781,11 +789,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < T && j < F ? h[(BM*pid_m + i) * F + j] : 0;
+              row < T && j < F ? h[row * F + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -799,11 +808,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < F && BN*pid_n + j < D ? W_out[(i) * D + BN*pid_n + j] : 0;
+              i < F && col < D ? W_out[i * D + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -818,11 +828,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < T && 64 + j < F ? h[(BM*pid_m + i) * F + 64 + j] : 0;
+              row < T && 64 + j < F ? h[row * F + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -836,11 +847,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < F && BN*pid_n + j < D ? W_out[(64 + i) * D + BN*pid_n + j] : 0;
+              64 + i < F && col < D ? W_out[(64 + i) * D + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -858,12 +870,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                BM*pid_m + i < T && BK*kb + 128 + j < F ? h[(BM*pid_m + i) * F + BK*kb + 128 + j]
-                : 0;
+                row < T && BK*kb + 128 + j < F ? h[row * F + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -881,12 +893,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
+          for (long long e = ptid; e < BK*BN; e += 128) {
+            const long long i = e / BN;
+            const long long j = e - i * BN;
+            const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < F && BN*pid_n + j < D
-                ? W_out[(BK*kb + 128 + i) * D + BN*pid_n + j] : 0;
+                + j % 8] = BK*kb + 128 + i < F && col < D ? W_out[(BK*kb + 128 + i) * D + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -911,7 +923,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 64; kk += 16) {
+      for (int kk = 0; kk < BK; kk += 16) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
             1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
@@ -928,7 +940,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
@@ -1003,11 +1015,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              BM*pid_m + i < T && j < D ? x[(BM*pid_m + i) * D + j] : 0;
+              row < T && j < D ? x[row * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1018,11 +1031,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 32768; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BN*pid_n + i;
+          const long long j = e - i * BK;
           b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              BN*pid_n + i < F && j < D ? w[(BN*pid_n + i) * D + j] : 0;
+              row < F && j < D ? w[row * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1037,11 +1051,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              BM*pid_m + i < T && 128 + j < D ? x[(BM*pid_m + i) * D + 128 + j] : 0;
+              row < T && 128 + j < D ? x[row * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1052,11 +1067,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 32768; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BN*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BN*pid_n + i;
+          const long long j = e - i * BK;
           b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              BN*pid_n + i < F && 128 + j < D ? w[(BN*pid_n + i) * D + 128 + j] : 0;
+              row < F && 128 + j < D ? w[row * D + 128 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1074,12 +1090,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-                BM*pid_m + i < T && BK*kb + 256 + j < D ? x[(BM*pid_m + i) * D + BK*kb + 256 + j]
-                : 0;
+                row < T && BK*kb + 256 + j < D ? x[row * D + BK*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -1091,12 +1107,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 32768; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BN*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BN*pid_n + i;
+            const long long j = e - i * BK;
             b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-                BN*pid_n + i < F && BK*kb + 256 + j < D ? w[(BN*pid_n + i) * D + BK*kb + 256 + j]
-                : 0;
+                row < F && BK*kb + 256 + j < D ? w[row * D + BK*kb + 256 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -1121,7 +1137,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
       // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 128; kk += 32) {
+      for (int kk = 0; kk < BK; kk += 32) {
         tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc,
             tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128,
             16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
@@ -1137,7 +1153,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll

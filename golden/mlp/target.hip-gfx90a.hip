@@ -127,12 +127,12 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -150,45 +150,45 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
+              bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
@@ -270,12 +270,12 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       if (W_in_aligned) {
         const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_in + ((i) * F + BN*pid_n + j) : W_in, bytes);
+            bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < D && BN*pid_n + j + q < F ? W_in[(i) * F + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -293,45 +293,45 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 32 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 32 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < T && BK*kb + 32 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T && BK*kb + BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
-          const int bytes = BK*kb + 32 + i < D && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < F ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? W_in + ((BK*kb + 32 + i) * F + BN*pid_n + j) : W_in, bytes);
+              bytes ? W_in + ((BK*kb + BK + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < D && BN*pid_n + j + q < F
-                ? W_in[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < D && BN*pid_n + j + q < F
+                ? W_in[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
@@ -414,12 +414,12 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       if (W_out_aligned) {
         const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_out + ((i) * D + BN*pid_n + j) : W_out, bytes);
+            bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < F && BN*pid_n + j + q < D ? W_out[(i) * D + BN*pid_n + j + q] : 0;
+              i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -437,45 +437,45 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   for (long long kb = 0; kb * BK < F; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < F) {
+    if (BK*kb + BK < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 32 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < F ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? h + ((BM*pid_m + i) * F + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((BM*pid_m + i) * F + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < T && BK*kb + 32 + j + q < F
-                ? h[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T && BK*kb + BK + j + q < F
+                ? h[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < F) {
+    if (BK*kb + BK < F) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
-          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < D ? 16 : 0;
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < D ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? W_out + ((BK*kb + 32 + i) * D + BN*pid_n + j) : W_out, bytes);
+              bytes ? W_out + ((BK*kb + BK + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < F && BN*pid_n + j + q < D
-                ? W_out[(BK*kb + 32 + i) * D + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < F && BN*pid_n + j + q < D
+                ? W_out[(BK*kb + BK + i) * D + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
@@ -579,45 +579,45 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
-              + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
+              + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 64 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
+                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (BK*kb + 64 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {
-          const int bytes = BN*pid_n + i < F && BK*kb + 64 + j < D ? 16 : 0;
+          const int bytes = BN*pid_n + i < F && BK*kb + BK + j < D ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
-              + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + 64 + j) : w, bytes);
+              + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + BK + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
             b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 64 + j + q < D
-                ? w[(BN*pid_n + i) * D + BK*kb + 64 + j + q] : 0;
+                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + BK + j + q < D
+                ? w[(BN*pid_n + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64

@@ -79,9 +79,9 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     __global const float* restrict bias, __global ushort* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -132,7 +132,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -166,9 +166,9 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     __global const float* restrict b_in, __global ushort* restrict h, const long T, const long D,
     const long F) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -219,7 +219,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -253,9 +253,9 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     __global const float* restrict b_out, __global const ushort* restrict x,
     __global ushort* restrict out, const long T, const long F, const long D) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -307,7 +307,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -342,9 +342,9 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     __global const float* restrict bias, __global ushort* restrict out, const long T,
     const long D, const long F) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 64 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
   __local uchar* const b_tile_smem = (__local uchar*)(tsr_smem + 4096);
@@ -395,7 +395,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64

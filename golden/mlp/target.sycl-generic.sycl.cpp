@@ -139,7 +139,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -224,7 +224,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -311,7 +311,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < F - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -398,7 +398,7 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     }
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 64 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64

@@ -259,46 +259,44 @@ inline float* scratch(i64 floats) {
 static void row_softmax_program(const float* x, float* out, const tsr::i64 R, const tsr::i64 C,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
-      + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
+      + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const t = rows_edge + tsr::whole_lines(BM*C);
   float* const e = t + 16;
-  float* const t_3 = e + tsr::whole_lines(4*C);
-  float* const t_5 = t_3 + 16;
+  float* const t_2 = e + tsr::whole_lines(BM*C);
+  float* const t_3 = t_2 + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, x, BM*pid_m, R);
+  const float* const rows = tsr::row_tile(rows_edge, BM, C, x, BM*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
   }
-  float* const t_1 = t;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_1[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       e[i * C + j] = tsr::exp_nonpositive((rows[i * C + j] - row_0));
     }
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + e[i * C + j];
-    t_3[i] = r;
+    t_2[i] = r;
   }
-  float* const t_4 = t_3;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_2[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_5[i * C + j] = e[i * C + j] * (1.0f / row_0);
+      t_3[i * C + j] = e[i * C + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(out, C, BM*pid_m, 0, R, C, t_5, 4, C);
+  tsr::store_tile(out, C, BM*pid_m, 0, R, C, t_3, BM, C);
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
@@ -312,21 +310,21 @@ static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, con
 static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float* beta,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + tsr::whole_lines(4*D) + 16 + 16
-      + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*D) + 16 + tsr::whole_lines(BM*D) + 16 + 16
+      + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(BM*D));
   float* const t = area;
-  float* const t_1 = t + tsr::whole_lines(4*D);
+  float* const t_1 = t + tsr::whole_lines(BM*D);
   float* const centered = t_1 + 16;
-  float* const t_5 = centered + tsr::whole_lines(4*D);
-  float* const t_7 = t_5 + 16;
-  float* const t_9 = t_7 + 16;
-  float* const t_11 = t_9 + tsr::whole_lines(D);
-  float* const t_13 = t_11 + tsr::whole_lines(D);
+  float* const t_3 = centered + tsr::whole_lines(BM*D);
+  float* const t_5 = t_3 + 16;
+  float* const t_6 = t_5 + 16;
+  float* const t_7 = t_6 + tsr::whole_lines(D);
+  float* const t_8 = t_7 + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(t, 4, D, x, D, BM*pid_m, 0, T, D);
+  tsr::load_tile(t, BM, D, x, D, BM*pid_m, 0, T, D);
   float* const rows = t;
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       rows[i * D + j] = t[i * D + j];
@@ -335,53 +333,48 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = static_cast<float>(D);
   // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + rows[i * D + j];
     t_1[i] = r;
   }
-  float* const t_2 = t_1;
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_2[j] = t_1[j] * (1.0f / n);
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    t_1[j] = t_1[j] * (1.0f / n);
   }
-  float* const t_3 = t_2;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_3[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_1[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       centered[i * D + j] = rows[i * D + j] - row_0;
     }
   }
   // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (centered[i * D + j] * centered[i * D + j]);
-    t_5[i] = r;
+    t_3[i] = r;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_7[j] = tsr::rsqrt(((t_5[j] * (1.0f / n)) + eps));
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    t_5[j] = tsr::rsqrt(((t_3[j] * (1.0f / n)) + eps));
   }
-  float* const t_8 = t_7;
   // layernorm.tsr:16: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_9, 1, D, gamma, 0, 0, 0, 1, D);
-  float* const t_10 = t_9;
+  tsr::load_tile(t_6, 1, D, gamma, 0, 0, 0, 1, D);
   // layernorm.tsr:18: normed = normed + tile.load(bias)[None, :]
-  tsr::load_tile(t_11, 1, D, beta, 0, 0, 0, 1, D);
-  float* const t_12 = t_11;
+  tsr::load_tile(t_7, 1, D, beta, 0, 0, 0, 1, D);
   // layernorm.tsr:19: return normed
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_8[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_5[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      t_13[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_10[j]) + t_12[j]));
+      t_8[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_6[j]) + t_7[j]));
     }
   }
-  tsr::store_tile(out, D, BM*pid_m, 0, T, D, t_13, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, t_8, BM, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
@@ -396,18 +389,18 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
 static void rms_program(const float* x, const float* weight, float* out, const tsr::i64 T,
     const tsr::i64 D, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D)
-      + tsr::whole_lines(4*D));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*D) + 16 + 16 + tsr::whole_lines(D)
+      + tsr::whole_lines(BM*D));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(4*D);
+  float* const t_1 = rows_edge + tsr::whole_lines(BM*D);
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + tsr::whole_lines(D);
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, D, x, BM*pid_m, T);
+  const float* const rows = tsr::row_tile(rows_edge, BM, D, x, BM*pid_m, T);
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
@@ -416,21 +409,19 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   const float s = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, D, weight, 0, 0, 0, 1, D);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(out, D, BM*pid_m, 0, T, D, normed_1, 4, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, normed_1, BM, D);
 }
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
@@ -445,28 +436,28 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
 static void add_rms_program(const float* x, const float* residual, const float* weight,
     float* out, const tsr::i64 S, const tsr::i64 D, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*D) + tsr::whole_lines(4*D)
-      + tsr::whole_lines(4*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(4*D));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*D) + tsr::whole_lines(BM*D)
+      + tsr::whole_lines(BM*D) + 16 + 16 + tsr::whole_lines(D) + tsr::whole_lines(BM*D));
   float* const x_tile_edge = area;
-  float* const residual_tile_edge = x_tile_edge + tsr::whole_lines(4*D);
-  float* const rows = residual_tile_edge + tsr::whole_lines(4*D);
-  float* const t_1 = rows + tsr::whole_lines(4*D);
+  float* const residual_tile_edge = x_tile_edge + tsr::whole_lines(BM*D);
+  float* const rows = residual_tile_edge + tsr::whole_lines(BM*D);
+  float* const t_1 = rows + tsr::whole_lines(BM*D);
   float* const t_3 = t_1 + 16;
-  float* const t_5 = t_3 + 16;
-  float* const normed_1 = t_5 + tsr::whole_lines(D);
+  float* const t_4 = t_3 + 16;
+  float* const normed_1 = t_4 + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // norms.tsr:29: return rmsnorm_safe(x + residual, weight, eps=1e-6)
-  const float* const x_tile = tsr::row_tile(x_tile_edge, 4, D, x + (pid_b0) * (D*S), BM*pid_m, S);
+  const float* const x_tile = tsr::row_tile(x_tile_edge, BM, D, x + (pid_b0) * (D*S), BM*pid_m, S);
   const float* const residual_tile =
-      tsr::row_tile(residual_tile_edge, 4, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+      tsr::row_tile(residual_tile_edge, BM, D, residual + (pid_b0) * (D*S), BM*pid_m, S);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       rows[i * D + j] = x_tile[i * D + j] + residual_tile[i * D + j];
     }
   }
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
@@ -475,21 +466,19 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   const float s = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
   }
-  float* const t_4 = t_3;
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_5, 1, D, weight, 0, 0, 0, 1, D);
-  float* const t_6 = t_5;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_4[i];
+  tsr::load_tile(t_4, 1, D, weight, 0, 0, 0, 1, D);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_3[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_6[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_4[j];
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, 4, D);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, BM, D);
 }
 
 static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,

@@ -78,28 +78,29 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = fmaxf(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
-          ((expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      const long long row = BM*pid_m + i;
+      if (row < R) out[row * C + j] =
+          ((expf(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -117,23 +118,23 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / n;
   }
   // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
@@ -141,30 +142,30 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
         - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float variance[4];
+  float variance[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     variance[e] = v_2[e] / n;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
-  float v_3[4];
+  float v_3[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_3[e] = variance[e] + eps;
   }
-  float v_4[4];
+  float v_4[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_4[e] = rsqrtf(v_3[e]);
   }
   // layernorm.tsr:19: return normed
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
-          * (gamma[j])) + (beta[j])))));
+      const long long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
+          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -180,9 +181,9 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
@@ -190,28 +191,28 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      const long long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -229,42 +230,42 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
-        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
+        r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
+  float mean_square[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
-          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
-          * (weight[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) out[(pid_b0 * S + row) * D + j] =
+          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
+          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
     }
   }
 }

@@ -74,29 +74,29 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void row_softmax(__global const float* restrict x, __global float* restrict out, const long R,
     const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + (exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
-          ((exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      const long row = BM*pid_m + i;
+      if (row < R) out[row * C + j] = ((exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -108,27 +108,27 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
     __global const float* restrict beta, __global ushort* restrict out, const long T,
     const long D) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / n;
   }
   // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
-  float v_2[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_2[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
@@ -136,26 +136,26 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
         - v_1[i]));
     v_2[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float variance[4];
-  for (int e = 0; e < 4; ++e) {
+  float variance[BM];
+  for (int e = 0; e < BM; ++e) {
     variance[e] = v_2[e] / n;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
-  float v_3[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_3[BM];
+  for (int e = 0; e < BM; ++e) {
     v_3[e] = variance[e] + eps;
   }
-  float v_4[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_4[BM];
+  for (int e = 0; e < BM; ++e) {
     v_4[e] = rsqrt(v_3[e]);
   }
   // layernorm.tsr:19: return normed
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
-          * (gamma[j])) + (beta[j])))));
+      const long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
+          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -166,13 +166,13 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void rms(__global const float* restrict x, __global const float* restrict weight,
     __global float* restrict out, const long T, const long D) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
@@ -180,24 +180,24 @@ void rms(__global const float* restrict x, __global const float* restrict weight
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      const long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -210,43 +210,43 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
     const long S, const long D) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < D; j += 128)
-        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
-        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
+        r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
-          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
-          * (weight[j]));
+      const long row = BM*pid_m + i;
+      if (row < S) out[(pid_b0 * S + row) * D + j] =
+          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
+          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
     }
   }
 }

@@ -79,25 +79,26 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (sycl::exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < R) out[(BM*pid_m + i) * C + j] =
-          ((sycl::exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      const long long row = BM*pid_m + i;
+      if (row < R) out[row * C + j] =
+          ((sycl::exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -114,20 +115,20 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / n;
   }
   // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
-  float v_2[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_2[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
@@ -135,26 +136,26 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
         - v_1[i]));
     v_2[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float variance[4];
-  for (int e = 0; e < 4; ++e) {
+  float variance[BM];
+  for (int e = 0; e < BM; ++e) {
     variance[e] = v_2[e] / n;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
-  float v_3[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_3[BM];
+  for (int e = 0; e < BM; ++e) {
     v_3[e] = variance[e] + eps;
   }
-  float v_4[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_4[BM];
+  for (int e = 0; e < BM; ++e) {
     v_4[e] = sycl::rsqrt(v_3[e]);
   }
   // layernorm.tsr:19: return normed
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((BM*pid_m + i < T
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f)) - v_1[i]) * v_4[i])
-          * (gamma[j])) + (beta[j])))));
+      const long long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
+          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -169,8 +170,8 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
@@ -178,24 +179,24 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < T) out[(BM*pid_m + i) * D + j] =
-          (((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      const long long row = BM*pid_m + i;
+      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -212,37 +213,37 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += 128)
-        r = r + (((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f))
-        * ((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-        + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)));
+        r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
+        * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
+        + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(D);
-  float mean_square[4];
-  for (int e = 0; e < 4; ++e) {
+  float mean_square[BM];
+  for (int e = 0; e < BM; ++e) {
     mean_square[e] = v[e] / s;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = mean_square[e] + eps;
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += 128) {
-      if (BM*pid_m + i < S) out[((pid_b0) * S + BM*pid_m + i) * D + j] =
-          ((((BM*pid_m + i < S ? x[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)
-          + (BM*pid_m + i < S ? residual[((pid_b0) * S + BM*pid_m + i) * D + j] : 0.0f)) * v_2[i])
-          * (weight[j]));
+      const long long row = BM*pid_m + i;
+      if (row < S) out[(pid_b0 * S + row) * D + j] =
+          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
+          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
     }
   }
 }

@@ -863,16 +863,15 @@ inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i
 static void quantize_weights_k0_program(const float* scale, float* t0, const tsr::i64 N,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
-  float* const area = tsr::scratch(8192);
+  float* const area = tsr::scratch(BM);
   float* const scale_tile = area;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  tsr::load_tile(scale_tile, 1, 8192, scale, 0, 0, BM*pid_m, 1, N);
-  float* const t = scale_tile;
+  tsr::load_tile(scale_tile, 1, BM, scale, 0, 0, BM*pid_m, 1, N);
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 8192; ++j) {
-    t[j] = 1.0f / scale_tile[j];
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    scale_tile[j] = 1.0f / scale_tile[j];
   }
-  tsr::store_tile(t0, 0, 0, BM*pid_m, 1, N, t, 1, 8192);
+  tsr::store_tile(t0, 0, 0, BM*pid_m, 1, N, scale_tile, 1, BM);
 }
 
 static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr::i64 N) {
@@ -887,23 +886,22 @@ static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr:
 static void quantize_weights_k1_program(const float* w, const float* t0, std::int8_t* out,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(N)
-      + tsr::whole_lines(4*N));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(N)
+      + tsr::whole_lines(BM*N));
   float* const w_tile_edge = area;
-  float* const t0_tile = w_tile_edge + tsr::whole_lines(4*N);
-  float* const t_3 = t0_tile + tsr::whole_lines(N);
+  float* const t0_tile = w_tile_edge + tsr::whole_lines(BM*N);
+  float* const t_2 = t0_tile + tsr::whole_lines(N);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  const float* const w_tile = tsr::row_tile(w_tile_edge, 4, N, w, BM*pid_m, K);
+  const float* const w_tile = tsr::row_tile(w_tile_edge, BM, N, w, BM*pid_m, K);
   tsr::load_tile(t0_tile, 1, N, t0, 0, 0, 0, 1, N);
-  float* const t = t0_tile;
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_3[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
-          * t[j]))), -128.0f, 127.0f));
+      t_2[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
+          * t0_tile[j]))), -128.0f, 127.0f));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, 0, K, N, t_3, 4, N);
+  tsr::store_tile(out, N, BM*pid_m, 0, K, N, t_2, BM, N);
 }
 
 static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
@@ -921,45 +919,42 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(131072 + 131072 + 65536 + 256);
+  float* const area = tsr::scratch(BM*BK + BK*BN + BM*BN + BN);
   float* const a_smem = area;
-  float* const operand_smem = a_smem + 131072;
-  float* const acc = operand_smem + 131072;
-  float* const t_1 = acc + 65536;
+  float* const operand_smem = a_smem + BM*BK;
+  float* const acc = operand_smem + BK*BN;
+  float* const t_1 = acc + BM*BN;
   // quant_linear.tsr:27: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // quant_linear.tsr:28: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    tsr::load_corner(a_smem, 256, 512, x, K, BM*pid_m, BK*kb, M, K);
+    tsr::load_corner(a_smem, BM, BK, x, K, BM*pid_m, BK*kb, M, K);
     float* const a = a_smem;
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    tsr::load_tile(operand_smem, 512, 256, w, N, BK*kb, BN*pid_n, K, N);
+    tsr::load_tile(operand_smem, BK, BN, w, N, BK*kb, BN*pid_n, K, N);
     float* const t = operand_smem;
     float* const b = t;
-    for (tsr::i64 i = 0; i < 512; ++i) {
+    for (tsr::i64 i = 0; i < BK; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        b[i * 256 + j] = tsr::round_bf16(t[i * 256 + j]);
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        b[i * BN + j] = tsr::round_bf16(t[i * BN + j]);
       }
     }
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a, b, acc, 256, 256, 512, tsr::live(256, M - BM*pid_m),
-        tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
+    tsr::mma(acc, a, b, acc, BM, BN, BK, tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n),
+        tsr::live(BK, K - BK*kb));
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
-  tsr::load_tile(t_1, 1, 256, scale, 0, 0, BN*pid_n, 1, N);
-  float* const t_2 = t_1;
-  float* const t_3 = acc;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(t_1, 1, BN, scale, 0, 0, BN*pid_n, 1, N);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_3[i * 256 + j] = acc[i * 256 + j] * t_2[j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      acc[i * BN + j] = acc[i * BN + j] * t_1[j];
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
 static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out,
@@ -977,19 +972,19 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
 static void linear_per_group_k0_program(const std::int8_t* w, const float* scale, tsr::bf16* t4,
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(BM*N));
   float* const w_tile = area;
-  float* const t_2 = w_tile + tsr::whole_lines(4*N);
+  float* const t_2 = w_tile + tsr::whole_lines(BM*N);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  tsr::load_tile(w_tile, 4, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
+  tsr::load_tile(w_tile, BM, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
   const float* const scale_tile = scale + (pid_b0) * (N) + (0) * N;
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
       t_2[i * N + j] = tsr::round_bf16(((w_tile[i * N + j]) * scale_tile[j]));
     }
   }
-  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t_2, 4, N);
+  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t_2, BM, N);
 }
 
 static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
@@ -1010,20 +1005,19 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(65536);
+  float* const area = tsr::scratch(BM*BN);
   float* const acc = area;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n));
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma_bf16(acc_1, x, K, BM*pid_m, BK*kb, M, K, t4, N, BK*kb, BN*pid_n, K, N, acc, 256, 256,
-        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(512, K - BK*kb));
+    tsr::mma_bf16(acc, x, K, BM*pid_m, BK*kb, M, K, t4, N, BK*kb, BN*pid_n, K, N, acc, BM, BN,
+        tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
 static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, float* out,
@@ -1040,19 +1034,19 @@ static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, 
 static void quantize_i4_k0_program(const float* scale, float* t2, const tsr::i64 N,
     const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*N) + tsr::whole_lines(4*N));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(BM*N));
   float* const scale_tile_edge = area;
-  float* const t = scale_tile_edge + tsr::whole_lines(4*N);
+  float* const t = scale_tile_edge + tsr::whole_lines(BM*N);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   const float* const scale_tile =
-      tsr::row_tile(scale_tile_edge, 4, N, scale + (pid_b0) * (N), BM*pid_m, 1);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+      tsr::row_tile(scale_tile_edge, BM, N, scale + (pid_b0) * (N), BM*pid_m, 1);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
       t[i * N + j] = 1.0f / scale_tile[i * N + j];
     }
   }
-  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, t, 4, N);
+  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, t, BM, N);
 }
 
 static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 K,
@@ -1069,19 +1063,19 @@ static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 
 static void quantize_i4_k1_program(const float* w, const float* t2, tsr::i4* out,
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*N));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*N));
   float* const t_2 = area;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   const float* const w_tile = w + (pid_b0) * (32*N) + (BM*pid_m) * N;
   const float* const t2_tile = t2 + (pid_b0) * (N) + (0) * N;
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
       t_2[i * N + j] = tsr::round_i4(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
           * t2_tile[j]))), -8.0f, 7.0f));
     }
   }
-  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, t_2, 4, N);
+  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, t_2, BM, N);
 }
 
 static void quantize_i4_k1_launch(const float* w, const float* t2, tsr::i4* out, const tsr::i64 K,
@@ -1100,27 +1094,26 @@ static void w4a16_program(const tsr::bf16* x, const tsr::i4* w, const float* sca
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(8192 + 65536 + 256);
+  float* const area = tsr::scratch(32*BM + BM*BN + BN);
   float* const a_smem = area;
-  float* const acc = a_smem + 8192;
-  float* const s = acc + 65536;
+  float* const acc = a_smem + 32*BM;
+  float* const s = acc + BM*BN;
   // quant_linear.tsr:50: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n));
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    tsr::load_corner(a_smem, 256, 32, x, K, BM*pid_m, 32*kb, M, K);
+    tsr::load_corner(a_smem, BM, 32, x, K, BM*pid_m, 32*kb, M, K);
     float* const a = a_smem;
     // quant_linear.tsr:53: s = tile.load(scale, kb, cols=T.n)  # the block's group: [1, T.n]
-    tsr::load_tile(s, 1, 256, scale, N, kb, BN*pid_n, (K)/32, N);
+    tsr::load_tile(s, 1, BN, scale, N, kb, BN*pid_n, (K)/32, N);
     // quant_linear.tsr:54: b = tile.cast(tile.cast(tile.load(w, kb, cols=T.n), f32) * s, bf16)
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    float* const acc_1 = acc;
-    tsr::mma_i4(acc_1, a, tsr::i4_view{w, 0}, N, 32*kb, BN*pid_n, K, N, s,
-        [](float x) { return tsr::round_bf16(x); }, acc, 256, 256, tsr::live(256, M - BM*pid_m),
-        tsr::live(256, N - BN*pid_n), tsr::live(32, K - 32*kb), 32);
+    tsr::mma_i4(acc, a, tsr::i4_view{w, 0}, N, 32*kb, BN*pid_n, K, N, s,
+        [](float x) { return tsr::round_bf16(x); }, acc, BM, BN, tsr::live(BM, M - BM*pid_m),
+        tsr::live(BN, N - BN*pid_n), tsr::live(32, K - 32*kb), 32);
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
 static void w4a16_launch(const tsr::bf16* x, const tsr::i4* w, const float* scale, float* out,
@@ -1139,70 +1132,67 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536 + 65536 + 256 + 256 + 65536);
+  float* const area = tsr::scratch(BM*BN + BM*BN + BM*BN + BM*BN + BM + BN + BM*BN);
   float* const high = area;
-  float* const low = high + 65536;
-  float* const t = low + 65536;
-  float* const h = t + 65536;
-  float* const t_5_edge = h + 65536;
-  float* const t_7 = t_5_edge + 256;
-  float* const t_9 = t_7 + 256;
+  float* const low = high + BM*BN;
+  float* const t = low + BM*BN;
+  float* const h = t + BM*BN;
+  float* const t_5_edge = h + BM*BN;
+  float* const t_7 = t_5_edge + BM;
+  float* const t_8 = t_7 + BN;
   // quant_linear.tsr:63: high = tile.zeros((T.m, T.n), f32)  # the sum is high * 4096 + low, both
   //   exact
-  std::fill_n(high, 65536, 0.0f);
+  std::fill_n(high, BM*BN, 0.0f);
   // quant_linear.tsr:64: low = tile.zeros((T.m, T.n), f32)
-  std::fill_n(low, 65536, 0.0f);
+  std::fill_n(low, BM*BN, 0.0f);
   // quant_linear.tsr:65: for kb in tile.range_n(x.shape[-1], 64):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    tsr::dot_i8(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, 256, 256,
-        tsr::live(256, M - BM*pid_m), tsr::live(256, N - BN*pid_n), tsr::live(64, K - 64*kb));
+    tsr::dot_i8(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, BM, BN,
+        tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(64, K - 64*kb));
     float* const s = t;
-    for (tsr::i64 i = 0; i < 256; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        s[i * 256 + j] = t[i * 256 + j];
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        s[i * BN + j] = t[i * BN + j];
       }
     }
     // quant_linear.tsr:67: h = tile.round(s * (1.0 / 4096.0))
-    for (tsr::i64 i = 0; i < 256; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        h[i * 256 + j] = std::nearbyint((s[i * 256 + j] * 0.000244140625f));
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        h[i * BN + j] = std::nearbyint((s[i * BN + j] * 0.000244140625f));
       }
     }
     // quant_linear.tsr:68: high += h
-    float* const high_1 = high;
-    for (tsr::i64 i = 0; i < 256; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        high_1[i * 256 + j] = high[i * 256 + j] + h[i * 256 + j];
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        high[i * BN + j] = high[i * BN + j] + h[i * BN + j];
       }
     }
     // quant_linear.tsr:69: low += s - h * 4096.0
-    float* const low_1 = low;
-    for (tsr::i64 i = 0; i < 256; ++i) {
+    for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
-      for (tsr::i64 j = 0; j < 256; ++j) {
-        low_1[i * 256 + j] = low[i * 256 + j] + (s[i * 256 + j] - (h[i * 256 + j] * 4096.0f));
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        low[i * BN + j] = low[i * BN + j] + (s[i * BN + j] - (h[i * BN + j] * 4096.0f));
       }
     }
   }
   // quant_linear.tsr:70: acc = high * 4096.0 + low  # the exact i32 sum, rounded once to f32
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  const float* const t_5 = tsr::row_tile(t_5_edge, 256, 1, x_scale, BM*pid_m, M);
-  tsr::load_tile(t_7, 1, 256, w_scale, 0, 0, BN*pid_n, 1, N);
-  float* const t_8 = t_7;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  const float* const t_5 = tsr::row_tile(t_5_edge, BM, 1, x_scale, BM*pid_m, M);
+  tsr::load_tile(t_7, 1, BN, w_scale, 0, 0, BN*pid_n, 1, N);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     const float row_0 = t_5[i];
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_9[i * 256 + j] = (((high[i * 256 + j] * 4096.0f) + low[i * 256 + j]) * row_0) * t_8[j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t_8[i * BN + j] = (((high[i * BN + j] * 4096.0f) + low[i * BN + j]) * row_0) * t_7[j];
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_9, 256, 256);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_8, BM, BN);
 }
 
 static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float* x_scale,

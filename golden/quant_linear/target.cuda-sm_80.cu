@@ -171,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -187,11 +187,12 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K
-          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < K) out[row * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
+          * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -240,12 +241,12 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -344,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -418,11 +419,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
-          * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      const long long row = BM*pid_m + i;
+      t4[(pid_b0 * 32 + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+          * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
 }
@@ -470,12 +472,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
       if (t4_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((i) * N + BN*pid_n + j) : t4, bytes);
+            bytes ? t4 + (i * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? t4[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? t4[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -573,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -632,10 +634,11 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
-          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
+          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
     }
   }
 }
@@ -652,14 +655,15 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N
-          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
-          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      const long long row = BM*pid_m + i;
+      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
+          out[((pid_b0 * 32 + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j])
+          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j + 1])
+          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -868,12 +872,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }

@@ -337,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -353,11 +353,12 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K
-          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < K) out[row * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
+          * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -406,12 +407,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -511,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 64 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
           a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64
@@ -545,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 32 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
@@ -579,11 +580,12 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
-          * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      const long long row = BM*pid_m + i;
+      t4[(pid_b0 * 32 + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+          * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
 }
@@ -636,11 +638,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < M && j < K ? x[(BM*pid_m + i) * K + j] : 0;
+              row < M && j < K ? x[row * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -654,11 +657,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < K && BN*pid_n + j < N ? t4[(i) * N + BN*pid_n + j] : 0;
+              i < K && col < N ? t4[i * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -673,11 +677,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < M && 64 + j < K ? x[(BM*pid_m + i) * K + 64 + j] : 0;
+              row < M && 64 + j < K ? x[row * K + 64 + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -691,11 +696,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 16384; e += 128) {
-          const long long i = e / 256;
-          const long long j = e - i * 256;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < K && BN*pid_n + j < N ? t4[(64 + i) * N + BN*pid_n + j] : 0;
+              64 + i < K && col < N ? t4[(64 + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -713,12 +719,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                BM*pid_m + i < M && BK*kb + 128 + j < K ? x[(BM*pid_m + i) * K + BK*kb + 128 + j]
-                : 0;
+                row < M && BK*kb + 128 + j < K ? x[row * K + BK*kb + 128 + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -736,12 +742,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 16384; e += 128) {
-            const long long i = e / 256;
-            const long long j = e - i * 256;
+          for (long long e = ptid; e < BK*BN; e += 128) {
+            const long long i = e / BN;
+            const long long j = e - i * BN;
+            const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < K && BN*pid_n + j < N
-                ? t4[(BK*kb + 128 + i) * N + BN*pid_n + j] : 0;
+                + j % 8] = BK*kb + 128 + i < K && col < N ? t4[(BK*kb + 128 + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -766,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 64; kk += 16) {
+      for (int kk = 0; kk < BK; kk += 16) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
             1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
@@ -782,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 32 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 32 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll
@@ -815,10 +821,11 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
-          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
+          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
     }
   }
 }
@@ -835,14 +842,15 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N
-          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
-          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      const long long row = BM*pid_m + i;
+      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
+          out[((pid_b0 * 32 + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j])
+          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j + 1])
+          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -979,7 +987,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 16 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
@@ -1043,12 +1051,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }

@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(512) quantize_weights_k0(
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < 1024; e += 512) {
+  for (long long e = lid; e < BM; e += 512) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -113,11 +113,12 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k1(const floa
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 256) {
-      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((BM*pid_m + i < K
-          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < K) out[row * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
+          * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -166,12 +167,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -189,46 +190,46 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy16(a_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 32 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? x[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 256; e += 256) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy16(operand_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16
-              + j % 16), bytes ? w + ((BK*kb + 32 + i) * N + BN*pid_n + j) : w, bytes);
+              + j % 16), bytes ? w + ((BK*kb + BK + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
             operand_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
-                + (j + q) % 16] = BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? w[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                + (j + q) % 16] = BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
@@ -279,11 +280,12 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 256) {
-      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
-          * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      const long long row = BM*pid_m + i;
+      t4[(pid_b0 * 32 + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+          * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
 }
@@ -331,12 +333,12 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
       if (t4_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((i) * N + BN*pid_n + j) : t4, bytes);
+            bytes ? t4 + (i * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? t4[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? t4[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -354,45 +356,45 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 32 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? x[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (t4_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? t4 + ((BK*kb + 32 + i) * N + BN*pid_n + j) : t4, bytes);
+              bytes ? t4 + ((BK*kb + BK + i) * N + BN*pid_n + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? t4[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? t4[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
@@ -438,10 +440,11 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k0(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 256) {
-      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
-          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
+          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
     }
   }
 }
@@ -458,14 +461,15 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 256) {
-      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N
-          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rintf(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
-          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      const long long row = BM*pid_m + i;
+      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
+          out[((pid_b0 * 32 + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j])
+          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j + 1])
+          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -617,12 +621,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       if (w_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
           operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              i < K && BN*pid_n + j + q < N ? w[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }

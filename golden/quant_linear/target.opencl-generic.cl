@@ -87,10 +87,10 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void quantize_weights_k0(__global const float* restrict scale, __global float* restrict t0,
     const long N) {
   const int lid = get_local_id(0);
-  const int BM = 1024;
+  enum { BM = 1024 };
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long e = lid; e < 1024; e += 256) {
+  for (long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -102,14 +102,15 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void quantize_weights_k1(__global const float* restrict w, __global const float* restrict t0,
     __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((BM*pid_m + i < K
-          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      const long row = BM*pid_m + i;
+      if (row < K) out[row * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((row < K ? w[row * N + j] : 0.0f)
+          * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -121,9 +122,9 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     __global const float* restrict scale, __global float* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[6144] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   __local char* const operand_smem = (__local char*)(tsr_smem + 4096);
@@ -175,7 +176,7 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
@@ -208,15 +209,16 @@ void linear_per_group_k0(__global const char* restrict w, __global const float* 
     __global ushort* restrict t4, const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
-          * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      const long row = BM*pid_m + i;
+      t4[(pid_b0 * 32 + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+          * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
 }
@@ -227,9 +229,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void linear_per_group_k1(__global const ushort* restrict t4, __global const ushort* restrict x,
     __global float* restrict out, const long K, const long N, const long M) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -280,7 +282,7 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -310,14 +312,15 @@ void quantize_i4_k0(__global const float* restrict scale, __global float* restri
     const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
-          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
+      const long row = BM*pid_m + i;
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
+          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
     }
   }
 }
@@ -329,18 +332,19 @@ void quantize_i4_k1(__global const float* restrict w, __global const float* rest
     __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N
-          + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j + 1])
-          * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      const long row = BM*pid_m + i;
+      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
+          out[((pid_b0 * 32 + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rint(((w[(pid_b0 * 32 + row) * N + j])
+          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((rint(((w[(pid_b0 * 32 + row) * N + j + 1])
+          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -352,8 +356,8 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
     __global const float* restrict scale, __global float* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[4096] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   const int tx = lid % 16, ty = lid / 16;
@@ -421,8 +425,8 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     __global const float* restrict x_scale, __global const float* restrict w_scale,
     __global float* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local char* const operand_smem = (__local char*)(tsr_smem + 0);
   __local char* const operand_smem_1 = (__local char*)(tsr_smem + 4096);

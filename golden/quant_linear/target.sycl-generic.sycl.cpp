@@ -91,7 +91,7 @@ inline void quantize_weights_k0(const float* __restrict__ scale, float* __restri
   constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -106,11 +106,12 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < K) out[(BM*pid_m + i) * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((BM*pid_m + i < K
-          ? w[(BM*pid_m + i) * N + j] : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < K) out[row * N + j] =
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((row < K ? w[row * N + j]
+          : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -174,7 +175,7 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     }
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
@@ -211,11 +212,12 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      t4[((pid_b0) * 32 + BM*pid_m + i) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[((pid_b0) * 32 + BM*pid_m + i) * N + j]))
-          * (scale[((pid_b0) * 1 + 0) * N + j])))));
+      const long long row = BM*pid_m + i;
+      t4[(pid_b0 * 32 + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+          * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
 }
@@ -278,7 +280,7 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -311,10 +313,11 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (BM*pid_m + i < 1) t2[((pid_b0) * 1 + BM*pid_m + i) * N + j] =
-          (1.0f / (BM*pid_m + i < 1 ? scale[((pid_b0) * 1 + BM*pid_m + i) * N + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
+          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
     }
   }
 }
@@ -330,14 +333,15 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += 128) {
-      if (((((pid_b0) * 32 + BM*pid_m + i) * N + j) & 1) == 0)
-          out[(((pid_b0) * 32 + BM*pid_m + i) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + BM*pid_m
-          + i) * N + j]) * (t2[((pid_b0) * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[((pid_b0) * 32 + BM*pid_m + i) * N + j
-          + 1]) * (t2[((pid_b0) * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+      const long long row = BM*pid_m + i;
+      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
+          out[((pid_b0 * 32 + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * 32 + row) * N + j])
+          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * 32 + row) * N + j + 1])
+          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }

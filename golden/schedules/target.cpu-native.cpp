@@ -603,34 +603,32 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 128;
   constexpr tsr::i64 BK = 32;
-  float* const area = tsr::scratch(4096 + 4096 + 16384);
+  float* const area = tsr::scratch(BM*BK + BK*BN + BM*BN);
   float* const a_tile_smem = area;
-  float* const b_tile_smem = a_tile_smem + 4096;
-  float* const acc = b_tile_smem + 4096;
+  float* const b_tile_smem = a_tile_smem + BM*BK;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 128, 32, A, K, BM*pid_m, BK*kb, M, K);
+    tsr::load_corner(a_tile_smem, BM, BK, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 32, 128, B, N, BK*kb, BN*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, BK, BN, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 128, 128, 32, tsr::live(128, M - BM*pid_m),
-        tsr::live(128, N - BN*pid_n), tsr::live(32, K - BK*kb));
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, BK, tsr::live(BM, M - BM*pid_m),
+        tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
   }
   // schedules.tsr:12: return A @ B
-  float* const t = acc;
-  for (tsr::i64 i = 0; i < 128; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 128; ++j) {
-      t[i * 128 + j] = tsr::round_f16(acc[i * 128 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      acc[i * BN + j] = tsr::round_f16(acc[i * BN + j]);
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t, 128, 128);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
 static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
@@ -650,34 +648,32 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
   constexpr tsr::i64 BK = 32;
-  float* const area = tsr::scratch(2048 + 2048 + 4096);
+  float* const area = tsr::scratch(BM*BK + BK*BN + BM*BN);
   float* const a_tile_smem = area;
-  float* const b_tile_smem = a_tile_smem + 2048;
-  float* const acc = b_tile_smem + 2048;
+  float* const b_tile_smem = a_tile_smem + BM*BK;
+  float* const acc = b_tile_smem + BK*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 4096, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    tsr::load_corner(a_tile_smem, 64, 32, A, K, BM*pid_m, BK*kb, M, K);
+    tsr::load_corner(a_tile_smem, BM, BK, A, K, BM*pid_m, BK*kb, M, K);
     float* const a_tile = a_tile_smem;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 32, 64, B, N, BK*kb, BN*pid_n, K, N);
+    tsr::load_corner(b_tile_smem, BK, BN, B, N, BK*kb, BN*pid_n, K, N);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 64, 64, 32, tsr::live(64, M - BM*pid_m),
-        tsr::live(64, N - BN*pid_n), tsr::live(32, K - BK*kb));
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, BK, tsr::live(BM, M - BM*pid_m),
+        tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
   }
   // schedules.tsr:18: return A @ B
-  float* const t = acc;
-  for (tsr::i64 i = 0; i < 64; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 64; ++j) {
-      t[i * 64 + j] = tsr::round_f16(acc[i * 64 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      acc[i * BN + j] = tsr::round_f16(acc[i * BN + j]);
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t, 64, 64);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
 static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
@@ -697,31 +693,29 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   constexpr tsr::i64 BM = 128;
   constexpr tsr::i64 BN = 128;
   constexpr tsr::i64 BK = 64;
-  float* const area = tsr::scratch(16384 + 128 + 16384);
+  float* const area = tsr::scratch(BM*BN + BN + BM*BN);
   float* const acc = area;
-  float* const bias_tile = acc + 16384;
-  float* const t_3 = bias_tile + 128;
+  float* const bias_tile = acc + BM*BN;
+  float* const t_2 = bias_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 16384, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma_bf16(acc_1, A, K, BM*pid_m, BK*kb, M, K, B, N, BK*kb, BN*pid_n, K, N, acc, 128, 128,
-        tsr::live(128, M - BM*pid_m), tsr::live(128, N - BN*pid_n), tsr::live(64, K - BK*kb));
+    tsr::mma_bf16(acc, A, K, BM*pid_m, BK*kb, M, K, B, N, BK*kb, BN*pid_n, K, N, acc, BM, BN,
+        tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
   }
   // schedules.tsr:27: return relu(A @ B + bias)
-  tsr::load_tile(bias_tile, 1, 128, bias, 0, 0, BN*pid_n, 1, N);
-  float* const t = bias_tile;
-  for (tsr::i64 i = 0; i < 128; ++i) {
+  tsr::load_tile(bias_tile, 1, BN, bias, 0, 0, BN*pid_n, 1, N);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 128; ++j) {
-      t_3[i * 128 + j] = tsr::round_bf16((tsr::relu((acc[i * 128 + j] + t[j]))));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      t_2[i * BN + j] = tsr::round_bf16((tsr::relu((acc[i * BN + j] + bias_tile[j]))));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_3, 128, 128);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_2, BM, BN);
 }
 
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,

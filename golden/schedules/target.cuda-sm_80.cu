@@ -200,12 +200,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -303,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
@@ -396,12 +396,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -499,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[2][4];
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
@@ -593,12 +593,12 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {

@@ -368,12 +368,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem
             + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8
-              + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -394,42 +394,42 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-              + j % 8), bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
+              + j % 8), bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64
                 + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -438,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < 32; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
       a_tile_frag[kk / 16][0] =
           tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
           + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
@@ -469,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < 32; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
       tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
     }
@@ -483,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 16 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
@@ -548,12 +548,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -574,41 +574,41 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     tsr_fence_async_shared();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 256; e += 128) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
+              bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8
-                + (j + q) % 8] = BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                + (j + q) % 8] = BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -617,7 +617,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < 32; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
       a_tile_frag[kk / 16][0] =
           tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
           + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
@@ -648,7 +648,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < 32; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
       tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
     }
@@ -662,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   for (int frag = 0; frag < 8; ++frag) {
     #pragma unroll
     for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
+      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % 8 * 8 + lane % 4 * 2;
       float pair[2];
       #pragma unroll
@@ -731,11 +731,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 64;
-          const long long j = e - i * 64;
+        for (long long e = ptid; e < BM*BK; e += 128) {
+          const long long i = e / BK;
+          const long long row = BM*pid_m + i;
+          const long long j = e - i * BK;
           a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              BM*pid_m + i < M && j < K ? A[(BM*pid_m + i) * K + j] : 0;
+              row < M && j < K ? A[row * K + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -747,11 +748,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < 8192; e += 128) {
-          const long long i = e / 128;
-          const long long j = e - i * 128;
+        for (long long e = ptid; e < BK*BN; e += 128) {
+          const long long i = e / BN;
+          const long long j = e - i * BN;
+          const long long col = BN*pid_n + j;
           b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              i < K && BN*pid_n + j < N ? B[(i) * N + BN*pid_n + j] : 0;
+              i < K && col < N ? B[i * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -759,22 +761,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
           ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
-      if (BK*kb + 64 < K) {
+      if (BK*kb + BK < K) {
         if ((kb + 1) >= 3) tsr_mbarrier_wait(tsr_free + (kb + 1) % 3, ((kb + 1) / 3 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map,
-                tsr_landed + (kb + 1) % 3, BK*kb + 64, BM*pid_m);
+                tsr_landed + (kb + 1) % 3, BK*kb + BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 64;
-            const long long j = e - i * 64;
+          for (long long e = ptid; e < BM*BK; e += 128) {
+            const long long i = e / BK;
+            const long long row = BM*pid_m + i;
+            const long long j = e - i * BK;
             a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                BM*pid_m + i < M && BK*kb + 64 + j < K ? A[(BM*pid_m + i) * K + BK*kb + 64 + j]
-                : 0;
+                row < M && BK*kb + BK + j < K ? A[row * K + BK*kb + BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -782,18 +784,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         if (B_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map,
-                tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + 64);
+                tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map,
-                tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + 64);
+                tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + BK);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < 8192; e += 128) {
-            const long long i = e / 128;
-            const long long j = e - i * 128;
+          for (long long e = ptid; e < BK*BN; e += 128) {
+            const long long i = e / BN;
+            const long long j = e - i * BN;
+            const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 64 + i < K && BN*pid_n + j < N
-                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j] : 0;
+                + j % 8] = BK*kb + BK + i < K && col < N ? B[(BK*kb + BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -818,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < 64; kk += 16) {
+      for (int kk = 0; kk < BK; kk += 16) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
             1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192,
@@ -835,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
       for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + frag / 16 * 16 + lane / 4 + (reg / 2) * 8;
+        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
         const int j0 = frag % 16 * 8 + lane % 4 * 2;
         float pair[2];
         #pragma unroll

@@ -108,12 +108,12 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_halfx4 a_frag;
@@ -233,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     #pragma unroll
     for (int reg = 0; reg < 16; ++reg) {
       const int i = wave / 4 * 64 + frag / 1 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 4 * 32 + frag % 1 * 32 + lane % 32;
+      const int j = wave % 4 * 32 + lane % 32;
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
@@ -284,12 +284,12 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -378,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       tsr_halfx4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = __builtin_bit_cast(_Float16,
@@ -452,12 +452,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((i) * N + BN*pid_n + j) : B, bytes);
+            bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? B[(i) * N + BN*pid_n + j + q] : 0;
+              i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -475,45 +475,45 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 32 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 32 + j) : A, bytes);
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 32 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 32 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 32 + i) * N + BN*pid_n + j) : B, bytes);
+              bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 32 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 32 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;

@@ -65,9 +65,9 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 128;
-  const int BN = 128;
-  const int BK = 32;
+  enum { BM = 128 };
+  enum { BN = 128 };
+  enum { BK = 32 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
@@ -120,7 +120,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8,
@@ -151,9 +151,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void skinny_gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 32;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 32 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
@@ -206,7 +206,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8,
@@ -238,9 +238,9 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     __global const float* restrict bias, __global ushort* restrict out, const long M,
     const long K, const long N) {
   const int lid = get_local_id(0);
-  const int BM = 128;
-  const int BN = 128;
-  const int BK = 32;
+  enum { BM = 128 };
+  enum { BN = 128 };
+  enum { BK = 32 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -291,7 +291,7 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[16], b_k[8];
       for (int r = 0; r < 16; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32

@@ -123,7 +123,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 16) * 32
@@ -206,7 +206,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 8) * 32
@@ -290,7 +290,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < K - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[16], b_k[8];
       for (int r = 0; r < 16; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32

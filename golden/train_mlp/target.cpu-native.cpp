@@ -509,35 +509,33 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const b1_tile = acc + 65536;
-  float* const hidden_1 = b1_tile + 256;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const b1_tile = acc + BM*BN;
+  float* const hidden_1 = b1_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = x + (BM*pid_m) * D + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w1, H, BK*kb, BN*pid_n, D, H);
+    tsr::load_corner(b_tile_smem, BK, BN, w1, H, BK*kb, BN*pid_n, D, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
-        tsr::live(256, H - BN*pid_n), tsr::live(256, D - BK*kb), D, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+        tsr::live(BN, H - BN*pid_n), tsr::live(BK, D - BK*kb), D, BN);
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  tsr::load_tile(b1_tile, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
-  float* const t = b1_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(b1_tile, 1, BN, b1, 0, 0, BN*pid_n, 1, H);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t[j]));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      hidden_1[i * BN + j] = tsr::tanh((acc[i * BN + j] + b1_tile[j]));
     }
   }
-  tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, 256, 256);
+  tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, BM, BN);
 }
 
 static void loss_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
@@ -557,35 +555,33 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 256);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const b2_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const b2_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(H, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = hidden + (BM*pid_m) * H + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w2, C, BK*kb, BN*pid_n, H, C);
+    tsr::load_corner(b_tile_smem, BK, BN, w2, C, BK*kb, BN*pid_n, H, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, H - BK*kb), H, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, H - BK*kb), H, BN);
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  tsr::load_tile(b2_tile, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
-  float* const t = b2_tile;
+  tsr::load_tile(b2_tile, 1, BN, b2, 0, 0, BN*pid_n, 1, C);
   float* const logits_1 = acc;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      logits_1[i * 256 + j] = acc[i * 256 + j] + t[j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      logits_1[i * BN + j] = acc[i * BN + j] + b2_tile[j];
     }
   }
-  tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, 256, 256);
+  tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, BM, BN);
 }
 
 static void loss_k1_launch(const float* hidden, const float* w2, const float* b2, float* logits,
@@ -602,54 +598,51 @@ static void loss_k1_launch(const float* hidden, const float* w2, const float* b2
 static void loss_k2_program(const float* logits, const float* target, float* t4, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
-      + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
+      + tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const t = rows_edge + tsr::whole_lines(BM*C);
   float* const shifted = t + 16;
-  float* const t_3 = shifted + tsr::whole_lines(4*C);
-  float* const target_tile_edge = t_3 + 16;
-  float* const t_7 = target_tile_edge + tsr::whole_lines(4*C);
+  float* const t_2 = shifted + tsr::whole_lines(BM*C);
+  float* const target_tile_edge = t_2 + 16;
+  float* const t_4 = target_tile_edge + tsr::whole_lines(BM*C);
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, BM*pid_m, B);
+  const float* const rows = tsr::row_tile(rows_edge, BM, C, logits, BM*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
   }
-  float* const t_1 = t;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_1[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       shifted[i * C + j] = rows[i * C + j] - row_0;
     }
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (tsr::exp_nonpositive(shifted[i * C + j]));
-    t_3[i] = r;
+    t_2[i] = r;
   }
-  float* const t_4 = t_3;
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_4[j] = std::log(t_3[j]);
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    t_2[j] = std::log(t_2[j]);
   }
-  float* const t_5 = t_4;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_5[i];
+  const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_2[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_7[i * C + j] = target_tile[i * C + j] * (shifted[i * C + j] - row_0);
+      t_4[i * C + j] = target_tile[i * C + j] * (shifted[i * C + j] - row_0);
     }
   }
-  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, t_7, 4, C);
+  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, t_4, BM, C);
 }
 
 static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B,
@@ -664,18 +657,18 @@ static void loss_k2_launch(const float* logits, const float* target, float* t4, 
 static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16);
   float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*C);
+  float* const t_1 = t_edge + tsr::whole_lines(BM*C);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, C, t4, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, C, t4, BM*pid_m, B);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + t[i * C + j];
     t_1[i] = r;
   }
-  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, 4);
+  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, BM);
 }
 
 static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C) {
@@ -688,14 +681,14 @@ static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const t
 
 static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
   float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
   float* const t_3 = t_1 + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  const float* const t = tsr::row_tile(t_edge, 4, B, t5, BM*pid_m, 1);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, B, t5, BM*pid_m, 1);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
@@ -704,10 +697,10 @@ static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const
   const float s = static_cast<float>(B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = -(t_1[j] * (1.0f / s));
   }
-  tsr::store_tile(out, 0, 0, BM*pid_m, 1, 1, t_3, 1, 4);
+  tsr::store_tile(out, 0, 0, BM*pid_m, 1, 1, t_3, 1, BM);
 }
 
 static void loss_k4_launch(const float* t5, float* out, const tsr::i64 B) {
@@ -724,35 +717,33 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 256 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const b1_tile = acc + 65536;
-  float* const hidden_1 = b1_tile + 256;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const b1_tile = acc + BM*BN;
+  float* const hidden_1 = b1_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(D, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = x + (BM*pid_m) * D + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w1, H, BK*kb, BN*pid_n, D, H);
+    tsr::load_corner(b_tile_smem, BK, BN, w1, H, BK*kb, BN*pid_n, D, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
-        tsr::live(256, H - BN*pid_n), tsr::live(256, D - BK*kb), D, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+        tsr::live(BN, H - BN*pid_n), tsr::live(BK, D - BK*kb), D, BN);
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  tsr::load_tile(b1_tile, 1, 256, b1, 0, 0, BN*pid_n, 1, H);
-  float* const t = b1_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(b1_tile, 1, BN, b1, 0, 0, BN*pid_n, 1, H);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      hidden_1[i * 256 + j] = tsr::tanh((acc[i * 256 + j] + t[j]));
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      hidden_1[i * BN + j] = tsr::tanh((acc[i * BN + j] + b1_tile[j]));
     }
   }
-  tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, 256, 256);
+  tsr::store_tile(hidden, H, BM*pid_m, BN*pid_n, B, H, hidden_1, BM, BN);
 }
 
 static void train_step_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
@@ -772,35 +763,33 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 256);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const b2_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const b2_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(H, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = hidden + (BM*pid_m) * H + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, w2, C, BK*kb, BN*pid_n, H, C);
+    tsr::load_corner(b_tile_smem, BK, BN, w2, C, BK*kb, BN*pid_n, H, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, B - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, H - BK*kb), H, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, H - BK*kb), H, BN);
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  tsr::load_tile(b2_tile, 1, 256, b2, 0, 0, BN*pid_n, 1, C);
-  float* const t = b2_tile;
+  tsr::load_tile(b2_tile, 1, BN, b2, 0, 0, BN*pid_n, 1, C);
   float* const logits_1 = acc;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      logits_1[i * 256 + j] = acc[i * 256 + j] + t[j];
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      logits_1[i * BN + j] = acc[i * BN + j] + b2_tile[j];
     }
   }
-  tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, 256, 256);
+  tsr::store_tile(logits, C, BM*pid_m, BN*pid_n, B, C, logits_1, BM, BN);
 }
 
 static void train_step_k1_launch(const float* hidden, const float* w2, const float* b2,
@@ -817,51 +806,48 @@ static void train_step_k1_launch(const float* hidden, const float* w2, const flo
 static void train_step_k2_program(const float* logits, float* t3, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + 16 + tsr::whole_lines(4*C) + 16
-      + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
+      + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(4*C);
+  float* const t = rows_edge + tsr::whole_lines(BM*C);
   float* const shifted = t + 16;
-  float* const t_3 = shifted + tsr::whole_lines(4*C);
-  float* const t_6 = t_3 + 16;
+  float* const t_2 = shifted + tsr::whole_lines(BM*C);
+  float* const t_3 = t_2 + 16;
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  const float* const rows = tsr::row_tile(rows_edge, 4, C, logits, BM*pid_m, B);
+  const float* const rows = tsr::row_tile(rows_edge, BM, C, logits, BM*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
     t[i] = r;
   }
-  float* const t_1 = t;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_1[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       shifted[i * C + j] = rows[i * C + j] - row_0;
     }
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (tsr::exp_nonpositive(shifted[i * C + j]));
-    t_3[i] = r;
+    t_2[i] = r;
   }
-  float* const t_4 = t_3;
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_4[j] = std::log(t_3[j]);
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    t_2[j] = std::log(t_2[j]);
   }
-  float* const t_5 = t_4;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_5[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_2[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_6[i * C + j] = shifted[i * C + j] - row_0;
+      t_3[i * C + j] = shifted[i * C + j] - row_0;
     }
   }
-  tsr::store_tile(t3, C, BM*pid_m, 0, B, C, t_6, 4, C);
+  tsr::store_tile(t3, C, BM*pid_m, 0, B, C, t_3, BM, C);
 }
 
 static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 B,
@@ -876,21 +862,21 @@ static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 
 static void train_step_k3_program(const float* target, const float* t3, float* t5,
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C) + 16);
   float* const target_tile_edge = area;
-  float* const t3_tile_edge = target_tile_edge + tsr::whole_lines(4*C);
-  float* const t_1 = t3_tile_edge + tsr::whole_lines(4*C);
+  float* const t3_tile_edge = target_tile_edge + tsr::whole_lines(BM*C);
+  float* const t_1 = t3_tile_edge + tsr::whole_lines(BM*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
-  const float* const t3_tile = tsr::row_tile(t3_tile_edge, 4, C, t3, BM*pid_m, B);
+  const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
+  const float* const t3_tile = tsr::row_tile(t3_tile_edge, BM, C, t3, BM*pid_m, B);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (target_tile[i * C + j] * t3_tile[i * C + j]);
     t_1[i] = r;
   }
-  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, 4);
+  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, BM);
 }
 
 static void train_step_k3_launch(const float* target, const float* t3, float* t5,
@@ -905,14 +891,14 @@ static void train_step_k3_launch(const float* target, const float* t3, float* t5
 static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
   float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
   float* const t_3 = t_1 + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  const float* const t = tsr::row_tile(t_edge, 4, B, t5, BM*pid_m, 1);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, B, t5, BM*pid_m, 1);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
@@ -921,10 +907,10 @@ static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
   const float s = static_cast<float>(B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_3[j] = -(t_1[j] * (1.0f / s));
   }
-  tsr::store_tile(t8, 0, 0, BM*pid_m, 1, 1, t_3, 1, 4);
+  tsr::store_tile(t8, 0, 0, BM*pid_m, 1, 1, t_3, 1, BM);
 }
 
 static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
@@ -937,16 +923,15 @@ static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
 
 static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
-  float* const area = tsr::scratch(8192);
+  float* const area = tsr::scratch(BM);
   float* const t8_tile = area;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  tsr::load_tile(t8_tile, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
-  float* const t = t8_tile;
+  tsr::load_tile(t8_tile, 1, BM, t8, 0, 0, BM*pid_m, 1, 1);
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 8192; ++j) {
-    t[j] = t8_tile[j] * 1.0f;
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    t8_tile[j] = t8_tile[j] * 1.0f;
   }
-  tsr::store_tile(out0, 0, 0, BM*pid_m, 1, 1, t, 1, 8192);
+  tsr::store_tile(out0, 0, 0, BM*pid_m, 1, 1, t8_tile, 1, BM);
 }
 
 static void train_step_k5_launch(const float* t8, float* out0) {
@@ -959,18 +944,18 @@ static void train_step_k5_launch(const float* t8, float* out0) {
 
 static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
-  float* const area = tsr::scratch(8192 + 8192);
+  float* const area = tsr::scratch(BM + BM);
   float* const t8_tile = area;
-  float* const t_2 = t8_tile + 8192;
+  float* const t_2 = t8_tile + BM;
   // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2",
   //   "b2"))(
-  tsr::load_tile(t8_tile, 1, 8192, t8, 0, 0, BM*pid_m, 1, 1);
+  tsr::load_tile(t8_tile, 1, BM, t8, 0, 0, BM*pid_m, 1, 1);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 8192; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_2[j] = -(tsr::select((t8_tile[j] == t8_tile[j]), 1.0f, 1.0f));
   }
-  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, t_2, 1, 8192);
+  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, t_2, 1, BM);
 }
 
 static void train_step_k6_launch(const float* t8, float* t12) {
@@ -984,19 +969,19 @@ static void train_step_k6_launch(const float* t8, float* t12) {
 static void train_step_k7_program(const float* t5, const float* t12, float* t16, const tsr::i64 B,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 8192;
-  float* const area = tsr::scratch(8192 + 16 + 8192);
+  float* const area = tsr::scratch(BM + 16 + BM);
   float* const t5_tile = area;
-  float* const t12_tile = t5_tile + 8192;
+  float* const t12_tile = t5_tile + BM;
   float* const t_2 = t12_tile + 16;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  tsr::load_tile(t5_tile, 1, 8192, t5, 0, 0, BM*pid_m, 1, B);
+  tsr::load_tile(t5_tile, 1, BM, t5, 0, 0, BM*pid_m, 1, B);
   tsr::load_tile(t12_tile, 1, 1, t12, 0, 0, 0, 1, 1);
   const float s = static_cast<float>(B);
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 8192; ++j) {
+  for (tsr::i64 j = 0; j < BM; ++j) {
     t_2[j] = (tsr::select((t5_tile[j] == t5_tile[j]), t12_tile[0], t12_tile[0])) * (1.0f / s);
   }
-  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, t_2, 1, 8192);
+  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, t_2, 1, BM);
 }
 
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
@@ -1010,21 +995,21 @@ static void train_step_k7_launch(const float* t5, const float* t12, float* t16, 
 static void train_step_k8_program(const float* t16, const float* target, float* t18,
     const tsr::i64 B, const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(16 + tsr::whole_lines(4*C) + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(16 + tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C));
   float* const t16_tile_edge = area;
   float* const target_tile_edge = t16_tile_edge + 16;
-  float* const t = target_tile_edge + tsr::whole_lines(4*C);
+  float* const t = target_tile_edge + tsr::whole_lines(BM*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float* const t16_tile = tsr::row_tile(t16_tile_edge, 4, 1, t16, BM*pid_m, B);
-  const float* const target_tile = tsr::row_tile(target_tile_edge, 4, C, target, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t16_tile = tsr::row_tile(t16_tile_edge, BM, 1, t16, BM*pid_m, B);
+  const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     const float row_0 = t16_tile[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       t[i * C + j] = row_0 * target_tile[i * C + j];
     }
   }
-  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, t, 4, C);
+  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, t, BM, C);
 }
 
 static void train_step_k8_launch(const float* t16, const float* target, float* t18,
@@ -1040,32 +1025,31 @@ static void train_step_k8_launch(const float* t16, const float* target, float* t
 static void train_step_k9_program(const float* t3, const float* t18, float* t19, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*C) + tsr::whole_lines(4*C) + 16
-      + tsr::whole_lines(4*C));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C) + 16
+      + tsr::whole_lines(BM*C));
   float* const grads_edge = area;
-  float* const t_edge = grads_edge + tsr::whole_lines(4*C);
-  float* const t_2 = t_edge + tsr::whole_lines(4*C);
-  float* const t_5 = t_2 + 16;
+  float* const t_edge = grads_edge + tsr::whole_lines(BM*C);
+  float* const t_2 = t_edge + tsr::whole_lines(BM*C);
+  float* const t_4 = t_2 + 16;
   // log_softmax_grad.tsr:8: grads = tile.load(g, rows=T.m)
-  const float* const grads = tsr::row_tile(grads_edge, 4, C, t18, BM*pid_m, B);
+  const float* const grads = tsr::row_tile(grads_edge, BM, C, t18, BM*pid_m, B);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  const float* const t = tsr::row_tile(t_edge, 4, C, t3, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, C, t3, BM*pid_m, B);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + grads[i * C + j];
     t_2[i] = r;
   }
-  float* const t_3 = t_2;
-  for (tsr::i64 i = 0; i < 4; ++i) {
-    const float row_0 = t_3[i];
+  for (tsr::i64 i = 0; i < BM; ++i) {
+    const float row_0 = t_2[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_5[i * C + j] = grads[i * C + j] - ((tsr::exp(t[i * C + j])) * row_0);
+      t_4[i * C + j] = grads[i * C + j] - ((tsr::exp(t[i * C + j])) * row_0);
     }
   }
-  tsr::store_tile(t19, C, BM*pid_m, 0, B, C, t_5, 4, C);
+  tsr::store_tile(t19, C, BM*pid_m, 0, B, C, t_4, BM, C);
 }
 
 static void train_step_k9_launch(const float* t3, const float* t18, float* t19, const tsr::i64 B,
@@ -1081,13 +1065,13 @@ static void train_step_k10_program(const float* t19, float* t20, const tsr::i64 
     const tsr::i64 C, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
-  float* const area = tsr::scratch(4096 + 4096);
+  float* const area = tsr::scratch(BN*BM + BM*BN);
   float* const t = area;
-  float* const t_1 = t + 4096;
+  float* const t_1 = t + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, t19, C, BN*pid_n, BM*pid_m, B, C);
-  tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t20, B, BM*pid_m, BN*pid_n, C, B, t_1, 64, 64);
+  tsr::load_tile(t, BN, BM, t19, C, BN*pid_n, BM*pid_m, B, C);
+  tsr::transpose(t_1, t, BN, BM);
+  tsr::store_tile(t20, B, BM*pid_m, BN*pid_n, C, B, t_1, BM, BN);
 }
 
 static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B,
@@ -1104,26 +1088,25 @@ static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B
 static void train_step_k11_program(const float* t20, const float lr, const float* b2, float* out4,
     const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
   float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
   float* const b2_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, B, t20, BM*pid_m, C);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, B, t20, BM*pid_m, C);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
     t_1[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(b2_tile, 1, 4, b2, 0, 0, BM*pid_m, 1, C);
-  float* const t_3 = b2_tile;
+  tsr::load_tile(b2_tile, 1, BM, b2, 0, 0, BM*pid_m, 1, C);
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_3[j] = b2_tile[j] - (lr * t_1[j]);
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    b2_tile[j] = b2_tile[j] - (lr * t_1[j]);
   }
-  tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, t_3, 1, 4);
+  tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, b2_tile, 1, BM);
 }
 
 static void train_step_k11_launch(const float* t20, const float lr, const float* b2, float* out4,
@@ -1141,26 +1124,25 @@ static void train_step_k12_program(const float* t19, const float* w2, float* t21
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BN*BK + BM*BN + BK*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const t = acc + 65536;
+  float* const acc = b_tile_smem + BN*BK;
+  float* const t = acc + BM*BN;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
-  tsr::zero_corner(acc, 256, tsr::live(256, B - BM*pid_m), tsr::live(256, H - BN*pid_n));
+  tsr::zero_corner(acc, BN, tsr::live(BM, B - BM*pid_m), tsr::live(BN, H - BN*pid_n));
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(C, BK); ++kb) {
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t19 + (BM*pid_m) * C + BK*kb;
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    tsr::load_tile(b_tile_smem, 256, 256, w2, C, BN*pid_n, BK*kb, H, C);
+    tsr::load_tile(b_tile_smem, BN, BK, w2, C, BN*pid_n, BK*kb, H, C);
     float* const b_tile = b_tile_smem;
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    tsr::transpose(t, b_tile, 256, 256);
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, t, acc, 256, 256, tsr::live(256, B - BM*pid_m),
-        tsr::live(256, H - BN*pid_n), tsr::live(256, C - BK*kb), C, 256);
+    tsr::transpose(t, b_tile, BN, BK);
+    tsr::mma(acc, a_tile, t, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+        tsr::live(BN, H - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
-  tsr::store_tile(t21, H, BM*pid_m, BN*pid_n, B, H, acc, 256, 256);
+  tsr::store_tile(t21, H, BM*pid_m, BN*pid_n, B, H, acc, BM, BN);
 }
 
 static void train_step_k12_launch(const float* t19, const float* w2, float* t21, const tsr::i64 B,
@@ -1178,13 +1160,13 @@ static void train_step_k13_program(const float* hidden, float* t22, const tsr::i
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
-  float* const area = tsr::scratch(4096 + 4096);
+  float* const area = tsr::scratch(BN*BM + BM*BN);
   float* const t = area;
-  float* const t_1 = t + 4096;
+  float* const t_1 = t + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, hidden, H, BN*pid_n, BM*pid_m, B, H);
-  tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t22, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
+  tsr::load_tile(t, BN, BM, hidden, H, BN*pid_n, BM*pid_m, B, H);
+  tsr::transpose(t_1, t, BN, BM);
+  tsr::store_tile(t22, B, BM*pid_m, BN*pid_n, H, B, t_1, BM, BN);
 }
 
 static void train_step_k13_launch(const float* hidden, float* t22, const tsr::i64 B,
@@ -1204,34 +1186,32 @@ static void train_step_k14_program(const float* t22, const float* t19, const flo
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const w2_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const w2_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(B, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t22 + (BM*pid_m) * B + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, t19, C, BK*kb, BN*pid_n, B, C);
+    tsr::load_corner(b_tile_smem, BK, BN, t19, C, BK*kb, BN*pid_n, B, C);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, H - BM*pid_m),
-        tsr::live(256, C - BN*pid_n), tsr::live(256, B - BK*kb), B, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, H - BM*pid_m),
+        tsr::live(BN, C - BN*pid_n), tsr::live(BK, B - BK*kb), B, BN);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(w2_tile, 256, 256, w2, C, BM*pid_m, BN*pid_n, H, C);
-  float* const t_1 = w2_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(w2_tile, BM, BN, w2, C, BM*pid_m, BN*pid_n, H, C);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = w2_tile[i * 256 + j] - (lr * acc[i * 256 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      w2_tile[i * BN + j] = w2_tile[i * BN + j] - (lr * acc[i * BN + j]);
     }
   }
-  tsr::store_tile(out3, C, BM*pid_m, BN*pid_n, H, C, t_1, 256, 256);
+  tsr::store_tile(out3, C, BM*pid_m, BN*pid_n, H, C, w2_tile, BM, BN);
 }
 
 static void train_step_k14_launch(const float* t22, const float* t19, const float lr,
@@ -1248,22 +1228,22 @@ static void train_step_k14_launch(const float* t22, const float* t19, const floa
 static void train_step_k15_program(const float* hidden, const float* t21, float* t25,
     const tsr::i64 B, const tsr::i64 H, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*H) + tsr::whole_lines(4*H)
-      + tsr::whole_lines(4*H));
+  float* const area = tsr::scratch(tsr::whole_lines(BM*H) + tsr::whole_lines(BM*H)
+      + tsr::whole_lines(BM*H));
   float* const hidden_tile_edge = area;
-  float* const t21_tile_edge = hidden_tile_edge + tsr::whole_lines(4*H);
-  float* const t_2 = t21_tile_edge + tsr::whole_lines(4*H);
+  float* const t21_tile_edge = hidden_tile_edge + tsr::whole_lines(BM*H);
+  float* const t_2 = t21_tile_edge + tsr::whole_lines(BM*H);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  const float* const hidden_tile = tsr::row_tile(hidden_tile_edge, 4, H, hidden, BM*pid_m, B);
-  const float* const t21_tile = tsr::row_tile(t21_tile_edge, 4, H, t21, BM*pid_m, B);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const hidden_tile = tsr::row_tile(hidden_tile_edge, BM, H, hidden, BM*pid_m, B);
+  const float* const t21_tile = tsr::row_tile(t21_tile_edge, BM, H, t21, BM*pid_m, B);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < H; ++j) {
       t_2[i * H + j] = t21_tile[i * H + j]
           * (1.0f - (hidden_tile[i * H + j] * hidden_tile[i * H + j]));
     }
   }
-  tsr::store_tile(t25, H, BM*pid_m, 0, B, H, t_2, 4, H);
+  tsr::store_tile(t25, H, BM*pid_m, 0, B, H, t_2, BM, H);
 }
 
 static void train_step_k15_launch(const float* hidden, const float* t21, float* t25,
@@ -1279,13 +1259,13 @@ static void train_step_k16_program(const float* t25, float* t26, const tsr::i64 
     const tsr::i64 H, const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
-  float* const area = tsr::scratch(4096 + 4096);
+  float* const area = tsr::scratch(BN*BM + BM*BN);
   float* const t = area;
-  float* const t_1 = t + 4096;
+  float* const t_1 = t + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, t25, H, BN*pid_n, BM*pid_m, B, H);
-  tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t26, B, BM*pid_m, BN*pid_n, H, B, t_1, 64, 64);
+  tsr::load_tile(t, BN, BM, t25, H, BN*pid_n, BM*pid_m, B, H);
+  tsr::transpose(t_1, t, BN, BM);
+  tsr::store_tile(t26, B, BM*pid_m, BN*pid_n, H, B, t_1, BM, BN);
 }
 
 static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B,
@@ -1302,26 +1282,25 @@ static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B
 static void train_step_k17_program(const float* t26, const float lr, const float* b1, float* out2,
     const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(4*B) + 16 + 16);
+  float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
   float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(4*B);
+  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
   float* const b1_tile = t_1 + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, 4, B, t26, BM*pid_m, H);
-  for (tsr::i64 i = 0; i < 4; ++i) {
+  const float* const t = tsr::row_tile(t_edge, BM, B, t26, BM*pid_m, H);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
     t_1[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(b1_tile, 1, 4, b1, 0, 0, BM*pid_m, 1, H);
-  float* const t_3 = b1_tile;
+  tsr::load_tile(b1_tile, 1, BM, b1, 0, 0, BM*pid_m, 1, H);
   #pragma omp simd
-  for (tsr::i64 j = 0; j < 4; ++j) {
-    t_3[j] = b1_tile[j] - (lr * t_1[j]);
+  for (tsr::i64 j = 0; j < BM; ++j) {
+    b1_tile[j] = b1_tile[j] - (lr * t_1[j]);
   }
-  tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, t_3, 1, 4);
+  tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, b1_tile, 1, BM);
 }
 
 static void train_step_k17_launch(const float* t26, const float lr, const float* b1, float* out2,
@@ -1337,13 +1316,13 @@ static void train_step_k18_program(const float* x, float* t27, const tsr::i64 B,
     const tsr::i64 pid_n, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
-  float* const area = tsr::scratch(4096 + 4096);
+  float* const area = tsr::scratch(BN*BM + BM*BN);
   float* const t = area;
-  float* const t_1 = t + 4096;
+  float* const t_1 = t + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, 64, 64, x, D, BN*pid_n, BM*pid_m, B, D);
-  tsr::transpose(t_1, t, 64, 64);
-  tsr::store_tile(t27, B, BM*pid_m, BN*pid_n, D, B, t_1, 64, 64);
+  tsr::load_tile(t, BN, BM, x, D, BN*pid_n, BM*pid_m, B, D);
+  tsr::transpose(t_1, t, BN, BM);
+  tsr::store_tile(t27, B, BM*pid_m, BN*pid_n, D, B, t_1, BM, BN);
 }
 
 static void train_step_k18_launch(const float* x, float* t27, const tsr::i64 B, const tsr::i64 D) {
@@ -1362,34 +1341,32 @@ static void train_step_k19_program(const float* t27, const float* t25, const flo
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   constexpr tsr::i64 BK = 256;
-  float* const area = tsr::scratch(65536 + 65536 + 65536);
+  float* const area = tsr::scratch(BK*BN + BM*BN + BM*BN);
   float* const b_tile_smem = area;
-  float* const acc = b_tile_smem + 65536;
-  float* const w1_tile = acc + 65536;
+  float* const acc = b_tile_smem + BK*BN;
+  float* const w1_tile = acc + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
-  std::fill_n(acc, 65536, 0.0f);
+  std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(B, BK); ++kb) {
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     const float* const a_tile = t27 + (BM*pid_m) * B + BK*kb;
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    tsr::load_corner(b_tile_smem, 256, 256, t25, H, BK*kb, BN*pid_n, B, H);
+    tsr::load_corner(b_tile_smem, BK, BN, t25, H, BK*kb, BN*pid_n, B, H);
     float* const b_tile = b_tile_smem;
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    float* const acc_1 = acc;
-    tsr::mma(acc_1, a_tile, b_tile, acc, 256, 256, tsr::live(256, D - BM*pid_m),
-        tsr::live(256, H - BN*pid_n), tsr::live(256, B - BK*kb), B, 256);
+    tsr::mma(acc, a_tile, b_tile, acc, BM, BN, tsr::live(BM, D - BM*pid_m),
+        tsr::live(BN, H - BN*pid_n), tsr::live(BK, B - BK*kb), B, BN);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  tsr::load_tile(w1_tile, 256, 256, w1, H, BM*pid_m, BN*pid_n, D, H);
-  float* const t_1 = w1_tile;
-  for (tsr::i64 i = 0; i < 256; ++i) {
+  tsr::load_tile(w1_tile, BM, BN, w1, H, BM*pid_m, BN*pid_n, D, H);
+  for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
-    for (tsr::i64 j = 0; j < 256; ++j) {
-      t_1[i * 256 + j] = w1_tile[i * 256 + j] - (lr * acc[i * 256 + j]);
+    for (tsr::i64 j = 0; j < BN; ++j) {
+      w1_tile[i * BN + j] = w1_tile[i * BN + j] - (lr * acc[i * BN + j]);
     }
   }
-  tsr::store_tile(out1, H, BM*pid_m, BN*pid_n, D, H, t_1, 256, 256);
+  tsr::store_tile(out1, H, BM*pid_m, BN*pid_n, D, H, w1_tile, BM, BN);
 }
 
 static void train_step_k19_launch(const float* t27, const float* t25, const float lr,

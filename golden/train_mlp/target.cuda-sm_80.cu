@@ -151,12 +151,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -252,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -321,12 +321,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -422,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -458,35 +458,36 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
-          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t4[row * C + j] =
+          ((row < B ? target[row * C + j] : 0.0f)
+          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -500,16 +501,16 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -524,28 +525,28 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
@@ -593,12 +594,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -694,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -763,12 +764,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -864,7 +865,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -899,33 +900,33 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      const long long row = BM*pid_m + i;
+      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -939,9 +940,9 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
@@ -949,7 +950,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -964,28 +965,28 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
@@ -998,7 +999,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -1012,7 +1013,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -1028,7 +1029,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -1045,11 +1046,11 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
-          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < B) t18[row * C + j] =
+          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
     }
   }
 }
@@ -1064,20 +1065,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t19[row * C + j] =
+          ((row < B ? t18[row * C + j] : 0.0f)
+          - ((expf((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
     }
   }
 }
@@ -1112,11 +1114,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < C && col < B) t20[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1131,21 +1134,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1295,7 +1298,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1348,11 +1351,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1400,12 +1404,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
       if (t19_aligned) {
         const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((i) * C + BN*pid_n + j) : t19, bytes);
+            bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < C ? t19[(i) * C + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1501,7 +1505,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
@@ -1537,12 +1541,13 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
-          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < B) t25[row * H + j] =
+          ((row < B ? t21[row * H + j] : 0.0f)
+          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
+          * (row < B ? hidden[row * H + j] : 0.0f))));
     }
   }
 }
@@ -1577,11 +1582,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t26[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1596,21 +1602,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1646,11 +1652,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1698,12 +1705,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
       if (t25_aligned) {
         const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t25 + ((i) * H + BN*pid_n + j) : t25, bytes);
+            bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < H ? t25[(i) * H + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1799,7 +1806,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16

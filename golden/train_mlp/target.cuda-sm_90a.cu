@@ -151,12 +151,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -289,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -358,12 +358,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -496,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -532,35 +532,36 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
-          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t4[row * C + j] =
+          ((row < B ? target[row * C + j] : 0.0f)
+          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -574,16 +575,16 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -598,28 +599,28 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
@@ -667,12 +668,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -805,7 +806,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -874,12 +875,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1012,7 +1013,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1047,33 +1048,33 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      const long long row = BM*pid_m + i;
+      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -1087,9 +1088,9 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
@@ -1097,7 +1098,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -1112,28 +1113,28 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
@@ -1146,7 +1147,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -1160,7 +1161,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -1176,7 +1177,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -1193,11 +1194,11 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
-          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < B) t18[row * C + j] =
+          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
     }
   }
 }
@@ -1212,20 +1213,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t19[row * C + j] =
+          ((row < B ? t18[row * C + j] : 0.0f)
+          - ((expf((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
     }
   }
 }
@@ -1260,11 +1262,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < C && col < B) t20[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1279,21 +1282,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1480,7 +1483,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 32 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1533,11 +1536,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1585,12 +1589,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
       if (t19_aligned) {
         const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((i) * C + BN*pid_n + j) : t19, bytes);
+            bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < C ? t19[(i) * C + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1723,7 +1727,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
@@ -1759,12 +1763,13 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
-          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < B) t25[row * H + j] =
+          ((row < B ? t21[row * H + j] : 0.0f)
+          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
+          * (row < B ? hidden[row * H + j] : 0.0f))));
     }
   }
 }
@@ -1799,11 +1804,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t26[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1818,21 +1824,21 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   __shared__ float tsr_scratch[128];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1868,11 +1874,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1920,12 +1927,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
       if (t25_aligned) {
         const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t25 + ((i) * H + BN*pid_n + j) : t25, bytes);
+            bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < H ? t25[(i) * H + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -2058,7 +2065,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 32 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32

@@ -138,12 +138,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -161,45 +161,45 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 16 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 16 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < B && BK*kb + BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 16 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : w1, bytes);
+              bytes ? w1 + ((BK*kb + BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < D && BN*pid_n + j + q < H
-                ? w1[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -276,12 +276,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -299,45 +299,45 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   for (long long kb = 0; kb * BK < H; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < H) {
+    if (BK*kb + BK < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 16 + j) : hidden, bytes);
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 16 + j + q < H
-                ? hidden[(BM*pid_m + i) * H + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < B && BK*kb + BK + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < H) {
+    if (BK*kb + BK < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 16 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
+              bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < H && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -381,35 +381,36 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 256)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
-          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t4[row * C + j] =
+          ((row < B ? target[row * C + j] : 0.0f)
+          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -423,16 +424,16 @@ extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restric
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -447,28 +448,28 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
@@ -516,12 +517,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       if (w1_aligned) {
         const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((i) * H + BN*pid_n + j) : w1, bytes);
+            bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < D && BN*pid_n + j + q < H ? w1[(i) * H + BN*pid_n + j + q] : 0;
+              i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -539,45 +540,45 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   for (long long kb = 0; kb * BK < D; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 16 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 16 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < B && BK*kb + BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < D) {
+    if (BK*kb + BK < D) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 16 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : w1, bytes);
+              bytes ? w1 + ((BK*kb + BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < D && BN*pid_n + j + q < H
-                ? w1[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -654,12 +655,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       if (w2_aligned) {
         const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((i) * C + BN*pid_n + j) : w2, bytes);
+            bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < H && BN*pid_n + j + q < C ? w2[(i) * C + BN*pid_n + j + q] : 0;
+              i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -677,45 +678,45 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   for (long long kb = 0; kb * BK < H; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < H) {
+    if (BK*kb + BK < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 16 + j) : hidden, bytes);
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 16 + j + q < H
-                ? hidden[(BM*pid_m + i) * H + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < B && BK*kb + BK + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < H) {
+    if (BK*kb + BK < H) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 16 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : w2, bytes);
+              bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < H && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -758,33 +759,33 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 256)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = logf(v_1[e]);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      const long long row = BM*pid_m + i;
+      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -798,9 +799,9 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
@@ -808,7 +809,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -823,28 +824,28 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
+  float v_2[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
@@ -857,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 512) {
+  for (long long e = lid; e < BM; e += 512) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -871,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __r
   constexpr int BM = 1024;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 512) {
+  for (long long e = lid; e < BM; e += 512) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -887,7 +888,7 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < 1024; e += 512) {
+  for (long long e = lid; e < BM; e += 512) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -904,11 +905,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
-          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < B) t18[row * C + j] =
+          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
     }
   }
 }
@@ -923,20 +924,21 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 256)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 256) {
-      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((expf((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t19[row * C + j] =
+          ((row < B ? t18[row * C + j] : 0.0f)
+          - ((expf((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
     }
   }
 }
@@ -971,11 +973,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 256) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < C && col < B) t20[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -990,21 +993,21 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1076,45 +1079,45 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   for (long long kb = 0; kb * BK < C; ++kb) {
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t19_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + 16 + j) : t19, bytes);
+              bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 16 + j + q < C
-                ? t19[(BM*pid_m + i) * C + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < B && BK*kb + BK + j + q < C
+                ? t19[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (BK*kb + 16 < C) {
+    if (BK*kb + BK < C) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (w2_aligned) {
-          const int bytes = BN*pid_n + i < H && BK*kb + 16 + j < C ? 16 : 0;
+          const int bytes = BN*pid_n + i < H && BK*kb + BK + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 16 + j) : w2, bytes);
+              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + BK + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BN*pid_n + i < H && BK*kb + 16 + j + q < C
-                ? w2[(BN*pid_n + i) * C + BK*kb + 16 + j + q] : 0;
+                BN*pid_n + i < H && BK*kb + BK + j + q < C
+                ? w2[(BN*pid_n + i) * C + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1175,11 +1178,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 256) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1227,12 +1231,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
       if (t19_aligned) {
         const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((i) * C + BN*pid_n + j) : t19, bytes);
+            bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < C ? t19[(i) * C + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1250,45 +1254,45 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   for (long long kb = 0; kb * BK < B; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < B) {
+    if (BK*kb + BK < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t22_aligned) {
-          const int bytes = BM*pid_m + i < H && BK*kb + 16 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < H && BK*kb + BK + j < B ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t22, bytes);
+              bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + BK + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < H && BK*kb + 16 + j + q < B
-                ? t22[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < H && BK*kb + BK + j + q < B
+                ? t22[(BM*pid_m + i) * B + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < B) {
+    if (BK*kb + BK < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t19_aligned) {
-          const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < C ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t19 + ((BK*kb + 16 + i) * C + BN*pid_n + j) : t19, bytes);
+              bytes ? t19 + ((BK*kb + BK + i) * C + BN*pid_n + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < B && BN*pid_n + j + q < C
-                ? t19[(BK*kb + 16 + i) * C + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < B && BN*pid_n + j + q < C
+                ? t19[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
@@ -1332,12 +1336,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < H; j += 256) {
-      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
-          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < B) t25[row * H + j] =
+          ((row < B ? t21[row * H + j] : 0.0f)
+          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
+          * (row < B ? hidden[row * H + j] : 0.0f))));
     }
   }
 }
@@ -1372,11 +1377,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 256) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t26[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1391,21 +1397,21 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
   __shared__ float tsr_scratch[256];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
+  float v[BM];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 256)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
+  float v_1[BM];
   #pragma unroll
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1441,11 +1447,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < 4096; e += 256) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 256) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1493,12 +1500,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
       if (t25_aligned) {
         const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
         tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t25 + ((i) * H + BN*pid_n + j) : t25, bytes);
+            bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < B && BN*pid_n + j + q < H ? t25[(i) * H + BN*pid_n + j + q] : 0;
+              i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1516,45 +1523,45 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   for (long long kb = 0; kb * BK < B; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 16 < B) {
+    if (BK*kb + BK < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t27_aligned) {
-          const int bytes = BM*pid_m + i < D && BK*kb + 16 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < D && BK*kb + BK + j < B ? 16 : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + 16 + j) : t27, bytes);
+              bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + BK + j) : t27, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < D && BK*kb + 16 + j + q < B
-                ? t27[(BM*pid_m + i) * B + BK*kb + 16 + j + q] : 0;
+                BM*pid_m + i < D && BK*kb + BK + j + q < B
+                ? t27[(BM*pid_m + i) * B + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 16 < B) {
+    if (BK*kb + BK < B) {
       for (int e = lid; e < 512; e += 256) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t25_aligned) {
-          const int bytes = BK*kb + 16 + i < B && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < H ? 16 : 0;
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t25 + ((BK*kb + 16 + i) * H + BN*pid_n + j) : t25, bytes);
+              bytes ? t25 + ((BK*kb + BK + i) * H + BN*pid_n + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 16 + i < B && BN*pid_n + j + q < H
-                ? t25[(BK*kb + 16 + i) * H + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < B && BN*pid_n + j + q < H
+                ? t25[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += 2) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)

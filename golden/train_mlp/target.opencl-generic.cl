@@ -95,9 +95,9 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     __global const float* restrict b1, __global float* restrict hidden, const long B,
     const long D, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -148,7 +148,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -179,9 +179,9 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     __global const float* restrict b2, __global float* restrict logits, const long B,
     const long H, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -233,7 +233,7 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -263,35 +263,36 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k2(__global const float* restrict logits, __global const float* restrict target,
     __global float* restrict t4, const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = log(v_1[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
-          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      const long row = BM*pid_m + i;
+      if (row < B) t4[row * C + j] =
+          ((row < B ? target[row * C + j] : 0.0f)
+          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -302,18 +303,18 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k3(__global const float* restrict t4, __global float* restrict t5, const long B,
     const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -323,29 +324,29 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k4(__global const float* restrict t5, __global float* restrict out, const long B) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
@@ -357,9 +358,9 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     __global const float* restrict b1, __global float* restrict hidden, const long B,
     const long D, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -410,7 +411,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -441,9 +442,9 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     __global const float* restrict b2, __global float* restrict logits, const long B,
     const long H, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -495,7 +496,7 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -525,33 +526,33 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k2(__global const float* restrict logits, __global float* restrict t3,
     const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += 128)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = log(v_1[e]);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      const long row = BM*pid_m + i;
+      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -562,19 +563,19 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k3(__global const float* restrict target, __global const float* restrict t3,
     __global float* restrict t5, const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -584,29 +585,29 @@ void train_step_k3(__global const float* restrict target, __global const float* 
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k4(__global const float* restrict t5, __global float* restrict t8, const long B) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
@@ -616,10 +617,10 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k5(__global const float* restrict t8, __global float* restrict out0) {
   const int lid = get_local_id(0);
-  const int BM = 1024;
+  enum { BM = 1024 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long e = lid; e < 1024; e += 256) {
+  for (long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -630,10 +631,10 @@ void train_step_k5(__global const float* restrict t8, __global float* restrict o
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k6(__global const float* restrict t8, __global float* restrict t12) {
   const int lid = get_local_id(0);
-  const int BM = 1024;
+  enum { BM = 1024 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long e = lid; e < 1024; e += 256) {
+  for (long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -646,11 +647,11 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k7(__global const float* restrict t5, __global const float* restrict t12,
     __global float* restrict t16, const long B) {
   const int lid = get_local_id(0);
-  const int BM = 1024;
+  enum { BM = 1024 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long e = lid; e < 1024; e += 256) {
+  for (long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -663,14 +664,14 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k8(__global const float* restrict t16, __global const float* restrict target,
     __global float* restrict t18, const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
-          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      const long row = BM*pid_m + i;
+      if (row < B) t18[row * C + j] =
+          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
     }
   }
 }
@@ -681,23 +682,24 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k9(__global const float* restrict t3, __global const float* restrict t18,
     __global float* restrict t19, const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
+      const long row = BM*pid_m + i;
+      if (row < B) t19[row * C + j] =
+          ((row < B ? t18[row * C + j] : 0.0f)
+          - ((exp((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
     }
   }
 }
@@ -708,8 +710,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k10(__global const float* restrict t19, __global float* restrict t20,
     const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
@@ -732,11 +734,12 @@ void train_step_k10(__global const float* restrict t19, __global float* restrict
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < 4096; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long e = lid; e < BM*BN; e += 128) {
+    const long i = e / BN;
+    const long row = BM*pid_m + i;
+    const long j = e - i * BN;
+    const long col = BN*pid_n + j;
+    if (row < C && col < B) t20[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -747,23 +750,23 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k11(__global const float* restrict t20, const float lr,
     __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long e = lid; e < 4; e += 128) {
+  for (long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -775,9 +778,9 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k12(__global const float* restrict t19, __global const float* restrict w2,
     __global float* restrict t21, const long B, const long C, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -828,7 +831,7 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -855,8 +858,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k13(__global const float* restrict hidden, __global float* restrict t22,
     const long B, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
@@ -879,11 +882,12 @@ void train_step_k13(__global const float* restrict hidden, __global float* restr
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < 4096; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long e = lid; e < BM*BN; e += 128) {
+    const long i = e / BN;
+    const long row = BM*pid_m + i;
+    const long j = e - i * BN;
+    const long col = BN*pid_n + j;
+    if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -895,9 +899,9 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
     const float lr, __global const float* restrict w2, __global float* restrict out3,
     const long H, const long B, const long C) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -948,7 +952,7 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -979,15 +983,16 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k15(__global const float* restrict hidden, __global const float* restrict t21,
     __global float* restrict t25, const long B, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
-          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      const long row = BM*pid_m + i;
+      if (row < B) t25[row * H + j] =
+          ((row < B ? t21[row * H + j] : 0.0f)
+          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
+          * (row < B ? hidden[row * H + j] : 0.0f))));
     }
   }
 }
@@ -998,8 +1003,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k16(__global const float* restrict t25, __global float* restrict t26,
     const long B, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
@@ -1022,11 +1027,12 @@ void train_step_k16(__global const float* restrict t25, __global float* restrict
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < 4096; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long e = lid; e < BM*BN; e += 128) {
+    const long i = e / BN;
+    const long row = BM*pid_m + i;
+    const long j = e - i * BN;
+    const long col = BN*pid_n + j;
+    if (row < H && col < B) t26[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1037,23 +1043,23 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k17(__global const float* restrict t26, const float lr,
     __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
-  const int BM = 4;
+  enum { BM = 4 };
   __local float tsr_scratch[128];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long e = lid; e < 4; e += 128) {
+  for (long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1065,8 +1071,8 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k18(__global const float* restrict x, __global float* restrict t27, const long B,
     const long D) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
+  enum { BM = 64 };
+  enum { BN = 64 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
@@ -1089,11 +1095,12 @@ void train_step_k18(__global const float* restrict x, __global float* restrict t
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < 4096; e += 128) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long e = lid; e < BM*BN; e += 128) {
+    const long i = e / BN;
+    const long row = BM*pid_m + i;
+    const long j = e - i * BN;
+    const long col = BN*pid_n + j;
+    if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1105,9 +1112,9 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
     const float lr, __global const float* restrict w1, __global float* restrict out1,
     const long D, const long B, const long H) {
   const int lid = get_local_id(0);
-  const int BM = 64;
-  const int BN = 64;
-  const int BK = 16;
+  enum { BM = 64 };
+  enum { BN = 64 };
+  enum { BK = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -1158,7 +1165,7 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];

@@ -149,7 +149,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -232,7 +232,7 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -265,31 +265,32 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::log(v_1[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t4[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
-          * (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t4[row * C + j] =
+          ((row < B ? target[row * C + j] : 0.0f)
+          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
     }
   }
 }
@@ -302,14 +303,14 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -323,24 +324,24 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
   }
 }
@@ -403,7 +404,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < D - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -486,7 +487,7 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < H - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -518,29 +519,29 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += 128)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[4];
-  for (int i = 0; i < 4; ++i) {
+  float v_1[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = sycl::log(v_1[e]);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t3[(BM*pid_m + i) * C + j] =
-          (((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i]) - v_2[i]);
+      const long long row = BM*pid_m + i;
+      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
   }
 }
@@ -554,15 +555,15 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
   }
 }
@@ -576,24 +577,24 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   const float s = (float)(B);
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = v[e] / s;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_2[BM];
+  for (int e = 0; e < BM; ++e) {
     v_2[e] = -v_1[e];
   }
-  for (int e = 0; e < 4; ++e) {
+  for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
   }
 }
@@ -606,7 +607,7 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
   constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -620,7 +621,7 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
   constexpr int BM = 1024;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -636,7 +637,7 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < 1024; e += 256) {
+  for (long long e = lid; e < BM; e += 256) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -651,11 +652,11 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t18[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t16[(BM*pid_m + i) * 1 + 0] : 0.0f)
-          * (BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f));
+      const long long row = BM*pid_m + i;
+      if (row < B) t18[row * C + j] =
+          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
     }
   }
 }
@@ -670,18 +671,19 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
   const long long pid_m = it.get_group(2);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += 128)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += 128) {
-      if (BM*pid_m + i < B) t19[(BM*pid_m + i) * C + j] =
-          ((BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f)
-          - ((sycl::exp((BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f))) * v[i]));
+      const long long row = BM*pid_m + i;
+      if (row < B) t19[row * C + j] =
+          ((row < B ? t18[row * C + j] : 0.0f)
+          - ((sycl::exp((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
     }
   }
 }
@@ -714,11 +716,12 @@ inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t2
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < C && BN*pid_n + j < B)
-        t20[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < C && col < B) t20[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -732,19 +735,19 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -808,7 +811,7 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < 16 && kk < C - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -857,11 +860,12 @@ inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t22[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -924,7 +928,7 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
@@ -957,12 +961,13 @@ inline void train_step_k15(const float* __restrict__ hidden, const float* __rest
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < H; j += 128) {
-      if (BM*pid_m + i < B) t25[(BM*pid_m + i) * H + j] =
-          ((BM*pid_m + i < B ? t21[(BM*pid_m + i) * H + j] : 0.0f)
-          * (1.0f - ((BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f)
-          * (BM*pid_m + i < B ? hidden[(BM*pid_m + i) * H + j] : 0.0f))));
+      const long long row = BM*pid_m + i;
+      if (row < B) t25[row * H + j] =
+          ((row < B ? t21[row * H + j] : 0.0f)
+          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
+          * (row < B ? hidden[row * H + j] : 0.0f))));
     }
   }
 }
@@ -995,11 +1000,12 @@ inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t2
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < H && BN*pid_n + j < B)
-        t26[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < H && col < B) t26[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1013,19 +1019,19 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
   constexpr int BM = 4;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[4];
-  for (int i = 0; i < 4; ++i) {
+  float v[BM];
+  for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += 128)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[4];
-  for (int e = 0; e < 4; ++e) {
+  float v_1[BM];
+  for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < 4; e += 128) {
+  for (long long e = lid; e < BM; e += 128) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1059,11 +1065,12 @@ inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < 4096; e += 128) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    if (BM*pid_m + i < D && BN*pid_n + j < B)
-        t27[(BM*pid_m + i) * B + BN*pid_n + j] =
+  for (long long e = lid; e < BM*BN; e += 128) {
+    const long long i = e / BN;
+    const long long row = BM*pid_m + i;
+    const long long j = e - i * BN;
+    const long long col = BN*pid_n + j;
+    if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
@@ -1126,7 +1133,7 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
     }
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < 16 && kk < B - BK*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
           a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];

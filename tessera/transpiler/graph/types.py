@@ -76,13 +76,19 @@ class TileType:
 
     dims: tuple[Dim, ...]
     dtype: DType
+    #: The schedule's tile each dim is (``"T.m"``; None for another size), where the
+    #: lowering knew it: a backend prints such an extent as the tile's name (``BM``),
+    #: not as the number it shares with other sizes. Not part of the type's identity.
+    tiles: tuple[str | None, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def rank(self) -> int:
         return len(self.dims)
 
     def with_(self, dims: tuple[Dim, ...] | None = None, dtype: DType | None = None) -> TileType:
-        return TileType(self.dims if dims is None else dims, self.dtype if dtype is None else dtype)
+        tiles = self.tiles if dims is None else None
+        return TileType(self.dims if dims is None else dims, self.dtype if dtype is None else dtype,
+                        tiles)  # fmt: skip
 
     def __str__(self) -> str:
         return f"tile<{dims_text(self.dims)}, {self.dtype}>"

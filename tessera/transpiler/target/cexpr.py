@@ -36,14 +36,23 @@ def c_dim(
 ) -> str:
     """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
     loop counters), and ``strides`` names the tile size a symbol steps by, which its
-    term's coefficient is printed as where it equals it (``BM*pid_m``). Fractions divide
+    term's coefficient is printed as where it equals it (``BM*pid_m``), as is a constant
+    term of that size beside it (the next block, ``BN*nblk + BN``). Fractions divide
     last, after the symbols multiply, so ``D/2`` is exact whenever the guards hold."""
     if dim.constant is not None:
         return str(dim.constant)
     names = names or {}
     strides = strides or {}
+    stepped = {
+        strides[m[0][0]][0]: strides[m[0][0]][1]
+        for m, c in dim.terms
+        if len(m) == 1 == m[0][1] and m[0][0] in strides and abs(c) == strides[m[0][0]][0]
+    }
     parts = []
     for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
+        if monomial == () and abs(coeff) in stepped:
+            parts.append(("-" if coeff < 0 else "+", stepped[abs(coeff)]))
+            continue
         ups = [names.get(s, s) for s, p in monomial for _ in range(p) if p > 0]
         downs = [names.get(s, s) for s, p in monomial for _ in range(-p) if p < 0]
         coeff = Fraction(coeff)

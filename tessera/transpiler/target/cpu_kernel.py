@@ -10,6 +10,7 @@ comment with the ``.tsr`` line it comes from.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..graph.graph_ops import (
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType, TileType
-from ..tile.ir import Access, Live, SharedType, TileKernel
+from ..tile.ir import Access, Live, TileKernel
 from ..tile.rewrite import use_counts
 from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, param_name, saturated
 from .cpu_dequant import Dequantized, dequantized_operands
@@ -126,12 +127,15 @@ def emit_kernel(
 _LINE_FLOATS = 16  # floats in a 64-byte cache line, as tsr::kLineFloats
 
 
-def _whole_lines(size: str) -> str:
-    """A buffer's size in floats rounded up to whole cache lines, so that the next
-    buffer in the scratch area starts on a line as the first does."""
-    if size.isdigit():
-        return str(-(-int(size) // _LINE_FLOATS) * _LINE_FLOATS)
-    return f"tsr::whole_lines({size})"
+def _whole_lines(size: str, value: str) -> str:
+    """A buffer's size in floats (``size``, whose value is ``value`` where a number)
+    rounded up to whole cache lines, so that the next buffer in the scratch area starts
+    on a line as the first does: ``size`` itself where it is whole lines already, the
+    rounded number where it is a number that is not."""
+    if not value.isdigit():
+        return f"tsr::whole_lines({size})"
+    lines = -(-int(value) // _LINE_FLOATS) * _LINE_FLOATS
+    return size if lines == int(value) else str(lines)
 
 
 def _inside(axes: Any, corner: tuple[Dim | None, Dim | None]) -> bool:
@@ -167,7 +171,7 @@ class _Emitter:
         self.private: set[str] = set()
         #: Tiles that are an input tensor's own memory: read-only.
         self.views: set[str] = set()
-        self.storage: list[tuple[str, str]] = []
+        self.storage: list[tuple[str, Any]] = []
         self.uses = use_counts(kernel.body)
         #: The tile each ``expand_dims`` result views, by the result's id.
         self.viewed: dict[int, Value] = {}
@@ -216,18 +220,21 @@ class _Emitter:
         self.local[-1].add(v.id)
         return self.names[v.id]
 
-    def numel(self, t: Any) -> str:
-        if isinstance(t, SharedType):
-            return f"{t.stages * t.slot_elements}"
-        size = Dim.const(1)
-        for d in _shape(t):
-            size = size * d
-        return self.c(size)
+    def shape(self, t: Any) -> tuple[Dim, ...]:
+        """The dims of a tile as the code prints them: the schedule's tiles by name."""
+        return self.constants.shape(t)
+
+    def numel(self, t: Any, named: bool = True) -> str:
+        """How many floats a tile or buffer holds: ``BM*BN``, or a number where not
+        ``named`` (to compare sizes)."""
+        if not named:
+            return self.c(math.prod(_shape(t), start=Dim.const(getattr(t, "stages", 1))))
+        return self.constants.count(t, self.factor)
 
     def allocate(self, v: Value) -> str:
         """Private storage for a tile value, declared at the top of the program."""
         name = self.define(v)
-        self.storage.append((name, self.numel(v.type)))
+        self.storage.append((name, v.type))
         self.roots[v.id] = name
         self.private.add(name)
         return name
@@ -252,8 +259,17 @@ class _Emitter:
     def over(self, result: Value, operand: Value) -> str | None:
         """``result`` in ``operand``'s storage, when the operand is a private tile of the
         same size, defined in this block, with no use after this one."""
-        if not self._dies_here(operand) or self.numel(operand.type) != self.numel(result.type):
+        if not self._dies_here(operand) or self.numel(operand.type, False) != self.numel(
+            result.type, False
+        ):
             return None
+        if result.name is None or result.name == operand.name:
+            # the source's variable updated in place (``acc += ...``), or a temporary:
+            # the operand's name, not a second name for the same storage
+            self.names[result.id] = self.name(operand)
+            self.local[-1].add(result.id)
+            self.roots[result.id] = self.roots[operand.id]
+            return self.name(result)
         name = self.define(result)
         self.roots[result.id] = self.roots[operand.id]
         self.line(f"float* const {name} = {self.name(operand)};")
@@ -307,9 +323,9 @@ class _Emitter:
         # Each buffer starts where the one before it ends, so that a size is written once.
         offsets = []
         total, start = "0", "area"
-        for name, size in self.storage:
+        for name, t in self.storage:
             offsets.append(f"float* const {name} = {start};")
-            size = _whole_lines(size)
+            size = _whole_lines(self.numel(t), self.numel(t, named=False))
             total = size if total == "0" else f"{total} + {size}"
             start = f"{name} + {size}"
         code = re.sub(r"//.*", "", "\n".join((total, *offsets, *self.lines)))
@@ -370,7 +386,7 @@ class _Emitter:
 
     def _index(self, v: Value, out: tuple[Dim, ...]) -> str:
         """The index of ``v``'s element at the loop position ``(i, j)``, broadcasting."""
-        dims = _shape(v.type)
+        dims = self.shape(v.type)
         loop = ["i", "j"][2 - len(out) :] if len(out) <= 2 else None
         assert loop is not None, "tiles have at most two dims"
         aligned = [None] * (len(out) - len(dims)) + list(dims)
@@ -496,7 +512,7 @@ class _Emitter:
 
     def elementwise(self, op: Op) -> None:
         out_type = op.result.type
-        out = _shape(out_type)
+        out = self.shape(out_type)
         if op.kind in _LOGICAL:
             parts = [f"({self._arg(x, out)})" for x in op.operands]
             expr = f"!{parts[0]}" if len(parts) == 1 else f" {_LOGICAL[op.kind]} ".join(parts)
@@ -532,7 +548,9 @@ class _Emitter:
         if self._fusable(op):
             self._inline(op, _rounded(expr, out_type.dtype, bool(op.attr("saturate"))))
             return
-        candidates = tuple(i for i, v in enumerate(op.operands) if _shape(v.type) == out)
+        candidates = tuple(
+            i for i, v in enumerate(op.operands) if _shape(v.type) == _shape(out_type)
+        )
         name = self.result_in_place(op, candidates)
         self._loops(
             out,
@@ -547,7 +565,7 @@ class _Emitter:
         value = op.attr("value")
         corner = self._accumulator_corner(op) if value == 0 else None
         if corner is not None:
-            rows, cols = (self.c(d) for d in _shape(op.result.type))
+            rows, cols = (self.c(d) for d in self.shape(op.result.type))
             live = [size if bound is None else f"tsr::live({size}, {self.c(bound)})"
                     for size, bound in zip((rows, cols), corner, strict=True)]  # fmt: skip
             self.line(f"tsr::zero_corner({name}, {cols}, {live[0]}, {live[1]});")
@@ -599,19 +617,24 @@ class _Emitter:
         if self.uses.get(op.result.id) == 1 and user is not None and self._absorbed(user):
             return  # the mask's column limit uses the offset
         name = self.allocate(op.result)
-        size = self.c(op.result.type.dims[0])
+        size = self.c(self.shape(op.result.type)[0])
         offset = self.c(op.attr("offset"))
         self.line(
             f"for (tsr::i64 i = 0; i < {size}; ++i) {name}[i] = static_cast<float>({offset} + i);"
         )
 
     def op_expand_dims(self, op: Op) -> None:
-        self.alias(op.result, op.operands[0])
-        self.viewed[op.result.id] = op.operands[0]
+        """A view with new axes of one element: the same storage, under its name (the
+        index of each element is the broadcast's)."""
+        x = op.operands[0]
+        self.names[op.result.id] = self.name(x)
+        self.roots[op.result.id] = self.roots.get(x.id, self.name(x))
+        self.local[-1].add(op.result.id)
+        self.viewed[op.result.id] = x
 
     def op_transpose(self, op: Op) -> None:
         x = op.operands[0]
-        rows, cols = (self.c(d) for d in _shape(x.type))
+        rows, cols = (self.c(d) for d in self.shape(x.type))
         name = self.allocate(op.result)
         if x.id not in self.strides:
             self.line(f"tsr::transpose({name}, {self.name(x)}, {rows}, {cols});")
@@ -624,7 +647,7 @@ class _Emitter:
         self.line(f"tsr::transpose({args});")
 
     def op_broadcast(self, op: Op) -> None:
-        out = _shape(op.result.type)
+        out = self.shape(op.result.type)
         x = op.operands[0]
         name = self.allocate(op.result)
         self._loops(
@@ -635,7 +658,7 @@ class _Emitter:
         """A row or column reduction; OpenMP's ``simd reduction`` lets it vectorize
         (reassociating the sum, as every parallel reduction does)."""
         x = op.operands[0]
-        rows, cols = (self.c(d) for d in _shape(x.type))
+        rows, cols = (self.c(d) for d in self.shape(x.type))
         axis = op.attr("axis")
         name = self.allocate(op.result)
         outer, inner = ("i", "j") if axis == 1 else ("j", "i")
@@ -644,7 +667,7 @@ class _Emitter:
         self.depth += 1
         self.line(f"float r = {init};")
         self.line(f"#pragma omp simd reduction({reduction} : r)")
-        element = self._arg(x, _shape(x.type))
+        element = self._arg(x, self.shape(x.type))
         self.line(f"for (tsr::i64 {inner} = 0; {inner} < {inner_n}; ++{inner}) "
                   f"r = {combine.format(x=element)};")  # fmt: skip
         self.line(f"{name}[{outer}] = {_rounded('r', op.result.type.dtype)};")
@@ -661,8 +684,8 @@ class _Emitter:
         """``out[i, j] = x[i, index[i, j]]``, the index clamped into the row: an index the
         entry did not check (one computed in the function) reads inside the row."""
         x, index = op.operands
-        out = _shape(op.result.type)
-        cols = self.factor(_shape(x.type)[1])
+        out = self.shape(op.result.type)
+        cols = self.factor(self.shape(x.type)[1])
         name = self.allocate(op.result)
         column = f"tsr::clamp_index({self._arg(index, out)}, {cols})"
         self._loops(
@@ -680,7 +703,7 @@ class _Emitter:
         the row's indices say, each clamped into the row: a repeated index takes the
         last value (or sums in order), and no write is out of bounds."""
         x, index, values = op.operands
-        out, by = _shape(op.result.type), _shape(index.type)
+        out, by = self.shape(op.result.type), self.shape(index.type)
         cols = self.factor(out[1])
         name = self.allocate(op.result)
         self._loops(out, f"{name}[{self._index(op.result, out)}] = {self._arg(x, out)};")
@@ -699,24 +722,24 @@ class _Emitter:
     def op_split(self, op: Op) -> None:
         x = op.operands[0]
         axis = op.attr("axis")
-        cols = self.factor(_shape(x.type)[1])
+        cols = self.factor(self.shape(x.type)[1])
         for index, part in enumerate(op.results):
             name = self.allocate(part)
-            prows, pcols = (self.factor(d) for d in _shape(part.type))
+            prows, pcols = (self.factor(d) for d in self.shape(part.type))
             src = (f"{self.name(x)}[i * {cols} + {index} * {pcols} + j]" if axis == 1
                    else f"{self.name(x)}[({index} * {prows} + i) * {cols} + j]")  # fmt: skip
-            self._loops(_shape(part.type), f"{name}[i * {pcols} + j] = {src};")
+            self._loops(self.shape(part.type), f"{name}[i * {pcols} + j] = {src};")
 
     def op_concat(self, op: Op) -> None:
         axis = op.attr("axis")
         name = self.allocate(op.result)
-        cols = self.factor(_shape(op.result.type)[1])
+        cols = self.factor(self.shape(op.result.type)[1])
         start = Dim.const(0)
         for part in op.operands:
-            pcols = self.factor(_shape(part.type)[1])
+            pcols = self.factor(self.shape(part.type)[1])
             dst = (f"{name}[i * {cols} + {self.c(start)} + j]" if axis == 1
                    else f"{name}[({self.c(start)} + i) * {cols} + j]")  # fmt: skip
-            self._loops(_shape(part.type), f"{dst} = {self.name(part)}[i * {pcols} + j];")
+            self._loops(self.shape(part.type), f"{dst} = {self.name(part)}[i * {pcols} + j];")
             start = start + _shape(part.type)[axis]
 
     def _absorbed(self, op: Op) -> bool:
@@ -757,18 +780,18 @@ class _Emitter:
             r0, c0 = (self.c(self.defs[x.id].attr("offset")) for x in (rows, cols))
             self._fold(op, f"{r0} + i + 1 - ({c0})")
             return
-        n = self.factor(_shape(s.type)[1])
+        n = self.factor(self.shape(s.type)[1])
         name = self.result_in_place(op, (0,))
         masked = f"{self.name(cols)}[j] > {self.name(rows)}[i]"
         value = f"{masked} ? {c_float(float('-inf'))} : {self.name(s)}[i * {n} + j]"
-        self._loops(_shape(s.type), f"{name}[i * {n} + j] = {value};")
+        self._loops(self.shape(s.type), f"{name}[i * {n} + j] = {value};")
 
     def op_mask_edge(self, op: Op) -> None:
         x = op.operands[0]
         if self._absorbed(op):
             self._fold(op, f"{self.c(op.attr('extent'))} - ({self.c(op.attr('offset'))})")
             return
-        out = _shape(x.type)
+        out = self.shape(x.type)
         loop = ["i", "j"][2 - len(out) :][op.attr("axis")]
         bound = f"{self.c(op.attr('offset'))} + {loop} >= {self.c(op.attr('extent'))}"
         expr = f"tsr::select({bound}, {c_float(op.attr('fill'))}, {self._arg(x, out)})"
@@ -817,7 +840,7 @@ class _Emitter:
         )
 
     def _tile_dims(self, t: Any) -> tuple[str, str]:
-        dims = _shape(t)
+        dims = self.shape(t)
         return ("1", self.c(dims[0])) if len(dims) == 1 else (self.c(dims[-2]), self.c(dims[-1]))
 
     def check_bounds(self, op: Op) -> None:
@@ -870,7 +893,7 @@ class _Emitter:
             self.line(f"const float* const {name} = {base} + ({r0}) * {ld};")
             return
         edge = self.namer.fresh(f"{name}_edge")
-        self.storage.append((edge, self.numel(op.result.type)))
+        self.storage.append((edge, op.result.type))
         self.line(f"const float* const {name} = tsr::row_tile({edge}, {rows}, {ld}, {base}, "
                   f"{r0}, {rmax});")  # fmt: skip
 
@@ -996,8 +1019,8 @@ class _Emitter:
     # -- dot and online softmax ------------------------------------------------------------
 
     def _mnk(self, a: Value, b: Value) -> tuple[str, str, str]:
-        m, k = (self.c(d) for d in _shape(a.type))
-        return m, self.c(_shape(b.type)[1]), k
+        m, k = (self.c(d) for d in self.shape(a.type))
+        return m, self.c(self.shape(b.type)[1]), k
 
     def _live(self, op: Op, sizes: tuple[str, str, str]) -> tuple[str, ...]:
         """The dot's live extents after its tile sizes, when any is narrower."""
@@ -1085,7 +1108,7 @@ class _Emitter:
         """A lambda giving how many leading columns of row i of scores ``s`` are live."""
         limits = self.limits.get(s.id, ())
         if not limits:
-            return f"[](tsr::i64) {{ return tsr::i64({self.c(_shape(s.type)[1])}); }}"
+            return f"[](tsr::i64) {{ return tsr::i64({self.c(self.shape(s.type)[1])}); }}"
         body = limits[0] if len(limits) == 1 else f"std::min<tsr::i64>({', '.join(limits)})"
         param = "tsr::i64 i" if re.search(r"\bi\b", body) else "tsr::i64"
         return f"[&]({param}) {{ return {body}; }}"
@@ -1103,7 +1126,7 @@ class _Emitter:
             return
         s = op.operands[0]
         p, m_c, l_c = (self.allocate(r) for r in op.results)
-        rows, cols = (self.c(d) for d in _shape(s.type))
+        rows, cols = (self.c(d) for d in self.shape(s.type))
         args = f"{p}, {m_c}, {l_c}, {self.name(s)}, {rows}, {cols}, {self._limit(s)}"
         self.line(f"tsr::softmax_online({args});")
 
@@ -1113,8 +1136,8 @@ class _Emitter:
             self.over(result, operand) or self.allocate(result)
             for result, operand in zip(op.results, (acc, m, l_), strict=True)
         ]
-        rows, n = (self.c(d) for d in _shape(p.type))
-        d = self.c(_shape(v.type)[1])
+        rows, n = (self.c(d) for d in self.shape(p.type))
+        d = self.c(self.shape(v.type)[1])
         # p @ v: rows x keys times keys x d, so the live (m, n, k) are (rows, d, keys)
         _, d_live, n_live = self._live(op, (rows, d, n)) or (rows, d, n)
         rounding = ROUND.get(v.type.dtype.name)
@@ -1128,7 +1151,7 @@ class _Emitter:
             scratch = self.name(s)  # p is written over the scores it comes from
         else:
             scratch = self.namer.fresh(*((p.name, "p") if online else ("p_scaled",)))
-            self.storage.append((scratch, self.numel(p.type)))
+            self.storage.append((scratch, p.type))
             self.private.add(scratch)
         sizes = f"{rows}, {n}, {d}, {n_live}, {d_live}, {scratch}"
         values = f"{self.name(v)}, {self.strides.get(v.id, d)}"
@@ -1180,7 +1203,7 @@ class _Emitter:
             self.names[arg.id] = name
             self.line(f"{_SCALAR_TYPES[arg.type.kind]} {name} = {self.name(init)};")
             return
-        if self._dies_here(init) and self.numel(init.type) == self.numel(arg.type):
+        if self._dies_here(init) and self.numel(init.type, False) == self.numel(arg.type, False):
             self.names[arg.id] = self.name(init)
             self.roots[arg.id] = self.roots[init.id]
             return

@@ -96,7 +96,8 @@ class Dialect:
     math_namespace: str = ""
     #: Whether long lines of a file are broken under 100 columns (``wrap.py``).
     wrapped: bool = False
-    #: The declaration of a kernel's named tile size (``tile_constants.py``).
+    #: The declaration of a kernel's named tile size (``tile_constants.py``): a constant
+    #: expression, which sizes an array (``float v[BM];``).
     constant: str = "constexpr int {name} = {value};"
 
     def read(self, dtype: str, pointer: str, offset: str) -> str:
@@ -187,7 +188,9 @@ _PAIRS = {
 
 OPENCL = Dialect(
     name="opencl",
-    constant="const int {name} = {value};",
+    # (a const int is no constant expression in C: an array it sized would be a VLA,
+    # which OpenCL C has not; an enumerator is one, and scoped to the kernel's body)
+    constant="enum {{ {name} = {value} }};",
     index_type="long",
     scalar_types={"float": "float", "int": "long", "bool": "int", "index": "long"},
     storage={"f32": "float", "tf32": "float", "f16": "half", "bf16": "ushort",

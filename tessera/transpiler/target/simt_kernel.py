@@ -24,6 +24,7 @@ comes from.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
 from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, integer_variant, saturated
 from .debug_checks import bounds_lines
+from .index_names import with_named_indices
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
@@ -259,6 +261,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         else:
             self.declare(name, text)
 
+    def count(self, t: Any) -> str:
+        """How many elements a tile of type ``t`` (or one stage of a shared buffer) holds,
+        its tiles by name (``BM*BN``)."""
+        return self.constants.count(t, self.factor, slot=True)
+
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.symbols, self.constants.strides)
 
@@ -283,7 +290,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         grid = tuple((self.symbols[a.name], a.extent, a.block) for a in self.kernel.grid)
         threads = self.kernel.threads + self.kernel.producer
         sizes = {d: self.symbols[d] for d in self.dims}
-        body = tuple(without_single_iterations(self.lines))
+        body = tuple(with_named_indices(without_single_iterations(self.lines),
+                                        self.constants.names, self.d.index_type))  # fmt: skip
         prologue = tuple(self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
         prologue = (*self.constants.declarations(code, self.d.constant), *prologue)
@@ -355,6 +363,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         """Inside a walk over ``dist``: the slot of the element's row in its row vectors."""
         if isinstance(dist, Grid):
             return "r"
+        if dist.fm == 1:  # one fragment along the rows: frag / fn is 0
+            return dist.shape.row_slot
         return f"frag / {dist.fn} * {dist.shape.row_slots} + {parenthesized(dist.shape.row_slot)}"
 
     def flat_index(self, index: tuple[str, ...], dims: tuple[Dim, ...]) -> str:
@@ -366,13 +376,14 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             out = i if out == "0" else f"({out}) * {self.factor(d)} + {i}"
         return out
 
-    def split_flat(self, dims: tuple[Dim, ...]) -> tuple[str, ...]:
-        """Declare the index of each axis from the flat index ``e``; returns their names."""
+    def split_flat(self, dims: tuple[Dim, ...], t: Any = None) -> tuple[str, ...]:
+        """Declare the index of each axis from the flat index ``e`` of a tile of ``dims``
+        (of type ``t``, whose tiles are then named); returns their names."""
         if len(dims) == 1:
             return ("e",)
         if len(dims) != 2:
             raise NotLowered(f"a tile of rank {len(dims)}")
-        cols = self.factor(dims[1])
+        cols = self.factor(dims[1] if t is None else self.constants.shape(t)[1])
         self.line(f"const {self.d.index_type} i = e / {cols};")
         self.line(f"const {self.d.index_type} j = e - i * {cols};")
         return ("i", "j")
@@ -388,29 +399,30 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         wave = f", wave = lid / {self.lanes}" if self.kernel.threads > self.lanes else ""
         self.declare("wave", f"const int lane = lid % {self.lanes}{wave};")
 
-    def walk(self, dist: Distribution) -> tuple[str, ...]:
-        """Open the loops over this thread's elements of ``dist``; ``close_walk`` closes
-        them. Returns the index of the element; its slot is ``t`` (``r`` in Rows)."""
+    def walk(self, dist: Distribution, t: Any = None) -> tuple[str, ...]:
+        """Open the loops over this thread's elements of ``dist``, the layout of a value
+        of type ``t`` where one is given (its tiles then bound the loops by name);
+        ``close_walk`` closes them. Returns the index of the element; its slot is ``t``
+        (``r`` in Rows)."""
         self.walk_head = len(self.lines)
         if isinstance(dist, Flat) and _row_walk(dist.dims):
             # Rows of a constant count: a loop over them that unrolls, so that a row's
             # vectors (a norm's mean, a softmax's max) are read at constant slots.
             i64, (tid, threads) = self.d.index_type, self.team
             self.unroll()
-            self.open(f"for (int i = 0; i < {dist.dims[0].constant}; ++i)")
+            rows = self.constants.shape(t)[0] if t is not None else dist.dims[0]
+            self.open(f"for (int i = 0; i < {self.c(rows)}; ++i)")
             self.open(f"for ({i64} j = {tid}; j < {self.c(dist.dims[1])}; j += {threads})")
             index = ("i", "j")
         elif isinstance(dist, Flat):
-            total = Dim.const(1)
-            for d in dist.dims:
-                total = total * d
+            total = self.c(math.prod(dist.dims, start=Dim.const(1))) if t is None else self.count(t)
             i64, (tid, threads) = self.d.index_type, self.team
-            self.open(f"for ({i64} e = {tid}, t = 0; e < {self.c(total)}; e += {threads}, ++t)")
-            index = self.split_flat(dist.dims)
+            self.open(f"for ({i64} e = {tid}, t = 0; e < {total}; e += {threads}, ++t)")
+            index = self.split_flat(dist.dims, t)
         elif isinstance(dist, Fragments):
             shape = dist.shape
             self.open_fragments(dist, 1)
-            self.line(f"const int j = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.col};")
+            self.line(f"const int j = {dist.warp_col}{dist.frag_col}{shape.col};")
             self.line(f"const int t = frag * {shape.regs} + reg;")
             index = ("i", "j")
         elif isinstance(dist, FragmentRows):
@@ -450,7 +462,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.unroll()
         increment = "++reg" if step == 1 else f"reg += {step}"
         self.open(f"for (int reg = 0; reg < {shape.regs}; {increment})")
-        self.line(f"const int i = {dist.warp_row}frag / {dist.fn} * {shape.m} + {shape.row};")
+        self.line(f"const int i = {dist.warp_row}{dist.frag_row}{shape.row};")
 
     def close_walk(self) -> None:
         """Close a walk; the slot counter and the indices that nothing used go."""
@@ -518,7 +530,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         return Form("owned", tuple(x.type.dims), name, dist=dist)
 
     def fill(self, x: Value, dist: Distribution, name: str) -> None:
-        index = self.walk(dist)
+        index = self.walk(dist, x.type)
         slot = "r" if isinstance(dist, (Rows, FragmentRows)) else "t"
         self.line(f"{name}[{slot}] = {_bare(self.at(x, index, tuple(x.type.dims)))};")
         self.close_walk()
@@ -660,10 +672,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if all(k in ("scalar", "replicated") for k in forms) and _constant(out):
             name = self.namer.fresh(result.name, "v")
             self.forms[result.id] = Form("replicated", out, name)
-            self.line(f"float {name}[{_numel(out)}];")
+            count = self.count(result.type)
+            self.line(f"float {name}[{count}];")
             self.unroll()
-            self.open(f"for (int e = 0; e < {_numel(out)}; ++e)")
-            index = self.split_flat(out)
+            self.open(f"for (int e = 0; e < {count}; ++e)")
+            index = self.split_flat(out, result.type)
             self.line(f"{name}[e] = {self.expression(op, index, out)};")
             self.close()
             return
@@ -828,7 +841,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if self.forms[x.id].dist is not None:
             self.reduce_held_rows(op, combine, init)
             return
-        rows = dims[0].constant
+        rows = self.c(self.constants.shape(x.type)[0])
         name = self.namer.fresh(op.result.name, "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
         self.declare_shared("float", "tsr_scratch", self.kernel.threads, 4)
@@ -872,7 +885,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                 pos = i if axis.offset == Dim.const(0) else f"{self.c(axis.offset)} + {i}"
                 if axis.masked:
                     conditions.append(f"{pos} < {self.c(axis.extent)}")
-            offset = pos if not offset else f"({offset}) * {self.factor(d)} + {pos}"
+            offset = pos if not offset else f"{parenthesized(offset)} * {self.factor(d)} + {pos}"
         return offset, " && ".join(conditions)
 
     def global_element(self, tensor: Value, at: Access) -> Element:
@@ -915,7 +928,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             raise NotLowered("a load of a symbolic size from a tensor the kernel writes")
         name = self.namer.fresh(op.result.name, "v")
         self.line(f"float {name}[{-(-_numel(out) // self.kernel.threads)}];")
-        index = self.walk(Flat(out))
+        index = self.walk(Flat(out), op.result.type)
         self.line(f"{name}[t] = {element(index)};")
         self.close_walk()
         self.forms[op.result.id] = Form("owned", out, name, dist=Flat(out))
@@ -944,7 +957,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         ):
             self.store_pairs(tensor, tile, at, dist)
             return
-        index = self.walk(dist)
+        index = self.walk(dist, tile.type)
         offset, condition = self.address(tensor, at, index)
         value = self.at(tile, index, out)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
@@ -960,7 +973,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         width = out[1].constant if len(out) == 2 else 1
         if len(out) > 2 or width is None or width > _ROW_STORE_COLUMNS:
             raise NotLowered("a store of a row vector held in registers, broadcast")
-        (row,) = self.walk(dist)
+        (row,) = self.walk(dist, tile.type)
         column = "tx" if isinstance(dist, Rows) else f"({dist.shape.col})"
         for j in range(width):
             index = (row, *(str(j),) * (len(out) - 1))
@@ -982,7 +995,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         width = tile.type.dims[-1].constant
         if self.forms[tile.id].kind not in ("lazy", "scalar") or (width and width % 2):
             raise NotLowered("a store into an i4 tensor of values held in registers")
-        index = self.walk(dist)
+        index = self.walk(dist, tile.type)
         offset, condition = self.address(tensor, at, index)
         lo = self.at(tile, index, out)
         hi = self.at(tile, (*index[:-1], f"{index[-1]} + 1"), out)
@@ -999,8 +1012,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         a run-time index, which put it on the stack)."""
         out = tuple(tile.type.dims)
         self.unroll()
-        self.open(f"for (int e = 0; e < {_numel(out)}; ++e)")
-        index = self.split_flat(out)
+        self.open(f"for (int e = 0; e < {self.count(tile.type)}; ++e)")
+        index = self.split_flat(out, tile.type)
         offset, condition = self.address(tensor, at, index)
         store = self.d.write(
             tensor.type.dtype.name, self.forms[tensor.id].name, offset, self.at(tile, index, out)
@@ -1019,7 +1032,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         value = self.at(tile, ("i", "j"), out)
         self.walking = None
         self.open_fragments(dist, 2)
-        self.line(f"const int j0 = {dist.warp_col}frag % {dist.fn} * {shape.n} + {shape.pair_col};")
+        self.line(f"const int j0 = {dist.warp_col}{dist.frag_col}{shape.pair_col};")
         self.line("float pair[2];")
         self.unroll()
         self.open("for (int half = 0; half < 2; ++half)")

@@ -143,6 +143,18 @@ class Fragments:
         return self.fm * self.fn * self.shape.regs
 
     @property
+    def frag_row(self) -> str:
+        """The first row of fragment ``frag`` in its warp's part, as a term of a sum (""
+        where the part is one fragment high, whose ``frag / fn`` is 0)."""
+        return "" if self.fm == 1 else f"frag / {self.fn} * {self.shape.m} + "
+
+    @property
+    def frag_col(self) -> str:
+        """The first column of fragment ``frag`` in its warp's part, as a term of a sum
+        ("" where the part is one fragment wide, whose ``frag % fn`` is 0)."""
+        return "" if self.fn == 1 else f"frag % {self.fn} * {self.shape.n} + "
+
+    @property
     def warp_row(self) -> str:
         """The first row of warp ``wave``'s part, as a term of a sum ("" for row 0)."""
         if self.wm == 1:

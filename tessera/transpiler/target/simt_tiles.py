@@ -258,7 +258,7 @@ class TileOps:
         tensor, buf = op.operands
         place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
-        index = self.walk(Flat(tuple(buf.type.dims)))
+        index = self.walk(Flat(tuple(buf.type.dims)), buf.type)
         offset, condition = self.address(tensor, op.attr("at"), index)
         if tensor.type.dtype != buf.type.dtype:  # unpacked (i4 into bytes) as it is copied
             value = self.d.read(tensor.type.dtype.name, src, offset)
@@ -438,13 +438,15 @@ class TileOps:
         """``acc += a @ b``: on ``wgmma`` straight from shared memory where both operands
         lie there in its layout, else through the operands' elements."""
         a_view, b_view, depth = self.views.get(a.id), self.views.get(b.id), a.type.dims[1]
+        # the reduction's extent as the loops print it: the tile's name (``BK``)
+        named = self.constants.shape(a.type)[1]
         if a_view is not None and self.wgmma_ready(op, dist, depth, b_view, a_view):
             assert b_view is not None and isinstance(dist, Fragments)
-            self.wgmma_product(op, a_view, b_view, depth, acc, dist)
+            self.wgmma_product(op, a_view, b_view, named, acc, dist)
             return
         if not self.wgmma_ready(op, dist, depth, b_view):
             views = (self.loadable(op, a_view), self.loadable(op, b_view))
-            self.product(op, self.operand(a, op), self.operand(b, op), depth, acc, dist, views)
+            self.product(op, self.operand(a, op), self.operand(b, op), named, acc, dist, views)
             return
         assert b_view is not None and isinstance(dist, Fragments) and depth.constant is not None
         # a lies elsewhere: its fragments for every step are loaded first, into registers
@@ -452,11 +454,11 @@ class TileOps:
         frag = self.namer.fresh(f"{a.name or 'a'}_frag")
         self.line(f"unsigned {frag}[{depth.constant // _WGMMA_K}][4];")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {_WGMMA_K})")
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
         row, k = f"{dist.warp_row}lane / 4", "kk + lane % 4 * 2"
         self.a_fragment(f"{frag}[kk / {_WGMMA_K}]", self.operand(a, op), row, k)
         self.close()
-        self.wgmma_product(op, frag, b_view, depth, acc, dist)
+        self.wgmma_product(op, frag, b_view, named, acc, dist)
 
     def accumulator(self, op: Op, acc: Value, result: Value) -> Form:
         """Where a product accumulates: in ``acc``'s own array when nothing else reads it
@@ -513,7 +515,8 @@ class TileOps:
     ) -> None:  # fmt: skip
         """``acc += a @ b``; the reduction stops at the live corner, since the operands
         are zero past it. ``views`` are the operands that ``mma.sync`` may load with
-        ``ldmatrix``."""
+        ``ldmatrix``; ``depth`` is the reduction's extent as the loop prints it (``BK``,
+        a tile's name, where it is one)."""
         bound = self.reduction_bound(op, depth)
         inst = op.attr("mma").inst
         if isinstance(dist, Fragments) and inst in _MFMA:
@@ -594,7 +597,8 @@ class TileOps:
         dist: Fragments,
     ) -> None:
         """``acc += a @ b`` on ``wgmma``: each warpgroup's 64 rows by the tile's columns,
-        one instruction per step of 16 along the whole tile's ``k``. A run-time bound
+        one instruction per step of 16 along the whole tile's ``k`` (``depth``, printed
+        as ``product`` prints it). A run-time bound
         (the live corner) would put the instructions on a path that ptxas takes for
         divergent and serializes; the operands are zero past it anyway. ``b`` is read
         from shared memory through a descriptor; ``a`` too when it is a view ("ss"), or
@@ -615,7 +619,7 @@ class TileOps:
         trans_b = int(not b.k_major("b"))
         self.line("tsr_wgmma_fence();")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {depth.constant}; kk += {step})")
+        self.open(f"for (int kk = 0; kk < {self.c(depth)}; kk += {step})")
         function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{step}_{dtype}_{form}"
         if isinstance(a, SmemView):
             a_desc = self.descriptor(a, "a", "kk", rows)
@@ -950,7 +954,9 @@ class TileOps:
         staged, bits = self.stage(self.namer.fresh(f"{p.name or 'p'}_stage"), p_dist, value, dtype)
         a = self.fragment_element(op, staged, bits, dtype)
         views = (None, self.loadable(op, self.views.get(v.id)))
-        self.product(op, a, self.operand(v, op), p.type.dims[1], acc_form.name, dist, views)
+        self.product(
+            op, a, self.operand(v, op), self.constants.shape(p.type)[1], acc_form.name, dist, views
+        )
         self.forms[acc_out.id] = acc_form
         self.forms[m_out.id], self.forms[l_out.id] = m_form, l_form
 
@@ -973,7 +979,8 @@ class TileOps:
         name, frag = self.forms[p.id].name, self.namer.fresh(f"{p.name or 'p'}_frag")
         self.line(f"unsigned {frag}[{p_dist.cols // _WGMMA_K}][4];")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {p_dist.cols}; kk += {_WGMMA_K})")
+        named = self.constants.shape(p.type)[1]  # p's columns: the product's depth
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
         for q in range(4):
             # Fragment kk / 8 + q / 2, registers 2 (q % 2) and the next, in row slot q % 2.
             slots = [q // 2 * 4 + q % 2 * 2 + one for one in (0, 1)]
@@ -984,10 +991,10 @@ class TileOps:
         view = self.views.get(v.id)
         if self.wgmma_ready(op, dist, depth, view):
             assert view is not None
-            self.wgmma_product(op, frag, view, depth, acc, dist)
+            self.wgmma_product(op, frag, view, named, acc, dist)
         else:
             function = _MMA_SYNC[dtype][0]
-            bound = self.reduction_bound(op, depth)
+            bound = self.reduction_bound(op, named)
             steps = p_dist.cols // _WGMMA_K
             b = self.loadable(op, view) or self.operand(v, op)
             self.mma_sync_product(function, frag, b, bound, acc, dist, steps)

@@ -3,16 +3,21 @@
 A kernel's offsets step by its tile sizes (``128*pid_m``, ``32*kb``). The Tile IR
 says which program ids and loop counters step by which tile (``TileKernel.strides``),
 so a backend prints those terms with the tile's name, ``BM*pid_m`` and ``BK*kb``, and
-declares ``constexpr int BM = 128;`` at the top of the kernel. Only those terms are
-named: a number that happens to equal a tile size (a head dim of 128, a count of
-threads) stays a number.
+declares ``constexpr int BM = 128;`` at the top of the kernel. A tile's extents are
+named too where the Tile IR's types say which tile a dim is (``TileType.tiles``):
+``acc[i * BN + j]``, ``for (i = 0; i < BM; ++i)``. Only those terms are named: a number
+that happens to equal a tile size (a head dim of 128, a count of threads) stays a number.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
+from typing import Any
 
 from ...frozen import frozen
+from ..graph.dims import Dim
 from ..tile.ir import TileKernel
 from .naming import Namer
 
@@ -30,20 +35,48 @@ class TileConstants:
     #: Each stepping symbol (a program id or loop counter, as the Tile IR names it):
     #: the size it steps by and that size's C name.
     strides: dict[str, tuple[int, str]]
+    #: Each tile of the schedule (``T.m``): its size and its C name.
+    extents: dict[str, tuple[int, str]]
 
     @property
     def names(self) -> frozenset[str]:
-        return frozenset(name for _, name in self.strides.values())
+        return frozenset(name for _, name in (*self.strides.values(), *self.extents.values()))
+
+    def shape(self, t: Any) -> tuple[Dim, ...]:
+        """The dims of a tile or shared type, for printing: a dim that the type says is
+        a tile of the schedule is that tile's name (a symbol, so that products print
+        ``BM*BN``), any other dim its own."""
+        dims: tuple[Dim, ...] = tuple(getattr(t, "dims", ()))
+        tiles = getattr(t, "tiles", None) or (None,) * len(dims)
+        return tuple(
+            (
+                Dim.sym(self.extents[tile][1])
+                if tile in self.extents and d.constant == self.extents[tile][0]
+                else d
+            )
+            for d, tile in zip(dims, tiles, strict=True)
+        )
 
     def step(self, symbol: str) -> str | None:
         """The C name of the size ``symbol`` steps by, if it steps by a tile size."""
         stride = self.strides.get(symbol)
         return None if stride is None else stride[1]
 
+    def count(self, t: Any, print_dim: Callable[[Dim], str], slot: bool = False) -> str:
+        """How many elements a tile or buffer (every stage of it, or one where ``slot``)
+        holds, as the code prints it: the number its constant dims make, then its tiles'
+        names and its run-time sizes (``print_dim`` prints them), in the type's order
+        (``2*BM*BK``)."""
+        dims = self.shape(t)
+        number = math.prod((d.constant for d in dims if d.constant is not None), start=1)
+        number *= 1 if slot else getattr(t, "stages", 1)
+        factors = [print_dim(d) for d in dims if d.constant is None]
+        return "*".join(([str(number)] if number != 1 or not factors else []) + factors)
+
     def declarations(self, code: str, form: str) -> list[str]:
         """The declarations, in ``form`` (``constexpr int {name} = {value};``), of the
         constants that ``code`` uses, rows before columns before depth."""
-        values = {name: value for value, name in self.strides.values()}
+        values = {name: value for value, name in (*self.strides.values(), *self.extents.values())}
         return [
             form.format(name=name, value=values[name])
             for name in sorted(values, key=lambda n: (_ORDER.get(n[:2], len(_ORDER)), n))
@@ -57,9 +90,8 @@ def tile_constants(kernel: TileKernel, taken: frozenset[str]) -> TileConstants:
     sizes = dict(kernel.tiles)
     namer = Namer(taken)
     names: dict[str, str] = {}
-    strides = {}
-    for symbol, tile in kernel.strides:
+    for tile in (*(tile for _, tile in kernel.strides), *sizes):
         if tile not in names:
             names[tile] = namer.fresh(C_NAMES.get(tile, tile.replace("T.", "B").upper()))
-        strides[symbol] = (sizes[tile], names[tile])
-    return TileConstants(strides)
+    strides = {symbol: (sizes[tile], names[tile]) for symbol, tile in kernel.strides}
+    return TileConstants(strides, {tile: (sizes[tile], names[tile]) for tile in sizes})

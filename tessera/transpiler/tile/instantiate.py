@@ -243,11 +243,14 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
     def build(lowering: Any, tile: Value | None, access: Access) -> Value:
         inside = {first.id: tile} if first is not None and tile is not None else {}
         dims = tile.type.dims if tile is not None else tuple(a.size for a in access.tile_axes)
+        tiles = tile.type.tiles if tile is not None else _tiles_of(lowering.sizes, dims)
         current = tile
         for op in ops:
             if op.kind == "expand_dims" and op.operands[0].id not in inside:
                 view = rename[op.operands[0].id]
-                current = _epilogue_operand(lowering, view, access, op.result.type, op.attr("axes"))
+                current = _epilogue_operand(
+                    lowering, view, access, op.result.type, op.attr("axes"), tiles=tiles
+                )
                 inside[op.result.id] = current
                 continue
             if rows_permuted(op) and op.operands[0].id not in inside:
@@ -257,15 +260,19 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             if op.kind == "reshape" and op.operands[0].id not in inside:
                 # the parameter has the reshape's dims (``build``; fusion copies a view of
                 # a tensor the kernel also reads otherwise): loading it reshapes
-                current = _epilogue_operand(lowering, rename[op.operands[0].id], access)
+                current = _epilogue_operand(
+                    lowering, rename[op.operands[0].id], access, tiles=tiles
+                )
                 inside[op.result.id] = current
                 continue
             for v in op.operands:  # each tensor loaded once, however many ops read it
                 if v.id not in inside:
-                    inside[v.id] = _epilogue_operand(lowering, rename[v.id], access, span=op.span)
+                    inside[v.id] = _epilogue_operand(
+                        lowering, rename[v.id], access, span=op.span, tiles=tiles
+                    )
             operands = tuple(inside[v.id] for v in op.operands)
             scalar = isinstance(op.result.type, ScalarType)  # computed once, not per element
-            result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype)
+            result_type = op.result.type if scalar else TileType(dims, op.result.type.dtype, tiles)
             # dropout draws by the element's place in the tensor: where the tile lies
             attrs = (*op.attrs, ("at", access)) if op.kind in DRAWN else op.attrs
             (value,) = lowering.emit(
@@ -278,6 +285,17 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
         return current
 
     return build
+
+
+def _tiles_of(sizes: dict[str, int], dims: tuple[Dim, ...]) -> tuple[str | None, ...]:
+    """The schedule's tile each of a prologue's dims is: its window's axes are the
+    schedule's blocks, so a dim is the one tile (of ``sizes``) of its size; a size that
+    two tiles share, or none, is no tile's."""
+    by_size: dict[int, list[str]] = {}
+    for tile, size in sizes.items():
+        by_size.setdefault(size, []).append(tile)
+    found = (by_size.get(d.constant, []) if d.constant is not None else [] for d in dims)
+    return tuple(names[0] if len(names) == 1 else None for names in found)
 
 
 def merged_rows(t: TensorType, perm: tuple[int, ...]) -> TensorType:
@@ -304,29 +322,47 @@ def rows_permuted_load(lowering: Any, view: View, out: Access) -> Value:
 def _epilogue_operand(
     lowering: Any, value: Value, out: Access, view: TensorType | None = None,
     inserted: tuple[int, ...] = (), through: View | None = None, span: Any = None,
+    tiles: tuple[str | None, ...] | None = None,
 ) -> Value:  # fmt: skip
     """Load the part of an outside tensor that lines up with the output tile (a bias
     of ``[N]`` gives the tile's columns, broadcast over its rows). ``view`` is the
     tensor seen with new axes of one element at ``inserted`` (``s[:, None]``, whose
     ``[R]`` then gives the tile's rows, broadcast over its columns); ``through`` is
     a view that ``value`` is read through, where it lies in the view's source. The
-    tile is named after the tensor (``bias_tile``), and ``span`` is the op that reads it."""
+    tile is named after the tensor (``bias_tile``), and ``span`` is the op that reads it;
+    ``tiles`` are the schedule's tiles of the output tile's dims, which the loaded tile's
+    dims that line up with them are too."""
     if isinstance(value.type, ScalarType):
         return value
     dims = (view or value.type).dims
     axes = []
-    for extent, place in zip(dims, out.axes[len(out.axes) - len(dims) :], strict=True):
+    of_out = [i for i, a in enumerate(out.axes) if not a.index]
+    tile_of = dict(zip(of_out, tiles, strict=True)) if tiles and len(tiles) == len(of_out) else {}
+    names: list[str | None] = []
+    for place_at, extent in enumerate(dims, len(out.axes) - len(dims)):
+        place = out.axes[place_at]
         if extent == Dim.const(1) and place.extent != extent:
             axes.append(Axis(Dim.const(0), Dim.const(1), extent, index=place.index))
+            names.append(None)
         else:
             axes.append(dataclasses.replace(place, extent=extent))
+            names.append(tile_of.get(place_at))
     access = Access(tuple(a for i, a in enumerate(axes) if i not in inserted))
     source = value
     if through is not None:
         access, source = through.access(access), through.source
     sizes = tuple(a.size for a in access.tile_axes)
+    held = tuple(
+        t
+        for i, (a, t) in enumerate(zip(axes, names, strict=True))
+        if not a.index and i not in inserted
+    )
+    loaded_tiles = (
+        held if through is None and tiles is not None else _tiles_of(lowering.sizes, sizes)
+    )
     name = f"{value.name}_tile" if value.name else None
-    (loaded,) = lowering.emit("load", (source,), (TileType(sizes, source.type.dtype),),
+    loaded_type = TileType(sizes, source.type.dtype, loaded_tiles)
+    (loaded,) = lowering.emit("load", (source,), (loaded_type,),
                               (("at", access),), span=span, names=(name,))  # fmt: skip
     missing = len(out.tile_axes) - len(Access(tuple(axes)).tile_axes)
     tile_axis = [i for i, a in enumerate(axes) if not a.index]
@@ -335,9 +371,11 @@ def _epilogue_operand(
     )
     if new:
         shape = tuple(a.size for a in Access(tuple(axes)).tile_axes)
+        kept = tuple(t for a, t in zip(axes, names, strict=True) if not a.index)
+        expanded = (None,) * missing + kept if tiles is not None else None
         (loaded,) = lowering.emit(
             "expand_dims", (loaded,),
-            (TileType((Dim.const(1),) * missing + shape, value.type.dtype),),
+            (TileType((Dim.const(1),) * missing + shape, value.type.dtype, expanded),),
             (("axes", new),),
         )  # fmt: skip
     return loaded

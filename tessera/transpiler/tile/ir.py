@@ -142,6 +142,8 @@ class SharedType:
     dims: tuple[Dim, ...]
     dtype: DType
     stages: int = 1
+    #: The schedule's tile each dim is, as ``TileType.tiles`` says.
+    tiles: tuple[str | None, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def slot_elements(self) -> int:

@@ -177,7 +177,8 @@ class _Lowering:
 
     def type(self, t: Any) -> Any:
         if isinstance(t, TileType):
-            return TileType(tuple(self.dim(d) for d in t.dims), t.dtype)
+            tiles = tuple(d.symbol if d.symbol in self.sizes else None for d in t.dims)
+            return TileType(tuple(self.dim(d) for d in t.dims), t.dtype, tiles)
         return t
 
     def value(self, old: Value) -> Value:

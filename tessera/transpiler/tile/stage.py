@@ -94,7 +94,7 @@ class _Stager:
             name = f"{base}_{suffix}"
         # An i4 tile is held a byte to an element: the copy unpacks it.
         dtype = DTYPES["i8"] if t.dtype.name == "i4" else t.dtype
-        buf = new_value(SharedType(t.dims, dtype, stages), name)
+        buf = new_value(SharedType(t.dims, dtype, stages, t.tiles), name)
         self.allocs.append(Op("alloc", (), (buf,), (("space", "shared"),)))
         self.buffers[load.result.id] = buf
         return buf
