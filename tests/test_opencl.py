@@ -144,3 +144,14 @@ def test_integer_loads_stores_and_casts() -> None:
 def test_sizes_of_zero_run() -> None:
     """OpenCL has no empty buffers: an empty tensor's is a byte that nothing reads."""
     check_zero_sizes(tessera.compile(ZERO_SIZES, target="opencl").load())
+
+
+@pytest.mark.parametrize("path", ["tessera/stdlib/pad.tsr", "examples/norms.tsr"])
+def test_builds_warning_free(path: str) -> None:
+    """PoCL's compiler with -Werror: OpenCL C names every parameter of a definition
+    (pad's ``like``, which no statement reads, was left unnamed, a C2x extension)."""
+    import pyopencl as cl
+
+    program = tessera.compile_file(ROOT / path, target="opencl")
+    options = [*program.ir("meta")["build"]["options"], "-Werror"]
+    cl.Program(_queue().context, program.source).build(options=options)

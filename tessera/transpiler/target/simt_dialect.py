@@ -74,6 +74,9 @@ class Dialect:
     #: Positive infinity and the quiet NaN as float expressions: the header's names for
     #: them, the same in every dialect.
     infinity: str = "tsr_infinity()"
+    #: Whether a parameter that no statement reads is left unnamed (C++); OpenCL C, as
+    #: C99, names every parameter of a definition, and casts an unread one to void.
+    unnamed_parameters: bool = True
     nan: str = "tsr_nan()"
     #: Whether the shared-memory arena is sized at launch (CUDA: a static array is
     #: limited to 48 KiB; the metadata gives each launch its ``dynamic_smem`` bytes).
@@ -188,6 +191,7 @@ _PAIRS = {
 
 OPENCL = Dialect(
     name="opencl",
+    unnamed_parameters=False,
     # (a const int is no constant expression in C: an array it sized would be a VLA,
     # which OpenCL C has not; an enumerator is one, and scoped to the kernel's body)
     constant="enum {{ {name} = {value} }};",

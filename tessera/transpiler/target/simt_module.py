@@ -78,7 +78,13 @@ class _KernelView:
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed
         read = names_used((*simt.prologue, *simt.body))
-        self.params = [_param_decl(p, d, p.name in read) for p in simt.params]
+        self.params = [
+            _param_decl(p, d, p.name in read or not d.unnamed_parameters) for p in simt.params
+        ]
+        #: Parameters that OpenCL C names although no statement reads them.
+        self.unread = [
+            p.name for p in simt.params if p.name not in read and not d.unnamed_parameters
+        ]
         self.params += [f"const {d.index_type} {simt.sizes[dim]}" for dim in self.dims]
         self.params += [
             f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
