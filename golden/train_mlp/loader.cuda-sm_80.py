@@ -221,14 +221,13 @@ def train_step(
     t12 = cupy.empty(max(1, 4), dtype="uint8")
     t16 = cupy.empty(max(1, 4 * B), dtype="uint8")
     t18 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
-    t19 = cupy.empty(max(1, 4 * B), dtype="uint8")
-    t22 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
-    t23 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
-    t24 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
+    t19 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
+    t20 = cupy.empty(max(1, 4 * B * C), dtype="uint8")
+    t21 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
+    t22 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
     t25 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t28 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t29 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
-    t30 = cupy.empty(max(1, 4 * B * D), dtype="uint8")
+    t26 = cupy.empty(max(1, 4 * B * H), dtype="uint8")
+    t27 = cupy.empty(max(1, 4 * B * D), dtype="uint8")
     _launch(
         "train_step_k0",
         (-(-H // 128), -(-B // 128)),
@@ -273,83 +272,76 @@ def train_step(
         (-(-B // 4),),
         128,
         0,
-        (t18, t19, cupy.int64(B), cupy.int64(C)),
+        (t3, t18, t19, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
         "train_step_k10",
-        (-(-B // 4),),
-        128,
-        0,
-        (t3, t19, t18, t22, cupy.int64(B), cupy.int64(C)),
-    )
-    _launch(
-        "train_step_k11",
         (-(-B // 64), -(-C // 64)),
         128,
         16384,
-        (t22, t23, cupy.int64(B), cupy.int64(C)),
+        (t19, t20, cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k12",
+        "train_step_k11",
         (-(-C // 4),),
         128,
         0,
-        (t23, lr, b2, out4, cupy.int64(C), cupy.int64(B)),
+        (t20, lr, b2, out4, cupy.int64(C), cupy.int64(B)),
     )
     _launch(
-        "train_step_k13",
+        "train_step_k12",
         (-(-H // 128), -(-B // 128)),
         256,
         49152,
-        (t22, w2, t24, cupy.int64(B), cupy.int64(C), cupy.int64(H)),
+        (t19, w2, t21, cupy.int64(B), cupy.int64(C), cupy.int64(H)),
+    )
+    _launch(
+        "train_step_k13",
+        (-(-B // 64), -(-H // 64)),
+        128,
+        16384,
+        (hidden, t22, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
         "train_step_k14",
-        (-(-B // 64), -(-H // 64)),
-        128,
-        16384,
-        (hidden, t25, cupy.int64(B), cupy.int64(H)),
-    )
-    _launch(
-        "train_step_k15",
         (-(-C // 128), -(-H // 128)),
         256,
         49152,
-        (t25, t22, lr, w2, out3, cupy.int64(H), cupy.int64(B), cupy.int64(C)),
+        (t22, t19, lr, w2, out3, cupy.int64(H), cupy.int64(B), cupy.int64(C)),
     )
     _launch(
-        "train_step_k16",
+        "train_step_k15",
         (-(-B // 4),),
         128,
         0,
-        (hidden, t24, t28, cupy.int64(B), cupy.int64(H)),
+        (hidden, t21, t25, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
-        "train_step_k17",
+        "train_step_k16",
         (-(-B // 64), -(-H // 64)),
         128,
         16384,
-        (t28, t29, cupy.int64(B), cupy.int64(H)),
+        (t25, t26, cupy.int64(B), cupy.int64(H)),
     )
     _launch(
-        "train_step_k18",
+        "train_step_k17",
         (-(-H // 4),),
         128,
         0,
-        (t29, lr, b1, out2, cupy.int64(H), cupy.int64(B)),
+        (t26, lr, b1, out2, cupy.int64(H), cupy.int64(B)),
     )
     _launch(
-        "train_step_k19",
+        "train_step_k18",
         (-(-B // 64), -(-D // 64)),
         128,
         16384,
-        (x, t30, cupy.int64(B), cupy.int64(D)),
+        (x, t27, cupy.int64(B), cupy.int64(D)),
     )
     _launch(
-        "train_step_k20",
+        "train_step_k19",
         (-(-H // 128), -(-D // 128)),
         256,
         49152,
-        (t30, t28, lr, w1, out1, cupy.int64(D), cupy.int64(B), cupy.int64(H)),
+        (t27, t25, lr, w1, out1, cupy.int64(D), cupy.int64(B), cupy.int64(H)),
     )
     return out0, out1, out2, out3, out4

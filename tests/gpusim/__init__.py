@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import os
 import re
 import subprocess
 import tempfile
@@ -208,13 +209,16 @@ def _compiled(text: str, sanitize: bool) -> ctypes.CDLL:
     _CACHE.mkdir(parents=True, exist_ok=True)
     library = _CACHE / f"{key}.so"
     if not library.exists():
-        cpp = _CACHE / f"{key}.cpp"
+        # files of this process's own, renamed into place: two pytest workers may build
+        # the same text at once
+        cpp, built = (_CACHE / f"{key}.{os.getpid()}.{suffix}" for suffix in ("cpp", "tmp"))
         cpp.write_text(text)
-        done = subprocess.run(["g++", *flags, str(cpp), "-o", str(library.with_suffix(".tmp"))],
+        done = subprocess.run(["g++", *flags, str(cpp), "-o", str(built)],
                               capture_output=True, text=True, check=False)  # fmt: skip
         if done.returncode != 0:
             raise SimulationError(f"building {cpp} for the simulator failed:\n{done.stderr}")
-        library.with_suffix(".tmp").rename(library)
+        built.rename(library)
+        cpp.unlink()
     return ctypes.CDLL(str(library))
 
 
