@@ -1,8 +1,8 @@
 """The CPU backend's low-precision products (``docs/numerics.md``): a product of two bf16
 tensors accumulated in f32 (``tsr::mma_bf16``) runs on ``vdpbf16ps`` where the build
-targets AVX512_BF16, a dot of two i8 tiles (``tsr::dot_i8``) on ``vpdpbusd`` where it
-targets AVX512_VNNI, and both on the f32 micro-kernel otherwise or with
-``-DTSR_PORTABLE_SUMS``.
+targets AVX512_BF16, a product of two i8 tiles (``tsr::mma_i8``: a dot, or one added to an
+accumulator) on ``vpdpbusd`` where it targets AVX512_VNNI, and both on the f32
+micro-kernel otherwise or with ``-DTSR_PORTABLE_SUMS``.
 
 Each path is checked bit for bit against a NumPy emulation of its order of sums, on random
 inputs at ragged sizes (no multiple of any tile; K past one K block; odd K blocks), with
@@ -233,8 +233,8 @@ def test_only_files_with_bf16_products_carry_them() -> None:
             target="cpu",
         ).source
         assert not re.search(r"mma_bf16|dot_pairs|pack_pairs|dpbf16|TSR_PORTABLE_SUMS", source)
-        assert not re.search(r"dot_i8|dot_quads|dpbusd", source)
-    assert not re.search(r"dot_i8|dot_quads|dpbusd", bf16)
+        assert not re.search(r"mma_i8|dot_quads|dpbusd", source)
+    assert not re.search(r"mma_i8|dot_quads|dpbusd", bf16)
 
 
 # -- int8 products ----------------------------------------------------------------------
@@ -259,6 +259,37 @@ def long_i8(x: Tensor["M", 1100, i8], w: Tensor[1100, "N", i8]) -> Tensor["M", "
                               tile.load(w, rows=1100, cols=T.n)), f32)
 """
 
+#: Products added to an accumulator (an int8 GEMM's main loop): an i32 one over K blocks
+#: of 64, an f32 one over K blocks of 70 (not a multiple of four: each block's last quad
+#: is padded), and an f32 one over K blocks of 1000, whose sums pass 2^24.
+MMA_SOURCE = """
+@kernel
+def mma_i32(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), i32)
+    for kb in tile.range_n(x.shape[-1], 64):
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
+    return acc
+
+
+@kernel
+def mma_f32(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 70):
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
+    return acc
+
+
+@kernel
+def mma_long(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 1000):
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
+    return acc
+"""
+
 
 @functools.cache
 def _has_vnni() -> bool:
@@ -270,10 +301,12 @@ def _has_vnni() -> bool:
 @functools.cache
 def _i8_libraries() -> dict[str, object]:
     """The int8 program built by default, with the portable sums, and without VNNI."""
-    program = tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu")
+    program = tessera.compile(I8_SOURCE + MMA_SOURCE, filename="i8.tsr", target="cpu")
     meta = program.ir("meta")
     flags = list(meta["build"]["flags"])
-    assert program.source.count("tsr::dot_i8(") == 2
+    assert program.source.count("tsr::mma_i8<true>(") == 2
+    assert program.source.count("tsr::mma_i8(") == 3
+    assert "tsr::mma(" not in program.source
     return {
         "default": cpu_runtime.load(program.source, meta, flags),
         "portable": cpu_runtime.load(program.source, meta, [*flags, "-DTSR_PORTABLE_SUMS"]),
@@ -317,14 +350,88 @@ def test_int8_dots_past_2_to_the_24_are_exact_on_vnni() -> None:
         )
 
 
+def _int8_operands(m: int, k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random i8 operands with both extremes in every row of x and column of w."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    x[:, 0], x[:, -1], w[0], w[-1] = -128, 127, 127, -128
+    return x, w
+
+
+def _call_i32(function: object, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """An i32 result, written over two poisons that must not show."""
+    results = []
+    for poison in (np.iinfo(np.int32).min, 12345):
+        out = np.full((x.shape[0], w.shape[1]), poison, np.int32)
+        function(x, w, out=out)  # type: ignore[operator]
+        results.append(out)
+    np.testing.assert_array_equal(results[0], results[1])
+    return results[0]
+
+
+@pytest.mark.parametrize("build", ["default", "portable", "no_vnni"])
+@pytest.mark.parametrize(("m", "k", "n"), [(37, 259, 45), (130, 1030, 67), (9, 3, 33)])
+def test_int8_products_into_an_accumulator_are_the_exact_sums(
+    build: str, m: int, k: int, n: int
+) -> None:
+    """An int8 GEMM's K loop (``acc += tile.dot(x_block, w_block)``, K blocks that do not
+    divide K), into an i32 or an f32 accumulator: below 2^24 every build gives the int64
+    sums exactly."""
+    x, w = _int8_operands(m, k, n, seed=m * k + n)
+    want = x.astype(np.int64) @ w.astype(np.int64)
+    assert np.abs(want).max() < 2**24
+    library = _i8_libraries()[build]
+    np.testing.assert_array_equal(_call_i32(library.mma_i32, x, w), want)  # type: ignore
+    got = _call(library.mma_f32, x, w)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def block_sums(x: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:
+    """vpdpbusd's accumulation: each K block's exact sum added to the f32 accumulator in
+    float64 and rounded once to f32."""
+    acc = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for start in range(0, x.shape[1], block):
+        s = x[:, start : start + block].astype(np.int64) @ w[start : start + block].astype(np.int64)
+        acc = (acc.astype(np.float64) + s).astype(np.float32)
+    return acc
+
+
+def test_int8_products_into_an_accumulator_past_2_to_the_24() -> None:
+    """Past 2^24, vpdpbusd adds each block's exact sum to the accumulator with one
+    rounding; the portable build (and one without VNNI) adds one product at a time. The
+    two differ here, so the check can fail."""
+    x, w = _int8_operands(20, 2300, 30, seed=5)
+    x[:, 1:-1] = np.where(x[:, 1:-1] < 0, 125, 127)  # large sums, of odd products
+    w[1:-1] = np.where(w[1:-1] < 0, 123, 127)
+    assert (x.astype(np.int64) @ w.astype(np.int64)).min() > 2**25
+    blocks = block_sums(x, w, 1000)
+    sequential = sequential_sums(x, w)
+    assert not np.array_equal(blocks, sequential)
+    libraries = _i8_libraries()
+    portable = _call(libraries["portable"].mma_long, x, w)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(portable, sequential)
+    np.testing.assert_array_equal(_call(libraries["no_vnni"].mma_long, x, w), sequential)
+    default = _call(libraries["default"].mma_long, x, w)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(default, blocks if _has_vnni() else sequential)
+    if not _has_vnni():
+        pytest.skip(
+            "this CPU has no AVX512_VNNI (g++ -march=native defines no __AVX512VNNI__): "
+            "the block sums past 2^24 are not checked here, the portable ones are"
+        )
+
+
 @pytest.mark.parametrize("compiler", ["g++", "clang++"])
-@pytest.mark.parametrize("flags", [("-march=native",), ("-march=x86-64",)])
+@pytest.mark.parametrize(
+    "flags", [("-march=native",), ("-march=native", "-DTSR_PORTABLE_SUMS"), ("-march=x86-64",)]
+)
 def test_int8_products_compile_warning_free(compiler: str, flags: tuple[str, ...],
                                             tmp_path: Path) -> None:  # fmt: skip
     if shutil.which(compiler) is None:
         pytest.skip(f"needs {compiler}")
     cpp = tmp_path / "k.cpp"
-    cpp.write_text(tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu").source)
+    source = tessera.compile(I8_SOURCE + MMA_SOURCE, filename="i8.tsr", target="cpu").source
+    cpp.write_text(source)
     done = subprocess.run(
         [compiler, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", "-Werror", *flags,
          "-c", str(cpp), "-o", "k.o"],
@@ -338,12 +445,12 @@ import sys, numpy as np, ml_dtypes
 sys.path.insert(0, {root!r})
 import tessera
 from tessera.runtime.cpu import load
-from tests.test_cpu_low_precision import I8_SOURCE, SOURCE
+from tests.test_cpu_low_precision import I8_SOURCE, MMA_SOURCE, SOURCE
 flags = ["-std=c++17", "-O0", "-g", "-fopenmp", "-shared", "-fPIC", "-march=native",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 rng = np.random.default_rng(4)
 bf16 = tessera.compile(SOURCE, filename="bf16.tsr", target="cpu")
-i8 = tessera.compile(I8_SOURCE, filename="i8.tsr", target="cpu")
+i8 = tessera.compile(I8_SOURCE + MMA_SOURCE, filename="i8.tsr", target="cpu")
 fast = load(bf16.source, bf16.ir("meta"), flags)
 ints = load(i8.source, i8.ir("meta"), flags)
 for m, k, n in ((37, 45, 29), (130, 67, 259), (9, 3, 33)):  # each operand its own block
@@ -351,8 +458,10 @@ for m, k, n in ((37, 45, 29), (130, 67, 259), (9, 3, 33)):  # each operand its o
     b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     fast.matmul_bf16(a, b)
     fast.odd_blocks(a, b)
-    ints.blocks_i8(rng.integers(-128, 128, (m, k), dtype=np.int8),
-                   rng.integers(-128, 128, (k, n), dtype=np.int8))
+    x = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    for function in (ints.blocks_i8, ints.mma_i32, ints.mma_f32):
+        function(x, w)
 print("clean")
 """
 

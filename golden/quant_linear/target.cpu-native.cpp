@@ -712,15 +712,18 @@ inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rm
 
 // ---------------------------------------------------------------- int8 products
 
-// A dot of two i8 operands (an i32 tile, which tiles hold as floats). Where the compiler
-// targets AVX512_VNNI, it runs on `vpdpbusd`, which adds four products of an unsigned by
-// a signed byte into an i32 lane: the right operand is made unsigned by adding 128 (its
-// sign bit flipped) as it is packed, and 128 times each row's sum of the left operand
-// starts that row's sums below zero, so each sum is the exact i32 one, rounded once to
-// f32 when it is stored in the tile. (Flipping the left operand instead cost a vector
-// instruction a broadcast.) Elsewhere, or with `-DTSR_PORTABLE_SUMS`, the operands
-// are widened and the f32 micro-kernel sums them, exact while every partial sum stays
-// below 2^24 (docs/numerics.md).
+// A product of two i8 operands (an i32 tile, which tiles hold as floats): a dot, or one
+// added to an accumulator (the K loop of an int8 GEMM). Where the compiler targets
+// AVX512_VNNI, it runs on `vpdpbusd`, which adds four products of an unsigned by a signed
+// byte into an i32 lane: the right operand is made unsigned by adding 128 (its sign bit
+// flipped) as it is packed, and 128 times each row's sum of the left operand starts that
+// row's sums below zero, so each sum is the exact i32 one; it is stored in the tile
+// rounded once to f32, or added to the accumulator in double (exact for the integer
+// accumulators these products build) and rounded once. (Flipping the left operand
+// instead cost a vector instruction a broadcast.) Elsewhere, or with
+// `-DTSR_PORTABLE_SUMS`, the operands are widened and the f32 micro-kernel sums them
+// into the accumulator, exact while every partial sum stays below 2^24, where both give
+// the same bits (docs/numerics.md).
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
 // The quads of a k x n window of b (`ld_b` bytes a row) plus 128, as unsigned bytes,
@@ -767,11 +770,12 @@ inline __m512i dpbusd(__m512i c, __m512i u, __m512i s) {
   return c;
 }
 
-// An R x kPanel block of out = a @ b over k, from a panel of pack_quads, each row's sums
-// starting at its `bias` (-128 times the row's sum of a): 2R i32 accumulators, each step
-// one quad of k: two vectors of the panel and R broadcasts of a row's quad of `a` (past
-// k, zeros). The sums are stored as floats.
-template <int R>
+// An R x kPanel block of out = a @ b over k (with Fresh; else out += a @ b), from a panel
+// of pack_quads, each row's sums starting at its `bias` (-128 times the row's sum of a):
+// 2R i32 accumulators, each step one quad of k: two vectors of the panel and R
+// broadcasts of a row's quad of `a` (past k, zeros). The sums are stored as floats, or
+// added to out's in double and rounded once.
+template <int R, bool Fresh>
 inline void dot_quads(float* out, const std::int8_t* a, const std::uint8_t* panel,
                       const std::int32_t* bias, i64 ld_out, i64 ld_a, i64 k) {
   __m512i c[R][2];
@@ -801,26 +805,39 @@ inline void dot_quads(float* out, const std::int8_t* a, const std::uint8_t* pane
   }
   // (GCC 12's _mm512_cvtepi32_ps warns of an uninitialized value inside itself.)
   typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+  typedef double f64x16 __attribute__((vector_size(128)));
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) {
-      const f32xN sums = __builtin_convertvector((i32x16)c[r][h], f32xN);
-      std::memcpy(out + r * ld_out + h * kLanes, &sums, sizeof sums);
+      float* const to = out + r * ld_out + h * kLanes;
+      f32xN sums;
+      if constexpr (Fresh) {
+        sums = __builtin_convertvector((i32x16)c[r][h], f32xN);
+      } else {
+        f32xN acc;
+        std::memcpy(&acc, to, sizeof acc);
+        sums = __builtin_convertvector(__builtin_convertvector((i32x16)c[r][h], f64x16) +
+                                           __builtin_convertvector(acc, f64x16),
+                                       f32xN);
+      }
+      std::memcpy(to, &sums, sizeof sums);
     }
 }
 #endif
 
-// out = a @ b for i8 operands read from their tensors, windows as mma_bf16's; out is an
-// M x N tile of the sums as floats, on its live corner, zero elsewhere.
-inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
+// out = acc + a @ b (with Fresh, a dot: acc is zero) for i8 operands read from their
+// tensors, windows and live corner as mma_bf16's; out is an M x N tile of the sums as
+// floats, and keeps acc past the live corner (zero with Fresh).
+template <bool Fresh = false>
+inline void mma_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i64 rmax_a,
                    i64 cmax_a, const std::int8_t* b, i64 ld_b, i64 rb, i64 cb, i64 rmax_b,
-                   i64 cmax_b, i64 M, i64 N, i64 m, i64 n, i64 k) {
+                   i64 cmax_b, const float* acc, i64 M, i64 N, i64 m, i64 n, i64 k) {
   m = std::max<i64>(0, std::min(m, rmax_a - ra));
   n = std::max<i64>(0, std::min(n, cmax_b - cb));
   k = std::max<i64>(0, std::min({k, cmax_a - ca, rmax_b - rb}));
   a += ra * ld_a + ca;
   b += rb * ld_b + cb;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TSR_PORTABLE_SUMS)
-  start_product<true>(out, out, M, N, m, n);
+  start_product<Fresh>(out, acc, M, N, m, n);
   static thread_local std::vector<std::uint8_t> packed;
   static thread_local std::vector<std::int32_t> bias;
   const i64 quads = (k + 3) / 4;
@@ -838,11 +855,11 @@ inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i
       constexpr int R = decltype(rows)::value;
       for (i64 j = 0; j < n; j += kPanel) {
         const std::uint8_t* panel = packed.data() + j / kPanel * quads * 4 * kPanel;
-        panel_block<R, true>(out + i * N + j, N, std::min(kPanel, n - j),
-                             [&](float* to, i64 ld_to) {
-                               dot_quads<R>(to, a + i * ld_a, panel, bias.data() + i, ld_to,
-                                            ld_a, k);
-                             });
+        panel_block<R, Fresh>(out + i * N + j, N, std::min(kPanel, n - j),
+                              [&](float* to, i64 ld_to) {
+                                dot_quads<R, Fresh>(to, a + i * ld_a, panel, bias.data() + i,
+                                                    ld_to, ld_a, k);
+                              });
       }
     });
 #else
@@ -851,7 +868,7 @@ inline void dot_i8(float* out, const std::int8_t* a, i64 ld_a, i64 ra, i64 ca, i
   wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
   load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
   load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
-  mma<true>(out, wide_a.data(), wide_b.data(), out, M, N, m, n, k, k, n);
+  mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
 #endif
 }
 
@@ -1149,7 +1166,7 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    tsr::dot_i8(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, BM, BN,
+    tsr::mma_i8<true>(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, t, BM, BN,
         tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(64, K - 64*kb));
     float* const s = t;
     for (tsr::i64 i = 0; i < BM; ++i) {

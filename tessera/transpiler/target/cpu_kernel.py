@@ -198,7 +198,7 @@ class _Emitter:
         #: (``tsr::mma_i4``), by value id; and the results of the ops it takes over.
         self.dequantized: dict[int, Dequantized] = {}
         #: The staged copies of the operands of bf16 and int8 products that the product
-        #: reads from the tensor itself (``tsr::mma_bf16``, ``tsr::dot_i8``), by the
+        #: reads from the tensor itself (``tsr::mma_bf16``, ``tsr::mma_i8``), by the
         #: operand's id; and their buffers, which are never allocated.
         self.narrow_operands = _narrow_operands(kernel.body, self.uses, self.copies)
         self.narrow_buffers = {c.operands[1].id for c in self.narrow_operands.values()}
@@ -1097,10 +1097,8 @@ class _Emitter:
             windows += self._window(copy.operands[0], copy.attr("at"))
         sizes = self._mnk(a, b)
         live = self._live(op, sizes) or sizes
-        if a.type.dtype.name == "i8":
-            self.line(f"tsr::dot_i8({', '.join((out, *windows, *sizes[:2], *live))});")
-            return
-        function = "tsr::mma_bf16<true>" if acc is None else "tsr::mma_bf16"
+        function = "tsr::mma_i8" if a.type.dtype.name == "i8" else "tsr::mma_bf16"
+        function += "<true>" if acc is None else ""
         args = (out, *windows, acc or out, *sizes[:2], *live)
         self.line(f"{function}({', '.join(args)});")
 
@@ -1242,8 +1240,9 @@ def _narrow_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -
     """The operands of the products whose two operands are each read from a single-stage
     staged copy of a tensor, with no other reader, and are both bf16 (a product
     accumulated in f32: ``tsr::mma_bf16``, ``vdpbf16ps`` where the CPU has it) or both i8
-    (a dot, an i32 tile: ``tsr::dot_i8``, ``vpdpbusd``): the product reads the tensors
-    instead. The copy of each, by the operand's id."""
+    (an i32 tile, held as floats: a dot, or one added to an i32 or f32 accumulator, as an
+    int8 GEMM's K loop does: ``tsr::mma_i8``, ``vpdpbusd``): the product reads the
+    tensors instead. The copy of each, by the operand's id."""
     defs = {r.id: op for op in walk(body) for r in op.results}
 
     def staged(v: Value) -> Op | None:
@@ -1258,7 +1257,13 @@ def _narrow_operands(body: Block, uses: dict[int, int], copies: dict[int, Op]) -
         same = copy.operands[0].type.dtype == buf.type.dtype
         return copy if same and len(at.tile_axes) == 2 else None
 
-    products = {("dot", "bf16", "f32"), ("mma", "bf16", "f32"), ("dot", "i8", "i32")}
+    products = {
+        ("dot", "bf16", "f32"),
+        ("mma", "bf16", "f32"),
+        ("dot", "i8", "i32"),
+        ("mma", "i8", "i32"),
+        ("mma", "i8", "f32"),
+    }
     found = {}
     for op in walk(body):
         if op.kind not in ("dot", "mma") or op.attr("accum") is not None:
