@@ -131,8 +131,9 @@ def _w4a16(lib: Any, rng: np.random.Generator) -> list[dict[str, object]]:
     return cases
 
 
-#: bf16 GEMM (an f32 result), and int8 GEMM as a tile kernel: a dot of two i8 blocks per
-#: K block of 512, its exact sums added in f32.
+#: bf16 GEMM (an f32 result), and int8 GEMM as a tile kernel: each K block of 512's product
+#: added to the accumulator (``acc += tile.dot(...)``, the usual main loop), and the same
+#: loop written as a dot per block cast and added (the form that ran on vpdpbusd first).
 GEMM_SOURCE = """
 @kernel
 def gemm_bf16(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
@@ -141,6 +142,15 @@ def gemm_bf16(a: Tensor["M", "K", bf16], b: Tensor["K", "N", bf16]) -> Tensor["M
 
 @kernel
 def gemm_i8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 512):
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
+    return acc
+
+
+@kernel
+def gemm_i8_dot_then_add(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
     for kb in tile.range_n(x.shape[-1], 512):
@@ -169,6 +179,7 @@ def _gemm(rng: np.random.Generator) -> dict[str, object]:
         "tessera_bf16_vdpbf16ps": lambda: fast.gemm_bf16(a, b, out=out),
         "tessera_bf16_portable_sums": lambda: portable.gemm_bf16(a, b, out=out),
         "tessera_i8_vpdpbusd": lambda: fast.gemm_i8(x, w, out=out),
+        "tessera_i8_vpdpbusd_dot_then_add": lambda: fast.gemm_i8_dot_then_add(x, w, out=out),
         "tessera_i8_portable_sums": lambda: portable.gemm_i8(x, w, out=out),
         "numpy_sgemm_f32": lambda: np.matmul(a32, b32),
     })  # fmt: skip
