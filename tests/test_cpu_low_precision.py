@@ -261,7 +261,7 @@ def long_i8(x: Tensor["M", 1100, i8], w: Tensor[1100, "N", i8]) -> Tensor["M", "
 
 #: Products added to an accumulator (an int8 GEMM's main loop): an i32 one over K blocks
 #: of 64, an f32 one over K blocks of 70 (not a multiple of four: each block's last quad
-#: is padded), and an f32 one over K blocks of 1000, whose sums pass 2^24.
+#: is padded), and an f32 one over K blocks of 1100, whose sums pass 2^24.
 MMA_SOURCE = """
 @kernel
 def mma_i32(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:
@@ -285,7 +285,7 @@ def mma_f32(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N"
 def mma_long(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:
     T = tile.context()
     acc = tile.zeros((T.m, T.n), f32)
-    for kb in tile.range_n(x.shape[-1], 1000):
+    for kb in tile.range_n(x.shape[-1], 1100):
         acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
     return acc
 """
@@ -400,12 +400,20 @@ def block_sums(x: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:
 def test_int8_products_into_an_accumulator_past_2_to_the_24() -> None:
     """Past 2^24, vpdpbusd adds each block's exact sum to the accumulator with one
     rounding; the portable build (and one without VNNI) adds one product at a time. The
-    two differ here, so the check can fail."""
+    two differ here, so the check can fail; and element [0, 0] tells one rounding from
+    two (the block's sum rounded to f32, then the addition)."""
     x, w = _int8_operands(20, 2300, 30, seed=5)
     x[:, 1:-1] = np.where(x[:, 1:-1] < 0, 125, 127)  # large sums, of odd products
     w[1:-1] = np.where(w[1:-1] < 0, 123, 127)
     assert (x.astype(np.int64) @ w.astype(np.int64)).min() > 2**25
-    blocks = block_sums(x, w, 1000)
+    # Blocks of 1100 summing to 2^24 + 2, then 2^24 + 1: one rounding of 2^25 + 3 gives
+    # 2^25 + 4; rounding 2^24 + 1 to 2^24 first leaves a tie that rounds to 2^25.
+    x[0], w[:, 0] = 0, 0
+    for start, last in ((0, (1, 2)), (1100, (1, 1))):
+        x[0, start : start + 1024], w[start : start + 1024, 0] = -128, -128
+        x[0, start + 1024], w[start + 1024, 0] = last
+    blocks = block_sums(x, w, 1100)
+    assert blocks[0, 0] == 2**25 + 4
     sequential = sequential_sums(x, w)
     assert not np.array_equal(blocks, sequential)
     libraries = _i8_libraries()
