@@ -463,6 +463,34 @@ inline void dot(float* out, const float* a, const float* b, i64 m, i64 n, i64 k)
   dot(out, a, b, m, n, k, m, n, k);
 }
 
+// The blocks of a product of narrow operands (bf16, i8) over its live corner of m rows
+// and n columns of out (N columns a row): block(rows, i, j, to, ld_to) computes the
+// R-row block at row i, panel j (rows an integral_constant of R) into `to`, as
+// panel_block hands it over.
+template <bool Fresh, typename Block>
+inline void product_blocks(float* out, i64 N, i64 m, i64 n, Block&& block) {
+  for (i64 i = 0; i < m; i += kRows)
+    with_rows(m - i, [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      for (i64 j = 0; j < n; j += kPanel)
+        panel_block<R, Fresh>(out + i * N + j, N, std::min(kPanel, n - j),
+                              [&](float* to, i64 ld_to) { block(rows, i, j, to, ld_to); });
+    });
+}
+
+// A product of narrow operands in the portable order: the live corners of a and b widened
+// into floats, then mma's sums (a build without the instruction, or TSR_PORTABLE_SUMS).
+template <bool Fresh, typename T>
+inline void mma_widened(float* out, const T* a, const T* b, const float* acc, i64 M, i64 N,
+                        i64 m, i64 n, i64 k, i64 ld_a, i64 ld_b) {
+  static thread_local std::vector<float> wide_a, wide_b;
+  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
+  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
+  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
+  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
+  mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
+}
+
 // ---------------------------------------------------------------- bf16 products
 
 // A product of two bf16 operands accumulated in f32 (`@accum(f32)`, the default). Where
@@ -573,24 +601,12 @@ inline void mma_bf16(float* out, const bf16* a, i64 ld_a, i64 ra, i64 ca, i64 rm
   const i64 pairs = (k + 1) / 2;
   packed.resize(static_cast<std::size_t>(ceil_div(n, kPanel) * pairs * 2 * kPanel));
   pack_pairs(packed.data(), b, ld_b, k, n);
-  for (i64 i = 0; i < m; i += kRows)
-    with_rows(m - i, [&](auto rows) {
-      constexpr int R = decltype(rows)::value;
-      for (i64 j = 0; j < n; j += kPanel) {
-        const bf16* panel = packed.data() + j / kPanel * pairs * 2 * kPanel;
-        panel_block<R, Fresh>(out + i * N + j, N, std::min(kPanel, n - j),
-                              [&](float* to, i64 ld_to) {
-                                dot_pairs<R, Fresh>(to, a + i * ld_a, panel, ld_to, ld_a, k);
-                              });
-      }
-    });
+  product_blocks<Fresh>(out, N, m, n, [&](auto rows, i64 i, i64 j, float* to, i64 ld_to) {
+    const bf16* panel = packed.data() + j / kPanel * pairs * 2 * kPanel;
+    dot_pairs<decltype(rows)::value, Fresh>(to, a + i * ld_a, panel, ld_to, ld_a, k);
+  });
 #else
-  static thread_local std::vector<float> wide_a, wide_b;
-  wide_a.resize(static_cast<std::size_t>(std::max<i64>(m * k, 1)));
-  wide_b.resize(static_cast<std::size_t>(std::max<i64>(k * n, 1)));
-  load_corner(wide_a.data(), m, k, a, ld_a, 0, 0, m, k);
-  load_corner(wide_b.data(), k, n, b, ld_b, 0, 0, k, n);
-  mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
+  mma_widened<Fresh>(out, a, b, acc, M, N, m, n, k, ld_a, ld_b);
 #endif
 }
 
