@@ -426,7 +426,8 @@ SABOTAGED = {
     "TMA copies whose bytes the barrier is not told of": (
         "gemm:gemm", "sm_90a",
         "tsr_landed + 1,\n"
-        "          ptid == 0 ? (a_aligned ? 16384 : 0) + (b_aligned ? 32768 : 0) : 0);",
+        "          ptid == 0 ? (a_aligned ? A_TILE_BYTES : 0) "
+        "+ (b_aligned ? B_TILE_BYTES : 0) : 0);",
         "tsr_landed + 1, 0);"),
 
     "a TMA box's coordinates outermost first": (

@@ -144,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 32;
   constexpr int BD = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -159,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const float s = (float)(D);
   const float scale = rsqrtf(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
+  for (int e = lid; e < 2048; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
@@ -177,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
@@ -195,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
@@ -239,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (K_aligned) {
@@ -259,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (V_aligned) {
@@ -445,6 +446,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -456,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
+  for (int e = lid; e < 2048; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
@@ -473,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
@@ -491,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {
@@ -535,7 +537,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (k_aligned) {
@@ -555,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (v_aligned) {

@@ -275,6 +275,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 128;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int Q_TILE_BYTES = BM*BD*2;
+  constexpr int K_TILE_BYTES = BN*BD*2;
+  constexpr int V_TILE_BYTES = BN*BD*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -302,9 +307,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < S) {
       // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
       if (Q_aligned) {
@@ -315,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BD; e += 128) {
+        for (long long e = ptid; e < BM*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BD;
@@ -332,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BD; e += 128) {
+        for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
           k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
@@ -348,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BD; e += 128) {
+        for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
           v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
@@ -357,8 +362,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (Q_aligned ? 32768 : 0) + (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0)
-          : 0);
+          ptid == 0 ? (Q_aligned ? Q_TILE_BYTES : 0) + (K_aligned ? K_TILE_BYTES : 0)
+          + (V_aligned ? V_TILE_BYTES : 0) : 0);
     }
     for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
       if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
@@ -367,14 +372,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
         if (K_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384, &K_map,
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * BN*BD, &K_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &K_map,
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * BN*BD + 8192, &K_map,
                 tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BN*BD; e += 128) {
+          for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
             k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
@@ -387,14 +392,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
         if (V_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384, &V_map,
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * BN*BD, &V_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * 16384 + 8192, &V_map,
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * BN*BD + 8192, &V_map,
                 tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BN*BD; e += 128) {
+          for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
             v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
@@ -405,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2,
-            ptid == 0 ? (K_aligned ? 32768 : 0) + (V_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (K_aligned ? K_TILE_BYTES : 0) + (V_aligned ? V_TILE_BYTES : 0) : 0);
       }
     }
   } else {
@@ -598,6 +603,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 128;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int QB_BYTES = BM*BD*2;
+  constexpr int KB_BYTES = BN*BD*2;
+  constexpr int VB_BYTES = BN*BD*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 163872 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -623,9 +633,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < S) {
       // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
       if (q_1_aligned) {
@@ -635,7 +645,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BD; e += 128) {
+        for (long long e = ptid; e < BM*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BD;
@@ -652,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BD; e += 128) {
+        for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
           Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
@@ -668,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BD; e += 128) {
+        for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
           Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
@@ -677,8 +687,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (q_1_aligned ? 32768 : 0) + (k_aligned ? 32768 : 0)
-          + (v_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (q_1_aligned ? QB_BYTES : 0) + (k_aligned ? KB_BYTES : 0)
+          + (v_aligned ? VB_BYTES : 0) : 0);
     }
     for (long long nblk = 0; nblk * BN < S; ++nblk) {
       if (BN*nblk + BN < S) {
@@ -687,14 +697,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
         if (k_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384, &k_map,
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * BN*BD, &k_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * 16384 + 8192, &k_map,
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * BN*BD + 8192, &k_map,
                 tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BN*BD; e += 128) {
+          for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
             Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
@@ -706,14 +716,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
         if (v_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384, &v_map,
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * BN*BD, &v_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * 16384 + 8192, &v_map,
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * BN*BD + 8192, &v_map,
                 tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BN*BD; e += 128) {
+          for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
             Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
@@ -723,7 +733,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (nblk + 1) % 2,
-            ptid == 0 ? (k_aligned ? 32768 : 0) + (v_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (k_aligned ? KB_BYTES : 0) + (v_aligned ? VB_BYTES : 0) : 0);
       }
     }
   } else {

@@ -69,6 +69,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BD = 128;
+  constexpr int THREADS = 128;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -85,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const float s = (float)(D);
   const float scale = rsqrtf(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
@@ -126,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
@@ -327,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BD = 128;
+  constexpr int THREADS = 128;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -339,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
@@ -379,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
@@ -395,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += 128) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {

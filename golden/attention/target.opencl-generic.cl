@@ -62,6 +62,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 128 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const q_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const k_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -79,7 +80,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   const float s = (float)(D);
   const float scale = rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
@@ -113,7 +114,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   for (long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
@@ -129,7 +130,7 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
@@ -276,6 +277,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 128 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local ushort* const Qb_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const Kb_smem = (__local ushort*)(tsr_smem + 8192);
@@ -289,7 +291,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
@@ -322,7 +324,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
   for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
@@ -337,7 +339,7 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {

@@ -65,6 +65,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 128;
+  constexpr int THREADS = 128;
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -79,7 +80,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   const float s = (float)(D);
   const float scale = sycl::rsqrt(s);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (Q_aligned) {
@@ -113,7 +114,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (K_aligned) {
@@ -129,7 +130,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (V_aligned) {
@@ -278,6 +279,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 128;
+  constexpr int THREADS = 128;
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 16384);
@@ -288,7 +290,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 8;
     if (q_1_aligned) {
@@ -321,7 +323,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (k_aligned) {
@@ -336,7 +338,7 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (v_aligned) {

@@ -90,7 +90,8 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -99,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -139,6 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -150,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -168,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -186,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -204,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -233,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -252,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -301,11 +303,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -330,6 +333,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -341,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -359,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -377,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -395,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -424,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -443,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -492,11 +496,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -521,6 +526,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -532,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -550,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -568,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -586,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -615,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -634,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -682,10 +688,11 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -701,10 +708,11 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -723,6 +731,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -734,7 +743,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
@@ -752,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -770,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
@@ -788,7 +797,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -817,7 +826,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t0_aligned) {
@@ -836,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -888,7 +897,8 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -897,7 +907,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -919,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -937,6 +947,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -948,7 +959,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -966,7 +977,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -984,7 +995,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -1002,7 +1013,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -1031,7 +1042,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -1050,7 +1061,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
@@ -1103,6 +1114,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1114,7 +1126,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -1132,7 +1144,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -1150,7 +1162,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -1168,7 +1180,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -1197,7 +1209,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -1216,7 +1228,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
@@ -1270,6 +1282,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1281,7 +1294,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -1299,7 +1312,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1317,7 +1330,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -1335,7 +1348,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1364,7 +1377,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < 512) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
@@ -1383,7 +1396,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < 512) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {

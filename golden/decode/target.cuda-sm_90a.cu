@@ -90,7 +90,8 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -99,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -139,6 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -150,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -168,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -186,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -204,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -222,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -240,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -269,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -288,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -337,11 +339,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -366,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -377,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -395,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -413,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -431,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -449,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -467,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -496,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -515,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -564,11 +568,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -593,6 +598,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -604,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -622,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -640,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -658,7 +664,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -676,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -694,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -723,7 +729,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -742,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -790,10 +796,11 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -809,10 +816,11 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -831,6 +839,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -842,7 +851,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
@@ -860,7 +869,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -878,7 +887,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
@@ -896,7 +905,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -914,7 +923,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t0_aligned) {
@@ -932,7 +941,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -961,7 +970,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t0_aligned) {
@@ -980,7 +989,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -1032,7 +1041,8 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -1041,7 +1051,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -1063,7 +1073,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -1081,6 +1091,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1092,7 +1103,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1110,7 +1121,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -1128,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1146,7 +1157,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -1164,7 +1175,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1182,7 +1193,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -1211,7 +1222,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -1230,7 +1241,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
@@ -1283,6 +1294,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1294,7 +1306,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1312,7 +1324,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -1330,7 +1342,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1348,7 +1360,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -1366,7 +1378,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -1384,7 +1396,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 256) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -1413,7 +1425,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -1432,7 +1444,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
@@ -1486,6 +1498,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1497,7 +1510,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -1515,7 +1528,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1533,7 +1546,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -1551,7 +1564,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1569,7 +1582,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -1587,7 +1600,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < 512) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1616,7 +1629,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < 512) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t6_aligned) {
@@ -1635,7 +1648,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < 512) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {

@@ -78,7 +78,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -87,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 256)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -109,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 256) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -127,6 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -138,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -156,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -185,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -203,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -258,11 +260,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 256) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -287,6 +290,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -298,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -316,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -345,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -363,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -418,11 +422,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 256) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -447,6 +452,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -458,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -476,7 +482,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -505,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -523,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -577,10 +583,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 256) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -596,10 +603,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += 256) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -618,6 +626,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -629,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
@@ -647,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -676,7 +685,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t0_aligned) {
@@ -694,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -752,7 +761,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
@@ -761,7 +771,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 256)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -783,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
     v_2[e] = rsqrtf(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 256) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -801,6 +811,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -812,7 +823,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -830,7 +841,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wg_aligned) {
@@ -859,7 +870,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -877,7 +888,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wg_aligned) {
@@ -936,6 +947,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -947,7 +959,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -965,7 +977,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wu_aligned) {
@@ -994,7 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -1012,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wu_aligned) {
@@ -1072,6 +1084,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1083,7 +1096,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -1101,7 +1114,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wd_aligned) {
@@ -1130,7 +1143,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 512) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
@@ -1148,7 +1161,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 512) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wd_aligned) {

@@ -71,7 +71,8 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-05f;
@@ -79,7 +80,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += 128)
+    for (long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -98,7 +99,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += 128) {
+  for (long e = lid; e < 256*BM; e += THREADS) {
     const long i = e / 256;
     const long row = BM*pid_m + i;
     const long j = e - i * 256;
@@ -117,6 +118,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -137,7 +139,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -152,7 +154,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
@@ -197,11 +199,12 @@ void project_k2(__global const float* restrict t0, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += 128) {
+  for (long e = lid; e < 64*BM; e += THREADS) {
     const long i = e / 64;
     const long row = BM*pid_m + i;
     const long j = e - i * 64;
@@ -227,6 +230,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -247,7 +251,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -262,7 +266,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
@@ -307,11 +311,12 @@ void project_k4(__global const float* restrict t3, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += 128) {
+  for (long e = lid; e < 64*BM; e += THREADS) {
     const long i = e / 64;
     const long row = BM*pid_m + i;
     const long j = e - i * 64;
@@ -337,6 +342,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -357,7 +363,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -372,7 +378,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
@@ -416,10 +422,11 @@ void project_k6(__global const float* restrict t6, __global float* restrict out2
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += 128) {
+  for (long e = lid; e < 64*BM; e += THREADS) {
     const long i = e / 64;
     const long row = BM*pid_m + i;
     const long j = e - i * 64;
@@ -436,10 +443,11 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += 128) {
+  for (long e = lid; e < 64*BM; e += THREADS) {
     const long i = e / 64;
     const long row = BM*pid_m + i;
     const long j = e - i * 64;
@@ -458,6 +466,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -478,7 +487,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
@@ -493,7 +502,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
@@ -540,7 +549,8 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-05f;
@@ -548,7 +558,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += 128)
+    for (long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -567,7 +577,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
     v_2[e] = rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += 128) {
+  for (long e = lid; e < 256*BM; e += THREADS) {
     const long i = e / 256;
     const long row = BM*pid_m + i;
     const long j = e - i * 256;
@@ -586,6 +596,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -606,7 +617,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -621,7 +632,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wg_aligned) {
@@ -669,6 +680,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -689,7 +701,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -704,7 +716,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wu_aligned) {
@@ -753,6 +765,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -773,7 +786,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   for (long kb = 0; kb * BK < 512; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -788,7 +801,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wd_aligned) {

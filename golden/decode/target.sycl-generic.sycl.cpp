@@ -74,6 +74,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -81,7 +82,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -100,7 +101,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -119,6 +120,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -138,7 +140,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -153,7 +155,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
@@ -197,11 +199,12 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -227,6 +230,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -246,7 +250,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -261,7 +265,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
@@ -305,11 +309,12 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -335,6 +340,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -354,7 +360,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -369,7 +375,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
@@ -412,10 +418,11 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ out2, c
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -431,10 +438,11 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += 128) {
+  for (long long e = lid; e < 64*BM; e += THREADS) {
     const long long i = e / 64;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
@@ -453,6 +461,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -472,7 +481,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t0_aligned) {
@@ -487,7 +496,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
@@ -534,6 +543,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -541,7 +551,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += 128)
+    for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -560,7 +570,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
     v_2[e] = sycl::rsqrt(v_1[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += 128) {
+  for (long long e = lid; e < 256*BM; e += THREADS) {
     const long long i = e / 256;
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
@@ -579,6 +589,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -598,7 +609,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -613,7 +624,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wg_aligned) {
@@ -661,6 +672,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -680,7 +692,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -695,7 +707,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wu_aligned) {
@@ -744,6 +756,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -763,7 +776,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   for (long long kb = 0; kb * BK < 512; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -778,7 +791,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wd_aligned) {

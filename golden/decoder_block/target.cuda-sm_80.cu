@@ -92,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
     const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -100,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -125,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
@@ -140,6 +141,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -150,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -168,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -187,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -205,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -235,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -255,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -306,6 +308,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -316,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -334,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -353,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -371,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -401,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -421,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -472,6 +475,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -482,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -500,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -519,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -537,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -567,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -587,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -639,6 +643,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 64;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -653,7 +658,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
+  for (int e = lid; e < 2048; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
@@ -670,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
@@ -688,7 +693,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
@@ -726,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t2_aligned) {
@@ -746,7 +751,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 4;
         if (t4_aligned) {
@@ -890,6 +895,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -900,7 +906,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -918,7 +924,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -937,7 +943,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -955,7 +961,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -985,7 +991,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
@@ -1005,7 +1011,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -1059,7 +1065,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -1067,7 +1074,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -1092,7 +1099,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h_1[row * C + j] =
           (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
@@ -1109,6 +1116,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1119,7 +1127,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -1137,7 +1145,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -1156,7 +1164,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -1174,7 +1182,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -1204,7 +1212,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
@@ -1224,7 +1232,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -1278,6 +1286,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1288,7 +1297,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -1306,7 +1315,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1325,7 +1334,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -1343,7 +1352,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1373,7 +1382,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
@@ -1393,7 +1402,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
@@ -1449,6 +1458,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1459,7 +1469,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
@@ -1477,7 +1487,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1496,7 +1506,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
@@ -1514,7 +1524,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1544,7 +1554,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
@@ -1564,7 +1574,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {

@@ -92,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
     const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -100,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -125,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
@@ -140,6 +141,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -150,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -168,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -187,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -205,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -224,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -242,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -272,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -292,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -343,6 +345,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -353,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -371,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -390,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -408,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -427,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -445,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -475,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -495,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -546,6 +549,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -556,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -574,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -593,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -611,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -630,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_aligned) {
@@ -648,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -678,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_aligned) {
@@ -698,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -750,6 +754,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 64;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -764,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += 256) {
+  for (int e = lid; e < 2048; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
@@ -798,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 2048; e += 256) {
+    for (int e = lid; e < 2048; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
@@ -814,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 2048; e += 256) {
+    for (int e = lid; e < 2048; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
@@ -953,6 +958,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -963,7 +969,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -981,7 +987,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -1000,7 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -1018,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -1037,7 +1043,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t6_aligned) {
@@ -1055,7 +1061,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -1085,7 +1091,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t6_aligned) {
@@ -1105,7 +1111,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -1159,7 +1165,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -1167,7 +1174,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -1192,7 +1199,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h_1[row * C + j] =
           (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
@@ -1209,6 +1216,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1219,7 +1227,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1237,7 +1245,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -1256,7 +1264,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1274,7 +1282,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -1293,7 +1301,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1311,7 +1319,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -1341,7 +1349,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_1_aligned) {
@@ -1361,7 +1369,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -1415,6 +1423,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1425,7 +1434,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1443,7 +1452,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1462,7 +1471,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1480,7 +1489,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1499,7 +1508,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (h_1_aligned) {
@@ -1517,7 +1526,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1547,7 +1556,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (h_1_aligned) {
@@ -1567,7 +1576,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
@@ -1623,6 +1632,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1633,7 +1643,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
@@ -1651,7 +1661,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1670,7 +1680,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
@@ -1688,7 +1698,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1707,7 +1717,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t12_aligned) {
@@ -1725,7 +1735,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < F) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1755,7 +1765,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < F) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t12_aligned) {
@@ -1775,7 +1785,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < F) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {

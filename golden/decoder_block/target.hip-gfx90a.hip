@@ -79,7 +79,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
     const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -87,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -112,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
@@ -127,6 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -137,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -155,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wq_aligned) {
@@ -185,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -204,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wq_aligned) {
@@ -261,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -271,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -289,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wk_aligned) {
@@ -319,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -338,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wk_aligned) {
@@ -395,6 +398,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -405,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -423,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wv_aligned) {
@@ -453,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_aligned) {
@@ -472,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wv_aligned) {
@@ -530,6 +534,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   constexpr int BM = 64;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int THREADS = 128;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
@@ -543,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
@@ -583,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
@@ -599,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
@@ -743,6 +748,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -753,7 +759,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -771,7 +777,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (wo_aligned) {
@@ -801,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t6_aligned) {
@@ -820,7 +826,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (wo_aligned) {
@@ -880,7 +886,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -888,7 +895,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -913,7 +920,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h_1[row * C + j] =
           (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
@@ -930,6 +937,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -940,7 +948,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -958,7 +966,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -988,7 +996,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
@@ -1007,7 +1015,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -1067,6 +1075,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1077,7 +1086,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -1095,7 +1104,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w3_aligned) {
@@ -1125,7 +1134,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (h_1_aligned) {
@@ -1144,7 +1153,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w3_aligned) {
@@ -1206,6 +1215,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1216,7 +1226,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
@@ -1234,7 +1244,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -1264,7 +1274,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t12_aligned) {
@@ -1283,7 +1293,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {

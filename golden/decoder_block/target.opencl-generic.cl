@@ -73,14 +73,15 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
     __global float* restrict h, const long S, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -101,7 +102,7 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
@@ -117,6 +118,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -136,7 +138,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -151,7 +153,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
@@ -197,6 +199,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -216,7 +219,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -231,7 +234,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
@@ -277,6 +280,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -296,7 +300,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -311,7 +315,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
@@ -357,6 +361,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[24576] __attribute__((aligned(16)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const k_tile_smem = (__local float*)(tsr_smem + 8192);
@@ -371,7 +376,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   const long pid_b0 = get_group_id(1);
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
@@ -404,7 +409,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
@@ -419,7 +424,7 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
@@ -556,6 +561,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -575,7 +581,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -590,7 +596,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
@@ -638,14 +644,15 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
     __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -666,7 +673,7 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < S) h_1[row * C + j] =
           (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
@@ -683,6 +690,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -702,7 +710,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -717,7 +725,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -766,6 +774,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -785,7 +794,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -800,7 +809,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w3_aligned) {
@@ -851,6 +860,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -870,7 +880,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
   for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
@@ -885,7 +895,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {

@@ -76,13 +76,14 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -103,7 +104,7 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
     }
@@ -119,6 +120,7 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -137,7 +139,7 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -152,7 +154,7 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wq_aligned) {
@@ -198,6 +200,7 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -216,7 +219,7 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -231,7 +234,7 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wk_aligned) {
@@ -277,6 +280,7 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -295,7 +299,7 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_aligned) {
@@ -310,7 +314,7 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wv_aligned) {
@@ -356,6 +360,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int THREADS = 128;
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 8192);
   float* const v_tile_smem = (float*)(tsr_smem + 16384);
@@ -367,7 +372,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   const long long pid_b0 = it.get_group(1);
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += 128) {
+  for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t0_aligned) {
@@ -400,7 +405,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t2_aligned) {
@@ -415,7 +420,7 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t4_aligned) {
@@ -554,6 +559,7 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -572,7 +578,7 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t6_aligned) {
@@ -587,7 +593,7 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (wo_aligned) {
@@ -635,13 +641,14 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -662,7 +669,7 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) h_1[row * C + j] =
           (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
@@ -679,6 +686,7 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -697,7 +705,7 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -712,7 +720,7 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -760,6 +768,7 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -778,7 +787,7 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (h_1_aligned) {
@@ -793,7 +802,7 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w3_aligned) {
@@ -843,6 +852,7 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -861,7 +871,7 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
   for (long long kb = 0; kb * BK < F; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t12_aligned) {
@@ -876,7 +886,7 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {

@@ -181,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -191,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -209,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -228,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -246,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -278,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -298,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
@@ -379,6 +380,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -389,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -407,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
@@ -426,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -444,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
@@ -476,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -496,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
@@ -578,6 +580,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -588,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
@@ -606,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
@@ -625,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < F) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
@@ -643,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < F) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
@@ -675,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
@@ -695,7 +698,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
@@ -777,6 +780,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
@@ -787,7 +791,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -805,7 +809,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
@@ -824,7 +828,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -842,7 +846,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
@@ -874,7 +878,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
@@ -894,7 +898,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {

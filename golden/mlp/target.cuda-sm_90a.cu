@@ -301,6 +301,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK*2;
+  constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -328,9 +332,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
@@ -339,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -358,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -368,17 +372,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
     }
     if (64 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &A_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &A_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -390,14 +394,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &B_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &B_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &B_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &B_map, tsr_landed + 1, BN*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &B_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &B_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &B_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &B_map, tsr_landed + 1, BN*pid_n + 192, 64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -407,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
       if (BK*kb + 128 < K) {
@@ -415,12 +419,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &A_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &A_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -432,18 +436,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &B_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &B_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &B_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &B_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += 128) {
+          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
@@ -453,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {
@@ -526,6 +530,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK*2;
+  constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -553,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < D) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
@@ -564,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -583,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -593,17 +601,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (W_in_aligned ? B_TILE_BYTES : 0) : 0);
     }
     if (64 < D) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -615,14 +623,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_in_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_in_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_in_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_in_map, tsr_landed + 1, BN*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_in_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &W_in_map, tsr_landed + 1, BN*pid_n + 64,
+              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &W_in_map, tsr_landed + 1, BN*pid_n + 128,
+              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &W_in_map, tsr_landed + 1, BN*pid_n + 192,
+              64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -632,7 +643,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (W_in_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < D; ++kb) {
       if (BK*kb + 128 < D) {
@@ -640,12 +651,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -657,18 +668,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_in_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_in_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_in_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_in_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_in_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_in_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_in_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_in_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_in_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += 128) {
+          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
@@ -678,7 +689,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (x_aligned ? 16384 : 0) + (W_in_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (W_in_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {
@@ -751,6 +762,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK*2;
+  constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -778,9 +793,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < F) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
@@ -789,7 +804,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -808,7 +823,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -818,17 +833,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (h_aligned ? A_TILE_BYTES : 0) + (W_out_aligned ? B_TILE_BYTES : 0) : 0);
     }
     if (64 < F) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &h_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &h_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -840,14 +855,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &W_out_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &W_out_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &W_out_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &W_out_map, tsr_landed + 1, BN*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_out_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &W_out_map, tsr_landed + 1, BN*pid_n + 64,
+              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &W_out_map, tsr_landed + 1, BN*pid_n + 128,
+              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &W_out_map, tsr_landed + 1, BN*pid_n + 192,
+              64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -857,7 +875,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (h_aligned ? A_TILE_BYTES : 0) + (W_out_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < F; ++kb) {
       if (BK*kb + 128 < F) {
@@ -865,12 +883,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (h_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &h_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &h_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -882,18 +900,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (W_out_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &W_out_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_out_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &W_out_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_out_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &W_out_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_out_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &W_out_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_out_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += 128) {
+          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
@@ -903,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (h_aligned ? 16384 : 0) + (W_out_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (h_aligned ? A_TILE_BYTES : 0) + (W_out_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {
@@ -977,6 +995,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 128;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK;
+  constexpr int B_TILE_BYTES = BN*BK;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 65536);
@@ -1004,9 +1026,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < D) {
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
@@ -1015,7 +1037,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -1031,7 +1053,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BK; e += 128) {
+        for (long long e = ptid; e < BN*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BN*pid_n + i;
           const long long j = e - i * BK;
@@ -1041,17 +1063,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (w_aligned ? B_TILE_BYTES : 0) : 0);
     }
     if (128 < D) {
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 16384, &x_map, tsr_landed + 1, 128, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 128, BM*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -1063,11 +1085,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 32768, &w_map, tsr_landed + 1, 128, BN*pid_n);
+          tsr_tma_load_2d(b_tile_smem + BN*BK, &w_map, tsr_landed + 1, 128, BN*pid_n);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BN*BK; e += 128) {
+        for (long long e = ptid; e < BN*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BN*pid_n + i;
           const long long j = e - i * BK;
@@ -1077,7 +1099,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (w_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < D; ++kb) {
       if (BK*kb + 256 < D) {
@@ -1085,12 +1107,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 16384, &x_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 256, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -1102,12 +1124,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
         if (w_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 32768, &w_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BN*BK, &w_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 256, BN*pid_n);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BN*BK; e += 128) {
+          for (long long e = ptid; e < BN*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BN*pid_n + i;
             const long long j = e - i * BK;
@@ -1117,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (x_aligned ? 16384 : 0) + (w_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (w_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {

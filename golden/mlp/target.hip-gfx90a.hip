@@ -93,6 +93,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -103,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -151,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -170,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
@@ -236,6 +237,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -246,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -264,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_in_aligned) {
@@ -294,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -313,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_in_aligned) {
@@ -380,6 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -390,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
@@ -408,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (W_out_aligned) {
@@ -438,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (h_aligned) {
@@ -457,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (W_out_aligned) {
@@ -524,6 +527,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 16384);
@@ -534,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -552,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
@@ -580,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
@@ -599,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (w_aligned) {

@@ -82,6 +82,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -101,7 +102,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -116,7 +117,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -169,6 +170,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -188,7 +190,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -203,7 +205,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_in_aligned) {
@@ -256,6 +258,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -275,7 +278,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
@@ -290,7 +293,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_out_aligned) {
@@ -345,6 +348,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
   __local uchar* const b_tile_smem = (__local uchar*)(tsr_smem + 4096);
@@ -364,7 +368,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -379,7 +383,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {

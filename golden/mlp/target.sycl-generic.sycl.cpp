@@ -90,6 +90,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -108,7 +109,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -123,7 +124,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -175,6 +176,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -193,7 +195,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -208,7 +210,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_in_aligned) {
@@ -261,6 +263,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -279,7 +282,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   for (long long kb = 0; kb * BK < F; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (h_aligned) {
@@ -294,7 +297,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (W_out_aligned) {
@@ -349,6 +352,7 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 64;
+  constexpr int THREADS = 128;
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -367,7 +371,7 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -382,7 +386,7 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {

@@ -75,14 +75,15 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
     float* __restrict__ out, const long long R, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -91,13 +92,13 @@ extern "C" __global__ void __launch_bounds__(128) row_softmax(const float* __res
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < R) out[row * C + j] =
           ((expf(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
@@ -112,7 +113,8 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
     unsigned short* __restrict__ out, const long long T, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -122,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -136,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]));
@@ -161,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(128) pre_norm(const unsigned short*
   // layernorm.tsr:19: return normed
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
@@ -177,7 +179,8 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
     const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -185,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -210,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(128) rms(const float* __restrict__ 
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
@@ -225,7 +228,8 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-06f;
@@ -234,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
         + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
         * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
@@ -261,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(128) add_rms(const float* __restric
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
           ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)

@@ -75,13 +75,14 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
     const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -89,12 +90,12 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + (exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < R) out[row * C + j] = ((exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
     }
@@ -109,7 +110,8 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
     const long D) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -118,7 +120,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128)
+    for (long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -130,7 +132,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   float v_2[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128)
+    for (long j = lid; j < D; j += THREADS)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]));
@@ -151,7 +153,7 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
   }
   // layernorm.tsr:19: return normed
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < D; j += 128) {
+    for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
@@ -167,14 +169,15 @@ void rms(__global const float* restrict x, __global const float* restrict weight
     __global float* restrict out, const long T, const long D) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128)
+    for (long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -195,7 +198,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < D; j += 128) {
+    for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
@@ -211,7 +214,8 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float eps = 1e-06f;
@@ -219,7 +223,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < D; j += 128)
+    for (long j = lid; j < D; j += THREADS)
         r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
         + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
         * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
@@ -242,7 +246,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < D; j += 128) {
+    for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
           ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)

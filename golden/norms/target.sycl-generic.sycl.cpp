@@ -77,12 +77,13 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
     const long long R, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = sycl::fmax(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
@@ -90,12 +91,12 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (sycl::exp(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < R) out[row * C + j] =
           ((sycl::exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
@@ -110,6 +111,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
     const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -118,7 +120,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -130,7 +132,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   float v_2[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
         - v_1[i]));
@@ -151,7 +153,7 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   }
   // layernorm.tsr:19: return normed
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
@@ -167,13 +169,14 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -194,7 +197,7 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
     }
@@ -209,6 +212,7 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-06f;
@@ -216,7 +220,7 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < D; j += 128)
+    for (long long j = lid; j < D; j += THREADS)
         r = r + (((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
         + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
         * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
@@ -239,7 +243,7 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < D; j += 128) {
+    for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
           ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)

@@ -169,9 +169,10 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
     const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -184,11 +185,12 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
     const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
           tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
@@ -206,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 36864 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 24576);
@@ -216,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -235,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -254,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
   tsr_copy_commit();
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -273,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (32 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -305,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -325,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(128) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += 128) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
@@ -415,12 +418,13 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       t4[(pid_b0 * 32 + row) * N + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
@@ -438,6 +442,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -448,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -466,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
@@ -485,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -503,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
@@ -535,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -555,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k1(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (t4_aligned) {
@@ -630,12 +635,13 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
           (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
@@ -651,12 +657,13 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
           out[((pid_b0 * 32 + row) * N + j) >> 1] =
@@ -676,6 +683,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -684,7 +692,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -702,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   }
   tsr_copy_commit();
   if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -734,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -838,6 +846,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 24576);
@@ -849,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -866,7 +875,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -884,7 +893,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (64 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -901,7 +910,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (64 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -939,7 +948,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 128 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
@@ -958,7 +967,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       }
     }
     if (64*kb + 128 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {

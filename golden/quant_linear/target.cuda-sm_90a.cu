@@ -335,9 +335,10 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
     const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -350,11 +351,12 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
     const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
           tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
@@ -372,6 +374,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
@@ -382,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
@@ -401,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
@@ -420,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   tsr_copy_commit();
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (x_aligned) {
@@ -439,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (64 < K) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 16;
       if (w_aligned) {
@@ -472,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (x_aligned) {
@@ -492,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 16;
         if (w_aligned) {
@@ -576,12 +579,13 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       t4[(pid_b0 * 32 + row) * N + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
@@ -600,6 +604,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK*2;
+  constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
@@ -627,9 +635,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
@@ -638,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -657,7 +665,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -667,17 +675,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
     }
     if (64 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + 8192, &x_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 64, BM*pid_m);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -689,14 +697,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + 16384, &t4_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + 20480, &t4_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + 24576, &t4_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + 28672, &t4_map, tsr_landed + 1, BN*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &t4_map, tsr_landed + 1, BN*pid_n, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &t4_map, tsr_landed + 1, BN*pid_n + 64, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &t4_map, tsr_landed + 1, BN*pid_n + 128, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &t4_map, tsr_landed + 1, BN*pid_n + 192,
+              64);
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -706,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
       if (BK*kb + 128 < K) {
@@ -714,12 +723,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * 8192, &x_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
                 tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -731,18 +740,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (t4_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384, &t4_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &t4_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 4096, &t4_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &t4_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 8192, &t4_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &t4_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * 16384 + 12288, &t4_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &t4_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += 128) {
+          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
@@ -752,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (x_aligned ? 16384 : 0) + (t4_aligned ? 32768 : 0) : 0);
+            ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {
@@ -817,12 +826,13 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
           (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
@@ -838,12 +848,13 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
           out[((pid_b0 * 32 + row) * N + j) >> 1] =
@@ -863,6 +874,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -871,7 +883,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -889,7 +901,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   }
   tsr_copy_commit();
   if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -922,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -1017,6 +1029,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 32768);
@@ -1028,7 +1041,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -1045,7 +1058,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -1063,7 +1076,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (64 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -1080,7 +1093,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (64 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -1098,7 +1111,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (128 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -1115,7 +1128,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (128 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -1153,7 +1166,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
@@ -1172,7 +1185,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       }
     }
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {

@@ -95,9 +95,10 @@ extern "C" __global__ void __launch_bounds__(512) quantize_weights_k0(
     const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 512;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < BM; e += 512) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -110,11 +111,12 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k1(const floa
     const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 256) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
           tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
@@ -132,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 16384);
@@ -142,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -161,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 256; e += 256) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -191,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -211,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += 256) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {
@@ -276,12 +279,13 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 256) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       t4[(pid_b0 * 32 + row) * N + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
@@ -299,6 +303,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -309,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -327,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (t4_aligned) {
@@ -357,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -376,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (t4_aligned) {
@@ -436,12 +441,13 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k0(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 256) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
           (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
@@ -457,12 +463,13 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 256) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
           out[((pid_b0 * 32 + row) * N + j) >> 1] =
@@ -482,6 +489,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -490,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -520,7 +528,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 32 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
@@ -587,6 +595,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 16384);
@@ -598,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -615,7 +624,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 16;
       if (w_aligned) {
@@ -651,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
@@ -669,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       }
     }
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 16;
         if (w_aligned) {

@@ -88,9 +88,10 @@ void quantize_weights_k0(__global const float* restrict scale, __global float* r
     const long N) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
+  enum { THREADS = 256 };
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long e = lid; e < BM; e += 256) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -103,10 +104,11 @@ void quantize_weights_k1(__global const float* restrict w, __global const float*
     __global char* restrict out, const long K, const long N) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < N; j += 128) {
+    for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
           tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((row < K ? w[row * N + j] : 0.0f)
@@ -125,6 +127,7 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[6144] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   __local char* const operand_smem = (__local char*)(tsr_smem + 4096);
@@ -144,7 +147,7 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -160,7 +163,7 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    for (int e = lid; e < 128; e += 128) {
+    for (int e = lid; e < 128; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
@@ -210,11 +213,12 @@ void linear_per_group_k0(__global const char* restrict w, __global const float* 
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < N; j += 128) {
+    for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
       t4[(pid_b0 * 32 + row) * N + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
@@ -232,6 +236,7 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
@@ -251,7 +256,7 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -266,7 +271,7 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (t4_aligned) {
@@ -313,11 +318,12 @@ void quantize_i4_k0(__global const float* restrict scale, __global float* restri
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < N; j += 128) {
+    for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
           (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
@@ -333,11 +339,12 @@ void quantize_i4_k1(__global const float* restrict w, __global const float* rest
   const int lid = get_local_id(0);
   (void)K;  // the grid's extent only
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < N; j += 128) {
+    for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
       if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
           out[((pid_b0 * 32 + row) * N + j) >> 1] =
@@ -358,6 +365,7 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[4096] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   const int tx = lid % 16, ty = lid / 16;
@@ -375,7 +383,7 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
   for (long kb = 0; kb * 32 < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -427,6 +435,7 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local char* const operand_smem = (__local char*)(tsr_smem + 0);
   __local char* const operand_smem_1 = (__local char*)(tsr_smem + 4096);
@@ -454,7 +463,7 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -468,7 +477,7 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
         }
       }
     }
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {

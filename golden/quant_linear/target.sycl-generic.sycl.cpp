@@ -89,9 +89,10 @@ inline void quantize_weights_k0(const float* __restrict__ scale, float* __restri
     const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < N) t0[BM*pid_m + e] =
         (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
   }
@@ -104,10 +105,11 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
           tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((row < K ? w[row * N + j]
@@ -125,6 +127,7 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -143,7 +146,7 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -159,7 +162,7 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    for (int e = lid; e < 128; e += 128) {
+    for (int e = lid; e < 128; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {
@@ -209,11 +212,12 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       t4[(pid_b0 * 32 + row) * N + j] =
           tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
@@ -231,6 +235,7 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -249,7 +254,7 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -264,7 +269,7 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (t4_aligned) {
@@ -310,11 +315,12 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
           (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
@@ -330,11 +336,12 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += 128) {
+    for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
           out[((pid_b0 * 32 + row) * N + j) >> 1] =
@@ -354,6 +361,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const int tx = lid % 16, ty = lid / 16;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -370,7 +378,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * 32 < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
@@ -422,6 +430,7 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -448,7 +457,7 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
@@ -462,7 +471,7 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
         }
       }
     }
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (w_aligned) {

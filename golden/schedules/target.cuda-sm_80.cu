@@ -166,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -176,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -194,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -213,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -231,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -263,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -283,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
@@ -362,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -372,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -390,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -409,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -427,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -459,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += 128) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -479,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += 128) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
@@ -559,6 +561,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -569,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -587,7 +590,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -606,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -624,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -656,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -676,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 128) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {

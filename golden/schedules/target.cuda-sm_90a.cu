@@ -333,6 +333,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -343,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -361,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -395,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -415,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
@@ -514,6 +515,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -524,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -542,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -575,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += 128) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -595,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += 128) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
@@ -695,6 +697,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
+  constexpr int CONSUMERS = 256;
+  constexpr int PRODUCERS = 128;
+  constexpr int A_TILE_BYTES = BM*BK*2;
+  constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 49152);
@@ -720,9 +726,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   }
   __syncthreads();
   // warpgroup 2: the producer, which only copies
-  if (lid >= 256) {
+  if (lid >= CONSUMERS) {
     tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - 256;
+    const int ptid = lid - CONSUMERS;
     if (0 < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
@@ -731,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += 128) {
+        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
@@ -748,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         }
       } else {
         #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += 128) {
+        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
@@ -758,7 +764,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+          ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
       if (BK*kb + BK < K) {
@@ -766,12 +772,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * 8192, &A_map,
+            tsr_tma_load_2d(a_tile_smem + ((kb + 1) % 3) * BM*BK, &A_map,
                 tsr_landed + (kb + 1) % 3, BK*kb + BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += 128) {
+          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
@@ -783,14 +789,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
         // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
         if (B_aligned) {
           if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * BK*BN, &B_map,
                 tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * 8192 + 4096, &B_map,
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * BK*BN + 4096, &B_map,
                 tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + BK);
           }
         } else {
           #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += 128) {
+          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
@@ -800,7 +806,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
           tsr_fence_async_shared();
         }
         tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 1) % 3,
-            ptid == 0 ? (A_aligned ? 16384 : 0) + (B_aligned ? 16384 : 0) : 0);
+            ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
       }
     }
   } else {

@@ -74,6 +74,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 512;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -84,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 512) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -102,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 512) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -120,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 512) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -138,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += 512) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -168,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 512) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -187,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += 512) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {
@@ -250,6 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -260,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 256) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -278,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += 256) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -296,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 256; e += 256) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -314,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 256; e += 256) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -341,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += 256) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -360,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += 256) {
+      for (int e = lid; e < 256; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 8;
         if (B_aligned) {
@@ -418,6 +420,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
@@ -428,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -446,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -476,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (A_aligned) {
@@ -495,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 16;
         const int j = e % 16 * 8;
         if (B_aligned) {

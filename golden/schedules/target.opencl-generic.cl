@@ -68,6 +68,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   enum { BM = 128 };
   enum { BN = 128 };
   enum { BK = 32 };
+  enum { THREADS = 256 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
@@ -87,7 +88,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -103,7 +104,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -154,6 +155,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
@@ -173,7 +175,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -189,7 +191,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -241,6 +243,7 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   enum { BM = 128 };
   enum { BN = 128 };
   enum { BK = 32 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
@@ -260,7 +263,7 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -275,7 +278,7 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {

@@ -74,6 +74,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
@@ -92,7 +93,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -107,7 +108,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {
@@ -157,6 +158,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -175,7 +177,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -190,7 +192,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 8;
       if (B_aligned) {
@@ -241,6 +243,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 128;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % 16, ty = lid / 16;
@@ -259,7 +262,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (A_aligned) {
@@ -274,7 +277,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += 128) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 8;
       if (B_aligned) {

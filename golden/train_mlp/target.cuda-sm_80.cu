@@ -117,6 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -127,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -145,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -164,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -182,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -212,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
@@ -232,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -287,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -297,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -315,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -334,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -352,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -382,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
@@ -402,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -455,14 +457,15 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -471,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -483,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
           ((row < B ? target[row * C + j] : 0.0f)
@@ -498,14 +501,15 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
     float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -521,7 +525,8 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
     float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -529,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -560,6 +565,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -570,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -588,7 +594,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -607,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -625,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -655,7 +661,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
@@ -675,7 +681,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -730,6 +736,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -740,7 +747,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -758,7 +765,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -777,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -795,7 +802,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -825,7 +832,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
@@ -845,7 +852,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -897,14 +904,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
     float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -913,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -924,7 +932,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
@@ -937,14 +945,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
     const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -961,7 +970,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
     float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -969,7 +979,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -997,9 +1007,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
     float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -1011,9 +1022,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
     float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -1026,10 +1038,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
     const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -1043,11 +1056,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t18[row * C + j] =
           ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
@@ -1061,7 +1075,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
     const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
@@ -1069,13 +1084,13 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
           ((row < B ? t18[row * C + j] : 0.0f)
@@ -1091,13 +1106,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t19_aligned) {
@@ -1114,7 +1130,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1131,14 +1147,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1148,7 +1165,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1163,6 +1180,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1173,7 +1191,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t19_aligned) {
@@ -1191,7 +1209,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
@@ -1210,7 +1228,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t19_aligned) {
@@ -1228,7 +1246,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
@@ -1258,7 +1276,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t19_aligned) {
@@ -1278,7 +1296,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (w2_aligned) {
@@ -1328,13 +1346,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
@@ -1351,7 +1370,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1370,6 +1389,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1380,7 +1400,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
@@ -1398,7 +1418,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1417,7 +1437,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
@@ -1435,7 +1455,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1465,7 +1485,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t22_aligned) {
@@ -1485,7 +1505,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t19_aligned) {
@@ -1538,11 +1558,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
     const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < H; j += 128) {
+    for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
           ((row < B ? t21[row * H + j] : 0.0f)
@@ -1559,13 +1580,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t25_aligned) {
@@ -1582,7 +1604,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1599,14 +1621,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1616,7 +1639,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1629,13 +1652,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
@@ -1652,7 +1676,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1671,6 +1695,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
@@ -1681,7 +1706,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t27_aligned) {
@@ -1699,7 +1724,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -1718,7 +1743,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t27_aligned) {
@@ -1736,7 +1761,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -1766,7 +1791,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t27_aligned) {
@@ -1786,7 +1811,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t25_aligned) {

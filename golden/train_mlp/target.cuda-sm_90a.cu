@@ -117,6 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -127,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -145,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -164,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -182,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -201,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -219,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -249,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (x_aligned) {
@@ -269,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -324,6 +325,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -334,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -352,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -371,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -389,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -408,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -426,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -456,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (hidden_aligned) {
@@ -476,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -529,14 +531,15 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -545,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -557,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
           ((row < B ? target[row * C + j] : 0.0f)
@@ -572,14 +575,15 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
     float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -595,7 +599,8 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
     float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -603,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -634,6 +639,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -644,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -662,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -681,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -699,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -718,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (x_aligned) {
@@ -736,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -766,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (x_aligned) {
@@ -786,7 +792,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -841,6 +847,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -851,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -869,7 +876,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -888,7 +895,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -906,7 +913,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -925,7 +932,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (hidden_aligned) {
@@ -943,7 +950,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -973,7 +980,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (hidden_aligned) {
@@ -993,7 +1000,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -1045,14 +1052,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
     float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -1061,7 +1069,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1072,7 +1080,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
@@ -1085,14 +1093,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
     const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -1109,7 +1118,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
     float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -1117,7 +1127,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1145,9 +1155,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
     float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -1159,9 +1170,10 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
     float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -1174,10 +1186,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
     const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -1191,11 +1204,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t18[row * C + j] =
           ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
@@ -1209,7 +1223,8 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
     const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
@@ -1217,13 +1232,13 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
           ((row < B ? t18[row * C + j] : 0.0f)
@@ -1239,13 +1254,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t19_aligned) {
@@ -1262,7 +1278,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1279,14 +1295,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1296,7 +1313,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1311,6 +1328,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1321,7 +1339,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t19_aligned) {
@@ -1339,7 +1357,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (w2_aligned) {
@@ -1358,7 +1376,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t19_aligned) {
@@ -1376,7 +1394,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (w2_aligned) {
@@ -1395,7 +1413,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t19_aligned) {
@@ -1413,7 +1431,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (w2_aligned) {
@@ -1443,7 +1461,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t19_aligned) {
@@ -1463,7 +1481,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (w2_aligned) {
@@ -1513,13 +1531,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
@@ -1536,7 +1555,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1555,6 +1574,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1565,7 +1585,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t22_aligned) {
@@ -1583,7 +1603,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1602,7 +1622,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t22_aligned) {
@@ -1620,7 +1640,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1639,7 +1659,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t22_aligned) {
@@ -1657,7 +1677,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1687,7 +1707,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t22_aligned) {
@@ -1707,7 +1727,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t19_aligned) {
@@ -1760,11 +1780,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
     const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < H; j += 128) {
+    for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
           ((row < B ? t21[row * H + j] : 0.0f)
@@ -1781,13 +1802,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t25_aligned) {
@@ -1804,7 +1826,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1821,14 +1843,15 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[128];
+  constexpr int THREADS = 128;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1838,7 +1861,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1851,13 +1874,14 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
@@ -1874,7 +1898,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1893,6 +1917,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int THREADS = 256;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
@@ -1903,7 +1928,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t27_aligned) {
@@ -1921,7 +1946,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -1940,7 +1965,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t27_aligned) {
@@ -1958,7 +1983,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -1977,7 +2002,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 8;
       const int j = e % 8 * 4;
       if (t27_aligned) {
@@ -1995,7 +2020,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += 256) {
+    for (int e = lid; e < 1024; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -2025,7 +2050,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 8;
         const int j = e % 8 * 4;
         if (t27_aligned) {
@@ -2045,7 +2070,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += 256) {
+      for (int e = lid; e < 1024; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t25_aligned) {

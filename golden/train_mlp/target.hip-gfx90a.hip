@@ -104,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -114,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -132,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -162,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
@@ -181,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -242,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -252,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -270,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -300,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
@@ -319,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -378,14 +380,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -394,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -406,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
           ((row < B ? target[row * C + j] : 0.0f)
@@ -421,14 +424,15 @@ extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restric
     float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -444,7 +448,8 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
     float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -452,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -483,6 +488,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -493,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -511,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w1_aligned) {
@@ -541,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (x_aligned) {
@@ -560,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w1_aligned) {
@@ -621,6 +627,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -631,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -649,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (w2_aligned) {
@@ -679,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (hidden_aligned) {
@@ -698,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (w2_aligned) {
@@ -756,14 +763,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
     float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -772,7 +780,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -783,7 +791,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
@@ -796,14 +804,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
     const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -820,7 +829,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
     float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -828,7 +838,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -856,9 +866,10 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __r
     float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 512;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 512) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -870,9 +881,10 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __r
     float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 512;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 512) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -885,10 +897,11 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __r
     const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
+  constexpr int THREADS = 512;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < BM; e += 512) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -902,11 +915,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __r
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t18[row * C + j] =
           ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
@@ -920,7 +934,8 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
     const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
@@ -928,13 +943,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 256)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 256) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
           ((row < B ? t18[row * C + j] : 0.0f)
@@ -950,13 +965,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 256) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t19_aligned) {
@@ -973,7 +989,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 256) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -990,14 +1006,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1007,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1022,6 +1039,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1032,7 +1050,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t19_aligned) {
@@ -1050,7 +1068,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
@@ -1080,7 +1098,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t19_aligned) {
@@ -1099,7 +1117,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (w2_aligned) {
@@ -1155,13 +1173,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 256) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
@@ -1178,7 +1197,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 256) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1197,6 +1216,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1207,7 +1227,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
@@ -1225,7 +1245,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t19_aligned) {
@@ -1255,7 +1275,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t22_aligned) {
@@ -1274,7 +1294,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t19_aligned) {
@@ -1333,11 +1353,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
     const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
+  constexpr int THREADS = 256;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < H; j += 256) {
+    for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
           ((row < B ? t21[row * H + j] : 0.0f)
@@ -1354,13 +1375,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 256) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t25_aligned) {
@@ -1377,7 +1399,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 256) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1394,14 +1416,15 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  __shared__ float tsr_scratch[256];
+  constexpr int THREADS = 256;
+  __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 256)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1411,7 +1434,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1424,13 +1447,14 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 256) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
@@ -1447,7 +1471,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
     }
   }
   __syncthreads();
-  for (long long e = lid; e < BM*BN; e += 256) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1466,6 +1490,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int THREADS = 256;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
@@ -1476,7 +1501,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t27_aligned) {
@@ -1494,7 +1519,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += 256) {
+    for (int e = lid; e < 512; e += THREADS) {
       const int i = e / 32;
       const int j = e % 32 * 4;
       if (t25_aligned) {
@@ -1524,7 +1549,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 4;
         if (t27_aligned) {
@@ -1543,7 +1568,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += 256) {
+      for (int e = lid; e < 512; e += THREADS) {
         const int i = e / 32;
         const int j = e % 32 * 4;
         if (t25_aligned) {

@@ -98,6 +98,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -117,7 +118,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -132,7 +133,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -182,6 +183,7 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -201,7 +203,7 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
   for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -217,7 +219,7 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
@@ -264,13 +266,14 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
     __global float* restrict t4, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -278,7 +281,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -288,7 +291,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
           ((row < B ? target[row * C + j] : 0.0f)
@@ -304,13 +307,14 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
     const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -325,14 +329,15 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k4(__global const float* restrict t5, __global float* restrict out, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128)
+    for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -361,6 +366,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -380,7 +386,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -395,7 +401,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -445,6 +451,7 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -464,7 +471,7 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
   for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -480,7 +487,7 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
@@ -527,13 +534,14 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
     const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(tsr_scratch, r);
   }
@@ -541,7 +549,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -550,7 +558,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
     v_2[e] = log(v_1[e]);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
@@ -564,13 +572,14 @@ void train_step_k3(__global const float* restrict target, __global const float* 
     __global float* restrict t5, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(tsr_scratch, r);
@@ -586,14 +595,15 @@ __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k4(__global const float* restrict t5, __global float* restrict t8, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128)
+    for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -618,9 +628,10 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k5(__global const float* restrict t8, __global float* restrict out0) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
+  enum { THREADS = 256 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long e = lid; e < BM; e += 256) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -632,9 +643,10 @@ __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k6(__global const float* restrict t8, __global float* restrict t12) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
+  enum { THREADS = 256 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long e = lid; e < BM; e += 256) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -648,10 +660,11 @@ void train_step_k7(__global const float* restrict t5, __global const float* rest
     __global float* restrict t16, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
+  enum { THREADS = 256 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long e = lid; e < BM; e += 256) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -665,10 +678,11 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
     __global float* restrict t18, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t18[row * C + j] =
           ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
@@ -683,19 +697,20 @@ void train_step_k9(__global const float* restrict t3, __global const float* rest
     __global float* restrict t19, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < C; j += 128)
+    for (long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < C; j += 128) {
+    for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
           ((row < B ? t18[row * C + j] : 0.0f)
@@ -712,13 +727,14 @@ void train_step_k10(__global const float* restrict t19, __global float* restrict
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t19_aligned) {
@@ -734,7 +750,7 @@ void train_step_k10(__global const float* restrict t19, __global float* restrict
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < BM*BN; e += 128) {
+  for (long e = lid; e < BM*BN; e += THREADS) {
     const long i = e / BN;
     const long row = BM*pid_m + i;
     const long j = e - i * BN;
@@ -751,13 +767,14 @@ void train_step_k11(__global const float* restrict t20, const float lr,
     __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128)
+    for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -766,7 +783,7 @@ void train_step_k11(__global const float* restrict t20, const float lr,
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long e = lid; e < BM; e += 128) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -781,6 +798,7 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -800,7 +818,7 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t19_aligned) {
@@ -815,7 +833,7 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
@@ -860,13 +878,14 @@ void train_step_k13(__global const float* restrict hidden, __global float* restr
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
@@ -882,7 +901,7 @@ void train_step_k13(__global const float* restrict hidden, __global float* restr
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < BM*BN; e += 128) {
+  for (long e = lid; e < BM*BN; e += THREADS) {
     const long i = e / BN;
     const long row = BM*pid_m + i;
     const long j = e - i * BN;
@@ -902,6 +921,7 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -921,7 +941,7 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
   for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
@@ -936,7 +956,7 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t19_aligned) {
@@ -984,10 +1004,11 @@ void train_step_k15(__global const float* restrict hidden, __global const float*
     __global float* restrict t25, const long B, const long H) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
+  enum { THREADS = 128 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < H; j += 128) {
+    for (long j = lid; j < H; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
           ((row < B ? t21[row * H + j] : 0.0f)
@@ -1005,13 +1026,14 @@ void train_step_k16(__global const float* restrict t25, __global float* restrict
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t25_aligned) {
@@ -1027,7 +1049,7 @@ void train_step_k16(__global const float* restrict t25, __global float* restrict
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < BM*BN; e += 128) {
+  for (long e = lid; e < BM*BN; e += THREADS) {
     const long i = e / BN;
     const long row = BM*pid_m + i;
     const long j = e - i * BN;
@@ -1044,13 +1066,14 @@ void train_step_k17(__global const float* restrict t26, const float lr,
     __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  __local float tsr_scratch[128];
+  enum { THREADS = 128 };
+  __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < B; j += 128)
+    for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(tsr_scratch, r);
   }
@@ -1059,7 +1082,7 @@ void train_step_k17(__global const float* restrict t26, const float lr,
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long e = lid; e < BM; e += 128) {
+  for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1073,13 +1096,14 @@ void train_step_k18(__global const float* restrict x, __global float* restrict t
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
@@ -1095,7 +1119,7 @@ void train_step_k18(__global const float* restrict x, __global float* restrict t
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (long e = lid; e < BM*BN; e += 128) {
+  for (long e = lid; e < BM*BN; e += THREADS) {
     const long i = e / BN;
     const long row = BM*pid_m + i;
     const long j = e - i * BN;
@@ -1115,6 +1139,7 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { THREADS = 128 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
@@ -1134,7 +1159,7 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
   for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t27_aligned) {
@@ -1149,7 +1174,7 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t25_aligned) {

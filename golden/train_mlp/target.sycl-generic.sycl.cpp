@@ -100,6 +100,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -118,7 +119,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -133,7 +134,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -182,6 +183,7 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -200,7 +202,7 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
   for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -216,7 +218,7 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
@@ -263,12 +265,13 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
@@ -276,7 +279,7 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -286,7 +289,7 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
           ((row < B ? target[row * C + j] : 0.0f)
@@ -301,12 +304,13 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
     const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -321,13 +325,14 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -355,6 +360,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -373,7 +379,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (x_aligned) {
@@ -388,7 +394,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w1_aligned) {
@@ -437,6 +443,7 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -455,7 +462,7 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
   for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (hidden_aligned) {
@@ -471,7 +478,7 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (w2_aligned) {
@@ -517,12 +524,13 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
     const long long B, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_max(it, tsr_scratch, r);
   }
@@ -530,7 +538,7 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   float v_1[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
     v_1[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -539,7 +547,7 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
     v_2[e] = sycl::log(v_1[e]);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
     }
@@ -553,12 +561,13 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
     v[i] = tsr_group_sum(it, tsr_scratch, r);
@@ -574,13 +583,14 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -605,9 +615,10 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
         ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
   }
@@ -619,9 +630,10 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
         : 0.0f)) ? 1.0f : 1.0f));
@@ -634,10 +646,11 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
     float* __restrict__ t16, const long long B, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
+  constexpr int THREADS = 256;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float s = (float)(B);
-  for (long long e = lid; e < BM; e += 256) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
         ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
         : 0.0f)) ? (t12[0]) : (t12[0])) / s);
@@ -650,10 +663,11 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
     float* __restrict__ t18, const long long B, const long long C, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t18[row * C + j] =
           ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
@@ -668,18 +682,19 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < C; j += 128)
+    for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < C; j += 128) {
+    for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
           ((row < B ? t18[row * C + j] : 0.0f)
@@ -695,12 +710,13 @@ inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t2
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t19_aligned) {
@@ -716,7 +732,7 @@ inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t2
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -733,12 +749,13 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -747,7 +764,7 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] =
         ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -762,6 +779,7 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -780,7 +798,7 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t19_aligned) {
@@ -795,7 +813,7 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (w2_aligned) {
@@ -839,12 +857,13 @@ inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (hidden_aligned) {
@@ -860,7 +879,7 @@ inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -879,6 +898,7 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -897,7 +917,7 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
   for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t22_aligned) {
@@ -912,7 +932,7 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t19_aligned) {
@@ -959,10 +979,11 @@ inline void train_step_k15(const float* __restrict__ hidden, const float* __rest
     float* __restrict__ t25, const long long B, const long long H, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < H; j += 128) {
+    for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
           ((row < B ? t21[row * H + j] : 0.0f)
@@ -979,12 +1000,13 @@ inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t2
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (t25_aligned) {
@@ -1000,7 +1022,7 @@ inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t2
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1017,12 +1039,13 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
+  constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float v[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < B; j += 128)
+    for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
     v[i] = tsr_group_sum(it, tsr_scratch, r);
   }
@@ -1031,7 +1054,7 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
   for (int e = 0; e < BM; ++e) {
     v_1[e] = lr * v[e];
   }
-  for (long long e = lid; e < BM; e += 128) {
+  for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] =
         ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
   }
@@ -1044,12 +1067,13 @@ inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int THREADS = 128;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += 128) {
+  for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
     const int j = e % 16 * 4;
     if (x_aligned) {
@@ -1065,7 +1089,7 @@ inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     }
   }
   sycl::group_barrier(it.get_group());
-  for (long long e = lid; e < BM*BN; e += 128) {
+  for (long long e = lid; e < BM*BN; e += THREADS) {
     const long long i = e / BN;
     const long long row = BM*pid_m + i;
     const long long j = e - i * BN;
@@ -1084,6 +1108,7 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int THREADS = 128;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % 16, ty = lid / 16;
@@ -1102,7 +1127,7 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
   for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 4;
       if (t27_aligned) {
@@ -1117,7 +1142,7 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += 128) {
+    for (int e = lid; e < 256; e += THREADS) {
       const int i = e / 16;
       const int j = e % 16 * 4;
       if (t25_aligned) {

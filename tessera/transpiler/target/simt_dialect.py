@@ -140,7 +140,7 @@ class Dialect:
         """A float rounded to the nearest value of ``dtype``, still a float."""
         return value if dtype == "f32" else f"tsr_round_{dtype}({value})"
 
-    def local(self, ctype: str, name: str, count: int) -> str:
+    def local(self, ctype: str, name: str, count: str) -> str:
         """A shared array, declared at the top of the kernel."""
         return f"{self.local_qualifier} {ctype} {name}[{count}];"
 

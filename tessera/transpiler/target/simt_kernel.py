@@ -198,10 +198,12 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.smem_bytes = self.barrier_offset + self.barriers_bytes() if self.tma else planned
         self.tensor_maps: dict[tuple[int, tuple[int, ...]], TensorMap] = {}
         self.tma_group: list[str] = []
+        #: Per shared buffer that TMA fills: the name of one stage's bytes, and its value.
+        self.stage_bytes_names: dict[str, tuple[str, str]] = {}
         self.tma_slot = "0"
         self.tma_ranks: set[int] = set()
-        #: The threads a Flat walk spreads over: their index and count.
-        self.team = ("lid", kernel.threads)
+        #: The threads a Flat walk spreads over: their index and count's name.
+        self.team = ("lid", self.constants.threads[1])
         self.role: str | None = None
         #: Per mask (by result id): the block-uniform condition under which it masks
         #: nothing; and the masks being emitted as no-ops (``materialize``).
@@ -246,12 +248,16 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         """A declaration at the top of the kernel, once however often it is needed."""
         self.prologue.setdefault(key, text)
 
-    def declare_shared(self, ctype: str, name: str, count: int, element_bytes: int) -> None:
-        """A shared array of ``count`` elements at the top of the kernel, once; its bytes
-        count toward the kernel's static shared memory."""
+    def declare_shared(
+        self, ctype: str, name: str, count: int, element_bytes: int, size: str | None = None
+    ) -> None:
+        """A shared array of ``count`` elements at the top of the kernel, once, its size
+        printed as ``size`` (a constant's name) if given; its bytes count toward the
+        kernel's static shared memory."""
         if name not in self.prologue and name not in self.locals:
             self.static_smem_bytes += count * element_bytes
-        self.declare_local(name, ctype, count, element_bytes, self.d.local(ctype, name, count))
+        text = self.d.local(ctype, name, size or str(count))
+        self.declare_local(name, ctype, count, element_bytes, text)
 
     def declare_local(self, name: str, ctype: str, count: int, align: int, text: str) -> None:
         """A shared array: ``text`` at the top of the kernel, or, where the dialect's
@@ -292,7 +298,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         sizes = {d: self.symbols[d] for d in self.dims}
         body = tuple(with_named_indices(without_single_iterations(self.lines),
                                         self.constants.names, self.d.index_type))  # fmt: skip
-        prologue = tuple(self.prologue.values())
+        derived = [self.d.constant.format(name=name, value=value)
+                   for name, value in self.stage_bytes_names.values()]  # fmt: skip
+        prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
         prologue = (*self.constants.declarations(code, self.d.constant), *prologue)
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
@@ -844,14 +852,15 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         rows = self.c(self.constants.shape(x.type)[0])
         name = self.namer.fresh(op.result.name, "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
-        self.declare_shared("float", "tsr_scratch", self.kernel.threads, 4)
+        threads = self.constants.threads[1]
+        self.declare_shared("float", "tsr_scratch", self.kernel.threads, 4, threads)
         i64 = self.d.index_type
         self.line(f"float {name}[{rows}];")
         self.unroll()
         self.open(f"for (int i = 0; i < {rows}; ++i)")
         self.line(f"float r = {init};")
         element = self.at(x, ("i", "j"), dims)
-        self.line(f"for ({i64} j = lid; j < {self.c(dims[1])}; j += {self.kernel.threads}) "
+        self.line(f"for ({i64} j = lid; j < {self.c(dims[1])}; j += {threads}) "
                   f"r = {combine.format(a='r', b=element)};")  # fmt: skip
         self.line(f"{name}[i] = {group}({self.d.group_context}tsr_scratch, r);")
         self.close()

@@ -172,7 +172,7 @@ class TileOps:
     #: In a kernel with a producer warpgroup, the role being emitted: "producer" or
     #: "consumer" (None elsewhere), and the threads a Flat walk spreads over.
     role: str | None
-    team: tuple[str, int]
+    team: tuple[str, str]
     #: The alignment of the shared-memory arena, in bytes.
     arena_align: int
 
@@ -309,7 +309,7 @@ class TileOps:
         chunks = row_chunks * (rows[0] if rows else 1)
         # A loop the compiler keeps rolled, as the element copies' is: unrolled, it keeps
         # every chunk's address live across the loop the copy runs ahead in.
-        self.open(f"for (int e = lid; e < {chunks}; e += {self.kernel.threads})")
+        self.open(f"for (int e = lid; e < {chunks}; e += {self.constants.threads[1]})")
         if rows:
             self.line(f"const int i = e / {row_chunks};")
             self.line(f"const int j = e % {row_chunks} * {per};")

@@ -140,12 +140,12 @@ class TmaCopies:
         moves = ("alloc", "copy", "commit")
         self.block(replace(body, ops=tuple(op for op in body.ops if op.kind == "alloc")))
         self.init_barriers()
-        threads = self.kernel.threads
-        self.line(f"// warpgroup {threads // 128}: the producer, which only copies")
+        threads = self.constants.threads[1]
+        self.line(f"// warpgroup {self.kernel.threads // 128}: the producer, which only copies")
         self.open(f"if (lid >= {threads})")
         self.line(f"tsr_setmaxnreg_dec<{_PRODUCER_REGISTERS}>();")
         self.line(f"const int ptid = lid - {threads};")
-        self.role, self.team = "producer", ("ptid", self.kernel.producer)
+        self.role, self.team = "producer", ("ptid", self.constants.producers[1])
         self.open_tiles(loop)
         # In a persistent kernel a tile's first stages may still hold the last tile's.
         for group in _groups(body.ops[:at]):
@@ -211,15 +211,17 @@ class TmaCopies:
         if op.attr("async"):
             self.tma_slot = slot
         dst = self.forms[buf.id].name
-        base, first = (dst, int(slot) * rows * cols) if slot.isdigit() else (
-            f"{dst} + {parenthesized(slot)} * {rows * cols}", 0)  # fmt: skip
+        # The stage's start, in elements of the tile's named extents (BM*BK).
+        stage = self.constants.count(buf.type, self.factor, slot=True)
+        base = {"0": dst, "1": f"{dst} + {stage}"}.get(
+            slot, f"{dst} + {parenthesized(slot)} * {stage}")  # fmt: skip
         row, col = (self.c(a.offset) for a in at.axes[-2:])
         index = [self.c(a.offset) for a in reversed(at.axes[:-2])]
         tid = self.team[0]
         self.open(f"if ({aligned})")
         self.open(f"if ({tid} == 0)")
         for p in range(cols // panel):
-            offset = first + p * rows * panel
+            offset = p * rows * panel
             start = f"{base} + {offset}" if offset else base
             x = col if p == 0 else str(p * panel) if col == "0" else f"{col} + {p * panel}"
             coords = ", ".join([x, row, *index])
@@ -236,7 +238,23 @@ class TmaCopies:
             self.line("tsr_fence_async_shared();")
         self.close()
         live = aligned if when is None else f"{when} && {aligned}"
-        self.tma_group.append(f"{live} ? {rows * cols * buf.type.dtype.bits // 8} : 0")
+        bytes_ = self.stage_bytes(dst, stage, buf.type.dtype.bits)
+        self.tma_group.append(f"{live} ? {bytes_} : 0")
+
+    def stage_bytes(self, buffer: str, stage: str, bits: int) -> str:
+        """The name of the bytes one stage of a shared buffer holds (``A_TILE_BYTES``),
+        which the kernel declares after its tile sizes, from them (``BM*BK*2``): the
+        count a stage's copies announce to its barrier."""
+        if buffer not in self.stage_bytes_names:
+            name = self.namer.fresh(f"{buffer.removesuffix('_smem').upper()}_BYTES")
+            if bits == 8:
+                size = stage
+            elif bits % 8:  # a packed element: its bits, then the bytes they fill
+                size = f"{stage}*{bits}/8"
+            else:
+                size = f"{stage}*{bits // 8}"
+            self.stage_bytes_names[buffer] = (name, size)
+        return self.stage_bytes_names[buffer][0]
 
     def commit_tma(self) -> None:
         """Thread 0 arrives on the stage's barrier with the bytes of the group's copies;

@@ -6,7 +6,12 @@ so a backend prints those terms with the tile's name, ``BM*pid_m`` and ``BK*kb``
 declares ``constexpr int BM = 128;`` at the top of the kernel. A tile's extents are
 named too where the Tile IR's types say which tile a dim is (``TileType.tiles``):
 ``acc[i * BN + j]``, ``for (i = 0; i < BM; ++i)``. Only those terms are named: a number
-that happens to equal a tile size (a head dim of 128, a count of threads) stays a number.
+that happens to equal a tile size (a head dim of 128) stays a number.
+
+A SIMT kernel names its count of threads the same way, ``THREADS`` (``CONSUMERS`` and
+``PRODUCERS`` where a producer warpgroup issues the copies beside the threads that
+compute), for the strides of the loops its threads share and the sizes of their scratch:
+``j += THREADS``. The launch attributes before the body keep the number.
 """
 
 from __future__ import annotations
@@ -37,10 +42,17 @@ class TileConstants:
     strides: dict[str, tuple[int, str]]
     #: Each tile of the schedule (``T.m``): its size and its C name.
     extents: dict[str, tuple[int, str]]
+    #: The threads of a program that share its loops (``kernel.threads``), and those of
+    #: its producer warpgroup: each count and its C name.
+    threads: tuple[int, str]
+    producers: tuple[int, str]
 
     @property
     def names(self) -> frozenset[str]:
-        return frozenset(name for _, name in (*self.strides.values(), *self.extents.values()))
+        return frozenset(name for _, name in self._values())
+
+    def _values(self) -> tuple[tuple[int, str], ...]:
+        return (*self.strides.values(), *self.extents.values(), self.threads, self.producers)
 
     def shape(self, t: Any) -> tuple[Dim, ...]:
         """The dims of a tile or shared type, for printing: a dim that the type says is
@@ -76,7 +88,7 @@ class TileConstants:
     def declarations(self, code: str, form: str) -> list[str]:
         """The declarations, in ``form`` (``constexpr int {name} = {value};``), of the
         constants that ``code`` uses, rows before columns before depth."""
-        values = {name: value for value, name in (*self.strides.values(), *self.extents.values())}
+        values = {name: value for value, name in self._values()}
         return [
             form.format(name=name, value=values[name])
             for name in sorted(values, key=lambda n: (_ORDER.get(n[:2], len(_ORDER)), n))
@@ -94,4 +106,7 @@ def tile_constants(kernel: TileKernel, taken: frozenset[str]) -> TileConstants:
         if tile not in names:
             names[tile] = namer.fresh(C_NAMES.get(tile, tile.replace("T.", "B").upper()))
     strides = {symbol: (sizes[tile], names[tile]) for symbol, tile in kernel.strides}
-    return TileConstants(strides, {tile: (sizes[tile], names[tile]) for tile in sizes})
+    extents = {tile: (sizes[tile], names[tile]) for tile in sizes}
+    threads = namer.fresh("CONSUMERS" if kernel.producer else "THREADS")
+    producers = namer.fresh("PRODUCERS")
+    return TileConstants(strides, extents, (kernel.threads, threads), (kernel.producer, producers))
