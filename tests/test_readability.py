@@ -116,6 +116,35 @@ def test_cpu_tile_extents_are_named(path: Path) -> None:
         assert not numbers, f"{kernel.splitlines()[0]}: extents written as {numbers}"
 
 
+@pytest.mark.parametrize("path", CPU, ids=_ids(CPU))
+def test_cpu_launch_counts_programs_in_named_tiles(path: Path) -> None:
+    """The launch counts a grid's programs in the tiles that its program declares,
+    ``tsr::ceil_div(N, BN)``, not ``tsr::ceil_div(N, 256)`` beside ``BN = 256``."""
+    for kernel in re.split(r"\n// ---- ", _HEADER_END.split(path.read_text())[-1])[1:]:
+        program, launch = kernel.split("_launch(", 1)
+        sizes = set(re.findall(r"constexpr tsr::i64 \w+ = (\d+);", program))
+        blocks = re.findall(r"_count = tsr::ceil_div\([^,]+, (\d+)\);", launch)
+        numbers = [n for n in blocks if n in sizes]
+        assert not numbers, f"{kernel.splitlines()[0]}: blocks written as {numbers}"
+
+
+#: A store under a condition, and the condition of a masked read in its value.
+_GUARDED_STORE = re.compile(r"if \((.+?)\)\s+\w+\[.*?\] =\s*(.*?);\n", re.S)
+_GUARDED_READ = re.compile(r"\(([^()?]+) \? ")
+
+
+@pytest.mark.parametrize("path", SIMT, ids=_ids(SIMT))
+def test_a_read_inside_a_store_does_not_test_its_condition_again(path: Path) -> None:
+    """``if (row < R) out[..] = (row < R ? x[..] : 0.0f)`` tests a bound the ``if``
+    already has: a read inside a store leaves out the store's own condition terms."""
+    text = path.read_text()
+    for store in _GUARDED_STORE.finditer(text):
+        held = set(store[1].split(" && "))
+        repeated = [c for r in _GUARDED_READ.finditer(store[2]) for c in r[1].split(" && ")
+                    if c in held]  # fmt: skip
+        assert not repeated, f"{store[0][:80]}: tests {repeated} again"
+
+
 @pytest.mark.parametrize(
     "path",
     [pytest.param(p, marks=pytest.mark.xfail(

@@ -608,7 +608,8 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
 
 static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
     tsr::bf16* out, const tsr::i64 B, const tsr::i64 H, const tsr::i64 S, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
+  constexpr tsr::i64 BM = 128;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
@@ -705,7 +706,8 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
 
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
     const bool causal, tsr::bf16* out, const tsr::i64 BH, const tsr::i64 S, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
+  constexpr tsr::i64 BM = 128;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = BH;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

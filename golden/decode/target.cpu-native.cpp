@@ -468,7 +468,8 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
 
 static void project_k0_launch(const float* x, const float* norm, float* h, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -502,8 +503,10 @@ static void project_k1_program(const float* h, const float* wq, float* t0, const
 
 static void project_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(256, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -573,7 +576,8 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
 
 static void project_k2_launch(const float* t0, const float* cos, const float* sin, float* out0,
     const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
@@ -610,8 +614,10 @@ static void project_k3_program(const float* h, const float* wk, float* t3, const
 
 static void project_k3_launch(const float* h, const float* wk, float* t3, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(128, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -681,7 +687,8 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
 
 static void project_k4_launch(const float* t3, const float* cos, const float* sin, float* out1,
     const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
@@ -718,8 +725,10 @@ static void project_k5_program(const float* h, const float* wv, float* t6, const
 
 static void project_k5_launch(const float* h, const float* wv, float* t6, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(128, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -740,7 +749,8 @@ static void project_k6_program(const float* t6, float* out2, const tsr::i64 T,
 }
 
 static void project_k6_launch(const float* t6, float* out2, const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
@@ -761,7 +771,8 @@ static void finish_k0_program(const float* o, float* t0, const tsr::i64 T, const
 }
 
 static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(4, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
@@ -807,8 +818,10 @@ static void finish_k1_program(const float* t0, const float* wo, const float* x, 
 
 static void finish_k1_launch(const float* t0, const float* wo, const float* x, float* x_1,
     const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(256, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -857,7 +870,8 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
 
 static void finish_k2_launch(const float* x_1, const float* norm, float* h, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -898,8 +912,10 @@ static void finish_k3_program(const float* h, const float* wg, float* t4, const 
 
 static void finish_k3_launch(const float* h, const float* wg, float* t4, const tsr::i64 B,
     const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(512, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -943,8 +959,10 @@ static void finish_k4_program(const float* h, const float* wu, const float* t4, 
 
 static void finish_k4_launch(const float* h, const float* wu, const float* t4, float* t6,
     const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(512, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
@@ -988,8 +1006,10 @@ static void finish_k5_program(const float* t6, const float* wd, const float* x_1
 
 static void finish_k5_launch(const float* t6, const float* wd, const float* x_1, float* out,
     const tsr::i64 B, const tsr::i64 T) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(256, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)

@@ -127,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((row < T ? x[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+        (((x[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -313,14 +313,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
     if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j] : 0.0f))
-        * (row < T ? cos_1[row * 32 + j] : 0.0f))
-        - (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j] : 0.0f))
-        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
-        : ((((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)] : 0.0f))
-        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
-        + (((row < T ? t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
-        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
+        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
+        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
+        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
+        * (sin_1[row * 32 + j - (32)]))
+        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
+        * (cos_1[row * 32 + j - (32)]))));
   }
 }
 
@@ -506,14 +504,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
     if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f))
-        * (row < T ? cos_1[row * 32 + j] : 0.0f))
-        - (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j] : 0.0f))
-        * (row < T ? sin_1[row * 32 + j] : 0.0f)))
-        : ((((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)] : 0.0f))
-        * (row < T ? sin_1[row * 32 + j - (32)] : 0.0f))
-        + (((row < T ? t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)] : 0.0f))
-        * (row < T ? cos_1[row * 32 + j - (32)] : 0.0f))));
+        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
+        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
+        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
+        * (sin_1[row * 32 + j - (32)]))
+        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
+        * (cos_1[row * 32 + j - (32)]))));
   }
 }
 
@@ -697,7 +693,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * 64;
     if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (row < T ? t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j] : 0.0f);
+        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
 }
 
@@ -883,8 +879,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -934,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((row < T ? x_1[(pid_b0 * T + row) * 256 + j] : 0.0f) * v_2[i]) * (norm_1[j]));
+        (((x_1[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
   }
 }
 
@@ -1266,8 +1261,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] : 0.0f)
-          * acc[t]);
+          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -1434,8 +1428,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -627,7 +627,8 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
 
 static void decoder_block_k0_launch(const float* x, const float* norm1, float* h,
     const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k0_program(x, norm1, h, S, C, pid_m);
@@ -660,8 +661,10 @@ static void decoder_block_k1_program(const float* h, const float* wq, float* t0,
 
 static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, const tsr::i64 S,
     const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -695,8 +698,10 @@ static void decoder_block_k2_program(const float* h, const float* wk, float* t2,
 
 static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, const tsr::i64 S,
     const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -730,8 +735,10 @@ static void decoder_block_k3_program(const float* h, const float* wv, float* t4,
 
 static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, const tsr::i64 S,
     const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -795,7 +802,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
 
 static void decoder_block_k4_launch(const float* t0, const float* t2, const float* t4, float* t6,
     const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 128);
+  constexpr tsr::i64 BM = 128;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = (C)/64;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -840,8 +848,10 @@ static void decoder_block_k5_program(const float* t6, const float* wo, const flo
 
 static void decoder_block_k5_launch(const float* t6, const float* wo, const float* x, float* x_1,
     const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -889,7 +899,8 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
 
 static void decoder_block_k6_launch(const float* x_1, const float* norm2, float* h_1,
     const tsr::i64 S, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k6_program(x_1, norm2, h_1, S, C, pid_m);
@@ -930,8 +941,10 @@ static void decoder_block_k7_program(const float* h_1, const float* w1, float* t
 
 static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t10,
     const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -975,8 +988,10 @@ static void decoder_block_k8_program(const float* h_1, const float* w3, const fl
 
 static void decoder_block_k8_launch(const float* h_1, const float* w3, const float* t10,
     float* t12, const tsr::i64 S, const tsr::i64 C, const tsr::i64 F) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1020,8 +1035,10 @@ static void decoder_block_k9_program(const float* t12, const float* w2, const fl
 
 static void decoder_block_k9_launch(const float* t12, const float* w2, const float* x_1,
     float* out, const tsr::i64 S, const tsr::i64 F, const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

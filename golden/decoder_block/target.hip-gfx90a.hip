@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (row < S) h[row * C + j] = (((x[row * C + j]) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -873,8 +873,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -922,8 +921,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h_1[row * C + j] =
-          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (row < S) h_1[row * C + j] = (((x_1[row * C + j]) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -1200,8 +1198,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
-          * acc[t]);
+          ((t10[(BM*pid_m + i) * F + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -1340,8 +1337,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x_1[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }

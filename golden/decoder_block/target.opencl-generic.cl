@@ -104,7 +104,7 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (row < S) h[row * C + j] = (((x[row * C + j]) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -631,8 +631,7 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -675,8 +674,7 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < S) h_1[row * C + j] =
-          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (row < S) h_1[row * C + j] = (((x_1[row * C + j]) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -844,8 +842,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
-          * acc[t]);
+          ((t10[(BM*pid_m + i) * F + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -930,8 +927,7 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x_1[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -106,7 +106,7 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h[row * C + j] = (((row < S ? x[row * C + j] : 0.0f) * v_2[i]) * (norm1[j]));
+      if (row < S) h[row * C + j] = (((x[row * C + j]) * v_2[i]) * (norm1[j]));
     }
   }
 }
@@ -628,8 +628,7 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -671,8 +670,7 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h_1[row * C + j] =
-          (((row < S ? x_1[row * C + j] : 0.0f) * v_2[i]) * (norm2[j]));
+      if (row < S) h_1[row * C + j] = (((x_1[row * C + j]) * v_2[i]) * (norm2[j]));
     }
   }
 }
@@ -837,8 +835,7 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < F ? t10[(BM*pid_m + i) * F + BN*pid_n + j] : 0.0f)
-          * acc[t]);
+          ((t10[(BM*pid_m + i) * F + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -921,8 +918,7 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < S && BN*pid_n + j < C ? x_1[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          + acc[t]);
+          ((x_1[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -704,8 +704,10 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -746,8 +748,10 @@ static void mlp_k0_program(const tsr::bf16* x, const tsr::bf16* W_in, const floa
 
 static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float* b_in,
     tsr::bf16* h, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -790,8 +794,10 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
     const tsr::bf16* x, tsr::bf16* out, const tsr::i64 T, const tsr::i64 F, const tsr::i64 D) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(D, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(D, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -840,8 +846,10 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
 
 static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D, const tsr::i64 F) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(F, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

@@ -222,8 +222,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (bias[BN*pid_n + j])))))));
     }
   }
 }
@@ -366,8 +365,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
     }
   }
 }
@@ -511,9 +509,8 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
-          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
+          tsr_float_to_bf16((tsr_round_bf16(((tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n
+          + j])) + (acc[t] + (b_out[BN*pid_n + j]))))));
     }
   }
 }
@@ -642,8 +639,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
       const int t = r * 8 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((acc[t]
-          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] + (bias[BN*pid_n + j])))));
     }
   }
 }

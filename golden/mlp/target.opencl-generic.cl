@@ -154,8 +154,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (bias[BN*pid_n + j])))))));
     }
   }
 }
@@ -242,8 +241,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
     }
   }
 }
@@ -331,9 +329,8 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
-          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
+          tsr_float_to_bf16((tsr_round_bf16(((tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n
+          + j])) + (acc[t] + (b_out[BN*pid_n + j]))))));
     }
   }
 }
@@ -420,8 +417,7 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((acc[t]
-          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] + (bias[BN*pid_n + j])))));
     }
   }
 }

@@ -161,8 +161,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (bias[BN*pid_n + j])))))));
     }
   }
 }
@@ -247,8 +246,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t]
-          + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
     }
   }
 }
@@ -335,9 +333,8 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
-          ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
-          + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f))))));
+          tsr_float_to_bf16((tsr_round_bf16(((tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n
+          + j])) + (acc[t] + (b_out[BN*pid_n + j]))))));
     }
   }
 }
@@ -423,8 +420,7 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((acc[t]
-          + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f)))));
+          tsr_float_to_bf16((tsr_round_bf16((acc[t] + (bias[BN*pid_n + j])))));
     }
   }
 }

@@ -300,7 +300,8 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(R, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(R, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     row_softmax_program(x, out, R, C, pid_m);
@@ -379,7 +380,8 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     pre_norm_program(x, gamma, beta, out, T, D, pid_m);
@@ -426,7 +428,8 @@ static void rms_program(const float* x, const float* weight, float* out, const t
 
 static void rms_launch(const float* x, const float* weight, float* out, const tsr::i64 T,
     const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(T, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     rms_program(x, weight, out, T, D, pid_m);
@@ -483,7 +486,8 @@ static void add_rms_program(const float* x, const float* residual, const float* 
 
 static void add_rms_launch(const float* x, const float* residual, const float* weight, float* out,
     const tsr::i64 B, const tsr::i64 S, const tsr::i64 D) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(S, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

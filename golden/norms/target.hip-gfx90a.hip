@@ -99,8 +99,7 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < R) out[row * C + j] =
-          ((expf(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (row < R) out[row * C + j] = ((expf(((x[row * C + j]) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -165,8 +164,8 @@ extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short*
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
-          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+          tsr_float_to_bf16((tsr_round_bf16(((((((tsr_bf16_to_float(x[row * D + j]))) - v_1[i])
+          * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -214,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (row < T) out[row * D + j] = (((x[row * D + j]) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -267,8 +266,8 @@ extern "C" __global__ void __launch_bounds__(256) add_rms(const float* __restric
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
-          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
-          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+          ((((x[(pid_b0 * S + row) * D + j]) + (residual[(pid_b0 * S + row) * D + j])) * v_2[i])
+          * (weight[j]));
     }
   }
 }

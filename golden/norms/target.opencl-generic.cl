@@ -97,7 +97,7 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < R) out[row * C + j] = ((exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (row < R) out[row * C + j] = ((exp(((x[row * C + j]) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -156,8 +156,8 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
     for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
-          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+          tsr_float_to_bf16((tsr_round_bf16(((((((tsr_bf16_to_float(x[row * D + j]))) - v_1[i])
+          * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -200,7 +200,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (row < T) out[row * D + j] = (((x[row * D + j]) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -249,8 +249,8 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
     for (long j = lid; j < D; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
-          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
-          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+          ((((x[(pid_b0 * S + row) * D + j]) + (residual[(pid_b0 * S + row) * D + j])) * v_2[i])
+          * (weight[j]));
     }
   }
 }

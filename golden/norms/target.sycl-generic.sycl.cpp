@@ -98,8 +98,7 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < R) out[row * C + j] =
-          ((sycl::exp(((row < R ? x[row * C + j] : 0.0f) - v[i]))) / v_1[i]);
+      if (row < R) out[row * C + j] = ((sycl::exp(((x[row * C + j]) - v[i]))) / v_1[i]);
     }
   }
 }
@@ -156,8 +155,8 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((row < T ? tsr_bf16_to_float(x[row * D + j])
-          : 0.0f)) - v_1[i]) * v_4[i]) * (gamma[j])) + (beta[j])))));
+          tsr_float_to_bf16((tsr_round_bf16(((((((tsr_bf16_to_float(x[row * D + j]))) - v_1[i])
+          * v_4[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -199,7 +198,7 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < T) out[row * D + j] = (((row < T ? x[row * D + j] : 0.0f) * v_2[i]) * (weight[j]));
+      if (row < T) out[row * D + j] = (((x[row * D + j]) * v_2[i]) * (weight[j]));
     }
   }
 }
@@ -246,8 +245,8 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
-          ((((row < S ? x[(pid_b0 * S + row) * D + j] : 0.0f)
-          + (row < S ? residual[(pid_b0 * S + row) * D + j] : 0.0f)) * v_2[i]) * (weight[j]));
+          ((((x[(pid_b0 * S + row) * D + j]) + (residual[(pid_b0 * S + row) * D + j])) * v_2[i])
+          * (weight[j]));
     }
   }
 }

@@ -896,7 +896,8 @@ static void quantize_weights_k0_program(const float* scale, float* t0, const tsr
 }
 
 static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr::i64 N) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(N, 8192);
+  constexpr tsr::i64 BM = 8192;
+  const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k0_program(scale, t0, N, pid_m);
@@ -927,7 +928,8 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
 
 static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
     const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(K, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(K, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k1_program(w, t0, out, K, N, pid_m);
@@ -980,8 +982,10 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
 
 static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* scale, float* out,
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1010,7 +1014,8 @@ static void linear_per_group_k0_program(const std::int8_t* w, const float* scale
 
 static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
     const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(32, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(32, BM);
   const tsr::i64 pid_b0_count = (K)/32;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1043,8 +1048,10 @@ static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x,
 
 static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, float* out,
     const tsr::i64 K, const tsr::i64 N, const tsr::i64 M) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1072,7 +1079,8 @@ static void quantize_i4_k0_program(const float* scale, float* t2, const tsr::i64
 
 static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 K,
     const tsr::i64 N) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(1, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
   const tsr::i64 pid_b0_count = (K)/32;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1101,7 +1109,8 @@ static void quantize_i4_k1_program(const float* w, const float* t2, tsr::i4* out
 
 static void quantize_i4_k1_launch(const float* w, const float* t2, tsr::i4* out, const tsr::i64 K,
     const tsr::i64 N) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(32, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(32, BM);
   const tsr::i64 pid_b0_count = (K)/32;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1139,8 +1148,10 @@ static void w4a16_program(const tsr::bf16* x, const tsr::i4* w, const float* sca
 
 static void w4a16_launch(const tsr::bf16* x, const tsr::i4* w, const float* scale, float* out,
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1218,8 +1229,10 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
 
 static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float* x_scale,
     const float* w_scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

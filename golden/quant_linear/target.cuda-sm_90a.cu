@@ -339,8 +339,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
-        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] = (1.0f / (scale[BM*pid_m + e]));
   }
 }
 
@@ -359,8 +358,8 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((row < K ? w[row * N + j] : 0.0f)
-          * (t0[j])))), -128.0f, 127.0f))));
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rintf(((w[row * N + j]) * (t0[j])))),
+          -128.0f, 127.0f))));
     }
   }
 }
@@ -834,8 +833,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
-          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] = (1.0f / (scale[(pid_b0 * 1 + row) * N + j]));
     }
   }
 }
@@ -1244,9 +1242,8 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          ((((high[t] * 4096.0f) + low[t])
-          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
-          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
+          ((((high[t] * 4096.0f) + low[t]) * (x_scale[(BM*pid_m + i) * 1 + 0]))
+          * (w_scale[BN*pid_n + j]));
     }
   }
 }

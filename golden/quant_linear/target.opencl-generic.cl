@@ -92,8 +92,7 @@ void quantize_weights_k0(__global const float* restrict scale, __global float* r
   const long pid_m = get_group_id(0);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
-        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] = (1.0f / (scale[BM*pid_m + e]));
   }
 }
 
@@ -111,8 +110,8 @@ void quantize_weights_k1(__global const float* restrict w, __global const float*
     for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((row < K ? w[row * N + j] : 0.0f)
-          * (t0[j])))), -128.0f, 127.0f))));
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((rint(((w[row * N + j]) * (t0[j])))),
+          -128.0f, 127.0f))));
     }
   }
 }
@@ -199,8 +198,7 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
-          out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
+          out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
     }
   }
 }
@@ -325,8 +323,7 @@ void quantize_i4_k0(__global const float* restrict scale, __global float* restri
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < N; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
-          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] = (1.0f / (scale[(pid_b0 * 1 + row) * N + j]));
     }
   }
 }
@@ -532,9 +529,8 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          ((((high[t] * 4096.0f) + low[t])
-          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
-          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
+          ((((high[t] * 4096.0f) + low[t]) * (x_scale[(BM*pid_m + i) * 1 + 0]))
+          * (w_scale[BN*pid_n + j]));
     }
   }
 }

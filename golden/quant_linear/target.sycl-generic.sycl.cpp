@@ -93,8 +93,7 @@ inline void quantize_weights_k0(const float* __restrict__ scale, float* __restri
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < N) t0[BM*pid_m + e] =
-        (1.0f / (BM*pid_m + e < N ? scale[BM*pid_m + e] : 0.0f));
+    if (BM*pid_m + e < N) t0[BM*pid_m + e] = (1.0f / (scale[BM*pid_m + e]));
   }
 }
 
@@ -112,8 +111,8 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < K) out[row * N + j] =
-          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((row < K ? w[row * N + j]
-          : 0.0f) * (t0[j])))), -128.0f, 127.0f))));
+          tsr_float_to_i8((tsr_round_i8(tsr_saturate_int((sycl::rint(((w[row * N + j])
+          * (t0[j])))), -128.0f, 127.0f))));
     }
   }
 }
@@ -198,8 +197,7 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
-          out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
+          out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
     }
   }
 }
@@ -322,8 +320,7 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] =
-          (1.0f / (row < 1 ? scale[(pid_b0 * 1 + row) * N + j] : 0.0f));
+      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] = (1.0f / (scale[(pid_b0 * 1 + row) * N + j]));
     }
   }
 }
@@ -526,9 +523,8 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          ((((high[t] * 4096.0f) + low[t])
-          * (BM*pid_m + i < M ? x_scale[(BM*pid_m + i) * 1 + 0] : 0.0f))
-          * (BN*pid_n + j < N ? w_scale[BN*pid_n + j] : 0.0f));
+          ((((high[t] * 4096.0f) + low[t]) * (x_scale[(BM*pid_m + i) * 1 + 0]))
+          * (w_scale[BN*pid_n + j]));
     }
   }
 }

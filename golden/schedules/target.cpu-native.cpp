@@ -649,8 +649,10 @@ static void gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, co
 
 static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, const tsr::i64 M,
     const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 128;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -694,8 +696,10 @@ static void skinny_gemm_program(const tsr::f16* A, const tsr::f16* B, tsr::f16* 
 
 static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out,
     const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 64);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 64);
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -736,8 +740,10 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
 
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
     tsr::bf16* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(N, 128);
-  const tsr::i64 pid_m_count = tsr::ceil_div(M, 128);
+  constexpr tsr::i64 BM = 128;
+  constexpr tsr::i64 BN = 128;
+  const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

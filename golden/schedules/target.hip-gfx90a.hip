@@ -549,8 +549,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
       const int t = frag * 16 + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
-          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (bias[BN*pid_n + j])))))));
     }
   }
 }

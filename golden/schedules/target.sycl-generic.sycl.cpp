@@ -314,8 +314,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t]
-          + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f)))))));
+          tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (bias[BN*pid_n + j])))))));
     }
   }
 }

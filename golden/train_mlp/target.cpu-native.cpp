@@ -540,8 +540,10 @@ static void loss_k0_program(const float* x, const float* w1, const float* b1, fl
 
 static void loss_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
     const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -586,8 +588,10 @@ static void loss_k1_program(const float* hidden, const float* w2, const float* b
 
 static void loss_k1_launch(const float* hidden, const float* w2, const float* b2, float* logits,
     const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -647,7 +651,8 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
 
 static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B,
     const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k2_program(logits, target, t4, B, C, pid_m);
@@ -672,7 +677,8 @@ static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const 
 }
 
 static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k3_program(t4, t5, B, C, pid_m);
@@ -704,7 +710,8 @@ static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const
 }
 
 static void loss_k4_launch(const float* t5, float* out, const tsr::i64 B) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(1, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k4_program(t5, out, B, pid_m);
@@ -748,8 +755,10 @@ static void train_step_k0_program(const float* x, const float* w1, const float* 
 
 static void train_step_k0_launch(const float* x, const float* w1, const float* b1, float* hidden,
     const tsr::i64 B, const tsr::i64 D, const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -794,8 +803,10 @@ static void train_step_k1_program(const float* hidden, const float* w2, const fl
 
 static void train_step_k1_launch(const float* hidden, const float* w2, const float* b2,
     float* logits, const tsr::i64 B, const tsr::i64 H, const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -852,7 +863,8 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
 
 static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 B,
     const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k2_program(logits, t3, B, C, pid_m);
@@ -881,7 +893,8 @@ static void train_step_k3_program(const float* target, const float* t3, float* t
 
 static void train_step_k3_launch(const float* target, const float* t3, float* t5,
     const tsr::i64 B, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k3_program(target, t3, t5, B, C, pid_m);
@@ -914,7 +927,8 @@ static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
 }
 
 static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(1, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k4_program(t5, t8, B, pid_m);
@@ -935,7 +949,8 @@ static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 p
 }
 
 static void train_step_k5_launch(const float* t8, float* out0) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(1, 8192);
+  constexpr tsr::i64 BM = 8192;
+  const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k5_program(t8, out0, pid_m);
@@ -959,7 +974,8 @@ static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pi
 }
 
 static void train_step_k6_launch(const float* t8, float* t12) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(1, 8192);
+  constexpr tsr::i64 BM = 8192;
+  const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k6_program(t8, t12, pid_m);
@@ -985,7 +1001,8 @@ static void train_step_k7_program(const float* t5, const float* t12, float* t16,
 }
 
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 8192);
+  constexpr tsr::i64 BM = 8192;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k7_program(t5, t12, t16, B, pid_m);
@@ -1014,7 +1031,8 @@ static void train_step_k8_program(const float* t16, const float* target, float* 
 
 static void train_step_k8_launch(const float* t16, const float* target, float* t18,
     const tsr::i64 B, const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k8_program(t16, target, t18, B, C, pid_m);
@@ -1054,7 +1072,8 @@ static void train_step_k9_program(const float* t3, const float* t18, float* t19,
 
 static void train_step_k9_launch(const float* t3, const float* t18, float* t19, const tsr::i64 B,
     const tsr::i64 C) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k9_program(t3, t18, t19, B, C, pid_m);
@@ -1076,8 +1095,10 @@ static void train_step_k10_program(const float* t19, float* t20, const tsr::i64 
 
 static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B,
     const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
-  const tsr::i64 pid_m_count = tsr::ceil_div(C, 64);
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(C, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1111,7 +1132,8 @@ static void train_step_k11_program(const float* t20, const float lr, const float
 
 static void train_step_k11_launch(const float* t20, const float lr, const float* b2, float* out4,
     const tsr::i64 C, const tsr::i64 B) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(C, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(C, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k11_program(t20, lr, b2, out4, C, B, pid_m);
@@ -1147,8 +1169,10 @@ static void train_step_k12_program(const float* t19, const float* w2, float* t21
 
 static void train_step_k12_launch(const float* t19, const float* w2, float* t21, const tsr::i64 B,
     const tsr::i64 C, const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1171,8 +1195,10 @@ static void train_step_k13_program(const float* hidden, float* t22, const tsr::i
 
 static void train_step_k13_launch(const float* hidden, float* t22, const tsr::i64 B,
     const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
-  const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1216,8 +1242,10 @@ static void train_step_k14_program(const float* t22, const float* t19, const flo
 
 static void train_step_k14_launch(const float* t22, const float* t19, const float lr,
     const float* w2, float* out3, const tsr::i64 H, const tsr::i64 B, const tsr::i64 C) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(C, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(H, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1248,7 +1276,8 @@ static void train_step_k15_program(const float* hidden, const float* t21, float*
 
 static void train_step_k15_launch(const float* hidden, const float* t21, float* t25,
     const tsr::i64 B, const tsr::i64 H) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(B, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k15_program(hidden, t21, t25, B, H, pid_m);
@@ -1270,8 +1299,10 @@ static void train_step_k16_program(const float* t25, float* t26, const tsr::i64 
 
 static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B,
     const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
-  const tsr::i64 pid_m_count = tsr::ceil_div(H, 64);
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1305,7 +1336,8 @@ static void train_step_k17_program(const float* t26, const float lr, const float
 
 static void train_step_k17_launch(const float* t26, const float lr, const float* b1, float* out2,
     const tsr::i64 H, const tsr::i64 B) {
-  const tsr::i64 pid_m_count = tsr::ceil_div(H, 4);
+  constexpr tsr::i64 BM = 4;
+  const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
 #pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k17_program(t26, lr, b1, out2, H, B, pid_m);
@@ -1326,8 +1358,10 @@ static void train_step_k18_program(const float* x, float* t27, const tsr::i64 B,
 }
 
 static void train_step_k18_launch(const float* x, float* t27, const tsr::i64 B, const tsr::i64 D) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(B, 64);
-  const tsr::i64 pid_m_count = tsr::ceil_div(D, 64);
+  constexpr tsr::i64 BM = 64;
+  constexpr tsr::i64 BN = 64;
+  const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(D, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
@@ -1371,8 +1405,10 @@ static void train_step_k19_program(const float* t27, const float* t25, const flo
 
 static void train_step_k19_launch(const float* t27, const float* t25, const float lr,
     const float* w1, float* out1, const tsr::i64 D, const tsr::i64 B, const tsr::i64 H) {
-  const tsr::i64 pid_n_count = tsr::ceil_div(H, 256);
-  const tsr::i64 pid_m_count = tsr::ceil_div(D, 256);
+  constexpr tsr::i64 BM = 256;
+  constexpr tsr::i64 BN = 256;
+  const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
+  const tsr::i64 pid_m_count = tsr::ceil_div(D, BM);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)

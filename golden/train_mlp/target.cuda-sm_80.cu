@@ -273,8 +273,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -444,8 +443,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -489,8 +487,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((row < B ? target[row * C + j] : 0.0f)
-          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
     }
   }
 }
@@ -721,8 +718,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (tanhf((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -892,8 +888,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       const int j = tx + c * 16;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -934,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
     }
   }
 }
@@ -1011,8 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
-        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] = ((t8[BM*pid_m + e]) * 1.0f);
   }
 }
 
@@ -1027,8 +1021,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
-        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
-        : 0.0f)) ? 1.0f : 1.0f));
+        (-(((t8[BM*pid_m + e]) == (t8[BM*pid_m + e])) ? 1.0f : 1.0f));
   }
 }
 
@@ -1044,8 +1037,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
   const float s = (float)(B);
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
-        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
@@ -1063,8 +1055,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t18[row * C + j] =
-          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
+      if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
     }
   }
 }
@@ -1092,9 +1083,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t19[row * C + j] =
-          ((row < B ? t18[row * C + j] : 0.0f)
-          - ((expf((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
+      if (row < B) t19[row * C + j] = ((t18[row * C + j]) - ((expf((t3[row * C + j]))) * v[i]));
     }
   }
 }
@@ -1166,8 +1155,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
-        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -1546,8 +1534,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
       const int t = r * 8 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w2[(BM*pid_m + i) * C + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }
@@ -1566,9 +1553,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
     for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
-          ((row < B ? t21[row * H + j] : 0.0f)
-          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
-          * (row < B ? hidden[row * H + j] : 0.0f))));
+          ((t21[row * H + j]) * (1.0f - ((hidden[row * H + j]) * (hidden[row * H + j]))));
     }
   }
 }
@@ -1640,8 +1625,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
-        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -1852,8 +1836,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
       const int t = r * 8 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =
-          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w1[(BM*pid_m + i) * H + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }

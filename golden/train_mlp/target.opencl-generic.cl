@@ -167,8 +167,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanh((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -253,8 +252,7 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -294,8 +292,7 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((row < B ? target[row * C + j] : 0.0f)
-          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
     }
   }
 }
@@ -435,8 +432,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanh((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -521,8 +517,7 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -560,7 +555,7 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
     }
   }
 }
@@ -632,8 +627,7 @@ void train_step_k5(__global const float* restrict t8, __global float* restrict o
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
-        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] = ((t8[BM*pid_m + e]) * 1.0f);
   }
 }
 
@@ -648,8 +642,7 @@ void train_step_k6(__global const float* restrict t8, __global float* restrict t
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
-        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
-        : 0.0f)) ? 1.0f : 1.0f));
+        (-(((t8[BM*pid_m + e]) == (t8[BM*pid_m + e])) ? 1.0f : 1.0f));
   }
 }
 
@@ -666,8 +659,7 @@ void train_step_k7(__global const float* restrict t5, __global const float* rest
   const float s = (float)(B);
   for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
-        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
@@ -684,8 +676,7 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t18[row * C + j] =
-          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
+      if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
     }
   }
 }
@@ -712,9 +703,7 @@ void train_step_k9(__global const float* restrict t3, __global const float* rest
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t19[row * C + j] =
-          ((row < B ? t18[row * C + j] : 0.0f)
-          - ((exp((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
+      if (row < B) t19[row * C + j] = ((t18[row * C + j]) - ((exp((t3[row * C + j]))) * v[i]));
     }
   }
 }
@@ -784,8 +773,7 @@ void train_step_k11(__global const float* restrict t20, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
-        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -991,8 +979,7 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
       const int t = r * 4 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w2[(BM*pid_m + i) * C + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }
@@ -1011,9 +998,7 @@ void train_step_k15(__global const float* restrict hidden, __global const float*
     for (long j = lid; j < H; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
-          ((row < B ? t21[row * H + j] : 0.0f)
-          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
-          * (row < B ? hidden[row * H + j] : 0.0f))));
+          ((t21[row * H + j]) * (1.0f - ((hidden[row * H + j]) * (hidden[row * H + j]))));
     }
   }
 }
@@ -1083,8 +1068,7 @@ void train_step_k17(__global const float* restrict t26, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
-        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -1209,8 +1193,7 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
       const int t = r * 4 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =
-          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w1[(BM*pid_m + i) * H + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }

@@ -168,8 +168,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (sycl::tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (sycl::tanh((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -252,8 +251,7 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -292,8 +290,7 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((row < B ? target[row * C + j] : 0.0f)
-          * (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
     }
   }
 }
@@ -428,8 +425,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
-          hidden[(BM*pid_m + i) * H + BN*pid_n + j] =
-          (sycl::tanh((acc[t] + (BN*pid_n + j < H ? b1[BN*pid_n + j] : 0.0f))));
+          hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (sycl::tanh((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
 }
@@ -512,8 +508,7 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
       const int j = tx + c * 16;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
-          logits[(BM*pid_m + i) * C + BN*pid_n + j] =
-          (acc[t] + (BN*pid_n + j < C ? b2[BN*pid_n + j] : 0.0f));
+          logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
   }
 }
@@ -549,7 +544,7 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((row < B ? logits[row * C + j] : 0.0f) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
     }
   }
 }
@@ -619,8 +614,7 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < 1) out0[BM*pid_m + e] =
-        ((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) * 1.0f);
+    if (BM*pid_m + e < 1) out0[BM*pid_m + e] = ((t8[BM*pid_m + e]) * 1.0f);
   }
 }
 
@@ -635,8 +629,7 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
-        (-(((BM*pid_m + e < 1 ? t8[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < 1 ? t8[BM*pid_m + e]
-        : 0.0f)) ? 1.0f : 1.0f));
+        (-(((t8[BM*pid_m + e]) == (t8[BM*pid_m + e])) ? 1.0f : 1.0f));
   }
 }
 
@@ -652,8 +645,7 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
   const float s = (float)(B);
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((BM*pid_m + e < B ? t5[BM*pid_m + e] : 0.0f) == (BM*pid_m + e < B ? t5[BM*pid_m + e]
-        : 0.0f)) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
   }
 }
 
@@ -669,8 +661,7 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t18[row * C + j] =
-          ((row < B ? t16[row * 1 + 0] : 0.0f) * (row < B ? target[row * C + j] : 0.0f));
+      if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
     }
   }
 }
@@ -697,8 +688,7 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
-          ((row < B ? t18[row * C + j] : 0.0f)
-          - ((sycl::exp((row < B ? t3[row * C + j] : 0.0f))) * v[i]));
+          ((t18[row * C + j]) - ((sycl::exp((t3[row * C + j]))) * v[i]));
     }
   }
 }
@@ -765,8 +755,7 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] =
-        ((BM*pid_m + e < C ? b2[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -967,8 +956,7 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
       const int t = r * 4 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
-          ((BM*pid_m + i < H && BN*pid_n + j < C ? w2[(BM*pid_m + i) * C + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w2[(BM*pid_m + i) * C + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }
@@ -986,9 +974,7 @@ inline void train_step_k15(const float* __restrict__ hidden, const float* __rest
     for (long long j = lid; j < H; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t25[row * H + j] =
-          ((row < B ? t21[row * H + j] : 0.0f)
-          * (1.0f - ((row < B ? hidden[row * H + j] : 0.0f)
-          * (row < B ? hidden[row * H + j] : 0.0f))));
+          ((t21[row * H + j]) * (1.0f - ((hidden[row * H + j]) * (hidden[row * H + j]))));
     }
   }
 }
@@ -1055,8 +1041,7 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
     v_1[e] = lr * v[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] =
-        ((BM*pid_m + e < H ? b1[BM*pid_m + e] : 0.0f) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
   }
 }
 
@@ -1177,8 +1162,7 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
       const int t = r * 4 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =
-          ((BM*pid_m + i < D && BN*pid_n + j < H ? w1[(BM*pid_m + i) * H + BN*pid_n + j] : 0.0f)
-          - (lr * acc[t]));
+          ((w1[(BM*pid_m + i) * H + BN*pid_n + j]) - (lr * acc[t]));
     }
   }
 }

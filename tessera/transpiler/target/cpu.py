@@ -69,6 +69,7 @@ class _KernelView:
         self.body = self.c.body
         self.storage = self.c.storage
         self.constants = self.c.constants
+        self.launch_constants = self.c.launch_constants
         self.scratch = self.c.scratch
         sizes = self.c.sizes
         used_dims = [sizes[d] for d in dims if sizes[d] in body_names]

@@ -107,8 +107,10 @@ class CKernel:
     scratch: str
     storage: tuple[str, ...]
     body: tuple[str, ...]
-    #: The declarations of the tile sizes it names (``tile_constants.py``).
+    #: The declarations of the tile sizes it names (``tile_constants.py``), in the
+    #: program and in the launch (the grid's extents count its programs in tiles).
     constants: tuple[str, ...] = ()
+    launch_constants: tuple[str, ...] = ()
 
 
 #: The functions of a kernel, by the suffix they add to its name.
@@ -317,7 +319,7 @@ class _Emitter:
                 params.append(CParam(name, _SCALAR_TYPES[p.type.kind], "scalar", source=p.name))
         self.block(self.kernel.body)
         # The launch names each extent, next to the sizes and the program ids.
-        grid = tuple((self.symbols[a.name], self._extent(a.extent, a.block),
+        grid = tuple((self.symbols[a.name], self._extent(a.name, a.extent, a.block),
                       self.namer.fresh(f"{self.symbols[a.name]}_count"))
                      for a in self.kernel.grid)  # fmt: skip
         # Each buffer starts where the one before it ends, so that a size is written once.
@@ -329,15 +331,22 @@ class _Emitter:
             total = size if total == "0" else f"{total} + {size}"
             start = f"{name} + {size}"
         code = re.sub(r"//.*", "", "\n".join((total, *offsets, *self.lines)))
+        form = "constexpr tsr::i64 {name} = {value};"
         return CKernel(
             self.stem, self.kernel.function, tuple(params),
             {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),
-            tuple(self.lines),
-            tuple(self.constants.declarations(code, "constexpr tsr::i64 {name} = {value};")),
+            tuple(self.lines), tuple(self.constants.declarations(code, form)),
+            tuple(self.constants.declarations("\n".join(e for _, e, _ in grid), form)),
         )  # fmt: skip
 
-    def _extent(self, extent: Dim, block: int) -> str:
-        return self.c(extent) if block == 1 else f"tsr::ceil_div({self.c(extent)}, {block})"
+    def _extent(self, pid: str, extent: Dim, block: int) -> str:
+        """How many programs run along program id ``pid``: ``extent`` in blocks, named
+        as the program names the tile the id steps by where the block is that tile."""
+        if block == 1:
+            return self.c(extent)
+        stride = self.constants.strides.get(pid)
+        size = stride[1] if stride is not None and stride[0] == block else block
+        return f"tsr::ceil_div({self.c(extent)}, {size})"
 
     def block(self, block: Block) -> list[str]:
         self.local.append({a.id for a in block.args})

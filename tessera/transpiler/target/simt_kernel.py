@@ -220,6 +220,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.walking: Distribution | None = None
         self.walk_head = self.walk_start = 0
         self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+        #: While a store's value is printed: the terms of the condition it is stored under,
+        #: which a read inside the value need not test again.
+        self.implied: frozenset[str] = frozenset()
 
     # -- output --------------------------------------------------------------------------
 
@@ -904,9 +907,22 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         def element(index: tuple[str, ...]) -> str:
             offset, condition = self.address(tensor, at, index)
             value = self.d.read(dtype, pointer, offset)
-            return f"{condition} ? {value} : 0.0f" if condition else value
+            terms = [c for c in condition.split(" && ") if c and c not in self.implied]
+            return f"{' && '.join(terms)} ? {value} : 0.0f" if terms else value
 
         return element
+
+    def guarded(self, x: Value, index: tuple[str, ...], out: tuple[Dim, ...], *under: str) -> str:
+        """Operand ``x`` at ``index``, as a store prints it under the conditions ``under``:
+        a read of a tensor inside it leaves out the bounds those conditions already test
+        (the same terms, as printed), so that ``if (row < R) y[..] = x[..]`` does not read
+        ``row < R ? x[..] : 0.0f``."""
+        outer = self.implied
+        self.implied = outer | {t for c in under for t in c.split(" && ") if t}
+        try:
+            return self.at(x, index, out)
+        finally:
+            self.implied = outer
 
     def check_bounds(self, op: Op) -> None:
         """In a debug build, the checks of ``op``'s access. The offsets are the
@@ -968,7 +984,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             return
         index = self.walk(dist, tile.type)
         offset, condition = self.address(tensor, at, index)
-        value = self.at(tile, index, out)
+        value = self.guarded(tile, index, out, condition)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
         self.close_walk()
@@ -987,7 +1003,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         for j in range(width):
             index = (row, *(str(j),) * (len(out) - 1))
             offset, condition = self.address(tensor, at, index)
-            value = self.at(tile, index, out)
+            value = self.guarded(tile, index, out, condition)
             pointer = self.forms[tensor.id].name
             store = self.d.write(tensor.type.dtype.name, pointer, offset, value)
             first = " && ".join(c for c in (f"{column} == 0", condition) if c)
@@ -1006,8 +1022,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             raise NotLowered("a store into an i4 tensor of values held in registers")
         index = self.walk(dist, tile.type)
         offset, condition = self.address(tensor, at, index)
-        lo = self.at(tile, index, out)
-        hi = self.at(tile, (*index[:-1], f"{index[-1]} + 1"), out)
+        lo = self.guarded(tile, index, out, condition)
+        hi = self.guarded(tile, (*index[:-1], f"{index[-1]} + 1"), out, condition)
         even = f"(({offset}) & 1) == 0"
         pointer = self.forms[tensor.id].name
         self.line(f"if ({' && '.join(c for c in (condition, even) if c)}) "
@@ -1024,9 +1040,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.open(f"for (int e = 0; e < {self.count(tile.type)}; ++e)")
         index = self.split_flat(out, tile.type)
         offset, condition = self.address(tensor, at, index)
-        store = self.d.write(
-            tensor.type.dtype.name, self.forms[tensor.id].name, offset, self.at(tile, index, out)
-        )
+        value = self.guarded(tile, index, out, condition)
+        store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if (e == lid{f' && {condition}' if condition else ''}) {store}")
         self.close()
 
