@@ -15,13 +15,12 @@ import argparse
 import itertools
 import json
 import os
-import platform
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from cpu import ratio, timed
+from cpu import machine, ratio, timed
 
 import tessera
 from tessera.files import write_file
@@ -79,11 +78,7 @@ def main() -> None:
                                                         t["tessera"])})  # fmt: skip
     result = {
         "benchmark": "attention_backward",
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "torch": torch.__version__,
-                    # other work on a shared machine: the 1-minute load average
-                    "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before),
         "method": f"median of {args.runs} interleaved runs after one warm-up; before each "
                   "run a 200 ms pause, then one untimed call; ratios are peer time / "
                   "tessera time (above 1: tessera is faster); tessera's time includes "

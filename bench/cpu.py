@@ -142,6 +142,19 @@ def _swish_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y * torch.sigmoid(y)
 
 
+def machine(load_before: float | None = None) -> dict[str, object]:
+    """The machine, its Python, numpy and torch, and with ``load_before`` (the 1-minute
+    load average before the runs) how busy it was then and after: other work on a
+    shared machine stretches every timing."""
+    described: dict[str, object] = {
+        "processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "torch": torch.__version__ if torch else None}  # fmt: skip
+    if load_before is not None:
+        described["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return described
+
+
 def ratio(peer: float | None, ours: float) -> float | None:
     """How many times faster than the peer we are (above 1: faster)."""
     return None if peer is None else round(peer / ours, 3)
@@ -259,9 +272,7 @@ def main() -> None:
 
     result = {
         "benchmark": "cpu",
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "torch": torch.__version__ if torch else None},
+        "machine": machine(),
         "method": f"median of {args.runs} interleaved runs after one warm-up; before each "
                   "run a 200 ms pause, then one untimed call; ratios are peer time / "
                   "tessera time (above 1: tessera is faster)",

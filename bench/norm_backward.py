@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from cpu import ratio, timed
+from cpu import machine, ratio, timed
 
 import tessera
 from tessera.files import write_file
@@ -67,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     lib = tessera.compile(SOURCE, "norm_backward.tsr", target="cpu").load()
     rng = np.random.default_rng(0)
     x, dy = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
@@ -110,11 +109,7 @@ def main() -> None:
                      "vs_torch_backward": ratio(t["torch_backward"], t["tessera"])})  # fmt: skip
     result = {
         "benchmark": "norm_backward",
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version(),
-                    "numpy": np.__version__, "torch": torch.__version__,
-                    "load_average_before_after": [round(load_before[0], 2),
-                                                  round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before),
         "method": f"median of {args.runs} interleaved runs after one warm-up; before each "
                   "run a 200 ms pause, then one untimed call; of_copy_bandwidth is the bytes "
                   "the pass must move (x, the cotangent and the weight read, dx written) "

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
+from cpu import machine
 
 import tessera
 from tessera.files import write_file
@@ -196,13 +196,6 @@ def _gemm(rng: np.random.Generator) -> dict[str, object]:
     return case
 
 
-def _machine(load_before: float) -> dict[str, object]:
-    """The machine and how busy it was: other work stretches every timing."""
-    return {"processor": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "torch": torch.__version__, "numpy": np.__version__,
-            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}  # fmt: skip
-
-
 def main() -> None:
     if "--gemm" in sys.argv[1:]:
         load_before = os.getloadavg()[0]
@@ -211,7 +204,7 @@ def main() -> None:
         # other work on a shared machine disturbs less than OpenBLAS's threads.
         threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
         result[f"low_precision_gemm_{threads}_threads"] = {
-            **_gemm(np.random.default_rng(0)), "machine": _machine(load_before)}  # fmt: skip
+            **_gemm(np.random.default_rng(0)), "machine": machine(load_before)}  # fmt: skip
         write_file(RESULTS, json.dumps(result, indent=2) + "\n")
         return
     lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
@@ -228,7 +221,7 @@ def main() -> None:
     w4a16 = _w4a16(lib, rng)
     gemm = _gemm(rng)
     result = {
-        "machine": _machine(load_before),
+        "machine": machine(load_before),
         "runs": RUNS,
         "w8a16": w8a16,
         "w4a16": w4a16,
