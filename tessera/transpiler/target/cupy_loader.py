@@ -2,8 +2,8 @@
 
 A project that checks in ``kernel.cu`` and this module needs CuPy, not Tessera: the
 module carries what ``tessera.runtime.cuda`` reads from the metadata (the parameters,
-the guards, the launches, a debug build's bounds checks) as plain Python, one typed
-function per ``.tsr`` function.
+the guards, the launches, a debug build's bounds checks and NaN/Inf sentinels) as plain
+Python, one typed function per ``.tsr`` function.
 Sizes are Python expressions of the symbols the arguments' shapes bind, printed from
 the same dims as the C code's. The template (``templates/loader``) is written so that
 its output is already formatted as black formats it; a test checks that for every
@@ -37,7 +37,7 @@ _WIDTH = 88  # black's default line length
 #: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
     _DEFAULT_SMEM _module _kernel _launch _persistent _driver _tensor_map _tensor _shape _indices
-    BoundsError _BOUNDS _fault"""
+    BoundsError _BOUNDS _fault NonFiniteError _as_floats _finite"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
@@ -66,10 +66,12 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     indices = any(g["kind"] == "indices" for f in meta["functions"] for g in f["guards"])
     persistent = any(launch.get("persistent") for f in meta["functions"]
                      for launch in f["launches"])  # fmt: skip
+    sentinels = any("sentinel" in launch for f in meta["functions"] for launch in f["launches"])
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
         tma=tma, indices=indices, persistent=persistent, bounds=_bounds(meta),
+        sentinels=sentinels,
     )  # fmt: skip
 
 
@@ -185,6 +187,10 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
         body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))
         if FAULT in launch["args"]:
             body.append(f"    _fault({FAULT})")
+        for write in launch.get("sentinel", {}).get("writes", ()):
+            check = [_quoted(launch["kernel"]), _quoted(launch["sentinel"]["line"]),
+                     _quoted(write["name"]), write["name"], _quoted(write["dtype"])]  # fmt: skip
+            body.extend(_wrap(4, "_finite(", check, ")"))
     if results:
         body.append(f"    return {', '.join(r['name'] for r in results)}")
     # Defaults as the .tsr file gives them, where Python allows them: on the positional
