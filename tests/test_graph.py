@@ -448,6 +448,36 @@ def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:
     assert ir(method) == ir(function)
 
 
+@pytest.mark.parametrize(
+    ("spelled", "indexed"),
+    [
+        (
+            "B, S, E = x.shape\n    return x.reshape(B * S, E)",
+            "x.reshape(x.shape[0] * x.shape[1], x.shape[2])",
+        ),
+        ("_, _, E = x.shape\n    return x.reshape(-1, E)", "x.reshape(-1, x.shape[-1])"),
+        (
+            "B, S = x.shape[:2]\n    return x.reshape(B * S, -1)",
+            "x.reshape(x.shape[0] * x.shape[1], -1)",
+        ),
+        (
+            "S, E = x.shape[1:]\n    return x.reshape(-1, S * E)",
+            "x.reshape(-1, x.shape[1] * x.shape[2])",
+        ),
+        ("(E,) = x.shape[::-1][:1]\n    return x.reshape(-1, E)", "x.reshape(-1, x.shape[2])"),
+    ],
+)
+def test_a_shape_unpacks_and_slices_as_a_tuple(spelled: str, indexed: str) -> None:
+    """``B, S, E = x.shape`` and ``x.shape[1:]`` give the sizes Python's tuple would, the
+    same graph as indexing the shape one size at a time."""
+
+    def ir(body: str) -> str:
+        text = f"@kernel\ndef f(x: Tensor['A', 'B', 'C', f32]):\n    {body}\n"
+        return re.sub(r"// \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    assert ir(spelled) == ir(f"return {indexed}")
+
+
 def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['M', 'K', f32], w: Tensor['N', 'K', f32]):\n    return x @ w.T\n"

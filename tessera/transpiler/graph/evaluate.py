@@ -560,6 +560,12 @@ class Evaluator:
         v = base.value
         if isinstance(v, Poison):
             return POISON
+        if (
+            isinstance(v, ShapeValue)
+            and len(node.index) == 1
+            and isinstance(node.index[0], ast.Slice)
+        ):
+            return ShapeValue(v.dims[self._shape_slice(node.index[0])])
         if isinstance(v, (ShapeValue, Const)) and len(node.index) == 1:
             index = self.eval(node.index[0]) if not isinstance(node.index[0], ast.Slice) else None
             items = v.dims if isinstance(v, ShapeValue) else v.value
@@ -575,6 +581,22 @@ class Evaluator:
         if isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)):
             return self._indexed(node, v)
         raise SemanticError(f"{describe(v)} cannot be indexed", node.span)
+
+    def _shape_slice(self, item: ast.Slice) -> slice:
+        """``x.shape[1:]``, ``x.shape[:-1]``: a slice of a shape, as Python slices a
+        tuple, with integer bounds and step known at compile time."""
+        bounds = []
+        for part in (item.lower, item.upper, item.step):
+            if part is None:
+                bounds.append(None)
+                continue
+            value = self.eval(part).value
+            if not is_int(value):
+                raise SemanticError("a shape is sliced by integers", part.span)
+            bounds.append(value.value)
+        if bounds[2] == 0:
+            raise SemanticError("a slice step cannot be zero", item.span)
+        return slice(*bounds)
 
     def _indexed(self, node: ast.Subscript, v: Value) -> Value:
         """``x[...]`` of a tensor or tile: ``None`` is a new axis of one element, ``:``

@@ -66,6 +66,7 @@ from .values import (
     OpRef,
     Poison,
     ScheduleValue,
+    ShapeValue,
     describe,
 )
 
@@ -748,6 +749,8 @@ class _FunctionAnalyzer:
                     if isinstance(element, ast.Name):
                         self.env[element.id] = POISON
                 return
+            if isinstance(values, ShapeValue):  # B, S, E = x.shape: one size each
+                values = tuple(DimValue(d) for d in values.dims)
             if not isinstance(values, tuple):
                 raise SemanticError(
                     f"cannot unpack {describe(values)} into {len(target.elts)} names", ev.span
