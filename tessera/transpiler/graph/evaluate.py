@@ -294,6 +294,8 @@ class Evaluator:
                 f"'{node.op}' is not supported on {describe(a)} and {describe(b)}", node.span
             )
         values = [v for v in (a, b) if isinstance(v, Value)]
+        if isinstance(a, DimValue) or isinstance(b, DimValue):
+            _refuse_run_time_size(node, left, right)
         left, right = (self._size_as_number(ev, values, node.span) for ev in (left, right))
         if node.op in ("/", "//", "%") and is_number(right.value) and right.value.value == 0:
             # as when both sides are numbers: a constant zero divisor is a mistake, not inf
@@ -1010,3 +1012,17 @@ def is_number(v: Any) -> bool:
 
 def is_int(v: Any) -> bool:
     return isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool)
+
+
+def _refuse_run_time_size(node: ast.BinOp, left: Ev, right: Ev) -> None:
+    """``E // heads`` with ``heads: int`` a parameter: a size that only the call would
+    know, which no shape can have; the error says how to give it at compile time."""
+    size, other = (left, right) if isinstance(left.value, DimValue) else (right, left)
+    v = other.value
+    if isinstance(v, Value) and isinstance(v.type, ScalarType) and v.type.kind == "int":
+        raise SemanticError(
+            f"{print_expr(node)}: '{other.text}' is an int known only when the function is "
+            f"called, so this is no size a shape can have; give it at compile time (a "
+            f"top-level constant, HEADS = 4), or write float({size.text}) to compute in floats",
+            node.span,
+        )
