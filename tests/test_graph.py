@@ -478,6 +478,35 @@ def test_a_shape_unpacks_and_slices_as_a_tuple(spelled: str, indexed: str) -> No
     assert ir(spelled) == ir(f"return {indexed}")
 
 
+@pytest.mark.parametrize(
+    ("looped", "written_out"),
+    [
+        ("for i in range(3):\n        x = relu(x @ w) + x", "x = relu(x @ w) + x\n" * 3),
+        (
+            "for i in range(1, 7, 2):\n        x = x * float(i)",
+            "x = x * 1.0\nx = x * 3.0\nx = x * 5.0\n",
+        ),
+        (
+            "for i in range(L):\n        for j in range(i):\n            x = x + w[j]",
+            "x = x + w[0]\nx = x + w[0]\nx = x + w[1]\n",
+        ),
+        ("for i in range(0):\n        x = exp(x)", ""),
+    ],
+)
+def test_a_loop_in_a_graph_function_is_unrolled(looped: str, written_out: str) -> None:
+    """A loop over a range known at compile time (a layer count) runs its body once per
+    number, as a Python trace would: the same graph as the body written out."""
+
+    def ir(body: str) -> str:
+        text = (
+            "L = 3\n@kernel\ndef f(x: Tensor['A', 'A', f32], w: Tensor['A', 'A', f32]):\n"
+            f"    {body}\n    return x\n"
+        )
+        return re.sub(r"(//|at) \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    assert ir(looped) == ir(written_out.replace("\n", "\n    "))
+
+
 def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['M', 'K', f32], w: Tensor['N', 'K', f32]):\n    return x @ w.T\n"

@@ -72,6 +72,10 @@ from .values import (
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
 
+#: The most iterations a graph function's loop unrolls to: beyond, the program would be
+#: better written as one tensor operation than as that many copies of its body.
+_MOST_UNROLLED = 256
+
 #: Decorators a function may carry, and the keywords each accepts (None: no call).
 KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
     "kernel": None,
@@ -998,6 +1002,49 @@ class _FunctionAnalyzer:
         finally:
             del self.with_attrs[-len(texts) :]
 
+    def _unrolled(self, stmt: ast.For) -> None:
+        """``for i in range(LAYERS):`` in a graph function: the body once per number, as
+        a Python trace would run it (JAX's ``jit`` unrolls such a loop too), with ``i`` a
+        number known at compile time. A graph function is a dataflow: a loop whose count
+        only the call would know has no such unrolling, and is refused."""
+        call = stmt.iter
+        if not (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
+            raise SemanticError(
+                "a loop in a graph function runs over range(...) of numbers known at compile "
+                "time, and is unrolled; a loop over blocks belongs in a tile kernel",
+                stmt.iter.span,
+            )
+        if call.keywords or not 1 <= len(call.args) <= 3:
+            raise SemanticError("range takes one to three integers", call.span)
+        bounds = []
+        for arg in call.args:
+            v = self.evaluator.eval(arg).value
+            if isinstance(v, Poison):
+                return
+            if isinstance(v, DimValue) and v.dim.constant is not None:
+                v = Const(v.dim.constant)
+            if not is_int(v):
+                raise SemanticError(
+                    f"a loop in a graph function is unrolled, so its range needs integers "
+                    f"known at compile time, not {describe(v)}",
+                    arg.span,
+                )
+            bounds.append(v.value)
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise SemanticError("range's step cannot be zero", call.args[2].span)
+        numbers = range(*bounds)
+        if len(numbers) > _MOST_UNROLLED:
+            raise SemanticError(
+                f"a loop in a graph function is unrolled, and {len(numbers)} iterations are "
+                f"more than {_MOST_UNROLLED}: write the repeated work as one tensor operation",
+                call.span,
+            )
+        if not isinstance(stmt.target, ast.Name):
+            raise SemanticError("a loop binds one name", stmt.target.span)
+        for number in numbers:
+            self.env[stmt.target.id] = Const(number)
+            self._block(stmt.body)
+
     def _if(self, stmt: ast.If) -> None:
         test = self.evaluator.eval(stmt.test)
         v = test.value
@@ -1048,11 +1095,8 @@ class _FunctionAnalyzer:
 
     def _for(self, stmt: ast.For) -> None:
         if self.kind != "tile":
-            raise SemanticError(
-                "loops belong in tile kernels; a graph function is a dataflow of whole-tensor "
-                "operations",
-                stmt.span,
-            )
+            self._unrolled(stmt)
+            return
         if not isinstance(stmt.target, ast.Name):
             raise SemanticError("a tile loop binds one name", stmt.target.span)
         call = stmt.iter
