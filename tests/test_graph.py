@@ -507,6 +507,23 @@ def test_a_loop_in_a_graph_function_is_unrolled(looped: str, written_out: str) -
     assert ir(looped) == ir(written_out.replace("\n", "\n    "))
 
 
+def test_a_loop_over_range_in_a_tile_kernel_is_unrolled() -> None:
+    """In a tile kernel too, ``range(...)`` of numbers unrolls (a Horner polynomial);
+    ``tile.range_n`` stays the loop over blocks."""
+
+    def ir(body: str) -> str:
+        text = (
+            "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
+            "    T = tile.context()\n    v = tile.load(x, rows=T.m)\n"
+            f"    acc = tile.zeros((T.m,), f32)\n    {body}\n    return acc\n"
+        )
+        return re.sub(r"(//|at) \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    looped = ir("for i in range(3):\n        acc = acc * v + float(i)")
+    assert looped == ir("acc = acc * v + 0.0\n    acc = acc * v + 1.0\n    acc = acc * v + 2.0")
+    assert "tile.for" not in looped
+
+
 def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:
     text = (
         "@kernel\ndef f(x: Tensor['M', 'K', f32], w: Tensor['N', 'K', f32]):\n    return x @ w.T\n"

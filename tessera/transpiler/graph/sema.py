@@ -1003,10 +1003,10 @@ class _FunctionAnalyzer:
             del self.with_attrs[-len(texts) :]
 
     def _unrolled(self, stmt: ast.For) -> None:
-        """``for i in range(LAYERS):`` in a graph function: the body once per number, as
-        a Python trace would run it (JAX's ``jit`` unrolls such a loop too), with ``i`` a
-        number known at compile time. A graph function is a dataflow: a loop whose count
-        only the call would know has no such unrolling, and is refused."""
+        """``for i in range(LAYERS):`` in a graph function (or a tile kernel): the body
+        once per number, as a Python trace would run it (JAX's ``jit`` unrolls such a loop
+        too), with ``i`` a number known at compile time. A graph function is a dataflow: a
+        loop whose count only the call would know has no such unrolling, and is refused."""
         call = stmt.iter
         if not (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
             raise SemanticError(
@@ -1094,15 +1094,17 @@ class _FunctionAnalyzer:
             self.env[name] = self._named(result, name)
 
     def _for(self, stmt: ast.For) -> None:
-        if self.kind != "tile":
+        call = stmt.iter
+        if self.kind != "tile" or (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
             self._unrolled(stmt)
             return
         if not isinstance(stmt.target, ast.Name):
             raise SemanticError("a tile loop binds one name", stmt.target.span)
-        call = stmt.iter
         if not (isinstance(call, ast.Call) and print_expr(call.func) == "tile.range_n"):
             raise SemanticError(
-                "a tile loop iterates over tile.range_n(extent, block)", stmt.iter.span
+                "a tile loop iterates over tile.range_n(extent, block), or over range(...) "
+                "of numbers known at compile time, which is unrolled",
+                stmt.iter.span,
             )
         spec = GRAPH_OPS["tile.range_n"]
         args = [self.evaluator.eval(a) for a in call.args]
