@@ -132,9 +132,9 @@ class StateSignature:
         self, run: Callable[..., Any], flat: list[str], args: tuple, kwargs: dict, out: Any
     ) -> Any:
         """Check the state arguments, run the function on their arrays (``flat``: the
-        names ``run`` takes by position), and return the state results as state objects:
-        written into the donated state of the same parameter where one was passed (the
-        same object comes back), else new."""
+        names ``run`` takes by position), and return each state result as the state
+        argument of its parameter, which the call donates: the same object, its arrays
+        overwritten with the new state."""
         positional = [p["name"] for p in self.inputs if not p.get("keyword_only")]
         if len(args) > len(positional):
             raise TypeError(f"{self.name}() takes {len(positional)} positional arguments, "
@@ -152,7 +152,7 @@ class StateSignature:
             state = values.pop(name)
             self._check(name, spec, state, values.get(spec["param"]))
             values.update(zip((f"{name}_{f}" for f in _fields(spec)), state.arrays(), strict=True))
-            given.setdefault(spec["param"], state)
+            given[spec["param"]] = state
         if self.results and out is not None:
             raise TypeError(f"{self.name}() returns an OptimizerState, written into the one it "
                             "is given; it takes no 'out'")  # fmt: skip
@@ -168,14 +168,12 @@ class StateSignature:
         for spec in reversed(self.results):
             first, count = spec["result"], spec["count"]
             arrays = flat[first : first + count]
-            donor = given.get(spec["param"])
-            if donor is not None and donor.fp32_master == spec["fp32_master"]:
-                for target, array in zip(donor.arrays(), arrays, strict=True):
-                    _assign(target, array)
-                state = donor
-            else:
-                state = OptimizerState(*arrays[-2:], master=arrays[0] if count == 3 else None)
-            flat[first : first + count] = [state]
+            # a returned state is one of the function's state parameters, updated (the
+            # compiler allows no other); there is one state per parameter
+            donor = given[spec["param"]]
+            for target, array in zip(donor.arrays(), arrays, strict=True):
+                _assign(target, array)
+            flat[first : first + count] = [donor]
         return tuple(flat) if len(flat) > 1 else flat[0]
 
     def _check(self, name: str, spec: Mapping[str, Any], state: Any, param: Any) -> None:

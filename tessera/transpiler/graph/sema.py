@@ -651,8 +651,11 @@ class _FunctionAnalyzer:
                 if dim.symbol is not None:
                     bare.add(dim.symbol)
                     self.dims.setdefault(dim.symbol, dim)
-        for index, p, t in reversed(states):
-            params[index:index] = self._state_param(p, t, params)
+        shift = 0  # the tensors of the states before, inserted already
+        for index, p, t in states:
+            tensors = self._state_param(p, t, params)
+            params[index + shift : index + shift] = tensors
+            shift += len(tensors)
         # An int parameter may give a size its value; any other parameter's name is its own.
         others = {p.value.name for p in params if p.value.type != ScalarType("int")}
         for param in params:
@@ -671,6 +674,13 @@ class _FunctionAnalyzer:
                 )
             types = {q.value.name: q.value.type for q in params}
             t = optstate.bind(t, p.annotation, types, self.node.name)
+            twin = next((s.name for s in self.states if s.param == t.param), None)
+            if twin is not None:
+                raise SemanticError(
+                    f"'{twin}' is the state of '{t.param}' already: a parameter has one "
+                    "OptimizerState, which a returned state is written into",
+                    p.span,
+                )
             names = optstate.flat_names(p.name, t)
             taken = [n for n in names if n in {q.name for q in self.node.params}]
             if taken:
@@ -929,7 +939,8 @@ class _FunctionAnalyzer:
         against the declared result; each returned state is recorded as a slot."""
         declared = self._declared_result()
         wanted = result_types(declared) if declared is not None else ()
-        note = (Note("the result type is declared here", self.node.returns.span),) * bool(wanted)
+        returns = self.node.returns
+        note = (Note("the result type is declared here", returns.span),) if returns else ()
         flat: list[Any] = []
         for i, v in enumerate(values):
             want = wanted[i] if len(wanted) == len(values) else None
