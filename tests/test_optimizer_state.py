@@ -150,7 +150,8 @@ def test_the_graph_ir_passes_the_state_as_its_tensors() -> None:
     lib = tessera.compile(ADAM, filename="adam.tsr", target="cpu")
     meta = lib.ir("graph").functions[0].states
     assert [(s.name, s.param, s.count, s.result) for s in meta] == [
-        ("state", "w", 2, None), ("", "w", 2, 1)
+        ("state", "w", 2, None),
+        ("", "w", 2, 1),
     ]
 
 
@@ -180,7 +181,7 @@ def test_the_entry_takes_and_checks_a_state(tmp_path_factory: pytest.TempPathFac
         step_fn(x, w, t, state, LR, 1, out=(None,) * 6)
     with pytest.raises(TypeError, match=r"is missing state"):
         step_fn(x, w, t, lr=LR, step=1)
-    value, _, w2, returned = step_fn(x, w=w, t=t, state=state, lr=LR, step=1)
+    value, _, _, returned = step_fn(x, w=w, t=t, state=state, lr=LR, step=1)
     assert returned is state and np.isfinite(value)
 
 

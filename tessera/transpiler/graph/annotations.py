@@ -331,9 +331,7 @@ def _state_policies(node: ast.TypeExpr) -> tuple[str, ...]:
         if policy.name not in known:
             other = next((n for n, p in STATE_POLICIES.items() if policy.name in p), None)
             hint = f": it is a policy of {other}" if other else did_you_mean(policy.name, known)
-            raise SemanticError(
-                f"unknown {node.name} policy '@{policy.name}'{hint}", policy.span
-            )
+            raise SemanticError(f"unknown {node.name} policy '@{policy.name}'{hint}", policy.span)
         text = "@" + policy.name
         if policy.args:
             if policy.name == "fp32_master":

@@ -25,8 +25,8 @@ from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .kvcache import check_append, check_not_attended
-from .optstate import adam_on_state
 from .opcall import OpCall, OpSpec, SemanticError, bind
+from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
 from .tile_sizes import check_size_as_number

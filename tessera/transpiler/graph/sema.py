@@ -662,9 +662,7 @@ class _FunctionAnalyzer:
             self._check_param_dims(param.value, bare, others)
         return tuple(params)
 
-    def _state_param(
-        self, p: ast.Param, t: OptimizerStateType, params: list[Param]
-    ) -> list[Param]:
+    def _state_param(self, p: ast.Param, t: OptimizerStateType, params: list[Param]) -> list[Param]:
         """An ``OptimizerState`` parameter's tensors, as parameters of the Graph IR; the
         name is bound to the state (``graph.optstate``)."""
         try:
@@ -704,16 +702,14 @@ class _FunctionAnalyzer:
         """The declared result with each ``OptimizerState`` bound to its parameter."""
         if isinstance(declared, TupleType):
             items = [a for a in node.args or () if isinstance(a, ast.TypeExpr)]
-            return TupleType(tuple(self._bound_result(t, a)
-                                   for t, a in zip(declared.items, items, strict=True)))  # fmt: skip
+            pairs = zip(declared.items, items, strict=True)
+            return TupleType(tuple(self._bound_result(t, a) for t, a in pairs))
         if not isinstance(declared, OptimizerStateType):
             return declared
         types = {}
         for q in self.node.params:
             value = self.env.get(q.name)
-            if isinstance(value, Value):
-                types[q.name] = value.type
-            elif isinstance(value, optstate.StateValue):
+            if isinstance(value, (Value, optstate.StateValue)):
                 types[q.name] = value.type
         return optstate.bind(declared, node, types, self.node.name)
 
