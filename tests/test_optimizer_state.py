@@ -238,6 +238,14 @@ def test_init_makes_the_state_of_a_torch_parameter_on_its_device() -> None:
         ("def f(w: Tensor['N', bf16], s: OptimizerState[w]) -> Tensor['N', bf16]:\n"
          "    q, t = fused_adam(w, w, s, s, lr=0.1, step=1)\n    return q\n", 2,
          r"fused_adam takes an OptimizerState as its third argument and no fourth"),
+        ("def f(w: Tensor['N', f32], s: OptimizerState[w]) -> Tensor[f32]:\n"
+         "    return sum(w * s.m, axis=None)\n\n"
+         "def g(w: Tensor['N', f32], s: OptimizerState[w]) -> Tensor['N', f32]:\n"
+         "    return grad(f, wrt='w')(w, s)\n", 5,
+         r"passing an OptimizerState to another function is not supported yet"),
+        ("@autodiff\ndef f(w: Tensor['N', f32], s: OptimizerState[w]) -> Tensor[f32]:\n"
+         "    return sum(w * s.m, axis=None)\n", 1,
+         r"@autodiff of 'f', which takes an OptimizerState: differentiate the loss"),
         ("def f(lr: float, s: OptimizerState[lr]) -> float:\n    return lr\n", 1,
          r"OptimizerState\[lr\]: 'lr' is float; an optimizer state belongs to a tensor"),
     ],

@@ -759,15 +759,15 @@ class Evaluator:
         ):
             return POISON
         ref = callee.value
+        state = next((a for a in [*args, *(k[1] for k in keywords)]
+                      if isinstance(a.value, StateValue)), None)  # fmt: skip
+        if state is not None and isinstance(ref, (FunctionRef, GradRef, CheckpointRef)):
+            raise SemanticError(
+                f"{callee.text}(): passing an OptimizerState to another function is not "
+                "supported yet; pass its tensors (state.m, state.v, state.master)",
+                state.span,
+            )
         if isinstance(ref, FunctionRef):
-            state = next((a for a in [*args, *(k[1] for k in keywords)]
-                          if isinstance(a.value, StateValue)), None)  # fmt: skip
-            if state is not None:
-                raise SemanticError(
-                    f"{callee.text}(): passing an OptimizerState to another function is not "
-                    "supported yet; pass its tensors (state.m, state.v, state.master)",
-                    state.span,
-                )
             return self.function.call_function(ref.node, args, keywords, node.span)
         if isinstance(ref, GradRef):
             return gradient_of(self.function, ref, args, keywords, node.span)
@@ -839,8 +839,6 @@ class Evaluator:
                 )
             args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
-        state = next((a for a in [*args, *(k[1] for k in keywords)]
-                      if isinstance(a.value, StateValue)), None)  # fmt: skip
         if state is not None:
             if name != "fused_adam":
                 raise SemanticError(

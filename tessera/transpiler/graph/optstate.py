@@ -73,9 +73,10 @@ def bind(
 
 def adam_on_state(
     evaluator: Any, spec: OpSpec, args: list[Ev], keywords: list, span: Span, shown: str
-) -> tuple[Value, StateValue]:
+) -> tuple[Value, StateValue] | Any:
     """``fused_adam(param, grad, state, *, lr, step, ...)``: the step with the state's
-    moments (and master), returning ``(param, state)`` updated."""
+    moments (and master), returning ``(param, state)`` updated (``POISON`` where an
+    argument's own error was reported already)."""
     state_ev = args[2] if len(args) == 3 else None
     if state_ev is None or not isinstance(state_ev.value, StateValue):
         raise SemanticError(

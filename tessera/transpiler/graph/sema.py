@@ -154,6 +154,13 @@ class _ModuleAnalyzer:
                         functions.append(function)
                         clean = self.diags.error_count == errors
                         if clean and "autodiff" in (d.name for d in stmt.decorators):
+                            if function.states:
+                                raise SemanticError(
+                                    f"@autodiff of '{stmt.name}', which takes an "
+                                    "OptimizerState: differentiate the loss, and update the "
+                                    "state in the step that calls grad(loss)",
+                                    stmt.span,
+                                )
                             modes = ("vjp", "jvp") if forward_mode(stmt) else ("vjp",)
                             for mode in modes:
                                 made = differentiated(_FunctionAnalyzer(self, stmt), function, mode)
