@@ -30,6 +30,7 @@ _PUBLIC = {
     "load_bundle": "tessera.runtime.bundle",
     "KVCache": "tessera.runtime.kvcache",
     "decode_attention": "tessera.runtime.kvcache",
+    "OptimizerState": "tessera.runtime.optstate",
 }
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Diagnostic",
     "InternalCompilerError",
     "KVCache",
+    "OptimizerState",
     "Options",
     "OptionsError",
     "Program",
@@ -52,6 +54,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .runtime.bundle import load_bundle
     from .runtime.kvcache import KVCache, decode_attention
+    from .runtime.optstate import OptimizerState
     from .transpiler.frontend.diagnostics import CompileError, Diagnostic
     from .transpiler.options import Options, OptionsError
     from .transpiler.pipeline import (

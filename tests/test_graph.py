@@ -245,7 +245,7 @@ NOT_YET_PROGRAM = """\
 def f(x: Tensor["R", "C", bf16 @stochastic_round], y: Tensor["R", "C", fp8_e4m3 @saturate],
       z: Tensor["R", "C", f32 @loss_scale(1024)], w: Tensor["R", "C", bf16 @accum(bf16)],
       c: KVCache["B", "H", "S", "D", bf16] @rolling_window @device(gpu) @paged @checkpointable
-      @fp32_master) -> Tensor["R", "C", f32]:
+      ) -> Tensor["R", "C", f32]:
     with device(gpu), prefetch(x):
         y = x + z
     return y
@@ -257,7 +257,7 @@ def g(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
 """
 NOT_YET_WARNINGS = [
     (5, 44, "@rolling_window"), (5, 60, "@device"), (5, 73, "@paged"),
-    (5, 80, "@checkpointable"), (6, 7, "@fp32_master"), (7, 10, "with device(...)"),
+    (5, 80, "@checkpointable"), (7, 10, "with device(...)"),
     (7, 23, "with prefetch(...)"), (14, 42, "tile.load: vector="), (14, 61, "tile.load: prefetch="),
 ]  # fmt: skip
 

@@ -26,6 +26,7 @@ from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .kvcache import check_append, check_not_attended
 from .opcall import OpCall, OpSpec, SemanticError, bind
+from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
 from .tile_sizes import check_size_as_number
@@ -43,6 +44,7 @@ from .values import (
     Poison,
     ScheduleValue,
     ShapeValue,
+    StateValue,
     describe,
 )
 
@@ -127,7 +129,15 @@ class Evaluator:
 
     def lookup(self, name: str, span: Span) -> Any:
         if self.function is not None and name in self.function.env:
-            return self.function.env[name]
+            value = self.function.env[name]
+            if isinstance(value, StateValue) and id(value) in self.function.donated:
+                where = self.function.donated[id(value)]
+                raise SemanticError(
+                    f"'{name}' was updated by the fused_adam at line {where.line}, which "
+                    "donated its arrays: use the state that call returned",
+                    span,
+                )
+            return value
         if name in self.owner.globals:
             return self.owner.globals[name]
         if name in CONSTANTS:
@@ -456,6 +466,15 @@ class Evaluator:
             return self._namespace_attr(v, attr, node.span)
         if isinstance(v, Value):
             return self._value_attr(base, attr, node.span)
+        if isinstance(v, StateValue):
+            if attr not in v.type.fields:
+                hint = "" if attr != "master" else " (it is declared without @fp32_master)"
+                raise SemanticError(
+                    f"{v.type} has no attribute '{attr}'{hint}; it has "
+                    f"{', '.join(v.type.fields)}",
+                    node.span,
+                )
+            return v.field(attr)
         if isinstance(v, ScheduleValue):
             if attr not in SCHEDULE_METHODS:
                 raise SemanticError(
@@ -764,6 +783,14 @@ class Evaluator:
         ):
             return POISON
         ref = callee.value
+        state = next((a for a in [*args, *(k[1] for k in keywords)]
+                      if isinstance(a.value, StateValue)), None)  # fmt: skip
+        if state is not None and isinstance(ref, (FunctionRef, GradRef, CheckpointRef)):
+            raise SemanticError(
+                f"{callee.text}(): passing an OptimizerState to another function is not "
+                "supported yet; pass its tensors (state.m, state.v, state.master)",
+                state.span,
+            )
         if isinstance(ref, FunctionRef):
             return self.function.call_function(ref.node, args, keywords, node.span)
         if isinstance(ref, GradRef):
@@ -836,6 +863,17 @@ class Evaluator:
                 )
             args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
+        if state is not None:
+            if name != "fused_adam":
+                raise SemanticError(
+                    f"{callee.text} takes tensors; an OptimizerState is updated by fused_adam, "
+                    "and its tensors are state.m, state.v (and state.master)",
+                    state.span,
+                )
+            self.function.check_level(spec, node.span, callee.text)
+            updated = adam_on_state(self, spec, args, keywords, node.span, callee.text)
+            self.function.donated[id(state.value)] = node.span
+            return updated
         result = self.call_op(spec, args, keywords, node.span, callee.text)
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
             self.function.attach(result, ("schedule", ref.receiver.spec))
