@@ -19,18 +19,18 @@ there is no such folder; a module then compiles as before.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import marshal
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from types import CodeType, ModuleType
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .cachedir import keep, private_cache_dir
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["install", "compiled"]
 
@@ -41,6 +41,10 @@ def compiled(source: bytes, path: str, kept: Path) -> CodeType:
     """The code of ``source`` (the text of the file ``path``): from ``kept`` where that
     holds this text's code compiled by this Python and this Tessera, and arrived
     whole; else compiled, and written to ``kept`` for the next process."""
+    import marshal  # here and below: imported when needed, not by ``import tessera``
+
+    from .cachedir import keep
+
     what = (importlib.util.MAGIC_NUMBER, b"%d" % sys.flags.optimize, __version__.encode())
     stamp = _digest(b"\0".join((*what, path.encode(), source)))
     try:
@@ -59,6 +63,8 @@ def compiled(source: bytes, path: str, kept: Path) -> CodeType:
 
 
 def _digest(data: bytes) -> bytes:
+    import hashlib
+
     return hashlib.sha256(data).digest()
 
 
@@ -69,7 +75,7 @@ class _KeptLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
-        name = hashlib.sha256(path.encode()).hexdigest()[:16]
+        name = _digest(path.encode()).hex()[:16]
         kept = self.folder / f"{fullname}.{name}.{sys.implementation.cache_tag}.code"
         return compiled(self.get_data(path), path, kept)
 
@@ -86,12 +92,16 @@ class _Finder:
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith("tessera.") or not sys.dont_write_bytecode:
             return None
+        if fullname == "tessera.cachedir":  # needed to find the folder: Python's alone
+            return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
             return spec
         if os.path.exists(importlib.util.cache_from_source(spec.origin)):
             return spec  # Python's own bytecode, installed with the module
         if self.folder is False:
+            from .cachedir import private_cache_dir
+
             self.folder = private_cache_dir("bytecode")
         if self.folder is None:
             return spec
