@@ -85,6 +85,7 @@ def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--runs", type=int, default=10)
     cli.add_argument("--before", type=Path, help="another checkout to time beside this one")
+    cli.add_argument("--before-label", help="what --before holds, for the results (its commit)")
     cli.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compile.json")
     args = cli.parse_args()
     trees = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
@@ -128,7 +129,7 @@ def main() -> None:
         "cores": os.cpu_count(),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "runs": args.runs,
-        "before": str(args.before) if args.before else None,
+        "before": (args.before_label or str(args.before)) if args.before else None,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
