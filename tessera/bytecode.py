@@ -92,6 +92,8 @@ class _Finder:
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith("tessera.") or not sys.dont_write_bytecode:
             return None
+        if sys.implementation.cache_tag is None:  # a Python that keeps no bytecode at all
+            return None
         if fullname == "tessera.cachedir":  # needed to find the folder: Python's alone
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
