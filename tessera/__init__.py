@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from . import bytecode  # after the version, which stamps what it keeps
+
+bytecode.install()
+
 #: Each public name and the module that defines it.
 _PUBLIC = {
     "CompileError": "tessera.transpiler.frontend.diagnostics",

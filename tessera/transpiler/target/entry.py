@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..graph.ir import Guard, StateSlot, result_names, walk
+from ..graph.ir import Function, Guard, StateSlot, result_names, walk
 from ..graph.types import ScalarType, TensorType
 from ..tile.ir import TileProgram
 
-__all__ = ["signature_items", "symbols", "entry_params", "written", "signature_meta"]
+__all__ = ["signature_items", "symbols", "entry_params", "written", "signature_meta", "mesh_meta"]
 
 
 def symbols(types: list[Any]) -> tuple[str, ...]:
@@ -120,3 +120,14 @@ def _guard_meta(g: Guard) -> dict[str, str]:
     if g.kind == "indices":
         meta["tensor"] = g.tensor
     return meta
+
+
+def mesh_meta(function: Function | None) -> dict[str, Any]:
+    """What the runtime checks of a mesh function, on every target: the mesh, and each
+    parameter's and the result's shard spec."""
+    if function is None or function.mesh is None:
+        return {}
+    mesh = function.mesh
+    return {"mesh": {"axes": [[name, n] for name, n in mesh.axes],
+                     "deterministic": mesh.deterministic,
+                     "shards": [list(s) if s else None for s in function.shards]}}  # fmt: skip
