@@ -272,7 +272,9 @@ def _combine(partial: np.ndarray, lse: np.ndarray) -> np.ndarray:
     """The splits' outputs ``[N, P, R, D]`` weighed by ``exp(lse - max lse)`` (a split that
     saw no key has ``lse = -INF``, weight 0): the softmax over all the keys. It reads
     ``P`` values a row and column, which the array library does in microseconds; as a
-    graph function it took nine launches."""
+    graph function it took nine launches. ``lse`` repeats along ``D``, so the weights
+    come from its first column: a 128th of the exponentials."""
+    lse = lse[..., :1]
     weight = np.exp(lse - lse.max(axis=1, keepdims=True))
     return (partial * weight).sum(axis=1) / weight.sum(axis=1)
 
