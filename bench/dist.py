@@ -16,10 +16,12 @@ other process in one small all-reduce over the sizes, then runs the entry's
 - ``mpi4py with meeting``: mpi4py making the two calls a Tessera call makes (the
   small all-reduce of the meeting, then the all-reduce).
 
-Each is the median of ``--runs`` calls after two warm-ups, the five taking turns (in
-one order, then the reverse), with a barrier before each; a time is the slower
-process's. The figures are each peer's time over Tessera's (1.0: as fast; the goal is
-at least 0.95 against mpi4py's single call). The tensor-parallel MLP of
+Each is the median of ``--runs`` calls after two warm-ups (16 and 4 times as many at 1
+and 4 MB: a call costs little there, and the machine's noise is large against it), the
+five taking turns (each round starting one call later), with a barrier before each; a
+time is the slower process's; the quartiles of Tessera's and mpi4py's calls show how
+noisy the machine was. The figures are each peer's time over Tessera's (1.0: as fast;
+the goal is at least 0.95 against mpi4py's single call). The tensor-parallel MLP of
 ``tests/mpi/meshes.py``'s kind, at ``[256, 1024] @ [1024, 4096] @ [4096, 1024]``, is
 timed against one process doing all the work. The machine's load average before and
 after the run is recorded with the results, in ``bench/results/dist.json``.
@@ -65,24 +67,32 @@ def mlp(x: Tensor["B", "D", f32], w1: Tensor["D", "F", f32],
 """
 
 
-def timed(calls: list, comm, runs: int) -> list[float]:
-    """The median seconds of each of ``calls`` over ``runs`` rounds after two, the calls
-    taking turns within a round, in one order and then the reverse (so that a busy
-    moment of the machine, or going first, falls on all), every rank in step: each
-    time is the slowest rank's."""
+def timed(calls: list, comm, runs: int) -> list[list[float]]:
+    """The seconds of each of ``calls`` in ``runs`` rounds after two, sorted, the calls
+    taking turns within a round, each round starting one call later (so that a busy
+    moment of the machine, going first, or following a given call falls on all alike;
+    a call made twice in a row finds its arrays in the cache, worth a fifth at 1 MB),
+    every rank in step: each time is the slowest rank's."""
     from mpi4py import MPI
 
     times: list[list[float]] = [[] for _ in calls]
+    turns = list(zip(calls, times, strict=True))
     for i in range(runs + 2):
-        turns = list(zip(calls, times, strict=True))
-        for call, kept in turns if i % 2 else reversed(turns):
+        first = i % len(turns)
+        for call, kept in turns[first:] + turns[:first]:
             comm.Barrier()
             start = time.perf_counter()
             call()
             elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
             if i >= 2:
                 kept.append(elapsed)
-    return [statistics.median(kept) for kept in times]
+    return [sorted(kept) for kept in times]
+
+
+def quartiles(sorted_times: list[float]) -> list[float]:
+    """The first and third quartiles of sorted times, rounded to the microsecond."""
+    first, _, third = statistics.quantiles(sorted_times, n=4)
+    return [round(first, 6), round(third, 6)]
 
 
 def meeting_then_all_reduce(comm: Any, x: Any, out: Any) -> None:
@@ -120,7 +130,7 @@ def rank_main(runs: int, out: Path) -> None:
     for mb in SIZES_MB:
         x = rng.standard_normal(mb * 2**20 // 4).astype(np.float32)
         result, full, alone, peer = (np.empty_like(x) for _ in range(4))
-        ours, checked, entry, theirs, met = timed(
+        spread = timed(
             [
                 functools.partial(f, x, out=result),
                 functools.partial(f, x=x, out=full),
@@ -129,8 +139,9 @@ def rank_main(runs: int, out: Path) -> None:
                 functools.partial(meeting_then_all_reduce, comm, x, peer),
             ],
             comm,
-            runs,
+            runs * max(1, 16 // mb),
         )
+        ours, checked, entry, theirs, met = (statistics.median(t) for t in spread)
         assert f._fast(x, out=result) is result  # the timed call took the C call
         for got in (result, full, alone):
             assert np.array_equal(got, peer)
@@ -142,6 +153,9 @@ def rank_main(runs: int, out: Path) -> None:
             "ratio_mpi4py_with_meeting_over_tessera": round(met / ours, 3),
             "ratio_mpi4py_over_full_checks": round(theirs / checked, 3),
             "ratio_entry_alone_over_tessera": round(entry / ours, 3),
+            # how noisy the machine was: the middle half of the calls, in seconds
+            "tessera_quartiles_s": quartiles(spread[0]),
+            "mpi4py_quartiles_s": quartiles(spread[3]),
         }  # fmt: skip
     B, D, F = 256, 1024, 4096
     x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (D, F), (F, D)))
@@ -150,7 +164,7 @@ def rank_main(runs: int, out: Path) -> None:
     r = comm.Get_rank()
     w1s = np.ascontiguousarray(w1[:, r * half : (r + 1) * half])
     w2s = np.ascontiguousarray(w2[r * half : (r + 1) * half])
-    (tp,) = timed([lambda: lib.mlp_tp(x, w1s, w2s)], comm, runs)
+    tp = statistics.median(timed([lambda: lib.mlp_tp(x, w1s, w2s)], comm, runs)[0])
     if r == 0:
         one = tessera.compile(ONE, "one.tsr", target="cpu").load()
         solo = [0.0]
@@ -169,6 +183,7 @@ def rank_main(runs: int, out: Path) -> None:
         report = {
             "machine": machine(load_before),
             "runs": runs,
+            "runs_at_1_and_4_mb": [runs * 16, runs * 4],
             "processes": 2,
             "results": rows,
         }
