@@ -89,6 +89,35 @@ def test_the_cpu_fast_path_gives_the_full_paths_results(cpu: CpuLibrary) -> None
     np.testing.assert_array_equal(into, v * 2)
 
 
+def _overlapping(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """An ``[m, k]`` input and an ``out`` of its shape over its second half and past it:
+    one buffer, two views that share memory without being the same array."""
+    buffer = rng.standard_normal(2 * m * k, dtype=np.float32)
+    return buffer[: m * k].reshape(m, k), buffer[m * k // 2 : m * k // 2 + m * k].reshape(m, k)
+
+
+def test_an_out_over_an_input_gets_numpys_result_on_the_cpu(cpu: CpuLibrary) -> None:
+    """``out=`` over an input's memory, as numpy's ``matmul(a, b, out=a)`` allows: the
+    product would read rows it has already overwritten, so the call computes into a new
+    array and copies it (the fast path leaves it to the full checks, which do)."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((300, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 300), dtype=np.float32)
+    want = f64(a) @ b
+    assert cpu.matmul._fast(a, b, out=a) is MISSED
+    assert cpu.matmul(a, b, out=a) is a
+    np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-4)
+    x, out = _overlapping(rng, 290, 290)
+    want = f64(b[:290, :290]) @ x
+    assert cpu.matmul(b[:290, :290].copy(), x, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    x, out = _overlapping(rng, 9, 21)  # an elementwise function, and by name
+    w = rng.standard_normal(21, dtype=np.float32)
+    want = (f64(x) + x) * 2.0 + w
+    assert cpu.scaled_sum(a=x, b=x, s=2.0, w=w, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_tiny_product_clears_and_copies_only_its_corner() -> None:
     """A 4 x 4 product under a 256 x 256 tile: zeroing the whole accumulator and the
     whole right operand's tile cost 13 of its 14 microseconds a call."""
@@ -170,6 +199,15 @@ def test_device_arrays_launch_through_the_driver_as_the_full_path_does(
         mlp(*device, out=wrong)
     with pytest.raises(ValueError, match="'W_in' has shape"):
         mlp(device[0], device[3], *device[2:])
+    # An out over the memory of an input goes to the full path, which computes the result
+    # apart and copies it on the device.
+    square = tessera.compile(SOURCE, "launch.tsr", target="cuda", arch=arch).load().matmul
+    rng = np.random.default_rng(5)
+    a, b = (DeviceArray(rng.standard_normal((200, 200), dtype=np.float32)) for _ in range(2))
+    want = f64(a.data) @ b.data
+    assert square._fast(a, b, out=a) is MISSED
+    assert square(a, b, out=a) is a
+    np.testing.assert_allclose(a.data, want, rtol=1e-4, atol=1e-4)
 
 
 def test_scalars_and_empty_grids_on_the_simulated_gpus_fast_path(

@@ -86,6 +86,15 @@ PyObject* empty(int ndim, npy_intp* shape, int dtype) {{
   return PyArray_Empty(ndim, shape, dtypes[dtype], 0);
 }}
 
+// Whether the memory of the arrays a and b overlaps (both C-contiguous): a result
+// written over an input it still reads would be wrong, so such a call takes the full
+// checks, which run it into a new array and copy that (as numpy's out= does).
+bool overlap(PyArrayObject* a, PyArrayObject* b) {{
+  const char* const a0 = static_cast<const char*>(PyArray_DATA(a));
+  const char* const b0 = static_cast<const char*>(PyArray_DATA(b));
+  return a0 < b0 + PyArray_NBYTES(b) && b0 < a0 + PyArray_NBYTES(a);
+}}
+
 // What the calls of a mesh function return where the processes disagree (bind() sets
 // it): the runtime's disagreed(name, sizes), which raises on every process.
 PyObject* disagreed = nullptr;
@@ -233,8 +242,9 @@ class _Function:
         if any(d not in symbols and not d.isdigit() for r in results for d in r["dims"]):
             return None
         shapes = [", ".join(symbols.get(d, d) for d in r["dims"]) for r in results]
+        tensors = [f"a{i}" for i, p in enumerate(inputs) if p["kind"] == "tensor"]
         lines += (
-            _given(results[0], shapes[0], dtypes)
+            _given(results[0], shapes[0], dtypes, tensors)
             if _takes_out(results)
             else ["if (given != nullptr) Py_RETURN_NOTIMPLEMENTED;"]
         )
@@ -279,10 +289,13 @@ def _takes_out(results: Sequence[Mapping[str, Any]]) -> bool:
     return len(results) == 1 and results[0]["dtype"] != "i4"
 
 
-def _given(p: Mapping[str, Any], shape: str, dtypes: Mapping[str, int]) -> list[str]:
+def _given(
+    p: Mapping[str, Any], shape: str, dtypes: Mapping[str, int], tensors: Sequence[str]
+) -> list[str]:
     """The checks of the caller's ``out=`` for the result ``p`` of ``shape`` (C sizes),
     as the full checks make them: where they do not hold, the full checks run instead
-    and give the error. ``r0`` is the given array, or nullptr."""
+    and give the error, or, for an ``out`` over the memory of one of the input arrays
+    ``tensors``, the result through a new array. ``r0`` is the given array, or nullptr."""
     dims, kind = p["dims"], dtypes[p["dtype"]]
     lines = [
         "PyObject* r0 = nullptr;",
@@ -295,6 +308,7 @@ def _given(p: Mapping[str, Any], shape: str, dtypes: Mapping[str, int]) -> list[
                   f"  for (int i = 0; i < {len(dims)}; ++i) {{",
                   "    if (PyArray_DIM(o, i) != want[i]) Py_RETURN_NOTIMPLEMENTED;",
                   "  }"]  # fmt: skip
+    lines += [f"  if (overlap(o, {x})) Py_RETURN_NOTIMPLEMENTED;" for x in tensors]
     return [*lines, "  Py_INCREF(given);", "  r0 = given;", "}"]
 
 

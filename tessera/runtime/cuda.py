@@ -199,6 +199,20 @@ class CudaFunction(Entry):
             return torch.empty(shape, dtype=getattr(torch, dtype.name), device=like.device)
         return _cupy().empty(shape, dtype=BIT_CARRIERS.get(dtype, dtype))
 
+    def _copy_result(self, p: Mapping[str, Any], made: Any, given: Any) -> None:
+        """A GPU tensor given as ``out`` over an input gets the result from the tensor
+        of its own library it was computed into (``_allocate``), on the device."""
+        if isinstance(given, np.ndarray):
+            super()._copy_result(p, made, given)
+        elif type(made) is type(given):
+            given[...] = made
+        else:
+            raise TypeError(
+                f"{self.name}(): 'out' lies over an input and is a {type(given).__name__}, "
+                f"the inputs {type(made).__name__}s: pass an 'out' that does not, or one "
+                "of the inputs' kind"
+            )
+
     def _run(
         self, arrays: Mapping[str, Any], values: Mapping[str, Any], sizes: Mapping[str, int]
     ) -> None:

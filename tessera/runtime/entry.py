@@ -7,6 +7,7 @@ checks, and their messages, are the same whichever backend runs the call.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,13 +133,23 @@ class Entry:
                 values[p["name"]] = self._scalar(p, values[p["name"]])
         self._check_guards(sizes, values)
         results = []
-        for p, given in zip(self._results, self._outs(out), strict=True):
-            if given is None:
-                shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
-                given = self._allocate(_bytes(p, shape), self._dtypes[p["name"]], arrays)
-            arrays[p["name"]] = self._tensor(p, given, dict(sizes))
-            results.append(given)
+        copies = []  # the results whose out lies over an input: computed, then copied
+        for i, (p, given) in enumerate(zip(self._results, self._outs(out), strict=True)):
+            if given is not None:
+                checked = self._tensor(p, given, dict(sizes))
+                if not self._overlaps(p, given, values):
+                    arrays[p["name"]] = checked
+                    results.append(given)
+                    continue
+                copies.append((i, given))
+            shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
+            made = self._allocate(_bytes(p, shape), self._dtypes[p["name"]], arrays)
+            arrays[p["name"]] = self._tensor(p, made, dict(sizes))
+            results.append(made)
         self._run(arrays, values, sizes)
+        for i, given in copies:  # as numpy's out= over an input: the result, then the copy
+            self._copy_result(self._results[i], results[i], given)
+            results[i] = given
         if len(results) > 1:
             return tuple(results)
         return results[0] if results else None
@@ -270,6 +281,31 @@ class Entry:
         """The result's storage, when the caller gives no ``out``; ``arrays`` are the
         checked inputs, for a backend that allocates where they lie."""
         return np.empty(shape, dtype=dtype)
+
+    def _overlaps(self, p: Mapping[str, Any], given: Any, values: Mapping[str, Any]) -> bool:
+        """Whether the caller's ``out`` for the result ``p`` lies over the memory of a
+        tensor argument: kernels that write it while they still read the input (a
+        product, a reduction) would give a wrong result."""
+        start, end = self._extent(p, given)
+        for q in self._inputs:
+            if q["kind"] == "tensor":
+                first, last = self._extent(q, values[q["name"]])
+                if start < last and first < end:
+                    return True
+        return False
+
+    def _extent(self, p: Mapping[str, Any], value: Any) -> tuple[int, int]:
+        """The addresses a checked tensor argument spans (a device's and the host's
+        never meet: the device kind is part of the address)."""
+        view = self._view(p, value)
+        start = (view.device_type << 64) + view.address
+        return start, start + math.prod(view.shape) * self._dtypes[p["name"]].itemsize
+
+    def _copy_result(self, p: Mapping[str, Any], made: Any, given: Any) -> None:
+        """Copy a result computed into ``made`` into the caller's ``given``, which lay
+        over an input."""
+        target = given if isinstance(given, np.ndarray) else host_array(self._view(p, given))
+        np.copyto(target, made)
 
     def _check_guards(self, sizes: Mapping[str, int], values: Mapping[str, Any]) -> None:
         for g in self.meta["guards"]:

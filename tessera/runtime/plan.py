@@ -121,7 +121,9 @@ def fast_path(
             f"guards({{{', '.join(f'{n!r}: {s}' for n, s in symbols.items())}}}, "
             f"{{{', '.join(f'{n!r}: {x}' for n, x in arg.items())}}})"
         )
-    placed = _results(meta, backend, dtype, symbols, arg, names)
+    spans = [(backend.address(arg[p["name"]]), _nbytes(p, symbols, dtype))
+             for p in inputs if p["kind"] == "tensor"]  # fmt: skip
+    placed = _results(meta, backend, dtype, symbols, arg, names, spans)
     if None in placed:
         return None  # a result whose shape is an expression of sizes, or a dtype it lacks
     lines += placed
@@ -140,11 +142,14 @@ def fast_path(
 def _results(
     meta: Mapping[str, Any], backend: Backend, dtype: Callable[[str], np.dtype],
     symbols: Mapping[str, str], arg: dict[str, str], names: dict[str, Any],
+    spans: list[tuple[str, str]],
 ) -> list[str | None]:  # fmt: skip
     """The lines that place the results ``r0``, ``r1``, ... and their addresses ``r0_p``,
     ...: allocated, or with ``out`` the caller's tensors (one, or a tuple of one per
-    result), each checked as an input is and for the result's shape; ``None`` among
-    them where no plan reduces so."""
+    result), each checked as an input is and for the result's shape, and left to the
+    full path where it lies over an input's memory (``spans``: each tensor input's
+    address and bytes), which computes it apart and copies it; ``None`` among them
+    where no plan reduces so."""
     by_name = {p["name"]: p for p in meta["params"]}
     results = [f"r{r}" for r in range(len(meta["results"]))]
     result_address = backend.result_address or backend.address
@@ -165,6 +170,10 @@ def _results(
         given += [f"if not ({backend.accepts(r, f'{r}_dtypes', True)}):", "    return MISSED",
                   f"if {backend.shape(r)} != {shape}:", "    return MISSED",
                   f"{r}_p = {backend.address(r)}"]  # fmt: skip
+        end = f"{r}_p + {_nbytes(p, symbols, dtype)}"
+        for address, nbytes in spans:
+            given += [f"if {r}_p < {address} + {nbytes} and {address} < {end}:",
+                      "    return MISSED"]  # fmt: skip
     if not all(names[f"{r}_dtypes"] for r in results):  # a dtype the library lacks
         return ["if out is not None:", "    return MISSED", *allocated]
     if len(results) == 1:
@@ -175,6 +184,16 @@ def _results(
     indent = "    ".__add__
     return ["if out is None:", *map(indent, allocated), "else:",
             *map(indent, [*unpack, *given])]  # fmt: skip
+
+
+def _nbytes(
+    p: Mapping[str, Any], symbols: Mapping[str, str], dtype: Callable[[str], np.dtype]
+) -> str:
+    """The bytes of the tensor ``p`` as an expression of the size symbols, at least
+    its true size (an i4 tensor's two elements a byte are counted as one each): enough
+    to tell that two tensors do not overlap."""
+    count = " * ".join(symbols.get(d, d) for d in p["dims"]) or "1"
+    return f"{count} * {dtype(p['dtype']).itemsize}"
 
 
 def _tuple(items: list[str]) -> str:

@@ -260,6 +260,10 @@ class DeviceArray:
     def __int__(self) -> int:
         return int(self.data)
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """A copy on the device, as ``cupy_array[...] = other`` makes it."""
+        self.data[key] = value.data if isinstance(value, DeviceArray) else value
+
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         return self.data.__array_interface__ | {"version": 3, "stream": None}
