@@ -374,8 +374,8 @@ COMPOSITE = {
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
 EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "log_softmax_grad", "layernorm_grad",
-           "rmsnorm_grad", "attention_stats", "attention_dq", "attention_dk",
-           "attention_dv")  # fmt: skip
+           "rmsnorm_grad", "norm_stats", "norm_param_grad", "attention_stats", "attention_dq",
+           "attention_dk", "attention_dv")  # fmt: skip
 
 
 def test_every_graph_op_has_a_gradient_rule_or_says_why_not() -> None:
