@@ -4,6 +4,7 @@ Greedy, in program order, the way epilogue fusion works in CUTLASS and
 Triton-based compilers:
 
 - A matmul, an attention, a reduction (softmax, norms, sum/max/mean), a
+  norm's column sums (``norm_param_grad``, a kernel over blocks of columns), a
   state update or a collective starts a kernel.
 - An elementwise op (arithmetic, activations, casts, dropout, views) joins
   the kernel of the value it consumes when that value has no other user and
