@@ -2,13 +2,14 @@
 process, against PyTorch and this machine's copy bandwidth.
 
 4096 x 4096 f32. Tessera's ``F_vjp`` (from ``@autodiff``) of ``layernorm(x, w, b)`` and
-``rmsnorm(x, w)`` returns dx and the weight's (and bias's) gradients; ``wrt="x"`` the
-input's alone, which is the library's one-pass row kernel (``layernorm_grad``,
-``rmsnorm_grad``); ``log_softmax``'s is ``log_softmax_grad``. The bytes a backward pass
-must move are x (or y), the cotangent and the weight read and dx written, three
-4096 x 4096 arrays; ``of_copy_bandwidth`` is those bytes over tessera's time, against a
-numpy copy (``copyto``) of x's bytes over its time, each into a preallocated array. The
-torch peer is ``torch.autograd.grad`` of a saved ``F.layer_norm``, ``F.rms_norm`` or
+``rmsnorm(x, w)`` returns dx and the weight's (and bias's) gradients (those two from the
+library's ``norm_stats`` and ``norm_param_grad``); ``wrt="x"`` the input's alone, which
+is the library's one-pass row kernel (``layernorm_grad``, ``rmsnorm_grad``);
+``log_softmax``'s is ``log_softmax_grad``. The bytes a backward pass must move are x (or
+y), the cotangent and the weight read and dx written, three 4096 x 4096 arrays;
+``of_copy_bandwidth`` is those bytes over tessera's time, against a numpy copy
+(``copyto``) of x's bytes over its time, each into a preallocated array. The torch peer
+is ``torch.autograd.grad`` of a saved ``F.layer_norm``, ``F.rms_norm`` or
 ``log_softmax``: the backward alone. Median of interleaved runs after warm-up (the
 method of ``bench/cpu.py``); results go to ``bench/results/norm_backward.json``.
 """

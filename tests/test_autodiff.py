@@ -374,8 +374,8 @@ COMPOSITE = {
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
 EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "log_softmax_grad", "layernorm_grad",
-           "rmsnorm_grad", "attention_stats", "attention_dq", "attention_dk",
-           "attention_dv")  # fmt: skip
+           "rmsnorm_grad", "norm_stats", "norm_param_grad", "attention_stats", "attention_dq",
+           "attention_dk", "attention_dv")  # fmt: skip
 
 
 def test_every_graph_op_has_a_gradient_rule_or_says_why_not() -> None:
@@ -469,6 +469,11 @@ def bare(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return layernorm(x) * 0.5 + rmsnorm(x)
 
 @autodiff
+def shifted(x: Tensor["B", "S", "C", f32], w: Tensor["C", f32],
+            b: Tensor["C", f32]) -> Tensor["B", "S", "C", f32]:
+    return layernorm(x, None, b) + layernorm(x * 2.0, w) * 0.5
+
+@autodiff
 def log_probs(z: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return log_softmax(z * 3.0, axis=-1)
 """
@@ -479,11 +484,14 @@ def test_row_gradient_kernels_match_torch_and_finite_differences(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``layernorm_grad``, ``rmsnorm_grad`` and ``log_softmax_grad`` give the inputs'
-    cotangents (the weights' and the bias's are the graph's sums over the rows), into
+    cotangents, and ``norm_stats`` and ``norm_param_grad`` the weights' and the biases'
+    (with a weight and a bias, either alone, or neither; rows of a batch, 3 x 13, and 37
+    rows: more than one block of rows, the last one ragged, on every target), into
     outputs poisoned with NaN first."""
     graph = tessera.compile(ROW_GRADIENTS, filename="rows.tsr", until="graph").ir("graph")
     kinds = {op.kind for f in graph.functions for op in walk(f.body)}
-    assert {"layernorm_grad", "rmsnorm_grad", "log_softmax_grad"} <= kinds
+    assert {"layernorm_grad", "rmsnorm_grad", "log_softmax_grad", "norm_stats",
+            "norm_param_grad"} <= kinds  # fmt: skip
     built = load_everywhere(ROW_GRADIENTS, target, arch, monkeypatch)
     rng = np.random.default_rng(5)
     r, c = 37, 203
@@ -492,24 +500,28 @@ def test_row_gradient_kernels_match_torch_and_finite_differences(
     tensors = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
                for n, a in {"x": x, "w": w, "b": b, "v": v}.items()}  # fmt: skip
     tx, tw, tb, tv = tensors.values()
+    x3, g3 = (rng.standard_normal((3, 13, c)).astype(np.float32) * 2 for _ in range(2))
+    t3 = torch.tensor(x3, dtype=torch.float64, requires_grad=True)
     cases = {
-        "normed": ((x, w, b, v), _layernorm(tx, tw, tb) + _rmsnorm(tx, tv) * 2, tensors),
-        "bare": ((x,), _layernorm(tx) * 0.5 + _rmsnorm(tx, 1.0), {"x": tx}),
-        "log_probs": ((x,), F.log_softmax(tx * 3, -1), {"x": tx}),
-    }
-    for name, (inputs, expected, wrt) in cases.items():
-        for t in tensors.values():
+        "normed": ((x, w, b, v), _layernorm(tx, tw, tb) + _rmsnorm(tx, tv) * 2, tensors, g),
+        "bare": ((x,), _layernorm(tx) * 0.5 + _rmsnorm(tx, 1.0), {"x": tx}, g),
+        "shifted": ((x3, w, b), _layernorm(t3, None, tb) + _layernorm(t3 * 2, tw) * 0.5,
+                    {"x": t3, "w": tw, "b": tb}, g3),
+        "log_probs": ((x,), F.log_softmax(tx * 3, -1), {"x": tx}, g),
+    }  # fmt: skip
+    for name, (inputs, expected, wrt, cot) in cases.items():
+        for t in (*tensors.values(), t3):
             t.grad = None
         out = tuple(np.full(a.shape, np.nan, np.float32) for a in inputs)
         grads = _tuple(
-            getattr(built, f"{name}_vjp")(*inputs, g, out=out[0] if len(out) == 1 else out)
+            getattr(built, f"{name}_vjp")(*inputs, cot, out=out[0] if len(out) == 1 else out)
         )
-        expected.backward(torch.tensor(g, dtype=torch.float64))
+        expected.backward(torch.tensor(cot, dtype=torch.float64))
         for have, param in zip(grads, wrt.values(), strict=True):
             np.testing.assert_allclose(have, param.grad.numpy(), rtol=1e-4, atol=1e-4)
         named = dict(zip(["x", "w", "b", "v"], inputs, strict=False))
         assert_finite_differences(getattr(built, name), named, dict(zip(named, grads, strict=True)),
-                                  (g,), rng)  # fmt: skip
+                                  (cot,), rng)  # fmt: skip
 
 
 def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:

@@ -31,6 +31,8 @@ EXPECTED = {
     "layernorm_grad": ("reduction", ["ceil(R/4)"]),
     "log_softmax": ("reduction", ["ceil(R/4)"]),
     "log_softmax_grad": ("reduction", ["ceil(R/4)"]),
+    "norm_param_grad": ("columns", ["ceil(C/32)"]),
+    "norm_stats": ("reduction", ["ceil(R/4)"]),
     "pad": ("reduction", ["ceil(R/4)"]),
     "logsumexp": ("reduction", ["ceil(R/4)"]),
     "rmsnorm": ("reduction", ["ceil(R/4)"]),

@@ -469,8 +469,9 @@ def _logsumexp(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 @_rule("layernorm", "layernorm_safe", "rmsnorm", "rmsnorm_safe")
 def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The statistics recomputed, not stored; the weight's and bias's gradients are
-    column sums over every row. The input's, over f32 rows, is the library's one-pass
-    row kernel (``layernorm_grad``, ``rmsnorm_grad``); else as ops."""
+    column sums over every row. Over f32 rows, the input's is the library's one-pass
+    row kernel (``layernorm_grad``, ``rmsnorm_grad``) and the weight's and bias's
+    ``norm_param_grad``'s (``_norm_params``); else as ops."""
     x, *params = op.operands
     g = gs_whole = _whole(b, gs[0], op.result)
     centred = op.kind.startswith("layernorm")
@@ -480,22 +481,22 @@ def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     one_pass = _last_axis_f32(x, g, x.type.rank - 1) and (
         weight is None or weight.type.dtype == F32
     )
+    if one_pass:
+        kind = "layernorm_grad" if centred else "rmsnorm_grad"
+        operands = (x, g) if weight is None else (x, weight, g)
+        attrs = (("eps", eps), ("weight", weight is not None))
+        pairs = _norm_params(b, x, g, eps, centred, weight, bias)
+        return [(x, _row_grad(b, kind, operands, attrs)), *pairs]
+    rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
+    scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
+    normed = b("mul", rows, scale)
     pairs = []
-    if weight is not None or not one_pass:  # xhat, for the weight's or the ops' path
-        rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
-        scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
-        normed = b("mul", rows, scale)
     leading = tuple(range(x.type.rank - 1))
     if weight is not None:
         gw = b("mul", g, normed)
         pairs.append((weight, b("sum", gw, axis=leading) if leading else gw))
     if bias is not None:
         pairs.append((bias, b("sum", gs_whole, axis=leading) if leading else gs_whole))
-    if one_pass:
-        kind = "layernorm_grad" if centred else "rmsnorm_grad"
-        operands = (x, g) if weight is None else (x, weight, g)
-        attrs = (("eps", eps), ("weight", weight is not None))
-        return [(x, _row_grad(b, kind, operands, attrs)), *pairs]
     if weight is not None:
         g = b("mul", g, weight)
     along = b("mul", normed, b("mean", b("mul", g, normed), axis=-1, keepdims=True))
@@ -503,6 +504,57 @@ def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     if centred:
         inner = b("sub", inner, b("mean", g, axis=-1, keepdims=True))
     return [(x, b("mul", inner, scale)), *pairs]
+
+
+def _norm_params(
+    b: Builder, x: Value, g: Value, eps: float, centred: bool, weight: Value | None,
+    bias: Value | None,
+) -> list:  # fmt: skip
+    """The weight's and the bias's gradients of a norm over f32 rows, ``sum(g * xhat)``
+    and ``sum(g)`` over every row: ``norm_stats`` gives each row's mean and scale in one
+    pass over ``x``, and ``norm_param_grad`` both sums in one pass over ``x`` and ``g``,
+    a block of columns per program, as the two columns of a ``[C, 2]`` result that two
+    slices take apart. Leading dims are rows (a reshape, which is a view)."""
+    if weight is None and bias is None:
+        return []
+    rows, columns = math.prod(x.type.dims[:-1], start=Dim.const(1)), x.type.dims[-1]
+    if x.type.rank > 2:
+        x, g = (b("reshape", v, (rows, columns)) for v in (x, g))
+    attrs = (("eps", eps), ("centred", centred))
+    stats = b.emitter.emit(
+        "norm_stats", (x,), (TensorType((rows, Dim.const(2)), F32),), attrs, (), b.span
+    )[0]
+    sums = b.emitter.emit(
+        "norm_param_grad", (x, g, stats), (TensorType((columns, Dim.const(2)), F32),),
+        (("centred", centred),), (), b.span,
+    )[0]  # fmt: skip
+    return [
+        (param, b("reshape", _column(b, sums, column), (columns,)))
+        for column, param in enumerate((weight, bias))
+        if param is not None
+    ]
+
+
+def _column(b: Builder, t: Value, column: int) -> Value:
+    """Column ``column`` of a matrix, ``t[:, column:column + 1]``: a slice, which its
+    readers load where it lies."""
+    one = TensorType((t.type.dims[0], Dim.const(1)), t.type.dtype)
+    attrs = (("perm", (0, 1)), ("starts", (Dim.const(0), Dim.const(column))))
+    return b.emitter.emit("slice", (t,), (one,), attrs, (), b.span)[0]
+
+
+@_rule("norm_param_grad")
+def _norm_param_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Linear in ``g``: its transpose (which ``F_jvp`` reads) of ``h``, ``[C, 2]``, is
+    ``xhat * h[:, 0] + h[:, 1]`` broadcast over the rows, ``xhat`` from the statistics
+    (as ops). None of ``x`` or the statistics: no second derivatives of a norm."""
+    x, g, stats = op.operands
+    h = _whole(b, gs[0], op.result)
+    columns = x.type.dims[-1]
+    rows = b("sub", x, _column(b, stats, 0)) if op.attr("centred") else x
+    normed = b("mul", rows, _column(b, stats, 1))
+    dw, db = (b("reshape", _column(b, h, k), (columns,)) for k in (0, 1))
+    return [(g, b("add", b("mul", normed, dw), db)), (x, _NO_RULE), (stats, _NO_RULE)]
 
 
 @_rule("layernorm_grad", "rmsnorm_grad")
@@ -664,6 +716,8 @@ NO_GRADIENT = {
     "all_to_all": "only all_reduce has a gradient among the collectives yet; exchange "
     "outside the differentiated function",
     "kvcache.append": "keep state updates out of the differentiated function",
+    "norm_stats": "a norm's backward kernels have no derivatives of their own: second "
+    "derivatives of a norm need it written out, (x - mean(x)) * rsqrt(var(x) + eps) * w",
     **dict.fromkeys(
         ("attention_stats", "attention_dq", "attention_dk", "attention_dv"),
         "flash_attention's backward kernels have no derivatives of their own: F_jvp and "

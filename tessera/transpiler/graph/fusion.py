@@ -4,6 +4,7 @@ Greedy, in program order, the way epilogue fusion works in CUTLASS and
 Triton-based compilers:
 
 - A matmul, an attention, a reduction (softmax, norms, sum/max/mean), a
+  norm's column sums (``norm_param_grad``, a kernel over blocks of columns), a
   state update or a collective starts a kernel.
 - An elementwise op (arithmetic, activations, casts, dropout, views) joins
   the kernel of the value it consumes when that value has no other user and
@@ -66,6 +67,7 @@ _ANCHORS = {
     "attention_dq": "attention",
     "attention_dk": "attention",
     "attention_dv": "attention",
+    "norm_param_grad": "columns",
     "kvcache.append": "state",
     "all_reduce": "collective",
     "all_gather": "collective",
@@ -77,7 +79,7 @@ _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
     "put_along_axis", "scatter_add", "pad", "softmax_grad",
-    "log_softmax_grad", "layernorm_grad", "rmsnorm_grad",
+    "log_softmax_grad", "layernorm_grad", "rmsnorm_grad", "norm_stats",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", "kvcache.k",

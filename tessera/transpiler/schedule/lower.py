@@ -56,7 +56,8 @@ TEMPLATES = {
     "attention_stats": "attention_stats", "attention_dq": "attention_dq",
     "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
     "log_softmax_grad": "log_softmax_grad", "layernorm_grad": "layernorm_grad",
-    "rmsnorm_grad": "rmsnorm_grad",
+    "rmsnorm_grad": "rmsnorm_grad", "norm_stats": "norm_stats",
+    "norm_param_grad": "norm_param_grad",
 }  # fmt: skip
 
 
@@ -381,6 +382,9 @@ class _Scheduler:
             return Problem(kind, x.type.dtype, rows, dims[axis])
         if kind == "tile":
             return self._tile_problem()
+        if kind == "columns":  # blocks of the columns, each walking every row
+            x = anchor.operands[0]
+            return Problem(kind, x.type.dtype, x.type.dims[-1], x.type.dims[-2])
         out = _written(ops).type
         if template_of(anchor) == "transpose":
             return Problem("layout", out.dtype, out.dims[-2], out.dims[-1], batch=out.dims[:-2])
@@ -429,6 +433,10 @@ class _Scheduler:
         if any(op.kind == "tile.dot" for op in ops):
             return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
                            batch=dims[:-2], shape="gemm")  # fmt: skip
+        if len(dims) >= 2 and "T.n" in tiles and loop is not None:
+            # Blocks of T.m columns that walk every row, T.n at a time, without a product
+            # (norm_param_grad's column sums): the result's rows are the columns.
+            return Problem("tile", dtype, dims[-2], loop, shape="columns")
         if len(dims) >= 2 and "T.n" in tiles:
             # Blocks of T.m rows and T.n columns without a product: a transposing copy
             # (it loads its block with rows=T.n, cols=T.m).
@@ -600,7 +608,7 @@ def _tiles(kind: str, knobs: dict[str, Any], used: frozenset[str]) -> tuple[tupl
     if kind == "tile":
         names = (("T.m", "block_m"), ("T.n", "block_n"), ("T.k", "block_k"), ("T.d", "block_d"))
         return tuple((name, knobs[knob]) for name, knob in names if knob in knobs and name in used)
-    if kind == "layout":
+    if kind in ("layout", "columns"):
         return (("BM", knobs["block_m"]), ("BN", knobs["block_n"]))
     if kind == "reduction":
         return (("rows", knobs["block_m"]),)

@@ -16,6 +16,7 @@ class Problem:
     - gemm: ``m x n`` outputs, reduction length ``k``.
     - attention: ``m`` queries, ``n`` keys, head dim ``d``.
     - reduction: ``m`` rows of ``n`` elements.
+    - columns: ``m`` column sums over ``n`` rows (a norm's weight gradient).
     - elementwise, layout, state: ``m`` elements.
     - tile: a kernel written with ``tile.*``; ``shape`` says which of the above it
       works like (``attention`` with online softmax, ``gemm`` with a dot,

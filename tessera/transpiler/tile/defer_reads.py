@@ -11,6 +11,11 @@ the use is. The barrier pass, which runs
 next, then sees the buffer busy until the product is done, and the planner
 keeps the buffer alive as long (the query tile of attention no longer gives
 its bytes to the key tile).
+
+A read that no product takes (a block loaded transposed for elementwise ops, as
+``norm_param_grad`` loads its columns) is read where the GPU emitters print the
+element, at its first use, and moves there too: the barrier before the next
+iteration's copy into its buffer then waits for it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def defer_reads(kernel: TileKernel, hw: Hardware) -> TileKernel:
 
 def _reads_of_shared_operands(body: Block) -> set[int]:
     defs = producers(body)
-    found: set[int] = set()
+    found = _reads_of_no_product(body)
     for op in walk(body):
         mma = op.attr("mma")
         if not isinstance(mma, Mma) or mma.operands != "shared":
@@ -52,6 +57,41 @@ def _reads_of_shared_operands(body: Block) -> set[int]:
             if chain[-1] is not None and chain[-1].kind == "read":
                 found |= {id(op) for op in chain}
     return found
+
+
+def _reads_of_no_product(body: Block) -> set[int]:
+    """The reads (and the casts and transposes after them) whose values no product
+    takes, directly or through casts and transposes: elementwise ops read them where
+    they are used."""
+    users: dict[int, list[Op]] = {}
+    for op in walk(body):
+        for v in op.operands:
+            users.setdefault(v.id, []).append(op)
+
+    def chain(op: Op) -> list[Op] | None:
+        """``op`` and the casts and transposes that read it, or None if a product reads
+        one of them."""
+        found = [op]
+        for user in users.get(op.result.id, []):
+            if user.kind in _PRODUCTS:
+                return None
+            if user.kind in _THROUGH:
+                after = chain(user)
+                if after is None:
+                    return None
+                found += after
+        return found
+
+    found: set[int] = set()
+    for op in walk(body):
+        if op.kind == "read":
+            reads = chain(op)
+            found |= {id(r) for r in reads or ()}
+    return found
+
+
+#: Ops that read their operands from shared memory as they run, or that the CPU packs.
+_PRODUCTS = ("dot", "mma", "softmax_accumulate")
 
 
 def _place(block: Block, deferred: set[int], pending: list[Op]) -> tuple[Block, list[Op]]:

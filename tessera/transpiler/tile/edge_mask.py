@@ -89,6 +89,9 @@ def _join(a: Pad | None, b: Pad | None) -> Pad | None:
 class _Masker:
     def __init__(self) -> None:
         self.pads: dict[int, State] = {}
+        #: The values a loop carries (its block arguments), by id, and its counters.
+        self.carried: set[int] = set()
+        self.counters: set[str] = set()
 
     def state(self, v: Value) -> State:
         rank = len(getattr(v.type, "dims", ()))
@@ -147,7 +150,7 @@ class _Masker:
         for axis in range(rank):
             pads = [self._aligned(v, rank)[axis] for v in tiles]
             padded = [p for p in pads if p is not None]
-            if not padded:
+            if not padded or self._accumulates(op, tiles, pads):
                 out.append(None)
                 continue
             first = padded[0]
@@ -163,6 +166,21 @@ class _Masker:
                 )
             out.append(replace(first, zero=zero))
         self.pads[op.result.id] = tuple(out)
+
+    def _accumulates(self, op: Op, tiles: list[Value], pads: list[Pad | None]) -> bool:
+        """Whether ``op`` adds zero padding that moves with a loop counter (a block loaded
+        at it) to a loop's running sum without padding (``acc = acc + g_blk * x_blk``):
+        past the edge it adds nothing, so every element of the sum stays one the loop
+        summed, and the running sum's axis lies nowhere in the tensor. (A bias broadcast
+        along the rows, added to a block, is no loop's running sum: the sum keeps the
+        block's padding.)"""
+        moving = [p for p in pads if p is not None and p.offset.symbols() & self.counters]
+        return (
+            op.kind == "add"
+            and bool(moving)
+            and any(p is None and v.id in self.carried for v, p in zip(tiles, pads, strict=True))
+            and all(p is None or p.zero for p in pads)
+        )
 
     def dirtied(self, op: Op) -> None:
         """Padding along each axis where an operand has it, and not zero."""
@@ -319,6 +337,9 @@ class _Masker:
     def op_for(self, op: Op) -> list[Op]:
         body = op.regions[0]
         carried = body.args[1:]
+        self.carried.update(a.id for a in carried)
+        if body.args[0].name is not None:
+            self.counters.add(body.args[0].name)
         for arg, init in zip(carried, op.operands, strict=True):
             self.pads[arg.id] = self.state(init)
         for _ in range(4):  # padding only grows: none, zeros, anything

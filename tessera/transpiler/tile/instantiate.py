@@ -71,6 +71,8 @@ TEMPLATE_PARAMS = {
     "log_softmax_grad": ("y", "g"),
     "layernorm_grad": ("x", "weight", "g"),
     "rmsnorm_grad": ("x", "weight", "g"),
+    "norm_stats": ("x",),
+    "norm_param_grad": ("x", "g", "stats"),
 }
 
 
