@@ -334,3 +334,28 @@ def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) 
 @needs_sycl_headers
 def test_sycl_code_compiles_warning_free(tmp_path: Path) -> None:
     check_syntax({"ops": tessera.compile(SOURCE, "ops.tsr", target="sycl").source}, tmp_path)
+
+
+def _kernels(source: str) -> list[str]:
+    """The kinds of the kernels of the file's one function."""
+    (function,) = tessera.compile(source, "fused.tsr", until="graph").ir("graph").functions
+    return [g.kind for g in function.groups]
+
+
+def test_compositions_fuse_as_their_ops_do() -> None:
+    """The elementwise compositions are one elementwise kernel with the unary math; a
+    variance over rows two row reductions (the mean, then the squares' with the
+    deviations computed as they load); logsumexp the library's one row kernel; argmax a
+    row maximum and a row reduction of the key."""
+    elementwise = """\
+def f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    a = softplus(x) + leaky_relu(x) + elu(x) + sign(x) + clip(x, -1.0, 1.0) + square(x)
+    b = reciprocal(x) + floor(x) + log1p(x) + erf(x) + cast(isnan(x), f32) + ones_like(x)
+    return a + b + full_like(x, 2.0)
+"""
+    assert _kernels(elementwise) == ["elementwise"]
+    rows = 'def f(x: Tensor["R", "C", f32]) -> Tensor["R", {}]:\n    return {}\n'
+    assert _kernels(rows.format("f32", "logsumexp(x)")) == ["reduction"]
+    assert _kernels(rows.format("i32", "argmax(x, axis=-1)")) == ["reduction", "reduction"]
+    for moment in ("var(x, axis=-1)", "std(x, axis=-1, ddof=1)"):  # the mean, the squares'
+        assert _kernels(rows.format("f32", moment)) == ["reduction", "reduction"]
