@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.transpiler.target.nvrtc import build
 from tessera.transpiler.tile.interpret import run_function
 
 from .everywhere import every_target_beyond, load_everywhere
 from .test_autodiff import assert_one_error
 from .test_cpu import COMPILERS, STRICT
-from .test_cuda import NVCC, _nvcc
+from .test_cuda import NVCC, _nvcc, needs_nvrtc
 from .test_hip import HIPCC, _hipcc_warning_free
 from .test_sycl import check_syntax, needs_sycl_headers
 
@@ -328,6 +329,17 @@ def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) 
         if HIPCC is None:
             pytest.skip("needs hipcc (apt-get install hipcc)")
         _hipcc_warning_free(tessera.compile(SOURCE, "ops.tsr", target="hip").source, tmp_path)
+
+
+@pytest.mark.compile
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_builds_the_cuda_code(arch: str) -> None:
+    """NVRTC, as the runtime builds the file, with the metadata's options: a warning in
+    ptxas's report is a failure too."""
+    program = tessera.compile(SOURCE, "ops.tsr", target="cuda", arch=arch)
+    built = build(program.source, arch, program.ir("meta")["build"]["options"])
+    assert built.cubin and "warning" not in built.report.lower(), built.report
 
 
 @pytest.mark.compile
