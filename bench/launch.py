@@ -9,9 +9,9 @@ interleaved with it run by run:
 
 - ``tessera``: the call as a user writes it, ``lib.f(a, b)`` (the launch path of
   ``docs/runtime.md``; on the CPU, once the module is warm);
-- ``full checks``: the same call with a preallocated ``out=`` (on the GPU, whose fast
-  path takes ``out=``, its inputs by name too), which takes the checks and launches
-  every call took before the fast path;
+- ``full checks``: the same call with its inputs by name and a preallocated ``out=``
+  (the fast paths take ``out=``, not keyword inputs), which takes the checks and
+  launches every call took before the fast path;
 - ``numpy`` / ``torch``: the library's own op on the same arrays;
 - ``bare``: the lower bound, the function's kernels called with the arguments
   prepared once: on the CPU its C entry through ctypes, on the GPU one
@@ -123,6 +123,12 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()[:2000]
 
 
+def _by_name(function: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """A call's inputs by their parameters' names: such a call takes the full checks."""
+    names = [p["name"] for p in function.meta["params"] if p.get("io") != "out"]
+    return dict(zip(names, inputs, strict=True))
+
+
 # -- CPU -------------------------------------------------------------------------------
 
 
@@ -150,16 +156,17 @@ def cpu_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     t = [torch.from_numpy(a) for a in x] if torch else None
     specs = {
         "add 4x4 f32 (3 tensor arguments)": (
-            lambda: lib.add(x[0], x[1]), lambda: lib.add(x[0], x[1], out=out),
+            lambda: lib.add(x[0], x[1]), lambda: lib.add(**_by_name(lib.add, x[:2]), out=out),
             lambda: np.add(x[0], x[1]), t and (lambda: torch.add(t[0], t[1])),
             _cpu_bare(lib.add, [x[0], x[1], out], [n, n])),
         "sum of 7 4x4 f32 (8 tensor arguments)": (
-            lambda: lib.sum7(*x), lambda: lib.sum7(*x, out=out),
+            lambda: lib.sum7(*x), lambda: lib.sum7(**_by_name(lib.sum7, x), out=out),
             lambda: x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6],
             t and (lambda: t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6]),
             _cpu_bare(lib.sum7, [*x, out], [n, n])),
         "matmul 4x4 f32 (a tiny product)": (
-            lambda: lib.matmul(x[0], x[1]), lambda: lib.matmul(x[0], x[1], out=out),
+            lambda: lib.matmul(x[0], x[1]),
+            lambda: lib.matmul(**_by_name(lib.matmul, x[:2]), out=out),
             lambda: np.matmul(x[0], x[1]), t and (lambda: torch.matmul(t[0], t[1])),
             _cpu_bare(lib.matmul, [x[0], x[1], out], [n, n, n])),
     }  # fmt: skip
@@ -421,9 +428,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _by_name(function: Any, inputs: tuple[Any, ...]) -> dict[str, Any]:
-    """A call's inputs by their parameters' names: such a call takes the full checks."""
-    names = [p["name"] for p in function.meta["params"] if p.get("io") != "out"]
-    return dict(zip(names, inputs, strict=True))

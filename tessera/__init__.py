@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from . import bytecode  # after the version, which stamps what it keeps
+
+bytecode.install()
+
 #: Each public name and the module that defines it.
 _PUBLIC = {
     "CompileError": "tessera.transpiler.frontend.diagnostics",
@@ -30,6 +34,7 @@ _PUBLIC = {
     "load_bundle": "tessera.runtime.bundle",
     "KVCache": "tessera.runtime.kvcache",
     "decode_attention": "tessera.runtime.kvcache",
+    "OptimizerState": "tessera.runtime.optstate",
 }
 
 __all__ = [
@@ -38,6 +43,7 @@ __all__ = [
     "Diagnostic",
     "InternalCompilerError",
     "KVCache",
+    "OptimizerState",
     "Options",
     "OptionsError",
     "Program",
@@ -52,6 +58,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .runtime.bundle import load_bundle
     from .runtime.kvcache import KVCache, decode_attention
+    from .runtime.optstate import OptimizerState
     from .transpiler.frontend.diagnostics import CompileError, Diagnostic
     from .transpiler.options import Options, OptionsError
     from .transpiler.pipeline import (

@@ -245,7 +245,7 @@ NOT_YET_PROGRAM = """\
 def f(x: Tensor["R", "C", bf16 @stochastic_round], y: Tensor["R", "C", fp8_e4m3 @saturate],
       z: Tensor["R", "C", f32 @loss_scale(1024)], w: Tensor["R", "C", bf16 @accum(bf16)],
       c: KVCache["B", "H", "S", "D", bf16] @rolling_window @device(gpu) @paged @checkpointable
-      @fp32_master) -> Tensor["R", "C", f32]:
+      ) -> Tensor["R", "C", f32]:
     with device(gpu), prefetch(x):
         y = x + z
     return y
@@ -257,7 +257,7 @@ def g(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
 """
 NOT_YET_WARNINGS = [
     (5, 44, "@rolling_window"), (5, 60, "@device"), (5, 73, "@paged"),
-    (5, 80, "@checkpointable"), (6, 7, "@fp32_master"), (7, 10, "with device(...)"),
+    (5, 80, "@checkpointable"), (7, 10, "with device(...)"),
     (7, 23, "with prefetch(...)"), (14, 42, "tile.load: vector="), (14, 61, "tile.load: prefetch="),
 ]  # fmt: skip
 
@@ -446,6 +446,82 @@ def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:
         return re.sub(r"// \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
 
     assert ir(method) == ir(function)
+
+
+@pytest.mark.parametrize(
+    ("spelled", "indexed"),
+    [
+        (
+            "B, S, E = x.shape\n    return x.reshape(B * S, E)",
+            "x.reshape(x.shape[0] * x.shape[1], x.shape[2])",
+        ),
+        ("_, _, E = x.shape\n    return x.reshape(-1, E)", "x.reshape(-1, x.shape[-1])"),
+        (
+            "B, S = x.shape[:2]\n    return x.reshape(B * S, -1)",
+            "x.reshape(x.shape[0] * x.shape[1], -1)",
+        ),
+        (
+            "S, E = x.shape[1:]\n    return x.reshape(-1, S * E)",
+            "x.reshape(-1, x.shape[1] * x.shape[2])",
+        ),
+        ("(E,) = x.shape[::-1][:1]\n    return x.reshape(-1, E)", "x.reshape(-1, x.shape[2])"),
+    ],
+)
+def test_a_shape_unpacks_and_slices_as_a_tuple(spelled: str, indexed: str) -> None:
+    """``B, S, E = x.shape`` and ``x.shape[1:]`` give the sizes Python's tuple would, the
+    same graph as indexing the shape one size at a time."""
+
+    def ir(body: str) -> str:
+        text = f"@kernel\ndef f(x: Tensor['A', 'B', 'C', f32]):\n    {body}\n"
+        return re.sub(r"// \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    assert ir(spelled) == ir(f"return {indexed}")
+
+
+@pytest.mark.parametrize(
+    ("looped", "written_out"),
+    [
+        ("for i in range(3):\n        x = relu(x @ w) + x", "x = relu(x @ w) + x\n" * 3),
+        (
+            "for i in range(1, 7, 2):\n        x = x * float(i)",
+            "x = x * 1.0\nx = x * 3.0\nx = x * 5.0\n",
+        ),
+        (
+            "for i in range(L):\n        for j in range(i):\n            x = x + w[j]",
+            "x = x + w[0]\nx = x + w[0]\nx = x + w[1]\n",
+        ),
+        ("for i in range(0):\n        x = exp(x)", ""),
+    ],
+)
+def test_a_loop_in_a_graph_function_is_unrolled(looped: str, written_out: str) -> None:
+    """A loop over a range known at compile time (a layer count) runs its body once per
+    number, as a Python trace would: the same graph as the body written out."""
+
+    def ir(body: str) -> str:
+        text = (
+            "L = 3\n@kernel\ndef f(x: Tensor['A', 'A', f32], w: Tensor['A', 'A', f32]):\n"
+            f"    {body}\n    return x\n"
+        )
+        return re.sub(r"(//|at) \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    assert ir(looped) == ir(written_out.replace("\n", "\n    "))
+
+
+def test_a_loop_over_range_in_a_tile_kernel_is_unrolled() -> None:
+    """In a tile kernel too, ``range(...)`` of numbers unrolls (a Horner polynomial);
+    ``tile.range_n`` stays the loop over blocks."""
+
+    def ir(body: str) -> str:
+        text = (
+            "@kernel\ndef f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n"
+            "    T = tile.context()\n    v = tile.load(x, rows=T.m)\n"
+            f"    acc = tile.zeros((T.m,), f32)\n    {body}\n    return acc\n"
+        )
+        return re.sub(r"(//|at) \d+:\d+", "", tessera.compile(text).inspect_ir("graph"))
+
+    looped = ir("for i in range(3):\n        acc = acc * v + float(i)")
+    assert looped == ir("acc = acc * v + 0.0\n    acc = acc * v + 1.0\n    acc = acc * v + 2.0")
+    assert "tile.for" not in looped
 
 
 def test_a_product_reads_a_transposed_operand_where_it_lies() -> None:

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.runtime.kvcache import KVCache, decode_attention, decode_library, decode_source
+from tessera.runtime.kvcache import (
+    KVCache,
+    decode_attention,
+    decode_block,
+    decode_library,
+    decode_source,
+)
 
 from .everywhere import EVERY_TARGET, load_everywhere
 from .test_cuda import needs_gxx
@@ -113,6 +119,25 @@ def _decode_cases(library: object, case: tuple = FULL) -> None:
 @needs_gxx
 def test_decode_attention_on_the_cpu() -> None:
     _decode_cases(decode_library("cpu", "f32"))
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("block", [(16, 128), (32, 128)])
+def test_decode_attention_in_the_cpu_blocks_for_few_query_rows(block: tuple[int, int]) -> None:
+    """The blocks ``decode_attention`` picks on the CPU for a step's few query rows: the
+    cases' 3 to 15 rows a key head leave most of a block's rows padding, which the
+    kernel skips, and 128 keys a block leave the splits of 150 and 300 keys ragged."""
+    _decode_cases(decode_library("cpu", "f32", block))
+
+
+def test_decode_picks_the_smallest_cpu_block_that_holds_the_query_rows() -> None:
+    assert decode_block("cpu", 4) == (16, 128)
+    assert decode_block("cpu", 16) == (16, 128)
+    assert decode_block("cpu", 17) == (32, 128)
+    assert decode_block("cpu", 64) == (64, 128)
+    assert decode_block("cpu", 65) is None  # prefill: the attention heuristic's blocks
+    assert decode_block("opencl", 4) is None
 
 
 #: OpenCL in the default tier; CUDA (sm_80, sm_90a) and HIP on the simulated GPU in the

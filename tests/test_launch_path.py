@@ -72,8 +72,10 @@ def test_the_cpu_fast_path_gives_the_full_paths_results(cpu: CpuLibrary) -> None
     f = cpu.scaled_sum
     fast = f(a, b, 0.5, w)
     assert f._fast(a, b, 0.5, w) is not MISSED  # the call took the fast path
+    full = f(a=a, b=b, s=0.5, w=w)  # the full checks: the inputs by name
+    np.testing.assert_array_equal(fast, full)
     out = np.full_like(a, np.nan)
-    f(a, b, 0.5, w, out=out)  # the full checks: given an out
+    assert f._fast(a, b, 0.5, w, out=out) is out  # the fast path takes a given out
     np.testing.assert_array_equal(fast, out)
     np.testing.assert_allclose(fast, (f64(a) + b) * 0.5 + w, rtol=1e-5, atol=1e-6)
     # A small product after a larger one: its tiles' storage holds the larger one's
@@ -119,6 +121,17 @@ def test_calls_the_cpu_fast_path_does_not_recognize_get_the_full_checks(cpu: Cpu
     np.testing.assert_array_equal(cpu.column(np.full(1, 2.0, np.float32), one), one * 2)
     with pytest.raises(ValueError, match=r"N = 3 breaks N == 1 \(result shape\)"):
         cpu.column(np.ones(3, np.float32), np.ones((3, 3), np.float32))
+    # an out the result cannot be written into
+    with pytest.raises(ValueError, match=r"'out' has shape \(4, 6\): dim M should be 6"):
+        f(a, a, 1.0, w, out=np.empty((4, 6), np.float32))
+    with pytest.raises(TypeError, match="'out' is float64, the kernel takes f32"):
+        f(a, a, 1.0, w, out=np.empty((6, 4)))
+    with pytest.raises(ValueError, match="'out' must be C-contiguous"):
+        f(a, a, 1.0, w, out=np.empty((4, 6), np.float32).T)
+    frozen = np.ones((6, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="'out' is the result but is read-only"):
+        f(a, a, 1.0, w, out=frozen)
     frozen = np.ones(3, np.float32)
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="'y' is updated in place but is read-only"):

@@ -1,6 +1,6 @@
 """Start-up: what ``import tessera`` and one compilation load, and the caches that keep
-the parser tables and compiled templates between runs (their speed is measured in
-bench/compile.py, not here)."""
+the parser tables, compiled templates and Tessera's own compiled modules between runs
+(their speed is measured in bench/compile.py, not here)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tessera
+from tessera.bytecode import compiled
 from tessera.cachedir import private_cache_dir
 from tessera.transpiler.frontend import kept_parse
 
@@ -21,10 +22,11 @@ from .conftest import ROOT
 pytestmark = pytest.mark.unit
 
 
-def _modules_after(code: str, cache: Path) -> set[str]:
-    """The modules loaded in a fresh interpreter after running ``code``."""
+def _modules_after(code: str, cache: Path, **env: str) -> set[str]:
+    """The modules loaded in a fresh interpreter after running ``code`` (with the
+    environment variables ``env`` besides the cache folder)."""
     script = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
-    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache)}
+    env = {**os.environ, "TESSERA_CACHE_DIR": str(cache), **env}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, check=True, cwd=ROOT)  # fmt: skip
     return set(json.loads(done.stdout.splitlines()[-1]))
@@ -73,6 +75,11 @@ def test_the_parser_is_kept_and_a_damaged_copy_is_rebuilt(tmp_path: Path) -> Non
         assert not kept.exists()
         _modules_after(code, tmp_path)
         assert "Lark_StandAlone" in kept.read_text()
+    # its compiled code is kept beside it, and read, not written, by the next run
+    (code_file,) = (tmp_path / "parser").glob("tessera_lalr_*.code")
+    inode = code_file.stat().st_ino
+    assert "lark" not in _modules_after(code, tmp_path)
+    assert code_file.stat().st_ino == inode
 
 
 def test_without_a_private_folder_the_lark_package_parses(tmp_path: Path) -> None:
@@ -123,3 +130,66 @@ def test_library_trees_are_kept_and_a_stale_or_damaged_copy_is_parsed_again(
     kept.write_bytes(b"not a tree\n")
     assert kept_parse.parse_library_file(name, text) == parsed
     assert kept.read_bytes() != b"not a tree\n"
+
+
+_MLP = "import tessera\ntessera.compile_file('examples/mlp.tsr', target='cuda').source"
+
+
+def test_where_python_keeps_no_bytecode_tesseras_is_kept(tmp_path: Path) -> None:
+    """With PYTHONDONTWRITEBYTECODE, the modules a compilation imports are compiled by
+    the first run, and the next runs read them without writing again; a damaged file
+    is compiled anew and replaced."""
+    _modules_after(_MLP, tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    kept = list((tmp_path / "bytecode").glob("tessera.*.code"))
+    (pipeline,) = (tmp_path / "bytecode").glob("tessera.transpiler.pipeline.*")
+    assert len(kept) > 50 and (tmp_path / "bytecode").stat().st_mode & 0o777 == 0o700
+    inodes = {p: p.stat().st_ino for p in kept}
+    _modules_after(_MLP, tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    assert {p: p.stat().st_ino for p in kept} == inodes
+    good = pipeline.read_bytes()
+    for damage in (b"", good[:100], good[:-1] + bytes([good[-1] ^ 1]), b"\0" * len(good)):
+        pipeline.write_bytes(damage)
+        loaded = _modules_after(_MLP, tmp_path, PYTHONDONTWRITEBYTECODE="1")
+        assert "tessera.transpiler.pipeline" in loaded
+        now = pipeline.read_bytes()
+        assert now != damage and now[:32] == good[:32]  # rewritten, for the same source
+
+
+def test_where_python_keeps_bytecode_tessera_keeps_none(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env |= {"PYTHONPYCACHEPREFIX": str(tmp_path / "python"), "TESSERA_CACHE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", _MLP], env=env, cwd=ROOT, check=True)
+    assert not (tmp_path / "bytecode").exists()
+    assert any((tmp_path / "python").rglob("pipeline*.pyc"))
+
+
+def test_a_read_only_or_missing_cache_folder_only_costs_time(tmp_path: Path) -> None:
+    """The compilation succeeds (check=True) where nothing can be kept."""
+    (tmp_path / "bytecode").mkdir(mode=0o500)
+    _modules_after(_MLP, tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    if os.geteuid() != 0:  # root writes to a read-only folder all the same
+        assert not any((tmp_path / "bytecode").iterdir())
+    (tmp_path / "file").write_text("not a folder")
+    _modules_after(_MLP, tmp_path / "file" / "cache", PYTHONDONTWRITEBYTECODE="1")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "bytecode").write_text("a file where the folder would be")
+    _modules_after(_MLP, tmp_path / "other", PYTHONDONTWRITEBYTECODE="1")
+
+
+def test_kept_code_serves_only_its_own_source_and_python(tmp_path: Path) -> None:
+    kept = tmp_path / "m.code"
+    source = b"x = 6 * 7\n"
+
+    def run(text: bytes) -> object:
+        scope: dict[str, object] = {}
+        exec(compiled(text, "m.py", kept), scope)
+        return scope["x"]
+
+    assert run(source) == 42 and kept.is_file()
+    assert run(b"x = 1\n") == 1  # another text: compiled, not the kept code of the first
+    assert run(source) == 42
+    good = kept.read_bytes()
+    for damage in (b"", good[:40], good[:-3], good[:64] + b"\xff" * (len(good) - 64)):
+        kept.write_bytes(damage)
+        assert run(source) == 42
+        assert kept.read_bytes() != damage and kept.read_bytes()[:32] == good[:32]

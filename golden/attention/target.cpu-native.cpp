@@ -272,11 +272,16 @@ inline void transpose_rounds(f32xN* r) {
 // out [cols, rows] = x [rows, cols] transposed, on the corner x [m, n] only; x's rows
 // are `ld` apart (a tile, or a tensor read in place). Whole kLanes x kLanes blocks go
 // through registers, the ragged rest element by element. Past the corner `out` is not
-// written: the product that reads it never looks there.
+// written: the product that reads it never looks there. Each block prefetches the same
+// columns of the next kLanes rows: a tensor read in place (attention's keys) is read
+// kLanes rows at a time, a line of each, which the hardware's prefetcher does not follow
+// (a decode step's keys came in at half the copy bandwidth without it). A prefetch never
+// faults, so the rows past the corner, the next block's, need no bound.
 inline void transpose(float* out, const float* x, i64 rows, i64 ld, i64 m, i64 n) {
   const i64 row_blocks = m - m % kLanes, col_blocks = n - n % kLanes;
   for (i64 i = 0; i < row_blocks; i += kLanes)
     for (i64 j = 0; j < col_blocks; j += kLanes) {
+      for (int t = 0; t < kLanes; ++t) __builtin_prefetch(x + (i + kLanes + t) * ld + j);
       f32xN r[kLanes];
       for (int t = 0; t < kLanes; ++t) std::memcpy(&r[t], x + (i + t) * ld + j, sizeof r[t]);
       transpose_rounds<kLanes / 2>(r);
@@ -382,6 +387,14 @@ inline void panel_block(float* o, i64 ld_out, i64 cols, Block&& block) {
     std::memcpy(o + r * ld_out, rows + r * kPanel, sizeof(float) * cols);
 }
 
+// The rows of b a product of one row block (at most kRows rows: a decode step's p @ v)
+// reads in each pass over its panels, while it prefetches the next pass's. Panel by
+// panel down the whole of k, each row of b was read kPanel floats at a time, a stride
+// apart, from memory, which the hardware's prefetcher does not follow: the p @ v of 4
+// query rows over 256 keys of 128 values ran at a third of the copy bandwidth. The sums
+// keep their order (each output's running sum goes to memory and back between passes).
+constexpr i64 kSteps = 16;
+
 // out = acc + a @ b, with a [M, ...] and b [..., N] (`out` may be `acc`; rows of a and b
 // are `ld_a` and `ld_b` apart: a tile, or a tensor read in place), computed on the live
 // corner only: rows of a below m, columns of b below n, and k steps of the reduction.
@@ -400,16 +413,32 @@ inline void mma(float* out, const float* a, const float* b, const float* acc, i6
     for (i64 p = 0; p < k; ++p)
       std::memcpy(&b_tail[p * kPanel], b + p * ld_b + panels, sizeof(float) * tail);
   }
+  // One row block reads b once in any order: it goes kSteps rows of b at a time, all
+  // panels, so that each row of b is read whole, in order, while it is in L1.
+  const i64 steps = m <= kRows ? std::min(k, kSteps) : k;
   for (i64 i = 0; i < m; i += kRows)
     with_rows(m - i, [&](auto rows) {
       constexpr int R = decltype(rows)::value;
       float* o = out + i * N;
-      for (i64 j = 0; j < panels; j += kPanel)
-        mma_block<R, Fresh>(o + j, a + i * ld_a, b + j, N, ld_a, ld_b, k);
-      if (tail > 0)
-        panel_block<R, Fresh>(o + panels, N, tail, [&](float* to, i64 ld_to) {
-          mma_block<R, Fresh>(to, a + i * ld_a, b_tail.data(), ld_to, ld_a, kPanel, k);
-        });
+      auto panels_over = [&](auto fresh, i64 p0, i64 depth) {
+        constexpr bool F = decltype(fresh)::value;
+        const float* ai = a + i * ld_a + p0;
+        for (i64 j = 0; j < panels; j += kPanel) {
+          if (steps < k)  // the next pass's rows of b, this panel's lines of them
+            for (i64 t = p0 + steps; t < p0 + 2 * steps; ++t) {
+              __builtin_prefetch(b + t * ld_b + j);
+              __builtin_prefetch(b + t * ld_b + j + kLanes);
+            }
+          mma_block<R, F>(o + j, ai, b + p0 * ld_b + j, N, ld_a, ld_b, depth);
+        }
+        if (tail > 0)
+          panel_block<R, F>(o + panels, N, tail, [&](float* to, i64 ld_to) {
+            mma_block<R, F>(to, ai, b_tail.data() + p0 * kPanel, ld_to, ld_a, kPanel, depth);
+          });
+      };
+      panels_over(std::bool_constant<Fresh>{}, 0, steps);
+      for (i64 p0 = steps; p0 < k; p0 += steps)
+        panels_over(std::false_type{}, p0, std::min(steps, k - p0));
     });
 }
 
@@ -488,18 +517,28 @@ inline void softmax_online(float* p, float* m_c, float* l_c, const float* s, i64
   }
 }
 
+// The state's rows [m_live, m): padding past the rows' edge (anything, by the tile IR's
+// account), which a block leaves as it was, so that none of its work goes to them.
+inline void keep_rows(float* acc_out, float* m_out, float* l_out, const float* acc,
+                      const float* m_in, const float* l_in, i64 m_live, i64 m, i64 d) {
+  if (acc_out != acc) std::copy(acc + m_live * d, acc + m * d, acc_out + m_live * d);
+  if (m_out != m_in) std::copy(m_in + m_live, m_in + m, m_out + m_live);
+  if (l_out != l_in) std::copy(l_in + m_live, l_in + m, l_out + m_live);
+}
+
 // Fold a block into the running attention state: acc [m, d], m and l [m], p [m, n],
-// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with `round_p`
-//   (to v's dtype,
-// as tensor cores multiply it) before p @ v, which runs on its live corner: the first
-// n_live keys and d_live columns of v (zero padding past them).
+// v [n, d] with rows ld_v apart. p is rescaled to the new row maxima and rounded with
+// `round_p` (to v's dtype, as tensor cores multiply it) before p @ v, which runs on its
+// live corner: the first m_live rows, n_live keys and d_live columns of v (zero padding
+// past them); the rows past m_live keep their state.
 template <typename Round>
 inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const float* acc,
                                const float* m_in, const float* l_in, const float* p,
                                const float* v, i64 ld_v, const float* m_c, const float* l_c,
-                               i64 m, i64 n, i64 d, i64 n_live, i64 d_live, float* scaled,
-                               Round round_p) {
-  for (i64 i = 0; i < m; ++i) {
+                               i64 m, i64 n, i64 d, i64 m_live, i64 n_live, i64 d_live,
+                               float* scaled, Round round_p) {
+  keep_rows(acc_out, m_out, l_out, acc, m_in, l_in, m_live, m, d);
+  for (i64 i = 0; i < m_live; ++i) {
     const float m_new = m_in[i] > m_c[i] ? m_in[i] : m_c[i];
     const float base = softmax_base(m_new);
     const float alpha = tsr::exp(m_in[i] - base);
@@ -511,18 +550,20 @@ inline void softmax_accumulate(float* acc_out, float* m_out, float* l_out, const
     l_out[i] = l_in[i] * alpha + l_c[i] * beta;
     m_out[i] = m_new;
   }
-  mma(acc_out, scaled, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
+  mma(acc_out, scaled, v, acc_out, m, d, m_live, d_live, n_live, n, ld_v);
 }
 
 // softmax_online and then softmax_accumulate of its block, in one pass over the scores
 // (FlashAttention-2's order): the new row maximum comes first, so p = exp(s - m_new)
 // directly, with no rescaling of p. Within float rounding of the two steps. p may be s.
+// Only the first m_live rows are attended; the rest keep their state.
 template <typename Limit, typename Round>
 inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
                    const float* m_in, const float* l_in, const float* s, const float* v,
-                   i64 ld_v, i64 m, i64 n, i64 d, i64 n_live, i64 d_live, float* p, Limit limit,
-                   Round round_p) {
-  for (i64 i = 0; i < m; ++i) {
+                   i64 ld_v, i64 m, i64 n, i64 d, i64 m_live, i64 n_live, i64 d_live, float* p,
+                   Limit limit, Round round_p) {
+  keep_rows(acc_out, m_out, l_out, acc, m_in, l_in, m_live, m, d);
+  for (i64 i = 0; i < m_live; ++i) {
     const i64 cols = live(n_live, limit(i));
     const float mx = row_max(s + i * n, cols, m_in[i]);
     const float base = softmax_base(mx);
@@ -534,7 +575,7 @@ inline void attend(float* acc_out, float* m_out, float* l_out, const float* acc,
     l_out[i] = l_in[i] * alpha + sum;
     m_out[i] = mx;
   }
-  mma(acc_out, p, v, acc_out, m, d, m, d_live, n_live, n, ld_v);
+  mma(acc_out, p, v, acc_out, m, d, m_live, d_live, n_live, n, ld_v);
 }
 
 }  // namespace tsr
@@ -591,9 +632,10 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     // flash_attention.tsr:23: tile.mask_causal(s, tile.row_index(), tile.col_index(nblk))
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    tsr::attend(acc, m, l, acc, m, l, s_1, v_tile, BD, BM, BN, BD, tsr::live(BN, S - BN*nblk),
-        tsr::live(BD, D), s_1, [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1
-        - (BN*nblk), S - (BN*nblk)); }, [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc, m, l, acc, m, l, s_1, v_tile, BD, BM, BN, BD, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, S - BN*nblk), tsr::live(BD, D), s_1,
+        [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1 - (BN*nblk), S - (BN*nblk));
+        }, [](float x) { return tsr::round_bf16(x); });
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   for (tsr::i64 i = 0; i < BM; ++i) {
@@ -689,9 +731,9 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     }
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    tsr::attend(acc, m, l, acc, m, l, S_2, Vb, BD, BM, BN, BD, tsr::live(BN, S - BN*nblk),
-        tsr::live(BD, D), S_2, [&](tsr::i64) { return S - (BN*nblk); },
-        [](float x) { return tsr::round_bf16(x); });
+    tsr::attend(acc, m, l, acc, m, l, S_2, Vb, BD, BM, BN, BD, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, S - BN*nblk), tsr::live(BD, D), S_2,
+        [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return tsr::round_bf16(x); });
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   for (tsr::i64 i = 0; i < BM; ++i) {

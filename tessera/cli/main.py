@@ -83,7 +83,8 @@ exit status: 0 success, 1 errors in the program, 2 usage error, 3 internal compi
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tesserac",
-        description="Compile a Tessera .tsr file to CUDA, HIP, C++ (OpenMP/SIMD) or OpenCL C.",
+        description="Compile a Tessera .tsr file to CUDA, HIP, SYCL, C++ (OpenMP/SIMD) or "
+        "OpenCL C.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

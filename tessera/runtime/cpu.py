@@ -29,7 +29,7 @@ from ..transpiler.tile.interpret import numpy_dtype
 from .cpu_ext import load_extension
 from .entry import Entry, Library
 from .foreign import TensorView
-from .mpi import agree, world
+from .mpi import agree, disagree, world
 from .sentinel import raise_cpu_fault
 from .telemetry import launched
 
@@ -149,14 +149,19 @@ class CpuLibrary(Library):
         self._calls += 1
         if self._calls != WARM_CALLS or self._fault is not None:
             return  # a debug build's calls all take the checks
-        if all("mesh" in f for f in self.meta["functions"]):
-            return
-        calls = load_extension(self.meta, self._lib, self.meta["build"]["compiler"], _dtype)
+        compiler = self.meta["build"]["compiler"]
+        calls = load_extension(self.meta, self._lib, compiler, _dtype, self._disagreed)
         for name, call in calls.items():
-            # every call of a mesh function meets the other processes first (mpi.agree),
-            # which a C call would skip
-            if "mesh" not in self.functions[name].meta:
-                self.functions[name]._fast = call
+            self.functions[name]._fast = call
+            self.functions[name]._fast_takes_out = True
+
+    def _disagreed(self, name: str, sizes: tuple[int, ...]) -> None:
+        """The C call of the mesh function ``name`` met processes that disagree: the
+        ValueError of ``mpi.disagree``, on every process alike (a process on the full
+        checks raises it from ``mpi.agree``)."""
+        function = self.functions[name]
+        function._agreed = True  # met: the error is the meeting's, not a second one
+        disagree(name, function._dims, sizes, None)
 
     def check_fault(self) -> None:
         """In a debug build, raise for the first check the call failed: ``BoundsError``,

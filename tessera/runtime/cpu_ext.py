@@ -7,8 +7,16 @@ C-contiguous numpy array of its dtype, the result allocated) this module writes 
 checks in C instead, one function per function of the ``.tsr`` file: the number of
 arguments, each array's type, dtype (the very dtype object), rank, contiguity and
 writability, the dims binding the size symbols or matching them, the scalars' exact
-Python types, the guards; then the results come from ``PyArray_Empty`` and the
-generated entry runs without the GIL, through its address in the shared object.
+Python types, the guards; then the result comes from ``PyArray_Empty``, or is the
+caller's ``out=`` (an array of exactly the result's dtype, shape and layout, writable),
+and the generated entry runs without the GIL, through its address in the shared object.
+
+A function on a mesh meets the other processes first, as the full checks do
+(``tessera.runtime.mpi.agree``): the same all-reduce of the same message over MPI's
+world, made here in C, so that a process on this path and one on the full checks meet
+each other. Where they disagree (a process refused its arguments, or the shards
+differ), nothing runs and the call returns what the module's ``disagreed(name, sizes)``
+returns, which gathers the details and raises on every process alike.
 
 Anything else returns ``NotImplemented`` and the runtime runs its full checks, which
 raise the error with its message or run the call as before: the C code never decides
@@ -33,7 +41,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -77,14 +85,58 @@ PyObject* empty(int ndim, npy_intp* shape, int dtype) {{
   Py_INCREF(dtypes[dtype]);  // PyArray_Empty takes a reference
   return PyArray_Empty(ndim, shape, dtypes[dtype], 0);
 }}
+
+// What the calls of a mesh function return where the processes disagree (bind() sets
+// it): the runtime's disagreed(name, sizes), which raises on every process.
+PyObject* disagreed = nullptr;
+
+// The keyword arguments a call takes: only `out`, into `given` (nullptr for None);
+// false for any other.
+bool keywords(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** given) {{
+  *given = nullptr;
+  if (kwnames == nullptr) return true;
+  if (PyTuple_GET_SIZE(kwnames) != 1 ||
+      PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "out") != 0)
+    return false;
+  if (args[nargs] != Py_None) *given = args[nargs];
+  return true;
+}}
+"""
+
+#: The meeting of a mesh function's call, in C: ``tessera.runtime.mpi.agree``'s message.
+_MEETING = """
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+namespace {
+
+// The processes' meeting before a mesh function's first collective, as
+// tessera.runtime.mpi.agree makes it: the all-reduce (max) over the world of the
+// failure flag, the n sizes and their negations, the first 1 + 2n of `message`, into
+// its second 1 + 2n. Whether every process accepted its arguments and gave the same
+// sizes.
+bool meet(std::int64_t* message, int n) {
+  std::int64_t* const extremes = message + 1 + 2 * n;
+  MPI_Allreduce(message, extremes, 1 + 2 * n, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (extremes[0] != 0) return false;
+  for (int i = 0; i < n; ++i) {
+    if (extremes[1 + i] != -extremes[1 + n + i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
 """
 
 _BIND = """
-// bind(entries, dtypes): the generated entries' addresses in the shared object, in the
-// order of the functions above, and the dtype objects the calls compare with.
+// bind(entries, dtypes, disagreed): the generated entries' addresses in the shared
+// object, in the order of the functions above, the dtype objects the calls compare with,
+// and what a mesh function's call returns where the processes disagree.
 PyObject* bind(PyObject*, PyObject* args) {{
-  PyObject *addresses, *kinds;
-  if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &addresses, &PyTuple_Type, &kinds))
+  PyObject *addresses, *kinds, *failed;
+  if (!PyArg_ParseTuple(args, "O!O!O", &PyTuple_Type, &addresses, &PyTuple_Type, &kinds,
+                        &failed))
     return nullptr;
   if (PyTuple_GET_SIZE(addresses) != {entries} || PyTuple_GET_SIZE(kinds) != {dtypes}) {{
     PyErr_SetString(PyExc_ValueError, "bind() takes {entries} entries and {dtypes} dtypes");
@@ -99,6 +151,8 @@ PyObject* bind(PyObject*, PyObject* args) {{
     Py_INCREF(kind);
     dtypes[i] = reinterpret_cast<PyArray_Descr*>(kind);
   }}
+  Py_INCREF(failed);
+  disagreed = failed;
   Py_RETURN_NONE;
 }}
 
@@ -137,7 +191,11 @@ class _Function:
         if any(p.get("keyword_only") for p in inputs):
             return None
         symbols = {name: f"s{i}" for i, name in enumerate(f["dims"])}
-        lines = [f"if (nargs != {len(inputs)}) Py_RETURN_NOTIMPLEMENTED;"]
+        lines = [
+            "PyObject* given;",
+            "if (!keywords(args, nargs, kwnames, &given)) Py_RETURN_NOTIMPLEMENTED;",
+            f"if (nargs != {len(inputs)}) Py_RETURN_NOTIMPLEMENTED;",
+        ]
         value = {}  # each parameter's C value in the entry's call
         bound: set[str] = set()
         for i, p in enumerate(inputs):
@@ -171,30 +229,38 @@ class _Function:
                 return None
             lines.append(f"if (!({condition})) Py_RETURN_NOTIMPLEMENTED;")
         by_name = {p["name"]: p for p in f["params"]}
-        results = []
-        for r, name in enumerate(f["results"]):
-            dims = by_name[name]["dims"]
-            if any(d not in symbols and not d.isdigit() for d in dims):
-                return None
-            shape = ", ".join(symbols.get(d, d) for d in dims)
-            lines += [
-                (
-                    f"npy_intp r{r}_shape[] = {{{shape}}};"
-                    if dims
-                    else f"npy_intp* r{r}_shape = nullptr;"
-                ),
-                f"PyObject* const r{r} = empty({len(dims)}, r{r}_shape, "
-                f"{dtypes[by_name[name]['dtype']]});",
+        results = [by_name[name] for name in f["results"]]
+        if any(d not in symbols and not d.isdigit() for r in results for d in r["dims"]):
+            return None
+        shapes = [", ".join(symbols.get(d, d) for d in r["dims"]) for r in results]
+        lines += (
+            _given(results[0], shapes[0], dtypes)
+            if _takes_out(results)
+            else ["if (given != nullptr) Py_RETURN_NOTIMPLEMENTED;"]
+        )
+        for r, (p, shape) in enumerate(zip(results, shapes, strict=True)):
+            sized = f" r{r}_shape[] = {{{shape}}};" if shape else f"* r{r}_shape = nullptr;"
+            made = [
+                f"npy_intp{sized}",
+                f"r{r} = empty({len(p['dims'])}, r{r}_shape, {dtypes[p['dtype']]});",
                 f"if (r{r} == nullptr) {{",
                 *(f"  Py_DECREF(r{k});" for k in range(r)),
                 "  return nullptr;",
                 "}",
-            ]
-            value[name] = f"PyArray_DATA(reinterpret_cast<PyArrayObject*>(r{r}))"
-            results.append(f"r{r}")
+            ]  # fmt: skip
+            if r == 0 and _takes_out(results):
+                lines += ["if (r0 == nullptr) {", *(f"  {line}" for line in made), "}"]
+            else:
+                lines += [f"PyObject* r{r} = nullptr;", *made]
+            value[p["name"]] = f"PyArray_DATA(reinterpret_cast<PyArrayObject*>(r{r}))"
+        names = [f"r{r}" for r in range(len(results))]
         arguments = [value[p["name"]] for p in f["params"]] + list(symbols.values())
-        lines += ["Py_BEGIN_ALLOW_THREADS", f"entry_{index}({', '.join(arguments)});",
-                  "Py_END_ALLOW_THREADS", _returned(results)]  # fmt: skip
+        call = f"entry_{index}({', '.join(arguments)});"
+        if "mesh" in f:
+            lines += _met(f["name"], call, list(symbols.values()), names)
+        else:
+            lines += ["Py_BEGIN_ALLOW_THREADS", call, "Py_END_ALLOW_THREADS"]
+        lines.append(_returned(names))
         params = [_C_SCALARS[p["type"]] if p["kind"] == "scalar" else "void*" for p in f["params"]]
         return cls(index, lines, params + ["std::int64_t"] * len(f["dims"]))
 
@@ -202,9 +268,54 @@ class _Function:
         body = "".join(f"  {line}\n" for line in self.lines)
         return (
             f"\n// {name}\nvoid (*entry_{self.index})({', '.join(self.params)});\n"
-            f"PyObject* call_{self.index}(PyObject*, PyObject* const* args, Py_ssize_t nargs) "
-            f"{{\n{body}}}\n"
+            f"PyObject* call_{self.index}(PyObject*, PyObject* const* args, Py_ssize_t nargs, "
+            f"PyObject* kwnames) {{\n{body}}}\n"
         )
+
+
+def _takes_out(results: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the C call takes ``out=``: for a function of one result, not of i4 (whose
+    array's last dim counts bytes, two elements to one)."""
+    return len(results) == 1 and results[0]["dtype"] != "i4"
+
+
+def _given(p: Mapping[str, Any], shape: str, dtypes: Mapping[str, int]) -> list[str]:
+    """The checks of the caller's ``out=`` for the result ``p`` of ``shape`` (C sizes),
+    as the full checks make them: where they do not hold, the full checks run instead
+    and give the error. ``r0`` is the given array, or nullptr."""
+    dims, kind = p["dims"], dtypes[p["dtype"]]
+    lines = [
+        "PyObject* r0 = nullptr;",
+        "if (given != nullptr) {",
+        f"  PyArrayObject* const o = array(given, dtypes[{kind}], {len(dims)}, true);",
+        "  if (o == nullptr) Py_RETURN_NOTIMPLEMENTED;",
+    ]  # fmt: skip
+    if dims:
+        lines += [f"  const npy_intp want[] = {{{shape}}};",
+                  f"  for (int i = 0; i < {len(dims)}; ++i) {{",
+                  "    if (PyArray_DIM(o, i) != want[i]) Py_RETURN_NOTIMPLEMENTED;",
+                  "  }"]  # fmt: skip
+    return [*lines, "  Py_INCREF(given);", "  r0 = given;", "}"]
+
+
+def _met(name: str, call: str, sizes: list[str], results: list[str]) -> list[str]:
+    """A mesh function's entry ``call``, after the processes' meeting on its ``sizes``;
+    where they disagree, the ``results`` are dropped and ``disagreed`` raises."""
+    n = len(sizes)
+    message = ", ".join(["0", *sizes, *(f"-{s}" for s in sizes)])
+    every = "".join(f", static_cast<long long>({s})" for s in sizes)
+    return [
+        f"std::int64_t message[{2 * (1 + 2 * n)}] = {{{message}}};",
+        "bool agreed = false;",
+        "Py_BEGIN_ALLOW_THREADS",
+        f"agreed = meet(message, {n});",
+        f"if (agreed) {call}",
+        "Py_END_ALLOW_THREADS",
+        "if (!agreed) {",
+        *(f"  Py_DECREF({r});" for r in results),
+        f'  return PyObject_CallFunction(disagreed, "s({"L" * n})", "{name}"{every});',
+        "}",
+    ]
 
 
 def _scalar(x: str, i: int, kind: str) -> list[str]:
@@ -266,6 +377,8 @@ def extension_source(meta: Mapping[str, Any], name: str) -> tuple[str, list[int]
     functions = [(i, _Function.of(i, f, dtypes)) for i, f in enumerate(meta["functions"])]
     made = [(i, fn) for i, fn in functions if fn is not None]
     text = _PRELUDE.format(dtypes=max(1, len(dtypes)))
+    if any("mesh" in meta["functions"][i] for i, _ in made):
+        text += _MEETING
     text += "".join(fn.text(meta["functions"][i]["name"]) for i, fn in made)
     assign = "".join(
         f"  entry_{i} = reinterpret_cast<decltype(entry_{i})>("
@@ -274,7 +387,7 @@ def extension_source(meta: Mapping[str, Any], name: str) -> tuple[str, list[int]
     )
     methods = "".join(
         f'    {{"f{i}", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_{i})), '
-        "METH_FASTCALL, nullptr},\n"
+        "METH_FASTCALL | METH_KEYWORDS, nullptr},\n"
         for i, _ in made
     )
     text += _BIND.format(entries=len(made), dtypes=len(dtypes), assign=assign,
@@ -292,10 +405,13 @@ def _headers() -> list[str] | None:
 
 def load_extension(
     meta: Mapping[str, Any], library: ctypes.CDLL, compiler: str,
-    dtype: Any,
+    dtype: Any, disagreed: Callable[[str, tuple[int, ...]], Any],
 ) -> dict[str, Any]:  # fmt: skip
     """Each function's C call, by name, for the loaded shared object ``library`` (empty
-    where the extension cannot be built here). ``dtype(name)`` is a dtype's numpy dtype."""
+    where the extension cannot be built here). ``dtype(name)`` is a dtype's numpy dtype;
+    a mesh function's call returns ``disagreed(name, sizes)`` where the processes'
+    meeting finds that they disagree (``sizes``: this process's, in the order of the
+    function's ``dims``)."""
     headers = _headers()
     if headers is None or shutil.which(compiler) is None:  # a bundle runs without one
         return {}
@@ -316,7 +432,7 @@ def load_extension(
     addresses = tuple(
         ctypes.cast(getattr(library, functions[i]["symbol"]), ctypes.c_void_p).value for i in made
     )
-    module.bind(addresses, tuple(dtype(d) for d in dtype_names))
+    module.bind(addresses, tuple(dtype(d) for d in dtype_names), disagreed)
     return {functions[i]["name"]: getattr(module, f"f{i}") for i in made}
 
 

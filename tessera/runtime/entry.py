@@ -18,6 +18,7 @@ from ..transpiler.graph.dtypes import DTYPES
 from ..transpiler.target.entry import signature_items
 from ..transpiler.tile.interpret import numpy_dtype
 from .foreign import TensorView, host_array, host_view, numpy_view
+from .optstate import StateSignature
 from .telemetry import STATE as TELEMETRY
 
 __all__ = ["Entry", "Library", "evaluate", "argument", "MISSED"]
@@ -65,11 +66,19 @@ class Entry:
         #: Whether the fast path also takes ``out=`` (the generated ones of
         #: ``tessera.runtime.plan`` do; the CPU's C calls do not).
         self._fast_takes_out = False
+        #: The ``OptimizerState`` parameters and results, if any: a call takes and
+        #: returns state objects in place of their arrays.
+        self._states = (
+            StateSignature(self.name, self._inputs, meta["states"]) if "states" in meta else None
+        )
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
         """The parameters as the docstring shows them, ``out`` last."""
-        items = signature_items(self._inputs)
+        if self._states is not None:
+            items = self._states.signature(signature_items)
+        else:
+            items = signature_items(self._inputs)
         if len(self._inputs) < len(self._params):
             items += [] if "*" in items else ["*"]
             items.append("out=None")
@@ -78,7 +87,16 @@ class Entry:
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         """Run the function. ``out`` is an optional preallocated result array, or for a
         function of several results a tuple of them (``None`` where one is allocated),
-        as numpy's ufuncs take it. A function of several results returns a tuple."""
+        as numpy's ufuncs take it. A function of several results returns a tuple. An
+        ``OptimizerState`` parameter takes a ``tessera.OptimizerState``, and a returned
+        state is written into the one given (``tessera.runtime.optstate``)."""
+        if self._states is not None:
+            flat = [p["name"] for p in self._positional]
+            return self._states.call(self._call, flat, args, kwargs, out)
+        return self._call(*args, out=out, **kwargs)
+
+    def _call(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        """The call of the function's tensors and scalars as the metadata lists them."""
         fast = self._fast is not None and not TELEMETRY.on  # telemetry: the full path
         if fast and not kwargs and (out is None or self._fast_takes_out):
             done = self._fast(*args) if out is None else self._fast(*args, out=out)

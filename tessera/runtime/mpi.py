@@ -19,7 +19,7 @@ from typing import Any
 
 from ..frozen import frozen
 
-__all__ = ["Process", "process", "world", "agree"]
+__all__ = ["Process", "process", "world", "agree", "disagree"]
 
 
 #: What MPI launchers tell each process its local rank by: Open MPI's, MPICH's (Hydra)
@@ -101,9 +101,11 @@ def agree(
     did not) and give the same ``sizes`` (their shards'), so that no process is left
     waiting in a collective that another never reaches.
 
-    One all-reduce of the failure flag, each size and its negation (the largest and the
-    smallest); only where something is wrong (on every process alike) are the details
-    gathered, for the message."""
+    One all-reduce (max, of int64) over the world of the failure flag, each size and its
+    negation (the largest and the smallest); only where something is wrong (on every
+    process alike) are the details gathered, for the message (``disagree``). A warm
+    module's C call of the function makes the same all-reduce in C
+    (``tessera.runtime.cpu_ext``), so the two paths meet each other."""
     from mpi4py import MPI
 
     comm = world(name, mesh)
@@ -111,11 +113,20 @@ def agree(
     n = len(values)
     mine, extremes = _buffers(1 + 2 * n)
     mine[:] = [int(failure is not None), *values, *(-v for v in values)]
-    comm.Allreduce(mine, extremes, op=MPI.MAX)
+    comm.Allreduce([mine, MPI.INT64_T], [extremes, MPI.INT64_T], op=MPI.MAX)
     top = extremes.tolist()
     if not top[0] and all(top[1 + i] == -top[1 + n + i] for i in range(n)):
         return
-    every = comm.allgather((failure, values))
+    disagree(name, names, values, failure)
+
+
+def disagree(name: str, names: Sequence[str], values: Sequence[int], failure: str | None) -> None:
+    """After a meeting that found a process refusing its arguments or shards that
+    differ, on every process: gather each one's ``failure`` and ``values`` (its sizes of
+    ``names``) and raise the ValueError that says which process and why."""
+    from mpi4py import MPI
+
+    every = MPI.COMM_WORLD.allgather((failure, list(values)))
     failed = [(rank, why) for rank, (why, _) in enumerate(every) if why is not None]
     if failed:
         rank, why = failed[0]

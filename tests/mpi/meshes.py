@@ -236,16 +236,27 @@ def main() -> None:
           block(want, 0, "tp", TP_MESH))  # fmt: skip
     check("all_gather inserted", lib.gathered(block(x, 1, "tp", TP_MESH)), 2.0 * x)
 
-    # shards of different shapes are an error on every rank, not a hang, also once the
-    # module is warm (its other functions called through their C calls)
-    for _ in range(40):
+    # once the module is warm, a mesh function's C call meets the other processes in C
+    # and takes a given out
+    for _ in range(tessera.runtime.cpu.WARM_CALLS + 8):
         lib.reduce_all(mine[RANK])
-    try:
-        lib.reduce_all(mine[RANK][: 5 - (RANK % 2)])
-    except ValueError as exc:
-        assert "shards differ" in str(exc), exc
-    else:
-        COMM.Abort(1)
+    assert lib.reduce_all._fast is not None
+    given = np.full((5, 3), np.nan, np.float32)
+    assert lib.reduce_all._fast(mine[RANK], out=given) is given
+    check("all_reduce max, warm, into out", given, np.max(mine, axis=0))
+    check("all_reduce mean, warm", lib.reduce_tp(mine[RANK]),
+          np.mean([mine[r] for r in group], axis=0))  # fmt: skip
+    # shards of different shapes are an error on every rank, not a hang, on the C calls
+    # and where one process takes the full checks (its input by name) and the others
+    # their C calls
+    for by_name in (False, True):
+        shard = mine[RANK][: 5 - (RANK % 2)]
+        try:
+            lib.reduce_all(x=shard) if by_name and RANK == 0 else lib.reduce_all(shard)
+        except ValueError as exc:
+            assert "shards differ" in str(exc), exc
+        else:
+            COMM.Abort(1)
     # an argument refused on one process only is refused on all, not left half-run
     try:
         lib.reduce_all(mine[RANK].astype(np.float64) if RANK == 0 else mine[RANK])

@@ -15,7 +15,14 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype, saturation_error
 from .not_yet import NOT_YET, not_yet
 from .opcall import SemanticError
-from .types import KVCacheType, ScalarType, TensorType, TupleType, ValueType
+from .types import (
+    KVCacheType,
+    OptimizerStateType,
+    ScalarType,
+    TensorType,
+    TupleType,
+    ValueType,
+)
 
 __all__ = [
     "resolve_type",
@@ -28,9 +35,13 @@ __all__ = [
 #: Names that declare a tensor. KTile is the seeds' name for a tile kernel's tensor argument.
 TENSOR_TYPES = ("Tensor", "KTile")
 SCALAR_TYPES = ("int", "float", "bool")
-STATE_POLICIES = ("rolling_window", "device", "paged", "checkpointable", "fp32_master")
+#: The policies of each state type (after its brackets).
+STATE_POLICIES = {
+    "KVCache": ("rolling_window", "device", "paged", "checkpointable"),
+    "OptimizerState": ("fp32_master", "device", "paged", "checkpointable"),
+}
 NUMERIC_POLICIES = ("accum", "stochastic_round", "loss_scale", "saturate")
-TYPE_NAMES = (*TENSOR_TYPES, "KVCache", "Tile", *SCALAR_TYPES)
+TYPE_NAMES = (*TENSOR_TYPES, *STATE_POLICIES, "Tile", *SCALAR_TYPES)
 
 
 def resolve_result(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType | TupleType:
@@ -74,6 +85,8 @@ def resolve_type(node: ast.TypeExpr, defines: dict[str, int]) -> ValueType:
         return TensorType(dims, dtype, policies)
     if node.name == "KVCache":
         return _kvcache(node, defines)
+    if node.name == "OptimizerState":
+        return _optimizer_state(node)
     if node.name == "Tile":
         raise SemanticError(
             "'Tile' parameters (tile helper functions) are not supported yet; "
@@ -309,20 +322,49 @@ def _loss_scale(policy: ast.Policy, dtype: DType) -> float:
     return value
 
 
-def _kvcache(node: ast.TypeExpr, defines: dict[str, int]) -> KVCacheType:
+def _state_policies(node: ast.TypeExpr) -> tuple[str, ...]:
+    """A state type's policies as text (``@rolling_window(8)``), each checked to be one of
+    its type's: ``@fp32_master`` on a cache, or a misspelled one, is an error at it."""
+    known = STATE_POLICIES[node.name]
     policies = []
     for policy in node.policies:
-        if policy.name not in STATE_POLICIES:
-            raise SemanticError(
-                f"unknown state policy '@{policy.name}'{did_you_mean(policy.name, STATE_POLICIES)}",
-                policy.span,
-            )
+        if policy.name not in known:
+            other = next((n for n, p in STATE_POLICIES.items() if policy.name in p), None)
+            hint = f": it is a policy of {other}" if other else did_you_mean(policy.name, known)
+            raise SemanticError(f"unknown {node.name} policy '@{policy.name}'{hint}", policy.span)
         text = "@" + policy.name
         if policy.args:
+            if policy.name == "fp32_master":
+                raise SemanticError("@fp32_master takes no arguments", policy.span)
             text += "(" + ", ".join(_arg_text(a) for a in policy.args) + ")"
         policies.append(text)
+    return tuple(policies)
+
+
+def _optimizer_state(node: ast.TypeExpr) -> OptimizerStateType:
+    """``OptimizerState[w] @fp32_master``: the state of the parameter ``w``, bound to its
+    type by the function's analysis (``graph.optstate.bind``)."""
+    policies = _state_policies(node)
+    args = node.args or ()
+    named = len(args) == 1 and (
+        isinstance(args[0], ast.StrLit)
+        or (isinstance(args[0], ast.TypeExpr) and args[0].args is None and not args[0].policies)
+    )
+    if not named:
+        raise SemanticError(
+            "OptimizerState takes the name of the parameter it belongs to: "
+            "OptimizerState[w] @fp32_master",
+            args[1].span if len(args) > 1 else node.span,
+        )
+    arg = args[0]
+    param = arg.value if isinstance(arg, ast.StrLit) else arg.name
+    return OptimizerStateType(param, "@fp32_master" in policies, policies)
+
+
+def _kvcache(node: ast.TypeExpr, defines: dict[str, int]) -> KVCacheType:
+    policies = _state_policies(node)
     if node.args is None:
-        return KVCacheType(None, None, tuple(policies))
+        return KVCacheType(None, None, policies)
     dims, dtype, _ = _tensor_args(node, defines)
     if len(dims) != 4:
         raise SemanticError(
@@ -330,7 +372,7 @@ def _kvcache(node: ast.TypeExpr, defines: dict[str, int]) -> KVCacheType:
             f"got {len(dims)} dims",
             node.span,
         )
-    return KVCacheType(dims, dtype, tuple(policies))
+    return KVCacheType(dims, dtype, policies)
 
 
 def _arg_text(arg: ast.Expr) -> str:

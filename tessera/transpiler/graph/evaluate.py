@@ -26,6 +26,7 @@ from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .kvcache import check_append, check_not_attended
 from .opcall import OpCall, OpSpec, SemanticError, bind
+from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
 from .tile_ops import TILE_DIMS
 from .tile_sizes import check_size_as_number
@@ -43,6 +44,7 @@ from .values import (
     Poison,
     ScheduleValue,
     ShapeValue,
+    StateValue,
     describe,
 )
 
@@ -129,7 +131,15 @@ class Evaluator:
 
     def lookup(self, name: str, span: Span) -> Any:
         if self.function is not None and name in self.function.env:
-            return self.function.env[name]
+            value = self.function.env[name]
+            if isinstance(value, StateValue) and id(value) in self.function.donated:
+                where = self.function.donated[id(value)]
+                raise SemanticError(
+                    f"'{name}' was updated by the fused_adam at line {where.line}, which "
+                    "donated its arrays: use the state that call returned",
+                    span,
+                )
+            return value
         if name in self.owner.globals:
             return self.owner.globals[name]
         if name in CONSTANTS:
@@ -296,6 +306,8 @@ class Evaluator:
                 f"'{node.op}' is not supported on {describe(a)} and {describe(b)}", node.span
             )
         values = [v for v in (a, b) if isinstance(v, Value)]
+        if isinstance(a, DimValue) or isinstance(b, DimValue):
+            _refuse_run_time_size(node, left, right)
         left, right = (self._size_as_number(ev, values, node.span) for ev in (left, right))
         if node.op in ("/", "//", "%") and is_number(right.value) and right.value.value == 0:
             # as when both sides are numbers: a constant zero divisor is a mistake, not inf
@@ -456,6 +468,15 @@ class Evaluator:
             return self._namespace_attr(v, attr, node.span)
         if isinstance(v, Value):
             return self._value_attr(base, attr, node.span)
+        if isinstance(v, StateValue):
+            if attr not in v.type.fields:
+                hint = "" if attr != "master" else " (it is declared without @fp32_master)"
+                raise SemanticError(
+                    f"{v.type} has no attribute '{attr}'{hint}; it has "
+                    f"{', '.join(v.type.fields)}",
+                    node.span,
+                )
+            return v.field(attr)
         if isinstance(v, ScheduleValue):
             if attr not in SCHEDULE_METHODS:
                 raise SemanticError(
@@ -562,6 +583,12 @@ class Evaluator:
         v = base.value
         if isinstance(v, Poison):
             return POISON
+        if (
+            isinstance(v, ShapeValue)
+            and len(node.index) == 1
+            and isinstance(node.index[0], ast.Slice)
+        ):
+            return ShapeValue(v.dims[self._shape_slice(node.index[0])])
         if isinstance(v, (ShapeValue, Const)) and len(node.index) == 1:
             index = self.eval(node.index[0]) if not isinstance(node.index[0], ast.Slice) else None
             items = v.dims if isinstance(v, ShapeValue) else v.value
@@ -577,6 +604,22 @@ class Evaluator:
         if isinstance(v, Value) and isinstance(v.type, (TensorType, TileType)):
             return self._indexed(node, v)
         raise SemanticError(f"{describe(v)} cannot be indexed", node.span)
+
+    def _shape_slice(self, item: ast.Slice) -> slice:
+        """``x.shape[1:]``, ``x.shape[:-1]``: a slice of a shape, as Python slices a
+        tuple, with integer bounds and step known at compile time."""
+        bounds = []
+        for part in (item.lower, item.upper, item.step):
+            if part is None:
+                bounds.append(None)
+                continue
+            value = self.eval(part).value
+            if not is_int(value):
+                raise SemanticError("a shape is sliced by integers", part.span)
+            bounds.append(value.value)
+        if bounds[2] == 0:
+            raise SemanticError("a slice step cannot be zero", item.span)
+        return slice(*bounds)
 
     def _indexed(self, node: ast.Subscript, v: Value) -> Value:
         """``x[...]`` of a tensor or tile: ``None`` is a new axis of one element, ``:``
@@ -742,6 +785,14 @@ class Evaluator:
         ):
             return POISON
         ref = callee.value
+        state = next((a for a in [*args, *(k[1] for k in keywords)]
+                      if isinstance(a.value, StateValue)), None)  # fmt: skip
+        if state is not None and isinstance(ref, (FunctionRef, GradRef, CheckpointRef)):
+            raise SemanticError(
+                f"{callee.text}(): passing an OptimizerState to another function is not "
+                "supported yet; pass its tensors (state.m, state.v, state.master)",
+                state.span,
+            )
         if isinstance(ref, FunctionRef):
             return self.function.call_function(ref.node, args, keywords, node.span)
         if isinstance(ref, GradRef):
@@ -814,6 +865,17 @@ class Evaluator:
                 )
             args = [ref.receiver, *args]
         spec = GRAPH_OPS[name]
+        if state is not None:
+            if name != "fused_adam":
+                raise SemanticError(
+                    f"{callee.text} takes tensors; an OptimizerState is updated by fused_adam, "
+                    "and its tensors are state.m, state.v (and state.master)",
+                    state.span,
+                )
+            self.function.check_level(spec, node.span, callee.text)
+            updated = adam_on_state(self, spec, args, keywords, node.span, callee.text)
+            self.function.donated[id(state.value)] = node.span
+            return updated
         result = self.call_op(spec, args, keywords, node.span, callee.text)
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
             self.function.attach(result, ("schedule", ref.receiver.spec))
@@ -990,3 +1052,17 @@ def is_number(v: Any) -> bool:
 
 def is_int(v: Any) -> bool:
     return isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool)
+
+
+def _refuse_run_time_size(node: ast.BinOp, left: Ev, right: Ev) -> None:
+    """``E // heads`` with ``heads: int`` a parameter: a size that only the call would
+    know, which no shape can have; the error says how to give it at compile time."""
+    size, other = (left, right) if isinstance(left.value, DimValue) else (right, left)
+    v = other.value
+    if isinstance(v, Value) and isinstance(v.type, ScalarType) and v.type.kind == "int":
+        raise SemanticError(
+            f"{print_expr(node)}: '{other.text}' is an int known only when the function is "
+            f"called, so this is no size a shape can have; give it at compile time (a "
+            f"top-level constant, HEADS = 4), or write float({size.text}) to compute in floats",
+            node.span,
+        )

@@ -26,6 +26,7 @@ __all__ = [
     "Guard",
     "Group",
     "Param",
+    "StateSlot",
     "Function",
     "GraphModule",
     "new_value",
@@ -135,6 +136,21 @@ class Param:
 
 
 @frozen
+class StateSlot:
+    """Which of a function's flattened tensors make up an ``OptimizerState``: the
+    ``count`` parameters named ``<name>_<field>`` of the state parameter ``name``, or
+    the ``count`` results from ``result`` on (then ``name`` is empty). ``param`` is the
+    parameter the state belongs to; ``fp32_master`` whether its first tensor is the f32
+    master copy."""
+
+    name: str
+    param: str
+    fp32_master: bool
+    count: int
+    result: int | None = None
+
+
+@frozen
 class Function:
     name: str
     #: "graph" (ops on tensors), "tile" (a tile kernel) or "declaration" (body ``...``).
@@ -157,6 +173,8 @@ class Function:
     shards: tuple[Any, ...] = ()
     #: the returned expression, where the distribution pass reports a result's layout
     return_span: Span | None = field(default=None, compare=False, repr=False)
+    #: The ``OptimizerState`` parameters and results, flattened into tensors.
+    states: tuple[StateSlot, ...] = ()
 
 
 @frozen

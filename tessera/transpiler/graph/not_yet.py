@@ -15,10 +15,9 @@ __all__ = ["NOT_YET", "not_yet"]
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
     "@rolling_window": "compiled code does not append; tessera.KVCache(window=W) keeps the ring",
-    "@device": "the cache lives where the target's tensors do",
-    "@paged": "the cache is one contiguous tensor",
-    "@checkpointable": "the cache is not checkpointed",
-    "@fp32_master": "no f32 master copy is kept",
+    "@device": "the state lives where the target's tensors do",
+    "@paged": "the state is held in contiguous tensors",
+    "@checkpointable": "the state is not checkpointed",
     "with device(...)": "the code runs on the device of the target it is compiled for",
     "with prefetch(...)": "the schedule's pipeline stages decide what is loaded ahead",
     "vector=": "the schedule's vector width decides how loads are vectorized",

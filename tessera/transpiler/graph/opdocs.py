@@ -61,7 +61,8 @@ _VALUES = """\
 
 | expression | meaning |
 |---|---|
-| `x.shape` | the dims of a tensor or tile; `x.shape[i]` is one size |
+| `x.shape` | the dims of a tensor or tile; `x.shape[i]` is one size, `x.shape[1:]` a \
+slice of them, and `B, S, E = x.shape` unpacks them as a tuple does |
 | `x.dtype` | its dtype |
 | `x.T` | `transpose(x)` (`tile.transpose` for a tile) |
 | `x.transpose(2, 0, 1)`, `x.transpose((2, 0, 1))`, `x.permute(2, 0, 1)` | \

@@ -47,7 +47,11 @@ def _fused_adam(call: OpCall) -> object:
     training's ``@fp32_master``): the step updates it, in f32, with f32 moments (``grad``
     has param's dims, in param's dtype or f32, and is widened), and returns ``(param,
     master, exp_avg, exp_avg_sq)``, ``param`` the new master rounded to its dtype (the
-    library's ``fused_adam_master`` is the same step in one pass, in place)."""
+    library's ``fused_adam_master`` is the same step in one pass, in place).
+
+    ``fused_adam(param, grad, state, *, lr, step, ...)`` takes an ``OptimizerState[param]``
+    (``@fp32_master`` or not) in place of the moments and ``master=``, and returns
+    ``(param, state)`` updated (``docs/autodiff.md``)."""
     param, grad, m, v = (call.tensor(name) for name in _TENSORS)
     if not param.type.dtype.is_float:
         raise call.error(f"'param' must be a float tensor, not {param.type}", at="param")

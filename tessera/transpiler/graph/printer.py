@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..frontend.printer import format_float
-from .ir import Block, Function, GraphModule, Op, Value, walk
+from .ir import Block, Function, GraphModule, Op, StateSlot, Value, walk
 
 __all__ = ["print_graph", "value_names", "name_values", "OpPrinter", "format_attr"]
 
@@ -45,6 +45,16 @@ def format_attr(value: Any) -> str:
 def _shard_text(spec: tuple[str | None, ...] | None) -> str:
     """`` shard(dp, none)`` for a tensor split over a mesh; nothing for a whole one."""
     return f" shard({', '.join(a or 'none' for a in spec)})" if spec else ""
+
+
+def _state_text(state: StateSlot) -> str:
+    """An ``OptimizerState`` parameter or result, and the tensors that make it up."""
+    master = " @fp32_master" if state.fp32_master else ""
+    if state.result is None:
+        where = f"param {state.name}"
+    else:
+        where = f"result {state.result}..{state.result + state.count - 1}"
+    return f"state {where} : OptimizerState[{state.param}]{master}"
 
 
 def value_names(function: Function) -> dict[int, str]:
@@ -170,6 +180,8 @@ class _FunctionPrinter(OpPrinter):
             )
         if f.result_type is not None:
             out.append(f"  result : {f.result_type}{_shard_text(next(shards, None))}")
+        for state in f.states:
+            out.append(f"  {_state_text(state)}")
         for guard in f.guards:
             where = f"  at {guard.span.line}:{guard.span.column}" if guard.span is not None else ""
             out.append(f"  guard {guard}  // {guard.reason}{where}")

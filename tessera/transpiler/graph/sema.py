@@ -19,7 +19,7 @@ from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
-from . import loss_scale, optim, quant  # noqa: F401  (they register their graph ops)
+from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
 from .annotations import resolve_result, resolve_type, unimplemented_policies
 from .autodiff import Region
 from .custom_rules import CUSTOM_RULES, custom_region, custom_rule
@@ -36,6 +36,7 @@ from .ir import (
     Guard,
     Op,
     Param,
+    StateSlot,
     Value,
     new_value,
     result_names,
@@ -48,6 +49,7 @@ from .tile_ops import range_extent
 from .tile_sizes import head_dim_values
 from .types import (
     BlockType,
+    OptimizerStateType,
     ScalarType,
     TensorType,
     TileType,
@@ -66,10 +68,15 @@ from .values import (
     OpRef,
     Poison,
     ScheduleValue,
+    ShapeValue,
     describe,
 )
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
+
+#: The most iterations a graph function's loop unrolls to: beyond, the program would be
+#: better written as one tensor operation than as that many copies of its body.
+_MOST_UNROLLED = 256
 
 #: Decorators a function may carry, and the keywords each accepts (None: no call).
 KERNEL_DECORATORS: dict[str, tuple[str, ...] | None] = {
@@ -152,6 +159,13 @@ class _ModuleAnalyzer:
                         functions.append(function)
                         clean = self.diags.error_count == errors
                         if clean and "autodiff" in (d.name for d in stmt.decorators):
+                            if function.states:
+                                raise SemanticError(
+                                    f"@autodiff of '{stmt.name}', which takes an "
+                                    "OptimizerState: differentiate the loss, and update the "
+                                    "state in the step that calls grad(loss)",
+                                    stmt.span,
+                                )
                             modes = ("vjp", "jvp") if forward_mode(stmt) else ("vjp",)
                             for mode in modes:
                                 made = differentiated(_FunctionAnalyzer(self, stmt), function, mode)
@@ -287,6 +301,10 @@ class _FunctionAnalyzer:
         #: reductions without ``axis=`` that reduced every axis, with the dims the old
         #: default (the last axis) gave, for the error at a result declared so
         self.every_axis: list[tuple[tuple[Dim, ...], Span]] = []
+        #: the OptimizerState parameters and results, as the function's ``states`` keeps
+        #: them; and the states an update consumed, by id, with the update's span
+        self.states: list[StateSlot] = []
+        self.donated: dict[int, Span] = {}
 
     # -- calls of the file's other functions -----------------------------------------
 
@@ -409,8 +427,10 @@ class _FunctionAnalyzer:
                 result_type = resolve_result(node.returns, self.defines)
                 self._warn_unimplemented(node.returns)
                 result_type = self._local_result(node.returns, result_type)
+                result_type = _flat_result(self._bound_result(result_type, node.returns))
             except SemanticError as exc:
                 self.diags.error(exc.message, exc.span, exc.notes)
+                result_type = None
         for t in result_type if isinstance(result_type, tuple) else (result_type,):
             self._packed_guard(t, "the result", node.returns.span if node.returns else node.span)
         body = tuple(s for s in node.body if not _is_docstring(s, node.body))
@@ -441,7 +461,7 @@ class _FunctionAnalyzer:
             tuple(self.guards), decorators, span=node.span,
             schedule=self.schedule, schedule_span=self.schedule_span,
             mesh=self.mesh, shards=tuple(self.shards) if self.mesh else (),
-            return_span=self.return_span,
+            return_span=self.return_span, states=tuple(self.states),
         )  # fmt: skip
         return function
 
@@ -611,6 +631,8 @@ class _FunctionAnalyzer:
     def _params(self) -> tuple[Param, ...]:
         params: list[Param] = []
         bare: set[str] = set(self.defines) | self.owner.given
+        #: the OptimizerState parameters, flattened once every parameter's type is known
+        states: list[tuple[int, ast.Param, OptimizerStateType]] = []
         for p in self.node.params:
             if p.annotation is None:
                 self.diags.error(
@@ -622,6 +644,9 @@ class _FunctionAnalyzer:
             try:
                 t = resolve_type(p.annotation, self.defines)
                 self._warn_unimplemented(p.annotation)
+                if isinstance(t, OptimizerStateType):
+                    states.append((len(params), p, t))
+                    continue
                 t = self._local(p.annotation, t, f"'{p.name}'")
                 default = None if p.default is None else self._default(p, t)
             except SemanticError as exc:
@@ -638,11 +663,67 @@ class _FunctionAnalyzer:
                 if dim.symbol is not None:
                     bare.add(dim.symbol)
                     self.dims.setdefault(dim.symbol, dim)
+        shift = 0  # the tensors of the states before, inserted already
+        for index, p, t in states:
+            tensors = self._state_param(p, t, params)
+            params[index + shift : index + shift] = tensors
+            shift += len(tensors)
         # An int parameter may give a size its value; any other parameter's name is its own.
         others = {p.value.name for p in params if p.value.type != ScalarType("int")}
         for param in params:
             self._check_param_dims(param.value, bare, others)
         return tuple(params)
+
+    def _state_param(self, p: ast.Param, t: OptimizerStateType, params: list[Param]) -> list[Param]:
+        """An ``OptimizerState`` parameter's tensors, as parameters of the Graph IR; the
+        name is bound to the state (``graph.optstate``)."""
+        try:
+            if self.localizer is not None:
+                raise SemanticError(
+                    "an OptimizerState parameter on a mesh is not supported yet", p.span
+                )
+            types = {q.value.name: q.value.type for q in params}
+            t = optstate.bind(t, p.annotation, types, self.node.name)
+            twin = next((s.name for s in self.states if s.param == t.param), None)
+            if twin is not None:
+                raise SemanticError(
+                    f"'{twin}' is the state of '{t.param}' already: a parameter has one "
+                    "OptimizerState, which a returned state is written into",
+                    p.span,
+                )
+            names = optstate.flat_names(p.name, t)
+            taken = [n for n in names if n in {q.name for q in self.node.params}]
+            if taken:
+                raise SemanticError(
+                    f"the state '{p.name}' passes its tensors as {', '.join(names)}, and a "
+                    f"parameter is named '{taken[0]}': rename one",
+                    p.span,
+                )
+        except SemanticError as exc:
+            self.diags.error(exc.message, exc.span, exc.notes)
+            self.env[p.name] = POISON
+            return []
+        values = tuple(new_value(t.field_type(), name, p.span) for name in names)
+        for value in values:
+            self.param_spans[value.id] = (value.name, p.span)
+        self.env[p.name] = optstate.StateValue(t, values)
+        self.states.append(optstate.slot(t, p.name))
+        return [Param(value, p.keyword_only) for value in values]
+
+    def _bound_result(self, declared: Any, node: ast.TypeExpr) -> Any:
+        """The declared result with each ``OptimizerState`` bound to its parameter."""
+        if isinstance(declared, TupleType):
+            items = [a for a in node.args or () if isinstance(a, ast.TypeExpr)]
+            pairs = zip(declared.items, items, strict=True)
+            return TupleType(tuple(self._bound_result(t, a) for t, a in pairs))
+        if not isinstance(declared, OptimizerStateType):
+            return declared
+        types = {}
+        for q in self.node.params:
+            value = self.env.get(q.name)
+            if isinstance(value, (Value, optstate.StateValue)):
+                types[q.name] = value.type
+        return optstate.bind(declared, node, types, self.node.name)
 
     def _default(self, p: ast.Param, t: ValueType) -> bool | int | float:
         """The parameter's default, checked to be a constant of its type."""
@@ -748,6 +829,8 @@ class _FunctionAnalyzer:
                     if isinstance(element, ast.Name):
                         self.env[element.id] = POISON
                 return
+            if isinstance(values, ShapeValue):  # B, S, E = x.shape: one size each
+                values = tuple(DimValue(d) for d in values.dims)
             if not isinstance(values, tuple):
                 raise SemanticError(
                     f"cannot unpack {describe(values)} into {len(target.elts)} names", ev.span
@@ -833,6 +916,7 @@ class _FunctionAnalyzer:
         if any(isinstance(v, Poison) for v in values):
             self.returned = ()
             return
+        values = self._flat_states(values, ev)
         for v in values:
             if not isinstance(v, Value):
                 raise SemanticError(f"a kernel returns tensors, not {describe(v)}", stmt.value.span)
@@ -843,7 +927,7 @@ class _FunctionAnalyzer:
                 "their own",
                 stmt.value.span,
             )
-        declared = self._declared_result()
+        declared = _flat_result(self._declared_result())
         if declared is not None:
             wanted = result_types(declared)
             if len(values) != len(wanted):
@@ -860,12 +944,41 @@ class _FunctionAnalyzer:
         self.returned = tuple(values)
         self.return_span = stmt.value.span
 
+    def _flat_states(self, values: tuple[Any, ...], ev: Ev) -> tuple[Any, ...]:
+        """The returned values with each ``OptimizerState`` as its tensors, checked
+        against the declared result; each returned state is recorded as a slot."""
+        declared = self._declared_result()
+        wanted = result_types(declared) if declared is not None else ()
+        returns = self.node.returns
+        note = (Note("the result type is declared here", returns.span),) if returns else ()
+        flat: list[Any] = []
+        for i, v in enumerate(values):
+            want = wanted[i] if len(wanted) == len(values) else None
+            if isinstance(v, optstate.StateValue):
+                if want is not None and (
+                    not isinstance(want, OptimizerStateType)
+                    or (want.param, want.fp32_master) != (v.type.param, v.type.fp32_master)
+                ):
+                    raise SemanticError(
+                        f"returns {v.type}, but the declared result is {want}", ev.span, note
+                    )
+                self.states.append(optstate.slot(v.type, result=len(flat)))
+                flat.extend(v.values)
+            elif isinstance(want, OptimizerStateType):
+                raise SemanticError(
+                    f"returns {describe(v)}, but the declared result is {want}", ev.span, note
+                )
+            else:
+                flat.append(v)
+        return tuple(flat)
+
     def _declared_result(self) -> ValueType | TupleType | None:
         if self.node.returns is None:
             return None
         try:
             declared = resolve_result(self.node.returns, self.defines)
-            return self._local_result(self.node.returns, declared, record=False)
+            declared = self._local_result(self.node.returns, declared, record=False)
+            return self._bound_result(declared, self.node.returns)
         except SemanticError:
             return None  # already reported
 
@@ -995,6 +1108,49 @@ class _FunctionAnalyzer:
         finally:
             del self.with_attrs[-len(texts) :]
 
+    def _unrolled(self, stmt: ast.For) -> None:
+        """``for i in range(LAYERS):`` in a graph function (or a tile kernel): the body
+        once per number, as a Python trace would run it (JAX's ``jit`` unrolls such a loop
+        too), with ``i`` a number known at compile time. A graph function is a dataflow: a
+        loop whose count only the call would know has no such unrolling, and is refused."""
+        call = stmt.iter
+        if not (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
+            raise SemanticError(
+                "a loop in a graph function runs over range(...) of numbers known at compile "
+                "time, and is unrolled; a loop over blocks belongs in a tile kernel",
+                stmt.iter.span,
+            )
+        if call.keywords or not 1 <= len(call.args) <= 3:
+            raise SemanticError("range takes one to three integers", call.span)
+        bounds = []
+        for arg in call.args:
+            v = self.evaluator.eval(arg).value
+            if isinstance(v, Poison):
+                return
+            if isinstance(v, DimValue) and v.dim.constant is not None:
+                v = Const(v.dim.constant)
+            if not is_int(v):
+                raise SemanticError(
+                    f"a loop in a graph function is unrolled, so its range needs integers "
+                    f"known at compile time, not {describe(v)}",
+                    arg.span,
+                )
+            bounds.append(v.value)
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise SemanticError("range's step cannot be zero", call.args[2].span)
+        numbers = range(*bounds)
+        if len(numbers) > _MOST_UNROLLED:
+            raise SemanticError(
+                f"a loop in a graph function is unrolled, and {len(numbers)} iterations are "
+                f"more than {_MOST_UNROLLED}: write the repeated work as one tensor operation",
+                call.span,
+            )
+        if not isinstance(stmt.target, ast.Name):
+            raise SemanticError("a loop binds one name", stmt.target.span)
+        for number in numbers:
+            self.env[stmt.target.id] = Const(number)
+            self._block(stmt.body)
+
     def _if(self, stmt: ast.If) -> None:
         test = self.evaluator.eval(stmt.test)
         v = test.value
@@ -1044,18 +1200,17 @@ class _FunctionAnalyzer:
             self.env[name] = self._named(result, name)
 
     def _for(self, stmt: ast.For) -> None:
-        if self.kind != "tile":
-            raise SemanticError(
-                "loops belong in tile kernels; a graph function is a dataflow of whole-tensor "
-                "operations",
-                stmt.span,
-            )
+        call = stmt.iter
+        if self.kind != "tile" or (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
+            self._unrolled(stmt)
+            return
         if not isinstance(stmt.target, ast.Name):
             raise SemanticError("a tile loop binds one name", stmt.target.span)
-        call = stmt.iter
         if not (isinstance(call, ast.Call) and print_expr(call.func) == "tile.range_n"):
             raise SemanticError(
-                "a tile loop iterates over tile.range_n(extent, block)", stmt.iter.span
+                "a tile loop iterates over tile.range_n(extent, block), or over range(...) "
+                "of numbers known at compile time, which is unrolled",
+                stmt.iter.span,
             )
         spec = GRAPH_OPS["tile.range_n"]
         args = [self.evaluator.eval(a) for a in call.args]
@@ -1103,6 +1258,18 @@ class _FunctionAnalyzer:
         )
         for name, result in zip(carried, results, strict=True):
             self.env[name] = self._named(result, name)
+
+
+def _flat_result(declared: Any) -> Any:
+    """A declared result with each ``OptimizerState`` as its tensors: what the Graph IR
+    returns."""
+    items = result_types(declared)
+    if not any(isinstance(t, OptimizerStateType) for t in items):
+        return declared
+    flat = []
+    for t in items:
+        flat.extend([t.field_type()] * len(t.fields) if isinstance(t, OptimizerStateType) else [t])
+    return TupleType(tuple(flat))
 
 
 def _is_device(node: ast.Expr) -> bool:

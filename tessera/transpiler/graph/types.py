@@ -18,6 +18,7 @@ __all__ = [
     "ScalarType",
     "TileType",
     "KVCacheType",
+    "OptimizerStateType",
     "BlockType",
     "ContextType",
     "ValueType",
@@ -108,6 +109,33 @@ class KVCacheType:
             inside = f"<{dims_text(self.dims)}, {self.dtype}>"
         policies = "".join(f" {p}" for p in self.policies)
         return f"kvcache{inside}{policies}"
+
+
+@frozen
+class OptimizerStateType:
+    """``OptimizerState[w] @fp32_master``: the Adam state of the parameter ``w``, which
+    ``fused_adam`` updates. It is no Graph IR value: analysis flattens it into its
+    tensors (``fields``), the f32 master copy first where ``@fp32_master`` keeps one,
+    then the moments ``m`` and ``v``, each of the parameter's dims. The moments are f32
+    with a master and in the parameter's dtype without one, as ``fused_adam`` takes
+    them. ``tensor`` is the parameter's type once the annotation is bound to it."""
+
+    param: str
+    fp32_master: bool
+    policies: tuple[str, ...] = ()
+    tensor: TensorType | None = None
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return ("master", "m", "v") if self.fp32_master else ("m", "v")
+
+    def field_type(self) -> TensorType:
+        """The type of each of the state's tensors (all share it)."""
+        assert self.tensor is not None, "bound to its parameter first"
+        return TensorType(self.tensor.dims, F32 if self.fp32_master else self.tensor.dtype)
+
+    def __str__(self) -> str:
+        return f"OptimizerState[{self.param}]" + "".join(f" {p}" for p in self.policies)
 
 
 @frozen

@@ -19,6 +19,7 @@ from .dims import Dim
 from .dtypes import DType
 from .ir import Value
 from .schedule_spec import ScheduleSpec
+from .types import OptimizerStateType
 
 __all__ = [
     "Const",
@@ -30,6 +31,7 @@ __all__ = [
     "OpRef",
     "FunctionRef",
     "GradRef",
+    "StateValue",
     "Poison",
     "POISON",
     "Ev",
@@ -106,6 +108,18 @@ class GradRef:
     remat: str = "everything"
 
 
+@frozen
+class StateValue:
+    """An ``OptimizerState`` during analysis (``graph.optstate``): its type, bound to its
+    parameter, and its tensors in the type's ``fields`` order."""
+
+    type: OptimizerStateType
+    values: tuple[Value, ...]
+
+    def field(self, name: str) -> Value:
+        return self.values[self.type.fields.index(name)]
+
+
 class Poison:
     """The value of an expression that already produced an error."""
 
@@ -164,4 +178,6 @@ def describe(value: Any) -> str:
         return f"the gradient of '{value.node.name}'"
     if isinstance(value, OpRef):
         return f"the function '{value.name.removeprefix('stdlib.')}'"
+    if isinstance(value, StateValue):
+        return str(value.type)
     return "a value"

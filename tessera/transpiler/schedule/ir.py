@@ -15,7 +15,7 @@ from dataclasses import field
 from ...frozen import frozen
 from ..frontend.source import Span
 from ..graph.dims import Dim
-from ..graph.ir import Guard
+from ..graph.ir import Guard, StateSlot
 from ..graph.types import TensorType, ValueType
 
 __all__ = ["GridDim", "Launch", "Buffer", "HostProgram", "ScheduleModule"]
@@ -118,6 +118,9 @@ class HostProgram:
     #: The buffers a backward pass reads of the forward's values, by name; None for a
     #: function without a backward pass.
     saved: tuple[str, ...] | None = None
+    #: The ``OptimizerState`` parameters and results among the inputs and results
+    #: (``graph.ir.StateSlot``): a runtime takes and returns a state object for them.
+    states: tuple[StateSlot, ...] = ()
 
 
 @frozen

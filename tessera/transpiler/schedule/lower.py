@@ -158,7 +158,7 @@ class _Scheduler:
         if f.kind == "declaration":
             return HostProgram(
                 f.name, f.kind, inputs, results, (), span=f.span, defaults=defaults,
-                keyword_only=keyword_only, types=types,
+                keyword_only=keyword_only, types=types, states=f.states,
             )  # fmt: skip
         launches = []
         writer: dict[int, int] = {}
@@ -173,6 +173,7 @@ class _Scheduler:
             f.name, f.kind, inputs, results, tuple(launches),
             buffers, tuple(self.guards), span=f.span, defaults=defaults,
             keyword_only=keyword_only, types=types, saved=self._saved(buffers),
+            states=f.states,
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:

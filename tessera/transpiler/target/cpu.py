@@ -21,8 +21,8 @@ from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim, names_used, param_name
 from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
-from .cpu_mpi import Collectives, mesh_meta
-from .entry import entry_params, kernel_sizes, signature_meta, symbols, written
+from .cpu_mpi import Collectives
+from .entry import entry_params, kernel_sizes, mesh_meta, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
 from .render import environment, header

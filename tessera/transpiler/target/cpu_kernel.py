@@ -1152,7 +1152,7 @@ class _Emitter:
         rows, n = (self.c(d) for d in self.shape(p.type))
         d = self.c(self.shape(v.type)[1])
         # p @ v: rows x keys times keys x d, so the live (m, n, k) are (rows, d, keys)
-        _, d_live, n_live = self._live(op, (rows, d, n)) or (rows, d, n)
+        m_live, d_live, n_live = self._live(op, (rows, d, n)) or (rows, d, n)
         rounding = ROUND.get(v.type.dtype.name)
         round_p = (
             f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
@@ -1166,7 +1166,7 @@ class _Emitter:
             scratch = self.namer.fresh(*((p.name, "p") if online else ("p_scaled",)))
             self.storage.append((scratch, p.type))
             self.private.add(scratch)
-        sizes = f"{rows}, {n}, {d}, {n_live}, {d_live}, {scratch}"
+        sizes = f"{rows}, {n}, {d}, {m_live}, {n_live}, {d_live}, {scratch}"
         values = f"{self.name(v)}, {self.strides.get(v.id, d)}"
         if s is not None:
             self.line(f"tsr::attend({', '.join(state)}, {self.name(s)}, {values}, {sizes}, "

@@ -10,7 +10,6 @@ process, as MPI_Comm_split requires) and kept; the collectives themselves are
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ..graph.collectives import collective_of
 from ..graph.dims import Dim
@@ -21,7 +20,7 @@ from .cexpr import c_dim
 from .cpu_kernel import C_TYPES
 from .naming import Namer
 
-__all__ = ["Collectives", "mesh_meta"]
+__all__ = ["Collectives"]
 
 
 def _product(dims: tuple[Dim, ...]) -> Dim:
@@ -123,14 +122,3 @@ class Collectives:
             f"  tsr::mpi::all_reduce_buckets<{ctype}>(in, out, counts, {len(srcs)}, "
             f"{how}, {self.mesh.bucket_mb}ll << 20, {comm});",
         ]
-
-
-def mesh_meta(function: Function | None) -> dict[str, Any]:
-    """What the runtime checks of a mesh function: the mesh, and each parameter's and
-    the result's shard spec."""
-    if function is None or function.mesh is None:
-        return {}
-    mesh = function.mesh
-    return {"mesh": {"axes": [[name, n] for name, n in mesh.axes],
-                     "deterministic": mesh.deterministic,
-                     "shards": [list(s) if s else None for s in function.shards]}}  # fmt: skip

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..graph.ir import Guard, result_names, walk
+from ..graph.ir import Function, Guard, StateSlot, result_names, walk
 from ..graph.types import ScalarType, TensorType
 from ..tile.ir import TileKernel, TileProgram
 
 __all__ = [
     "signature_items", "symbols", "kernel_sizes", "entry_params", "written", "signature_meta",
+    "mesh_meta",
 ]  # fmt: skip
 
 
@@ -104,13 +105,27 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
                 params[-1]["default"] = defaults[name]
         if name in keyword_only:
             params[-1]["keyword_only"] = True
-    return {
+    meta = {
         "name": program.host.function,
         "params": params,
         "dims": list(symbols([t for _, t in entry_params(program)])),
         "results": [p["name"] for p in params if p["name"] in results],
         "guards": [_guard_meta(g) for g in program.host.guards],
     }  # fmt: skip
+    if program.host.states:
+        meta["states"] = [_state_meta(s) for s in program.host.states]
+    return meta
+
+
+def _state_meta(state: StateSlot) -> dict[str, Any]:
+    """An ``OptimizerState`` parameter (its name) or result (the index of its first
+    tensor among the results), as the metadata holds it: which tensors make it up."""
+    meta = {"param": state.param, "fp32_master": state.fp32_master, "count": state.count}
+    if state.result is None:
+        meta["name"] = state.name
+    else:
+        meta["result"] = state.result
+    return meta
 
 
 def _guard_meta(g: Guard) -> dict[str, str]:
@@ -119,3 +134,14 @@ def _guard_meta(g: Guard) -> dict[str, str]:
     if g.kind == "indices":
         meta["tensor"] = g.tensor
     return meta
+
+
+def mesh_meta(function: Function | None) -> dict[str, Any]:
+    """What the runtime checks of a mesh function, on every target: the mesh, and each
+    parameter's and the result's shard spec."""
+    if function is None or function.mesh is None:
+        return {}
+    mesh = function.mesh
+    return {"mesh": {"axes": [[name, n] for name, n in mesh.axes],
+                     "deterministic": mesh.deterministic,
+                     "shards": [list(s) if s else None for s in function.shards]}}  # fmt: skip

@@ -23,9 +23,8 @@ from ..schedule.hardware import Hardware, hardware_for
 from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .cexpr import c_dim, names_used, param_name
-from .cpu_mpi import mesh_meta
 from .cuda_nccl import nccl_host_code, nccl_meta
-from .entry import kernel_sizes, signature_meta
+from .entry import kernel_sizes, mesh_meta, signature_meta
 from .header import C_SYMBOL, needed
 from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
 from .render import environment

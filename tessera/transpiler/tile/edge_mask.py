@@ -13,7 +13,8 @@ is negative, and ``exp`` turns zero padding into ones. The pass
    for max and online softmax, ``0`` for sums and the ``p @ v`` product);
 4. gives every dot, mma and ``softmax_accumulate`` the ``live`` corner of its
    product: the rows, columns and reduction steps that zero padding does not
-   cover, which a backend may limit its loops to.
+   cover, which a backend may limit its loops to (for ``softmax_accumulate``, the
+   rows before any row padding: its padded rows come out as anything).
 """
 
 from __future__ import annotations
@@ -253,11 +254,16 @@ class _Masker:
         return [*ops, op]
 
     def op_softmax_accumulate(self, op: Op) -> list[Op]:
+        """The state's rows past an edge of ``p`` or ``acc`` are padding, zero or not: each
+        row of the result depends on its own row alone and comes out as anything, so the
+        live rows stop there, and a backend may leave the padded rows' state as it was
+        (a decode step's 4 live query rows of a 128-row block then cost 4 rows, not 128)."""
         ops, op = self._reduce(op, 3, 1, 0.0)
         p, v = self.state(op.operands[3]), self.state(op.operands[4])
-        op = _with_live(op, a_rows=p[0], b_cols=v[1], depth=(p[1], v[0]))
         rows = _join(self.state(op.operands[0])[0], self.state(op.operands[3])[0])
         rows = rows.dirty() if rows else None
+        edge = Pad(True, rows.offset, rows.extent) if rows else None
+        op = _with_live(op, a_rows=edge, b_cols=v[1], depth=(p[1], v[0]))
         cols = self.state(op.operands[4])[1]
         self.pads[op.results[0].id] = (rows, cols)
         self.pads[op.results[1].id] = (rows,)

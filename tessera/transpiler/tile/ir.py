@@ -217,7 +217,9 @@ class Live:
     ``m``, columns of ``b`` past ``n`` and the reduction past ``k`` add nothing: a
     backend may skip them (the result there is the accumulator, or zero). Each bound is
     a run-time expression, clamped to the tile; None means the whole tile. A head dim
-    of 64 under a 128-wide tile does half the work this way.
+    of 64 under a 128-wide tile does half the work this way. ``softmax_accumulate``'s
+    ``m`` also stops at rows of ``p`` padded with anything: its padded rows are
+    anything, so a backend may leave their state as it was.
     """
 
     m: Dim | None
