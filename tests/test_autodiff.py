@@ -52,6 +52,17 @@ def _unary(x: Any) -> Any:
     return a + torch.sin(x) * torch.cos(x * 2)
 
 
+def _unary_math(x: Any) -> Any:
+    a = torch.tan(x * 0.5) + torch.exp2(x) + torch.log2(x * x + 0.5) + torch.log1p(x * x)
+    return a + torch.expm1(x) + torch.erf(x)
+
+
+def _unary_compositions(x: Any) -> Any:
+    a = F.softplus(x * 15) + F.softplus(x, beta=2.0) + F.leaky_relu(x, 0.1) + F.elu(x * 3, 0.5)
+    b = x.square() + (x * x + 1).reciprocal() + x.clip(-0.5) + torch.ones_like(x) * x
+    return a + b + torch.full_like(x, 2.0) + torch.where(x.isfinite(), x, torch.zeros_like(x))
+
+
 def _fused_qkv(x: Any) -> Any:
     q, k, v = x.reshape(x.shape[0], 3, 2, -1).permute(1, 2, 0, 3)
     return F.scaled_dot_product_attention(q, k, v) + q * 0.5
@@ -66,6 +77,15 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         lambda x, y, w, b: (x * w + b) / (y * y + 1) - x + 2 * y,
     ),
     "unary": ((("x", "RC"),), _unary),
+    "unary_math": ((("x", "RC"),), _unary_math),
+    "unary_compositions": ((("x", "RC"),), _unary_compositions),
+    "variance": (
+        (("x", "RC"),),
+        lambda x: (
+            x.var(-1, keepdim=True, correction=0) + torch.logsumexp(x * 2, -1, keepdim=True),
+            x.std(0),
+        ),
+    ),
     "remainder": (
         (("x", "RC"), ("y", "RC")),
         lambda x, y: torch.remainder(x * 3 + 20, y * y + 5) + x,
@@ -255,7 +275,9 @@ def assert_finite_differences(
 
 @needs_gxx
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.func imports torch.jit
-@pytest.mark.parametrize("name", ["arith", "norms", "product", "softmaxes"])
+@pytest.mark.parametrize(
+    "name", ["arith", "norms", "product", "softmaxes", "unary_math", "unary_compositions"]
+)
 def test_jvp_matches_torch(lib: Any, name: str) -> None:
     """``F_jvp``: ``F``'s results, then their tangents along one tangent per input."""
     rng = np.random.default_rng(len(name))
@@ -370,6 +392,16 @@ COMPOSITE = {
     "cast_like": ("cast",), "clamp": ("maximum", "minimum"), "min": ("neg", "max"),
     "residual": ("add", "dropout"), "fused_adam": ("add", "sub", "mul", "div", "sqrt"),
     "quantize": ("div", "round", "maximum", "minimum", "cast"), "dequantize": ("cast", "mul"),
+    "clip": ("where", "maximum", "minimum"), "softplus": ("where", "log1p", "exp", "minimum"),
+    "leaky_relu": ("where", "mul"), "elu": ("where", "expm1", "minimum", "mul"),
+    "square": ("mul",), "reciprocal": ("div",), "sign": ("where", "mul"),
+    "isnan": ("not_equal",), "isinf": ("equal", "abs"), "isfinite": ("less", "abs"),
+    "zeros_like": ("where", "cast"), "ones_like": ("where", "cast"),
+    "full_like": ("where", "cast"), "logsumexp": ("logsumexp_safe",),
+    "var": ("mean", "sub", "mul", "sum", "div", "cast"), "std": ("mean", "sub", "mul", "sum",
+    "div", "cast", "sqrt"),
+    "argmax": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
+    "argmin": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

@@ -54,6 +54,18 @@ def test_floor_division_and_remainder_are_bounded_by_their_divisor() -> None:
     assert len(found) == 1 and "may reach [-200, 200]" in found[0][1], found
 
 
+def test_increasing_functions_map_the_ends_of_their_ranges() -> None:
+    """``floor``, ``ceil``, ``erf``, ``expm1``, ``log2`` and ``log1p`` of a range are the
+    functions of its ends, inside their domains; outside (``log1p`` of a range reaching
+    -1), the result is unbounded and the declared range cannot be cleared."""
+    body = ("    return ceil(x * 0.5) + floor(x * 0.25) + erf(x) + expm1(x * 0.01)"
+            " + log2(x * x + 1.0)\n")  # fmt: skip
+    assert _findings(_function(body)) == []
+    assert _findings(_function("    return log1p(x * 0.001) + exp2(x * 0.01)\n")) == []
+    found = _findings(_function("    return log1p(x)\n"))
+    assert len(found) == 1 and "may reach [-inf, inf]" in found[0][1], found
+
+
 def test_cancellation_when_stable() -> None:
     body = ("    v = mean(x * x, axis=-1) - mean(x, axis=-1) * mean(x, axis=-1)\n"
             "    return tanh(x - mean(x, axis=-1)[:, None] + v[:, None])\n")  # fmt: skip

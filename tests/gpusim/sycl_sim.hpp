@@ -44,6 +44,12 @@ inline float cos(float x) { return std::cos(x); }
 inline float fabs(float x) { return std::fabs(x); }
 inline float rint(float x) { return std::rint(x); }
 inline float floor(float x) { return std::floor(x); }
+inline float ceil(float x) { return std::ceil(x); }
+inline float log2(float x) { return std::log2(x); }
+inline float log1p(float x) { return std::log1p(x); }
+inline float expm1(float x) { return std::expm1(x); }
+inline float erf(float x) { return std::erf(x); }
+inline float tan(float x) { return std::tan(x); }
 inline float fmod(float x, float y) { return std::fmod(x, y); }
 inline float copysign(float x, float y) { return std::copysign(x, y); }
 inline float pow(float x, float y) { return std::pow(x, y); }

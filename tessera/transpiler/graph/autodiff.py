@@ -250,6 +250,7 @@ def _unary(derivative: Callable[[Builder, Value, Value], Any]) -> Rule:
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
 def _gelu_derivative(b: Builder, x: Value, _: Value) -> Value:
@@ -278,7 +279,21 @@ VJP_RULES.update({
     "silu": _unary(_silu_derivative),
     "sin": _unary(lambda b, x, y: b("cos", x)),
     "cos": _unary(lambda b, x, y: b("neg", b("sin", x))),
+    "tan": _unary(lambda b, x, y: b("add", b("mul", y, y), 1.0)),
+    "exp2": _unary(lambda b, x, y: b("mul", y, math.log(2.0))),
+    "log2": _unary(lambda b, x, y: b("div", 1.0 / math.log(2.0), x)),
+    "log1p": _unary(lambda b, x, y: b("div", 1.0, b("add", x, 1.0))),
+    "expm1": _unary(lambda b, x, y: b("add", y, 1.0)),
+    "erf": _unary(lambda b, x, y: b("mul", b("exp", b("neg", b("mul", x, x))), _TWO_OVER_SQRT_PI)),
 })  # fmt: skip
+
+
+@_rule("floor", "ceil")
+def _stepwise(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
+    """Zero: the derivative wherever there is one, and PyTorch's at the steps too, so no
+    cotangent flows back. (``round`` is an error instead, which predates these: code
+    ported from PyTorch differentiates through ``floor`` and expects zero.)"""
+    return [(op.operands[0], None)]
 
 
 @_rule("relu")
@@ -698,7 +713,7 @@ _NO_RULE: Any = object()
 #: Ops whose results carry no gradient, whatever their operands.
 CONSTANT_OPS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
                        "logical_and", "logical_or", "logical_not", "dim_to_float",
-                       "all_finite"})  # fmt: skip
+                       "all_finite", "index_along"})  # fmt: skip
 
 #: The ops with floating-point results that have no gradient rule, why, and what to
 #: write instead: differentiating through one is an error at its line.

@@ -84,7 +84,9 @@ _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%":
 _METHODS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round",
     "sin", "cos", "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe",
-    "log_softmax", "logsumexp_safe",
+    "log_softmax", "logsumexp_safe", "floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf",
+    "tan", "clip", "square", "reciprocal", "sign", "isnan", "isinf", "isfinite", "logsumexp",
+    "var", "std", "argmax", "argmin",
 )  # fmt: skip
 
 

@@ -13,16 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import BOOL, F32, DType, accumulator, promote, saturation_error
+from .dtypes import BOOL, F32, I32, DType, accumulator, promote, saturation_error
 from .ir import Op, Value
 from .opcall import OpCall, OpSpec, P
 from .types import ScalarType, TensorType, TileType, dims_text
-from .values import Const, DimValue, Ev, describe
+from .values import Const, DimValue, DTypeRef, Ev, describe
 
 __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
     "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask", "DRAWN",
+    "C_MATH",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -34,6 +35,11 @@ COMPARISONS = {
 #: ``and``, ``or`` and ``not`` of masks, and the ops they are: each gives a mask.
 LOGICAL = {"and": "logical_and", "or": "logical_or", "not": "logical_not"}
 
+#: The unary math that C's ``<math.h>`` has under the op's own name: each backend calls
+#: its library's function (``floorf`` in CUDA and HIP, ``floor`` in OpenCL C, ``sycl::floor``,
+#: ``std::floor`` on the CPU).
+C_MATH = ("floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf", "tan")
+
 #: The elementwise math a kernel computes on each element of a tile, wherever it is
 #: fused (before or after a library kernel's op, or alone): arithmetic, the extremes,
 #: the unary math, casts, comparisons and ``where``. Fusion, canonicalization and the
@@ -42,14 +48,15 @@ ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "neg", "exp",
     "log", "sqrt",
     "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "sin", "cos", "cast",
-    "where",
+    *C_MATH, "where",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
-#: Elementwise ops that draw from Philox by the element's row-major place in their result
-#: (``dropout``; ``stochastic_cast``, which ``@stochastic_round`` makes of a cast): the tile
-#: lowering gives each the place of its tile (``at``).
-DRAWN = frozenset({"dropout", "stochastic_cast"})
+#: Elementwise ops that read the element's row-major place in their result: those that draw
+#: from Philox by it (``dropout``; ``stochastic_cast``, which ``@stochastic_round`` makes of
+#: a cast), and ``index_along``, the element's index along one axis (``argmax``'s). The
+#: tile lowering gives each the place of its tile (``at``).
+DRAWN = frozenset({"dropout", "stochastic_cast", "index_along"})
 
 GRAPH_OPS: dict[str, OpSpec] = {}
 
@@ -363,11 +370,15 @@ def _clamp(call: OpCall) -> object:
     number, a float parameter or a tensor that broadcasts, and either may be left out:
     ``clamp(x, 0.0, 6.0)`` is ReLU6, ``clamp(x, max=448.0)`` caps at fp8 e4m3's largest."""
     prefix = "tile." if call.spec.level == "tile" else ""
+    name = call.spec.name.removeprefix("tile.")
     value = call.ev("x")
-    bounds = [(b, k) for b, k in (("min", "maximum"), ("max", "minimum")) if call.given(b)]
+    bounds = [
+        (b, k) for b, k in (("min", "maximum"), ("max", "minimum"))
+        if call.given(b) and not (isinstance(call.raw(b), Const) and call.raw(b).value is None)
+    ]  # fmt: skip
     if not bounds:
         raise call.error(
-            "needs a bound: clamp(x, min, max), clamp(x, min=0.0) or clamp(x, max=1.0)"
+            f"needs a bound: {name}(x, min, max), {name}(x, min=0.0) or {name}(x, max=1.0)"
         )
     for bound, kind in bounds:
         spec = GRAPH_OPS[prefix + kind]
@@ -378,6 +389,19 @@ def _clamp(call: OpCall) -> object:
 
 
 register("clamp", P("x"), P("min", None), P("max", None))(_clamp)
+
+
+@register("clip", P("x"), P("min", None), P("max", None))
+def _clip(call: OpCall) -> object:
+    """``x`` limited to ``[min, max]``, as numpy's ``clip``: ``clamp``, except that a NaN
+    stays NaN, as in numpy and PyTorch (``clamp``, as C's ``fmax``, gives the bound).
+    Either bound may be left out or ``None``: ``clip(x, None, 1.0)``. The bounds are
+    ``min=`` and ``max=``, as in numpy 2.1 (for its older ``a_min=`` and ``a_max=`` the
+    error names them)."""
+    x = call.tensor("x")
+    return _then(call, "where", _then(call, "not_equal", x, x), x, _clamp(call))
+
+
 register("tile.clamp", P("x"), P("min", None), P("max", None), level="tile")(_clamp)
 
 
@@ -447,7 +471,26 @@ UNARY_DOCS = {
     "round": "rounding to the nearest integer, ties to even (as Python's ``round``)",
     "sin": "sine (of radians: the tables of ``rotary_embedding``)",
     "cos": "cosine (of radians)",
+    "tan": "tangent (of radians)",
+    "exp2": "2 to the power ``x``",
+    "log2": "base-2 logarithm",
+    "log1p": "``log(1 + x)``",
+    "expm1": "``exp(x) - 1``",
+    "erf": "error function",
+    "floor": "rounding down, to the largest integer not above ``x``",
+    "ceil": "rounding up, to the smallest integer not below ``x``",
 }
+
+#: What the documentation of some unary math adds to the common text.
+_UNARY_NOTES = {
+    "log1p": "Exact for ``x`` near 0, where ``log(1.0 + x)`` loses the digits of ``x``.",
+    "expm1": "Exact for ``x`` near 0, where ``exp(x) - 1.0`` cancels.",
+    "erf": "``2/sqrt(pi)`` times the integral of ``exp(-t**2)`` from 0 to ``x``.",
+}
+
+#: Unary math that is the identity on integers, as numpy (2.x) and PyTorch define it: the
+#: integer tensor itself, where the other unary math needs floating-point inputs.
+_INTEGER_IDENTITY = frozenset({"floor", "ceil"})
 
 
 def _sigmoid(x: float) -> float:
@@ -471,6 +514,14 @@ _FOLD: dict[str, Callable[[float], float]] = {
     "round": lambda x: float(round(x)),
     "sin": math.sin,
     "cos": math.cos,
+    "tan": math.tan,
+    "exp2": lambda x: 2.0**x,
+    "log2": math.log2,
+    "log1p": math.log1p,
+    "expm1": math.expm1,
+    "erf": math.erf,
+    "floor": lambda x: float(math.floor(x)),
+    "ceil": lambda x: float(math.ceil(x)),
 }
 
 
@@ -505,11 +556,20 @@ def _unary(kind: str) -> Callable[[OpCall], object]:
             return number
         if isinstance(x, Value) and x.type == ScalarType("float"):
             return call.emit(kind, (x,), x.type)
+        if kind in _INTEGER_IDENTITY and not call.tensor("x").type.dtype.is_float:
+            return call.tensor("x")
         x = _float_input(call, "x")
         return call.emit(kind, (x,), elementwise_type(x))
 
+    inputs = (
+        "Floating-point inputs, same shape and dtype; of an integer tensor, the tensor itself "
+        "(numpy's and PyTorch's). Its gradient is zero, as PyTorch's is"
+        if kind in _INTEGER_IDENTITY
+        else "Floating-point inputs; same shape and dtype"
+    )
+    note = f" {_UNARY_NOTES[kind]}" if kind in _UNARY_NOTES else ""
     rule.__doc__ = (
-        f"Elementwise {UNARY_DOCS[kind]}. Floating-point inputs; same shape and dtype. Of a "
+        f"Elementwise {UNARY_DOCS[kind]}.{note} {inputs}. Of a "
         "number, a number the compiler computes (``q @ k.T * rsqrt(64.0)``); of a float "
         "scalar or a size, a scalar that each kernel reading it computes "
         "(``q @ k.T / sqrt(float(D))``)."
@@ -526,6 +586,179 @@ def _relu(call: OpCall) -> object:
     """Elementwise ``max(x, 0)``. Any numeric dtype; same shape and dtype."""
     x = call.tensor("x")
     return call.emit("relu", (x,), elementwise_type(x))
+
+
+# ----------------------------------------------------------------- compositions
+#
+# Operations made of others: each rule checks its inputs, then emits the ops it is
+# made of through their own rules, so that they fuse, fold and differentiate as those
+# ops written out do, and every backend computes them with no kernel of their own.
+
+
+def _then(call: OpCall, kind: str, *args: Any, **keywords: Any) -> Any:
+    """``kind`` of ``args`` by its own rule, at the call's line and under its name."""
+    spec = GRAPH_OPS[kind]
+    bound = dict(zip((p.name for p in spec.params), args, strict=False)) | keywords
+    evs = {name: _as_ev(call, value) for name, value in bound.items()}
+    return spec.rule(OpCall(spec, evs, call.span, call.emitter, call.shown))
+
+
+def _as_ev(call: OpCall, value: Any) -> Ev:
+    """An argument of an op that a composition emits, as the analyser passes one."""
+    if isinstance(value, Ev):
+        return value
+    if isinstance(value, Value):
+        return Ev(value, call.span, value.name or call.ev("x").text)
+    if isinstance(value, DType):
+        return Ev(DTypeRef(value), call.span, str(value))
+    return Ev(value if isinstance(value, Const) else Const(value), call.span, repr(value))
+
+
+def _positive(call: OpCall, name: str) -> float:
+    value = call.number(name)
+    if not value > 0:
+        raise call.error(f"'{name}' must be positive, not {value}", at=name)
+    return value
+
+
+@register("softplus", P("x"), P("beta", 1.0), P("threshold", 20.0))
+def _softplus(call: OpCall) -> object:
+    """Elementwise ``log(1 + exp(beta * x)) / beta``, as PyTorch's ``softplus``, in its
+    stable form: ``x`` itself where ``beta * x`` is above ``threshold`` (where the two
+    agree to f32's precision), ``log1p(exp(beta * x)) / beta`` elsewhere, so that it never
+    overflows and keeps the small values of a large negative ``x``. Float inputs; same
+    shape and dtype; ``beta`` (positive) and ``threshold`` are numbers. Its gradient is
+    ``sigmoid(beta * x)``, and 1 above the threshold: finite everywhere."""
+    x = _float_input(call, "x")
+    beta, threshold = _positive(call, "beta"), call.number("threshold")
+    scaled = x if beta == 1.0 else _then(call, "mul", x, beta)
+    # exp of at most the threshold: the branch that `where` drops never overflows, so
+    # its gradient (zero times exp's) is never 0 * inf
+    soft = _then(call, "log1p", _then(call, "exp", _then(call, "minimum", scaled, threshold)))
+    if beta != 1.0:
+        soft = _then(call, "div", soft, beta)
+    return _then(call, "where", _then(call, "greater", scaled, threshold), x, soft)
+
+
+@register("leaky_relu", P("x"), P("negative_slope", 0.01))
+def _leaky_relu(call: OpCall) -> object:
+    """Elementwise ``x`` where ``x > 0``, else ``negative_slope * x``, as PyTorch's
+    ``leaky_relu``: ``where(x > 0.0, x, negative_slope * x)``. Float inputs; same shape
+    and dtype; ``negative_slope`` is a number. At 0 its gradient is ``negative_slope``
+    (PyTorch's)."""
+    x = _float_input(call, "x")
+    slope = call.number("negative_slope")
+    return _then(call, "where", _then(call, "greater", x, 0.0), x, _then(call, "mul", x, slope))
+
+
+@register("elu", P("x"), P("alpha", 1.0))
+def _elu(call: OpCall) -> object:
+    """Elementwise ``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``, as PyTorch's
+    ``elu``, with ``expm1`` (exact near 0, and of at most 0, so the branch not taken never
+    overflows). Float inputs; same shape and dtype; ``alpha`` is a number. At 0 its
+    gradient is ``alpha`` (PyTorch's)."""
+    x = _float_input(call, "x")
+    alpha = call.number("alpha")
+    negative = _then(call, "mul", _then(call, "expm1", _then(call, "minimum", x, 0.0)), alpha)
+    return _then(call, "where", _then(call, "greater", x, 0.0), x, negative)
+
+
+@register("square", P("x"))
+def _square(call: OpCall) -> object:
+    """Elementwise ``x * x``, as numpy's and PyTorch's ``square``. Any numeric dtype; same
+    shape and dtype."""
+    x = call.tensor("x")
+    return _then(call, "mul", x, x)
+
+
+@register("reciprocal", P("x"))
+def _reciprocal(call: OpCall) -> object:
+    """Elementwise ``1 / x``, as PyTorch's ``reciprocal``: of an integer tensor, an f32
+    one (true division, as ``/`` is). Same shape; ``1 / 0.0`` is ``inf``."""
+    x = call.tensor("x")
+    return _then(call, "div", 1.0, x)
+
+
+@register("sign", P("x"))
+def _sign(call: OpCall) -> object:
+    """Elementwise 1 where ``x > 0``, -1 where ``x < 0``, and 0 where ``x`` is 0, as numpy's
+    and PyTorch's ``sign``; NaN where ``x`` is NaN, as numpy's (PyTorch's gives 0): that
+    is ``x * 0``, which also makes its gradient zero, as PyTorch's is. Any numeric dtype;
+    same shape and dtype."""
+    x = call.tensor("x")
+    one = 1.0 if x.type.dtype.is_float else 1
+    zero = _then(call, "mul", x, 0.0 if x.type.dtype.is_float else 0)
+    below = _then(call, "where", _then(call, "less", x, 0), -one, zero)
+    return _then(call, "where", _then(call, "greater", x, 0), one, below)
+
+
+def _classify(kind: str) -> Callable[[OpCall], object]:
+    """``isnan``, ``isinf`` or ``isfinite``: a comparison of ``x`` (with itself, or of its
+    magnitude with infinity). Of integers, which are never NaN nor infinite, the same
+    comparisons hold everywhere or nowhere."""
+    what = {
+        "isnan": "NaN",
+        "isinf": "infinite (either sign)",
+        "isfinite": "neither NaN nor infinite",
+    }
+
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        if kind == "isnan" or not x.type.dtype.is_float:
+            return _then(call, "equal" if kind == "isfinite" else "not_equal", x, x)
+        return _then(call, "equal" if kind == "isinf" else "less", _then(call, "abs", x), math.inf)
+
+    rule.__doc__ = (
+        f"Elementwise: a mask true where ``x`` is {what[kind]}, as numpy's ``{kind}``; like "
+        "a comparison, a mask that ``where`` and ``cast`` read "
+        f"(``cast({kind}(x), f32)`` is 1.0 and 0.0). Any numeric dtype; of integers, "
+        + ("true everywhere." if kind == "isfinite" else "false everywhere.")
+    )
+    return rule
+
+
+for _kind in ("isnan", "isinf", "isfinite"):
+    register(_kind, P("x"))(_classify(_kind))
+
+
+def _like(fill: float | None) -> Callable[[OpCall], object]:
+    """``zeros_like`` (0), ``ones_like`` (1) or ``full_like`` (None: its ``fill_value``):
+    ``where(x == x, v, v)``, elementwise math that every kernel computes (there is no fill
+    op on tensors), ``v`` wherever ``x`` is NaN too."""
+
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        value: Any = fill
+        if fill is None:
+            value = call.raw("fill_value")
+            scalar = isinstance(value, Value) and value.type in (
+                ScalarType("float"), ScalarType("int")
+            )  # fmt: skip
+            if not scalar and not (isinstance(value, Const) and type(value.value) in (int, float)):
+                raise call.error(
+                    f"'fill_value' must be a number or a scalar parameter, not {describe(value)}",
+                    at="fill_value",
+                )
+            value = call.ev("fill_value")
+        dtype = call.dtype("dtype") if call.given("dtype") else x.type.dtype
+        filled = _then(call, "where", _then(call, "equal", x, x), value, value)
+        return filled if filled.type.dtype == dtype else _then(call, "cast", filled, dtype)
+
+    what = {0.0: "zeros", 1.0: "ones", None: "``fill_value``"}[fill]
+    name = {0.0: "zeros_like", 1.0: "ones_like", None: "full_like"}[fill]
+    rule.__doc__ = (
+        f"A tensor of ``x``'s shape holding {what}, as numpy's and PyTorch's ``{name}``: of "
+        "``x``'s dtype, or of ``dtype`` where given (a value is converted as ``cast`` "
+        "converts it)"
+        + ("; ``fill_value`` is a number or a float or int parameter" if fill is None else "")
+        + ". No gradient flows through it (nor through PyTorch's)."
+    )
+    return rule
+
+
+register("zeros_like", P("x"), P("dtype", None))(_like(0.0))
+register("ones_like", P("x"), P("dtype", None))(_like(1.0))
+register("full_like", P("x"), P("fill_value"), P("dtype", None))(_like(None))
 
 
 # ----------------------------------------------------------------- reductions
@@ -690,7 +923,9 @@ def _log_softmax(call: OpCall) -> object:
 @register("logsumexp_safe", P("x"), P("axis", -1), P("keepdims", False))
 def _logsumexp(call: OpCall) -> object:
     """``log(sum(exp(x)))`` over ``axis``, computed with the maximum subtracted first so it
-    cannot overflow. Float inputs; the result is f32 with ``axis`` dropped."""
+    cannot overflow (an infinite maximum is not: a row of ``-inf`` gives ``-inf``, one
+    holding ``inf`` gives ``inf``). Float inputs; the result is f32 with ``axis``
+    dropped."""
     x = _float_input(call, "x")
     axis = call.axis("axis", x.type.rank)
     keepdims = call.const("keepdims", bool)
@@ -698,6 +933,141 @@ def _logsumexp(call: OpCall) -> object:
         "logsumexp_safe", (x,), TensorType(_reduce_dims(x.type.dims, axis, keepdims), F32),
         attrs=(("axis", axis), ("keepdims", keepdims)),
     )  # fmt: skip
+
+
+@register("logsumexp", P("x"), P("axis", -1), P("keepdims", False))
+def _logsumexp_plain(call: OpCall) -> object:
+    """``log(sum(exp(x)))`` over ``axis`` (default: the last), as PyTorch's
+    ``torch.logsumexp`` and SciPy's ``logsumexp``: the stable form, ``m + log(sum(exp(x -
+    m)))`` with ``m`` the maximum, so that neither large nor very negative inputs overflow
+    or lose the result; a row of ``-inf`` gives ``-inf`` and one holding ``inf`` gives
+    ``inf``, as theirs do. It is ``logsumexp_safe``, whose ``_safe`` names that same stable
+    form (as ``softmax_safe``'s does); there is no unstable one. Float inputs; the result
+    is f32, ``axis`` dropped unless ``keepdims``. One axis; SciPy's default of every axis
+    is ``logsumexp(x.reshape(-1))``."""
+    spec = GRAPH_OPS["logsumexp_safe"]
+    return spec.rule(OpCall(spec, call.args, call.span, call.emitter, call.shown))
+
+
+def _moment(root: bool) -> Callable[[OpCall], object]:
+    """``var``, or ``std`` (``root``): the mean of the squared deviations from the mean,
+    two passes over ``x`` as numpy computes it (not ``mean(x*x) - mean(x)**2``, which
+    cancels), divided by ``n - ddof`` instead of ``n`` where ``ddof`` is given."""
+
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        if not x.type.dtype.is_float:  # numpy's: the variance of integers is a float
+            x = _then(call, "cast", x, F32)
+        ddof = call.const("ddof", int)
+        keepdims = call.const("keepdims", bool)
+        axis = call.ev("axis") if call.given("axis") else Const(None)
+        deviation = _then(call, "sub", x, _then(call, "mean", x, axis, True))
+        squares = _then(call, "mul", deviation, deviation)
+        if ddof == 0:
+            result = _then(call, "mean", squares, axis, keepdims)
+        else:
+            count = _reduced_count(call, x, axis) - ddof
+            if count.constant is not None and count.constant <= 0:
+                raise call.error(
+                    f"ddof={ddof} leaves {count.constant} degrees of freedom: it must be less "
+                    "than the number of elements reduced",
+                    at="ddof",
+                )
+            divisor = _as_scalar(DimValue(count), call)
+            result = _then(call, "div", _then(call, "sum", squares, axis, keepdims), divisor)
+        return _then(call, "sqrt", result) if root else result
+
+    what = "Standard deviation" if root else "Variance"
+    rule.__doc__ = (
+        f"{what} over ``axis``, as numpy's ``{'std' if root else 'var'}``: "
+        f"{'the square root of ' if root else ''}the mean of "
+        "``(x - mean(x))**2``, computed in two passes (so that a large mean does not cancel "
+        "the digits of a small spread). ``axis`` and ``keepdims`` are ``mean``'s (a tuple "
+        "of axes, or none for every axis); ``ddof`` (numpy's name for PyTorch's "
+        "``correction``) divides by ``n - ddof`` instead of ``n``: its default is 0, the "
+        "population variance, while PyTorch's ``var`` and ``std`` default to 1, the sample "
+        "variance: "
+        "write ``ddof=1`` for PyTorch's numbers. The result is f32 (of integers too)."
+        + (" Its gradient at a constant row is NaN (0/0), as PyTorch's is." if root else "")
+    )
+    return rule
+
+
+def _reduced_count(call: OpCall, x: Value, axis: Any) -> Dim:
+    """How many elements of ``x`` each result of a reduction over ``axis`` (a mean's,
+    which has checked it) reads: the product of the reduced dims."""
+    value = axis.value if isinstance(axis, Ev) else axis
+    rank = x.type.rank
+    axes = value.value if isinstance(value.value, (tuple, list)) else (value.value,)
+    picked = range(rank) if value.value is None else {a % rank for a in axes}
+    return math.prod((x.type.dims[a] for a in picked), start=Dim.const(1))
+
+
+for _kind, _root in (("var", False), ("std", True)):
+    register(_kind, P("x"), P("axis", None), P("keepdims", False), P("ddof", 0, keyword_only=True))(
+        _moment(_root)
+    )
+
+
+def _arg_extreme(kind: str) -> Callable[[OpCall], object]:
+    """``argmax`` or ``argmin``: of the positions where ``x`` is NaN (numpy's and PyTorch's
+    NaN beats every number) or else equals its maximum (minimum), the first. Made of
+    graph ops in f32, exact below 2**23 positions: ``i`` the element's index along the
+    axis and ``n`` the axis's size, the key ``i`` at a NaN, ``i + n`` at an extreme and
+    ``2n`` elsewhere; the smallest key, less ``n`` where at least ``n``, is the index."""
+    extreme = "max" if kind == "argmax" else "min"
+
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        keepdims = call.const("keepdims", bool)
+        if isinstance(call.raw("axis"), Const) and call.raw("axis").value is None:
+            # one row of every element: the row kernels of a single axis
+            whole = (Dim.const(1), math.prod(x.type.dims, start=Dim.const(1)))
+            flat = call.emit("reshape", (x,), TensorType(whole, x.type.dtype),
+                             attrs=(("shape", whole),))  # fmt: skip
+            found = _first_extreme(call, flat, 1, extreme)
+            dims = (Dim.const(1),) * x.type.rank if keepdims else ()
+            return call.emit("reshape", (found,), found.type.with_(dims=dims),
+                             attrs=(("shape", dims),))  # fmt: skip
+        axis = call.axis("axis", x.type.rank)
+        found = _first_extreme(call, x, axis, extreme)
+        if keepdims:
+            return found
+        dims = _reduce_dims(x.type.dims, axis, False)
+        return call.emit("reshape", (found,), found.type.with_(dims=dims), attrs=(("shape", dims),))
+
+    what = "largest" if kind == "argmax" else "smallest"
+    rule.__doc__ = (
+        f"The index of the {what} element along ``axis``, as numpy's and PyTorch's "
+        f"``{kind}``: an i32 tensor, ``axis`` dropped unless ``keepdims``; without ``axis`` "
+        "(or with ``axis=None``), the index in the flattened tensor. Of equal elements, the "
+        "first wins; a NaN wins over every number (the first NaN, as numpy and PyTorch "
+        "take it). Any numeric dtype; the axis may hold up to 2**23 elements. An index "
+        "carries no gradient: differentiated through, it contributes zero, as in PyTorch."
+    )
+    return rule
+
+
+def _first_extreme(call: OpCall, x: Value, axis: int, extreme: str) -> Value:
+    """The ``argmax`` (``extreme`` "max") or ``argmin`` of ``x`` along ``axis``, the axis
+    kept (of size 1)."""
+    size = x.type.dims[axis]
+    n = _as_scalar(DimValue(size), call)
+    stride = math.prod(x.type.dims[axis + 1 :], start=Dim.const(1))
+    index = call.emit("index_along", (x,), TensorType(x.type.dims, F32),
+                      attrs=(("stride", stride), ("size", size)))  # fmt: skip
+    top = _then(call, extreme, x, axis, True)
+    twice = _as_scalar(DimValue(size * 2), call)
+    picked = _then(call, "where", _then(call, "equal", x, top), _then(call, "add", index, n), twice)
+    key = _then(call, "where", _then(call, "not_equal", x, x), index, picked)
+    first = _then(call, "min", key, axis, True)
+    found = _then(call, "where", _then(call, "greater_equal", first, n),
+                  _then(call, "sub", first, n), first)  # fmt: skip
+    return _then(call, "cast", found, I32)
+
+
+for _kind in ("argmax", "argmin"):
+    register(_kind, P("x"), P("axis", None), P("keepdims", False))(_arg_extreme(_kind))
 
 
 @register("take_along_axis", P("x"), P("indices"), P("axis", -1))

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable
 from ...frozen import frozen
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics
-from .ir import Block, Function, GraphModule, Op
+from .graph_ops import named_operands
+from .ir import Block, Function, GraphModule, Op, Value
 
 __all__ = ["Interval", "verify_numerics"]
 
@@ -93,6 +94,25 @@ def _product(a: float, b: float) -> float:
 
 def _exp(x: float) -> float:
     return INF if x > 709 else math.exp(x)
+
+
+def _whole(f: Callable[[float], int]) -> Callable[[float], float]:
+    """``math.floor`` or ``math.ceil`` of an end of a range, which may be infinite."""
+    return lambda x: float(f(x)) if math.isfinite(x) else x
+
+
+#: Increasing elementwise functions, each with the end of its domain (None where it has
+#: none), which an operand's range must lie above: the result's range is then the
+#: function of the ends of the operand's.
+_INCREASING: dict[str, tuple[Callable[[float], float], float | None]] = {
+    "floor": (_whole(math.floor), None),
+    "ceil": (_whole(math.ceil), None),
+    "exp2": (lambda x: INF if x > 1023 else 2.0**x, None),
+    "expm1": (lambda x: INF if x > 709 else math.expm1(x), None),
+    "erf": (math.erf, None),
+    "log2": (math.log2, 0.0),
+    "log1p": (math.log1p, -1.0),
+}
 
 
 def verify_numerics(module: ast.Module, graph: GraphModule, diags: Diagnostics) -> None:
@@ -284,6 +304,12 @@ class _Ranges:
             return args[0] + -args[1] if len(args) == 2 else UNBOUNDED
         if kind == "neg":
             return -first
+        if kind == "where":  # either branch: the smallest range holding both
+            branches = [
+                self.range(v.id) if isinstance(v, Value) else Interval(float(v), float(v))
+                for v in named_operands(op, ("cond", "a", "b"))[1:]
+            ]
+            return Interval(min(b.lo for b in branches), max(b.hi for b in branches))
         if kind == "mul":
             if len(ids) == 2 and self.key(ids[0]) == self.key(ids[1]):
                 top = max(_product(first.lo, first.lo), _product(first.hi, first.hi))
@@ -340,6 +366,10 @@ def _library(kind: str, first: Interval, args: Iterable[Interval]) -> Interval:
         return Interval(1 / math.sqrt(first.hi), 1 / math.sqrt(first.lo))
     if kind == "log" and first.lo > 0:
         return first.map(math.log)
+    if kind in _INCREASING:
+        f, domain = _INCREASING[kind]
+        if domain is None or first.lo > domain:
+            return first.map(f)
     if kind == "log_softmax":
         return Interval(-INF, 0.0)
     if kind in ("dim_to_float", "size"):  # a size: a tensor of size 0 divides nothing

@@ -36,6 +36,9 @@ _SYNONYMS = {
     "num_heads": "heads",
     "n_heads": "heads",
     "dropout_p": "dropout",
+    "a_min": "min",
+    "a_max": "max",
+    "correction": "ddof",
 }
 
 

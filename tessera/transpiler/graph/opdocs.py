@@ -44,8 +44,10 @@ is one. A kernel computes a mask where it reads it; one that a kernel over a lar
 reads (`where(b < 0.5, x, y)` with `b` of `[C]` and `x` of `[R, C]`) is kept between the
 two kernels as the floats 1.0 and 0.0.
 
-The unary math, `clamp`, `pow`, the reductions and the softmaxes are methods too, as in NumPy
-and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`, `x.abs().max()` is `max(abs(x))`; on a tile,
+The unary math, `clamp` and `clip`, `pow`, `square`, `reciprocal`, `sign`, `isnan`, `isinf`,
+`isfinite`, the reductions (with `var`, `std`, `argmax` and `argmin`), the softmaxes and
+`logsumexp` are methods too, as in NumPy and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`,
+`x.abs().max()` is `max(abs(x))`, `x.var(axis=-1)` is `var(x, axis=-1)`; on a tile,
 `t.exp()` and `t.max(axis=1)` are the tile operations of those names. So are `x.T` (the
 last two axes swapped), `x.to(dtype)` (a cast) and `x.reshape(dims)`.
 

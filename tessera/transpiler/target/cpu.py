@@ -22,7 +22,7 @@ from ..tile.ir import TileKernel, TileModule, TileProgram
 from .cexpr import c_dim, names_used, param_name
 from .cpu_kernel import C_TYPES, KERNEL_FUNCTIONS, CKernel, emit_kernel
 from .cpu_mpi import Collectives
-from .entry import entry_params, mesh_meta, signature_meta, symbols, written
+from .entry import entry_params, kernel_sizes, mesh_meta, signature_meta, symbols, written
 from .header import needed
 from .naming import Namer, symbol_names
 from .render import environment, header
@@ -57,7 +57,7 @@ class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
     def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
-        dims = symbols([p.type for p in kernel.params])
+        dims = kernel_sizes(kernel)
         self.c: CKernel = emit_kernel(kernel, dims, name, sites)
         # The names the code reads, outside its source comments: a size named in a quoted
         # line of .tsr ("B" in reshape("B", "T", 256)) is not a use.

@@ -19,6 +19,7 @@ from ..check.bounds import Sites
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import (
+    C_MATH,
     COMPARISONS,
     DRAWN,
     binary_operands,
@@ -54,6 +55,7 @@ _UNARY = {
     "tanh": "tsr::tanh", "sigmoid": "tsr::sigmoid", "gelu": "tsr::gelu", "silu": "tsr::silu",
     "relu": "tsr::relu", "abs": "std::fabs", "round": "std::nearbyint", "sin": "std::sin",
     "cos": "std::cos", "neg": "-",
+    **{name: f"std::{name}" for name in C_MATH},
 }  # fmt: skip
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: The comparisons, as C++ operators: a bool, which a tile of floats holds as 1.0 or 0.0.
@@ -540,6 +542,10 @@ class _Emitter:
         elif op.kind == "dropout":
             x, p, seed = (self._arg(v, out) for v in dropout_operands(op))
             expr = f"tsr::dropout({x}, {seed}, {self._position(op.attr('at'), out)}, {p})"
+        elif op.kind == "index_along":
+            place = self._position(op.attr("at"), out)
+            stride, size = (self.c(op.attr(a)) for a in ("stride", "size"))
+            expr = f"static_cast<float>(({place}) / ({stride}) % ({size}))"
         elif op.kind == "stochastic_cast":
             x, seed = (self._arg(v, out) for v in stochastic_operands(op))
             mantissa, emin = STOCHASTIC_FORMATS[out_type.dtype.name]

@@ -14,9 +14,12 @@ from typing import Any
 
 from ..graph.ir import Function, Guard, StateSlot, result_names, walk
 from ..graph.types import ScalarType, TensorType
-from ..tile.ir import TileProgram
+from ..tile.ir import TileKernel, TileProgram
 
-__all__ = ["signature_items", "symbols", "entry_params", "written", "signature_meta", "mesh_meta"]
+__all__ = [
+    "signature_items", "symbols", "kernel_sizes", "entry_params", "written", "signature_meta",
+    "mesh_meta",
+]  # fmt: skip
 
 
 def symbols(types: list[Any]) -> tuple[str, ...]:
@@ -27,6 +30,17 @@ def symbols(types: list[Any]) -> tuple[str, ...]:
             for monomial, _ in dim.terms:
                 for name, _ in monomial:
                     found.setdefault(name, None)
+    return tuple(found)
+
+
+def kernel_sizes(kernel: TileKernel) -> tuple[str, ...]:
+    """The size symbols a kernel takes: those of its tensors' dims, then those that only
+    a size read as a float names (``float(R - 1)`` in a kernel over ``[1, C]``: the
+    divisor of a variance over the rows)."""
+    found = dict.fromkeys(symbols([p.type for p in kernel.params]))
+    for op in walk(kernel.body):
+        if op.kind == "dim_to_float":
+            found.update(dict.fromkeys(sorted(op.attr("dim").symbols())))
     return tuple(found)
 
 

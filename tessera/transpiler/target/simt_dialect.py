@@ -13,6 +13,7 @@ import math
 from dataclasses import field, replace
 
 from ...frozen import frozen
+from ..graph.graph_ops import C_MATH
 
 __all__ = ["Dialect", "OPENCL", "HIP", "CUDA", "SYCL", "DIALECTS"]
 
@@ -234,6 +235,7 @@ OPENCL = Dialect(
         "floordiv": "tsr_floordiv", "mod": "tsr_mod",
         "maximum": "fmax", "minimum": "fmin",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rint",
+        **{name: name for name in C_MATH},
     },
     wrapped=True,
 )  # fmt: skip
@@ -283,6 +285,7 @@ HIP = Dialect(
         "floordiv": "tsr_floordiv", "mod": "tsr_mod",
         "maximum": "fmaxf", "minimum": "fminf",
         "sigmoid": "tsr_sigmoid", "gelu": "tsr_gelu", "silu": "tsr_silu", "rint": "rintf",
+        **{name: f"{name}f" for name in C_MATH},
     },
 )  # fmt: skip
 
@@ -345,6 +348,7 @@ SYCL = replace(
         "silu": "tsr_silu", "rint": "sycl::rint", "round": "sycl::rint",
         "fmod": "sycl::fmod", "floor": "sycl::floor", "copysign": "sycl::copysign",
         "floordiv": "tsr_floordiv", "mod": "tsr_mod",
+        **{name: f"sycl::{name}" for name in C_MATH},
     },
     group_context="it, ",
     wrapped=True,

@@ -32,6 +32,7 @@ from ...frozen import frozen
 from ..check.bounds import FAULT, Sites
 from ..graph.dims import Dim
 from ..graph.graph_ops import (
+    C_MATH,
     COMPARISONS,
     DRAWN,
     binary_operands,
@@ -77,7 +78,7 @@ __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs",
-          "round", "sin", "cos", "neg")  # fmt: skip
+          "round", "sin", "cos", "neg", *C_MATH)  # fmt: skip
 #: Binary ops that are calls of the dialect's math functions, not operators.
 _CALLED = ("maximum", "minimum", "floordiv", "mod")
 #: The comparisons, as C operators: an int, which a float holds as 1.0 or 0.0.
@@ -657,6 +658,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             at: Access = op.attr("at")
             place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
             return f"tsr_dropout({x}, {seed}, {place}, {p})"
+        if op.kind == "index_along":
+            at = op.attr("at")
+            place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
+            stride, size = (self.c(op.attr(a)) for a in ("stride", "size"))
+            return f"(float)(({place}) / ({stride}) % ({size}))"
         if op.kind == "stochastic_cast":
             x, seed = (self.at(v, index, out) for v in stochastic_operands(op))
             at = op.attr("at")

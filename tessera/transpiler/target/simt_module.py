@@ -24,7 +24,7 @@ from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .cexpr import c_dim, names_used, param_name
 from .cuda_nccl import nccl_host_code, nccl_meta
-from .entry import mesh_meta, signature_meta, symbols
+from .entry import kernel_sizes, mesh_meta, signature_meta
 from .header import C_SYMBOL, needed
 from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
 from .render import environment
@@ -73,7 +73,7 @@ class _KernelView:
             if kernel.template == "tile_kernel"
             else f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
         )
-        self.dims = symbols([p.type for p in kernel.params])
+        self.dims = kernel_sizes(kernel)
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed
         read = names_used((*simt.prologue, *simt.body))
@@ -208,7 +208,7 @@ def emit_simt(
     for program in module.programs:
         for kernel in program.kernels:
             try:
-                dims = symbols([p.type for p in kernel.params])
+                dims = kernel_sizes(kernel)
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
                 simt = emit_simt_kernel(kernel, d, dims, lanes, align, sites)
                 clash = hosts and kernel.name == program.host.function

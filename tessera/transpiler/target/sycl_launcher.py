@@ -22,7 +22,7 @@ from ..graph.dims import Dim
 from ..graph.types import TensorType
 from ..tile.ir import TileKernel, TileProgram
 from .cexpr import c_dim, param_name
-from .entry import entry_params, symbols, written
+from .entry import entry_params, kernel_sizes, symbols, written
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
 from .simt_host import NON_FINITE
@@ -104,7 +104,7 @@ def launcher(
     launches = []
     for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):
         args = [names[p.name] for p in kernel.params]
-        args += [names[dim] for dim in symbols([p.type for p in kernel.params])]
+        args += [names[dim] for dim in kernel_sizes(kernel)]
         args += [FAULT] if simt.checked else []
         work = _global_range(grid, simt.threads, names)
         launch = Launch(printed, tuple(args), _locals(simt), work, simt.threads, simt.checked)

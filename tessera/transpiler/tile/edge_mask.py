@@ -37,7 +37,7 @@ __all__ = ["mask_edges", "ZERO_PRESERVING"]
 #: Elementwise ops with f(0) == 0: zero padding stays zero.
 ZERO_PRESERVING = frozenset({
     "neg", "relu", "sqrt", "tanh", "gelu", "silu", "cast", "abs", "round", "sin", "mask_causal",
-    *DRAWN,
+    "floor", "ceil", "log1p", "expm1", "erf", "tan", *(DRAWN - {"index_along"}),
 })  # fmt: skip
 _BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum")
 #: Elementwise ops whose padding is taken as anything (0 > 0 is false, but 0 == 0 true).

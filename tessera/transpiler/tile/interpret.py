@@ -352,6 +352,10 @@ class _Program:
         p = np.float32(p)
         return np.where(u >= p, x * (np.float32(1.0) / (np.float32(1.0) - p)), np.float32(0.0))
 
+    def op_index_along(self, op: Op, x: np.ndarray) -> np.ndarray:
+        stride, size = (int(_eval(op.attr(a), self.env)) for a in ("stride", "size"))
+        return ((self._place(op, x) // np.uint64(stride)) % np.uint64(size)).astype(np.float32)
+
     def op_stochastic_cast(self, op: Op, x: np.ndarray, *_: Any) -> np.ndarray:
         _, seed = (
             self.values[v.id] if isinstance(v, Value) else v for v in stochastic_operands(op)
@@ -486,7 +490,9 @@ _UNARY = {
     "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "gelu": _gelu,
     "silu": lambda x: x / (1.0 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
     "neg": lambda x: -x, "abs": np.abs, "round": np.rint, "sin": np.sin, "cos": np.cos,
-    "logical_not": np.logical_not,
+    "logical_not": np.logical_not, "floor": np.floor, "ceil": np.ceil, "exp2": np.exp2,
+    "log2": np.log2, "log1p": np.log1p, "expm1": np.expm1, "tan": np.tan,
+    "erf": np.vectorize(math.erf, otypes=[np.float64]),
 }  # fmt: skip
 
 
