@@ -1178,10 +1178,20 @@ class _FunctionAnalyzer:
             self._block(body)
             branches.append((self.blocks.pop(), self.env))
         self.env = before
-        names = [
-            n for n in _assigned_names(stmt.body + stmt.orelse)
-            if all(isinstance(env.get(n), Value) for _, env in branches)
-        ]  # fmt: skip
+        assigned = _assigned_names(stmt.body + stmt.orelse)
+        for name in assigned:
+            chosen = [env.get(name, before.get(name)) for _, env in branches]
+            if chosen[0] != chosen[1] and not all(isinstance(c, Value) for c in chosen):
+                number = next(c for c in chosen if not isinstance(c, Value))
+                raise SemanticError(
+                    f"'{name}' is {describe(number)} known at compile time on one branch of "
+                    f"this 'if', which tests {describe(v)} only known when the kernel runs: "
+                    "numbers are folded where they are used, so the branches cannot choose "
+                    f"between them; give '{name}' a value computed at run time on both "
+                    "branches (from a float parameter, or a tile such as tile.full(...))",
+                    stmt.span,
+                )
+        names = [n for n in assigned if all(isinstance(env.get(n), Value) for _, env in branches)]
         for name in names:
             a, b = (env[name].type for _, env in branches)
             if a != b:
