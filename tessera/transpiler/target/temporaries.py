@@ -20,6 +20,7 @@ import re
 
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.types import ScalarType, TileType
+from .naming import C_KEYWORDS, C_LIBRARY
 
 __all__ = ["Temporaries"]
 
@@ -31,9 +32,9 @@ _REDUCTIONS = frozenset({"sum", "max", "min", "mean", "prod"})
 #: How the names of a binary op's two operands are joined (``variance_plus_bias``); a
 #: sum with a scalar is written as the two names alone (``mean_square_eps``), as a
 #: reader says "plus epsilon" without the "plus".
-_JOINS = {"add": "plus", "sub": "minus", "mul": "times", "div": "over"}
+_JOINS = {"add": "plus", "sub": "minus", "mul": "times", "div": "over", "pow": "pow"}
 #: The name of a binary op's result whose operands have no short name.
-_RESULTS = {"add": "total", "sub": "diff", "mul": "product", "div": "quotient"}
+_RESULTS = {"add": "total", "sub": "diff", "mul": "product", "div": "quotient", "pow": "power"}
 #: The end of a unary op's generic name (``exp_val``), where its operand has none.
 _GENERIC = "_val"
 #: Operands that an op's signature names, by the op and the operand's position: an
@@ -112,7 +113,7 @@ class Temporaries:
         name = self._from_producer(op)
         if name is not None and len(name) > MAX_COMPOSED:
             name = self._word(op)
-        return name or self._from_readers(v)
+        return name or self._from_readers(v) or self._generic(op)
 
     def _from_readers(self, v: Value) -> str | None:
         """A name from the one op that reads ``v``: its role there, or the tile of the
@@ -144,14 +145,13 @@ class Temporaries:
         if kind in _JOINS:
             return self._binary(op, tiles, scalars)
         if kind == "transpose" and tiles:
-            short = self._short(tiles[0])
-            return f"{short}_t" if short else None
+            return self._view(op)
         if kind in ("dot", "mma"):
             return "dot"
         if kind == "load" and op.operands and op.operands[0].name:
             return f"{_base(op.operands[0].name)}_tile"
         if kind == "read" and op.operands and op.operands[0].name:
-            return _base(op.operands[0].name).removesuffix("_smem") or None
+            return re.sub(r"_smem(_\d+)?$", "", _base(op.operands[0].name)) or None
         if kind == "dim_to_float":
             dim = re.sub(r"\W+", "_", str(op.attr("dim"))).strip("_")
             return f"float_{dim}" if dim else None
@@ -159,16 +159,30 @@ class Temporaries:
             return "selected"
         if kind == "iota":
             return None  # a role in its reader, or nothing: ``indices`` says no more
+        if kind == "full":
+            return "zeros" if op.attr("value") == 0 else "filled"
         if len(op.operands) == 1 and len(tiles) + len(scalars) == 1:
             return self._unary(op, op.operands[0])
         return None
 
+    @staticmethod
+    def _generic(op: Op) -> str | None:
+        """Any other op's result (``gather``, ``less``, ``concat``) by the op's name, but
+        not one that a keyword or a C function has (``const``), nor control flow's."""
+        if op.regions or op.kind in C_KEYWORDS or op.kind in C_LIBRARY:
+            return None
+        return op.kind if re.fullmatch(r"[a-z][a-z0-9_]*", op.kind) else None
+
     def _view(self, op: Op) -> str | None:
         """A view that the code holds apart from what it views: a cast after its dtype
-        (``normed_bf16``), a masked tile as masked, another by the viewed name."""
-        short = self._short(op.operands[0]) if op.operands else None
-        if short is None:
+        (``normed_bf16``), a masked tile as masked, a transpose as ``_t``, another by the
+        viewed name."""
+        viewed = self.wanted(self._seen_through(op.operands[0])) if op.operands else None
+        short = _base(viewed) if viewed else None  # (a generic word too: ``product_masked``)
+        if not short:
             return None
+        if op.kind == "transpose":
+            return f"{short}_t"
         if op.kind == "cast" and op.attr("dtype") is not None:
             return f"{short}_{op.attr('dtype')}"
         return f"{short}_masked" if op.kind == "mask_edge" else short
