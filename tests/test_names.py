@@ -84,6 +84,15 @@ def printf(q: Tensor["lambda", "t", "cupy", bf16 @accum(f32)],
 def barrier(threadIdx: Tensor["INFINITY", "__shared__", f32],
             smem: Tensor["__shared__", f32]) -> Tensor["INFINITY", "__shared__", f32]:
     return rmsnorm(threadIdx, smem, eps=1e-6)
+
+@kernel
+def shadowing(x: Tensor["R", "C", f32], w: Tensor["C", f32],
+              *, eps: float = 1e-6) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    rows = tile.load(x, rows=T.m)
+    sum_sq = rows * tile.rsqrt(tile.sum(rows * rows, axis=1) / float(x.shape[-1]) + eps)[:, None]
+    row_sum = sum_sq * tile.load(w)[None, :]
+    return row_sum
 """
 
 TARGETS = [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"),
@@ -210,6 +219,25 @@ def test_a_loop_counter_named_like_the_generated_codes_own(library: Any, causal:
     out = library.printf(q, k, v, causal=causal)
     want = attention(f64(q), f64(k), f64(v), causal=causal)
     assert np.abs(f64(out) - want).max() < 2e-2
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_source_names_that_a_temporary_would_be_called(library: Any) -> None:
+    """The source's ``sum_sq`` and ``row_sum`` keep their names, and the unnamed sum of
+    squares, which would be called ``sum_sq``, is called otherwise: neither hides the
+    other."""
+    _check_rmsnorm(library.shadowing, 41, 67, seed=15)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "opencl"])
+def test_a_temporary_keeps_clear_of_the_source_names(target: str) -> None:
+    """The temporary steps aside (``sum_sq_tmp``), not the source's name (``sum_sq_1``)."""
+    source = tessera.compile(SOURCE, "names.tsr", target=target).source
+    kernel = source[source.index("// ---- shadowing") :]
+    declared = re.findall(r"\b(?:float|float\* const) (\w+)\b", kernel)
+    assert "sum_sq_tmp" in declared, declared
+    assert not re.search(r"\b(sum_sq|row_sum)_\d\b", kernel)
 
 
 def _defined(text: str) -> set[str]:

@@ -71,6 +71,38 @@ def test_bit_patterns_of_floats_have_names(path: Path) -> None:
         assert path.read_text().count(pattern) <= 1, pattern
 
 
+#: The name an emitter gives a value that it knows nothing about: a letter, numbered.
+_LETTERED = re.compile(r"\b[vts]_\d+\b")
+
+
+@pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
+def test_temporaries_are_not_numbered_letters(path: Path) -> None:
+    """A value the source leaves unnamed is called after what it holds (``sum_sq``,
+    ``rsqrt_mean_square_eps``), not ``v_1``, ``t_3`` or ``s_1``: the golden files held
+    709 such names before temporaries were named so, and hold none now."""
+    lettered = Counter(_LETTERED.findall(path.read_text()))
+    assert not lettered, f"numbered temporaries: {dict(lettered)}"
+
+
+#: What the library's normalizations compute without naming it, by example: the sum of
+#: squares of rmsnorm, softmax's row maximum and sum of exponentials, rmsnorm's and
+#: layernorm's reciprocal square roots (named after the source's names inside them), a
+#: loss's mean and its negation.
+_HELD = {
+    "norms": ("sum_sq", "row_max", "row_sum", "sum_exp", "rsqrt_mean_square_eps",
+              "rsqrt_variance_eps"),
+    "train_mlp": ("row_max", "row_sum", "sum_exp", "row_mean", "neg_row_mean"),
+}  # fmt: skip
+HELD = sorted(p for name in _HELD for p in GOLDEN.glob(f"{name}/target.*"))
+
+
+@pytest.mark.parametrize("path", HELD, ids=_ids(HELD))
+def test_temporaries_are_named_after_what_they_hold(path: Path) -> None:
+    text = path.read_text()
+    missing = [n for n in _HELD[path.parent.name] if not re.search(rf"\b{n}\b", text)]
+    assert not missing, f"no temporary named {missing}"
+
+
 @pytest.mark.parametrize("path", EVERY, ids=_ids(EVERY))
 def test_every_inlined_header_paragraph_is_used(path: Path) -> None:
     """Each paragraph of the inlined header that defines a name is there because the

@@ -157,8 +157,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  const float s = (float)(D);
-  const float scale = rsqrtf(s);
+  const float float_D = (float)(D);
+  const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < 2048; e += THREADS) {
     const int i = e / 16;
@@ -595,8 +595,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
         tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
       }
     }
-    const float s = (float)(D);
-    const float s_1 = rsqrtf(s);
+    const float float_D = (float)(D);
+    const float rsqrt_float_D = rsqrtf(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
     if (BN*nblk + BN <= S) {
@@ -608,8 +608,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
           const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
-          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
@@ -621,8 +621,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
           const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
           const int t = frag * 4 + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1));
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }

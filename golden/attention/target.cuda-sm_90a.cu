@@ -415,8 +415,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     }
   } else {
     tsr_setmaxnreg_inc<232>();
-    const float s = (float)(D);
-    const float scale = rsqrtf(s);
+    const float float_D = (float)(D);
+    const float scale = rsqrtf(float_D);
     // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
     float acc[64];
     #pragma unroll
@@ -775,8 +775,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
-      const float s = (float)(D);
-      const float s_1 = rsqrtf(s);
+      const float float_D = (float)(D);
+      const float rsqrt_float_D = rsqrtf(float_D);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
       float P[64];
       if (BN*nblk + BN <= S) {
@@ -788,8 +788,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
             const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
-            P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-                : (dot[t] * s_1);
+            P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+                : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
           }
         }
       } else {
@@ -801,8 +801,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
             const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
             const int t = frag * 4 + reg;
             P[t] = BN*nblk + j >= S ? -tsr_infinity()
-                : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-                : (dot[t] * s_1));
+                : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+                : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
           }
         }
       }

@@ -83,8 +83,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  const float s = (float)(D);
-  const float scale = rsqrtf(s);
+  const float float_D = (float)(D);
+  const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < 1024; e += THREADS) {
     const int i = e / 16;
@@ -435,8 +435,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
         for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
       }
     }
-    const float s = (float)(D);
-    const float s_1 = rsqrtf(s);
+    const float float_D = (float)(D);
+    const float rsqrt_float_D = rsqrtf(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[32];
     if (BN*nblk + BN <= S) {
@@ -448,8 +448,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
           const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
-          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
@@ -461,8 +461,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
           const int j = frag % 2 * 32 + lane % 32;
           const int t = frag * 16 + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1));
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }

@@ -77,8 +77,8 @@ void attention(__global const ushort* restrict Q, __global const ushort* restric
   const long pid_m = get_num_groups(0) - 1 - get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  const float s = (float)(D);
-  const float scale = rsqrt(s);
+  const float float_D = (float)(D);
+  const float scale = rsqrt(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
@@ -369,8 +369,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    const float s = (float)(D);
-    const float s_1 = rsqrt(s);
+    const float float_D = (float)(D);
+    const float rsqrt_float_D = rsqrt(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
     if (BN*nblk + BN <= S) {
@@ -380,8 +380,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
@@ -391,8 +391,8 @@ void flash_attention(__global const ushort* restrict q_1, __global const ushort*
           const int j = tx + c * 16;
           const int t = r * 2 + c;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1));
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }

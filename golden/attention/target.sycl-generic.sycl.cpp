@@ -77,8 +77,8 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   const long long pid_m = it.get_group_range(2) - 1 - it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  const float s = (float)(D);
-  const float scale = sycl::rsqrt(s);
+  const float float_D = (float)(D);
+  const float scale = sycl::rsqrt(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < 512; e += THREADS) {
     const int i = e / 16;
@@ -368,8 +368,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    const float s = (float)(D);
-    const float s_1 = sycl::rsqrt(s);
+    const float float_D = (float)(D);
+    const float rsqrt_float_D = sycl::rsqrt(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
     float P[8];
     if (BN*nblk + BN <= S) {
@@ -379,8 +379,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * 16;
           const int t = r * 2 + c;
-          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1);
+          P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
@@ -390,8 +390,8 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
           const int j = tx + c * 16;
           const int t = r * 2 + c;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * s_1))
-              : (dot[t] * s_1));
+              : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
+              : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }

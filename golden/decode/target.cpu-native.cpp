@@ -459,10 +459,10 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256*BM + 16 + 16 + 256 + 256*BM);
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + 256*BM;
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + 256;
+  float* const sum_sq = rows_edge + 256*BM;
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const norm_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = norm_tile + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, 256, x + (pid_b0) * (256*T), BM*pid_m, T);
@@ -471,20 +471,20 @@ static void project_k0_program(const float* x, const float* norm, float* h, cons
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < 256; ++j) r = r + (rows[i * 256 + j] * rows[i * 256 + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] / 256.0f) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] / 256.0f) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, 256, norm, 0, 0, 0, 1, 256);
+  tsr::load_tile(norm_tile, 1, 256, norm, 0, 0, 0, 1, 256);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_4[j];
+      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * norm_tile[j];
     }
   }
   tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, BM, 256);
@@ -544,26 +544,27 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(64*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 64*BM);
-  float* const t = area;
-  float* const x1 = t + 64*BM;
+  float* const t0_tile = area;
+  float* const x1 = t0_tile + 64*BM;
   float* const x2 = x1 + 32*BM;
   float* const c_edge = x2 + 32*BM;
   float* const s_edge = c_edge + 32*BM;
-  float* const t_3 = s_edge + 32*BM;
-  float* const t_6 = t_3 + 32*BM;
-  float* const t_7 = t_6 + 32*BM;
-  tsr::load_tile(t, BM, 64, t0 + (pid_b0) * (256*T), 256, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  float* const diff = s_edge + 32*BM;
+  float* const total = diff + 32*BM;
+  float* const out0_tile = total + 32*BM;
+  tsr::load_tile(t0_tile, BM, 64, t0 + (pid_b0) * (256*T), 256, BM*pid_m, 64*pid_b1, T,
+      64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      x1[i * 32 + j] = t[i * 64 + 0 * 32 + j];
+      x1[i * 32 + j] = t0_tile[i * 64 + 0 * 32 + j];
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      x2[i * 32 + j] = t[i * 64 + 1 * 32 + j];
+      x2[i * 32 + j] = t0_tile[i * 64 + 1 * 32 + j];
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
@@ -574,28 +575,28 @@ static void project_k2_program(const float* t0, const float* cos, const float* s
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_3[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
+      diff[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_6[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
+      total[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_7[i * 64 + 0 + j] = t_3[i * 32 + j];
+      out0_tile[i * 64 + 0 + j] = diff[i * 32 + j];
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
+      out0_tile[i * 64 + 32 + j] = total[i * 32 + j];
     }
   }
-  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, BM, 64);
+  tsr::store_tile(out0 + (4*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, out0_tile, BM, 64);
 }
 
 static void project_k2_launch(const float* t0, const float* cos, const float* sin, float* out0,
@@ -655,26 +656,27 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
     const tsr::i64 T, const tsr::i64 pid_m, const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(64*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 32*BM + 64*BM);
-  float* const t = area;
-  float* const x1 = t + 64*BM;
+  float* const t3_tile = area;
+  float* const x1 = t3_tile + 64*BM;
   float* const x2 = x1 + 32*BM;
   float* const c_edge = x2 + 32*BM;
   float* const s_edge = c_edge + 32*BM;
-  float* const t_3 = s_edge + 32*BM;
-  float* const t_6 = t_3 + 32*BM;
-  float* const t_7 = t_6 + 32*BM;
-  tsr::load_tile(t, BM, 64, t3 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T, 64*pid_b1 + 64);
+  float* const diff = s_edge + 32*BM;
+  float* const total = diff + 32*BM;
+  float* const out1_tile = total + 32*BM;
+  tsr::load_tile(t3_tile, BM, 64, t3 + (pid_b0) * (128*T), 128, BM*pid_m, 64*pid_b1, T,
+      64*pid_b1 + 64);
   // rotary_embedding.tsr:10: x1, x2 = tile.split(tile.load(x, rows=T.m), 2, axis=1)
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      x1[i * 32 + j] = t[i * 64 + 0 * 32 + j];
+      x1[i * 32 + j] = t3_tile[i * 64 + 0 * 32 + j];
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      x2[i * 32 + j] = t[i * 64 + 1 * 32 + j];
+      x2[i * 32 + j] = t3_tile[i * 64 + 1 * 32 + j];
     }
   }
   // rotary_embedding.tsr:11: c = tile.load(cos, rows=T.m)
@@ -685,28 +687,28 @@ static void project_k4_program(const float* t3, const float* cos, const float* s
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_3[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
+      diff[i * 32 + j] = (x1[i * 32 + j] * c[i * 32 + j]) - (x2[i * 32 + j] * s[i * 32 + j]);
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_6[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
+      total[i * 32 + j] = (x1[i * 32 + j] * s[i * 32 + j]) + (x2[i * 32 + j] * c[i * 32 + j]);
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_7[i * 64 + 0 + j] = t_3[i * 32 + j];
+      out1_tile[i * 64 + 0 + j] = diff[i * 32 + j];
     }
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < 32; ++j) {
-      t_7[i * 64 + 32 + j] = t_6[i * 32 + j];
+      out1_tile[i * 64 + 32 + j] = total[i * 32 + j];
     }
   }
-  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, t_7, BM, 64);
+  tsr::store_tile(out1 + (2*pid_b0 + pid_b1) * (64*T), 64, BM*pid_m, 0, T, 64, out1_tile, BM, 64);
 }
 
 static void project_k4_launch(const float* t3, const float* cos, const float* sin, float* out1,
@@ -789,9 +791,10 @@ static void finish_k0_program(const float* o, float* t0, const tsr::i64 T, const
     const tsr::i64 pid_b0, const tsr::i64 pid_b1) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(64*BM);
-  float* const t = area;
-  tsr::load_tile(t, BM, 64, o + (pid_b0) * (256*T), 64*T, BM*pid_m, 64*pid_b1, 4, 64*pid_b1 + 64);
-  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, BM*pid_m, 0, 4, 64, t, BM, 64);
+  float* const o_tile = area;
+  tsr::load_tile(o_tile, BM, 64, o + (pid_b0) * (256*T), 64*T, BM*pid_m, 64*pid_b1, 4,
+      64*pid_b1 + 64);
+  tsr::store_tile(t0 + (T*pid_b0 + pid_b1) * (256), 64, BM*pid_m, 0, 4, 64, o_tile, BM, 64);
 }
 
 static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const tsr::i64 T) {
@@ -860,10 +863,10 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(256*BM + 16 + 16 + 256 + 256*BM);
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + 256*BM;
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + 256;
+  float* const sum_sq = rows_edge + 256*BM;
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const norm_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = norm_tile + 256;
   const float eps = 1e-05f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows =
@@ -873,20 +876,20 @@ static void finish_k2_program(const float* x_1, const float* norm, float* h, con
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < 256; ++j) r = r + (rows[i * 256 + j] * rows[i * 256 + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] / 256.0f) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] / 256.0f) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, 256, norm, 0, 0, 0, 1, 256);
+  tsr::load_tile(norm_tile, 1, 256, norm, 0, 0, 0, 1, 256);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < 256; ++j) {
-      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * t_4[j];
+      normed_1[i * 256 + j] = (rows[i * 256 + j] * row_0) * norm_tile[j];
     }
   }
   tsr::store_tile(h + (pid_b0) * (256*T), 256, BM*pid_m, 0, T, 256, normed_1, BM, 256);

@@ -84,30 +84,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / 256.0f;
+    mean_square[e] = sum_sq[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = rsqrtf(v_1[e]);
+    rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (long long e = lid; e < 256*BM; e += THREADS) {
@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
+        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -762,30 +762,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / 256.0f;
+    mean_square[e] = sum_sq[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = rsqrtf(v_1[e]);
+    rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (long long e = lid; e < 256*BM; e += THREADS) {
@@ -793,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
+        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 

@@ -79,26 +79,26 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / 256.0f;
+    mean_square[e] = sum_sq[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::rsqrt(v_1[e]);
+    rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (long long e = lid; e < 256*BM; e += THREADS) {
@@ -106,7 +106,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
+        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -543,26 +543,26 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < 256; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
         * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / 256.0f;
+    mean_square[e] = sum_sq[e] / 256.0f;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::rsqrt(v_1[e]);
+    rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (long long e = lid; e < 256*BM; e += THREADS) {
@@ -570,7 +570,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
     const long long row = BM*pid_m + i;
     const long long j = e - i * 256;
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * v_2[i]) * (norm_1[j]));
+        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 

@@ -634,10 +634,10 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(BM*C);
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + tsr::whole_lines(C);
+  float* const sum_sq = rows_edge + tsr::whole_lines(BM*C);
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const norm1_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = norm1_tile + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, C, x, BM*pid_m, S);
@@ -646,21 +646,21 @@ static void decoder_block_k0_program(const float* x, const float* norm1, float* 
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (rows[i * C + j] * rows[i * C + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
-  const float s = static_cast<float>(C);
+  const float float_C = static_cast<float>(C);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] * (1.0f / float_C)) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, C, norm1, 0, 0, 0, 1, C);
+  tsr::load_tile(norm1_tile, 1, C, norm1, 0, 0, 0, 1, C);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_4[j];
+      normed_1[i * C + j] = (rows[i * C + j] * row_0) * norm1_tile[j];
     }
   }
   tsr::store_tile(h, C, BM*pid_m, 0, S, C, normed_1, BM, C);
@@ -797,8 +797,8 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
   float* const acc = area;
   float* const m = acc + BM*BD;
   float* const l = m + BM;
-  float* const t = l + BM;
-  float* const t_1 = t + BD*BN;
+  float* const k_tile_t = l + BM;
+  float* const dot = k_tile_t + BD*BN;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = t0 + (BM*pid_m) * C + 64*pid_b0;
@@ -815,14 +815,14 @@ static void decoder_block_k4_program(const float* t0, const float* t2, const flo
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     const float* const v_tile = t4 + (BN*nblk) * C + 64*pid_b0;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, BN, C, tsr::live(BN, S - BN*nblk), BD);
-    tsr::dot(t_1, q_tile, t, BM, BN, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk), BD,
-        C, BN);
-    float* const s = t_1;
+    tsr::transpose(k_tile_t, k_tile, BN, C, tsr::live(BN, S - BN*nblk), BD);
+    tsr::dot(dot, q_tile, k_tile_t, BM, BN, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, S - BN*nblk), BD, C, BN);
+    float* const s = dot;
     for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < BN; ++j) {
-        s[i * BN + j] = t_1[i * BN + j] * scale;
+        s[i * BN + j] = dot[i * BN + j] * scale;
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -907,10 +907,10 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + 16 + tsr::whole_lines(C)
       + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(BM*C);
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + tsr::whole_lines(C);
+  float* const sum_sq = rows_edge + tsr::whole_lines(BM*C);
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const norm2_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = norm2_tile + tsr::whole_lines(C);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, C, x_1, BM*pid_m, S);
@@ -919,21 +919,21 @@ static void decoder_block_k6_program(const float* x_1, const float* norm2, float
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (rows[i * C + j] * rows[i * C + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
-  const float s = static_cast<float>(C);
+  const float float_C = static_cast<float>(C);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] * (1.0f / float_C)) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, C, norm2, 0, 0, 0, 1, C);
+  tsr::load_tile(norm2_tile, 1, C, norm2, 0, 0, 0, 1, C);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      normed_1[i * C + j] = (rows[i * C + j] * row_0) * t_4[j];
+      normed_1[i * C + j] = (rows[i * C + j] * row_0) * norm2_tile[j];
     }
   }
   tsr::store_tile(h_1, C, BM*pid_m, 0, S, C, normed_1, BM, C);

@@ -80,33 +80,33 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  const float s = (float)(C);
+  const float float_C = (float)(C);
   float mean_square[BM];
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / s;
+    mean_square[e] = sum_sq[e] / float_C;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::rsqrt(v_1[e]);
+    rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h[row * C + j] = (((x[row * C + j]) * v_2[i]) * (norm1[j]));
+      if (row < S) h[row * C + j] = (((x[row * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
     }
   }
 }
@@ -644,33 +644,34 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < S ? x_1[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  const float s = (float)(C);
+  const float float_C = (float)(C);
   float mean_square[BM];
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / s;
+    mean_square[e] = sum_sq[e] / float_C;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::rsqrt(v_1[e]);
+    rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < S) h_1[row * C + j] = (((x_1[row * C + j]) * v_2[i]) * (norm2[j]));
+      if (row < S) h_1[row * C + j] =
+          (((x_1[row * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
     }
   }
 }

@@ -709,7 +709,7 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   float* const area = tsr::scratch(BM*BN + BN + BM*BN);
   float* const acc = area;
   float* const bias_tile = acc + BM*BN;
-  float* const t_2 = bias_tile + BN;
+  float* const out_tile = bias_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -725,10 +725,10 @@ static void linear_gelu_program(const tsr::bf16* A, const tsr::bf16* B, const fl
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      t_2[i * BN + j] = tsr::round_bf16((tsr::gelu((acc[i * BN + j] + bias_tile[j]))));
+      out_tile[i * BN + j] = tsr::round_bf16((tsr::gelu((acc[i * BN + j] + bias_tile[j]))));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_2, BM, BN);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, out_tile, BM, BN);
 }
 
 static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,
@@ -798,7 +798,7 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   float* const acc = area;
   float* const b_out_tile = acc + BM*BN;
   float* const x_tile = b_out_tile + BN;
-  float* const t_2 = x_tile + BM*BN;
+  float* const out_tile = x_tile + BM*BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -815,10 +815,11 @@ static void mlp_k1_program(const tsr::bf16* h, const tsr::bf16* W_out, const flo
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      t_2[i * BN + j] = tsr::round_bf16((x_tile[i * BN + j] + (acc[i * BN + j] + b_out_tile[j])));
+      out_tile[i * BN + j] = tsr::round_bf16((x_tile[i * BN + j]
+          + (acc[i * BN + j] + b_out_tile[j])));
     }
   }
-  tsr::store_tile(out, D, BM*pid_m, BN*pid_n, T, D, t_2, BM, BN);
+  tsr::store_tile(out, D, BM*pid_m, BN*pid_n, T, D, out_tile, BM, BN);
 }
 
 static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const float* b_out,
@@ -844,9 +845,9 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
   float* const a_tile_smem = area;
   float* const b_tile_smem = a_tile_smem + BM*BK;
   float* const acc = b_tile_smem + BN*BK;
-  float* const t = acc + BM*BN;
-  float* const bias_tile = t + BK*BN;
-  float* const t_2 = bias_tile + BN;
+  float* const b_tile_t = acc + BM*BN;
+  float* const bias_tile = b_tile_t + BK*BN;
+  float* const out_tile = bias_tile + BN;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, BM*BN, 0.0f);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -858,8 +859,8 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
     tsr::load_tile(b_tile_smem, BN, BK, w, D, BN*pid_n, BK*kb, F, D);
     float* const b_tile = b_tile_smem;
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    tsr::transpose(t, b_tile, BN, BK);
-    tsr::mma(acc, a_tile, t, acc, BM, BN, BK, tsr::live(BM, T - BM*pid_m),
+    tsr::transpose(b_tile_t, b_tile, BN, BK);
+    tsr::mma(acc, a_tile, b_tile_t, acc, BM, BN, BK, tsr::live(BM, T - BM*pid_m),
         tsr::live(BN, F - BN*pid_n), tsr::live(BK, D - BK*kb));
   }
   // mlp.tsr:31: return x @ w.T + bias
@@ -867,10 +868,10 @@ static void linear_fp8_program(const tsr::e4m3* x, const tsr::e4m3* w, const flo
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      t_2[i * BN + j] = tsr::round_bf16((acc[i * BN + j] + bias_tile[j]));
+      out_tile[i * BN + j] = tsr::round_bf16((acc[i * BN + j] + bias_tile[j]));
     }
   }
-  tsr::store_tile(out, F, BM*pid_m, BN*pid_n, T, F, t_2, BM, BN);
+  tsr::store_tile(out, F, BM*pid_m, BN*pid_n, T, F, out_tile, BM, BN);
 }
 
 static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const float* bias,

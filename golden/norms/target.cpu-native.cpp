@@ -262,10 +262,10 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
       + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(BM*C);
-  float* const e = t + 16;
-  float* const t_2 = e + tsr::whole_lines(BM*C);
-  float* const t_3 = t_2 + 16;
+  float* const row_max = rows_edge + tsr::whole_lines(BM*C);
+  float* const e = row_max + 16;
+  float* const sum_exp = e + tsr::whole_lines(BM*C);
+  float* const e_over_sum_exp = sum_exp + 16;
   // softmax.tsr:9: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, C, x, BM*pid_m, R);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -273,10 +273,10 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
-    t[i] = r;
+    row_max[i] = r;
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t[i];
+    const float row_0 = row_max[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       e[i * C + j] = tsr::exp_nonpositive((rows[i * C + j] - row_0));
@@ -287,16 +287,16 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + e[i * C + j];
-    t_2[i] = r;
+    sum_exp[i] = r;
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_2[i];
+    const float row_0 = sum_exp[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_3[i * C + j] = e[i * C + j] * (1.0f / row_0);
+      e_over_sum_exp[i * C + j] = e[i * C + j] * (1.0f / row_0);
     }
   }
-  tsr::store_tile(out, C, BM*pid_m, 0, R, C, t_3, BM, C);
+  tsr::store_tile(out, C, BM*pid_m, 0, R, C, e_over_sum_exp, BM, C);
 }
 
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
@@ -313,22 +313,22 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*D) + 16 + tsr::whole_lines(BM*D) + 16 + 16
       + tsr::whole_lines(D) + tsr::whole_lines(D) + tsr::whole_lines(BM*D));
-  float* const t = area;
-  float* const t_1 = t + tsr::whole_lines(BM*D);
-  float* const centered = t_1 + 16;
-  float* const t_3 = centered + tsr::whole_lines(BM*D);
-  float* const t_5 = t_3 + 16;
-  float* const t_6 = t_5 + 16;
-  float* const t_7 = t_6 + tsr::whole_lines(D);
-  float* const t_8 = t_7 + tsr::whole_lines(D);
+  float* const x_tile = area;
+  float* const row_sum = x_tile + tsr::whole_lines(BM*D);
+  float* const centered = row_sum + 16;
+  float* const sum_sq = centered + tsr::whole_lines(BM*D);
+  float* const rsqrt_variance_eps = sum_sq + 16;
+  float* const gamma_tile = rsqrt_variance_eps + 16;
+  float* const beta_tile = gamma_tile + tsr::whole_lines(D);
+  float* const out_tile = beta_tile + tsr::whole_lines(D);
   const float eps = 1e-05f;
   // layernorm.tsr:10: rows = tile.cast(tile.load(x, rows=T.m), f32)
-  tsr::load_tile(t, BM, D, x, D, BM*pid_m, 0, T, D);
-  float* const rows = t;
+  tsr::load_tile(x_tile, BM, D, x, D, BM*pid_m, 0, T, D);
+  float* const rows = x_tile;
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      rows[i * D + j] = t[i * D + j];
+      rows[i * D + j] = x_tile[i * D + j];
     }
   }
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -338,14 +338,14 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + rows[i * D + j];
-    t_1[i] = r;
+    row_sum[i] = r;
   }
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_1[j] = t_1[j] * (1.0f / n);
+    row_sum[j] = row_sum[j] * (1.0f / n);
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_1[i];
+    const float row_0 = row_sum[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
       centered[i * D + j] = rows[i * D + j] - row_0;
@@ -356,26 +356,27 @@ static void pre_norm_program(const tsr::bf16* x, const float* gamma, const float
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (centered[i * D + j] * centered[i * D + j]);
-    t_3[i] = r;
+    sum_sq[i] = r;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_5[j] = tsr::rsqrt(((t_3[j] * (1.0f / n)) + eps));
+    rsqrt_variance_eps[j] = tsr::rsqrt(((sum_sq[j] * (1.0f / n)) + eps));
   }
   // layernorm.tsr:16: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_6, 1, D, gamma, 0, 0, 0, 1, D);
+  tsr::load_tile(gamma_tile, 1, D, gamma, 0, 0, 0, 1, D);
   // layernorm.tsr:18: normed = normed + tile.load(bias)[None, :]
-  tsr::load_tile(t_7, 1, D, beta, 0, 0, 0, 1, D);
+  tsr::load_tile(beta_tile, 1, D, beta, 0, 0, 0, 1, D);
   // layernorm.tsr:19: return normed
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_5[i];
+    const float row_0 = rsqrt_variance_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      t_8[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * t_6[j]) + t_7[j]));
+      out_tile[i * D + j] = tsr::round_bf16((((centered[i * D + j] * row_0) * gamma_tile[j])
+          + beta_tile[j]));
     }
   }
-  tsr::store_tile(out, D, BM*pid_m, 0, T, D, t_8, BM, D);
+  tsr::store_tile(out, D, BM*pid_m, 0, T, D, out_tile, BM, D);
 }
 
 static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float* beta,
@@ -394,10 +395,10 @@ static void rms_program(const float* x, const float* weight, float* out, const t
   float* const area = tsr::scratch(tsr::whole_lines(BM*D) + 16 + 16 + tsr::whole_lines(D)
       + tsr::whole_lines(BM*D));
   float* const rows_edge = area;
-  float* const t_1 = rows_edge + tsr::whole_lines(BM*D);
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + tsr::whole_lines(D);
+  float* const sum_sq = rows_edge + tsr::whole_lines(BM*D);
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const weight_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = weight_tile + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // rmsnorm.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, D, x, BM*pid_m, T);
@@ -406,21 +407,21 @@ static void rms_program(const float* x, const float* weight, float* out, const t
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
-  const float s = static_cast<float>(D);
+  const float float_D = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] * (1.0f / float_D)) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, D, weight, 0, 0, 0, 1, D);
+  tsr::load_tile(weight_tile, 1, D, weight, 0, 0, 0, 1, D);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_4[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * weight_tile[j];
     }
   }
   tsr::store_tile(out, D, BM*pid_m, 0, T, D, normed_1, BM, D);
@@ -444,10 +445,10 @@ static void add_rms_program(const float* x, const float* residual, const float* 
   float* const x_tile_edge = area;
   float* const residual_tile_edge = x_tile_edge + tsr::whole_lines(BM*D);
   float* const rows = residual_tile_edge + tsr::whole_lines(BM*D);
-  float* const t_1 = rows + tsr::whole_lines(BM*D);
-  float* const t_3 = t_1 + 16;
-  float* const t_4 = t_3 + 16;
-  float* const normed_1 = t_4 + tsr::whole_lines(D);
+  float* const sum_sq = rows + tsr::whole_lines(BM*D);
+  float* const rsqrt_mean_square_eps = sum_sq + 16;
+  float* const weight_tile = rsqrt_mean_square_eps + 16;
+  float* const normed_1 = weight_tile + tsr::whole_lines(D);
   const float eps = 1e-06f;
   // norms.tsr:29: return rmsnorm_safe(x + residual, weight, eps=1e-6)
   const float* const x_tile = tsr::row_tile(x_tile_edge, BM, D, x + (pid_b0) * (D*S), BM*pid_m, S);
@@ -464,21 +465,21 @@ static void add_rms_program(const float* x, const float* residual, const float* 
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < D; ++j) r = r + (rows[i * D + j] * rows[i * D + j]);
-    t_1[i] = r;
+    sum_sq[i] = r;
   }
-  const float s = static_cast<float>(D);
+  const float float_D = static_cast<float>(D);
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = tsr::rsqrt(((t_1[j] * (1.0f / s)) + eps));
+    rsqrt_mean_square_eps[j] = tsr::rsqrt(((sum_sq[j] * (1.0f / float_D)) + eps));
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  tsr::load_tile(t_4, 1, D, weight, 0, 0, 0, 1, D);
+  tsr::load_tile(weight_tile, 1, D, weight, 0, 0, 0, 1, D);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_3[i];
+    const float row_0 = rsqrt_mean_square_eps[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < D; ++j) {
-      normed_1[i * D + j] = (rows[i * D + j] * row_0) * t_4[j];
+      normed_1[i * D + j] = (rows[i * D + j] * row_0) * weight_tile[j];
     }
   }
   tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, normed_1, BM, D);

@@ -78,28 +78,28 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
-  float v[BM];
+  float row_max[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(tsr_scratch, r);
+    row_max[i] = tsr_group_max(tsr_scratch, r);
   }
   // softmax.tsr:11: return e / tile.sum(e, axis=1)[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
-        r = r + (expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(tsr_scratch, r);
+        r = r + (expf(((BM*pid_m + i < R ? x[(BM*pid_m + i) * C + j] : 0.0f) - row_max[i])));
+    sum_exp[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < R) out[row * C + j] = ((expf(((x[row * C + j]) - v[i]))) / v_1[i]);
+      if (row < R) out[row * C + j] = ((expf(((x[row * C + j]) - row_max[i]))) / sum_exp[i]);
     }
   }
 }
@@ -118,45 +118,45 @@ extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short*
   // layernorm.tsr:11: n = float(x.shape[-1])
   const float n = (float)(D);
   // layernorm.tsr:12: centered = rows - (tile.sum(rows, axis=1) / n)[:, None]
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_1[BM];
+  float row_mean[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / n;
+    row_mean[e] = row_sum[e] / n;
   }
   // layernorm.tsr:13: variance = tile.sum(centered * centered, axis=1) / n
-  float v_2[BM];
+  float sum_sq[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += THREADS)
         r = r + ((((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
-        - v_1[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j]) : 0.0f))
-        - v_1[i]));
-    v_2[i] = tsr_group_sum(tsr_scratch, r);
+        - row_mean[i]) * (((BM*pid_m + i < T ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + j])
+        : 0.0f)) - row_mean[i]));
+    sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float variance[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    variance[e] = v_2[e] / n;
+    variance[e] = sum_sq[e] / n;
   }
   // layernorm.tsr:14: normed = centered * tile.rsqrt(variance + eps)[:, None]
-  float v_3[BM];
+  float variance_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_3[e] = variance[e] + eps;
+    variance_eps[e] = variance[e] + eps;
   }
-  float v_4[BM];
+  float rsqrt_variance_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_4[e] = rsqrtf(v_3[e]);
+    rsqrt_variance_eps[e] = rsqrtf(variance_eps[e]);
   }
   // layernorm.tsr:19: return normed
   #pragma unroll
@@ -164,8 +164,8 @@ extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short*
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < T) out[row * D + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((((tsr_bf16_to_float(x[row * D + j]))) - v_1[i])
-          * v_4[i]) * (gamma[j])) + (beta[j])))));
+          tsr_float_to_bf16((tsr_round_bf16(((((((tsr_bf16_to_float(x[row * D + j])))
+          - row_mean[i]) * rsqrt_variance_eps[i]) * (gamma[j])) + (beta[j])))));
     }
   }
 }
@@ -182,38 +182,39 @@ extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ 
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < D; j += THREADS)
         r = r + ((BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f)
         * (BM*pid_m + i < T ? x[(BM*pid_m + i) * D + j] : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(D);
+  const float float_D = (float)(D);
   float mean_square[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / s;
+    mean_square[e] = sum_sq[e] / float_D;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = rsqrtf(v_1[e]);
+    rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < T) out[row * D + j] = (((x[row * D + j]) * v_2[i]) * (weight[j]));
+      if (row < T) out[row * D + j] =
+          (((x[row * D + j]) * rsqrt_mean_square_eps[i]) * (weight[j]));
     }
   }
 }
@@ -232,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(256) add_rms(const float* __restric
   const long long pid_b0 = blockIdx.y;
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
-  float v[BM];
+  float sum_sq[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
@@ -241,24 +242,24 @@ extern "C" __global__ void __launch_bounds__(256) add_rms(const float* __restric
         + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f))
         * ((BM*pid_m + i < S ? x[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)
         + (BM*pid_m + i < S ? residual[(pid_b0 * S + BM*pid_m + i) * D + j] : 0.0f)));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(D);
+  const float float_D = (float)(D);
   float mean_square[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    mean_square[e] = v[e] / s;
+    mean_square[e] = sum_sq[e] / float_D;
   }
   // rmsnorm.tsr:10: normed = rows * tile.rsqrt(mean_square + eps)[:, None]
-  float v_1[BM];
+  float mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = mean_square[e] + eps;
+    mean_square_eps[e] = mean_square[e] + eps;
   }
-  float v_2[BM];
+  float rsqrt_mean_square_eps[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = rsqrtf(v_1[e]);
+    rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
   #pragma unroll
@@ -266,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(256) add_rms(const float* __restric
     for (long long j = lid; j < D; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < S) out[(pid_b0 * S + row) * D + j] =
-          ((((x[(pid_b0 * S + row) * D + j]) + (residual[(pid_b0 * S + row) * D + j])) * v_2[i])
-          * (weight[j]));
+          ((((x[(pid_b0 * S + row) * D + j]) + (residual[(pid_b0 * S + row) * D + j]))
+          * rsqrt_mean_square_eps[i]) * (weight[j]));
     }
   }
 }

@@ -936,18 +936,18 @@ static void quantize_weights_k1_program(const float* w, const float* t0, std::in
       + tsr::whole_lines(BM*N));
   float* const w_tile_edge = area;
   float* const t0_tile = w_tile_edge + tsr::whole_lines(BM*N);
-  float* const t_2 = t0_tile + tsr::whole_lines(N);
+  float* const out_tile = t0_tile + tsr::whole_lines(N);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   const float* const w_tile = tsr::row_tile(w_tile_edge, BM, N, w, BM*pid_m, K);
   tsr::load_tile(t0_tile, 1, N, t0, 0, 0, 0, 1, N);
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_2[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
+      out_tile[i * N + j] = tsr::round_i8(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
           * t0_tile[j]))), -128.0f, 127.0f));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, 0, K, N, t_2, BM, N);
+  tsr::store_tile(out, N, BM*pid_m, 0, K, N, out_tile, BM, N);
 }
 
 static void quantize_weights_k1_launch(const float* w, const float* t0, std::int8_t* out,
@@ -970,7 +970,7 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
   float* const a_smem = area;
   float* const operand_smem = a_smem + BM*BK;
   float* const acc = operand_smem + BK*BN;
-  float* const t_1 = acc + BM*BN;
+  float* const scale_tile = acc + BM*BN;
   // quant_linear.tsr:27: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, BM*BN, 0.0f);
   // quant_linear.tsr:28: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
@@ -981,12 +981,12 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     tsr::load_tile(operand_smem, BK, BN, w, N, BK*kb, BN*pid_n, K, N);
-    float* const t = operand_smem;
-    float* const b = t;
+    float* const operand = operand_smem;
+    float* const b = operand;
     for (tsr::i64 i = 0; i < BK; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < BN; ++j) {
-        b[i * BN + j] = tsr::round_bf16(t[i * BN + j]);
+        b[i * BN + j] = tsr::round_bf16(operand[i * BN + j]);
       }
     }
     // quant_linear.tsr:31: acc += tile.dot(a, b)
@@ -994,11 +994,11 @@ static void w8a16_program(const tsr::bf16* x, const std::int8_t* w, const float*
         tsr::live(BK, K - BK*kb));
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
-  tsr::load_tile(t_1, 1, BN, scale, 0, 0, BN*pid_n, 1, N);
+  tsr::load_tile(scale_tile, 1, BN, scale, 0, 0, BN*pid_n, 1, N);
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      acc[i * BN + j] = acc[i * BN + j] * t_1[j];
+      acc[i * BN + j] = acc[i * BN + j] * scale_tile[j];
     }
   }
   tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
@@ -1023,17 +1023,17 @@ static void linear_per_group_k0_program(const std::int8_t* w, const float* scale
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(BM*N));
   float* const w_tile = area;
-  float* const t_2 = w_tile + tsr::whole_lines(BM*N);
+  float* const t4_tile = w_tile + tsr::whole_lines(BM*N);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
   tsr::load_tile(w_tile, BM, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
   const float* const scale_tile = scale + (pid_b0) * (N) + (0) * N;
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_2[i * N + j] = tsr::round_bf16(((w_tile[i * N + j]) * scale_tile[j]));
+      t4_tile[i * N + j] = tsr::round_bf16(((w_tile[i * N + j]) * scale_tile[j]));
     }
   }
-  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t_2, BM, N);
+  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t4_tile, BM, N);
 }
 
 static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
@@ -1088,17 +1088,17 @@ static void quantize_i4_k0_program(const float* scale, float* t2, const tsr::i64
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(BM*N));
   float* const scale_tile_edge = area;
-  float* const t = scale_tile_edge + tsr::whole_lines(BM*N);
+  float* const scaled_scale_tile = scale_tile_edge + tsr::whole_lines(BM*N);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   const float* const scale_tile =
       tsr::row_tile(scale_tile_edge, BM, N, scale + (pid_b0) * (N), BM*pid_m, 1);
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t[i * N + j] = 1.0f / scale_tile[i * N + j];
+      scaled_scale_tile[i * N + j] = 1.0f / scale_tile[i * N + j];
     }
   }
-  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, t, BM, N);
+  tsr::store_tile(t2 + (pid_b0) * (N), N, BM*pid_m, 0, 1, N, scaled_scale_tile, BM, N);
 }
 
 static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 K,
@@ -1117,18 +1117,18 @@ static void quantize_i4_k1_program(const float* w, const float* t2, tsr::i4* out
     const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*N));
-  float* const t_2 = area;
+  float* const out_tile = area;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
   const float* const w_tile = w + (pid_b0) * (32*N) + (BM*pid_m) * N;
   const float* const t2_tile = t2 + (pid_b0) * (N) + (0) * N;
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < N; ++j) {
-      t_2[i * N + j] = tsr::round_i4(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
+      out_tile[i * N + j] = tsr::round_i4(tsr::saturate_int((std::nearbyint((w_tile[i * N + j]
           * t2_tile[j]))), -8.0f, 7.0f));
     }
   }
-  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, t_2, BM, N);
+  tsr::store_tile(tsr::i4_span{out, (pid_b0) * (32*N)}, N, BM*pid_m, 0, 32, N, out_tile, BM, N);
 }
 
 static void quantize_i4_k1_launch(const float* w, const float* t2, tsr::i4* out, const tsr::i64 K,
@@ -1191,11 +1191,11 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   float* const area = tsr::scratch(BM*BN + BM*BN + BM*BN + BM*BN + BM + BN + BM*BN);
   float* const high = area;
   float* const low = high + BM*BN;
-  float* const t = low + BM*BN;
-  float* const h = t + BM*BN;
-  float* const t_5_edge = h + BM*BN;
-  float* const t_7 = t_5_edge + BM;
-  float* const t_8 = t_7 + BN;
+  float* const dot = low + BM*BN;
+  float* const h = dot + BM*BN;
+  float* const x_scale_tile_edge = h + BM*BN;
+  float* const w_scale_tile = x_scale_tile_edge + BM;
+  float* const product = w_scale_tile + BN;
   // quant_linear.tsr:63: high = tile.zeros((T.m, T.n), f32)  # the sum is high * 4096 + low, both
   //   exact
   std::fill_n(high, BM*BN, 0.0f);
@@ -1205,13 +1205,13 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 64); ++kb) {
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    tsr::mma_i8<true>(t, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, t, BM, BN,
+    tsr::mma_i8<true>(dot, x, K, BM*pid_m, 64*kb, M, K, w, N, 64*kb, BN*pid_n, K, N, dot, BM, BN,
         tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(64, K - 64*kb));
-    float* const s = t;
+    float* const s = dot;
     for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < BN; ++j) {
-        s[i * BN + j] = t[i * BN + j];
+        s[i * BN + j] = dot[i * BN + j];
       }
     }
     // quant_linear.tsr:67: h = tile.round(s * (1.0 / 4096.0))
@@ -1239,16 +1239,17 @@ static void w8a8_program(const std::int8_t* x, const std::int8_t* w, const float
   // quant_linear.tsr:70: acc = high * 4096.0 + low  # the exact i32 sum, rounded once to f32
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  const float* const t_5 = tsr::row_tile(t_5_edge, BM, 1, x_scale, BM*pid_m, M);
-  tsr::load_tile(t_7, 1, BN, w_scale, 0, 0, BN*pid_n, 1, N);
+  const float* const x_scale_tile = tsr::row_tile(x_scale_tile_edge, BM, 1, x_scale, BM*pid_m, M);
+  tsr::load_tile(w_scale_tile, 1, BN, w_scale, 0, 0, BN*pid_n, 1, N);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_5[i];
+    const float row_0 = x_scale_tile[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      t_8[i * BN + j] = (((high[i * BN + j] * 4096.0f) + low[i * BN + j]) * row_0) * t_7[j];
+      product[i * BN + j] = (((high[i * BN + j] * 4096.0f) + low[i * BN + j]) * row_0)
+          * w_scale_tile[j];
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_8, BM, BN);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, product, BM, BN);
 }
 
 static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float* x_scale,

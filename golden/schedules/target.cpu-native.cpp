@@ -740,7 +740,7 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   float* const area = tsr::scratch(BM*BN + BN + BM*BN);
   float* const acc = area;
   float* const bias_tile = acc + BM*BN;
-  float* const t_2 = bias_tile + BN;
+  float* const out_tile = bias_tile + BN;
   // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
   std::fill_n(acc, BM*BN, 0.0f);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -756,10 +756,10 @@ static void gemm_bias_relu_program(const tsr::bf16* A, const tsr::bf16* B, const
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < BN; ++j) {
-      t_2[i * BN + j] = tsr::round_bf16((tsr::relu((acc[i * BN + j] + bias_tile[j]))));
+      out_tile[i * BN + j] = tsr::round_bf16((tsr::relu((acc[i * BN + j] + bias_tile[j]))));
     }
   }
-  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, t_2, BM, BN);
+  tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, out_tile, BM, BN);
 }
 
 static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const float* bias,

@@ -634,11 +634,11 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
       + tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(BM*C);
-  float* const shifted = t + 16;
-  float* const t_2 = shifted + tsr::whole_lines(BM*C);
-  float* const target_tile_edge = t_2 + 16;
-  float* const t_4 = target_tile_edge + tsr::whole_lines(BM*C);
+  float* const row_max = rows_edge + tsr::whole_lines(BM*C);
+  float* const shifted = row_max + 16;
+  float* const sum_exp = shifted + tsr::whole_lines(BM*C);
+  float* const target_tile_edge = sum_exp + 16;
+  float* const product = target_tile_edge + tsr::whole_lines(BM*C);
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, C, logits, BM*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -646,10 +646,10 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
-    t[i] = r;
+    row_max[i] = r;
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t[i];
+    const float row_0 = row_max[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       shifted[i * C + j] = rows[i * C + j] - row_0;
@@ -660,22 +660,22 @@ static void loss_k2_program(const float* logits, const float* target, float* t4,
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (tsr::exp_nonpositive(shifted[i * C + j]));
-    t_2[i] = r;
+    sum_exp[i] = r;
   }
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_2[j] = std::log(t_2[j]);
+    sum_exp[j] = std::log(sum_exp[j]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_2[i];
+    const float row_0 = sum_exp[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_4[i * C + j] = target_tile[i * C + j] * (shifted[i * C + j] - row_0);
+      product[i * C + j] = target_tile[i * C + j] * (shifted[i * C + j] - row_0);
     }
   }
-  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, t_4, BM, C);
+  tsr::store_tile(t4, C, BM*pid_m, 0, B, C, product, BM, C);
 }
 
 static void loss_k2_launch(const float* logits, const float* target, float* t4, const tsr::i64 B,
@@ -692,17 +692,17 @@ static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const 
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(BM*C);
+  float* const t4_tile_edge = area;
+  float* const row_sum = t4_tile_edge + tsr::whole_lines(BM*C);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, BM, C, t4, BM*pid_m, B);
+  const float* const t4_tile = tsr::row_tile(t4_tile_edge, BM, C, t4, BM*pid_m, B);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < C; ++j) r = r + t[i * C + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < C; ++j) r = r + t4_tile[i * C + j];
+    row_sum[i] = r;
   }
-  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, BM);
+  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, row_sum, 1, BM);
 }
 
 static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C) {
@@ -717,25 +717,25 @@ static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const t
 static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
-  float* const t_3 = t_1 + 16;
+  float* const t5_tile_edge = area;
+  float* const row_sum = t5_tile_edge + tsr::whole_lines(BM*B);
+  float* const neg_row_mean = row_sum + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  const float* const t = tsr::row_tile(t_edge, BM, B, t5, BM*pid_m, 1);
+  const float* const t5_tile = tsr::row_tile(t5_tile_edge, BM, B, t5, BM*pid_m, 1);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < B; ++j) r = r + t5_tile[i * B + j];
+    row_sum[i] = r;
   }
-  const float s = static_cast<float>(B);
+  const float float_B = static_cast<float>(B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = -(t_1[j] * (1.0f / s));
+    neg_row_mean[j] = -(row_sum[j] * (1.0f / float_B));
   }
-  tsr::store_tile(out, 0, 0, BM*pid_m, 1, 1, t_3, 1, BM);
+  tsr::store_tile(out, 0, 0, BM*pid_m, 1, 1, neg_row_mean, 1, BM);
 }
 
 static void loss_k4_launch(const float* t5, float* out, const tsr::i64 B) {
@@ -849,10 +849,10 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + 16 + tsr::whole_lines(BM*C) + 16
       + tsr::whole_lines(BM*C));
   float* const rows_edge = area;
-  float* const t = rows_edge + tsr::whole_lines(BM*C);
-  float* const shifted = t + 16;
-  float* const t_2 = shifted + tsr::whole_lines(BM*C);
-  float* const t_3 = t_2 + 16;
+  float* const row_max = rows_edge + tsr::whole_lines(BM*C);
+  float* const shifted = row_max + 16;
+  float* const sum_exp = shifted + tsr::whole_lines(BM*C);
+  float* const diff = sum_exp + 16;
   // log_softmax.tsr:8: rows = tile.cast(tile.load(x, rows=T.m), f32)
   const float* const rows = tsr::row_tile(rows_edge, BM, C, logits, BM*pid_m, B);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -860,10 +860,10 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
     float r = -tsr::infinity();
     #pragma omp simd reduction(max : r)
     for (tsr::i64 j = 0; j < C; ++j) r = tsr::larger(r, rows[i * C + j]);
-    t[i] = r;
+    row_max[i] = r;
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t[i];
+    const float row_0 = row_max[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
       shifted[i * C + j] = rows[i * C + j] - row_0;
@@ -874,20 +874,20 @@ static void train_step_k2_program(const float* logits, float* t3, const tsr::i64
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (tsr::exp_nonpositive(shifted[i * C + j]));
-    t_2[i] = r;
+    sum_exp[i] = r;
   }
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_2[j] = std::log(t_2[j]);
+    sum_exp[j] = std::log(sum_exp[j]);
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_2[i];
+    const float row_0 = sum_exp[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_3[i * C + j] = shifted[i * C + j] - row_0;
+      diff[i * C + j] = shifted[i * C + j] - row_0;
     }
   }
-  tsr::store_tile(t3, C, BM*pid_m, 0, B, C, t_3, BM, C);
+  tsr::store_tile(t3, C, BM*pid_m, 0, B, C, diff, BM, C);
 }
 
 static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 B,
@@ -906,7 +906,7 @@ static void train_step_k3_program(const float* target, const float* t3, float* t
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C) + 16);
   float* const target_tile_edge = area;
   float* const t3_tile_edge = target_tile_edge + tsr::whole_lines(BM*C);
-  float* const t_1 = t3_tile_edge + tsr::whole_lines(BM*C);
+  float* const row_sum = t3_tile_edge + tsr::whole_lines(BM*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
   const float* const t3_tile = tsr::row_tile(t3_tile_edge, BM, C, t3, BM*pid_m, B);
@@ -915,9 +915,9 @@ static void train_step_k3_program(const float* target, const float* t3, float* t
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + (target_tile[i * C + j] * t3_tile[i * C + j]);
-    t_1[i] = r;
+    row_sum[i] = r;
   }
-  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, t_1, 1, BM);
+  tsr::store_tile(t5, 0, 0, BM*pid_m, 1, B, row_sum, 1, BM);
 }
 
 static void train_step_k3_launch(const float* target, const float* t3, float* t5,
@@ -934,25 +934,25 @@ static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
-  float* const t_3 = t_1 + 16;
+  float* const t5_tile_edge = area;
+  float* const row_sum = t5_tile_edge + tsr::whole_lines(BM*B);
+  float* const neg_row_mean = row_sum + 16;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  const float* const t = tsr::row_tile(t_edge, BM, B, t5, BM*pid_m, 1);
+  const float* const t5_tile = tsr::row_tile(t5_tile_edge, BM, B, t5, BM*pid_m, 1);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < B; ++j) r = r + t5_tile[i * B + j];
+    row_sum[i] = r;
   }
-  const float s = static_cast<float>(B);
+  const float float_B = static_cast<float>(B);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_3[j] = -(t_1[j] * (1.0f / s));
+    neg_row_mean[j] = -(row_sum[j] * (1.0f / float_B));
   }
-  tsr::store_tile(t8, 0, 0, BM*pid_m, 1, 1, t_3, 1, BM);
+  tsr::store_tile(t8, 0, 0, BM*pid_m, 1, 1, neg_row_mean, 1, BM);
 }
 
 static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
@@ -990,16 +990,16 @@ static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pi
   constexpr tsr::i64 BM = 8192;
   float* const area = tsr::scratch(BM + BM);
   float* const t8_tile = area;
-  float* const t_2 = t8_tile + BM;
+  float* const neg_selected = t8_tile + BM;
   // train_mlp.tsr:22: value, (dw1, db1, dw2, db2) = value_and_grad(loss, wrt=("w1", "b1", "w2",
   //   "b2"))(
   tsr::load_tile(t8_tile, 1, BM, t8, 0, 0, BM*pid_m, 1, 1);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_2[j] = -(tsr::select((t8_tile[j] == t8_tile[j]), 1.0f, 1.0f));
+    neg_selected[j] = -(tsr::select((t8_tile[j] == t8_tile[j]), 1.0f, 1.0f));
   }
-  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, t_2, 1, BM);
+  tsr::store_tile(t12, 0, 0, BM*pid_m, 1, 1, neg_selected, 1, BM);
 }
 
 static void train_step_k6_launch(const float* t8, float* t12) {
@@ -1017,16 +1017,17 @@ static void train_step_k7_program(const float* t5, const float* t12, float* t16,
   float* const area = tsr::scratch(BM + 16 + BM);
   float* const t5_tile = area;
   float* const t12_tile = t5_tile + BM;
-  float* const t_2 = t12_tile + 16;
+  float* const selected_over_float_B = t12_tile + 16;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   tsr::load_tile(t5_tile, 1, BM, t5, 0, 0, BM*pid_m, 1, B);
   tsr::load_tile(t12_tile, 1, 1, t12, 0, 0, 0, 1, 1);
-  const float s = static_cast<float>(B);
+  const float float_B = static_cast<float>(B);
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    t_2[j] = (tsr::select((t5_tile[j] == t5_tile[j]), t12_tile[0], t12_tile[0])) * (1.0f / s);
+    selected_over_float_B[j] =
+        (tsr::select((t5_tile[j] == t5_tile[j]), t12_tile[0], t12_tile[0])) * (1.0f / float_B);
   }
-  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, t_2, 1, BM);
+  tsr::store_tile(t16, 0, 0, BM*pid_m, 1, B, selected_over_float_B, 1, BM);
 }
 
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
@@ -1044,7 +1045,7 @@ static void train_step_k8_program(const float* t16, const float* target, float* 
   float* const area = tsr::scratch(16 + tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C));
   float* const t16_tile_edge = area;
   float* const target_tile_edge = t16_tile_edge + 16;
-  float* const t = target_tile_edge + tsr::whole_lines(BM*C);
+  float* const product = target_tile_edge + tsr::whole_lines(BM*C);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float* const t16_tile = tsr::row_tile(t16_tile_edge, BM, 1, t16, BM*pid_m, B);
   const float* const target_tile = tsr::row_tile(target_tile_edge, BM, C, target, BM*pid_m, B);
@@ -1052,10 +1053,10 @@ static void train_step_k8_program(const float* t16, const float* target, float* 
     const float row_0 = t16_tile[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t[i * C + j] = row_0 * target_tile[i * C + j];
+      product[i * C + j] = row_0 * target_tile[i * C + j];
     }
   }
-  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, t, BM, C);
+  tsr::store_tile(t18, C, BM*pid_m, 0, B, C, product, BM, C);
 }
 
 static void train_step_k8_launch(const float* t16, const float* target, float* t18,
@@ -1075,28 +1076,28 @@ static void train_step_k9_program(const float* t3, const float* t18, float* t19,
   float* const area = tsr::scratch(tsr::whole_lines(BM*C) + tsr::whole_lines(BM*C) + 16
       + tsr::whole_lines(BM*C));
   float* const grads_edge = area;
-  float* const t_edge = grads_edge + tsr::whole_lines(BM*C);
-  float* const t_2 = t_edge + tsr::whole_lines(BM*C);
-  float* const t_4 = t_2 + 16;
+  float* const t3_tile_edge = grads_edge + tsr::whole_lines(BM*C);
+  float* const row_sum = t3_tile_edge + tsr::whole_lines(BM*C);
+  float* const diff = row_sum + 16;
   // log_softmax_grad.tsr:8: grads = tile.load(g, rows=T.m)
   const float* const grads = tsr::row_tile(grads_edge, BM, C, t18, BM*pid_m, B);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  const float* const t = tsr::row_tile(t_edge, BM, C, t3, BM*pid_m, B);
+  const float* const t3_tile = tsr::row_tile(t3_tile_edge, BM, C, t3, BM*pid_m, B);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
     for (tsr::i64 j = 0; j < C; ++j) r = r + grads[i * C + j];
-    t_2[i] = r;
+    row_sum[i] = r;
   }
   for (tsr::i64 i = 0; i < BM; ++i) {
-    const float row_0 = t_2[i];
+    const float row_0 = row_sum[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < C; ++j) {
-      t_4[i * C + j] = grads[i * C + j] - ((tsr::exp(t[i * C + j])) * row_0);
+      diff[i * C + j] = grads[i * C + j] - ((tsr::exp(t3_tile[i * C + j])) * row_0);
     }
   }
-  tsr::store_tile(t19, C, BM*pid_m, 0, B, C, t_4, BM, C);
+  tsr::store_tile(t19, C, BM*pid_m, 0, B, C, diff, BM, C);
 }
 
 static void train_step_k9_launch(const float* t3, const float* t18, float* t19, const tsr::i64 B,
@@ -1114,12 +1115,12 @@ static void train_step_k10_program(const float* t19, float* t20, const tsr::i64 
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
   float* const area = tsr::scratch(BN*BM + BM*BN);
-  float* const t = area;
-  float* const t_1 = t + BN*BM;
+  float* const t19_tile = area;
+  float* const t19_tile_t = t19_tile + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, BN, BM, t19, C, BN*pid_n, BM*pid_m, B, C);
-  tsr::transpose(t_1, t, BN, BM);
-  tsr::store_tile(t20, B, BM*pid_m, BN*pid_n, C, B, t_1, BM, BN);
+  tsr::load_tile(t19_tile, BN, BM, t19, C, BN*pid_n, BM*pid_m, B, C);
+  tsr::transpose(t19_tile_t, t19_tile, BN, BM);
+  tsr::store_tile(t20, B, BM*pid_m, BN*pid_n, C, B, t19_tile_t, BM, BN);
 }
 
 static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B,
@@ -1139,22 +1140,22 @@ static void train_step_k11_program(const float* t20, const float lr, const float
     const tsr::i64 C, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
-  float* const b2_tile = t_1 + 16;
+  float* const t20_tile_edge = area;
+  float* const row_sum = t20_tile_edge + tsr::whole_lines(BM*B);
+  float* const b2_tile = row_sum + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, BM, B, t20, BM*pid_m, C);
+  const float* const t20_tile = tsr::row_tile(t20_tile_edge, BM, B, t20, BM*pid_m, C);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < B; ++j) r = r + t20_tile[i * B + j];
+    row_sum[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   tsr::load_tile(b2_tile, 1, BM, b2, 0, 0, BM*pid_m, 1, C);
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    b2_tile[j] = b2_tile[j] - (lr * t_1[j]);
+    b2_tile[j] = b2_tile[j] - (lr * row_sum[j]);
   }
   tsr::store_tile(out4, 0, 0, BM*pid_m, 1, C, b2_tile, 1, BM);
 }
@@ -1178,7 +1179,7 @@ static void train_step_k12_program(const float* t19, const float* w2, float* t21
   float* const area = tsr::scratch(BN*BK + BM*BN + BK*BN);
   float* const b_tile_smem = area;
   float* const acc = b_tile_smem + BN*BK;
-  float* const t = acc + BM*BN;
+  float* const b_tile_t = acc + BM*BN;
   // gemm_nt.tsr:13: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, BN, tsr::live(BM, B - BM*pid_m), tsr::live(BN, H - BN*pid_n));
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
@@ -1189,8 +1190,8 @@ static void train_step_k12_program(const float* t19, const float* w2, float* t21
     tsr::load_tile(b_tile_smem, BN, BK, w2, C, BN*pid_n, BK*kb, H, C);
     float* const b_tile = b_tile_smem;
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    tsr::transpose(t, b_tile, BN, BK);
-    tsr::mma(acc, a_tile, t, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
+    tsr::transpose(b_tile_t, b_tile, BN, BK);
+    tsr::mma(acc, a_tile, b_tile_t, acc, BM, BN, tsr::live(BM, B - BM*pid_m),
         tsr::live(BN, H - BN*pid_n), tsr::live(BK, C - BK*kb), C, BN);
   }
   tsr::store_tile(t21, H, BM*pid_m, BN*pid_n, B, H, acc, BM, BN);
@@ -1214,12 +1215,12 @@ static void train_step_k13_program(const float* hidden, float* t22, const tsr::i
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
   float* const area = tsr::scratch(BN*BM + BM*BN);
-  float* const t = area;
-  float* const t_1 = t + BN*BM;
+  float* const hidden_tile = area;
+  float* const hidden_tile_t = hidden_tile + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, BN, BM, hidden, H, BN*pid_n, BM*pid_m, B, H);
-  tsr::transpose(t_1, t, BN, BM);
-  tsr::store_tile(t22, B, BM*pid_m, BN*pid_n, H, B, t_1, BM, BN);
+  tsr::load_tile(hidden_tile, BN, BM, hidden, H, BN*pid_n, BM*pid_m, B, H);
+  tsr::transpose(hidden_tile_t, hidden_tile, BN, BM);
+  tsr::store_tile(t22, B, BM*pid_m, BN*pid_n, H, B, hidden_tile_t, BM, BN);
 }
 
 static void train_step_k13_launch(const float* hidden, float* t22, const tsr::i64 B,
@@ -1289,18 +1290,18 @@ static void train_step_k15_program(const float* hidden, const float* t21, float*
       + tsr::whole_lines(BM*H));
   float* const hidden_tile_edge = area;
   float* const t21_tile_edge = hidden_tile_edge + tsr::whole_lines(BM*H);
-  float* const t_2 = t21_tile_edge + tsr::whole_lines(BM*H);
+  float* const product = t21_tile_edge + tsr::whole_lines(BM*H);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   const float* const hidden_tile = tsr::row_tile(hidden_tile_edge, BM, H, hidden, BM*pid_m, B);
   const float* const t21_tile = tsr::row_tile(t21_tile_edge, BM, H, t21, BM*pid_m, B);
   for (tsr::i64 i = 0; i < BM; ++i) {
     #pragma omp simd
     for (tsr::i64 j = 0; j < H; ++j) {
-      t_2[i * H + j] = t21_tile[i * H + j]
+      product[i * H + j] = t21_tile[i * H + j]
           * (1.0f - (hidden_tile[i * H + j] * hidden_tile[i * H + j]));
     }
   }
-  tsr::store_tile(t25, H, BM*pid_m, 0, B, H, t_2, BM, H);
+  tsr::store_tile(t25, H, BM*pid_m, 0, B, H, product, BM, H);
 }
 
 static void train_step_k15_launch(const float* hidden, const float* t21, float* t25,
@@ -1318,12 +1319,12 @@ static void train_step_k16_program(const float* t25, float* t26, const tsr::i64 
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
   float* const area = tsr::scratch(BN*BM + BM*BN);
-  float* const t = area;
-  float* const t_1 = t + BN*BM;
+  float* const t25_tile = area;
+  float* const t25_tile_t = t25_tile + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, BN, BM, t25, H, BN*pid_n, BM*pid_m, B, H);
-  tsr::transpose(t_1, t, BN, BM);
-  tsr::store_tile(t26, B, BM*pid_m, BN*pid_n, H, B, t_1, BM, BN);
+  tsr::load_tile(t25_tile, BN, BM, t25, H, BN*pid_n, BM*pid_m, B, H);
+  tsr::transpose(t25_tile_t, t25_tile, BN, BM);
+  tsr::store_tile(t26, B, BM*pid_m, BN*pid_n, H, B, t25_tile_t, BM, BN);
 }
 
 static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B,
@@ -1343,22 +1344,22 @@ static void train_step_k17_program(const float* t26, const float lr, const float
     const tsr::i64 H, const tsr::i64 B, const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 4;
   float* const area = tsr::scratch(tsr::whole_lines(BM*B) + 16 + 16);
-  float* const t_edge = area;
-  float* const t_1 = t_edge + tsr::whole_lines(BM*B);
-  float* const b1_tile = t_1 + 16;
+  float* const t26_tile_edge = area;
+  float* const row_sum = t26_tile_edge + tsr::whole_lines(BM*B);
+  float* const b1_tile = row_sum + 16;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  const float* const t = tsr::row_tile(t_edge, BM, B, t26, BM*pid_m, H);
+  const float* const t26_tile = tsr::row_tile(t26_tile_edge, BM, B, t26, BM*pid_m, H);
   for (tsr::i64 i = 0; i < BM; ++i) {
     float r = 0.0f;
     #pragma omp simd reduction(+ : r)
-    for (tsr::i64 j = 0; j < B; ++j) r = r + t[i * B + j];
-    t_1[i] = r;
+    for (tsr::i64 j = 0; j < B; ++j) r = r + t26_tile[i * B + j];
+    row_sum[i] = r;
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   tsr::load_tile(b1_tile, 1, BM, b1, 0, 0, BM*pid_m, 1, H);
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
-    b1_tile[j] = b1_tile[j] - (lr * t_1[j]);
+    b1_tile[j] = b1_tile[j] - (lr * row_sum[j]);
   }
   tsr::store_tile(out2, 0, 0, BM*pid_m, 1, H, b1_tile, 1, BM);
 }
@@ -1378,12 +1379,12 @@ static void train_step_k18_program(const float* x, float* t27, const tsr::i64 B,
   constexpr tsr::i64 BM = 64;
   constexpr tsr::i64 BN = 64;
   float* const area = tsr::scratch(BN*BM + BM*BN);
-  float* const t = area;
-  float* const t_1 = t + BN*BM;
+  float* const x_tile = area;
+  float* const x_tile_t = x_tile + BN*BM;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  tsr::load_tile(t, BN, BM, x, D, BN*pid_n, BM*pid_m, B, D);
-  tsr::transpose(t_1, t, BN, BM);
-  tsr::store_tile(t27, B, BM*pid_m, BN*pid_n, D, B, t_1, BM, BN);
+  tsr::load_tile(x_tile, BN, BM, x, D, BN*pid_n, BM*pid_m, B, D);
+  tsr::transpose(x_tile_t, x_tile, BN, BM);
+  tsr::store_tile(t27, B, BM*pid_m, BN*pid_n, D, B, x_tile_t, BM, BN);
 }
 
 static void train_step_k18_launch(const float* x, float* t27, const tsr::i64 B, const tsr::i64 D) {

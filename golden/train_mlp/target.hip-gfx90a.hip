@@ -382,27 +382,27 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(tsr_scratch, r);
+    row_max[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
-        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(tsr_scratch, r);
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - row_max[i])));
+    sum_exp[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = logf(v_1[e]);
+    log_sum_exp[e] = logf(sum_exp[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
@@ -410,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]));
     }
   }
 }
@@ -425,17 +425,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restric
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -450,29 +450,29 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -762,33 +762,33 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += THREADS)
         r = fmaxf(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(tsr_scratch, r);
+    row_max[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
-        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(tsr_scratch, r);
+        r = r + (expf(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - row_max[i])));
+    sum_exp[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = logf(v_1[e]);
+    log_sum_exp[e] = logf(sum_exp[e]);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]);
     }
   }
 }
@@ -803,18 +803,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -829,29 +829,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -893,10 +893,10 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __r
   constexpr int THREADS = 512;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float s = (float)(B);
+  const float float_B = (float)(B);
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / float_B);
   }
 }
 
@@ -930,19 +930,20 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t19[row * C + j] = ((t18[row * C + j]) - ((expf((t3[row * C + j]))) * v[i]));
+      if (row < B) t19[row * C + j] =
+          ((t18[row * C + j]) - ((expf((t3[row * C + j]))) * row_sum[i]));
     }
   }
 }
@@ -999,22 +1000,22 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 
@@ -1405,22 +1406,22 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   #pragma unroll
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 

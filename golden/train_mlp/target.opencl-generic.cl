@@ -268,31 +268,31 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += THREADS)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(tsr_scratch, r);
+    row_max[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += THREADS)
-        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(tsr_scratch, r);
+        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - row_max[i])));
+    sum_exp[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = log(v_1[e]);
+    log_sum_exp[e] = log(sum_exp[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]));
     }
   }
 }
@@ -308,15 +308,15 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -331,25 +331,25 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -533,29 +533,29 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long j = lid; j < C; j += THREADS)
         r = fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(tsr_scratch, r);
+    row_max[i] = tsr_group_max(tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += THREADS)
-        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(tsr_scratch, r);
+        r = r + (exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - row_max[i])));
+    sum_exp[i] = tsr_group_sum(tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = log(v_1[e]);
+    log_sum_exp[e] = log(sum_exp[e]);
   }
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]);
     }
   }
 }
@@ -571,16 +571,16 @@ void train_step_k3(__global const float* restrict target, __global const float* 
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -595,25 +595,25 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -656,10 +656,10 @@ void train_step_k7(__global const float* restrict t5, __global const float* rest
   enum { THREADS = 256 };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float s = (float)(B);
+  const float float_B = (float)(B);
   for (long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / float_B);
   }
 }
 
@@ -693,17 +693,18 @@ void train_step_k9(__global const float* restrict t3, __global const float* rest
   const long pid_m = get_group_id(0);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t19[row * C + j] = ((t18[row * C + j]) - ((exp((t3[row * C + j]))) * v[i]));
+      if (row < B) t19[row * C + j] =
+          ((t18[row * C + j]) - ((exp((t3[row * C + j]))) * row_sum[i]));
     }
   }
 }
@@ -760,20 +761,20 @@ void train_step_k11(__global const float* restrict t20, const float lr,
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 
@@ -1055,20 +1056,20 @@ void train_step_k17(__global const float* restrict t26, const float lr,
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 

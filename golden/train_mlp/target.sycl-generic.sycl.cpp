@@ -266,31 +266,32 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += THREADS)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(it, tsr_scratch, r);
+    row_max[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
-        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(it, tsr_scratch, r);
+        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f)
+        - row_max[i])));
+    sum_exp[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::log(v_1[e]);
+    log_sum_exp[e] = sycl::log(sum_exp[e]);
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t4[row * C + j] =
-          ((target[row * C + j]) * (((logits[row * C + j]) - v[i]) - v_2[i]));
+          ((target[row * C + j]) * (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]));
     }
   }
 }
@@ -304,15 +305,15 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t4[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -326,25 +327,25 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -522,29 +523,30 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
-  float v[BM];
+  float row_max[BM];
   for (int i = 0; i < BM; ++i) {
     float r = -tsr_infinity();
     for (long long j = lid; j < C; j += THREADS)
         r = sycl::fmax(r, (BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_max(it, tsr_scratch, r);
+    row_max[i] = tsr_group_max(it, tsr_scratch, r);
   }
   // log_softmax.tsr:10: return shifted - tile.log(tile.sum(tile.exp(shifted), axis=1))[:, None]
-  float v_1[BM];
+  float sum_exp[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
-        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f) - v[i])));
-    v_1[i] = tsr_group_sum(it, tsr_scratch, r);
+        r = r + (sycl::exp(((BM*pid_m + i < B ? logits[(BM*pid_m + i) * C + j] : 0.0f)
+        - row_max[i])));
+    sum_exp[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  float v_2[BM];
+  float log_sum_exp[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = sycl::log(v_1[e]);
+    log_sum_exp[e] = sycl::log(sum_exp[e]);
   }
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - v[i]) - v_2[i]);
+      if (row < B) t3[row * C + j] = (((logits[row * C + j]) - row_max[i]) - log_sum_exp[i]);
     }
   }
 }
@@ -559,16 +561,16 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + ((BM*pid_m + i < B ? target[(BM*pid_m + i) * C + j] : 0.0f)
         * (BM*pid_m + i < B ? t3[(BM*pid_m + i) * C + j] : 0.0f));
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = v[e];
+    if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
 }
 
@@ -582,25 +584,25 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < 1 ? t5[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
-  const float s = (float)(B);
-  float v_1[BM];
+  const float float_B = (float)(B);
+  float row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = v[e] / s;
+    row_mean[e] = row_sum[e] / float_B;
   }
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  float v_2[BM];
+  float neg_row_mean[BM];
   for (int e = 0; e < BM; ++e) {
-    v_2[e] = -v_1[e];
+    neg_row_mean[e] = -row_mean[e];
   }
   for (int e = 0; e < BM; ++e) {
-    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = v_2[e];
+    if (e == lid && BM*pid_m + e < 1) t8[BM*pid_m + e] = neg_row_mean[e];
   }
 }
 
@@ -642,10 +644,10 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
   constexpr int THREADS = 256;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
-  const float s = (float)(B);
+  const float float_B = (float)(B);
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < B) t16[BM*pid_m + e] =
-        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / s);
+        ((((t5[BM*pid_m + e]) == (t5[BM*pid_m + e])) ? (t12[0]) : (t12[0])) / float_B);
   }
 }
 
@@ -677,18 +679,18 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
   const long long pid_m = it.get_group(2);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < C; j += THREADS)
         r = r + (BM*pid_m + i < B ? t18[(BM*pid_m + i) * C + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
       if (row < B) t19[row * C + j] =
-          ((t18[row * C + j]) - ((sycl::exp((t3[row * C + j]))) * v[i]));
+          ((t18[row * C + j]) - ((sycl::exp((t3[row * C + j]))) * row_sum[i]));
     }
   }
 }
@@ -742,20 +744,20 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < C ? t20[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 
@@ -1028,20 +1030,20 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
   constexpr int THREADS = 128;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
-  float v[BM];
+  float row_sum[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
     for (long long j = lid; j < B; j += THREADS)
         r = r + (BM*pid_m + i < H ? t26[(BM*pid_m + i) * B + j] : 0.0f);
-    v[i] = tsr_group_sum(it, tsr_scratch, r);
+    row_sum[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  float v_1[BM];
+  float lr_times_row_sum[BM];
   for (int e = 0; e < BM; ++e) {
-    v_1[e] = lr * v[e];
+    lr_times_row_sum[e] = lr * row_sum[e];
   }
   for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - v_1[e]);
+    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 

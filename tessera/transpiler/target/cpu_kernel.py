@@ -36,6 +36,7 @@ from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
 from .render import SourceLines
+from .temporaries import Temporaries
 from .tile_constants import tile_constants
 
 __all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "ROUND"]
@@ -170,6 +171,8 @@ class _Emitter:
         self.symbols = symbol_names((*dims, *pids), functions)
         self.constants = tile_constants(kernel, frozenset(self.symbols.values()) | functions)
         self.namer = Namer(frozenset(self.symbols.values()) | functions | self.constants.names)
+        #: What each value should be called, the source leaving it unnamed or not.
+        self.temps = Temporaries(kernel.body, kernel.params)
         self.names: dict[int, str] = {}
         self.roots: dict[int, str] = {}
         self.private: set[str] = set()
@@ -220,7 +223,7 @@ class _Emitter:
         return self.names[v.id]
 
     def define(self, v: Value, fallback: str = "t") -> str:
-        self.names[v.id] = self.namer.fresh(v.name, fallback)
+        self.names[v.id] = self.namer.fresh(self.temps.wanted(v), fallback)
         self.local[-1].add(v.id)
         return self.names[v.id]
 

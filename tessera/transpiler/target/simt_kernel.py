@@ -72,6 +72,7 @@ from .simt_tiles import SmemView, TileOps
 from .simt_tma import TensorMap, TmaCopies
 from .single_iteration import without_single_iterations
 from .smem_checks import SharedChecks
+from .temporaries import Temporaries
 from .tile_constants import tile_constants
 
 __all__ = ["SimtKernel", "SimtParam", "NotLowered", "emit_simt_kernel"]
@@ -180,6 +181,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.namer = Namer(
             frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
         )
+        #: What each value should be called, the source leaving it unnamed or not.
+        self.temps = Temporaries(kernel.body, kernel.params)
         self.forms: dict[int, Form] = {}
         #: How many elementwise ops each lazy value's expression holds, by value id.
         self.chained: dict[int, int] = {}
@@ -595,7 +598,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     # -- scalars and elementwise -------------------------------------------------------
 
     def scalar(self, op: Op, expr: str) -> None:
-        name = self.namer.fresh(op.result.name, "s")  # s, s_1, ...: unnamed scalars
+        name = self.namer.fresh(self.temps.wanted(op.result), "s")  # s, s_1: nothing known
         self.forms[op.result.id] = Form("scalar", (), name)
         self.line(f"const {self.d.scalar_types[op.result.type.kind]} {name} = {expr};")
 
@@ -687,7 +690,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         out = tuple(result.type.dims)
         forms = [self.forms[v.id].kind for v in op.operands]
         if all(k in ("scalar", "replicated") for k in forms) and _constant(out):
-            name = self.namer.fresh(result.name, "v")
+            name = self.namer.fresh(self.temps.wanted(result), "v")
             self.forms[result.id] = Form("replicated", out, name)
             count = self.count(result.type)
             self.line(f"float {name}[{count}];")
@@ -704,7 +707,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             # (a tile of run-time size has no registers to hold it: its chain stays whole)
             dist = self.forms[result.id].dist or Flat(out)
             self.forms[result.id] = self.materialize(
-                result, dist, self.namer.fresh(result.name, "v")
+                result, dist, self.namer.fresh(self.temps.wanted(result), "v")
             )
             self.chained[result.id] = 0
 
@@ -859,7 +862,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.reduce_held_rows(op, combine, init)
             return
         rows = self.c(self.constants.shape(x.type)[0])
-        name = self.namer.fresh(op.result.name, "v")
+        name = self.namer.fresh(self.temps.wanted(op.result), "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
         threads = self.constants.threads[1]
         self.declare_shared("float", "tsr_scratch", self.kernel.threads, 4, threads)
@@ -957,7 +960,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             return
         if not _constant(out):
             raise NotLowered("a load of a symbolic size from a tensor the kernel writes")
-        name = self.namer.fresh(op.result.name, "v")
+        name = self.namer.fresh(self.temps.wanted(op.result), "v")
         self.line(f"float {name}[{-(-_numel(out) // self.kernel.threads)}];")
         index = self.walk(Flat(out), op.result.type)
         self.line(f"{name}[t] = {element(index)};")
@@ -1094,7 +1097,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         _, *args = body.args
         arrays = []
         for init, arg, result in zip(op.operands, args, op.results, strict=True):
-            name = self.namer.fresh(result.name or arg.name, "v")
+            name = self.namer.fresh(result.name or arg.name or self.temps.wanted(result), "v")
             if isinstance(arg.type, ScalarType):
                 kind = self.d.scalar_types[arg.type.kind]
                 self.line(f"{kind} {name} = {self.at(init, (), ())};")

@@ -467,7 +467,7 @@ class TileOps:
         dist = self.product_dist(op, tuple(result.type.dims))
         if form.kind == "owned" and form.dist == dist and self.uses.get(acc.id) == 1:
             return form
-        return self.materialize(acc, dist, self.namer.fresh(result.name, "v"))
+        return self.materialize(acc, dist, self.namer.fresh(self.temps.wanted(result), "v"))
 
     def operand(self, x: Value, op: Op) -> Element:
         """An operand of ``op``'s product, readable at any index by any thread: one held
@@ -483,7 +483,7 @@ class TileOps:
         """A tile held in registers (or computed from such), written to a shared staging
         buffer as f32 so that any thread can read any element: (element, bits)."""
         form = self.forms[x.id]
-        name = self.namer.fresh(x.name, "held")
+        name = self.namer.fresh(self.temps.wanted(x), "held")
         if form.kind == "lazy" and form.dist is not None:
             form = self.materialize(x, form.dist, name)
         if form.kind != "owned" or not isinstance(form.dist, (Grid, Fragments)):
@@ -871,10 +871,10 @@ class TileOps:
         x = op.operands[0]
         form = self.forms[x.id]
         if form.kind == "lazy" and form.dist is not None:
-            form = self.materialize(x, form.dist, self.namer.fresh(x.name, "held"))
+            form = self.materialize(x, form.dist, self.namer.fresh(self.temps.wanted(x), "held"))
         if form.kind != "owned" or not isinstance(form.dist, (Grid, Fragments)):
             raise NotLowered("a reduction of a tile held in registers")
-        name = self.namer.fresh(op.result.name, "v")
+        name = self.namer.fresh(self.temps.wanted(op.result), "v")
         self.row_reduce(name, form.name, form.dist, combine, init)
         dims = tuple(op.result.type.dims)
         self.forms[op.result.id] = Form("owned", dims, name, dist=rows_of(form.dist))
@@ -896,7 +896,7 @@ class TileOps:
             dist = grid_for(tuple(s.type.dims), self.kernel.threads)
         p_val, m_val, l_val = op.results
         rows = rows_of(dist)
-        p, m, l_ = (self.namer.fresh(v.name, "v") for v in op.results)
+        p, m, l_ = (self.namer.fresh(self.temps.wanted(v), "v") for v in op.results)
         self.forms[p_val.id] = self.materialize(s, dist, p)
         self.row_reduce(m, p, dist, f"{self.d.fmax}({{a}}, {{b}})", self.d.literal(float("-inf")))
         self.walk(dist)
@@ -1005,4 +1005,4 @@ class TileOps:
         form = self.forms[x.id]
         if form.kind == "owned" and form.dist == rows and self.uses.get(x.id) == 1:
             return form
-        return self.materialize(x, rows, self.namer.fresh(result.name, "v"))
+        return self.materialize(x, rows, self.namer.fresh(self.temps.wanted(result), "v"))
