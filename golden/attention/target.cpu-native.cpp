@@ -596,11 +596,11 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
   float* const acc = v_tile_smem + BN*BD;
   float* const m = acc + BM*BD;
   float* const l = m + BM;
-  float* const t = l + BM;
-  float* const t_1 = t + BD*BN;
-  float* const t_3 = t_1 + BM*BN;
-  const float s = static_cast<float>(D);
-  const float scale = tsr::rsqrt(s);
+  float* const k_tile_t = l + BM;
+  float* const dot = k_tile_t + BD*BN;
+  float* const out_tile = dot + BM*BN;
+  const float float_D = static_cast<float>(D);
+  const float scale = tsr::rsqrt(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_corner(q_tile_smem, BM, BD, Q + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D);
   float* const q_tile = q_tile_smem;
@@ -619,21 +619,21 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     tsr::load_tile(v_tile_smem, BN, BD, V + (H*pid_b0 + pid_b1) * (D*S), D, BN*nblk, 0, S, D);
     float* const v_tile = v_tile_smem;
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    tsr::transpose(t, k_tile, BN, BD);
-    tsr::dot(t_1, q_tile, t, BM, BN, BD, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk),
-        tsr::live(BD, D));
-    float* const s_1 = t_1;
+    tsr::transpose(k_tile_t, k_tile, BN, BD);
+    tsr::dot(dot, q_tile, k_tile_t, BM, BN, BD, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, S - BN*nblk), tsr::live(BD, D));
+    float* const s = dot;
     for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < BN; ++j) {
-        s_1[i * BN + j] = t_1[i * BN + j] * scale;
+        s[i * BN + j] = dot[i * BN + j] * scale;
       }
     }
     // flash_attention.tsr:23: tile.mask_causal(s, tile.row_index(), tile.col_index(nblk))
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    tsr::attend(acc, m, l, acc, m, l, s_1, v_tile, BD, BM, BN, BD, tsr::live(BM, S - BM*pid_m),
-        tsr::live(BN, S - BN*nblk), tsr::live(BD, D), s_1,
+    tsr::attend(acc, m, l, acc, m, l, s, v_tile, BD, BM, BN, BD, tsr::live(BM, S - BM*pid_m),
+        tsr::live(BN, S - BN*nblk), tsr::live(BD, D), s,
         [&](tsr::i64 i) { return std::min<tsr::i64>(BM*pid_m + i + 1 - (BN*nblk), S - (BN*nblk));
         }, [](float x) { return tsr::round_bf16(x); });
   }
@@ -642,10 +642,10 @@ static void attention_program(const tsr::bf16* Q, const tsr::bf16* K, const tsr:
     const float row_0 = l[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < BD; ++j) {
-      t_3[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
+      out_tile[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D, t_3, BM, BD);
+  tsr::store_tile(out + (H*pid_b0 + pid_b1) * (D*S), D, BM*pid_m, 0, S, D, out_tile, BM, BD);
 }
 
 static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::bf16* V,
@@ -676,13 +676,13 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
   float* const acc = Vb_smem + BN*BD;
   float* const m = acc + BM*BD;
   float* const l = m + BM;
-  float* const t = l + BM;
-  float* const t_1 = t + BD*BN;
-  float* const S_2 = t_1 + BM*BN;
-  float* const t_2 = S_2 + BM*BN;
-  float* const t_3 = t_2 + BM;
-  float* const S_3 = t_3 + BN;
-  float* const t_5 = S_3 + BM*BN;
+  float* const Kb_t = l + BM;
+  float* const dot = Kb_t + BD*BN;
+  float* const S_2 = dot + BM*BN;
+  float* const row_index = S_2 + BM*BN;
+  float* const col_index = row_index + BM;
+  float* const S_3 = col_index + BN;
+  float* const out_tile = S_3 + BM*BN;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
   tsr::load_corner(Qb_smem, BM, BD, q + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D);
   float* const Qb = Qb_smem;
@@ -701,28 +701,28 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     tsr::load_tile(Vb_smem, BN, BD, v + (pid_b0) * (D*S), D, BN*nblk, 0, S, D);
     float* const Vb = Vb_smem;
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    tsr::transpose(t, Kb, BN, BD);
-    tsr::dot(t_1, Qb, t, BM, BN, BD, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk),
+    tsr::transpose(Kb_t, Kb, BN, BD);
+    tsr::dot(dot, Qb, Kb_t, BM, BN, BD, tsr::live(BM, S - BM*pid_m), tsr::live(BN, S - BN*nblk),
         tsr::live(BD, D));
-    const float s = static_cast<float>(D);
-    const float s_1 = tsr::rsqrt(s);
-    float* const S_1 = t_1;
+    const float float_D = static_cast<float>(D);
+    const float rsqrt_float_D = tsr::rsqrt(float_D);
+    float* const S_1 = dot;
     for (tsr::i64 i = 0; i < BM; ++i) {
       #pragma omp simd
       for (tsr::i64 j = 0; j < BN; ++j) {
-        S_1[i * BN + j] = t_1[i * BN + j] * s_1;
+        S_1[i * BN + j] = dot[i * BN + j] * rsqrt_float_D;
       }
     }
     // attention.tsr:31: if causal:
     if (causal) {
       // attention.tsr:32: tile.mask_causal(S, tile.row_index(), tile.col_index(nblk))
-      for (tsr::i64 i = 0; i < BM; ++i) t_2[i] = static_cast<float>(BM*pid_m + i);
-      for (tsr::i64 i = 0; i < BN; ++i) t_3[i] = static_cast<float>(BN*nblk + i);
+      for (tsr::i64 i = 0; i < BM; ++i) row_index[i] = static_cast<float>(BM*pid_m + i);
+      for (tsr::i64 i = 0; i < BN; ++i) col_index[i] = static_cast<float>(BN*nblk + i);
       for (tsr::i64 i = 0; i < BM; ++i) {
-        const float row_0 = t_2[i];
+        const float row_0 = row_index[i];
         #pragma omp simd
         for (tsr::i64 j = 0; j < BN; ++j) {
-          S_3[i * BN + j] = t_3[j] > row_0 ? -tsr::infinity() : S_1[i * BN + j];
+          S_3[i * BN + j] = col_index[j] > row_0 ? -tsr::infinity() : S_1[i * BN + j];
         }
       }
       std::copy_n(S_3, BM*BN, S_2);
@@ -740,10 +740,10 @@ static void flash_attention_program(const tsr::bf16* q, const tsr::bf16* k, cons
     const float row_0 = l[i];
     #pragma omp simd
     for (tsr::i64 j = 0; j < BD; ++j) {
-      t_5[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
+      out_tile[i * BD + j] = tsr::round_bf16((acc[i * BD + j] * (1.0f / row_0)));
     }
   }
-  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, t_5, BM, BD);
+  tsr::store_tile(out + (pid_b0) * (D*S), D, BM*pid_m, 0, S, D, out_tile, BM, BD);
 }
 
 static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const tsr::bf16* v,
