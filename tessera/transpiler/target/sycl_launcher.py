@@ -19,7 +19,7 @@ from ...frozen import frozen
 from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..check.sentinels import written_floats
 from ..graph.dims import Dim
-from ..graph.types import TensorType
+from ..graph.types import TensorType, in_memory
 from ..tile.ir import TileKernel, TileProgram
 from .cexpr import c_dim, param_name
 from .entry import entry_params, kernel_sizes, symbols, written
@@ -99,7 +99,7 @@ def launcher(
     buffers = []
     for b in program.host.buffers:
         names[b.param] = namer.fresh(b.param, "buffer")
-        pointer = f"{d.storage[b.type.dtype.name]}*"
+        pointer = f"{d.storage[in_memory(b.type).dtype.name]}*"  # a mask: its floats
         buffers.append((pointer, names[b.param], c_dim(b.bytes, names)))
     launches = []
     for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):

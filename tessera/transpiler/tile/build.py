@@ -177,9 +177,10 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
 
 
 def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:
-    """The kernel parameter that ``value`` maps to, given type ``t`` in every mapping."""
+    """The kernel parameter that ``value`` maps to, given type ``t`` in every mapping
+    (as a kernel reads it: a mask through a view is still the floats kept in memory)."""
     old = rename[value.id]
-    new = new_value(t, old.name)
+    new = new_value(in_memory(t), old.name)
     rename.update((k, new) for k, v in list(rename.items()) if v is old)
     return new
 
