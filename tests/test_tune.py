@@ -118,7 +118,11 @@ def test_miss(tmp_path: Path, why: str, change: dict) -> None:
     for field, values in change.items():
         document["records"][0][field].update(values)
     cache.write_text(json.dumps(document))
-    assert "schedule heuristic" in launch_of(SGEMM, cache), why
+    if "config" in change:  # a record the cache holds but cannot use says so
+        with pytest.warns(CacheWarning, match="is not a point of the space tuned over"):
+            assert "schedule heuristic" in launch_of(SGEMM, cache), why
+    else:
+        assert "schedule heuristic" in launch_of(SGEMM, cache), why
 
 
 def test_cosmetic_edits_keep_the_record_and_real_edits_drop_it(tmp_path: Path) -> None:
