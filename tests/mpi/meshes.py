@@ -244,6 +244,11 @@ def main() -> None:
     given = np.full((5, 3), np.nan, np.float32)
     assert lib.reduce_all._fast(mine[RANK], out=given) is given
     check("all_reduce max, warm, into out", given, np.max(mine, axis=0))
+    # an out that is the input itself: MPI forbids one buffer as both send and receive
+    # buffer, so the call takes a new array for the result and copies it (numpy's out=)
+    own = mine[RANK].copy()
+    assert lib.reduce_all(own, out=own) is own
+    check("all_reduce max, out over the input", own, np.max(mine, axis=0))
     check("all_reduce mean, warm", lib.reduce_tp(mine[RANK]),
           np.mean([mine[r] for r in group], axis=0))  # fmt: skip
     # shards of different shapes are an error on every rank, not a hang, on the C calls
