@@ -850,34 +850,41 @@ inline void mma_widened(float* out, const T* a, const T* b, const float* acc, i6
 }
 
 // One row of a panel of mma_i4's weight, whole and starting on a byte (kLanes bytes),
-// into `out`: kPanel elements times their scales, rounded. The bytes are widened a lane
-// each, both nibbles sign-extended with two shifts (the low one to the top of the lane
-// and back, the high one from bit 24), and the even and odd elements interleaved by two
-// shuffles. (Lanes that each picked a byte out of a broadcast word, one masked broadcast
-// per word, cost most of W4A16's time at M = 1; GCC 12 compiles a byte shuffle or a
-// conversion of a vector of bytes to scalar inserts, hence the widening instruction
-// where there is one. `out` is written and read back a whole vector at a time: unpacked
-// a byte a step into an array that vector loads then read, every load waited for the
-// stores before it, and W4A16 ran three times slower.)
+// into `out`: kPanel elements times their scales, rounded. With AVX2 or AVX-512 the
+// bytes are widened a lane each, both nibbles sign-extended with two shifts (the low one
+// to the top of the lane and back, the high one from bit 24), and the even and odd
+// elements interleaved by two shuffles. (Lanes that each picked a byte out of a
+// broadcast word, one masked broadcast per word, cost most of W4A16's time at M = 1;
+// GCC 12 compiles a byte shuffle or a conversion of a vector of bytes to scalar
+// inserts, hence the widening instruction. `out` is written and read back a whole
+// vector at a time: unpacked a byte a step into an array that vector loads then read,
+// every load waited for the stores before it, and W4A16 ran three times slower.)
 typedef std::uint32_t u32xN __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
 typedef std::int32_t i32xN __attribute__((vector_size(kLanes * sizeof(std::int32_t))));
 template <std::size_t... L>
 inline void unpack_i4(i32xN (&q)[2], const i4* row, std::index_sequence<L...>) {
+#if defined(__AVX512F__) || defined(__AVX2__)
   u32xN wide;
 #if defined(__AVX512F__)
   // (the masked form: the plain one's undefined source makes GCC 12 warn)
   wide = (u32xN)_mm512_maskz_cvtepu8_epi32(
       0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
-#elif defined(__AVX2__)
-  wide = (u32xN)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
 #else
-  std::uint8_t bytes[kLanes];
-  std::memcpy(bytes, row, sizeof bytes);
-  for (int l = 0; l < kLanes; ++l) wide[l] = bytes[l];
+  wide = (u32xN)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
 #endif
   const i32xN low = (i32xN)(wide << 28) >> 28, high = (i32xN)(wide << 24) >> 28;
   q[0] = __builtin_shufflevector(low, high, (L / 2 + L % 2 * kLanes)...);
   q[1] = __builtin_shufflevector(low, high, (kLanes / 2 + L / 2 + L % 2 * kLanes)...);
+#else
+  // Without the instruction (kLanes is 8): each half is the nibbles of one little-endian
+  // word, broadcast, lane l shifting it by 4 * l (the shuffles cost more there).
+  for (int h = 0; h < 2; ++h) {
+    std::uint32_t word;
+    std::memcpy(&word, row + h * kLanes / 2, sizeof word);
+    const u32xN nibbles = (u32xN{} + word) >> u32xN{static_cast<std::uint32_t>(4 * L)...} & 15u;
+    q[h] = ((i32xN)nibbles ^ 8) - 8;
+  }
+#endif
 }
 template <typename Round>
 inline void dequantize_panel_row(float* out, const i4* row, const float* scale, Round round) {
