@@ -77,7 +77,10 @@ def test_the_product_dequantizes_with_the_bits_of_the_staged_program(
     rng = np.random.default_rng(39)
     kernels = (("w4a16", ml_dtypes.bfloat16, 32, 1.0), ("w4a16_f16", np.float16, 32, 1.0),
                ("w4a16_by_row", ml_dtypes.bfloat16, 1, 0.5))  # fmt: skip
-    for m, k, n in ((1, 64, 78), (37, 160, 300)):  # panels of 16: 14 and 12 columns left
+    # Up to kRows (6 or 8) rows the weight is dequantized in registers, one row block
+    # over each whole panel; more rows, or a ragged last panel, go through a panel in
+    # memory. Panels of 16 or 32 columns: 14, 2 and 12 columns left (or 14, 2, 12).
+    for m, k, n in ((1, 64, 78), (5, 96, 130), (37, 160, 300)):
         packed = pack(rng.integers(-8, 8, (k, n)))
         for name, dtype, group, factor in kernels:
             scale = (rng.random((k // group, n)) * 0.1 + 0.01).astype(np.float32)

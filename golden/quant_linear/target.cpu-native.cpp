@@ -556,49 +556,104 @@ inline void mma_widened(float* out, const T* a, const T* b, const float* acc, i6
   mma<Fresh>(out, wide_a.data(), wide_b.data(), acc, M, N, m, n, k, k, n);
 }
 
-// One row of a panel of mma_i4's weight: `cols` elements of an i4 row, times their
-// scales, rounded, and zeros up to kPanel. A whole panel that starts on a byte is
-// unpacked in vectors: kLanes elements are the nibbles of kLanes / 2 bytes, lane l
-// shifting the little-endian word that holds its nibble by 4 * (l % 8). (Unpacked a
-// byte a step into an array that vector loads then read, every load waited for the
-// stores before it: W4A16 ran three times slower.)
+// One row of a panel of mma_i4's weight, whole and starting on a byte (kLanes bytes),
+// into `out`: kPanel elements times their scales, rounded. With AVX2 or AVX-512 the
+// bytes are widened a lane each, both nibbles sign-extended with two shifts (the low one
+// to the top of the lane and back, the high one from bit 24), and the even and odd
+// elements interleaved by two shuffles. (Lanes that each picked a byte out of a
+// broadcast word, one masked broadcast per word, cost most of W4A16's time at M = 1;
+// GCC 12 compiles a byte shuffle or a conversion of a vector of bytes to scalar
+// inserts, hence the widening instruction. `out` is written and read back a whole
+// vector at a time: unpacked a byte a step into an array that vector loads then read,
+// every load waited for the stores before it, and W4A16 ran three times slower.)
 typedef std::uint32_t u32xN __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
 typedef std::int32_t i32xN __attribute__((vector_size(kLanes * sizeof(std::int32_t))));
+template <std::size_t... L>
+inline void unpack_i4(i32xN (&q)[2], const i4* row, std::index_sequence<L...>) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  u32xN wide;
+#if defined(__AVX512F__)
+  // (the masked form: the plain one's undefined source makes GCC 12 warn)
+  wide = (u32xN)_mm512_maskz_cvtepu8_epi32(
+      0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+#else
+  wide = (u32xN)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
+#endif
+  const i32xN low = (i32xN)(wide << 28) >> 28, high = (i32xN)(wide << 24) >> 28;
+  q[0] = __builtin_shufflevector(low, high, (L / 2 + L % 2 * kLanes)...);
+  q[1] = __builtin_shufflevector(low, high, (kLanes / 2 + L / 2 + L % 2 * kLanes)...);
+#else
+  // Without the instruction (kLanes is 8): each half is the nibbles of one little-endian
+  // word, broadcast, lane l shifting it by 4 * l (the shuffles cost more there).
+  for (int h = 0; h < 2; ++h) {
+    std::uint32_t word;
+    std::memcpy(&word, row + h * kLanes / 2, sizeof word);
+    const u32xN nibbles = (u32xN{} + word) >> u32xN{static_cast<std::uint32_t>(4 * L)...} & 15u;
+    q[h] = ((i32xN)nibbles ^ 8) - 8;
+  }
+#endif
+}
 template <typename Round>
-inline void dequantize_row(float* out, i4_view row, const float* scale, i64 cols, Round round) {
-  if (cols == kPanel && !(row.at & 1)) {
-    const i4* bytes = row.bytes + (row.at >> 1);
-    for (int h = 0; h < 2; ++h) {
-      std::uint32_t word[kLanes / 8];
-      std::memcpy(word, bytes + h * kLanes / 2, sizeof word);
-      u32xN words, shift;
-      for (int l = 0; l < kLanes; ++l) shift[l] = static_cast<std::uint32_t>(l % 8 * 4);
-      if constexpr (kLanes == 8)
-        words = u32xN{} + word[0];
-      else
-        for (int l = 0; l < kLanes; ++l) words[l] = word[l / 8];
-      const i32xN q = (__builtin_convertvector(words >> shift & 15u, i32xN) ^ 8) - 8;
-      f32xN x, s;
-      std::memcpy(&s, scale + h * kLanes, sizeof s);
-      x = __builtin_convertvector(q, f32xN) * s;
-      std::memcpy(out + h * kLanes, &x, sizeof x);
-    }
-  } else {
-    widen_row(out, row, cols);
-    for (i64 q = 0; q < cols; ++q) out[q] *= scale[q];
-    std::fill(out + cols, out + kPanel, 0.0f);
+inline void dequantize_panel_row(float* out, const i4* row, const float* scale, Round round) {
+  i32xN q[2];
+  unpack_i4(q, row, std::make_index_sequence<kLanes>{});
+  for (int h = 0; h < 2; ++h) {
+    f32xN s;
+    std::memcpy(&s, scale + h * kLanes, sizeof s);
+    const f32xN x = __builtin_convertvector(q[h], f32xN) * s;
+    std::memcpy(out + h * kLanes, &x, sizeof x);
   }
 #pragma omp simd
+  for (int l = 0; l < kPanel; ++l) out[l] = round(out[l]);
+}
+
+// One row of a panel of mma_i4's weight into memory: `cols` elements of an i4 row, times
+// their scales, rounded, and zeros up to kPanel.
+template <typename Round>
+inline void dequantize_row(float* out, i4_view row, const float* scale, i64 cols, Round round) {
+  if (cols == kPanel && !(row.at & 1))
+    return dequantize_panel_row(out, row.bytes + (row.at >> 1), scale, round);
+  widen_row(out, row, cols);
+  for (i64 q = 0; q < cols; ++q) out[q] *= scale[q];
+  std::fill(out + cols, out + kPanel, 0.0f);
+#pragma omp simd
   for (int q = 0; q < kPanel; ++q) out[q] = round(out[q]);
+}
+
+// An R-row block of mma_i4 over one whole panel whose rows start on bytes, `row_bytes`
+// apart: each row of the weight is dequantized and multiplied at once, the same sums in
+// the same order as mma_block's over a dequantized panel. For few rows of a (a decode
+// step, a small batch) a whole panel's trip through memory, a store and a load of every
+// element for R FMAs, cost more than the products.
+template <int R, typename Round>
+inline void mma_i4_block(float* out, const float* a, const i4* w, i64 row_bytes,
+                         const float* scale, Round round, i64 ld_out, i64 ld_a, i64 k) {
+  f32xN c[R][2];
+  for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
+  for (i64 p = 0; p < k; ++p) {
+    float row[kPanel];
+    dequantize_panel_row(row, w + p * row_bytes, scale, round);
+    f32xN b[2];
+    std::memcpy(&b[0], row, sizeof b[0]);
+    std::memcpy(&b[1], row + kLanes, sizeof b[1]);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r * ld_a + p];
+      c[r][0] += x * b[0];
+      c[r][1] += x * b[1];
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(out + r * ld_out, c[r], sizeof c[r]);
 }
 
 // mma with b the window of an i4 tensor from row r0 and column c0 (`ld_w` elements a row,
 // none read at or past row rmax or column cmax), dequantized as the product reads it:
 // round(q * scale[j]), `round` rounding to the dtype the program casts the weight to.
-// One panel of b's columns at a time is dequantized into k x kPanel floats that stay in
-// L1, and every row block of a runs over it: the weight is read once, half a byte an
-// element, and never widened whole. The sums are mma's, in its order, so the result has
-// the bits of the program that dequantizes the whole block first.
+// With at most kRows live rows of a, one row block, each whole panel of b's columns is
+// dequantized as the block reads it, a row at a time (mma_i4_block). Otherwise, and for a
+// ragged last panel, one panel at a time is dequantized into k x kPanel floats that stay
+// in L1, and every row block of a runs over it. Either way the weight is read once, half
+// a byte an element, and never widened whole. The sums are mma's, in its order, so the
+// result has the bits of the program that dequantizes the whole block first.
 template <typename Round>
 inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 c0, i64 rmax,
                    i64 cmax, const float* scale, Round round, const float* acc, i64 M, i64 N,
@@ -614,12 +669,21 @@ inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 
       const i4_view next = w + (r0 + p) * ld_w + c0 + j;
       __builtin_prefetch(next.bytes + (next.at >> 1));
     }
+  const i4_view window = w + r0 * ld_w + c0;
+  const bool in_registers = m <= kRows && !(window.at & 1) && !(ld_w & 1);
   static thread_local std::vector<float> panel;
   panel.resize(static_cast<std::size_t>(k * kPanel));
   for (i64 j = 0; j < n; j += kPanel) {
     const i64 cols = std::min(kPanel, n - j);
+    if (in_registers && cols == kPanel && m > 0) {
+      with_rows(m, [&](auto rows) {
+        mma_i4_block<decltype(rows)::value>(out + j, a, window.bytes + ((window.at + j) >> 1),
+                                            ld_w >> 1, scale + j, round, N, ld_a, k);
+      });
+      continue;
+    }
     for (i64 p = 0; p < k; ++p)
-      dequantize_row(&panel[static_cast<std::size_t>(p * kPanel)], w + (r0 + p) * ld_w + c0 + j,
+      dequantize_row(&panel[static_cast<std::size_t>(p * kPanel)], window + p * ld_w + j,
                      scale + j, cols, round);
     for (i64 i = 0; i < m; i += kRows)
       with_rows(m - i, [&](auto rows) {
