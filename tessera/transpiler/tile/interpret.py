@@ -170,9 +170,13 @@ class _Program:
     # -- memory ----------------------------------------------------------------
 
     def _window(self, at: Access, shape: tuple[int, ...]) -> tuple[list, list, list]:
-        """Per axis: source slice, destination slice (in the tile), tile size."""
+        """Per axis: source slice, destination slice (in the tile), tile size. A
+        ``keepdims`` reduction's result (``[R, 1]``) is stored and loaded without its
+        trailing unit axes, which the access then leaves out: element 0 of each."""
         src, dst, sizes = [], [], []
-        for axis, extent in zip(at.axes, shape, strict=True):
+        units = shape[len(at.axes) :]
+        left_out = len(units) if units and all(extent == 1 for extent in units) else 0
+        for axis, extent in zip(at.axes, shape[: len(shape) - left_out], strict=True):
             start = _eval(axis.offset, self.env)
             if axis.index:
                 if not 0 <= start < extent:
@@ -189,7 +193,7 @@ class _Program:
             src.append(slice(start, max(stop, start)))
             dst.append(slice(0, max(stop - start, 0)))
             sizes.append(size)
-        return src, dst, sizes
+        return src + [0] * left_out, dst, sizes
 
     def _gather(self, tensor: np.ndarray, at: Access) -> np.ndarray:
         src, dst, sizes = self._window(at, tensor.shape)
