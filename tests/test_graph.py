@@ -438,6 +438,8 @@ def test_simplification(body: str, expected: list[str]) -> None:
         ("x.exp().mean()", "mean(exp(x))"),
         ("x.clamp(max=1.0)", "minimum(x, 1.0)"),
         ("x.pow(3) + 1.0", "x ** 3 + 1.0"),
+        ("x.astype(bf16)", "x.to(bf16)"),
+        ("x.view(-1)", "x.reshape(-1)"),
     ],
 )
 def test_a_method_is_the_op_of_its_name(method: str, function: str) -> None:

@@ -99,12 +99,10 @@ _AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
 #: tensor here does not: each one's hint in the error.
 _METHOD_HINTS = {
     "unsqueeze": "x[:, None], with None where the new axis goes",
-    "view": 'x.reshape("B*S", "C")',
     "flatten": "x.reshape(-1)",
     "float": "x.to(f32)",
     "half": "x.to(f16)",
     "bfloat16": "x.to(bf16)",
-    "astype": "x.to(dtype)",
 }
 
 
@@ -541,9 +539,9 @@ class Evaluator:
             if attr == "T":
                 spec = GRAPH_OPS["tile.transpose" if isinstance(t, TileType) else "transpose"]
                 return self.call_op(spec, [base], [], span, f"{base.text}.T")
-            if attr == "to":  # x.to(bf16), as in PyTorch and Triton: cast(x, bf16)
+            if attr in ("to", "astype"):  # x.to(bf16) (PyTorch, Triton), x.astype(bf16) (NumPy)
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
-            if attr == "reshape" and isinstance(t, TensorType):  # x.reshape("B*S", "C")
+            if attr in ("reshape", "view") and isinstance(t, TensorType):  # x.view(B*S, C)
                 return OpRef("reshape", base)
             if attr in _AXIS_METHODS and isinstance(t, TensorType):  # read by _reordered
                 return OpRef(_AXIS_METHODS[attr], base)
@@ -552,8 +550,8 @@ class Evaluator:
             if attr in methods:
                 return OpRef(prefix + attr, base)
             what = "tile" if prefix else "tensor"
-            known = ("shape", "dtype", "T", "to", *methods,
-                     *(() if prefix else ("reshape", *_AXIS_METHODS)))  # fmt: skip
+            known = ("shape", "dtype", "T", "to", "astype", *methods,
+                     *(() if prefix else ("reshape", "view", *_AXIS_METHODS)))  # fmt: skip
             hint = f"; write {_METHOD_HINTS[attr]}" if attr in _METHOD_HINTS and not prefix else ""
             raise SemanticError(
                 f"a {what} has no attribute '{attr}'{hint or did_you_mean(attr, known)}", span

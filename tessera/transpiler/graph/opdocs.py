@@ -49,7 +49,8 @@ The unary math, `clamp` and `clip`, `pow`, `square`, `reciprocal`, `sign`, `isna
 `logsumexp` are methods too, as in NumPy and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`,
 `x.abs().max()` is `max(abs(x))`, `x.var(axis=-1)` is `var(x, axis=-1)`; on a tile,
 `t.exp()` and `t.max(axis=1)` are the tile operations of those names. So are `x.T` (the
-last two axes swapped), `x.to(dtype)` (a cast) and `x.reshape(dims)`.
+last two axes swapped), `x.to(dtype)` and NumPy's `x.astype(dtype)` (a cast), and
+`x.reshape(dims)` and PyTorch's `x.view(dims)`.
 
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a
@@ -70,7 +71,8 @@ slice of them, and `B, S, E = x.shape` unpacks them as a tuple does |
 `permute` take it |
 | `x.transpose(1, 2)` | two axes swapped, as PyTorch's `transpose` swaps them (on a matrix, \
 NumPy's reading of two axes is the same swap) |
-| `x.to(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in PyTorch and Triton |
+| `x.to(dtype)`, `x.astype(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in \
+PyTorch and Triton, and NumPy |
 | `x[:, None]` | a new axis of size 1 (for broadcasting); `...` stands for the axes not named |
 | `x[:, a:b]` | elements `[a, b)` of a tensor's axis, on any axes of a tensor of two or more, \
 as in NumPy (a negative bound counts from the end; sizes may be bounds: `h[..., :F]`, \
