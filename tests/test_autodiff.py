@@ -92,7 +92,11 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
     ),
     "activations": (
         (("x", "RC"),),
-        lambda x: F.gelu(x, approximate="tanh") + F.silu(x) * 2 + F.relu(x) * 3 + x,
+        lambda x: F.gelu(x, approximate="tanh")
+        + F.silu(x) * 2
+        + F.relu(x) * 3
+        + x
+        + F.gelu(x) * 0.5,
     ),
     "extremes": (
         (("x", "RC"), ("y", "RC")),

@@ -67,7 +67,11 @@ STDLIB = {
     "rotary_embedding": "rotary_embedding",
     "fused_adam": "fused_adam",
 }
-CONSTANTS = {"INF": math.inf, "NAN": math.nan}
+#: ``inf`` and ``nan`` are numpy's and PyTorch's spellings (``-np.inf``, ``torch.nan``).
+CONSTANTS = {"INF": math.inf, "NAN": math.nan, "inf": math.inf, "nan": math.nan}
+#: Modules a Python user reaches for (``math.sqrt``, ``np.inf``): a ``.tsr`` file has
+#: none, and their names are builtins here.
+_MODULES = ("math", "np", "numpy", "torch", "jnp", "jax", "F")
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = (
     "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
@@ -457,6 +461,8 @@ class Evaluator:
         return self.call_op(GRAPH_OPS[kind], operands, [], node.span, node.ops[0])
 
     def _attribute(self, node: ast.Attribute) -> Any:
+        if isinstance(node.value, ast.Name) and node.value.id in _MODULES:
+            self._no_module(node.value.id, node.attr, node.span)
         base = self.eval(node.value)
         v = base.value
         attr = node.attr
@@ -495,6 +501,23 @@ class Evaluator:
         if isinstance(v, DTypeRef) and attr in ("bits",):
             return Const(v.dtype.bits)
         raise SemanticError(f"{describe(v)} has no attribute '{attr}'", node.span)
+
+    def _no_module(self, module: str, attr: str, span: Span) -> None:
+        """``math.inf`` or ``np.exp`` where no parameter or global has the module's name:
+        say what the ``.tsr`` spelling is, instead of "unknown name 'np'"."""
+        try:
+            self.lookup(module, span)
+            return  # the user's own name
+        except SemanticError:
+            pass
+        if attr in CONSTANTS:
+            instead = f"write {attr}"
+        elif attr in GRAPH_OPS and GRAPH_OPS[attr].level != "tile":
+            instead = f"{attr} is a builtin, write {attr}(...)"
+        else:
+            ops = {n for n, s in GRAPH_OPS.items() if s.level != "tile"}
+            instead = f"the ops Tessera has are builtins (docs/ops.md){did_you_mean(attr, ops)}"
+        raise SemanticError(f"'{module}' is no module in a .tsr file: {instead}", span)
 
     def _namespace_attr(self, ns: Namespace, attr: str, span: Span) -> Any:
         if ns.name == "tessera" and attr in ("ops", "tile", "stdlib"):
@@ -945,6 +968,11 @@ class Evaluator:
         if len(args) != 1 or keywords:
             raise SemanticError(f"{name}() takes one argument", node.span)
         v = args[0].value
+        if name == "float" and isinstance(v, Const) and isinstance(v.value, str):
+            try:  # Python's float("-inf"), float("nan"), float("1e-5")
+                return Const(float(v.value))
+            except ValueError:
+                raise SemanticError(f"float({v.value!r}) is not a number", node.span) from None
         if is_number(v):
             try:
                 return Const(float(v.value) if name == "float" else int(v.value))

@@ -577,8 +577,41 @@ def _unary(kind: str) -> Callable[[OpCall], object]:
     return rule
 
 
-for _kind in UNARY_DOCS:
+for _kind in [k for k in UNARY_DOCS if k != "gelu"]:
     register(_kind, P("x"))(_unary(_kind))
+
+_gelu_tanh = _unary("gelu")
+
+
+@register("gelu", P("x"), P("approximate", "tanh", keyword_only=True))
+def _gelu(call: OpCall) -> object:
+    """Elementwise GELU. By default the tanh approximation, ``0.5 x (1 + tanh(sqrt(2/pi)
+    (x + 0.044715 x^3)))``, which GPT-2 and BERT were trained with and JAX's ``gelu``
+    computes; ``approximate="none"`` (or ``False``) is the exact ``0.5 x (1 + erf(x /
+    sqrt(2)))``, PyTorch's default, and ``"tanh"`` (or ``True``) names the default. The two
+    differ by at most 5e-4. Floating-point inputs; same shape and dtype."""
+    how = call.raw("approximate")
+    value = how.value if isinstance(how, Const) else None
+    if value not in ("tanh", "none", True, False):
+        raise call.error(
+            f'approximate is "tanh" (or True) or "none" (or False), not '
+            f"{call.ev('approximate').text}",
+            at="approximate",
+        )
+    if value in ("tanh", True):
+        return _gelu_tanh(call)
+    x = _as_scalar(call.raw("x"), call)
+    if isinstance(x, Const) and type(x.value) in (int, float):
+        return Const(0.5 * x.value * (1.0 + math.erf(x.value / math.sqrt(2.0))))
+    if not (isinstance(x, Value) and x.type == ScalarType("float")):
+        x = _float_input(call, "x")
+    half = _then(call, "mul", x, 0.5)
+    return _then(
+        call,
+        "mul",
+        half,
+        _then(call, "add", _then(call, "erf", _then(call, "mul", x, 1.0 / math.sqrt(2.0))), 1.0),
+    )
 
 
 @register("relu", P("x"))

@@ -85,7 +85,8 @@ slice `i:i+1`, copied, reshaped |
 | `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
 | `float(n)`, `int(n)` | a number or a size as a scalar; `float(n)` of an `int` parameter \
 too. `n / m` of ints is a float, as in Python |
-| `INF`, `NAN` | infinity and not-a-number constants (`-INF` for masks) |
+| `INF`, `NAN`, `inf`, `nan` | infinity and not-a-number (`-inf` for masks); Python's \
+`float("-inf")` too. `np.inf` or `math.inf` is an error that says to write `inf` |
 | `Schedule(block=..., k=..., warps=..., stages=...)` | a schedule for `@kernel.schedule` \
 (also `vector=`, `swizzle=`, `persistent=`); `with_block(...)`, `with_warps(...)`, ... \
 derive variants |
