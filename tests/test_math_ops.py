@@ -203,19 +203,19 @@ def test_the_tile_interpreter_computes_each_op() -> None:
 
 
 def test_integer_inputs() -> None:
-    """``floor`` and ``ceil`` of integers are the integers (numpy 2's, PyTorch's); ``sign``
-    and ``square`` keep the dtype; ``var`` of integers is a float; an integer is never NaN,
+    """``floor`` and ``ceil`` of integers are the integers (numpy 2's, PyTorch's); ``sign``,
+    ``square`` and ``abs`` keep the dtype; ``var`` of integers is a float; an integer is never NaN,
     and ``argmax`` picks among integers too."""
     source = """\
 def f(n: Tensor["R", "C", i32]) -> Tensor["R", "C", i32]:
-    return floor(n) + ceil(n) * 2 + sign(n) * 4 + square(n)
+    return floor(n) + ceil(n) * 2 + sign(n) * 4 + square(n) + abs(n) * 3
 
 def g(n: Tensor["R", "C", i32]) -> Tensor["R", f32]:
     return var(n, axis=-1) + cast(argmax(n, axis=-1), f32) + sum(cast(isnan(n), f32), axis=-1)
 """
     built = tessera.compile(source, filename="ints.tsr", target="cpu").load()
     n = np.random.default_rng(1).integers(-50, 50, (R, C)).astype(np.int32)
-    np.testing.assert_array_equal(built.f(n), n + n * 2 + np.sign(n) * 4 + n * n)
+    np.testing.assert_array_equal(built.f(n), n + n * 2 + np.sign(n) * 4 + n * n + abs(n) * 3)
     want = np.var(n.astype(np.float64), axis=-1) + np.argmax(n, axis=-1)
     np.testing.assert_allclose(built.g(n), want, rtol=1e-5)
 

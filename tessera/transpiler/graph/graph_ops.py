@@ -558,6 +558,9 @@ def _unary(kind: str) -> Callable[[OpCall], object]:
             return call.emit(kind, (x,), x.type)
         if kind in _INTEGER_IDENTITY and not call.tensor("x").type.dtype.is_float:
             return call.tensor("x")
+        if kind == "abs" and not call.tensor("x").type.dtype.is_float:
+            x = call.tensor("x")  # numpy's and PyTorch's: an integer, of the same dtype
+            return _then(call, "where", _then(call, "less", x, 0), _then(call, "neg", x), x)
         x = _float_input(call, "x")
         return call.emit(kind, (x,), elementwise_type(x))
 
@@ -565,7 +568,11 @@ def _unary(kind: str) -> Callable[[OpCall], object]:
         "Floating-point inputs, same shape and dtype; of an integer tensor, the tensor itself "
         "(numpy's and PyTorch's). Its gradient is zero, as PyTorch's is"
         if kind in _INTEGER_IDENTITY
-        else "Floating-point inputs; same shape and dtype"
+        else (
+            "Any numeric dtype; same shape and dtype"
+            if kind == "abs"
+            else "Floating-point inputs; same shape and dtype"
+        )
     )
     note = f" {_UNARY_NOTES[kind]}" if kind in _UNARY_NOTES else ""
     rule.__doc__ = (
