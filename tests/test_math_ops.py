@@ -183,20 +183,13 @@ def test_op_matches_torch(built: Any, name: str) -> None:
     _assert_matches(name, getattr(built, f"of_{name}")(x, out=poison), want)
 
 
-#: The cases whose kernels the tile interpreter cannot run yet: reductions along the
-#: first axis or over every axis, which read their input through a transposed or
-#: flattened view.
-INTERPRETER_LACKS = frozenset({"var_ddof", "std_all", "argmin", "argmax_keep"})
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, of inf and NaN inputs
 def test_the_tile_interpreter_computes_each_op() -> None:
-    """The reference semantics of the Tile IR (``tile/interpret.py``), on the CPU's kernels.
-    The interpreter runs a ``keepdims`` reduction along the last axis (stored without its
-    unit axis, which its accesses leave out); not yet one along another axis or over
-    every axis, whose kernels read through a transposed or flattened view."""
+    """The reference semantics of the Tile IR (``tile/interpret.py``), on the CPU's kernels,
+    including the reductions along the first axis or over every axis, whose kernels read
+    their input through a transposed or flattened view of another kernel's tensor."""
     module = tessera.compile(SOURCE, "ops.tsr", target="cpu", until="tile").ir("tile")
-    for name in (n for n in CASES if n not in INTERPRETER_LACKS):
+    for name in CASES:
         x, want = _expected(name)
         out = run_function(module, f"of_{name}", {"x": x})["out"]
         _assert_matches(name, out.reshape(want.shape), want)

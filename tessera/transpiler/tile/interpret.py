@@ -139,6 +139,18 @@ def run_kernel(kernel: TileKernel, arrays: Mapping[str, Any], sizes: Mapping[str
         _Program(kernel, arrays, env).run()
 
 
+def _viewed(array: Any, param: Value, env: Mapping[str, int]) -> Any:
+    """The tensor as the kernel declares it. A kernel may read a tensor that another one
+    wrote through a view of the same memory (``x`` of ``[R, C]`` as ``[1, C*R]``, a
+    reduction's ``[C]`` as ``[1, C]``): the row-major reshape, which shares the array."""
+    if not isinstance(param.type, TensorType) or not isinstance(array, np.ndarray):
+        return array
+    shape = tuple(_eval(d, env) for d in param.type.dims)
+    if array.shape == shape or math.prod(shape) != array.size:
+        return array
+    return array.reshape(shape)
+
+
 class _Program:
     def __init__(self, kernel: TileKernel, arrays: Mapping[str, Any], env: dict[str, int]) -> None:
         self.kernel = kernel
@@ -147,7 +159,7 @@ class _Program:
         for param in kernel.params:
             if param.name not in arrays:
                 raise TileRuntimeError(f"no value for parameter '{param.name}'")
-            self.values[param.id] = arrays[param.name]
+            self.values[param.id] = _viewed(arrays[param.name], param, env)
         self.groups: list[list[tuple[np.ndarray, int, np.ndarray]]] = []
         self.open: list[tuple[np.ndarray, int, np.ndarray]] = []
 
