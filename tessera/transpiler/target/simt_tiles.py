@@ -271,7 +271,8 @@ class TileOps:
     def chunks_aligned(self, op: Op) -> str | None:
         """The run-time condition under which a copy can move whole 16-byte chunks, or
         None where its shape rules chunks out: a tile row must be whole chunks, and read
-        along the tensor's contiguous last axis. Every buffer layout keeps a chunk whole."""
+        along the tensor's contiguous last axis, from and up to a chunk's edge (a block of
+        a row, as a head's columns, too). Every buffer layout keeps a chunk whole."""
         tensor, buf = op.operands
         at: Access = op.attr("at")
         per = CHUNK_BYTES * 8 // buf.type.dtype.bits
@@ -288,9 +289,14 @@ class TileOps:
             flag = self.aligned[tensor.id] = self.namer.fresh(f"{name}_aligned")
             self.declare(flag, f"const bool {flag} = {' && '.join(terms)};")
         condition = self.aligned[tensor.id]
-        start = at.axes[-1].offset
+        start, end = at.axes[-1].offset, at.axes[-1].extent
         if not (start / per).is_integral:
             condition += f" && ({self.c(start)}) % {per} == 0"
+        width = end - start
+        if at.axes[-1].masked and end != tensor.type.dims[-1] and not (width / per).is_integral:
+            # a block of the row (a head of [S, H*D]) ends where a chunk may go on into
+            # the next block: whole chunks only where it is whole chunks wide too
+            condition += f" && ({self.c(width)}) % {per} == 0"
         return condition
 
     def copy_chunks(self, op: Op, aligned: str) -> None:
