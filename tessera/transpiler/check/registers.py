@@ -35,11 +35,11 @@ runs on ``mma.sync``); the FMA loop a column of its ``Grid`` block of ``a`` and 
 ``b``. An operand computed from registers (attention's ``ds`` in its backward pass) is
 made into an array and staged through shared memory, and each of its elements loads the
 tensors of its chain (a row's logsumexp) into a register of its own. An owned operand
-that only a 16-bit instruction reads (online softmax's probabilities) is held packed,
-two elements a register. The compiler caps
-what a thread may hold at what ``__launch_bounds__`` leaves it, and so does the
-estimate; a warp-specialized kernel (a producer warpgroup that hands registers to the
-consumers with ``setmaxnreg``) is given that whole share, which ptxas reports.
+that only a matrix instruction of a narrower dtype reads (online softmax's
+probabilities, for a bf16 product) is held packed, two 16-bit elements a register. The
+compiler caps what a thread may hold at what ``__launch_bounds__`` leaves it, and so
+does the estimate; a warp-specialized kernel (a producer warpgroup that hands registers
+to the consumers with ``setmaxnreg``) is given that whole share, which ptxas reports.
 
 It is a model, checked against ptxas on the examples and the library
 (``bench/registers.py``, ``tests/test_nvrtc.py``), for the inspector and ``--emit
@@ -265,7 +265,7 @@ class _Pressure:
         operands are costed as fragments."""
         reads: dict[int, int] = {}
         for value in body.yields:
-            if value.id in self.owned or value in body.args:
+            if value.id in self.owned or value.id in {a.id for a in body.args}:
                 continue
             for read in self.computed_from(value, shared=True)[1]:
                 reads[read.id] = self.words(read)
@@ -333,9 +333,10 @@ class _Pressure:
                 self.fragments.setdefault(operand.id, strip)
 
     def pack(self, operand: Value, mma: Mma) -> None:
-        """An owned operand that only a 16-bit matrix instruction reads (online softmax's
-        probabilities) is held as the instruction's fragments, two elements a register:
-        the code packs it before the product's walk over the other operand."""
+        """An owned operand that only matrix instructions of a narrower dtype read
+        (online softmax's probabilities, for a bf16 product) is held as the
+        instruction's fragments, two 16-bit elements a register: the code packs it
+        before the product's walk over the other operand."""
         dtype = lookup_dtype(mma.inst.rpartition(".")[2])
         if dtype is None or dtype.bits >= 32 or not _nvidia(mma.inst):
             return
